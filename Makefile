@@ -1,0 +1,37 @@
+# Every target creates the virtualenv on first use; nothing else needs installing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck bench docs clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,docs]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m nous_actor.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check nous_actor tests bench
+	$(BIN)/ruff format --check nous_actor tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict nous_actor
+
+test: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis site

@@ -1,0 +1,180 @@
+"""Deeply immutable JSON values.
+
+History never changes, so whatever enters a log is copied once into
+:class:`FrozenDict` and :class:`FrozenList`.  They subclass ``dict`` and
+``list`` so that they compare equal to plain JSON values, serialise with the
+standard ``json`` module and pass ``isinstance(x, dict)`` checks, but every
+mutating method raises :class:`TypeError` and says how to make a changed copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn
+
+__all__ = ["FrozenDict", "FrozenList", "NotJSON", "freeze", "thaw"]
+
+
+def _refuse_dict(self: object, *args: object, **kwargs: object) -> NoReturn:
+    raise TypeError(
+        "FrozenDict is immutable (it is part of an append-only log); "
+        "build a changed copy instead, e.g. {**value, key: new}"
+    )
+
+
+def _refuse_list(self: object, *args: object, **kwargs: object) -> NoReturn:
+    raise TypeError(
+        "FrozenList is immutable (it is part of an append-only log); "
+        "build a changed copy instead, e.g. [*value, item]"
+    )
+
+
+class FrozenDict(dict[str, Any]):
+    """A ``dict`` that cannot be changed; equal to the plain dict it came from.
+
+    >>> d = FrozenDict({"a": 1})
+    >>> d == {"a": 1}
+    True
+    >>> d["a"] = 2
+    Traceback (most recent call last):
+    ...
+    TypeError: FrozenDict is immutable (it is part of an append-only log); ...
+    """
+
+    __slots__ = ()
+
+    __setitem__ = _refuse_dict
+    __delitem__ = _refuse_dict
+    __ior__ = _refuse_dict
+    clear = _refuse_dict
+    pop = _refuse_dict
+    popitem = _refuse_dict
+    setdefault = _refuse_dict
+    update = _refuse_dict
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenDict], tuple[dict[str, Any]]]:
+        return (FrozenDict, (dict(self),))
+
+
+class FrozenList(list[Any]):
+    """A ``list`` that cannot be changed; equal to the plain list it came from.
+
+    >>> FrozenList([1, 2]) == [1, 2]
+    True
+    """
+
+    __slots__ = ()
+
+    __setitem__ = _refuse_list
+    __delitem__ = _refuse_list
+    __iadd__ = _refuse_list
+    __imul__ = _refuse_list
+    append = _refuse_list
+    extend = _refuse_list
+    insert = _refuse_list
+    pop = _refuse_list
+    remove = _refuse_list
+    reverse = _refuse_list
+    sort = _refuse_list
+    clear = _refuse_list
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FrozenList:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenList], tuple[list[Any]]]:
+        return (FrozenList, (list(self),))
+
+
+EMPTY_DICT = FrozenDict()
+EMPTY_LIST = FrozenList()
+
+
+class NotJSON(TypeError):
+    """A value JSON cannot carry; ``path`` names where it sits."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.path = path
+        self.detail = detail
+
+
+def _list_of(items: Iterable[Any], path: str) -> FrozenList:
+    out = [freeze(v, f"{path}[{i}]") for i, v in enumerate(items)]
+    return FrozenList(out) if out else EMPTY_LIST
+
+
+def freeze(value: Any, path: str = "value") -> Any:
+    """Return a deeply immutable copy of the JSON value ``value``.
+
+    Raises:
+        NotJSON: something at ``path`` (or below it) is not a JSON value:
+            a non-``str`` key, a set, bytes, an arbitrary object, NaN or ±inf.
+    """
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return value
+    if t is float:
+        if math.isfinite(value):
+            return value
+        raise NotJSON(path, f"{value!r} is not a JSON number; use a finite float or None")
+    if t is FrozenDict or t is FrozenList:
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                if not isinstance(k, str):
+                    raise NotJSON(
+                        f"{path}[{k!r}]",
+                        f"key {k!r} of type {type(k).__name__} is not a string; "
+                        "JSON objects take str keys only",
+                    )
+                k = str.__str__(k)
+            out[k] = freeze(v, f"{path}[{k!r}]")
+        return FrozenDict(out) if out else EMPTY_DICT
+    if t is list or t is tuple or isinstance(value, (list, tuple)):
+        return _list_of(value, path)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return freeze(float.__float__(value), path)
+    raise NotJSON(
+        path,
+        f"{type(value).__name__} value {_short_repr(value)} is not JSON; "
+        "use str, int, float, bool, None, list or a dict with str keys",
+    )
+
+
+def _short_repr(value: object) -> str:
+    try:
+        r = repr(value)
+    except Exception:  # a broken __repr__ must not hide the real error
+        r = f"<{type(value).__name__}>"
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def thaw(value: Any) -> Any:
+    """Return a plain, mutable deep copy of a frozen (or plain) JSON value."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value

@@ -1,0 +1,285 @@
+"""The persisted form of events and logs: JSON records and JSON Lines.
+
+An event record is ``{"seq", "type", "time", "data"}``: ``time`` is ISO-8601
+with microseconds and offset, a replace's ``surface_op`` is
+``["replace", start, stop]``. A log is one record a line, oldest first;
+decoding restores every event under its own seq with :meth:`Log.append_at`,
+so snapshot gaps survive the round trip. A v1 input, a JSON list of
+messages, decodes through :meth:`Log.seed`.
+
+>>> from nous_actor import Log
+>>> log = Log().append("user_message", {"content": "hi"})
+>>> text = to_jsonl(log)
+>>> loads(text) == log
+True
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import Any, NoReturn
+
+from nous_actor._frozen import thaw
+from nous_actor.event import Event, InvalidEvent
+from nous_actor.log import Log
+from nous_actor.message import Message
+
+__all__ = [
+    "CodecError",
+    "dumps_event",
+    "event_from_dict",
+    "event_to_dict",
+    "from_jsonl",
+    "from_v1",
+    "iter_jsonl",
+    "loads",
+    "loads_event",
+    "message_from_dict",
+    "message_to_dict",
+    "to_jsonl",
+]
+
+_FIELDS = ("seq", "type", "time", "data")
+_FIELD_SET = frozenset(_FIELDS)
+
+
+class CodecError(ValueError):
+    """A record could not be decoded; ``line`` (1-based, if known) and ``field`` say where."""
+
+    def __init__(self, message: str, *, line: int | None = None, field: str | None = None):
+        where = f"line {line}: " if line is not None else ""
+        super().__init__(where + message)
+        self.line = line
+        self.field = field
+
+
+def _fail(message: str, line: int | None, field: str | None) -> NoReturn:
+    raise CodecError(message, line=line, field=field)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _json_loads(text: str | bytes, line: int | None) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        _fail(f"not valid JSON ({exc})", line, None)
+
+
+def format_time(t: datetime) -> str:
+    """ISO-8601 with microseconds and offset, e.g. ``2026-01-01T00:00:00.000000+00:00``."""
+    return t.isoformat(timespec="microseconds")
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """The event as a plain, JSON-ready dict the caller owns."""
+    return {
+        "seq": event.seq,
+        "type": event.type.value,
+        "time": format_time(event.time),
+        "data": thaw(event.data),
+    }
+
+
+def dumps_event(event: Event) -> str:
+    """The event as one line of JSON (no newline)."""
+    return json.dumps(
+        {
+            "seq": event.seq,
+            "type": event.type.value,
+            "time": format_time(event.time),
+            "data": event.data,
+        },
+        ensure_ascii=False,
+        separators=(",", ":"),
+        allow_nan=False,
+    )
+
+
+def event_from_dict(record: Any, *, line: int | None = None) -> Event:
+    """Decode one event record.
+
+    Raises:
+        CodecError: the record is not an object with exactly ``seq``, ``type``,
+            ``time`` and ``data``, or a field is malformed; ``.field`` names it.
+    """
+    if not isinstance(record, Mapping):
+        _fail(f"an event record must be a JSON object, got {type(record).__name__}", line, None)
+    missing = [f for f in _FIELDS if f not in record]
+    if missing:
+        _fail(f"event record lacks {', '.join(missing)}", line, missing[0])
+    extra = sorted(str(k) for k in record if k not in _FIELD_SET)
+    if extra:
+        _fail(
+            f"unknown field(s) {', '.join(extra)} in event record; "
+            "expected exactly seq, type, time, data",
+            line,
+            extra[0],
+        )
+    seq, etype, raw_time, data = (record[f] for f in _FIELDS)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        _fail(f"'seq' must be an int >= 0, got {seq!r}", line, "seq")
+    if not isinstance(etype, str):
+        _fail(f"'type' must be a string, got {type(etype).__name__}", line, "type")
+    if not isinstance(raw_time, str):
+        _fail(f"'time' must be an ISO-8601 string, got {type(raw_time).__name__}", line, "time")
+    try:
+        t = datetime.fromisoformat(raw_time)
+    except ValueError:
+        _fail(f"'time' is not ISO-8601: {raw_time!r}", line, "time")
+    if t.tzinfo is None:
+        _fail(f"'time' has no UTC offset: {raw_time!r}", line, "time")
+    if not isinstance(data, Mapping):
+        _fail(f"'data' must be a JSON object, got {type(data).__name__}", line, "data")
+    try:
+        return Event(seq, etype, t, data)
+    except InvalidEvent as exc:
+        field = "type" if exc.reason == "unknown_event_type" else "data"
+        raise CodecError(f"{exc.reason}: {exc}", line=line, field=field) from None
+
+
+def loads_event(text: str | bytes, *, line: int | None = None) -> Event:
+    """Decode one JSON line into an :class:`Event`.
+
+    Raises:
+        CodecError: not JSON, or not a valid event record.
+    """
+    return event_from_dict(_json_loads(text, line), line=line)
+
+
+def iter_jsonl(log: Log) -> Iterator[str]:
+    """Each retained event of ``log`` as a JSON line (without the newline)."""
+    for ev in log.events():
+        yield dumps_event(ev)
+
+
+def to_jsonl(log: Log) -> str:
+    """The whole log as JSON Lines, one event a line, each ending in a newline."""
+    return "".join(line + "\n" for line in iter_jsonl(log))
+
+
+def from_jsonl(lines: str | Iterable[str]) -> Log:
+    """Rebuild a log from JSON Lines, each event under its persisted seq.
+
+    Blank lines are ignored.
+
+    Raises:
+        CodecError: a line is malformed or its seq does not increase; ``.line``
+            is its 1-based number.
+    """
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    lg = Log()
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        ev = loads_event(text, line=number)
+        if ev.seq < lg.count():
+            _fail(
+                f"seq {ev.seq} is not after the previous event (next free seq is {lg.count()}); "
+                "records must be in increasing seq order",
+                number,
+                "seq",
+            )
+        lg = lg._extend(ev)
+    return lg
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """The message as a plain dict of its fields (``created_at`` as ISO-8601)."""
+    return {
+        "role": message.role.value,
+        "content": thaw(message.content),
+        "reasoning_content": message.reasoning_content,
+        "tool_calls": thaw(message.tool_calls),
+        "tool_call_id": message.tool_call_id,
+        "name": message.name,
+        "metadata": thaw(message.metadata),
+        "created_at": format_time(message.created_at),
+    }
+
+
+def message_from_dict(record: Any, *, index: int | None = None) -> Message:
+    """Decode a message dict: this library's field shape or the OpenAI shape.
+
+    Raises:
+        CodecError: malformed; ``.line`` is ``index + 1`` when given.
+    """
+    line = None if index is None else index + 1
+    if not isinstance(record, Mapping):
+        _fail(f"a message must be a JSON object, got {type(record).__name__}", line, None)
+    created_raw = record.get("created_at")
+    created: datetime | None = None
+    if created_raw is not None:
+        try:
+            created = datetime.fromisoformat(created_raw)
+        except (TypeError, ValueError):
+            _fail(f"'created_at' is not ISO-8601: {created_raw!r}", line, "created_at")
+    calls = record.get("tool_calls") or []
+    openai_shape = isinstance(calls, list) and any(
+        isinstance(c, Mapping) and "function" in c for c in calls
+    )
+    try:
+        if openai_shape:
+            plain = {k: v for k, v in record.items() if k not in ("metadata", "created_at")}
+            m = Message.from_openai(plain, created_at=created)
+            meta = record.get("metadata")
+            if meta:
+                m = Message(**{**_fields(m), "metadata": {**m.metadata, **meta}})
+            return m
+        unknown = sorted(set(record) - _MESSAGE_FIELDS)
+        if unknown:
+            _fail(f"unknown message field(s) {', '.join(unknown)}", line, unknown[0])
+        kwargs = {k: v for k, v in record.items() if k != "created_at"}
+        if created is not None:
+            kwargs["created_at"] = created
+        return Message(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, CodecError):
+            raise
+        _fail(str(exc), line, None)
+
+
+_MESSAGE_FIELDS = frozenset(
+    {
+        "role",
+        "content",
+        "reasoning_content",
+        "tool_calls",
+        "tool_call_id",
+        "name",
+        "metadata",
+        "created_at",
+    }
+)
+
+
+def _fields(m: Message) -> dict[str, Any]:
+    return {f: getattr(m, f) for f in _MESSAGE_FIELDS}
+
+
+def from_v1(messages: Iterable[Any]) -> Log:
+    """Seed a log from a v1 transcript: a list of message dicts (see :func:`message_from_dict`).
+
+    Raises:
+        CodecError: a message is malformed; ``.line`` is its 1-based index.
+    """
+    return Log.seed(message_from_dict(m, index=i) for i, m in enumerate(messages))
+
+
+def loads(text: str) -> Log:
+    """Decode a whole stored session: JSON Lines, or a v1 JSON list of messages.
+
+    Raises:
+        CodecError: the input is neither, or a record in it is malformed.
+    """
+    if text.lstrip().startswith("["):
+        data = _json_loads(text, None)
+        if not isinstance(data, list):
+            _fail("a v1 transcript must be a JSON list of messages", None, None)
+        return from_v1(data)
+    return from_jsonl(text)

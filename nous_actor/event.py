@@ -1,0 +1,347 @@
+"""Log events: :class:`Event`, :class:`EventType`, :class:`Replace`, :class:`InvalidEvent`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final, NoReturn
+
+from nous_actor._frozen import EMPTY_DICT, EMPTY_LIST, FrozenDict, FrozenList, NotJSON, freeze
+from nous_actor.message import Message, Role, trusted_message
+
+__all__ = [
+    "BOOKKEEPING_TYPES",
+    "SURFACE_TYPES",
+    "Event",
+    "EventType",
+    "InvalidEvent",
+    "Replace",
+]
+
+
+class EventType(StrEnum):
+    """The ten event types. Plain strings (``"user_message"``) are accepted everywhere."""
+
+    SYSTEM_MESSAGE = "system_message"
+    USER_MESSAGE = "user_message"
+    ASSISTANT_MESSAGE = "assistant_message"
+    TOOL_RESULT = "tool_result"
+    TOOL_CALL = "tool_call"
+    TURN_START = "turn_start"
+    TURN_END = "turn_end"
+    STEP_START = "step_start"
+    STEP_END = "step_end"
+    REQUEST_HEADER = "request_header"
+
+
+SURFACE_TYPES: Final = frozenset(
+    {
+        EventType.SYSTEM_MESSAGE,
+        EventType.USER_MESSAGE,
+        EventType.ASSISTANT_MESSAGE,
+        EventType.TOOL_RESULT,
+    }
+)
+"""Types that project to a model-visible message."""
+
+BOOKKEEPING_TYPES: Final = frozenset(EventType) - SURFACE_TYPES
+"""Types that project to nothing."""
+
+ROLE_OF: Final = {
+    EventType.SYSTEM_MESSAGE: Role.SYSTEM,
+    EventType.USER_MESSAGE: Role.USER,
+    EventType.ASSISTANT_MESSAGE: Role.ASSISTANT,
+    EventType.TOOL_RESULT: Role.TOOL,
+}
+EVENT_TYPE_OF: Final = {role: etype for etype, role in ROLE_OF.items()}
+
+_TYPES_TEXT = ", ".join(t.value for t in EventType)
+_LOOKUP: Final[dict[object, EventType]] = {t.value: t for t in EventType}
+
+
+class InvalidEvent(ValueError):
+    """An event was refused; ``reason`` is one of the codes of DESIGN.md §2.
+
+    The codes, in the order they are checked: ``invalid_event``,
+    ``unknown_event_type``, ``surface_op_on_non_surface_event``,
+    ``invalid_surface_op``, ``unserializable_event_data``, ``seq_behind_head``.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[InvalidEvent], tuple[str, str]]:
+        return (InvalidEvent, (self.reason, str(self)))
+
+
+def _invalid_op(detail: str) -> NoReturn:
+    raise InvalidEvent(
+        "invalid_surface_op",
+        f"invalid surface_op: {detail}; use None, 'append', Replace(start, stop), "
+        "('replace', start, stop) or ['replace', start, stop] with 0 <= start <= stop",
+    )
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class Replace:
+    """A replace of the inclusive position range ``start..stop``.
+
+    ``stop`` has no upper bound: the part of the range past the end matches nothing.
+
+    >>> Replace(2, 5)
+    Replace(start=2, stop=5)
+    >>> Replace(5, 2)
+    Traceback (most recent call last):
+    ...
+    nous_actor.event.InvalidEvent: invalid surface_op: stop 2 < start 5; use None, 'append', ...
+    """
+
+    __slots__ = ("start", "stop")
+    start: int
+    stop: int
+
+    def __init__(self, start: int, stop: int) -> None:
+        if not _is_int(start) or not _is_int(stop):
+            _invalid_op(
+                f"start and stop must be ints, got {type(start).__name__} "
+                f"and {type(stop).__name__}"
+            )
+        if start < 0:
+            _invalid_op(f"start {start} is negative")
+        if stop < start:
+            _invalid_op(f"stop {stop} < start {start}")
+        object.__setattr__(self, "start", int(start))
+        object.__setattr__(self, "stop", int(stop))
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError("Replace is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Replace):
+            return self.start == other.start and self.stop == other.stop
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((Replace, self.start, self.stop))
+
+    def __repr__(self) -> str:
+        return f"Replace(start={self.start}, stop={self.stop})"
+
+    def __reduce__(self) -> tuple[type[Replace], tuple[int, int]]:
+        return (Replace, (self.start, self.stop))
+
+    def to_json(self) -> FrozenList:
+        """The persisted form, ``["replace", start, stop]``."""
+        return FrozenList(["replace", self.start, self.stop])
+
+
+def parse_surface_op(raw: object) -> Replace | None:
+    """Read a ``surface_op`` value: ``None`` for a plain append, else a :class:`Replace`."""
+    if raw is None or raw == "append":
+        return None
+    if isinstance(raw, Replace):
+        return raw
+    if isinstance(raw, (tuple, list)):
+        if len(raw) == 3 and raw[0] == "replace":
+            return Replace(raw[1], raw[2])
+        _invalid_op(f"{_short(raw)} is not ('replace', start, stop)")
+    _invalid_op(f"{_short(raw)} is not a known form")
+
+
+def _short(v: object) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def check_event(
+    seq: object, etype: object, time: object, data: object
+) -> tuple[EventType, datetime, FrozenDict, Replace | None]:
+    """Validate one event in DESIGN.md §2 order; return its normalised parts.
+
+    Raises:
+        InvalidEvent: with the ``reason`` of the first rule that fails.
+    """
+    if not _is_int(seq) or seq < 0:  # type: ignore[operator]
+        raise InvalidEvent(
+            "invalid_event", f"seq must be an int >= 0 (not a bool), got {_short(seq)}"
+        )
+    if data is None:
+        data = EMPTY_DICT
+    elif not isinstance(data, Mapping):
+        raise InvalidEvent(
+            "invalid_event",
+            f"data must be a mapping (a JSON object), got {type(data).__name__}; "
+            'wrap the value, e.g. {"content": value}',
+        )
+    if not isinstance(time, datetime):
+        raise InvalidEvent(
+            "invalid_event",
+            f"time must be a timezone-aware datetime, got {type(time).__name__}",
+        )
+    if time.tzinfo is None or time.utcoffset() is None:
+        raise InvalidEvent(
+            "invalid_event",
+            "time is a naive datetime; use datetime.now(timezone.utc) or attach a tzinfo",
+        )
+    kind = _LOOKUP.get(etype) if isinstance(etype, str) else None
+    if kind is None:
+        raise InvalidEvent(
+            "unknown_event_type",
+            f"unknown event type {_short(etype)}; use one of: {_TYPES_TEXT}",
+        )
+    raw_op = data.get("surface_op")
+    if raw_op is not None and kind not in SURFACE_TYPES:
+        raise InvalidEvent(
+            "surface_op_on_non_surface_event",
+            f"a {kind.value} event cannot carry surface_op={_short(raw_op)}: only "
+            "system_message, user_message, assistant_message and tool_result enter the "
+            "surface; drop the surface_op key",
+        )
+    op = parse_surface_op(raw_op)
+    if op is not None:
+        data = {**data, "surface_op": op.to_json()}
+    try:
+        frozen: FrozenDict = freeze(data, "data")
+    except NotJSON as exc:
+        raise InvalidEvent(
+            "unserializable_event_data",
+            f"{exc.path} cannot be stored as JSON: {exc.detail}",
+        ) from None
+    if time.tzinfo is not UTC:
+        time = time.astimezone(UTC)
+    return kind, time, frozen, op
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+class Event:
+    """One immutable log event: ``Event(seq, type, time, data)``.
+
+    ``data`` is deeply frozen on construction (a caller mutating its dict
+    afterwards never changes the event); a replace's ``surface_op`` is stored
+    in its persisted form ``["replace", start, stop]``; ``time`` is kept in UTC.
+
+    >>> from datetime import datetime, timezone
+    >>> t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    >>> e = Event(3, "system_message", t, {"content": "summary",
+    ...                                   "surface_op": ("replace", 0, 2)})
+    >>> e.type, e.surface_op, e.position
+    (<EventType.SYSTEM_MESSAGE: 'system_message'>, Replace(start=0, stop=2), 0)
+
+    Raises:
+        InvalidEvent: see DESIGN.md §2 for the reasons, checked in order.
+    """
+
+    __slots__ = ("_msg", "_op", "_pos", "data", "seq", "time", "type")
+    seq: int
+    type: EventType
+    time: datetime
+    data: FrozenDict
+    _op: Replace | None
+    _pos: int
+    _msg: Message | None
+
+    def __init__(self, seq: int, type: EventType | str, time: datetime, data: Mapping[str, Any]):
+        etype, t, frozen, op = check_event(seq, type, time, data)
+        _init(self, int(seq), etype, t, frozen, op)
+
+    @classmethod
+    def _trusted(
+        cls, seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
+    ) -> Event:
+        ev: Event = _new(cls)
+        _init(ev, seq, etype, time, data, op)
+        return ev
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError("Event is immutable; append a new event instead")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError("Event is immutable")
+
+    @property
+    def surface_op(self) -> Replace | None:
+        """``None`` for a plain event, the :class:`Replace` for a replacing one."""
+        return self._op
+
+    @property
+    def position(self) -> int:
+        """Where the event stands on the surface: ``start`` for a replace, else ``seq``."""
+        return self._pos
+
+    @property
+    def is_surface(self) -> bool:
+        """Whether the type projects to a message."""
+        return self.type in SURFACE_TYPES
+
+    def to_message(self) -> Message | None:
+        """The projected :class:`Message` (DESIGN.md §3), or ``None`` for bookkeeping."""
+        if self.type not in SURFACE_TYPES:
+            return None
+        return project(self)
+
+    def with_seq(self, seq: int) -> Event:
+        """The same event under another seq (used to copy an event into another log)."""
+        return Event._trusted(seq, self.type, self.time, self.data, self._op)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        return (
+            self.seq == other.seq
+            and self.type is other.type
+            and self.time == other.time
+            and self.data == other.data
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.type, self.time))
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(seq={self.seq}, type={self.type.value!r}, "
+            f"time={self.time.isoformat()!r}, data={dict.__repr__(self.data)})"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Event._trusted, (self.seq, self.type, self.time, self.data, self._op))
+
+
+def _init(
+    ev: Event, seq: int, etype: EventType, t: datetime, data: FrozenDict, op: Replace | None
+) -> None:
+    _set(ev, "seq", seq)
+    _set(ev, "type", etype)
+    _set(ev, "time", t)
+    _set(ev, "data", data)
+    _set(ev, "_op", op)
+    _set(ev, "_pos", seq if op is None else op.start)
+    _set(ev, "_msg", None)
+
+
+def project(ev: Event) -> Message:
+    """Project a surface event to its message; memoised on the event."""
+    m = ev._msg
+    if m is None:
+        d = ev.data
+        calls = d.get("tool_calls")
+        meta = d.get("metadata")
+        m = trusted_message(
+            ROLE_OF[ev.type],
+            d.get("content"),
+            d.get("reasoning_content"),
+            EMPTY_LIST if calls is None else calls,
+            d.get("tool_call_id"),
+            d.get("name"),
+            EMPTY_DICT if meta is None else meta,
+            ev.time,
+        )
+        _set(ev, "_msg", m)
+    return m

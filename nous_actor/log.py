@@ -1,0 +1,407 @@
+"""The pure core: :class:`Log`, an immutable append-only event log and its fold.
+
+No locks, no threads, no I/O. A ``Log`` is a value: every operation returns a
+new ``Log`` and leaves the old one valid and unchanged, so many versions can be
+held at once (fork, rewind) and shared between threads.
+
+How it stays cheap while immutable:
+
+* Retained events live in a list shared by a chain of versions; each version
+  sees the prefix ``[:n]`` it was made with. Appending to the newest version
+  extends the list in place; appending to an older one (a branch) copies it.
+* The fold (the position-sorted surface with its messages) is memoised in a
+  :class:`_Fold` owned by one version at a time. Appending to the owner hands
+  the fold to the new version, which updates it in place (a bisect and a
+  splice); the old version notices it lost the fold and refolds on demand.
+  Ownership moves by an atomic claim, so readers in other threads never see a
+  half-updated fold.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from operator import attrgetter
+from typing import Any, Final
+
+import structlog
+
+from nous_actor.event import (
+    EVENT_TYPE_OF,
+    SURFACE_TYPES,
+    Event,
+    EventType,
+    InvalidEvent,
+    check_event,
+    project,
+)
+from nous_actor.message import Message, Role
+
+__all__ = ["Log"]
+
+log = structlog.get_logger(__name__)
+
+_seq_of: Final = attrgetter("seq")
+_pos_of: Final = attrgetter("_pos")
+
+
+class _Fold:
+    """The memoised surface, position-sorted, as parallel lists.
+
+    ``claim`` is empty while the fold belongs to the version holding it; the
+    first thread to put a token in it takes the lists over (``list.append``
+    and indexing are atomic), after which the holder must not trust them.
+    """
+
+    __slots__ = ("claim", "evs", "msgs", "pos", "seqs")
+
+    def __init__(
+        self, pos: list[int], seqs: list[int], evs: list[Event], msgs: list[Message]
+    ) -> None:
+        self.pos = pos
+        self.seqs = seqs
+        self.evs = evs
+        self.msgs = msgs
+        self.claim: list[object] = []
+
+    def take(self) -> bool:
+        """Claim the lists for exclusive mutation; ``False`` if someone else has."""
+        if self.claim:
+            return False
+        token = object()
+        self.claim.append(token)
+        return self.claim[0] is token
+
+    def handed_over(self) -> _Fold:
+        """A new, unclaimed fold over the same lists (call after :meth:`take`)."""
+        return _Fold(self.pos, self.seqs, self.evs, self.msgs)
+
+    def add(self, ev: Event) -> None:
+        """Fold in ``ev``, which has a higher seq than every event folded so far."""
+        pos = ev._pos
+        op = ev._op
+        if op is not None:
+            # Everything folded so far has a lower seq, so the replace shadows
+            # exactly the run of surface entries whose position is in range.
+            i = bisect_left(self.pos, op.start)
+            j = bisect_right(self.pos, op.stop, i)
+            if i < j:
+                del self.pos[i:j], self.seqs[i:j], self.evs[i:j], self.msgs[i:j]
+        elif ev.type not in SURFACE_TYPES:
+            return
+        else:
+            # Ties on position keep seq order: the newcomer goes after them.
+            i = len(self.pos)
+            if i and self.pos[-1] > pos:
+                i = bisect_right(self.pos, pos)
+        self.pos.insert(i, pos)
+        self.seqs.insert(i, ev.seq)
+        self.evs.insert(i, ev)
+        self.msgs.insert(i, project(ev))
+
+
+def _shadow_flags(events: Sequence[Event], n: int) -> list[bool]:
+    """For each of ``events[:n]`` (seq order), whether a later replace shadows it.
+
+    One reverse pass keeping the union of the ranges of the replaces seen so
+    far (all with a higher seq) as sorted disjoint intervals: O(n log n).
+    """
+    starts: list[int] = []
+    stops: list[int] = []
+    flags = [False] * n
+    for k in range(n - 1, -1, -1):
+        ev = events[k]
+        p = ev._pos
+        i = bisect_right(starts, p) - 1
+        if i >= 0 and stops[i] >= p:
+            flags[k] = True
+        op = ev._op
+        if op is not None:  # a shadowed replace still shadows its own range
+            s, e = op.start, op.stop
+            lo = bisect_left(stops, s - 1)  # first interval touching [s, e]
+            hi = bisect_right(starts, e + 1, lo)
+            if lo < hi:
+                s = min(s, starts[lo])
+                e = max(e, stops[hi - 1])
+            starts[lo:hi] = [s]
+            stops[lo:hi] = [e]
+    return flags
+
+
+def _full_fold(events: Sequence[Event], n: int) -> _Fold:
+    flags = _shadow_flags(events, n)
+    surface = [ev for k, ev in enumerate(events[:n]) if not flags[k] and ev.type in SURFACE_TYPES]
+    surface.sort(key=_pos_of)  # stable: ties keep seq order
+    return _Fold(
+        [ev._pos for ev in surface],
+        [ev.seq for ev in surface],
+        surface,
+        [project(ev) for ev in surface],
+    )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Log:
+    """An immutable, append-only event log whose fold is the model-visible surface.
+
+    >>> log = Log().append("user_message", {"content": "hi"})
+    >>> log = log.append("assistant_message", {"content": "hello"})
+    >>> log = log.append("system_message", {"content": "greeting",
+    ...                                     "surface_op": ("replace", 0, 1)})
+    >>> [m.content for m in log.derive_messages()]
+    ['greeting']
+    >>> log.count(), len(log.events()), len(log.snapshot().events())
+    (3, 3, 1)
+
+    Positions and shadowing (DESIGN.md §3): ``position(e)`` is ``start`` for a
+    replace, else ``e.seq``. An event ``c`` is shadowed iff some replace ``r``
+    has ``c.seq < r.seq`` and ``r.start <= position(c) <= r.stop``. The surface
+    is every unshadowed surface-typed event, stably sorted by position.
+
+    Cost: ``append`` is O(1) plus the size of ``data``, and after a fold has
+    been computed (``materialize`` or any derive) appends and replaces keep it
+    current in O(log n) plus a list splice. A full fold is O(n log n).
+    ``since`` is O(log n + returned). Every returned list is the caller's.
+    """
+
+    __slots__ = ("_count", "_events", "_fold", "_n")
+
+    _events: list[Event]
+    _n: int
+    _count: int
+    _fold: _Fold | None
+
+    def __init__(self) -> None:
+        self._events = []
+        self._n = 0
+        self._count = 0
+        self._fold = None
+
+    @classmethod
+    def new(cls) -> Log:
+        """An empty log (same as ``Log()``)."""
+        return cls()
+
+    @classmethod
+    def _make(cls, events: list[Event], n: int, count: int, fold: _Fold | None) -> Log:
+        lg: Log = object.__new__(cls)
+        lg._events = events
+        lg._n = n
+        lg._count = count
+        lg._fold = fold
+        return lg
+
+    # -- appending ------------------------------------------------------------------
+
+    def append(
+        self,
+        type: EventType | str,
+        data: Any = None,
+        time: datetime | None = None,
+    ) -> Log:
+        """A new log with one more event, under ``seq = self.count()``.
+
+        ``data`` is deeply copied and frozen: mutating the caller's dict
+        afterwards never changes history. ``time`` defaults to now (UTC).
+
+        Raises:
+            InvalidEvent: the event is refused (``.reason`` says why); ``self`` is
+                unchanged, as always.
+        """
+        return self._push(self._count, type, data, time)
+
+    def append_at(
+        self,
+        seq: int,
+        type: EventType | str,
+        data: Any = None,
+        time: datetime | None = None,
+    ) -> Log:
+        """Restore an event under its persisted ``seq``; afterwards ``count() == seq + 1``.
+
+        Gaps are allowed (the seqs a snapshot dropped stay unused).
+
+        Raises:
+            InvalidEvent: ``seq_behind_head`` if ``seq < self.count()``, after the
+                checks every event gets.
+        """
+        return self._push(seq, type, data, time, at=True)
+
+    def append_or_log(
+        self,
+        type: EventType | str,
+        data: Any = None,
+        time: datetime | None = None,
+    ) -> Log:
+        """Like :meth:`append`, but a refused event is logged and dropped, never raised.
+
+        The drop is a structlog warning ``log.event_dropped`` carrying ``type``,
+        ``reason`` and ``error``; the log is returned unchanged.
+        """
+        try:
+            return self._push(self._count, type, data, time)
+        except InvalidEvent as exc:
+            log.warning(
+                "log.event_dropped",
+                type=str(type) if isinstance(type, str) else repr(type),
+                reason=exc.reason,
+                error=str(exc),
+            )
+            return self
+
+    def _push(
+        self, seq: int, type: object, data: Any, time: datetime | None, at: bool = False
+    ) -> Log:
+        etype, t, frozen, op = check_event(seq, type, _utcnow() if time is None else time, data)
+        if at and seq < self._count:
+            raise InvalidEvent(
+                "seq_behind_head",
+                f"append_at(seq={seq}) is behind the head: the next free seq is "
+                f"{self._count}; use a seq >= {self._count}, or append() to take the next",
+            )
+        return self._extend(Event._trusted(seq, etype, t, frozen, op))
+
+    def _extend(self, ev: Event) -> Log:
+        evs, n = self._events, self._n
+        if len(evs) == n:
+            evs.append(ev)
+            if evs[n] is not ev:  # another thread extended this version first
+                evs = [*evs[:n], ev]
+        else:
+            evs = [*evs[:n], ev]
+        fold = self._fold
+        if fold is not None and fold.take():
+            fold.add(ev)
+            fold = fold.handed_over()
+        else:
+            fold = None
+        return Log._make(evs, n + 1, ev.seq + 1, fold)
+
+    @classmethod
+    def seed(cls, messages: Iterable[Message]) -> Log:
+        """A log with one surface event per message, in order.
+
+        ``system``/``user`` keep ``content``, ``metadata``, ``name``; ``assistant``
+        also ``tool_calls`` and ``reasoning_content`` (when not ``None``); ``tool``
+        keeps ``content``, ``metadata``, ``name``, ``tool_call_id``. The event time
+        is the message's ``created_at``, so ``Log.seed(ms).derive_messages() == ms``.
+        Anything that is not a :class:`Message` is skipped with a structlog warning
+        ``log.seed_skipped``.
+        """
+        lg = cls()
+        for i, m in enumerate(messages):
+            if not isinstance(m, Message):
+                log.warning(
+                    "log.seed_skipped",
+                    index=i,
+                    reason="not_a_message",
+                    got=type(m).__name__,
+                )
+                continue
+            lg = lg.append(EVENT_TYPE_OF[m.role], _seed_data(m), m.created_at)
+        return lg
+
+    # -- reading --------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Number of events ever appended: the next seq (snapshot-dropped ones included)."""
+        return self._count
+
+    def events(self) -> list[Event]:
+        """Every retained event, oldest first, shadowed ones included."""
+        return self._events[: self._n]
+
+    def since(self, seq: int) -> list[Event]:
+        """Retained events with ``event.seq >= seq``, oldest first; O(log n + returned).
+
+        Raises:
+            TypeError: ``seq`` is not an int.
+        """
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise TypeError(f"since(seq) takes an int, got {type(seq).__name__}")
+        i = bisect_left(self._events, seq, 0, self._n, key=_seq_of)
+        return self._events[i : self._n]
+
+    def _folded(self) -> _Fold:
+        """A fold whose lists are safe to copy, computing it if this version has none."""
+        fold = self._fold
+        if fold is None or fold.claim:
+            fold = _full_fold(self._events, self._n)
+            self._fold = fold
+        return fold
+
+    def _read(self, attr: str) -> list[Any]:
+        # Copy, then check the fold was not handed to a newer version meanwhile:
+        # a claim is always made before the lists are touched.
+        fold = self._folded()
+        out: list[Any] = getattr(fold, attr)[:]
+        if fold.claim:
+            out = getattr(_full_fold(self._events, self._n), attr)
+        return out
+
+    def surface(self) -> list[Event]:
+        """Surface-typed events no later replace has shadowed, in position order."""
+        return self._read("evs")
+
+    def derive_messages(self) -> list[Message]:
+        """The surface projected to messages (DESIGN.md §3 projection)."""
+        return self._read("msgs")
+
+    def derive_indexed(self) -> list[tuple[int, Message]]:
+        """``(seq, message)`` for each surface event, in surface order."""
+        return [(ev.seq, project(ev)) for ev in self._read("evs")]
+
+    def materialize(self) -> tuple[list[Message], Log]:
+        """Derive the messages and return them with a log whose fold is memoised.
+
+        Appends to the returned log (plain ones and replaces) keep the fold
+        current incrementally.
+        """
+        return self._read("msgs"), self
+
+    def snapshot(self) -> Log:
+        """A log without the shadowed events: surface, ``count()`` and surviving seqs unchanged.
+
+        Everything a dropped event could still influence is shadowed too, so
+        every later append, replace and derive behaves as on the original.
+        """
+        n = self._n
+        flags = _shadow_flags(self._events, n)
+        kept = [ev for k, ev in enumerate(self._events[:n]) if not flags[k]]
+        fold = self._fold
+        fold = fold.handed_over() if fold is not None and fold.take() else None
+        return Log._make(kept, len(kept), self._count, fold)
+
+    # -- value semantics ------------------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Log):
+            return NotImplemented
+        return self._count == other._count and self.events() == other.events()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<Log count={self._count} retained={self._n}>"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (self._count, self.events()))
+
+
+def _rebuild(count: int, events: list[Event]) -> Log:
+    return Log._make(list(events), len(events), count, None)
+
+
+def _seed_data(m: Message) -> dict[str, Any]:
+    data: dict[str, Any] = {"content": m.content, "metadata": m.metadata, "name": m.name}
+    if m.role is Role.ASSISTANT:
+        data["tool_calls"] = m.tool_calls
+        if m.reasoning_content is not None:
+            data["reasoning_content"] = m.reasoning_content
+    elif m.role is Role.TOOL:
+        data["tool_call_id"] = m.tool_call_id
+    return data

@@ -1,0 +1,36 @@
+"""Test support for code built on nous_actor (imports Hypothesis; the core never imports this).
+
+* :mod:`nous_actor.testing.strategies`: Hypothesis strategies for messages,
+  events, programs of log operations and whole logs.
+* :mod:`nous_actor.testing.reference`: a naive reference fold to check against.
+"""
+
+from nous_actor.testing.reference import (
+    reference_derive_indexed,
+    reference_project,
+    reference_shadowed,
+    reference_surface,
+)
+from nous_actor.testing.strategies import (
+    LogOp,
+    event_data,
+    json_values,
+    log_programs,
+    logs,
+    messages,
+    run_program,
+)
+
+__all__ = [
+    "LogOp",
+    "event_data",
+    "json_values",
+    "log_programs",
+    "logs",
+    "messages",
+    "reference_derive_indexed",
+    "reference_project",
+    "reference_shadowed",
+    "reference_surface",
+    "run_program",
+]
