@@ -44,6 +44,16 @@ class FrozenDict(dict[str, Any]):
 
     __slots__ = ()
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> FrozenDict:
+        # Deep-freeze (and so validate) whatever is given; __init__ does nothing,
+        # so calling it again on a FrozenDict cannot change it.
+        self = dict.__new__(cls)
+        dict.update(self, freeze(dict(*args, **kwargs), "FrozenDict"))
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
     __setitem__ = _refuse_dict
     __delitem__ = _refuse_dict
     __ior__ = _refuse_dict
@@ -75,6 +85,14 @@ class FrozenList(list[Any]):
 
     __slots__ = ()
 
+    def __new__(cls, iterable: Iterable[Any] = ()) -> FrozenList:
+        self = list.__new__(cls)
+        list.extend(self, freeze(list(iterable), "FrozenList"))
+        return self
+
+    def __init__(self, iterable: Iterable[Any] = ()) -> None:
+        pass
+
     __setitem__ = _refuse_list
     __delitem__ = _refuse_list
     __iadd__ = _refuse_list
@@ -101,8 +119,22 @@ class FrozenList(list[Any]):
         return (FrozenList, (list(self),))
 
 
-EMPTY_DICT = FrozenDict()
-EMPTY_LIST = FrozenList()
+def _dict_of(items: dict[str, Any]) -> FrozenDict:
+    """A FrozenDict over already frozen values (no second walk)."""
+    fd = dict.__new__(FrozenDict)
+    dict.update(fd, items)
+    return fd
+
+
+def _list_from(items: list[Any]) -> FrozenList:
+    """A FrozenList over already frozen values (no second walk)."""
+    fl = list.__new__(FrozenList)
+    list.extend(fl, items)
+    return fl
+
+
+EMPTY_DICT = _dict_of({})
+EMPTY_LIST = _list_from([])
 
 
 class NotJSON(TypeError):
@@ -115,8 +147,8 @@ class NotJSON(TypeError):
 
 
 def _list_of(items: Iterable[Any], path: str) -> FrozenList:
-    out = [freeze(v, f"{path}[{i}]") for i, v in enumerate(items)]
-    return FrozenList(out) if out else EMPTY_LIST
+    out = [_freeze(v, f"{path}[{i}]") for i, v in enumerate(items)]
+    return _list_from(out) if out else EMPTY_LIST
 
 
 def freeze(value: Any, path: str = "value") -> Any:
@@ -124,8 +156,18 @@ def freeze(value: Any, path: str = "value") -> Any:
 
     Raises:
         NotJSON: something at ``path`` (or below it) is not a JSON value:
-            a non-``str`` key, a set, bytes, an arbitrary object, NaN or ±inf.
+            a non-``str`` key, a set, bytes, an arbitrary object, NaN or ±inf,
+            or nesting so deep (or cyclic) that it cannot be walked.
     """
+    try:
+        return _freeze(value, path)
+    except RecursionError:
+        raise NotJSON(
+            path, "nested too deeply (or it contains itself); JSON values must be finite trees"
+        ) from None
+
+
+def _freeze(value: Any, path: str) -> Any:
     t = type(value)
     if t is str or t is int or t is bool or value is None:
         return value
@@ -146,8 +188,8 @@ def freeze(value: Any, path: str = "value") -> Any:
                         "JSON objects take str keys only",
                     )
                 k = str.__str__(k)
-            out[k] = freeze(v, f"{path}[{k!r}]")
-        return FrozenDict(out) if out else EMPTY_DICT
+            out[k] = _freeze(v, f"{path}[{k!r}]")
+        return _dict_of(out) if out else EMPTY_DICT
     if t is list or t is tuple or isinstance(value, (list, tuple)):
         return _list_of(value, path)
     if isinstance(value, str):
@@ -155,7 +197,7 @@ def freeze(value: Any, path: str = "value") -> Any:
     if isinstance(value, int):
         return int.__int__(value)
     if isinstance(value, float):
-        return freeze(float.__float__(value), path)
+        return _freeze(float.__float__(value), path)
     raise NotJSON(
         path,
         f"{type(value).__name__} value {_short_repr(value)} is not JSON; "

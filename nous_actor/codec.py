@@ -172,7 +172,9 @@ def from_jsonl(lines: str | Iterable[str]) -> Log:
             is its 1-based number.
     """
     if isinstance(lines, str):
-        lines = lines.splitlines()
+        # Only "\n" ends a record: str.splitlines() would also split inside a
+        # string holding U+2028 or U+0085, which JSON leaves unescaped.
+        lines = lines.split("\n")
     lg = Log()
     for number, text in enumerate(lines, start=1):
         if not text.strip():
@@ -220,8 +222,8 @@ def message_from_dict(record: Any, *, index: int | None = None) -> Message:
         except (TypeError, ValueError):
             _fail(f"'created_at' is not ISO-8601: {created_raw!r}", line, "created_at")
     calls = record.get("tool_calls") or []
-    openai_shape = isinstance(calls, list) and any(
-        isinstance(c, Mapping) and "function" in c for c in calls
+    openai_shape = not set(record) <= _MESSAGE_FIELDS or (
+        isinstance(calls, list) and any(isinstance(c, Mapping) and "function" in c for c in calls)
     )
     try:
         if openai_shape:
@@ -231,9 +233,6 @@ def message_from_dict(record: Any, *, index: int | None = None) -> Message:
             if meta:
                 m = Message(**{**_fields(m), "metadata": {**m.metadata, **meta}})
             return m
-        unknown = sorted(set(record) - _MESSAGE_FIELDS)
-        if unknown:
-            _fail(f"unknown message field(s) {', '.join(unknown)}", line, unknown[0])
         kwargs = {k: v for k, v in record.items() if k != "created_at"}
         if created is not None:
             kwargs["created_at"] = created

@@ -154,7 +154,10 @@ def parse_surface_op(raw: object) -> Replace | None:
 
 
 def _short(v: object) -> str:
-    r = repr(v)
+    try:
+        r = repr(v)
+    except Exception:  # a broken __repr__ must not hide the real error
+        r = f"<{type(v).__name__}>"
     return r if len(r) <= 60 else r[:57] + "..."
 
 

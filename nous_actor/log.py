@@ -315,6 +315,10 @@ class Log:
         """Every retained event, oldest first, shadowed ones included."""
         return self._events[: self._n]
 
+    def last_event(self) -> Event | None:
+        """The newest retained event (the one with seq ``count() - 1``), or ``None`` if empty."""
+        return self._events[self._n - 1] if self._n else None
+
     def since(self, seq: int) -> list[Event]:
         """Retained events with ``event.seq >= seq``, oldest first; O(log n + returned).
 

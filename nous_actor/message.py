@@ -230,7 +230,7 @@ class Message:
         if not isinstance(message, Mapping):
             raise ValueError(f"an OpenAI message must be a dict, got {type(message).__name__}")
         role = message.get("role")
-        if role not in _ROLE_VALUES:
+        if not isinstance(role, str) or role not in _ROLE_VALUES:
             raise ValueError(f"'role' must be one of {_ROLES}, got {role!r}")
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
@@ -244,7 +244,9 @@ class Message:
                 raise ValueError(f"{key!r} must be a str or null, got {type(v).__name__}")
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise ValueError("'tool_call_id' is required on a 'tool' message")
-        raw_calls = message.get("tool_calls") or []
+        raw_calls = message.get("tool_calls")
+        if raw_calls is None:
+            raw_calls = []
         if not isinstance(raw_calls, list):
             raise ValueError(f"'tool_calls' must be a list, got {type(raw_calls).__name__}")
         calls = [_call_from_openai(c, i) for i, c in enumerate(raw_calls)]

@@ -3,8 +3,11 @@
 * :mod:`nous_actor.testing.strategies`: Hypothesis strategies for messages,
   events, programs of log operations and whole logs.
 * :mod:`nous_actor.testing.reference`: a naive reference fold to check against.
+* :mod:`nous_actor.testing.machines`: :class:`SessionMachine`, a reusable
+  ``RuleBasedStateMachine`` driving a session against the pure ``Log`` as model.
 """
 
+from nous_actor.testing.machines import SessionMachine
 from nous_actor.testing.reference import (
     reference_derive_indexed,
     reference_project,
@@ -19,10 +22,12 @@ from nous_actor.testing.strategies import (
     logs,
     messages,
     run_program,
+    times,
 )
 
 __all__ = [
     "LogOp",
+    "SessionMachine",
     "event_data",
     "json_values",
     "log_programs",
@@ -33,4 +38,5 @@ __all__ = [
     "reference_shadowed",
     "reference_surface",
     "run_program",
+    "times",
 ]

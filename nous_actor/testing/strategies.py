@@ -13,7 +13,16 @@ from nous_actor.event import BOOKKEEPING_TYPES, SURFACE_TYPES, EventType
 from nous_actor.log import Log
 from nous_actor.message import Message, Role
 
-__all__ = ["LogOp", "event_data", "json_values", "log_programs", "logs", "messages", "run_program"]
+__all__ = [
+    "LogOp",
+    "event_data",
+    "json_values",
+    "log_programs",
+    "logs",
+    "messages",
+    "run_program",
+    "times",
+]
 
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

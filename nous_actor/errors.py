@@ -1,0 +1,64 @@
+"""Errors of the runtime layers (the core's own are InvalidEvent and CodecError)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CallTimeout",
+    "NousActorError",
+    "SessionCrashed",
+    "SessionError",
+    "SessionStopped",
+    "SubscriptionLagged",
+]
+
+
+class NousActorError(Exception):
+    """Base class of the errors raised by the runtime (sessions, supervision, stores)."""
+
+
+class SessionError(NousActorError):
+    """Something went wrong with one session; ``session_id`` names it."""
+
+    def __init__(self, session_id: str, message: str) -> None:
+        super().__init__(f"session {session_id!r}: {message}")
+        self.session_id = session_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.session_id, str(self).split(": ", 1)[-1]))
+
+
+class SessionStopped(SessionError):
+    """The session is stopped (or stopped before it handled the call).
+
+    A call that fails with this was not applied. Open the session again (a
+    supervised handle does so by itself) and retry.
+    """
+
+
+class SessionCrashed(SessionStopped):
+    """The session died while handling this call; whether the call was applied is unknown
+    unless the session has a store, in which case the store is the truth."""
+
+
+class CallTimeout(SessionError, TimeoutError):
+    """No answer within the call's time bound. The call may still be applied later."""
+
+
+class SubscriptionLagged(SessionError):
+    """A subscriber fell more than its buffer behind and was cut off.
+
+    Every event before ``next_seq`` was delivered; resume with
+    ``session.since(next_seq)`` or ``session.subscribe(from_seq=next_seq)``.
+    """
+
+    def __init__(self, session_id: str, next_seq: int, message: str | None = None) -> None:
+        super().__init__(
+            session_id,
+            message
+            or f"subscriber fell behind its buffer at seq {next_seq}; "
+            f"resume with since({next_seq}) or subscribe(from_seq={next_seq})",
+        )
+        self.next_seq = next_seq
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (SubscriptionLagged, (self.session_id, self.next_seq))

@@ -1,0 +1,384 @@
+"""A session: one :class:`~nous_actor.Log` owned by one Pykka actor, and the handle to it.
+
+Callers never touch the actor. They hold a :class:`Session` handle whose
+methods send a message to the actor and return a :class:`SessionFuture`.
+
+Guarantees, for every call on a handle:
+
+* Calls from one thread are applied in the order they were made; calls from
+  several threads are applied one at a time, each seeing the effects of all
+  that were applied before it.
+* Bad input (``InvalidEvent``, ``TypeError``) fails that call's future and
+  changes nothing; the session keeps running.
+* No call waits forever. A call on a stopped session fails at once with
+  :class:`~nous_actor.SessionStopped`; a call queued when the session stops
+  is answered with it (Pykka leaves such asks unanswered); every ``get``
+  has a bound (:class:`~nous_actor.CallTimeout` after it).
+* A ``BaseException`` raised while handling a call stops only this session
+  (Pykka's default would stop every actor in the process); the call fails
+  with :class:`~nous_actor.SessionCrashed`.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import pykka
+import structlog
+
+from nous_actor.errors import SessionCrashed, SessionStopped
+from nous_actor.event import Event, EventType, InvalidEvent
+from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
+from nous_actor.log import Log
+from nous_actor.message import Message
+from nous_actor.subscription import DEFAULT_BUFFER, Subscription
+
+__all__ = ["Session", "SessionActor"]
+
+logger = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+Handler = Callable[..., Any]
+
+
+class SessionActor(pykka.ThreadingActor):
+    """The actor that owns one session's log. Use it through :class:`Session`.
+
+    Every message is ``(handler, args, future)``: the actor runs
+    ``handler(self, *args)`` and answers ``future`` itself, so nothing it
+    raises ever reaches Pykka's failure handling.
+    """
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        # Pykka's inbox is a queue.Queue (a Python-level lock and condition per
+        # put/get); SimpleQueue has the same put/get/empty in C, which matters
+        # when many callers pipeline appends into one session.
+        return queue.SimpleQueue()
+
+    def __init__(self, session_id: str, log: Log | None = None) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.log = Log() if log is None else log
+        self.subscribers: list[Subscription] = []
+        self.crash: BaseException | None = None
+
+    def on_start(self) -> None:
+        # Fold once so that every later append keeps the surface current.
+        self.log = self.log.materialize()[1]
+
+    def on_receive(self, message: Any) -> Any:
+        if type(message) is not tuple or len(message) != 3:
+            return super().on_receive(message)
+        handler, args, fut = message
+        try:
+            result = handler(self, *args)
+        except Exception as exc:
+            fut._fail(exc)
+        except BaseException as exc:  # contain it: only this session stops
+            self._die(exc)
+            fut._fail(_crashed(self.session_id, exc))
+        else:
+            fut._resolve(result)
+        return None
+
+    def on_stop(self) -> None:
+        self._drain(SessionStopped(self.session_id, "the session stopped before this call"))
+        for sub in self.subscribers:
+            sub._finish(None)
+        self.subscribers.clear()
+
+    def _die(self, exc: BaseException) -> None:
+        self.crash = exc
+        logger.error(
+            "session.crashed",
+            session_id=self.session_id,
+            reason=type(exc).__name__,
+            error=str(exc),
+        )
+        pykka.ActorRegistry.unregister(self.actor_ref)
+        self.actor_stopped.set()
+        err = _crashed(self.session_id, exc)
+        self._drain(err)
+        for sub in self.subscribers:
+            sub._finish(err)
+        self.subscribers.clear()
+
+    def _drain(self, err: SessionStopped) -> None:
+        """Answer every call still in the inbox (run only after ``actor_stopped`` is set)."""
+        inbox = self.actor_inbox
+        while not inbox.empty():
+            envelope = inbox.get()
+            msg = envelope.message
+            if type(msg) is tuple and len(msg) == 3 and isinstance(msg[2], SessionFuture):
+                msg[2]._fail(err)
+            elif envelope.reply_to is not None:
+                try:
+                    envelope.reply_to.set_exception(
+                        (pykka.ActorDeadError, pykka.ActorDeadError(str(err)), None)
+                    )
+                except Exception:  # already answered
+                    pass
+
+    # -- handlers: run in the actor thread ----------------------------------------------
+
+    def _commit(self, log: Log) -> Event:
+        self.log = log
+        ev = log.last_event()
+        assert ev is not None
+        if self.subscribers:
+            self.subscribers = [s for s in self.subscribers if s._push(ev)]
+        return ev
+
+    def h_append(self, etype: Any, data: Any, time: Any) -> Event:
+        return self._commit(self.log.append(etype, data, time))
+
+    def h_append_at(self, seq: Any, etype: Any, data: Any, time: Any) -> Event:
+        return self._commit(self.log.append_at(seq, etype, data, time))
+
+    def h_append_or_log(self, etype: Any, data: Any, time: Any) -> Event | None:
+        try:
+            log = self.log.append(etype, data, time)
+        except InvalidEvent as exc:
+            logger.warning(
+                "log.event_dropped",
+                session_id=self.session_id,
+                type=str(etype) if isinstance(etype, str) else repr(etype),
+                reason=exc.reason,
+                error=str(exc),
+            )
+            return None
+        return self._commit(log)
+
+    def h_snapshot(self) -> int:
+        before = len(self.log.events())
+        self.log = self.log.snapshot()
+        return before - len(self.log.events())
+
+    def h_subscribe(self, sub: Subscription, from_seq: int) -> Subscription:
+        sub._catch_up(self.log.since(from_seq))
+        self.subscribers.append(sub)
+        return sub
+
+    def h_unsubscribe(self, sub: Subscription) -> None:
+        if sub in self.subscribers:
+            self.subscribers.remove(sub)
+
+    def h_read(self, name: str, *args: Any) -> Any:
+        return getattr(self.log, name)(*args)
+
+    def h_log(self) -> Log:
+        return self.log
+
+
+def _crashed(session_id: str, exc: BaseException) -> SessionCrashed:
+    err = SessionCrashed(session_id, f"crashed with {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def _check_seq(seq: object, what: str) -> None:
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise TypeError(f"{what} takes an int seq, got {type(seq).__name__}")
+    if seq < 0:
+        raise ValueError(f"{what} takes a seq >= 0, got {seq}")
+
+
+def _check_handle_args(session_id: object, timeout: object) -> None:
+    if not isinstance(session_id, str) or not session_id:
+        raise ValueError(f"session_id must be a non-empty str, got {session_id!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+
+
+class Session:
+    """The handle to one session; every method returns a :class:`SessionFuture`.
+
+    Get a handle with :meth:`Session.start` (a standalone session) or from a
+    supervisor's registry (which restarts sessions and re-resolves handles).
+
+    >>> chat = Session.start("chat-42")
+    >>> chat.append("user_message", {"content": "hi"}).get().seq
+    0
+    >>> [m.content for m in chat.derive_messages().get()]
+    ['hi']
+    >>> chat.stop()
+
+    Args:
+        session_id: the session's id.
+        resolve: returns the live actor of the session (called again when the
+            actor it returned last has stopped, so a restarted session is found).
+        timeout: the default bound, in seconds, of every wait on a result.
+    """
+
+    __slots__ = ("_ref", "_resolve", "session_id", "timeout")
+
+    def __init__(
+        self,
+        session_id: str,
+        resolve: Callable[[], pykka.ActorRef[SessionActor]],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        _check_handle_args(session_id, timeout)
+        self.session_id = session_id
+        self.timeout = float(timeout)
+        self._resolve = resolve
+        self._ref: pykka.ActorRef[SessionActor] | None = None
+
+    @classmethod
+    def start(
+        cls, session_id: str, log: Log | None = None, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> Session:
+        """Start a standalone session actor, optionally holding ``log``, and return its handle.
+
+        A standalone session is not restarted: once stopped, its calls fail with
+        :class:`~nous_actor.SessionStopped`.
+        """
+        _check_handle_args(session_id, timeout)
+        if log is not None and not isinstance(log, Log):
+            raise TypeError(f"log must be a nous_actor.Log, got {type(log).__name__}")
+        ref = SessionActor.start(session_id, log)
+        return cls(session_id, lambda: ref, timeout=timeout)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _actor(self) -> pykka.ActorRef[SessionActor] | None:
+        ref = self._ref
+        if ref is None or not ref.is_alive():
+            try:
+                ref = self._resolve()
+            except SessionStopped:
+                return None
+            self._ref = ref
+        return ref
+
+    def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
+        fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
+        ref = self._actor()
+        if ref is None:
+            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
+            return fut
+        try:
+            ref.tell((handler, args, fut))
+        except pykka.ActorDeadError:
+            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
+            return fut
+        # Pykka's stop race: the actor may have stopped between the liveness
+        # check and the put, after its last look at the inbox. If it is dead
+        # now, nobody will answer: answer ourselves (a no-op if it did answer).
+        if not ref.is_alive():
+            fut._fail(SessionStopped(self.session_id, "the session stopped before this call"))
+        return fut
+
+    # -- writes --------------------------------------------------------------------------
+
+    def append(
+        self, type: EventType | str, data: Any = None, time: datetime | None = None
+    ) -> SessionFuture[Event]:
+        """Append one event; the future resolves to it, with its seq.
+
+        Raises (through the future):
+            InvalidEvent: the event is refused; nothing changed, the session runs on.
+            SessionStopped: the session is stopped; nothing changed.
+        """
+        return self._call(SessionActor.h_append, type, data, time)
+
+    def append_or_log(
+        self, type: EventType | str, data: Any = None, time: datetime | None = None
+    ) -> SessionFuture[Event | None]:
+        """Like :meth:`append`, but a refused event resolves to ``None``.
+
+        The drop is a structlog warning ``log.event_dropped`` with ``session_id``,
+        ``type`` and ``reason``; it is never silent.
+        """
+        return self._call(SessionActor.h_append_or_log, type, data, time)
+
+    def append_at(
+        self, seq: int, type: EventType | str, data: Any = None, time: datetime | None = None
+    ) -> SessionFuture[Event]:
+        """Restore an event under its persisted ``seq`` (see :meth:`Log.append_at`)."""
+        return self._call(SessionActor.h_append_at, seq, type, data, time)
+
+    def snapshot(self) -> SessionFuture[int]:
+        """Drop every shadowed event; resolves to how many were dropped."""
+        return self._call(SessionActor.h_snapshot)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def derive_messages(self) -> SessionFuture[list[Message]]:
+        """The model-visible messages (a fresh list, the caller's)."""
+        return self._call(SessionActor.h_read, "derive_messages")
+
+    def derive_indexed(self) -> SessionFuture[list[tuple[int, Message]]]:
+        """``(seq, message)`` pairs of the surface."""
+        return self._call(SessionActor.h_read, "derive_indexed")
+
+    def surface(self) -> SessionFuture[list[Event]]:
+        """The surface events, in position order."""
+        return self._call(SessionActor.h_read, "surface")
+
+    def events(self) -> SessionFuture[list[Event]]:
+        """Every retained event, oldest first."""
+        return self._call(SessionActor.h_read, "events")
+
+    def since(self, seq: int) -> SessionFuture[list[Event]]:
+        """Retained events with ``seq >= seq``.
+
+        Raises:
+            TypeError: ``seq`` is not an int (raised here, before anything is sent).
+        """
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise TypeError(f"since(seq) takes an int, got {type(seq).__name__}")
+        return self._call(SessionActor.h_read, "since", seq)
+
+    def count(self) -> SessionFuture[int]:
+        """Number of events ever appended (the next seq)."""
+        return self._call(SessionActor.h_read, "count")
+
+    def log(self) -> SessionFuture[Log]:
+        """The current :class:`Log` value (immutable; later appends do not change it)."""
+        return self._call(SessionActor.h_log)
+
+    def subscribe(
+        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
+    ) -> Subscription:
+        """Subscribe to every event with ``seq >= from_seq``: catch-up, then live.
+
+        Waits (at most ``timeout``, default the handle's bound) until the session
+        has registered the subscriber. See :class:`Subscription`.
+
+        Raises:
+            TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
+            SessionStopped: the session is stopped.
+        """
+        _check_seq(from_seq, "subscribe(from_seq)")
+        sub = Subscription(self.session_id, buffer=buffer, on_close=self._unsubscribe)
+        return self._call(SessionActor.h_subscribe, sub, from_seq).get(timeout=timeout)  # type: ignore[no-any-return]
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        self._call(SessionActor.h_unsubscribe, sub)
+
+    # -- life ----------------------------------------------------------------------------
+
+    def is_alive(self) -> bool:
+        """Whether the session's actor is running now."""
+        ref = self._ref
+        if ref is None or not ref.is_alive():
+            ref = self._actor()
+        return ref is not None and ref.is_alive()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the session after the calls already queued; waits at most ``timeout``.
+
+        Calls made after this fail with :class:`~nous_actor.SessionStopped`.
+        """
+        ref = self._ref or self._actor()
+        if ref is not None:
+            ref.stop(block=True, timeout=self.timeout if timeout is None else timeout)
+
+    def __repr__(self) -> str:
+        return f"<Session {self.session_id!r}>"

@@ -1,0 +1,190 @@
+"""A live feed of one session's events: catch-up from the log, then live, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+
+from nous_actor.errors import CallTimeout, SessionStopped, SubscriptionLagged
+from nous_actor.event import Event
+
+__all__ = ["Subscription"]
+
+DEFAULT_BUFFER = 10_000
+"""Live events a subscriber may have pending before it is cut off as lagging."""
+
+
+class Subscription(Iterator[Event], AsyncIterator[Event]):
+    """Every event of a session with ``seq >= from_seq``, exactly once, in seq order.
+
+    First the retained events already in the log (catch-up), then each newly
+    appended event as the session commits it; no gaps, no duplicates, because
+    the session takes the catch-up and registers the subscriber in one step.
+
+    Iterate it (``for ev in sub``) or ``async for ev in sub``; iteration ends
+    when the session stops or the subscription is closed. :meth:`get` waits
+    with a bound.
+
+    A slow subscriber never blocks the session: once more than ``buffer`` live
+    events are pending it is cut off, and after the pending events the next
+    read raises :class:`~nous_actor.SubscriptionLagged` whose ``next_seq`` says
+    where to resume (``since(next_seq)`` or ``subscribe(from_seq=next_seq)``).
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        buffer: int = DEFAULT_BUFFER,
+        on_close: Callable[[Subscription], None] | None = None,
+    ) -> None:
+        if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
+            raise ValueError(f"buffer must be an int >= 1, got {buffer!r}")
+        self.session_id = session_id
+        self.buffer = buffer
+        self._on_close = on_close
+        self._cond = threading.Condition()
+        self._items: deque[Event] = deque()
+        self._live = 0  # live (not catch-up) events among _items
+        self._ended = False
+        self._error: BaseException | None = None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    # -- the session's side (its actor thread) -----------------------------------------
+
+    def _catch_up(self, events: Iterable[Event]) -> None:
+        with self._cond:
+            self._items.extend(events)
+
+    def _push(self, ev: Event) -> bool:
+        """Deliver ``ev``; ``False`` if this subscriber is done and should be dropped."""
+        with self._cond:
+            if self._ended:
+                return False
+            if self._live >= self.buffer:
+                self._end_locked(SubscriptionLagged(self.session_id, ev.seq))
+                return False
+            self._items.append(ev)
+            self._live += 1
+            self._cond.notify_all()
+            self._wake_async()
+        return True
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        """End the feed: normally (``None``) or with ``error`` after the pending events."""
+        with self._cond:
+            if not self._ended:
+                self._end_locked(error)
+
+    def _end_locked(self, error: BaseException | None) -> None:
+        self._ended = True
+        self._error = error
+        self._cond.notify_all()
+        self._wake_async()
+
+    def _wake_async(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_set_if_pending, fut)
+            except RuntimeError:  # loop closed: nobody waits any more
+                pass
+
+    # -- the consumer's side -----------------------------------------------------------
+
+    def _pop_locked(self) -> Event:
+        ev = self._items.popleft()
+        if self._live > len(self._items):
+            self._live = len(self._items)
+        return ev
+
+    def _raise_end(self, stop: type[Exception]) -> Event:
+        if self._error is not None:
+            raise self._error
+        raise stop
+
+    def get(self, timeout: float = 30.0) -> Event:
+        """The next event, waiting at most ``timeout`` seconds.
+
+        Raises:
+            CallTimeout: nothing arrived in time (the subscription stays usable).
+            SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
+            SessionStopped: the feed ended (session stopped or subscription closed).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._items:
+                if self._ended:
+                    if self._error is not None:
+                        raise self._error
+                    raise SessionStopped(self.session_id, "the subscription has ended")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CallTimeout(self.session_id, f"no event within {timeout:g} s")
+                self._cond.wait(remaining)
+            return self._pop_locked()
+
+    def get_nowait(self) -> Event | None:
+        """The next pending event, or ``None`` if there is none right now."""
+        with self._cond:
+            if self._items:
+                return self._pop_locked()
+            if self._ended and self._error is not None:
+                raise self._error
+            return None
+
+    def pending(self) -> int:
+        """How many events are waiting to be read."""
+        with self._cond:
+            return len(self._items)
+
+    def __iter__(self) -> Subscription:
+        return self
+
+    def __next__(self) -> Event:
+        with self._cond:
+            while not self._items:
+                if self._ended:
+                    return self._raise_end(StopIteration)
+                self._cond.wait()
+            return self._pop_locked()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        while True:
+            with self._cond:
+                if self._items:
+                    return self._pop_locked()
+                if self._ended:
+                    return self._raise_end(StopAsyncIteration)
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiters.append((loop, fut))
+            await fut
+
+    def close(self) -> None:
+        """Stop receiving; iteration ends after the events already pending."""
+        self._finish(None)
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else "open"
+        return f"<Subscription session={self.session_id!r} {state} pending={len(self._items)}>"
+
+
+def _set_if_pending(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
