@@ -356,7 +356,9 @@ class Session:
             SessionStopped: the session is stopped.
         """
         _check_seq(from_seq, "subscribe(from_seq)")
-        sub = Subscription(self.session_id, buffer=buffer, on_close=self._unsubscribe)
+        sub = Subscription(
+            self.session_id, from_seq=from_seq, buffer=buffer, on_close=self._unsubscribe
+        )
         return self._call(SessionActor.h_subscribe, sub, from_seq).get(timeout=timeout)  # type: ignore[no-any-return]
 
     def _unsubscribe(self, sub: Subscription) -> None:

@@ -38,12 +38,14 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
         self,
         session_id: str,
         *,
+        from_seq: int = 0,
         buffer: int = DEFAULT_BUFFER,
         on_close: Callable[[Subscription], None] | None = None,
     ) -> None:
         if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
             raise ValueError(f"buffer must be an int >= 1, got {buffer!r}")
         self.session_id = session_id
+        self.from_seq = from_seq
         self.buffer = buffer
         self._on_close = on_close
         self._cond = threading.Condition()
@@ -61,6 +63,8 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
 
     def _push(self, ev: Event) -> bool:
         """Deliver ``ev``; ``False`` if this subscriber is done and should be dropped."""
+        if ev.seq < self.from_seq:
+            return True
         with self._cond:
             if self._ended:
                 return False

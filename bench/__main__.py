@@ -1,0 +1,105 @@
+"""Entry point: ``python -m bench [--quick] [--only NAME] [--json PATH]`` (``make bench``).
+
+Runs the registered benchmarks one after the other, prints progress on
+stderr, the results table on stdout, and writes every number to a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+from bench import core
+from bench.harness import Benchmark, Config, progress
+from bench.report import DEFAULT_JSON, Outcome, print_table, write_json
+
+MODULES: Final[tuple[ModuleType, ...]] = (core,)
+"""Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
+
+
+def registered() -> list[Benchmark]:
+    """Every benchmark of every module in :data:`MODULES`, in run order."""
+    found: list[Benchmark] = []
+    for module in MODULES:
+        found.extend(module.BENCHMARKS)
+    return found
+
+
+def select(benchmarks: Sequence[Benchmark], only: Sequence[str]) -> list[Benchmark]:
+    """The benchmarks named in ``only`` (full ``core.fold`` or short ``fold``), else all.
+
+    Raises:
+        SystemExit: a name matches nothing; the message lists the valid names.
+    """
+    if not only:
+        return list(benchmarks)
+    wanted = {n for item in only for n in item.split(",") if n}
+    chosen = [b for b in benchmarks if b.name in wanted or b.short in wanted]
+    unknown = wanted - {b.name for b in chosen} - {b.short for b in chosen}
+    if unknown:
+        names = ", ".join(b.name for b in benchmarks)
+        raise SystemExit(f"bench: unknown benchmark(s) {', '.join(sorted(unknown))}; use {names}")
+    return chosen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run, print, write; always 0 (a failed goal is a result to read, not a crash)."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller sizes: a smoke run in well under a minute"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this benchmark (repeatable or comma-separated); see --list",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        metavar="PATH",
+        help=f"where to write all numbers (default: {DEFAULT_JSON})",
+    )
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = parser.parse_args(argv)
+
+    benchmarks = registered()
+    if args.list:
+        for b in benchmarks:
+            print(f"{b.name:24} {b.title}")
+        return 0
+    chosen = select(benchmarks, args.only)
+    config = Config(quick=args.quick)
+    started = datetime.now(UTC)
+    loadavg = os.getloadavg() if hasattr(os, "getloadavg") else None
+    outcomes: list[Outcome] = []
+    for b in chosen:
+        progress(f"{b.name}: start ({'quick' if config.quick else 'full'})")
+        t0 = time.perf_counter()
+        section = b.run(config)
+        outcomes.append(Outcome(b, section, time.perf_counter() - t0))
+        progress(f"{b.name}: done in {outcomes[-1].seconds:.1f} s")
+    print_table(outcomes, loadavg=loadavg)
+    write_json(
+        args.json,
+        outcomes,
+        quick=config.quick,
+        started=started,
+        argv=list(sys.argv if argv is None else argv),
+        loadavg_before=loadavg,
+    )
+    progress(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
