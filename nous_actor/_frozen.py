@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
-__all__ = ["FrozenDict", "FrozenList", "NotJSON", "freeze", "thaw"]
+__all__ = ["FrozenDict", "FrozenList", "NotJSON", "freeze", "short_repr", "thaw"]
 
 
 def _refuse_dict(self: object, *args: object, **kwargs: object) -> NoReturn:
@@ -200,12 +200,13 @@ def _freeze(value: Any, path: str) -> Any:
         return _freeze(float.__float__(value), path)
     raise NotJSON(
         path,
-        f"{type(value).__name__} value {_short_repr(value)} is not JSON; "
+        f"{type(value).__name__} value {short_repr(value)} is not JSON; "
         "use str, int, float, bool, None, list or a dict with str keys",
     )
 
 
-def _short_repr(value: object) -> str:
+def short_repr(value: object) -> str:
+    """``repr(value)`` cut to 60 characters; never raises, even for a broken ``__repr__``."""
     try:
         r = repr(value)
     except Exception:  # a broken __repr__ must not hide the real error

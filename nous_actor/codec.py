@@ -29,6 +29,8 @@ from nous_actor.message import Message
 __all__ = [
     "CodecError",
     "dumps_event",
+    "encode_data",
+    "event_from_row",
     "event_from_dict",
     "event_to_dict",
     "from_jsonl",
@@ -63,10 +65,17 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# Built once: json.loads/dumps with options build a new decoder/encoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _json_loads(text: str | bytes, line: int | None) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode("utf-8")
+        return _DECODER.decode(text)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         _fail(f"not valid JSON ({exc})", line, None)
 
 
@@ -87,17 +96,36 @@ def event_to_dict(event: Event) -> dict[str, Any]:
 
 def dumps_event(event: Event) -> str:
     """The event as one line of JSON (no newline)."""
-    return json.dumps(
+    return _ENCODER.encode(
         {
             "seq": event.seq,
             "type": event.type.value,
             "time": format_time(event.time),
             "data": event.data,
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-        allow_nan=False,
+        }
     )
+
+
+def encode_data(event: Event) -> str:
+    """The event's ``data`` as compact JSON text (the stored form)."""
+    return _ENCODER.encode(event.data)
+
+
+def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
+    """Decode an event stored as columns (``data`` as JSON text), fully validated.
+
+    Raises:
+        CodecError: a column is malformed; ``.field`` names it.
+    """
+    try:
+        t = datetime.fromisoformat(time)
+    except (TypeError, ValueError):
+        _fail(f"'time' is not ISO-8601: {time!r}", None, "time")
+    try:
+        return Event(seq, type, t, _json_loads(data, None))
+    except InvalidEvent as exc:
+        field = "type" if exc.reason == "unknown_event_type" else "data"
+        raise CodecError(f"seq {seq}: {exc.reason}: {exc}", field=field) from None
 
 
 def event_from_dict(record: Any, *, line: int | None = None) -> Event:
@@ -187,7 +215,7 @@ def from_jsonl(lines: str | Iterable[str]) -> Log:
                 number,
                 "seq",
             )
-        lg = lg._extend(ev)
+        lg = lg.append_event(ev)
     return lg
 
 

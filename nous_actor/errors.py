@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "CallTimeout",
+    "ConflictError",
     "NousActorError",
     "SessionCrashed",
     "SessionError",
     "SessionStopped",
+    "StoreError",
     "SubscriptionLagged",
 ]
 
@@ -62,3 +66,30 @@ class SubscriptionLagged(SessionError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (SubscriptionLagged, (self.session_id, self.next_seq))
+
+
+class StoreError(NousActorError):
+    """A durable store failed; ``session_id`` (if one) and ``cause`` say which and why.
+
+    An append that fails with this was not acknowledged: it is wholly in the
+    store or wholly absent, and the session refuses further appends until it
+    is restarted from the store.
+    """
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        prefix = f"session {session_id!r}: " if session_id is not None else ""
+        super().__init__(prefix + message)
+        self.session_id = session_id
+        self._message = message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (functools.partial(type(self), session_id=self.session_id), (self._message,))
+
+
+class ConflictError(StoreError):
+    """A second writer for one session: a seq already stored, or a live writer elsewhere.
+
+    The database refuses the write (``PRIMARY KEY (session_id, seq)``), so two
+    writers never fork a session silently. Reopen the session to continue
+    from what the store holds.
+    """

@@ -7,7 +7,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final, NoReturn
 
-from nous_actor._frozen import EMPTY_DICT, EMPTY_LIST, FrozenDict, FrozenList, NotJSON, freeze
+from nous_actor._frozen import (
+    EMPTY_DICT,
+    EMPTY_LIST,
+    FrozenDict,
+    FrozenList,
+    NotJSON,
+    freeze,
+    short_repr,
+)
 from nous_actor.message import Message, Role, trusted_message
 
 __all__ = [
@@ -153,12 +161,7 @@ def parse_surface_op(raw: object) -> Replace | None:
     _invalid_op(f"{_short(raw)} is not a known form")
 
 
-def _short(v: object) -> str:
-    try:
-        r = repr(v)
-    except Exception:  # a broken __repr__ must not hide the real error
-        r = f"<{type(v).__name__}>"
-    return r if len(r) <= 60 else r[:57] + "..."
+_short = short_repr
 
 
 def check_event(

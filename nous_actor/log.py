@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import structlog
 
+from nous_actor._frozen import short_repr
 from nous_actor.event import (
     EVENT_TYPE_OF,
     SURFACE_TYPES,
@@ -247,22 +248,34 @@ class Log:
         except InvalidEvent as exc:
             log.warning(
                 "log.event_dropped",
-                type=str(type) if isinstance(type, str) else repr(type),
+                type=str(type) if isinstance(type, str) else short_repr(type),
                 reason=exc.reason,
                 error=str(exc),
             )
             return self
+
+    def append_event(self, event: Event) -> Log:
+        """A new log with ``event`` (already an :class:`Event`) under its own seq.
+
+        For restoring stored events without validating them twice; the seq
+        rule is the one of :meth:`append_at`.
+
+        Raises:
+            TypeError: ``event`` is not an Event.
+            InvalidEvent: ``seq_behind_head`` if ``event.seq < self.count()``.
+        """
+        if not isinstance(event, Event):
+            raise TypeError(f"append_event takes an Event, got {type(event).__name__}")
+        if event.seq < self._count:
+            raise _behind_head(event.seq, self._count)
+        return self._extend(event)
 
     def _push(
         self, seq: int, type: object, data: Any, time: datetime | None, at: bool = False
     ) -> Log:
         etype, t, frozen, op = check_event(seq, type, _utcnow() if time is None else time, data)
         if at and seq < self._count:
-            raise InvalidEvent(
-                "seq_behind_head",
-                f"append_at(seq={seq}) is behind the head: the next free seq is "
-                f"{self._count}; use a seq >= {self._count}, or append() to take the next",
-            )
+            raise _behind_head(seq, self._count)
         return self._extend(Event._trusted(seq, etype, t, frozen, op))
 
     def _extend(self, ev: Event) -> Log:
@@ -394,6 +407,20 @@ class Log:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (self._count, self.events()))
+
+
+def _behind_head(seq: int, count: int) -> InvalidEvent:
+    return InvalidEvent(
+        "seq_behind_head",
+        f"append_at(seq={seq}) is behind the head: the next free seq is "
+        f"{count}; use a seq >= {count}, or append() to take the next",
+    )
+
+
+def new_event(seq: int, type: object, data: Any, time: datetime | None) -> Event:
+    """A validated Event (DESIGN.md §2 checks, in order); ``time`` defaults to now."""
+    etype, t, frozen, op = check_event(seq, type, _utcnow() if time is None else time, data)
+    return Event._trusted(seq, etype, t, frozen, op)
 
 
 def _rebuild(count: int, events: list[Event]) -> Log:

@@ -22,18 +22,23 @@ Guarantees, for every call on a handle:
 from __future__ import annotations
 
 import queue
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Final, TypeVar
 
 import pykka
 import structlog
 
-from nous_actor.errors import SessionCrashed, SessionStopped
+from nous_actor._frozen import short_repr
+from nous_actor.committer import Committer, committer_for
+from nous_actor.errors import SessionCrashed, SessionStopped, StoreError
 from nous_actor.event import Event, EventType, InvalidEvent
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
-from nous_actor.log import Log
+from nous_actor.log import Log, _behind_head, new_event
 from nous_actor.message import Message
+from nous_actor.store.base import Store
 from nous_actor.subscription import DEFAULT_BUFFER, Subscription
 
 __all__ = ["Session", "SessionActor"]
@@ -44,12 +49,21 @@ T = TypeVar("T")
 Handler = Callable[..., Any]
 
 
+_DEFER: Any = object()  # a handler's result meaning "the future is answered later"
+
+
 class SessionActor(pykka.ThreadingActor):
     """The actor that owns one session's log. Use it through :class:`Session`.
 
     Every message is ``(handler, args, future)``: the actor runs
     ``handler(self, *args)`` and answers ``future`` itself, so nothing it
     raises ever reaches Pykka's failure handling.
+
+    With a store, an append is validated and given its seq at once, handed to
+    the store's committer, and acknowledged (its future resolved) only once it
+    is committed. Reads and snapshots wait until every append made before
+    them is committed, so a caller always reads its own acknowledged writes
+    and never an event the store does not hold.
     """
 
     @staticmethod
@@ -59,42 +73,90 @@ class SessionActor(pykka.ThreadingActor):
         # when many callers pipeline appends into one session.
         return queue.SimpleQueue()
 
-    def __init__(self, session_id: str, log: Log | None = None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        log: Log | None = None,
+        store: Store | None = None,
+        ready: SessionFuture[None] | None = None,
+    ) -> None:
         super().__init__()
         self.session_id = session_id
         self.log = Log() if log is None else log
+        self.store = store
+        self.committer: Committer | None = None
+        self.claim_token: str | None = None
+        self.next_seq = self.log.count()
+        self.inflight: deque[Event] = deque()  # submitted to the store, not yet applied
+        self.parked: deque[tuple[int, Handler, tuple[Any, ...], SessionFuture[Any]]] = deque()
+        self.failed: StoreError | None = None
         self.subscribers: list[Subscription] = []
         self.crash: BaseException | None = None
+        self._ready = ready
+        self._fut: SessionFuture[Any] | None = None
 
     def on_start(self) -> None:
-        # Fold once so that every later append keeps the surface current.
-        self.log = self.log.materialize()[1]
+        try:
+            if self.store is not None:
+                self.claim_token = self.store.claim(self.session_id)
+                self.committer = committer_for(self.store)
+                self.committer.reset(self.session_id)
+                log = Log()
+                for ev in self.store.load(self.session_id):
+                    log = log.append_event(ev)
+                self.log = log
+                if log.count():
+                    logger.info(
+                        "session.recovered",
+                        session_id=self.session_id,
+                        events=len(log.events()),
+                        count=log.count(),
+                    )
+            # Fold once so that every later append keeps the surface current.
+            self.log = self.log.materialize()[1]
+            self.next_seq = self.log.count()
+        except BaseException as exc:
+            self._die(exc, "session.start_failed")
+            if self._ready is not None:
+                self._ready._fail(exc)
+            return
+        if self._ready is not None:
+            self._ready._resolve(None)
 
     def on_receive(self, message: Any) -> Any:
         if type(message) is not tuple or len(message) != 3:
             return super().on_receive(message)
         handler, args, fut = message
+        if self.inflight and handler in _WAIT_FOR_COMMITS:
+            self.parked.append((self.next_seq, handler, args, fut))
+            return None
+        self._run(handler, args, fut)
+        return None
+
+    def _run(
+        self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
+    ) -> None:
+        self._fut = fut
         try:
             result = handler(self, *args)
         except Exception as exc:
-            fut._fail(exc)
+            if fut is not None:
+                fut._fail(exc)
         except BaseException as exc:  # contain it: only this session stops
             self._die(exc)
-            fut._fail(_crashed(self.session_id, exc))
+            if fut is not None:
+                fut._fail(_crashed(self.session_id, exc))
         else:
-            fut._resolve(result)
-        return None
+            if fut is not None and result is not _DEFER:
+                fut._resolve(result)
 
     def on_stop(self) -> None:
-        self._drain(SessionStopped(self.session_id, "the session stopped before this call"))
-        for sub in self.subscribers:
-            sub._finish(None)
-        self.subscribers.clear()
+        self._shut(SessionStopped(self.session_id, "the session stopped before this call"), None)
 
-    def _die(self, exc: BaseException) -> None:
+    def _die(self, exc: BaseException, event: str = "session.crashed") -> None:
         self.crash = exc
         logger.error(
-            "session.crashed",
+            event,
             session_id=self.session_id,
             reason=type(exc).__name__,
             error=str(exc),
@@ -102,10 +164,24 @@ class SessionActor(pykka.ThreadingActor):
         pykka.ActorRegistry.unregister(self.actor_ref)
         self.actor_stopped.set()
         err = _crashed(self.session_id, exc)
+        self._shut(err, err)
+
+    def _shut(self, err: SessionStopped, feed_error: SessionStopped | None) -> None:
+        """Answer everything still waiting and let go of the store (after ``actor_stopped``)."""
         self._drain(err)
+        while self.parked:
+            self.parked.popleft()[3]._fail(err)
         for sub in self.subscribers:
-            sub._finish(err)
+            sub._finish(feed_error)
         self.subscribers.clear()
+        if self.store is not None and self.claim_token is not None:
+            token, self.claim_token = self.claim_token, None
+            try:
+                self.store.release(self.session_id, token)
+            except Exception as exc:
+                logger.warning(
+                    "session.release_failed", session_id=self.session_id, error=str(exc)
+                )
 
     def _drain(self, err: SessionStopped) -> None:
         """Answer every call still in the inbox (run only after ``actor_stopped`` is set)."""
@@ -123,40 +199,106 @@ class SessionActor(pykka.ThreadingActor):
                 except Exception:  # already answered
                     pass
 
-    # -- handlers: run in the actor thread ----------------------------------------------
+    # -- writes ----------------------------------------------------------------------------
 
-    def _commit(self, log: Log) -> Event:
-        self.log = log
-        ev = log.last_event()
-        assert ev is not None
+    def _submit(self, ev: Event) -> Any:
+        self.next_seq = ev.seq + 1
+        committer = self.committer
+        if committer is None:
+            self._apply(ev)
+            return ev
+        fut = self._fut
+        self.inflight.append(ev)
+        committer.submit(self.session_id, (ev,), partial(self._on_commit, ev, fut))
+        return _DEFER
+
+    def _on_commit(
+        self, ev: Event, fut: SessionFuture[Any] | None, err: StoreError | None
+    ) -> None:
+        # In the committer's thread: acknowledge first, then let the actor apply
+        # (reads park until it has, so nobody reads around an acknowledged write).
+        if fut is not None:
+            if err is None:
+                fut._resolve(ev)
+            else:
+                fut._fail(err)
+        try:
+            self.actor_ref.tell((SessionActor.h_committed, (ev, err), None))
+        except pykka.ActorDeadError:
+            pass
+
+    def _apply(self, ev: Event) -> None:
+        self.log = self.log.append_event(ev)
         if self.subscribers:
             self.subscribers = [s for s in self.subscribers if s._push(ev)]
-        return ev
 
-    def h_append(self, etype: Any, data: Any, time: Any) -> Event:
-        return self._commit(self.log.append(etype, data, time))
+    def h_committed(self, ev: Event, err: StoreError | None) -> None:
+        head = self.inflight.popleft()
+        assert head is ev, "commits came back out of order"
+        if err is None:
+            self._apply(ev)
+        elif self.failed is None:
+            self.failed = err
+            self.next_seq = self.log.count()
+        parked = self.parked
+        while parked and (not self.inflight or self.inflight[0].seq >= parked[0][0]):
+            _, handler, args, fut = parked.popleft()
+            self._run(handler, args, fut)
 
-    def h_append_at(self, seq: Any, etype: Any, data: Any, time: Any) -> Event:
-        return self._commit(self.log.append_at(seq, etype, data, time))
+    def _check_writable(self) -> None:
+        if self.failed is not None:
+            raise StoreError(
+                f"refuses appends after a store failure ({self.failed}); "
+                "restart the session to reload it from the store",
+                session_id=self.session_id,
+            )
 
-    def h_append_or_log(self, etype: Any, data: Any, time: Any) -> Event | None:
+    def h_append(self, etype: Any, data: Any, time: Any) -> Any:
+        self._check_writable()
+        return self._submit(new_event(self.next_seq, etype, data, time))
+
+    def h_append_at(self, seq: Any, etype: Any, data: Any, time: Any) -> Any:
+        self._check_writable()
+        ev = new_event(seq, etype, data, time)
+        if seq < self.next_seq:
+            raise _behind_head(seq, self.next_seq)
+        return self._submit(ev)
+
+    def h_append_or_log(self, etype: Any, data: Any, time: Any) -> Any:
+        self._check_writable()
         try:
-            log = self.log.append(etype, data, time)
+            ev = new_event(self.next_seq, etype, data, time)
         except InvalidEvent as exc:
             logger.warning(
                 "log.event_dropped",
                 session_id=self.session_id,
-                type=str(etype) if isinstance(etype, str) else repr(etype),
+                type=str(etype) if isinstance(etype, str) else short_repr(etype),
                 reason=exc.reason,
                 error=str(exc),
             )
             return None
-        return self._commit(log)
+        return self._submit(ev)
 
-    def h_snapshot(self) -> int:
-        before = len(self.log.events())
+    def h_snapshot(self) -> Any:
+        before = self.log.events()
         self.log = self.log.snapshot()
-        return before - len(self.log.events())
+        kept = {ev.seq for ev in self.log.events()}
+        dropped = [ev.seq for ev in before if ev.seq not in kept]
+        if self.committer is None or not dropped:
+            return len(dropped)
+        fut = self._fut
+
+        def done(err: StoreError | None) -> None:
+            if fut is not None:
+                if err is None:
+                    fut._resolve(len(dropped))
+                else:
+                    fut._fail(err)
+
+        self.committer.submit_drop(self.session_id, dropped, done)
+        return _DEFER
+
+    # -- reads -----------------------------------------------------------------------------
 
     def h_subscribe(self, sub: Subscription, from_seq: int) -> Subscription:
         sub._catch_up(self.log.since(from_seq))
@@ -172,6 +314,15 @@ class SessionActor(pykka.ThreadingActor):
 
     def h_log(self) -> Log:
         return self.log
+
+    def h_ping(self) -> None:
+        return None
+
+
+# Calls that must see every append made before them (they wait for its commit).
+_WAIT_FOR_COMMITS: Final = frozenset(
+    {SessionActor.h_read, SessionActor.h_log, SessionActor.h_snapshot}
+)
 
 
 def _crashed(session_id: str, exc: BaseException) -> SessionCrashed:
@@ -231,17 +382,47 @@ class Session:
 
     @classmethod
     def start(
-        cls, session_id: str, log: Log | None = None, *, timeout: float = DEFAULT_TIMEOUT
+        cls,
+        session_id: str,
+        log: Log | None = None,
+        *,
+        store: Store | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> Session:
-        """Start a standalone session actor, optionally holding ``log``, and return its handle.
+        """Start a standalone session and return its handle once it is running.
+
+        Without a store the session holds ``log`` (or an empty log) in memory.
+        With a ``store`` it claims the session as its one writer, recovers
+        every stored event (seqs, times, snapshot gaps as stored), and from
+        then on acknowledges an append only after the store committed it.
 
         A standalone session is not restarted: once stopped, its calls fail with
         :class:`~nous_actor.SessionStopped`.
+
+        Raises:
+            ValueError, TypeError: bad arguments (nothing is started).
+            ConflictError: another live writer holds the session in ``store``.
+            StoreError: the store failed while recovering the session.
         """
         _check_handle_args(session_id, timeout)
         if log is not None and not isinstance(log, Log):
             raise TypeError(f"log must be a nous_actor.Log, got {type(log).__name__}")
-        ref = SessionActor.start(session_id, log)
+        if store is not None:
+            if log is not None:
+                raise ValueError(
+                    "pass either log= or store=: a session on a store recovers its log from it"
+                )
+            if not isinstance(store, Store):
+                raise TypeError(
+                    f"store must implement nous_actor.store.Store, got {type(store).__name__}"
+                )
+        ready: SessionFuture[None] = SessionFuture(session_id, timeout)
+        ref = SessionActor.start(session_id, log, store, ready)
+        try:
+            ready.get()
+        except BaseException:
+            ref.stop(block=False)
+            raise
         return cls(session_id, lambda: ref, timeout=timeout)
 
     # -- plumbing ------------------------------------------------------------------------

@@ -1,0 +1,226 @@
+"""Group commit: one writer thread per store, batching appends from every session on it.
+
+Sessions hand their validated events to the store's :class:`Committer` and
+are told, in order, which of them are durably stored. Appends that arrive
+while a transaction is being written (from one session or many) go into the
+next transaction together, so the cost of a commit (an fsync with
+``durability="full"``) is shared.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import structlog
+
+from nous_actor.errors import StoreError
+from nous_actor.event import Event
+from nous_actor.store.base import Store
+
+__all__ = ["Committer", "committer_for"]
+
+logger = structlog.get_logger(__name__)
+
+Notify = Callable[[StoreError | None], None]
+"""``notify(error)``: an item is done: stored (``None``), or not (the error)."""
+
+MAX_BATCH: Final = 2000
+
+
+class _Item:
+    __slots__ = ("events", "kind", "notify", "seqs", "session_id")
+
+    def __init__(
+        self,
+        kind: str,
+        session_id: str,
+        notify: Notify,
+        events: Sequence[Event] = (),
+        seqs: Sequence[int] = (),
+    ) -> None:
+        self.kind = kind
+        self.session_id = session_id
+        self.notify = notify
+        self.events = events
+        self.seqs = seqs
+
+
+class Committer:
+    """The one writer thread of a store.
+
+    Guarantees: a session's items are written in the order submitted, and
+    its ``notify`` calls come in that order too; once an item of a session
+    fails, every later item of that session fails without being written
+    (until :meth:`reset`), so the store never holds a later event without
+    an earlier one.
+    """
+
+    def __init__(self, store: Store, *, max_batch: int = MAX_BATCH) -> None:
+        # A weak reference, so that a store nobody uses any more is collected
+        # and its writer thread ends (it checks once a second while idle).
+        try:
+            self._store: Callable[[], Store | None] = weakref.ref(store)
+        except TypeError:  # a store class without __weakref__: keep it alive
+            self._store = lambda: store
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._failed: dict[str, StoreError] = {}
+        self._failed_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="nous-committer", daemon=True)
+        self._thread.start()
+        self.commits = 0
+        self.items = 0
+
+    def submit(self, session_id: str, events: Sequence[Event], notify: Notify) -> None:
+        """Queue ``events`` of one session for the next transaction."""
+        self._queue.put(_Item("write", session_id, notify, events=events))
+
+    def submit_drop(self, session_id: str, seqs: Sequence[int], notify: Notify) -> None:
+        """Queue a deletion of snapshotted seqs, ordered after the session's earlier writes."""
+        self._queue.put(_Item("drop", session_id, notify, seqs=seqs))
+
+    def reset(self, session_id: str) -> None:
+        """Forget an earlier failure of ``session_id`` (it was reloaded from the store)."""
+        with self._failed_lock:
+            self._failed.pop(session_id, None)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if self._store() is None:
+                    return
+                continue
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            try:
+                self._commit(batch)
+            except BaseException as exc:  # never let the writer thread die silently
+                logger.error("store.committer_failed", reason=type(exc).__name__, error=str(exc))
+                err = StoreError(f"the store's writer failed: {type(exc).__name__}: {exc}")
+                for item in batch:
+                    _notify(item, err)
+            if stop:
+                return
+
+    def _commit(self, batch: list[_Item]) -> None:
+        writes: dict[str, list[Event]] = {}
+        drops: list[_Item] = []
+        done: list[tuple[_Item, StoreError | None]] = []
+        with self._failed_lock:
+            failed = dict(self._failed)
+        for item in batch:
+            err = failed.get(item.session_id)
+            if err is not None:
+                done.append((item, _after(err, item.session_id)))
+            elif item.kind == "write":
+                writes.setdefault(item.session_id, []).extend(item.events)
+                done.append((item, None))
+            else:
+                drops.append(item)
+                done.append((item, None))
+        refused: dict[str, StoreError] = {}
+        whole: StoreError | None = None
+        store = self._store()
+        if store is None:
+            whole = StoreError("the store was garbage-collected")
+        elif writes:
+            try:
+                refused = store.write(writes)
+            except StoreError as exc:
+                whole = exc
+            except Exception as exc:  # a store of the user's that broke the protocol
+                whole = StoreError(f"store write failed: {type(exc).__name__}: {exc}")
+        drop_errors: dict[int, StoreError] = {}
+        for item in drops:
+            if store is not None and whole is None and item.session_id not in refused:
+                try:
+                    store.drop(item.session_id, item.seqs)
+                except Exception as exc:
+                    drop_errors[id(item)] = (
+                        exc
+                        if isinstance(exc, StoreError)
+                        else StoreError(f"store drop failed: {exc}", session_id=item.session_id)
+                    )
+        self.commits += 1
+        self.items += len(batch)
+        newly_failed: dict[str, StoreError] = {}
+        for item, err in done:
+            if err is None:
+                if whole is not None:
+                    err = _for_session(whole, item.session_id)
+                elif item.session_id in refused:
+                    err = refused[item.session_id]
+                else:
+                    err = drop_errors.get(id(item))
+                if err is not None and item.kind == "write":
+                    newly_failed.setdefault(item.session_id, err)
+            _notify(item, err)
+        if newly_failed:
+            with self._failed_lock:
+                for sid, err in newly_failed.items():
+                    self._failed.setdefault(sid, err)
+                    logger.error(
+                        "store.write_failed",
+                        session_id=sid,
+                        reason=type(err).__name__,
+                        error=str(err),
+                    )
+
+
+def _for_session(err: StoreError, session_id: str) -> StoreError:
+    if err.session_id == session_id:
+        return err
+    out = StoreError(str(err), session_id=session_id)
+    out.__cause__ = err
+    return out
+
+
+def _after(err: StoreError, session_id: str) -> StoreError:
+    return StoreError(
+        f"not written: an earlier write of this session failed ({err}); "
+        "restart the session to reload it from the store",
+        session_id=session_id,
+    )
+
+
+def _notify(item: _Item, err: StoreError | None) -> None:
+    try:
+        item.notify(err)
+    except Exception as exc:  # a session's callback must not stop the writer
+        logger.error("store.notify_failed", session_id=item.session_id, error=str(exc))
+
+
+_committers: weakref.WeakKeyDictionary[object, Committer] = weakref.WeakKeyDictionary()
+_committers_lock = threading.Lock()
+
+
+def committer_for(store: Store) -> Committer:
+    """The committer of ``store`` (one per store object, started on first use)."""
+    with _committers_lock:
+        c = _committers.get(store)
+        if c is None:
+            c = Committer(store)
+            _committers[store] = c
+        return c
