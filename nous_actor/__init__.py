@@ -10,38 +10,62 @@ from nous_actor._version import __version__
 from nous_actor.codec import CodecError
 from nous_actor.errors import (
     CallTimeout,
+    ConflictError,
     NousActorError,
     SessionCrashed,
     SessionError,
     SessionStopped,
+    StoreError,
     SubscriptionLagged,
+    TooManySessions,
 )
 from nous_actor.event import Event, EventType, InvalidEvent, Replace
 from nous_actor.future import SessionFuture
 from nous_actor.log import Log
 from nous_actor.message import Message, Role
+from nous_actor.registry import Sessions
 from nous_actor.session import Session
+from nous_actor.store import MemoryStore, SQLiteStore, Store
 from nous_actor.subscription import Subscription
+from nous_actor.supervision import (
+    Backoff,
+    ChildSpec,
+    RestartIntensityExceeded,
+    SupervisedActor,
+    Supervisor,
+)
 
 __all__ = [
+    "Backoff",
     "CallTimeout",
+    "ChildSpec",
     "CodecError",
+    "ConflictError",
     "Event",
     "EventType",
     "FrozenDict",
     "FrozenList",
     "InvalidEvent",
     "Log",
+    "MemoryStore",
     "Message",
     "NousActorError",
     "Replace",
+    "RestartIntensityExceeded",
     "Role",
+    "SQLiteStore",
     "Session",
     "SessionCrashed",
     "SessionError",
     "SessionFuture",
     "SessionStopped",
+    "Sessions",
+    "Store",
+    "StoreError",
     "Subscription",
     "SubscriptionLagged",
+    "SupervisedActor",
+    "Supervisor",
+    "TooManySessions",
     "__version__",
 ]

@@ -13,6 +13,7 @@ __all__ = [
     "SessionStopped",
     "StoreError",
     "SubscriptionLagged",
+    "TooManySessions",
 ]
 
 
@@ -92,4 +93,11 @@ class ConflictError(StoreError):
     The database refuses the write (``PRIMARY KEY (session_id, seq)``), so two
     writers never fork a session silently. Reopen the session to continue
     from what the store holds.
+    """
+
+
+class TooManySessions(NousActorError):
+    """A registry is at its ``max_sessions`` cap and cannot open one more session.
+
+    Close or passivate sessions (``idle_timeout=``), or raise ``max_sessions``.
     """

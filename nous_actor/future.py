@@ -6,6 +6,7 @@ import asyncio
 import queue
 from _thread import allocate_lock
 from collections.abc import Callable, Generator
+from functools import partial
 from typing import Any, TypeVar
 
 import pykka
@@ -130,6 +131,10 @@ class SessionFuture(pykka.Future[T]):
         return self._value  # type: ignore[no-any-return]
 
     def __await__(self) -> Generator[Any, None, T]:
+        if self._get_hook is not None:  # map/filter/join: computed by a blocking get
+            loop = asyncio.get_running_loop()
+            waiting = loop.run_in_executor(None, partial(self.get, timeout=self._timeout))
+            return (yield from waiting.__await__())
         if self._state == _PENDING:
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()

@@ -8,8 +8,9 @@ Guarantees, for every call on a handle:
 * Calls from one thread are applied in the order they were made; calls from
   several threads are applied one at a time, each seeing the effects of all
   that were applied before it.
-* Bad input (``InvalidEvent``, ``TypeError``) fails that call's future and
-  changes nothing; the session keeps running.
+* Bad input fails that call's future with ``InvalidEvent`` (or, for an
+  argument checked before sending, raises at the call) and changes nothing;
+  the session keeps running.
 * No call waits forever. A call on a stopped session fails at once with
   :class:`~nous_actor.SessionStopped`; a call queued when the session stops
   is answered with it (Pykka leaves such asks unanswered); every ``get``
@@ -33,13 +34,20 @@ import structlog
 
 from nous_actor._frozen import short_repr
 from nous_actor.committer import Committer, committer_for
-from nous_actor.errors import SessionCrashed, SessionStopped, StoreError
+from nous_actor.errors import (
+    CallTimeout,
+    NousActorError,
+    SessionCrashed,
+    SessionStopped,
+    StoreError,
+)
 from nous_actor.event import Event, EventType, InvalidEvent
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.log import Log, _behind_head, new_event
 from nous_actor.message import Message
 from nous_actor.store.base import Store
 from nous_actor.subscription import DEFAULT_BUFFER, Subscription
+from nous_actor.supervision import SupervisedActor
 
 __all__ = ["Session", "SessionActor"]
 
@@ -52,7 +60,7 @@ Handler = Callable[..., Any]
 _DEFER: Any = object()  # a handler's result meaning "the future is answered later"
 
 
-class SessionActor(pykka.ThreadingActor):
+class SessionActor(SupervisedActor):
     """The actor that owns one session's log. Use it through :class:`Session`.
 
     Every message is ``(handler, args, future)``: the actor runs
@@ -79,8 +87,11 @@ class SessionActor(pykka.ThreadingActor):
         log: Log | None = None,
         store: Store | None = None,
         ready: SessionFuture[None] | None = None,
+        *,
+        crash_on_store_failure: bool = False,
     ) -> None:
         super().__init__()
+        self.crash_on_store_failure = crash_on_store_failure
         self.session_id = session_id
         self.log = Log() if log is None else log
         self.store = store
@@ -155,6 +166,8 @@ class SessionActor(pykka.ThreadingActor):
 
     def _die(self, exc: BaseException, event: str = "session.crashed") -> None:
         self.crash = exc
+        if self.exit_reason is None:
+            self.exit_reason = exc
         logger.error(
             event,
             session_id=self.session_id,
@@ -163,8 +176,13 @@ class SessionActor(pykka.ThreadingActor):
         )
         pykka.ActorRegistry.unregister(self.actor_ref)
         self.actor_stopped.set()
-        err = _crashed(self.session_id, exc)
-        self._shut(err, err)
+        self._shut(
+            SessionStopped(
+                self.session_id,
+                f"the session crashed ({type(exc).__name__}) before this call; it was not applied",
+            ),
+            _crashed(self.session_id, exc),
+        )
 
     def _shut(self, err: SessionStopped, feed_error: SessionStopped | None) -> None:
         """Answer everything still waiting and let go of the store (after ``actor_stopped``)."""
@@ -240,6 +258,9 @@ class SessionActor(pykka.ThreadingActor):
         elif self.failed is None:
             self.failed = err
             self.next_seq = self.log.count()
+            if self.crash_on_store_failure:  # a supervisor restarts it from the store
+                self._die(err)
+                return
         parked = self.parked
         while parked and (not self.inflight or self.inflight[0].seq >= parked[0][0]):
             _, handler, args, fut = parked.popleft()
@@ -365,7 +386,7 @@ class Session:
         timeout: the default bound, in seconds, of every wait on a result.
     """
 
-    __slots__ = ("_ref", "_resolve", "session_id", "timeout")
+    __slots__ = ("_ref", "_resolve", "_touch", "session_id", "timeout")
 
     def __init__(
         self,
@@ -373,11 +394,13 @@ class Session:
         resolve: Callable[[], pykka.ActorRef[SessionActor]],
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        touch: Callable[[], None] | None = None,
     ) -> None:
         _check_handle_args(session_id, timeout)
         self.session_id = session_id
         self.timeout = float(timeout)
         self._resolve = resolve
+        self._touch = touch
         self._ref: pykka.ActorRef[SessionActor] | None = None
 
     @classmethod
@@ -430,16 +453,19 @@ class Session:
     def _actor(self) -> pykka.ActorRef[SessionActor] | None:
         ref = self._ref
         if ref is None or not ref.is_alive():
-            try:
-                ref = self._resolve()
-            except SessionStopped:
-                return None
+            ref = self._resolve()
             self._ref = ref
         return ref
 
     def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
         fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
-        ref = self._actor()
+        if self._touch is not None:
+            self._touch()
+        try:
+            ref = self._actor()
+        except NousActorError as exc:  # the registry could not (re)open it
+            fut._fail(exc)
+            return fut
         if ref is None:
             fut._fail(SessionStopped(self.session_id, "the session is stopped"))
             return fut
@@ -538,7 +564,11 @@ class Session:
         """
         _check_seq(from_seq, "subscribe(from_seq)")
         sub = Subscription(
-            self.session_id, from_seq=from_seq, buffer=buffer, on_close=self._unsubscribe
+            self.session_id,
+            from_seq=from_seq,
+            buffer=buffer,
+            on_close=self._unsubscribe,
+            timeout=self.timeout,
         )
         return self._call(SessionActor.h_subscribe, sub, from_seq).get(timeout=timeout)  # type: ignore[no-any-return]
 
@@ -548,11 +578,16 @@ class Session:
     # -- life ----------------------------------------------------------------------------
 
     def is_alive(self) -> bool:
-        """Whether the session's actor is running now."""
+        """Whether the session's actor this handle talks to is running now.
+
+        For a standalone session, ``False`` is final. A registry's handle may
+        report ``False`` for a passivated or crashed session: its next call
+        reopens it.
+        """
         ref = self._ref
-        if ref is None or not ref.is_alive():
-            ref = self._actor()
-        return ref is not None and ref.is_alive()
+        if ref is None:
+            ref = self._ref = self._resolve()
+        return ref.is_alive()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the session after the calls already queued; waits at most ``timeout``.
@@ -560,8 +595,14 @@ class Session:
         Calls made after this fail with :class:`~nous_actor.SessionStopped`.
         """
         ref = self._ref or self._actor()
+        bound = self.timeout if timeout is None else timeout
         if ref is not None:
-            ref.stop(block=True, timeout=self.timeout if timeout is None else timeout)
+            try:
+                ref.stop(block=True, timeout=bound)
+            except pykka.Timeout:
+                raise CallTimeout(
+                    self.session_id, f"did not stop within {bound:g} s (a long call is running)"
+                ) from None
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r}>"

@@ -41,12 +41,14 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
         from_seq: int = 0,
         buffer: int = DEFAULT_BUFFER,
         on_close: Callable[[Subscription], None] | None = None,
+        timeout: float = 30.0,
     ) -> None:
         if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
             raise ValueError(f"buffer must be an int >= 1, got {buffer!r}")
         self.session_id = session_id
         self.from_seq = from_seq
         self.buffer = buffer
+        self.timeout = timeout
         self._on_close = on_close
         self._cond = threading.Condition()
         self._items: deque[Event] = deque()
@@ -110,14 +112,16 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             raise self._error
         raise stop
 
-    def get(self, timeout: float = 30.0) -> Event:
-        """The next event, waiting at most ``timeout`` seconds.
+    def get(self, timeout: float | None = None) -> Event:
+        """The next event, waiting at most ``timeout`` seconds (default: the handle's bound).
 
         Raises:
             CallTimeout: nothing arrived in time (the subscription stays usable).
             SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
             SessionStopped: the feed ended (session stopped or subscription closed).
         """
+        if timeout is None:
+            timeout = self.timeout
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._items:
@@ -132,12 +136,19 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             return self._pop_locked()
 
     def get_nowait(self) -> Event | None:
-        """The next pending event, or ``None`` if there is none right now."""
+        """The next pending event, or ``None`` if there is none right now.
+
+        Raises:
+            SubscriptionLagged, SessionCrashed: the feed ended with that error.
+            SessionStopped: the feed ended (nothing more will come).
+        """
         with self._cond:
             if self._items:
                 return self._pop_locked()
-            if self._ended and self._error is not None:
-                raise self._error
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                raise SessionStopped(self.session_id, "the subscription has ended")
             return None
 
     def pending(self) -> int:

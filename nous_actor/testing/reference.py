@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from nous_actor.event import SURFACE_TYPES, Event, parse_surface_op
 from nous_actor.message import Message
 
-__all__ = ["reference_derive_indexed", "reference_shadowed", "reference_surface"]
+__all__ = [
+    "reference_derive_indexed",
+    "reference_project",
+    "reference_shadowed",
+    "reference_surface",
+]
 
 
 def _position(ev: Event) -> int:
