@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo test lint typecheck bench docs clean
 
@@ -11,8 +12,13 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	touch $(STAMP)
+
+# The peers we compare against are installed only for the benchmarks.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,docs,bench]'
+	touch $(BENCH_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m nous_actor.demo
@@ -27,7 +33,7 @@ typecheck: $(STAMP)
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
 
 docs: $(STAMP)
