@@ -16,11 +16,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-from bench import core
+from bench import core, session
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_table, write_json
 
-MODULES: Final[tuple[ModuleType, ...]] = (core,)
+MODULES: Final[tuple[ModuleType, ...]] = (core, session)
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
 

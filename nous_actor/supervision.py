@@ -217,6 +217,7 @@ class Supervisor(SupervisedActor):
     >>> sup.proxy().which_children().get(timeout=5)
     []
     >>> sup.stop()
+    True
 
     Args:
         children: the child specs, started in this order (stopped in reverse).
