@@ -60,6 +60,17 @@ Handler = Callable[..., Any]
 _DEFER: Any = object()  # a handler's result meaning "the future is answered later"
 
 
+class _Envelope:
+    """What Pykka's actor loop reads from the inbox (``message``, ``reply_to``); our calls
+    carry their own future, so ``reply_to`` is always ``None``."""
+
+    __slots__ = ("message", "reply_to")
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+        self.reply_to = None
+
+
 class SessionActor(SupervisedActor):
     """The actor that owns one session's log. Use it through :class:`Session`.
 
@@ -133,6 +144,12 @@ class SessionActor(SupervisedActor):
             return
         if self._ready is not None:
             self._ready._resolve(None)
+
+    def _handle_receive(self, message: Any) -> Any:
+        # Our calls first, before Pykka's chain of isinstance checks.
+        if type(message) is tuple and len(message) == 3:
+            return self.on_receive(message)
+        return super()._handle_receive(message)
 
     def on_receive(self, message: Any) -> Any:
         if type(message) is not tuple or len(message) != 3:
@@ -452,7 +469,7 @@ class Session:
 
     def _actor(self) -> pykka.ActorRef[SessionActor] | None:
         ref = self._ref
-        if ref is None or not ref.is_alive():
+        if ref is None or ref.actor_stopped.is_set():
             ref = self._resolve()
             self._ref = ref
         return ref
@@ -469,15 +486,15 @@ class Session:
         if ref is None:
             fut._fail(SessionStopped(self.session_id, "the session is stopped"))
             return fut
-        try:
-            ref.tell((handler, args, fut))
-        except pykka.ActorDeadError:
+        stopped = ref.actor_stopped
+        if stopped.is_set():
             fut._fail(SessionStopped(self.session_id, "the session is stopped"))
             return fut
+        ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
         # Pykka's stop race: the actor may have stopped between the liveness
         # check and the put, after its last look at the inbox. If it is dead
         # now, nobody will answer: answer ourselves (a no-op if it did answer).
-        if not ref.is_alive():
+        if stopped.is_set():
             fut._fail(SessionStopped(self.session_id, "the session stopped before this call"))
         return fut
 
