@@ -24,8 +24,8 @@ demo: $(STAMP)
 	$(BIN)/python -m nous_actor.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check nous_actor tests bench
-	$(BIN)/ruff format --check nous_actor tests bench
+	$(BIN)/ruff check nous_actor tests bench conftest.py
+	$(BIN)/ruff format --check nous_actor tests bench conftest.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict nous_actor

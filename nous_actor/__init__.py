@@ -8,6 +8,7 @@ one log behind one Pykka actor and answer with futures.
 from nous_actor._frozen import FrozenDict, FrozenList
 from nous_actor._version import __version__
 from nous_actor.codec import CodecError
+from nous_actor.compaction import CompactionError, CompactionResult, Compactor, estimate_tokens
 from nous_actor.errors import (
     CallTimeout,
     ConflictError,
@@ -40,6 +41,9 @@ __all__ = [
     "CallTimeout",
     "ChildSpec",
     "CodecError",
+    "CompactionError",
+    "CompactionResult",
+    "Compactor",
     "ConflictError",
     "Event",
     "EventType",
@@ -68,4 +72,5 @@ __all__ = [
     "Supervisor",
     "TooManySessions",
     "__version__",
+    "estimate_tokens",
 ]

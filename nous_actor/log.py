@@ -393,6 +393,49 @@ class Log:
         fold = fold.handed_over() if fold is not None and fold.take() else None
         return Log._make(kept, len(kept), self._count, fold)
 
+    # -- history ----------------------------------------------------------------------
+
+    def as_of(self, seq: int) -> Log:
+        """The log as it was right after event ``seq`` (rewind / time travel).
+
+        Holds the retained events with ``event.seq <= seq`` and ``count() == seq + 1``;
+        cheap (it shares this log's storage; its fold is computed on first use).
+        Events a snapshot already dropped are not brought back.
+
+        Raises:
+            ValueError: ``seq`` is negative or past the head (``>= count()``).
+            TypeError: ``seq`` is not an int.
+        """
+        _check_boundary(seq, self._count, "as_of")
+        i = bisect_right(self._events, seq, 0, self._n, key=_seq_of)
+        return Log._make(self._events, i, seq + 1, None)
+
+    def fork(self, through_seq: int) -> Log:
+        """A new log holding this one's prefix through ``through_seq``, seqs preserved.
+
+        Like :meth:`as_of`, but refuses a boundary inside an open turn (a
+        ``turn_start`` without its ``turn_end``): a fork starts a new timeline
+        and must not begin half-way through a model turn.
+
+        Raises:
+            ValueError: the boundary is negative, past the head, or inside an
+                open turn (the message names the turn's ``turn_start`` seq).
+            TypeError: ``through_seq`` is not an int.
+        """
+        prefix = self.as_of(through_seq)
+        open_turn: int | None = None
+        for ev in prefix._events[: prefix._n]:
+            if ev.type is EventType.TURN_START:
+                open_turn = ev.seq
+            elif ev.type is EventType.TURN_END:
+                open_turn = None
+        if open_turn is not None:
+            raise ValueError(
+                f"fork(through_seq={through_seq}) is inside the turn opened at seq {open_turn}; "
+                f"fork before seq {open_turn} or after that turn's turn_end"
+            )
+        return prefix
+
     # -- value semantics ------------------------------------------------------------
 
     def __eq__(self, other: object) -> bool:
@@ -407,6 +450,19 @@ class Log:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (self._count, self.events()))
+
+
+def _check_boundary(seq: object, count: int, what: str) -> None:
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise TypeError(f"{what} takes an int seq, got {type(seq).__name__}")
+    if seq < 0:
+        raise ValueError(f"{what}({seq}): seq must be >= 0")
+    if seq >= count:
+        raise ValueError(
+            f"{what}({seq}) is past the head: the newest seq is {count - 1}"
+            if count
+            else f"{what}({seq}): the log is empty"
+        )
 
 
 def _behind_head(seq: int, count: int) -> InvalidEvent:

@@ -22,6 +22,7 @@ Guarantees, for every call on a handle:
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 from collections import deque
 from collections.abc import Callable
@@ -34,8 +35,10 @@ import structlog
 
 from nous_actor._frozen import short_repr
 from nous_actor.committer import Committer, committer_for
+from nous_actor.compaction import CompactionResult, Compactor
 from nous_actor.errors import (
     CallTimeout,
+    ConflictError,
     NousActorError,
     SessionCrashed,
     SessionStopped,
@@ -110,7 +113,7 @@ class SessionActor(SupervisedActor):
         self.claim_token: str | None = None
         self.next_seq = self.log.count()
         self.inflight: deque[Event] = deque()  # submitted to the store, not yet applied
-        self.parked: deque[tuple[int, Handler, tuple[Any, ...], SessionFuture[Any]]] = deque()
+        self.parked: deque[tuple[Handler, tuple[Any, ...], SessionFuture[Any] | None]] = deque()
         self.failed: StoreError | None = None
         self.subscribers: list[Subscription] = []
         self.crash: BaseException | None = None
@@ -155,8 +158,13 @@ class SessionActor(SupervisedActor):
         if type(message) is not tuple or len(message) != 3:
             return super().on_receive(message)
         handler, args, fut = message
-        if self.inflight and handler in _WAIT_FOR_COMMITS:
-            self.parked.append((self.next_seq, handler, args, fut))
+        # Calls run in arrival order. One that must see every earlier append
+        # (a read, snapshot, compact, fork) waits for their commits, and every
+        # call after it waits behind it.
+        if handler is not SessionActor.h_committed and (
+            self.parked or (self.inflight and handler in _WAIT_FOR_COMMITS)
+        ):
+            self.parked.append((handler, args, fut))
             return None
         self._run(handler, args, fut)
         return None
@@ -205,7 +213,9 @@ class SessionActor(SupervisedActor):
         """Answer everything still waiting and let go of the store (after ``actor_stopped``)."""
         self._drain(err)
         while self.parked:
-            self.parked.popleft()[3]._fail(err)
+            fut = self.parked.popleft()[2]
+            if fut is not None:
+                fut._fail(err)
         for sub in self.subscribers:
             sub._finish(feed_error)
         self.subscribers.clear()
@@ -236,29 +246,36 @@ class SessionActor(SupervisedActor):
 
     # -- writes ----------------------------------------------------------------------------
 
-    def _submit(self, ev: Event) -> Any:
-        self.next_seq = ev.seq + 1
+    def _submit(self, events: tuple[Event, ...], result: Any) -> Any:
+        """Commit ``events`` (one atomic batch) and answer the current call with ``result``."""
+        self.next_seq = events[-1].seq + 1
         committer = self.committer
         if committer is None:
-            self._apply(ev)
-            return ev
-        fut = self._fut
-        self.inflight.append(ev)
-        committer.submit(self.session_id, (ev,), partial(self._on_commit, ev, fut))
+            for ev in events:
+                self._apply(ev)
+            return result
+        self.inflight.extend(events)
+        committer.submit(
+            self.session_id, events, partial(self._on_commit, events, self._fut, result)
+        )
         return _DEFER
 
     def _on_commit(
-        self, ev: Event, fut: SessionFuture[Any] | None, err: StoreError | None
+        self,
+        events: tuple[Event, ...],
+        fut: SessionFuture[Any] | None,
+        result: Any,
+        err: StoreError | None,
     ) -> None:
         # In the committer's thread: acknowledge first, then let the actor apply
         # (reads park until it has, so nobody reads around an acknowledged write).
         if fut is not None:
             if err is None:
-                fut._resolve(ev)
+                fut._resolve(result)
             else:
                 fut._fail(err)
         try:
-            self.actor_ref.tell((SessionActor.h_committed, (ev, err), None))
+            self.actor_ref.tell((SessionActor.h_committed, (events, err), None))
         except pykka.ActorDeadError:
             pass
 
@@ -267,20 +284,21 @@ class SessionActor(SupervisedActor):
         if self.subscribers:
             self.subscribers = [s for s in self.subscribers if s._push(ev)]
 
-    def h_committed(self, ev: Event, err: StoreError | None) -> None:
-        head = self.inflight.popleft()
-        assert head is ev, "commits came back out of order"
-        if err is None:
-            self._apply(ev)
-        elif self.failed is None:
+    def h_committed(self, events: tuple[Event, ...], err: StoreError | None) -> None:
+        for ev in events:
+            head = self.inflight.popleft()
+            assert head is ev, "commits came back out of order"
+            if err is None:
+                self._apply(ev)
+        if err is not None and self.failed is None:
             self.failed = err
             self.next_seq = self.log.count()
             if self.crash_on_store_failure:  # a supervisor restarts it from the store
                 self._die(err)
                 return
         parked = self.parked
-        while parked and (not self.inflight or self.inflight[0].seq >= parked[0][0]):
-            _, handler, args, fut = parked.popleft()
+        while parked and not (self.inflight and parked[0][0] in _WAIT_FOR_COMMITS):
+            handler, args, fut = parked.popleft()
             self._run(handler, args, fut)
 
     def _check_writable(self) -> None:
@@ -293,14 +311,15 @@ class SessionActor(SupervisedActor):
 
     def h_append(self, etype: Any, data: Any, time: Any) -> Any:
         self._check_writable()
-        return self._submit(new_event(self.next_seq, etype, data, time))
+        ev = new_event(self.next_seq, etype, data, time)
+        return self._submit((ev,), ev)
 
     def h_append_at(self, seq: Any, etype: Any, data: Any, time: Any) -> Any:
         self._check_writable()
         ev = new_event(seq, etype, data, time)
         if seq < self.next_seq:
             raise _behind_head(seq, self.next_seq)
-        return self._submit(ev)
+        return self._submit((ev,), ev)
 
     def h_append_or_log(self, etype: Any, data: Any, time: Any) -> Any:
         self._check_writable()
@@ -315,7 +334,7 @@ class SessionActor(SupervisedActor):
                 error=str(exc),
             )
             return None
-        return self._submit(ev)
+        return self._submit((ev,), ev)
 
     def h_snapshot(self) -> Any:
         before = self.log.events()
@@ -335,6 +354,41 @@ class SessionActor(SupervisedActor):
 
         self.committer.submit_drop(self.session_id, dropped, done)
         return _DEFER
+
+    def h_compact(self, compactor: Compactor, time: datetime | None, force: bool) -> Any:
+        self._check_writable()
+        result = dataclasses.replace(compactor, snapshot=False).compact(
+            self.log, time=time, force=force
+        )
+        if not result.changed:
+            return result
+        events = tuple(result.log.since(self.log.count()))
+        return self._submit(events, result)
+
+    def h_fork(self, through_seq: int, new_id: str | None) -> Log:
+        prefix = self.log.fork(through_seq)
+        if self.store is None or new_id is None:
+            return prefix
+        if new_id == self.session_id:
+            raise ValueError("fork into a new session id, not the session's own")
+        record = new_event(
+            prefix.count(),
+            "request_header",
+            {"forked_from": {"session_id": self.session_id, "through_seq": through_seq}},
+            None,
+        )
+        forked = prefix.append_event(record)
+        if self.store.load(new_id):
+            raise ConflictError(
+                "already has events; fork into a new session id", session_id=new_id
+            )
+        refused = self.store.write({new_id: forked.events()})
+        if new_id in refused:
+            raise refused[new_id]
+        logger.info(
+            "session.forked", session_id=self.session_id, fork_id=new_id, through_seq=through_seq
+        )
+        return forked
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -359,7 +413,13 @@ class SessionActor(SupervisedActor):
 
 # Calls that must see every append made before them (they wait for its commit).
 _WAIT_FOR_COMMITS: Final = frozenset(
-    {SessionActor.h_read, SessionActor.h_log, SessionActor.h_snapshot}
+    {
+        SessionActor.h_read,
+        SessionActor.h_log,
+        SessionActor.h_snapshot,
+        SessionActor.h_compact,
+        SessionActor.h_fork,
+    }
 )
 
 
@@ -530,6 +590,41 @@ class Session:
     def snapshot(self) -> SessionFuture[int]:
         """Drop every shadowed event; resolves to how many were dropped."""
         return self._call(SessionActor.h_snapshot)
+
+    def compact(
+        self, compactor: Compactor, *, time: datetime | None = None, force: bool = False
+    ) -> SessionFuture[CompactionResult]:
+        """Run ``compactor`` on the session's log (see :class:`~nous_actor.Compactor`).
+
+        Its events (prunes, the summary, the record) commit as one atomic batch;
+        the future resolves to the :class:`~nous_actor.CompactionResult` after
+        that. With ``compactor.snapshot`` the session snapshots right after.
+
+        Raises (through the future):
+            CompactionError: nothing was appended (e.g. an empty summary).
+        """
+        fut = self._call(SessionActor.h_compact, compactor, time, force)
+        if compactor.snapshot:
+            self.snapshot()
+        return fut
+
+    def fork(self, through_seq: int, new_id: str | None = None) -> SessionFuture[Log]:
+        """The prefix through ``through_seq`` as a new log, seqs preserved.
+
+        With a store and ``new_id``, the prefix is also written to the store as
+        session ``new_id``, followed by a ``request_header`` event recording
+        ``{"forked_from": {"session_id", "through_seq"}}``; open it like any
+        session. The parent is never changed.
+
+        Raises (through the future):
+            ValueError: the boundary is negative, past the head, or inside an open turn.
+            ConflictError: ``new_id`` already has events.
+        """
+        return self._call(SessionActor.h_fork, through_seq, new_id)
+
+    def as_of(self, seq: int) -> SessionFuture[Log]:
+        """The log as it was right after event ``seq`` (see :meth:`Log.as_of`)."""
+        return self._call(SessionActor.h_read, "as_of", seq)
 
     # -- reads ---------------------------------------------------------------------------
 

@@ -16,6 +16,9 @@ EXPECTED = [
     "CallTimeout",
     "ChildSpec",
     "CodecError",
+    "CompactionError",
+    "CompactionResult",
+    "Compactor",
     "ConflictError",
     "Event",
     "EventType",
@@ -44,6 +47,7 @@ EXPECTED = [
     "Supervisor",
     "TooManySessions",
     "__version__",
+    "estimate_tokens",
 ]
 
 PACKAGE = Path(nous_actor.__file__).parent

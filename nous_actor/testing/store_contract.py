@@ -209,8 +209,7 @@ class StoreContract(abc.ABC):
     def machine_settings(self) -> settings:
         """Hypothesis settings of :meth:`test_agrees_with_a_model_under_random_operations`."""
         return settings(
-            settings.default,
-            max_examples=min(settings.default.max_examples, 25),
+            max_examples=min(settings().max_examples, 25),
             stateful_step_count=15,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
@@ -711,7 +710,8 @@ class StoreContract(abc.ABC):
 
     # -- the stateful test ---------------------------------------------------------------
 
-    def test_agrees_with_a_model_under_random_operations(self, _contract_tmp_path: None) -> None:
+    @pytest.mark.usefixtures("_contract_tmp_path")
+    def test_agrees_with_a_model_under_random_operations(self) -> None:
         """Random writes, conflicts, drops, deletes and claims leave the store equal to a
         plain dict model after every step (see :class:`StoreMachine`)."""
         machine = store_machine(self.make_store, self.close_store)
@@ -797,7 +797,8 @@ class StoreMachine(RuleBasedStateMachine):
             else:
                 seq = head + n
                 head = seq + 1
-            events.append(Event(seq, *spec))
+            etype, data, time = spec
+            events.append(Event(seq, etype, time, data))
         seqs = [e.seq for e in events]
         conflict = len(set(seqs)) != len(seqs) or any(s in stored for s in seqs)
         return events, conflict

@@ -1,0 +1,117 @@
+"""Audit: what shadowed an event, what a replace stands for, what compactions did.
+
+Works on any :class:`~nous_actor.Log` (rewind one with ``log.as_of(seq)``
+first to audit the past). Events a snapshot dropped are gone and cannot be
+explained; audit before snapshotting if you need the full trail.
+
+>>> from nous_actor import Log
+>>> log = (Log().append("user_message", {"content": "q"})
+...        .append("assistant_message", {"content": "a"})
+...        .append("system_message", {"content": "s1", "surface_op": ("replace", 0, 1)})
+...        .append("system_message", {"content": "s2", "surface_op": ("replace", 0, 0)}))
+>>> shadowed_by(log, 0), shadowed_by(log, 0, transitive=True)
+([2, 3], [2, 3])
+>>> replaced(log, 3), replaced(log, 3, transitive=True)
+([0, 2], [0, 1, 2])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nous_actor.event import Event, EventType
+from nous_actor.log import Log
+
+__all__ = ["compactions", "explain", "replaced", "shadowed_by"]
+
+
+def _event(log: Log, seq: int) -> Event:
+    found = log.since(seq)
+    if not found or found[0].seq != seq:
+        raise KeyError(
+            f"no retained event with seq {seq} (never appended, or dropped by a snapshot)"
+        )
+    return found[0]
+
+
+def _shadows(r: Event, c: Event) -> bool:
+    op = r.surface_op
+    return op is not None and c.seq < r.seq and op.start <= c.position <= op.stop
+
+
+def shadowed_by(log: Log, seq: int, *, transitive: bool = False) -> list[int]:
+    """Seqs of the replaces that shadow event ``seq`` (sorted).
+
+    With ``transitive``, also the replaces that shadow those, and so on: the
+    whole chain of summaries the event disappeared into.
+
+    Raises:
+        KeyError: no retained event has that seq.
+    """
+    target = _event(log, seq)
+    later = log.since(seq + 1)
+    found: set[int] = set()
+    frontier = [target]
+    while frontier:
+        c = frontier.pop()
+        for r in later:
+            if r.seq not in found and _shadows(r, c):
+                found.add(r.seq)
+                if transitive:
+                    frontier.append(r)
+        if not transitive:
+            break
+    return sorted(found)
+
+
+def replaced(log: Log, seq: int, *, transitive: bool = False) -> list[int]:
+    """Seqs of the events the replace at ``seq`` shadows (sorted; ``[]`` for a plain event).
+
+    With ``transitive``, also what those replaced, and so on: everything a
+    summary of summaries stands for.
+
+    Raises:
+        KeyError: no retained event has that seq.
+    """
+    target = _event(log, seq)
+    earlier = log.events()
+    found: set[int] = set()
+    frontier = [target]
+    while frontier:
+        r = frontier.pop()
+        for c in earlier:
+            if c.seq >= r.seq:
+                break
+            if c.seq not in found and _shadows(r, c):
+                found.add(c.seq)
+                if transitive and c.surface_op is not None:
+                    frontier.append(c)
+        if not transitive:
+            break
+    return sorted(found)
+
+
+def explain(log: Log, seq: int) -> dict[str, Any]:
+    """A readable account of one event: type, position, visibility and its relations."""
+    ev = _event(log, seq)
+    direct = shadowed_by(log, seq)
+    return {
+        "seq": ev.seq,
+        "type": ev.type.value,
+        "position": ev.position,
+        "surface_op": None if ev.surface_op is None else [ev.surface_op.start, ev.surface_op.stop],
+        "visible": ev.is_surface and not direct,
+        "shadowed_by": direct,
+        "shadowed_by_transitive": shadowed_by(log, seq, transitive=True),
+        "replaces": replaced(log, seq),
+        "replaces_transitive": replaced(log, seq, transitive=True),
+    }
+
+
+def compactions(log: Log) -> list[dict[str, Any]]:
+    """Every compaction recorded in the log (oldest first), with the seq of its record."""
+    return [
+        {"seq": ev.seq, "time": ev.time.isoformat(), **ev.data}
+        for ev in log.events()
+        if ev.type is EventType.STEP_END and ev.data.get("step") == "compaction"
+    ]
