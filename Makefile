@@ -21,7 +21,7 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m nous_actor.demo
+	$(BIN)/nous-actor demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check nous_actor tests bench conftest.py

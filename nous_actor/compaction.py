@@ -8,8 +8,9 @@ budget it appends, in order:
    and ``name``;
 2. if still over budget, one ``system_message`` holding a summary (from your
    summariser) that replaces everything but the last ``keep_recent``
-   messages, after the leading system messages, without ever separating an
-   assistant message with tool calls from its tool results;
+   messages, after the leading system messages (an earlier summary is not
+   one of those: it is summarised again with what followed it), without
+   ever separating an assistant message with tool calls from its tool results;
 3. a ``step_end`` bookkeeping event recording what it did (kind
    ``"compaction"``, the ranges, the estimates before and after),
 
@@ -172,8 +173,14 @@ class Compactor:
         current = new.derive_messages()
         if self.estimate(current) > self.budget or force:
             surface2 = new.surface()
+            # Leading system messages stay, except earlier summaries: a new
+            # summary takes in the previous one with what followed it.
             head = 0
-            while head < len(surface2) and surface2[head].type is EventType.SYSTEM_MESSAGE:
+            while (
+                head < len(surface2)
+                and surface2[head].type is EventType.SYSTEM_MESSAGE
+                and not _is_summary(surface2[head])
+            ):
                 head += 1
             tail2 = _tail_start(surface2, [_message(e) for e in surface2], self.keep_recent)
             if head < tail2:
@@ -234,6 +241,11 @@ class Compactor:
             summarised=summarised,
         )
         return CompactionResult(new, before, after, pruned, summarised, summary_seq, record_seq)
+
+
+def _is_summary(ev: Event) -> bool:
+    meta = ev.data.get("metadata")
+    return isinstance(meta, dict) and "summary" in meta
 
 
 def _message(ev: Event) -> Message:

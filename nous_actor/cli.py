@@ -1,0 +1,416 @@
+"""The ``nous-actor`` command: the demo, and a look inside a session store.
+
+argparse (stdlib) on purpose: the runtime depends on pykka and structlog
+only, and these commands need nothing more than subcommands and flags.
+
+Exit status: 0 on success, 1 when the command failed (a missing session, a
+conflict, a failed check), 2 for bad usage. Errors are one line on stderr,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import structlog
+
+from nous_actor import history
+from nous_actor.codec import CodecError, event_to_dict, message_to_dict
+from nous_actor.errors import NousActorError
+from nous_actor.event import Event
+from nous_actor.log import Log
+from nous_actor.store.base import export_session, import_session
+from nous_actor.store.sqlite import SQLiteStore
+
+__all__ = ["main"]
+
+
+class _Failure(Exception):
+    """A command failed in a way the user can act on (exit status 1)."""
+
+
+def _fail(message: str) -> NoReturn:
+    raise _Failure(message)
+
+
+def _open_existing(db: str) -> SQLiteStore:
+    if not Path(db).is_file():
+        _fail(f"no database at {db!r} (run 'nous-actor demo --db {db}' to make one)")
+    return SQLiteStore(db)
+
+
+def _load(store: SQLiteStore, session_id: str) -> Log:
+    events = store.load(session_id)
+    if not events:
+        known = ", ".join(store.sessions()[:10]) or "none"
+        _fail(f"no session {session_id!r} in {store.path} (sessions: {known})")
+    log = Log()
+    for ev in events:
+        log = log.append_event(ev)
+    return log
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(out)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _event_rows(events: Sequence[Event]) -> list[list[Any]]:
+    rows = []
+    for ev in events:
+        op = ev.surface_op
+        data = {k: v for k, v in ev.data.items() if k != "surface_op"}
+        rows.append(
+            [
+                ev.seq,
+                ev.type.value,
+                ev.position,
+                f"{op.start}..{op.stop}" if op else "",
+                _short(data.get("content", data)),
+            ]
+        )
+    return rows
+
+
+def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
+    if args.json:
+        json.dump(payload, sys.stdout, ensure_ascii=False, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from nous_actor.agents_demo import format_report, run_demo
+
+    db = Path(args.db)
+    if not args.keep:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+    log_path = Path(f"{db}.log")
+    _log_to_file(log_path)
+    print(
+        f"nous-actor demo: {args.agents} agents x {args.turns} turns, crash rate "
+        f"{args.crash_rate:g}, on {db} (events of the runtime logged to {log_path})"
+    )
+    report = run_demo(
+        db,
+        agents=args.agents,
+        turns=args.turns,
+        crash_rate=args.crash_rate,
+        seed=args.seed,
+        progress=None if args.json else sys.stderr,
+    )
+    payload = {**report.__dict__, "events_per_second": report.events_per_second, "ok": report.ok}
+    _emit(args, payload, format_report(report, db))
+    return 0 if report.ok else 1
+
+
+def cmd_tour(args: argparse.Namespace) -> int:
+    from nous_actor import demo
+
+    return demo.main([])
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db)
+    rows = []
+    for sid in store.sessions():
+        events = store.load(sid)
+        rows.append([sid, len(events), events[-1].seq + 1, events[-1].time.isoformat()])
+    payload = [
+        dict(zip(["session_id", "retained", "count", "last_time"], r, strict=True)) for r in rows
+    ]
+    _emit(args, payload, _table(["session", "retained", "count", "last event"], rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db)
+    log = _load(store, args.session_id)
+    if args.as_of is not None:
+        try:
+            log = log.as_of(args.as_of)
+        except ValueError as exc:
+            _fail(str(exc))
+    if args.events or args.since is not None:
+        events = log.events() if args.since is None else log.since(args.since)
+        payload: Any = [event_to_dict(e) for e in events]
+        text = _table(["seq", "type", "pos", "replaces", "content"], _event_rows(events))
+    else:
+        pairs = log.derive_indexed()
+        payload = [{"seq": seq, **message_to_dict(m)} for seq, m in pairs]
+        rows = [
+            [
+                seq,
+                m.role.value,
+                _short(
+                    m.content if m.content is not None else [c.get("name") for c in m.tool_calls]
+                ),
+            ]
+            for seq, m in pairs
+        ]
+        text = _table(["seq", "role", "content"], rows)
+    _emit(args, payload, text)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db)
+    _load(store, args.session_id)
+    sys.stdout.write(export_session(store, args.session_id))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    text = sys.stdin.read()
+    if not text.strip():
+        _fail("nothing on standard input: pipe a JSON Lines export (or a v1 JSON list) in")
+    with SQLiteStore(args.db) as store:
+        n = import_session(store, args.session_id, text)
+    _emit(
+        args,
+        {"session_id": args.session_id, "events": n},
+        f"imported {n} events into {args.session_id}",
+    )
+    return 0
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    from nous_actor.session import Session
+
+    store = _open_existing(args.db)
+    _load(store, args.session_id)
+    source = Session.start(args.session_id, store=store)
+    try:
+        forked = source.fork(args.through, args.new_id).get()
+    finally:
+        source.stop()
+    _emit(
+        args,
+        {
+            "session_id": args.new_id,
+            "from": args.session_id,
+            "through_seq": args.through,
+            "count": forked.count(),
+        },
+        f"forked {args.session_id} through seq {args.through} into {args.new_id} "
+        f"({len(forked.events())} events)",
+    )
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from nous_actor.session import Session
+
+    store = _open_existing(args.db)
+    _load(store, args.session_id)
+    s = Session.start(args.session_id, store=store)
+    try:
+        dropped = s.snapshot().get()
+        kept = len(s.events().get())
+    finally:
+        s.stop()
+    _emit(
+        args,
+        {"session_id": args.session_id, "dropped": dropped, "retained": kept},
+        f"snapshot of {args.session_id}: dropped {dropped} shadowed events, {kept} retained",
+    )
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db)
+    log = _load(store, args.session_id)
+    try:
+        info = history.explain(log, args.seq)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    info["compactions"] = history.compactions(log)
+    lines = [f"{k:24} {v}" for k, v in info.items() if k != "compactions"]
+    lines.append(f"{'compactions in session':24} {len(info['compactions'])}")
+    for c in info["compactions"]:
+        lines.append(
+            f"  seq {c['seq']}: estimate {c['estimate_before']} -> {c['estimate_after']}, "
+            f"pruned {c['pruned']}, summarised {c['summarised']}"
+        )
+    _emit(args, info, "\n".join(lines))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "bench" / "__main__.py").is_file():
+        _fail("the benchmark suite ships with the source tree: run 'make bench' in a checkout")
+    cmd = [sys.executable, "-m", "bench", *args.bench_args]
+    return subprocess.call(cmd, cwd=root)
+
+
+def _log_to_file(path: Path) -> None:
+    handler = logging.FileHandler(path, mode="w")
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    logging.getLogger("pykka").setLevel(logging.CRITICAL)
+    structlog.configure(
+        processors=[
+            structlog.stdlib.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"]),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nous-actor",
+        description="Supervised, durable agent-session logs: the demo and a look inside a store.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        if json_flag:
+            sp.add_argument("--json", action="store_true", help="machine-readable output")
+        return sp
+
+    d = add("demo", "run the supervised multi-agent demo on a SQLite file")
+    d.add_argument("--db", default="nous-demo.db", help="database file (default: nous-demo.db)")
+    d.add_argument("--agents", type=_positive, default=8, help="concurrent agents (default 8)")
+    d.add_argument("--turns", type=_positive, default=12, help="turns per agent (default 12)")
+    d.add_argument("--crash-rate", type=_rate, default=0.02, help="crash chance per append (0.02)")
+    d.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    d.add_argument(
+        "--keep", action="store_true", help="keep an existing database (default: start fresh)"
+    )
+    d.set_defaults(func=cmd_demo)
+
+    add("tour", "a printed walkthrough of the pure core", json_flag=False).set_defaults(
+        func=cmd_tour
+    )
+
+    s = add("sessions", "list the sessions in a database")
+    s.add_argument("db")
+    s.set_defaults(func=cmd_sessions)
+
+    sh = add("show", "show a session: its messages (default) or events")
+    sh.add_argument("db")
+    sh.add_argument("session_id")
+    g = sh.add_mutually_exclusive_group()
+    g.add_argument("--surface", action="store_true", help="the model-visible messages (default)")
+    g.add_argument("--events", action="store_true", help="every retained event")
+    g.add_argument("--since", type=_seq, metavar="N", help="retained events with seq >= N")
+    sh.add_argument("--as-of", type=_seq, metavar="SEQ", help="as the session was right after SEQ")
+    sh.set_defaults(func=cmd_show)
+
+    e = add("export", "write a session as JSON Lines to standard output", json_flag=False)
+    e.add_argument("db")
+    e.add_argument("session_id")
+    e.set_defaults(func=cmd_export)
+
+    i = add("import", "read a session (JSON Lines, or a v1 JSON message list) from standard input")
+    i.add_argument("db")
+    i.add_argument("session_id")
+    i.set_defaults(func=cmd_import)
+
+    f = add("fork", "copy a session's prefix into a new session")
+    f.add_argument("db")
+    f.add_argument("session_id")
+    f.add_argument("new_id")
+    f.add_argument("--through", type=_seq, required=True, metavar="SEQ", help="last seq to keep")
+    f.set_defaults(func=cmd_fork)
+
+    sn = add("snapshot", "drop a session's shadowed events")
+    sn.add_argument("db")
+    sn.add_argument("session_id")
+    sn.set_defaults(func=cmd_snapshot)
+
+    a = add("audit", "explain one event: what shadows it, what it replaced; the compactions")
+    a.add_argument("db")
+    a.add_argument("session_id")
+    a.add_argument("seq", type=_seq)
+    a.set_defaults(func=cmd_audit)
+
+    b = add("bench", "run the benchmark suite (from a source checkout)", json_flag=False)
+    b.add_argument(
+        "bench_args", nargs=argparse.REMAINDER, help="passed to the suite, e.g. --quick"
+    )
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
+
+
+def _seq(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a seq (a whole number >= 0), got {text!r}"
+        ) from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a seq is >= 0, got {n}")
+    return n
+
+
+def _rate(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability, got {text!r}") from None
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"expected 0 <= rate < 1, got {x}")
+    return x
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except _Failure as exc:
+        print(f"nous-actor: {exc}", file=sys.stderr)
+        return 1
+    except (NousActorError, CodecError, ValueError, OSError) as exc:
+        print(f"nous-actor: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("nous-actor: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
