@@ -112,7 +112,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _log_to_file(log_path)
     print(
         f"nous-actor demo: {args.agents} agents x {args.turns} turns, crash rate "
-        f"{args.crash_rate:g}, on {db} (events of the runtime logged to {log_path})"
+        f"{args.crash_rate:g}, on {db} (events of the runtime logged to {log_path})",
+        file=sys.stderr if args.json else sys.stdout,
     )
     report = run_demo(
         db,
@@ -268,8 +269,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _log_to_file(path: Path) -> None:
-    handler = logging.FileHandler(path, mode="w")
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    _configure_logging(logging.FileHandler(path, mode="w"), logging.INFO)
+
+
+def _configure_logging(handler: logging.Handler, level: int) -> None:
+    """The command is an application: it decides where the library's events go."""
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.getLogger("pykka").setLevel(logging.CRITICAL)
     structlog.configure(
         processors=[
@@ -395,6 +400,7 @@ def _rate(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status."""
     args = _parser().parse_args(argv)
+    _configure_logging(logging.StreamHandler(sys.stderr), logging.WARNING)
     try:
         return int(args.func(args))
     except _Failure as exc:
