@@ -208,7 +208,7 @@ def _after(err: StoreError, session_id: str) -> StoreError:
 def _notify(item: _Item, err: StoreError | None) -> None:
     try:
         item.notify(err)
-    except Exception as exc:  # a session's callback must not stop the writer
+    except BaseException as exc:  # a session's callback must not stop the writer
         logger.error("store.notify_failed", session_id=item.session_id, error=str(exc))
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+import pykka
+
 __all__ = [
     "CallTimeout",
     "ConflictError",
@@ -27,9 +29,10 @@ class SessionError(NousActorError):
     def __init__(self, session_id: str, message: str) -> None:
         super().__init__(f"session {session_id!r}: {message}")
         self.session_id = session_id
+        self.message = message
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.session_id, str(self).split(": ", 1)[-1]))
+        return (type(self), (self.session_id, self.message))
 
 
 class SessionStopped(SessionError):
@@ -45,8 +48,11 @@ class SessionCrashed(SessionStopped):
     unless the session has a store, in which case the store is the truth."""
 
 
-class CallTimeout(SessionError, TimeoutError):
-    """No answer within the call's time bound. The call may still be applied later."""
+class CallTimeout(SessionError, TimeoutError, pykka.Timeout):
+    """No answer within the call's time bound. The call may still be applied later.
+
+    Also a ``TimeoutError`` and a ``pykka.Timeout``, so either ``except`` catches it.
+    """
 
 
 class SubscriptionLagged(SessionError):

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 from _thread import allocate_lock
 from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any, TypeVar
 
 import pykka
+import structlog
 
+from nous_actor._frozen import short_repr
 from nous_actor.errors import CallTimeout
 
 __all__ = ["DEFAULT_TIMEOUT", "SessionFuture"]
 
 T = TypeVar("T")
+
+logger = structlog.get_logger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a call on a session waits for its answer unless told otherwise."""
@@ -47,6 +52,7 @@ class SessionFuture(pykka.Future[T]):
         self._ready.acquire()
         self._cb_lock = allocate_lock()
         self._callbacks: list[Callable[[], None]] | None = []
+        self._tb: Any = None
 
     # -- answering (the actor thread, or the handle in Pykka's stop race) ------------------
 
@@ -54,12 +60,14 @@ class SessionFuture(pykka.Future[T]):
         if not self._setter.acquire(False):
             raise queue.Full
         self._value = value
+        if state == _ERROR:
+            self._tb = value.__traceback__  # re-raised from here each time: no growth
         self._state = state
         with self._cb_lock:
             callbacks, self._callbacks = self._callbacks, None
         self._ready.release()
         for cb in callbacks or ():
-            cb()
+            _run_callback(cb, self._session_id)
 
     def set(self, value: Any | None = None) -> None:
         self._answer(_VALUE, value)
@@ -102,7 +110,7 @@ class SessionFuture(pykka.Future[T]):
             if self._callbacks is not None:
                 self._callbacks.append(fn)
                 return
-        fn()
+        _run_callback(fn, self._session_id)
 
     def done(self) -> bool:
         """Whether the future has been answered."""
@@ -121,13 +129,13 @@ class SessionFuture(pykka.Future[T]):
             return super().get(timeout=timeout)
         if self._state == _PENDING:
             bound = self._timeout if timeout is None else timeout
-            if not self._ready.acquire(True, max(bound, 0)):
+            if not self._ready.acquire(True, min(max(bound, 0), threading.TIMEOUT_MAX)):
                 raise CallTimeout(
                     self._session_id, f"no answer within {bound:g} s; the call may still apply"
                 )
             self._ready.release()
         if self._state == _ERROR:
-            raise self._value
+            raise self._value.with_traceback(self._tb)
         return self._value  # type: ignore[no-any-return]
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -160,6 +168,20 @@ class SessionFuture(pykka.Future[T]):
     def __repr__(self) -> str:
         state = {_PENDING: "pending", _VALUE: "done", _ERROR: "failed"}[self._state]
         return f"<SessionFuture {self._session_id!r} {state}>"
+
+
+def _run_callback(fn: Callable[[], None], session_id: str) -> None:
+    """Run a done callback; whatever it raises is logged, never passed on (it runs in
+    the thread that answers: a session's actor or a store's writer)."""
+    try:
+        fn()
+    except BaseException as exc:
+        logger.error(
+            "future.callback_failed",
+            session_id=session_id,
+            reason=type(exc).__name__,
+            error=short_repr(exc),
+        )
 
 
 def _set_if_pending(waiter: asyncio.Future[None]) -> None:

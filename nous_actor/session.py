@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import threading
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
@@ -151,7 +152,12 @@ class SessionActor(SupervisedActor):
     def _handle_receive(self, message: Any) -> Any:
         # Our calls first, before Pykka's chain of isinstance checks.
         if type(message) is tuple and len(message) == 3:
-            return self.on_receive(message)
+            try:
+                return self.on_receive(message)
+            except BaseException as exc:  # never let anything reach Pykka's handling
+                if not self.actor_stopped.is_set():
+                    self._die(exc)
+                return None
         return super()._handle_receive(message)
 
     def on_receive(self, message: Any) -> Any:
@@ -193,14 +199,17 @@ class SessionActor(SupervisedActor):
         self.crash = exc
         if self.exit_reason is None:
             self.exit_reason = exc
-        logger.error(
-            event,
-            session_id=self.session_id,
-            reason=type(exc).__name__,
-            error=str(exc),
-        )
         pykka.ActorRegistry.unregister(self.actor_ref)
         self.actor_stopped.set()
+        try:
+            logger.error(
+                event,
+                session_id=self.session_id,
+                reason=type(exc).__name__,
+                error=_safe_str(exc),
+            )
+        except Exception:  # logging must not keep the calls from being answered
+            pass
         self._shut(
             SessionStopped(
                 self.session_id,
@@ -269,15 +278,17 @@ class SessionActor(SupervisedActor):
     ) -> None:
         # In the committer's thread: acknowledge first, then let the actor apply
         # (reads park until it has, so nobody reads around an acknowledged write).
-        if fut is not None:
-            if err is None:
-                fut._resolve(result)
-            else:
-                fut._fail(err)
         try:
-            self.actor_ref.tell((SessionActor.h_committed, (events, err), None))
-        except pykka.ActorDeadError:
-            pass
+            if fut is not None:
+                if err is None:
+                    fut._resolve(result)
+                else:
+                    fut._fail(err)
+        finally:
+            try:
+                self.actor_ref.tell((SessionActor.h_committed, (events, err), None))
+            except pykka.ActorDeadError:
+                pass
 
     def _apply(self, ev: Event) -> None:
         self.log = self.log.append_event(ev)
@@ -423,8 +434,15 @@ _WAIT_FOR_COMMITS: Final = frozenset(
 )
 
 
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} with a broken __str__>"
+
+
 def _crashed(session_id: str, exc: BaseException) -> SessionCrashed:
-    err = SessionCrashed(session_id, f"crashed with {type(exc).__name__}: {exc}")
+    err = SessionCrashed(session_id, f"crashed with {type(exc).__name__}: {_safe_str(exc)}")
     err.__cause__ = exc
     return err
 
@@ -439,8 +457,12 @@ def _check_seq(seq: object, what: str) -> None:
 def _check_handle_args(session_id: object, timeout: object) -> None:
     if not isinstance(session_id, str) or not session_id:
         raise ValueError(f"session_id must be a non-empty str, got {session_id!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout < float("inf")
+    ):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
 
 
 class Session:
@@ -682,7 +704,11 @@ class Session:
             on_close=self._unsubscribe,
             timeout=self.timeout,
         )
-        return self._call(SessionActor.h_subscribe, sub, from_seq).get(timeout=timeout)  # type: ignore[no-any-return]
+        try:
+            return self._call(SessionActor.h_subscribe, sub, from_seq).get(timeout=timeout)  # type: ignore[no-any-return]
+        except BaseException:
+            sub.close()  # a late registration must not leave a subscriber nobody reads
+            raise
 
     def _unsubscribe(self, sub: Subscription) -> None:
         self._call(SessionActor.h_unsubscribe, sub)
@@ -708,13 +734,17 @@ class Session:
         """
         ref = self._ref or self._actor()
         bound = self.timeout if timeout is None else timeout
-        if ref is not None:
-            try:
-                ref.stop(block=True, timeout=bound)
-            except pykka.Timeout:
-                raise CallTimeout(
-                    self.session_id, f"did not stop within {bound:g} s (a long call is running)"
-                ) from None
+        if ref is None:
+            return
+        ref.stop(block=False)
+        # Wait for the actor's thread to finish, not for the reply to the stop
+        # request: Pykka leaves a request unanswered if it lands after the
+        # actor's last look at its inbox.
+        finished: threading.Event = getattr(ref, "finished")  # noqa: B009
+        if not finished.wait(min(bound, threading.TIMEOUT_MAX)):
+            raise CallTimeout(
+                self.session_id, f"did not stop within {bound:g} s (a long call is running)"
+            )
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r}>"

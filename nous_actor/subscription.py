@@ -109,7 +109,7 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
 
     def _raise_end(self, stop: type[Exception]) -> Event:
         if self._error is not None:
-            raise self._error
+            raise self._error.with_traceback(None)
         raise stop
 
     def get(self, timeout: float | None = None) -> Event:
@@ -127,12 +127,12 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             while not self._items:
                 if self._ended:
                     if self._error is not None:
-                        raise self._error
+                        raise self._error.with_traceback(None)
                     raise SessionStopped(self.session_id, "the subscription has ended")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CallTimeout(self.session_id, f"no event within {timeout:g} s")
-                self._cond.wait(remaining)
+                self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
             return self._pop_locked()
 
     def get_nowait(self) -> Event | None:
@@ -147,7 +147,7 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
                 return self._pop_locked()
             if self._ended:
                 if self._error is not None:
-                    raise self._error
+                    raise self._error.with_traceback(None)
                 raise SessionStopped(self.session_id, "the subscription has ended")
             return None
 

@@ -96,6 +96,10 @@ class SupervisedActor(pykka.ThreadingActor):
         self._monitor = _next_monitor.get()
         _next_monitor.set(None)  # only the first actor created by start() is the child
         self.exit_reason: BaseException | None = None
+        # Set when the actor's thread is done (after Pykka's last look at the inbox):
+        # the one signal that an actor has really stopped. Reachable from its ref.
+        self.finished = threading.Event()
+        setattr(self.actor_ref, "finished", self.finished)  # noqa: B010
 
     def _handle_receive(self, message: Any) -> Any:
         try:
@@ -122,6 +126,7 @@ class SupervisedActor(pykka.ThreadingActor):
         try:
             super()._actor_loop()
         finally:
+            self.finished.set()
             monitor, self._monitor = self._monitor, None
             if monitor is not None:
                 try:

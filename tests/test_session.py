@@ -162,7 +162,7 @@ def test_start_with_an_existing_log() -> None:
         (("",), {}, ValueError, "session_id must be a non-empty str"),
         ((42,), {}, ValueError, "session_id must be a non-empty str"),
         (("x", [1, 2]), {}, TypeError, "log must be a nous_actor.Log"),
-        (("x",), {"timeout": 0}, ValueError, "timeout must be a number of seconds > 0"),
+        (("x",), {"timeout": 0}, ValueError, "timeout must be a finite number of seconds > 0"),
     ],
 )
 def test_start_rejects_bad_arguments(

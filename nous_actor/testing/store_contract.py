@@ -751,8 +751,11 @@ def _event_specs(draw: st.DrawFn) -> _Spec:
     return etype, data, draw(times())
 
 
-# How a write picks each seq: past the head (with a gap), a stored one, or one repeated.
-_seq_choice = st.tuples(st.sampled_from(["new"] * 5 + ["stored", "repeat"]), st.integers(0, 3))
+# How a write picks each seq: past the head (with a gap), a stored one, one repeated in
+# the write, or a hole below the head that was never stored (or was dropped).
+_seq_choice = st.tuples(
+    st.sampled_from(["new"] * 5 + ["stored", "repeat", "hole"]), st.integers(0, 3)
+)
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -790,12 +793,16 @@ class StoreMachine(RuleBasedStateMachine):
         head = max(stored, default=-1) + 1
         events: list[Event] = []
         for (kind, n), spec in steps:
+            taken = {e.seq for e in events}
+            holes = [s for s in range(head) if s not in stored and s not in taken]
             if kind == "stored" and stored:
                 seq = sorted(stored)[n % len(stored)]
             elif kind == "repeat" and events:
                 seq = events[n % len(events)].seq
+            elif kind == "hole" and holes:  # below the head, never stored: not a conflict
+                seq = holes[n % len(holes)]
             else:
-                seq = head + n
+                seq = head + n  # every seq picked so far is below head
                 head = seq + 1
             etype, data, time = spec
             events.append(Event(seq, etype, time, data))
