@@ -1,8 +1,4 @@
-"""Adversarial tests of the session layer: races, faults and asyncio misuse (DESIGN.md §4).
-
-Tests marked ``xfail(strict=True)`` pin real defects; each reason names the
-broken guarantee.
-"""
+"""Adversarial tests of the session layer: races, faults and asyncio misuse (DESIGN.md §4)."""
 
 from __future__ import annotations
 
