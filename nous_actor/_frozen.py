@@ -167,9 +167,25 @@ def freeze(value: Any, path: str = "value") -> Any:
         ) from None
 
 
+def _check_text(text: str, path: str) -> str:
+    """Refuse a lone surrogate: no UTF-8 encoding (so no JSON text, no database) can hold it."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise NotJSON(
+                path,
+                f"text holds a lone surrogate {text[exc.start]!r} at index {exc.start}, which "
+                "UTF-8 cannot encode; decode bytes with errors='replace' first",
+            ) from None
+    return text
+
+
 def _freeze(value: Any, path: str) -> Any:
     t = type(value)
-    if t is str or t is int or t is bool or value is None:
+    if t is str:
+        return _check_text(value, path)
+    if t is int or t is bool or value is None:
         return value
     if t is float:
         if math.isfinite(value):
@@ -188,12 +204,13 @@ def _freeze(value: Any, path: str) -> Any:
                         "JSON objects take str keys only",
                     )
                 k = str.__str__(k)
+            _check_text(k, f"{path}[{k!r}]")
             out[k] = _freeze(v, f"{path}[{k!r}]")
         return _dict_of(out) if out else EMPTY_DICT
     if t is list or t is tuple or isinstance(value, (list, tuple)):
         return _list_of(value, path)
     if isinstance(value, str):
-        return str.__str__(value)
+        return _check_text(str.__str__(value), path)
     if isinstance(value, int):
         return int.__int__(value)
     if isinstance(value, float):

@@ -17,12 +17,15 @@ True
 from __future__ import annotations
 
 import json
+import math
+from builtins import type as type_of
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from nous_actor._frozen import thaw
-from nous_actor.event import Event, InvalidEvent
+from nous_actor._frozen import FrozenDict, FrozenList, _dict_of, _list_from, thaw
+from nous_actor.event import _LOOKUP as EVENT_TYPES
+from nous_actor.event import SURFACE_TYPES, Event, InvalidEvent, parse_surface_op
 from nous_actor.log import Log
 from nous_actor.message import Message
 
@@ -66,7 +69,29 @@ def _reject_constant(name: str) -> NoReturn:
 
 
 # Built once: json.loads/dumps with options build a new decoder/encoder per call.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _frozen_list(items: list[Any]) -> FrozenList:
+    return _list_from([_frozen_list(v) if type(v) is list else v for v in items])
+
+
+def _frozen_object(obj: dict[str, Any]) -> FrozenDict:
+    # json calls this innermost first, so nested objects are frozen already;
+    # only lists (which have no hook) are left to convert.
+    for k, v in obj.items():
+        if type(v) is list:
+            obj[k] = _frozen_list(v)
+    return _dict_of(obj)
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if math.isinf(x):
+        raise ValueError(f"{text} overflows to infinity, which JSON data may not hold")
+    return x
+
+
+_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_finite_float, object_hook=_frozen_object
+)
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -111,21 +136,46 @@ def encode_data(event: Event) -> str:
     return _ENCODER.encode(event.data)
 
 
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
 def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
-    """Decode an event stored as columns (``data`` as JSON text), fully validated.
+    """Decode an event stored as columns (``data`` as JSON text).
+
+    The fast path of recovery: the decoder already freezes the data and
+    refuses what JSON data may not hold, so only the rules a stored row could
+    still break are checked (type, time, ``surface_op``).
 
     Raises:
         CodecError: a column is malformed; ``.field`` names it.
     """
+    etype = EVENT_TYPES.get(type)
+    if etype is None:
+        _fail(f"seq {seq}: unknown event type {type!r}", None, "type")
     try:
         t = datetime.fromisoformat(time)
     except (TypeError, ValueError):
-        _fail(f"'time' is not ISO-8601: {time!r}", None, "time")
+        _fail(f"seq {seq}: 'time' is not ISO-8601: {time!r}", None, "time")
+    if t.tzinfo is None:
+        _fail(f"seq {seq}: 'time' has no UTC offset: {time!r}", None, "time")
+    frozen = _json_loads(data, None)
+    if type_of(frozen) is not FrozenDict:
+        _fail(f"seq {seq}: 'data' must be a JSON object, got {_json_kind(frozen)}", None, "data")
+    raw_op = frozen.get("surface_op")
     try:
-        return Event(seq, type, t, _json_loads(data, None))
+        if raw_op is not None and etype not in SURFACE_TYPES:
+            raise InvalidEvent("surface_op_on_non_surface_event", "a bookkeeping event has one")
+        op = parse_surface_op(raw_op)
     except InvalidEvent as exc:
-        field = "type" if exc.reason == "unknown_event_type" else "data"
-        raise CodecError(f"seq {seq}: {exc.reason}: {exc}", field=field) from None
+        raise CodecError(f"seq {seq}: {exc.reason}: {exc}", field="data") from None
+    if t.tzinfo is not UTC:
+        t = t.astimezone(UTC)
+    return Event._trusted(seq, etype, t, frozen, op)
 
 
 def event_from_dict(record: Any, *, line: int | None = None) -> Event:
@@ -162,7 +212,7 @@ def event_from_dict(record: Any, *, line: int | None = None) -> Event:
     if t.tzinfo is None:
         _fail(f"'time' has no UTC offset: {raw_time!r}", line, "time")
     if not isinstance(data, Mapping):
-        _fail(f"'data' must be a JSON object, got {type(data).__name__}", line, "data")
+        _fail(f"'data' must be a JSON object, got {_json_kind(data)}", line, "data")
     try:
         return Event(seq, etype, t, data)
     except InvalidEvent as exc:

@@ -120,6 +120,9 @@ class SessionActor(SupervisedActor):
         self.crash: BaseException | None = None
         self._ready = ready
         self._fut: SessionFuture[Any] | None = None
+        self._done: list[tuple[tuple[Event, ...], StoreError | None]] = []
+        self._done_lock = threading.Lock()
+        self._release_after: Event | None = None
 
     def on_start(self) -> None:
         try:
@@ -228,6 +231,17 @@ class SessionActor(SupervisedActor):
         for sub in self.subscribers:
             sub._finish(feed_error)
         self.subscribers.clear()
+        # Keep the writer claim until the appends still with the committer are
+        # done: a successor must not recover the store before they land.
+        with self._done_lock:
+            landed = {id(e) for events, _ in self._done for e in events}
+            pending = [e for e in self.inflight if id(e) not in landed]
+            if pending:
+                self._release_after = pending[-1]
+        if not pending:
+            self._release_claim()
+
+    def _release_claim(self) -> None:
         if self.store is not None and self.claim_token is not None:
             token, self.claim_token = self.claim_token, None
             try:
@@ -278,6 +292,7 @@ class SessionActor(SupervisedActor):
     ) -> None:
         # In the committer's thread: acknowledge first, then let the actor apply
         # (reads park until it has, so nobody reads around an acknowledged write).
+        # Commits that land together reach the actor as one message.
         try:
             if fut is not None:
                 if err is None:
@@ -285,28 +300,38 @@ class SessionActor(SupervisedActor):
                 else:
                     fut._fail(err)
         finally:
-            try:
-                self.actor_ref.tell((SessionActor.h_committed, (events, err), None))
-            except pykka.ActorDeadError:
-                pass
+            with self._done_lock:
+                self._done.append((events, err))
+                wake = len(self._done) == 1
+                last = self._release_after is not None and events[-1] is self._release_after
+            if last:  # the session stopped while this was in flight
+                self._release_claim()
+            if wake:
+                try:
+                    self.actor_ref.tell((SessionActor.h_committed, (), None))
+                except pykka.ActorDeadError:
+                    pass
 
     def _apply(self, ev: Event) -> None:
         self.log = self.log.append_event(ev)
         if self.subscribers:
             self.subscribers = [s for s in self.subscribers if s._push(ev)]
 
-    def h_committed(self, events: tuple[Event, ...], err: StoreError | None) -> None:
-        for ev in events:
-            head = self.inflight.popleft()
-            assert head is ev, "commits came back out of order"
-            if err is None:
-                self._apply(ev)
-        if err is not None and self.failed is None:
-            self.failed = err
-            self.next_seq = self.log.count()
-            if self.crash_on_store_failure:  # a supervisor restarts it from the store
-                self._die(err)
-                return
+    def h_committed(self) -> None:
+        with self._done_lock:
+            done, self._done = self._done, []
+        for events, err in done:
+            for ev in events:
+                head = self.inflight.popleft()
+                assert head is ev, "commits came back out of order"
+                if err is None:
+                    self._apply(ev)
+            if err is not None and self.failed is None:
+                self.failed = err
+                self.next_seq = self.log.count()
+                if self.crash_on_store_failure:  # a supervisor restarts it from the store
+                    self._die(err)
+                    return
         parked = self.parked
         while parked and not (self.inflight and parked[0][0] in _WAIT_FOR_COMMITS):
             handler, args, fut = parked.popleft()

@@ -6,7 +6,8 @@ and :class:`~nous_actor.store.SQLiteStore`. Subclass :class:`StoreContract`
 in a test module (the subclass's name must start with ``Test`` so that
 pytest collects it) and say how to make a fresh, empty store::
 
-    from nous_actor.testing.store_contract import StoreContract
+    from nous_actor.store import Store
+    from nous_actor.testing.store_contract import StoreContract, store_machine
 
     class TestMyStore(StoreContract):
         def make_store(self) -> Store:
