@@ -183,13 +183,18 @@ class Compactor:
             ):
                 head += 1
             tail2 = _tail_start(surface2, [_message(e) for e in surface2], self.keep_recent)
-            if head < tail2:
+            lone_summary = tail2 - head == 1 and _is_summary(surface2[head])
+            if head < tail2 and not lone_summary:  # a summary of one summary gains nothing
                 if self.summarise is None:
                     raise CompactionError(
                         "over budget after pruning and no summariser was given; "
                         "pass summarise=callable(messages) -> str"
                     )
                 chunk = surface2[head:tail2]
+                # Start the range right after the last message kept before it, so
+                # the bookkeeping that opened the summarised turns (turn_start,
+                # step_start) goes with them: no turn is left open by a summary.
+                range_start = surface2[head - 1].position + 1 if head else 0
                 try:
                     text = self.summarise([_message(e) for e in chunk])
                 except Exception as exc:
@@ -200,7 +205,7 @@ class Compactor:
                     raise CompactionError(
                         f"the summariser returned an empty summary ({text!r}); log unchanged"
                     )
-                start, stop = chunk[0].position, chunk[-1].position
+                start, stop = min(range_start, chunk[0].position), chunk[-1].position
                 new = new.append(
                     "system_message",
                     {

@@ -406,7 +406,10 @@ class Log:
             ValueError: ``seq`` is negative or past the head (``>= count()``).
             TypeError: ``seq`` is not an int.
         """
-        _check_boundary(seq, self._count, "as_of")
+        return self._prefix(seq, "as_of")
+
+    def _prefix(self, seq: int, what: str) -> Log:
+        _check_boundary(seq, self._count, what)
         i = bisect_right(self._events, seq, 0, self._n, key=_seq_of)
         return Log._make(self._events, i, seq + 1, None)
 
@@ -422,7 +425,7 @@ class Log:
                 open turn (the message names the turn's ``turn_start`` seq).
             TypeError: ``through_seq`` is not an int.
         """
-        prefix = self.as_of(through_seq)
+        prefix = self._prefix(through_seq, "fork(through_seq=...)")
         open_turn: int | None = None
         for ev in prefix._events[: prefix._n]:
             if ev.type is EventType.TURN_START:
@@ -453,15 +456,17 @@ class Log:
 
 
 def _check_boundary(seq: object, count: int, what: str) -> None:
+    """``what`` is the call as the user wrote it, ``...`` standing for the seq."""
     if not isinstance(seq, int) or isinstance(seq, bool):
         raise TypeError(f"{what} takes an int seq, got {type(seq).__name__}")
+    call = what.replace("...", str(seq)) if "..." in what else f"{what}({seq})"
     if seq < 0:
-        raise ValueError(f"{what}({seq}): seq must be >= 0")
+        raise ValueError(f"{call}: seq must be >= 0")
     if seq >= count:
         raise ValueError(
-            f"{what}({seq}) is past the head: the newest seq is {count - 1}"
+            f"{call} is past the head: the newest seq is {count - 1}"
             if count
-            else f"{what}({seq}): the log is empty"
+            else f"{call}: the log is empty"
         )
 
 

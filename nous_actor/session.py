@@ -399,7 +399,10 @@ class SessionActor(SupervisedActor):
         if not result.changed:
             return result
         events = tuple(result.log.since(self.log.count()))
-        return self._submit(events, result)
+        answer = self._submit(events, result)
+        if compactor.snapshot:  # after the compaction commits (a snapshot waits for it)
+            self.actor_ref.tell((SessionActor.h_snapshot, (), None))
+        return answer
 
     def h_fork(self, through_seq: int, new_id: str | None) -> Log:
         prefix = self.log.fork(through_seq)
@@ -407,6 +410,14 @@ class SessionActor(SupervisedActor):
             return prefix
         if new_id == self.session_id:
             raise ValueError("fork into a new session id, not the session's own")
+        token = self.store.claim(new_id)  # no live session may hold the new id
+        try:
+            return self._write_fork(prefix, through_seq, new_id)
+        finally:
+            self.store.release(new_id, token)
+
+    def _write_fork(self, prefix: Log, through_seq: int, new_id: str) -> Log:
+        assert self.store is not None
         record = new_event(
             prefix.count(),
             "request_header",
@@ -650,10 +661,7 @@ class Session:
         Raises (through the future):
             CompactionError: nothing was appended (e.g. an empty summary).
         """
-        fut = self._call(SessionActor.h_compact, compactor, time, force)
-        if compactor.snapshot:
-            self.snapshot()
-        return fut
+        return self._call(SessionActor.h_compact, compactor, time, force)
 
     def fork(self, through_seq: int, new_id: str | None = None) -> SessionFuture[Log]:
         """The prefix through ``through_seq`` as a new log, seqs preserved.
@@ -667,6 +675,8 @@ class Session:
             ValueError: the boundary is negative, past the head, or inside an open turn.
             ConflictError: ``new_id`` already has events.
         """
+        if new_id is not None and (not isinstance(new_id, str) or not new_id):
+            raise ValueError(f"new_id must be a non-empty str, got {new_id!r}")
         return self._call(SessionActor.h_fork, through_seq, new_id)
 
     def as_of(self, seq: int) -> SessionFuture[Log]:

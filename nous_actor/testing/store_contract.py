@@ -654,14 +654,6 @@ class StoreContract(abc.ABC):
             with contextlib.suppress(StoreError):
                 call()
 
-    def test_a_lone_surrogate_in_data_round_trips_or_raises_store_error(
-        self, store: Store
-    ) -> None:
-        """Data holding a lone surrogate (json.loads makes one of an escaped \\ud800)
-        round-trips or is refused with StoreError."""
-        data = json.loads('{"content": "broken \\ud800 text"}')
-        _stored_or_store_error(store, "s", [_ev(0, data=data)])
-
     def test_a_seq_past_64_bits_round_trips_or_raises_store_error(self, store: Store) -> None:
         """A seq of 2**63 (a valid Event seq) is stored or refused with StoreError."""
         _stored_or_store_error(store, "s", [_ev(2**63)])
