@@ -16,11 +16,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-from bench import core, session
+from bench import core, durable, session
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_table, write_json
 
-MODULES: Final[tuple[ModuleType, ...]] = (core, session)
+MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable)
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
 
