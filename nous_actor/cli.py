@@ -264,7 +264,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     root = Path(__file__).resolve().parent.parent
     if not (root / "bench" / "__main__.py").is_file():
         _fail("the benchmark suite ships with the source tree: run 'make bench' in a checkout")
-    cmd = [sys.executable, "-m", "bench", *args.bench_args]
+    cmd = [sys.executable, "-m", "bench", *[a for a in args.bench_args if a != "--"]]
     return subprocess.call(cmd, cwd=root)
 
 
@@ -399,6 +399,9 @@ def _rate(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # everything after it belongs to the benchmark suite
+        argv = ["bench", "--", *argv[1:]] if len(argv) > 1 and argv[1] != "--" else argv
     args = _parser().parse_args(argv)
     _configure_logging(logging.StreamHandler(sys.stderr), logging.WARNING)
     try:
@@ -406,16 +409,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Failure as exc:
         print(f"nous-actor: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (NousActorError, CodecError, ValueError, OSError) as exc:
         print(f"nous-actor: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("nous-actor: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

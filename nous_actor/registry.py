@@ -30,7 +30,7 @@ import structlog
 
 from nous_actor.errors import SessionStopped, TooManySessions
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
-from nous_actor.session import Session, SessionActor
+from nous_actor.session import Session, SessionActor, _safe_str
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
@@ -101,6 +101,7 @@ class Sessions:
         self._restarts: dict[str, int] = {}
         self._gave_up: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
+        self._expected: set[str] = set()  # urns of sessions stopped on purpose
         self._closed = False
         self._reaper_stop = threading.Event()
         if idle_timeout is not None:
@@ -229,6 +230,7 @@ class Sessions:
         ref = self._live.pop(session_id, None)
         if ref is None:
             return
+        self._expected.add(ref.actor_urn)
         try:
             ref.stop(block=True, timeout=self.timeout if timeout is None else timeout)
         except pykka.Timeout:
@@ -246,13 +248,34 @@ class Sessions:
     def _on_exit(self, session_id: str, exit: Exit) -> None:
         # In the exiting session's thread.
         with self._lock:
+            if exit.urn in self._expected:
+                self._expected.discard(exit.urn)
+                return  # stopped on purpose
             ref = self._live.get(session_id)
-            if ref is None or ref.actor_urn != exit.urn:
-                return  # stopped on purpose, or an older actor
-            del self._live[session_id]
+            current = ref is not None and ref.actor_urn == exit.urn
+            if current:
+                del self._live[session_id]
             if exit.normal or self._closed:
                 return
-        self._crashed(session_id, f"{type(exit.reason).__name__}: {exit.reason}")
+            assert exit.reason is not None
+            reason = f"{type(exit.reason).__name__}: {_safe_str(exit.reason)}"
+            if not current:
+                # A caller reopened the session before this exit was handled:
+                # still a crash, counted and logged, but nothing to restart.
+                intensity = self._intensity.setdefault(
+                    session_id, RestartIntensity(self.max_restarts, self.max_seconds, self.clock)
+                )
+                intensity.allow()
+                count = self._restarts[session_id] = self._restarts.get(session_id, 0) + 1
+                logger.warning(
+                    "session.restart",
+                    session_id=session_id,
+                    reason=reason,
+                    restart_count=count,
+                    reopened_by_caller=True,
+                )
+                return
+        self._crashed(session_id, reason)
 
     def _crashed(self, session_id: str, reason: str) -> None:
         """Count a crash against the session's intensity; restart it or give it up."""
