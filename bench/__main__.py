@@ -1,12 +1,15 @@
 """Entry point: ``python -m bench [--quick] [--only NAME] [--json PATH]`` (``make bench``).
 
 Runs the registered benchmarks one after the other, prints progress on
-stderr, the results table on stdout, and writes every number to a JSON file.
+stderr, the results table on stdout, and writes every number to a JSON file;
+then prints a summary of the DESIGN.md §8 goals and draws the scaling figures
+(:mod:`bench.plot`, needs matplotlib) into ``scaling.png`` next to the JSON file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -16,9 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-from bench import core, durable, session
+from bench import core, durable, plot, session
 from bench.harness import Benchmark, Config, progress
-from bench.report import DEFAULT_JSON, Outcome, print_table, write_json
+from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
 
 MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable)
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
@@ -47,6 +50,19 @@ def select(benchmarks: Sequence[Benchmark], only: Sequence[str]) -> list[Benchma
         names = ", ".join(b.name for b in benchmarks)
         raise SystemExit(f"bench: unknown benchmark(s) {', '.join(sorted(unknown))}; use {names}")
     return chosen
+
+
+def draw(json_path: Path) -> str:
+    """Draw the scaling PNG of the results at ``json_path`` next to it; a line saying where."""
+    png = json_path.with_name(plot.DEFAULT_PNG.name)
+    doc = json.loads(json_path.read_text(encoding="utf-8"))
+    if not plot.has_scaling(doc):
+        return "plot: none (no core.append_derive, durable.sweep or durable.appends in this run)"
+    try:
+        plot.plot(doc, png)
+    except ImportError as exc:
+        return f"plot: not drawn ({exc}); install the bench extra: pip install -e '.[bench]'"
+    return f"plot: {png}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = select(benchmarks, args.only)
     config = Config(quick=args.quick)
     started = datetime.now(UTC)
+    t_start = time.perf_counter()
     loadavg = os.getloadavg() if hasattr(os, "getloadavg") else None
     outcomes: list[Outcome] = []
     for b in chosen:
@@ -98,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         loadavg_before=loadavg,
     )
     progress(f"wrote {args.json}")
+    print_goals(outcomes)
+    progress("drawing the scaling plot")
+    print(draw(args.json))
+    print(f"results: {args.json}; total run time {time.perf_counter() - t_start:.0f} s")
     return 0
 
 

@@ -6,6 +6,8 @@ Python ``eventsourcing`` library's SQLite recorder and the OpenAI Agents SDK's
 ``SQLiteSession`` doing the same work in the same run, on fresh files each
 repeat. ``durable.recovery``: ``Session.start`` of a 100k-event session from
 its file, against the store's raw ``load`` and a plain ``SELECT``.
+``durable.sweep``: the same durable appends at 1 to 200 sessions (100 events
+each), ours and both baselines, for the scaling plot (:mod:`bench.plot`).
 
 Every run is checked before its number counts: every acknowledged seq in
 order, and the rows in the file counted afterwards with plain SQL.
@@ -498,7 +500,123 @@ def bench_appends(cfg: Config) -> Section:
     return sec
 
 
-# -- 4. recovery ------------------------------------------------------------------------------
+# -- 4. throughput vs number of sessions --------------------------------------------------------
+
+SWEEP_SESSIONS: Final = (1, 10, 50, 100, 200)
+SWEEP_EVENTS: Final = 100
+"""The sweep's session counts, each session taking ``SWEEP_EVENTS`` appends (full runs)."""
+
+_SWEEP_OURS: Final[dict[str, str]] = {
+    "ours full pipelined": "pipelined",
+    "ours full threads": "threads",
+}
+"""Our variants in the sweep (SQLite, durability full): name -> client shape."""
+
+
+def bench_sweep(cfg: Config) -> Section:
+    """Durable events/s vs sessions (SQLite, durability full), ours and the baselines."""
+    counts = cfg.pick(SWEEP_SESSIONS, (1, 5, 20))
+    events = cfg.pick(SWEEP_EVENTS, 25)
+    repeats = cfg.pick(3, 2)
+    variants: dict[str, Callable[..., tuple[int, dict[str, Any]]]] = {
+        name: partial(_ours, kind="full", shape=shape) for name, shape in _SWEEP_OURS.items()
+    }
+    missing = [m for m in ("eventsourcing", "agents") if importlib.util.find_spec(m) is None]
+    if "eventsourcing" not in missing:
+        variants["eventsourcing"] = _eventsourcing
+    if "agents" not in missing:
+        variants["agents"] = _agents
+    times: dict[str, dict[int, list[int]]] = {v: {s: [] for s in counts} for v in variants}
+    per_commit: dict[int, list[float]] = {s: [] for s in counts}
+    with structlog.testing.capture_logs() as logs:
+        for k in range(repeats):
+            for s in counts:
+                progress(f"durable.sweep: {s} sessions x {events}, repeat {k + 1}/{repeats}")
+                order = list(variants) if (k + s) % 2 == 0 else list(reversed(variants))
+                for name in order:
+                    with _scratch("sweep") as folder:
+                        ns, info = variants[name](folder, sessions=s, events=events)
+                    times[name][s].append(ns)
+                    if name == "ours full pipelined" and info.get("commits"):
+                        per_commit[s].append(info["items"] / info["commits"])
+                    gc.collect()
+    errors = [e for e in logs if e.get("log_level") in ("error", "critical")]
+    if errors:
+        raise AssertionError(f"durable.sweep: the library logged errors: {errors[:3]}")
+
+    def rate(name: str, s: int) -> Stats:
+        return Stats.of([s * events * 1e9 / t for t in times[name][s]])
+
+    def ratio(ours: str, base: str, s: int) -> Stats:
+        return Stats.of([b / o for o, b in zip(times[ours][s], times[base][s], strict=True)])
+
+    bases = [b for b in ("eventsourcing", "agents") if b in variants]
+    sec = Section()
+    for s in counts:
+        for name, shape in _SWEEP_OURS.items():
+            shape_text = (
+                f"pipelined, {PIPELINE_THREADS} threads"
+                if shape == "pipelined"
+                else f"{s} thread{'s' if s > 1 else ''} x append().get()"
+            )
+            r = rate(name, s)
+            qs = {b: ratio(name, b, s) for b in bases}
+            sec.rows.append(
+                Row(
+                    f"durable sweep {s}x{events}: ours full, {shape_text}",
+                    fmt_rate_spread(r),
+                    " / ".join(f"{b} {fmt_count(rate(b, s).median)}" for b in bases) + " ev/s"
+                    if bases
+                    else "- (baselines not installed)",
+                    " / ".join(fmt_ratio(q.median) for q in qs.values()) if bases else "-",
+                    "- (context)",
+                    "info",
+                    {
+                        "sessions": s,
+                        "events_per_session": events,
+                        "store": "full",
+                        "shape": shape,
+                        "ours_events_per_s": r.as_dict(),
+                        **{f"{b}_events_per_s": rate(b, s).as_dict() for b in bases},
+                        **{f"ratio_vs_{b}": q.as_dict() for b, q in qs.items()},
+                    },
+                )
+            )
+    sec.data["sweep"] = {
+        "events_per_session": events,
+        "repeats": repeats,
+        "sessions": list(counts),
+        "store": "SQLite file, durability full (WAL, synchronous=FULL)",
+        "pipeline_threads": PIPELINE_THREADS,
+        "variants": {
+            name: [{"sessions": s, "events_per_s": rate(name, s).as_dict()} for s in counts]
+            for name in variants
+        },
+        "events_per_commit_pipelined": {
+            str(s): Stats.of(v).median for s, v in per_commit.items() if v
+        },
+        "ns": {name: {str(s): v for s, v in by.items()} for name, by in times.items()},
+    }
+    commits = ", ".join(f"{s}: {Stats.of(v).median:.0f}" for s, v in per_commit.items() if v)
+    sec.notes += [
+        f"{', '.join(map(str, counts))} sessions x {events} appends each into one SQLite file "
+        "(durability full: WAL, synchronous=FULL), fresh per run, as in durable.appends; "
+        f"median [min-max] events/s of {repeats} repeats, the variants alternating order.",
+        f"pipelined: {PIPELINE_THREADS} threads each issue every append of their sessions, then "
+        "get every future (with fewer sessions than threads some threads have nothing to do); "
+        "threads: one thread per session doing append(...).get() in a row, as the baselines run.",
+        "baseline = eventsourcing SQLiteApplicationRecorder (a thread per session) / agents "
+        "SQLiteSession (an asyncio task per session), as in durable.appends; their medians, and "
+        "ratio = baseline time / ours in the same repeat, in that order (higher is better)."
+        + (f" Not installed, not measured: {', '.join(missing)}." if missing else ""),
+        f"events per group commit, pipelined (median, by sessions): {commits or '-'}.",
+        "context for DESIGN.md §8 (the goal is judged at 100x100 in durable.appends); "
+        "plotted by bench/plot.py (panel b).",
+    ]
+    return sec
+
+
+# -- 5. recovery ------------------------------------------------------------------------------
 
 
 def _select(path: Path, sid: str) -> list[tuple[Any, ...]]:
@@ -659,4 +777,5 @@ def bench_recovery(cfg: Config) -> Section:
 BENCHMARKS: Final[tuple[Benchmark, ...]] = (
     Benchmark("durable.appends", "durable appends: 100 sessions x 100, SQLite", bench_appends),
     Benchmark("durable.recovery", "recovery of a 100k-event session", bench_recovery),
+    Benchmark("durable.sweep", "durable throughput vs sessions, SQLite full", bench_sweep),
 )

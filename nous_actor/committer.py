@@ -17,7 +17,7 @@ from typing import Final
 
 import structlog
 
-from nous_actor.errors import StoreError
+from nous_actor.errors import ConflictError, StoreError
 from nous_actor.event import Event
 from nous_actor.store.base import Store
 
@@ -142,6 +142,7 @@ class Committer:
                 done.append((item, None))
         refused: dict[str, StoreError] = {}
         whole: StoreError | None = None
+        interrupt: BaseException | None = None
         store = self._store()
         if store is None:
             whole = StoreError("the store was garbage-collected")
@@ -150,8 +151,10 @@ class Committer:
                 refused = store.write(writes)
             except StoreError as exc:
                 whole = exc
-            except Exception as exc:  # a store of the user's that broke the protocol
+            except BaseException as exc:  # a store of the user's that broke the protocol
                 whole = StoreError(f"store write failed: {type(exc).__name__}: {exc}")
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    interrupt = exc
         drop_errors: dict[int, StoreError] = {}
         for item in drops:
             if store is not None and whole is None and item.session_id not in refused:
@@ -171,7 +174,7 @@ class Committer:
                 if whole is not None:
                     err = _for_session(whole, item.session_id)
                 elif item.session_id in refused:
-                    err = refused[item.session_id]
+                    err = _for_session(refused[item.session_id], item.session_id)
                 else:
                     err = drop_errors.get(id(item))
                 if err is not None and item.kind == "write":
@@ -187,12 +190,16 @@ class Committer:
                         reason=type(err).__name__,
                         error=str(err),
                     )
+        if interrupt is not None:  # every item is answered; now let it through
+            raise interrupt
 
 
 def _for_session(err: StoreError, session_id: str) -> StoreError:
-    if err.session_id == session_id:
+    if getattr(err, "session_id", None) == session_id:
         return err
-    out = StoreError(str(err), session_id=session_id)
+    out = (ConflictError if isinstance(err, ConflictError) else StoreError)(
+        str(err), session_id=session_id
+    )
     out.__cause__ = err
     return out
 

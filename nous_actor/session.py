@@ -290,22 +290,26 @@ class SessionActor(SupervisedActor):
         result: Any,
         err: StoreError | None,
     ) -> None:
-        # In the committer's thread: acknowledge first, then let the actor apply
-        # (reads park until it has, so nobody reads around an acknowledged write).
-        # Commits that land together reach the actor as one message.
+        # In the committer's thread. Order matters:
+        # 1. record the commit for the actor (commits landing together reach it
+        #    as one message);
+        # 2. if the session stopped meanwhile and this was its last append in
+        #    flight, give up the writer claim *before* acknowledging, so that
+        #    whoever saw the acknowledgement can reopen the session at once;
+        # 3. acknowledge; 4. wake the actor (reads park until it has applied).
+        with self._done_lock:
+            self._done.append((events, err))
+            wake = len(self._done) == 1
+            last = self._release_after is not None and events[-1] is self._release_after
         try:
+            if last:
+                self._release_claim()
             if fut is not None:
                 if err is None:
                     fut._resolve(result)
                 else:
                     fut._fail(err)
         finally:
-            with self._done_lock:
-                self._done.append((events, err))
-                wake = len(self._done) == 1
-                last = self._release_after is not None and events[-1] is self._release_after
-            if last:  # the session stopped while this was in flight
-                self._release_claim()
             if wake:
                 try:
                     self.actor_ref.tell((SessionActor.h_committed, (), None))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["benchmark", "ours", "baseline", "ratio", "goal", "verdict"]
@@ -28,6 +31,10 @@ def test_quick_memory_benchmark_prints_table_and_writes_json(tmp_path: Path) -> 
     assert "== core.memory:" in done.stdout
     assert "memory, plain Log" in done.stdout
     assert "core.memory: start" in done.stderr  # progress goes to stderr
+    assert "summary: the DESIGN.md §8 goals" in done.stdout
+    assert "- (core.fold not run)" in done.stdout
+    assert "plot: none" in done.stdout  # neither scaling benchmark ran: no PNG
+    assert not (tmp_path / "scaling.png").exists()
 
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert set(doc) == {"meta", "summary", "benchmarks"}
@@ -41,3 +48,44 @@ def test_quick_memory_benchmark_prints_table_and_writes_json(tmp_path: Path) -> 
         assert set(row) == {*COLUMNS, "numbers"}
         assert row["verdict"] in {"pass", "fail", "info"}
         assert row["numbers"]["ours_bytes_per_event"] > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib (bench extra) missing"
+)
+def test_quick_scaling_run_writes_the_plot(tmp_path: Path) -> None:
+    """`--quick --only append_derive,sweep` writes the JSON and scaling.png next to it."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--only",
+            "append_derive,sweep",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    png = tmp_path / "scaling.png"
+    assert f"plot: {png}" in done.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000  # two drawn panels, not an empty canvas
+
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert list(doc["benchmarks"]) == ["core.append_derive", "durable.sweep"]
+    sweep = doc["benchmarks"]["durable.sweep"]["data"]["sweep"]
+    assert sweep["sessions"] == [1, 5, 20]
+    assert {"ours full pipelined", "ours full threads"} <= set(sweep["variants"])
+    for points in sweep["variants"].values():
+        assert [p["sessions"] for p in points] == [1, 5, 20]
+        assert all(p["events_per_s"]["median"] > 0 for p in points)
+    assert "derive_messages after one append on a 100k-event log" in done.stdout

@@ -33,6 +33,7 @@ from nous_actor.event import Event
 __all__ = ["SQLiteStore"]
 
 SCHEMA_VERSION: Final = 1
+APPLICATION_ID: Final = 0x6E6F7573  # "nous": marks the file as a nous_actor store
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -104,6 +105,15 @@ class SQLiteStore:
                 self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {durability.upper()}")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
+            tables = self._conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+            ).fetchone()[0]
+            if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables):
+                raise StoreError(
+                    f"{self.path} is another application's SQLite database, not a "
+                    "nous_actor store; use a new file"
+                )
             if version not in (0, SCHEMA_VERSION):
                 raise StoreError(
                     f"{self.path} has schema version {version}; this nous_actor reads "
@@ -111,6 +121,7 @@ class SQLiteStore:
                 )
             self._conn.executescript(_SCHEMA)
             self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
     # -- one place to translate sqlite3 errors -----------------------------------------
 
@@ -138,6 +149,12 @@ class SQLiteStore:
         except CodecError as exc:
             raise StoreError(
                 f"stored event is malformed in {self.path}: {exc}", session_id=session_id
+            ) from exc
+        except (UnicodeEncodeError, OverflowError) as exc:  # what sqlite3 cannot bind
+            raise StoreError(
+                f"could not {doing} in {self.path}: {type(exc).__name__}: {exc}; session ids "
+                "must be valid Unicode text and seqs below 2**63",
+                session_id=session_id,
             ) from exc
 
     @contextlib.contextmanager

@@ -1,0 +1,489 @@
+"""SQLiteStore specifics: pragmas, schema, claims across objects and processes, bad files.
+
+The rules every store keeps are in test_store_contract.py; here is what only
+SQLite has. Child processes are plain ``python -c`` scripts; every wait on
+them is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from nous_actor import Event, Log, Replace, Session
+from nous_actor.errors import ConflictError, StoreError
+from nous_actor.store import SQLiteStore
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+BOUND = 20.0  # seconds: the bound of every wait on a child process
+
+
+def ev(seq: int, content: str = "x") -> Event:
+    return Event(seq, "user_message", T0, {"content": content})
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "events.sqlite"
+
+
+@pytest.fixture
+def store(path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(path)
+    yield s
+    s.close()
+
+
+@contextlib.contextmanager
+def raw(path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain sqlite3 connection to the file (autocommit), bypassing the store."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def pragma(store: SQLiteStore, name: str) -> object:
+    # The store's own connection: synchronous is a per-connection setting.
+    return store._conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+# -- child processes ------------------------------------------------------------------------
+
+
+class Child:
+    """A ``python -c`` child whose stdout lines are read with a bound."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.endswith("\n"):  # not a line cut short by SIGKILL
+                self.lines.put(line[:-1])
+        self.lines.put(None)
+
+    def expect(self, prefix: str) -> str:
+        """The next line, which must start with ``prefix`` (waits at most BOUND)."""
+        try:
+            line = self.lines.get(timeout=BOUND)
+        except queue.Empty:
+            raise AssertionError(f"child said nothing within {BOUND} s") from None
+        if line is None:
+            raise AssertionError(f"child ended, expected {prefix!r}; stderr: {self.stderr()}")
+        if not line.startswith(prefix):
+            raise AssertionError(f"child said {line!r}, expected {prefix!r}")
+        return line
+
+    def rest(self) -> list[str]:
+        """Every line still to come, up to the child's end (which must come within BOUND)."""
+        out: list[str] = []
+        while (line := self.lines.get(timeout=BOUND)) is not None:
+            out.append(line)
+        return out
+
+    def finish(self) -> int:
+        """Close the child's stdin and wait (bounded) for it to exit."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=BOUND)
+
+    def kill(self) -> None:
+        """SIGKILL the child and reap it (a zombie's pid still looks alive)."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=BOUND)
+
+    def stderr(self) -> str:
+        """What the child wrote to stderr, once it has exited (else "")."""
+        try:
+            self.proc.wait(timeout=BOUND)
+        except subprocess.TimeoutExpired:
+            return ""
+        return "" if self.proc.stderr is None else self.proc.stderr.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for child in started:
+        child.close()
+
+
+CLAIMER = """
+import sys
+from nous_actor.store import SQLiteStore
+path, session_id, on_exit = sys.argv[1:]
+store = SQLiteStore(path)
+token = store.claim(session_id)
+print("claimed", flush=True)
+sys.stdin.read()
+if on_exit == "release":
+    store.release(session_id, token)
+store.close()
+"""
+
+APPENDER = """
+import sys
+from nous_actor import Session
+from nous_actor.store import SQLiteStore
+session = Session.start("crash", store=SQLiteStore(sys.argv[1]), timeout=10)
+print("started", flush=True)
+n = 0
+while True:
+    futures = [session.append("user_message", {"content": f"m{n + k}"}) for k in range(7)]
+    n += 7
+    for f in futures:
+        sys.stdout.write(f"acked {f.get().seq}\\n")  # one write: PYTHONUNBUFFERED may be set
+        sys.stdout.flush()
+"""
+
+
+# -- pragmas and schema -----------------------------------------------------------------------
+
+
+def test_a_file_store_runs_in_wal_mode(store: SQLiteStore, path: Path) -> None:
+    """A file store uses the WAL journal, and the file stays in WAL for other connections."""
+    assert pragma(store, "journal_mode") == "wal"
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+@pytest.mark.parametrize(("durability", "level"), [("full", 2), ("normal", 1)])
+def test_durability_sets_synchronous(path: Path, durability: str, level: int) -> None:
+    """durability="full" is synchronous=FULL (2), "normal" is NORMAL (1)."""
+    with SQLiteStore(path, durability=durability) as store:  # type: ignore[arg-type]
+        assert store.durability == durability
+        assert pragma(store, "synchronous") == level
+
+
+def test_durability_defaults_to_full(store: SQLiteStore) -> None:
+    """Without durability=, every commit is fsynced (synchronous=FULL)."""
+    assert store.durability == "full"
+    assert pragma(store, "synchronous") == 2
+
+
+def test_an_unknown_durability_is_a_value_error(path: Path) -> None:
+    """durability must be "full" or "normal"; anything else is refused before opening."""
+    with pytest.raises(ValueError, match="durability must be 'full' or 'normal'"):
+        SQLiteStore(path, durability="fast")  # type: ignore[arg-type]
+    assert not path.exists()
+
+
+def test_the_primary_key_is_session_and_seq(store: SQLiteStore, path: Path) -> None:
+    """The events table's PRIMARY KEY is (session_id, seq), in that order."""
+    with raw(path) as conn:
+        cols = conn.execute("PRAGMA table_info(events)").fetchall()
+    pk = sorted((c[5], c[1]) for c in cols if c[5])
+    assert [name for _, name in pk] == ["session_id", "seq"]
+
+
+def test_the_database_itself_refuses_a_duplicate_seq(store: SQLiteStore, path: Path) -> None:
+    """A raw INSERT of a stored (session_id, seq), bypassing the store, fails in SQLite."""
+    store.write({"s": [ev(0)]})
+    row = ("s", 0, "user_message", "2026-01-01T00:00:00.000000+00:00", '{"content":"fork"}')
+    with raw(path) as conn, pytest.raises(sqlite3.IntegrityError):
+        conn.execute(
+            "INSERT INTO events (session_id, seq, type, time, data) VALUES (?,?,?,?,?)", row
+        )
+    assert store.load("s") == [ev(0)]
+
+
+def test_events_are_stored_in_their_json_form(store: SQLiteStore, path: Path) -> None:
+    """A row holds the type's name, the time as ISO-8601 with microseconds, data as JSON."""
+    summary = Event(1, "system_message", T0, {"content": "s", "surface_op": Replace(0, 0)})
+    store.write({"s": [ev(0), summary]})
+    with raw(path) as conn:
+        rows = conn.execute("SELECT seq, type, time, data FROM events ORDER BY seq").fetchall()
+    assert rows[0][1:3] == ("user_message", "2026-01-01T12:00:00.123456+00:00")
+    assert json.loads(rows[1][3]) == {"content": "s", "surface_op": ["replace", 0, 0]}
+
+
+def test_a_second_writer_object_on_the_same_file_gets_a_conflict(path: Path) -> None:
+    """Two store objects on one file: a seq one stored is refused to the other."""
+    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+        first.write({"s": [ev(0, "first")]})
+        refused = second.write({"s": [ev(0, "second")]})
+        assert isinstance(refused["s"], ConflictError)
+        assert second.load("s") == [ev(0, "first")]
+
+
+def test_events_survive_closing_and_reopening_the_file(path: Path) -> None:
+    """A store reopened on the same file loads what an earlier store object wrote."""
+    log = Log().append("user_message", {"content": "a"}, T0)
+    log = log.append("system_message", {"content": "b", "surface_op": Replace(0, 0)}, T0)
+    with SQLiteStore(path) as store:
+        store.write({"s": log.events()})
+    with SQLiteStore(path, durability="normal") as store:
+        assert store.load("s") == log.events()
+
+
+# -- claims in one process ---------------------------------------------------------------------
+
+
+def test_a_second_store_object_cannot_claim_a_claimed_session(path: Path) -> None:
+    """A claim made through one store object holds against another on the same file."""
+    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+        first.claim("s")
+        with pytest.raises(ConflictError, match="live writer in this process"):
+            second.claim("s")
+
+
+def test_a_second_store_object_can_claim_after_release(path: Path) -> None:
+    """Once the holder releases, another store object on the file can claim."""
+    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+        token = first.claim("s")
+        first.release("s", token)
+        second.claim("s")
+
+
+def test_a_second_session_on_another_store_object_is_refused(path: Path) -> None:
+    """Session.start on a second store object of the same file raises ConflictError."""
+    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+        session = Session.start("s", store=first, timeout=BOUND)
+        session.append("user_message", {"content": "a"}).get()
+        with pytest.raises(ConflictError):
+            Session.start("s", store=second, timeout=BOUND)
+        session.append("user_message", {"content": "b"}).get()
+        session.stop()
+        assert [e.data["content"] for e in second.load("s")] == ["a", "b"]
+
+
+# -- claims across processes -------------------------------------------------------------------
+
+
+def test_another_process_cannot_claim_while_the_holder_lives(
+    path: Path, store: SQLiteStore, children: list[Child]
+) -> None:
+    """While a live process holds a claim, a claim from this process raises ConflictError."""
+    child = Child(CLAIMER, str(path), "s", "release")
+    children.append(child)
+    child.expect("claimed")
+    with pytest.raises(ConflictError, match=f"live writer in process {child.proc.pid}"):
+        store.claim("s")
+
+
+def test_another_process_can_claim_after_the_holder_exits(
+    path: Path, store: SQLiteStore, children: list[Child]
+) -> None:
+    """After the holding process released and exited, the session can be claimed here."""
+    child = Child(CLAIMER, str(path), "s", "release")
+    children.append(child)
+    child.expect("claimed")
+    assert child.finish() == 0
+    store.claim("s")
+
+
+def test_a_stale_claim_of_a_killed_process_is_taken_over(
+    path: Path, store: SQLiteStore, children: list[Child]
+) -> None:
+    """A claim left by a SIGKILLed process (its row still there) is taken over."""
+    child = Child(CLAIMER, str(path), "s", "release")
+    children.append(child)
+    child.expect("claimed")
+    child.kill()
+    with raw(path) as conn:
+        holders = conn.execute("SELECT pid FROM writers WHERE session_id = 's'").fetchall()
+    assert holders == [(child.proc.pid,)]
+    store.claim("s")
+    with pytest.raises(ConflictError, match="this process"):
+        store.claim("s")
+
+
+def test_sigkill_during_appends_loses_no_acknowledged_event(
+    path: Path, children: list[Child]
+) -> None:
+    """A writer killed mid-stream leaves a healthy file holding every acknowledged event,
+    and a gapless prefix (an unacknowledged append is wholly there or absent)."""
+    child = Child(APPENDER, str(path))
+    children.append(child)
+    child.expect("started")
+    acked = [int(child.expect("acked").split()[1]) for _ in range(60)]
+    child.kill()
+    acked += [int(line.split()[1]) for line in child.rest() if line.startswith("acked")]
+    with SQLiteStore(path) as store:
+        assert store.integrity_check() == "ok"
+        seqs = [e.seq for e in store.load("crash")]
+        assert seqs == list(range(len(seqs))), "the stored events have a hole"
+        assert max(acked) < len(seqs), "an acknowledged event is missing"
+        recovered = Session.start("crash", store=store, timeout=BOUND)
+        assert recovered.count().get() == len(seqs)
+        assert recovered.append("user_message", {"content": "after"}).get().seq == len(seqs)
+        recovered.stop()
+
+
+# -- files that are not (usable) stores -----------------------------------------------------------
+
+OPEN_UNPRIVILEGED = """
+import json, os, sys
+from nous_actor.store import SQLiteStore
+if os.geteuid() == 0:  # root writes read-only files anyway: drop to nobody
+    os.setgid(65534)
+    os.setuid(65534)
+try:
+    SQLiteStore(sys.argv[1]).load("s")
+except BaseException as exc:
+    print(json.dumps([type(exc).__module__ + "." + type(exc).__name__, str(exc)]))
+else:
+    print(json.dumps(["opened", ""]))
+"""
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder the unprivileged user can enter (pytest's tmp_path is private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="nous-ro-"))
+    folder.chmod(0o755)
+    yield folder
+    folder.chmod(0o755)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_read_only_file_raises_store_error_with_a_hint(shared_dir: Path) -> None:
+    """Opening a store the process may not write raises StoreError saying to fix permissions."""
+    db = shared_dir / "events.sqlite"
+    with SQLiteStore(db) as store:
+        store.write({"s": [ev(0)]})
+    db.chmod(0o444)
+    shared_dir.chmod(0o555)
+    run = subprocess.run(
+        [sys.executable, "-c", OPEN_UNPRIVILEGED, str(db)],
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        check=True,
+    )
+    kind, message = json.loads(run.stdout)
+    assert kind == "nous_actor.errors.StoreError"
+    assert "read-only" in message
+    assert "fix permissions" in message
+
+
+def test_a_file_that_is_not_a_database_raises_store_error(path: Path) -> None:
+    """A file of other bytes is refused with StoreError naming it, not sqlite3.DatabaseError."""
+    path.write_bytes(b"this is a text file, not SQLite\n" * 200)
+    with pytest.raises(StoreError, match=r"not a \(healthy\) SQLite database") as info:
+        SQLiteStore(path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes().startswith(b"this is a text file")
+
+
+def test_an_unknown_schema_version_raises_store_error(path: Path) -> None:
+    """A store written by a newer nous_actor (user_version 99) is refused with an upgrade hint."""
+    with raw(path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(StoreError, match=r"schema version 99.*upgrade nous_actor"):
+        SQLiteStore(path)
+
+
+def test_another_applications_database_is_refused_and_left_unchanged(path: Path) -> None:
+    """A SQLite file holding another application's tables is refused and not modified."""
+    with raw(path) as conn:
+        conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, payload TEXT)")
+        conn.execute("INSERT INTO events (payload) VALUES ('theirs')")
+    with pytest.raises(StoreError, match="not a nous_actor store"):
+        SQLiteStore(path).close()
+    with raw(path) as conn:
+        tables = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        assert tables == [("events",)]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+
+
+def test_an_empty_sqlite_file_is_accepted_as_a_new_store(path: Path) -> None:
+    """A SQLite file with no tables yet (e.g. just created) becomes a store."""
+    sqlite3.connect(path).close()
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+        assert store.load("s") == [ev(0)]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("data", "{not json"), ("type", "no_such_type"), ("time", "yesterday")],
+)
+def test_a_malformed_stored_row_raises_store_error_on_load(
+    store: SQLiteStore, path: Path, column: str, value: str
+) -> None:
+    """A row damaged outside the store makes load raise StoreError naming the session."""
+    store.write({"s": [ev(0)]})
+    with raw(path) as conn:
+        conn.execute(f"UPDATE events SET {column} = ? WHERE session_id = 's'", (value,))
+    with pytest.raises(StoreError, match="stored event is malformed") as info:
+        store.load("s")
+    assert info.value.session_id == "s"
+
+
+def test_a_write_lock_held_too_long_raises_store_error_with_a_hint(path: Path) -> None:
+    """When another connection holds the write lock past timeout=, write raises StoreError."""
+    with SQLiteStore(path, timeout=0.05) as store:
+        with raw(path) as holder:
+            holder.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreError, match="another process holds the write lock"):
+                store.write({"s": [ev(0)]})
+        assert store.write({"s": [ev(0)]}) == {}
+
+
+# -- integrity and life ---------------------------------------------------------------------
+
+
+def test_integrity_check_is_ok_on_a_healthy_store(store: SQLiteStore) -> None:
+    """integrity_check() returns "ok" for a store in use."""
+    store.write({"s": [ev(i) for i in range(50)]})
+    store.drop("s", list(range(0, 50, 2)))
+    assert store.integrity_check() == "ok"
+
+
+def test_integrity_check_on_a_closed_store_raises_store_error(store: SQLiteStore) -> None:
+    """integrity_check() after close() raises StoreError saying to open a new store."""
+    store.close()
+    with pytest.raises(StoreError, match="closed; open a new one"):
+        store.integrity_check()
+
+
+def test_leaving_the_with_block_closes_the_store(path: Path) -> None:
+    """SQLiteStore is a context manager that closes itself on exit."""
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+    with pytest.raises(StoreError):
+        store.load("s")
+
+
+def test_an_in_memory_store_is_not_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLiteStore(":memory:") creates no file and keeps its events in the process."""
+    monkeypatch.chdir(tmp_path)
+    with SQLiteStore(":memory:") as store:
+        store.write({"s": [ev(0)]})
+        assert store.load("s") == [ev(0)]
+        assert store.path == ":memory:"
+    assert list(tmp_path.iterdir()) == []
