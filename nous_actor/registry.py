@@ -102,6 +102,7 @@ class Sessions:
         self._gave_up: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
         self._expected: set[str] = set()  # urns of sessions stopped on purpose
+        self._previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
         self._closed = False
         self._reaper_stop = threading.Event()
         if idle_timeout is not None:
@@ -126,8 +127,8 @@ class Sessions:
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"session_id must be a non-empty str, got {session_id!r}")
         with self._lock:
-            self._gave_up.pop(session_id, None)
-            self._intensity.pop(session_id, None)
+            if self._gave_up.pop(session_id, None) is not None:
+                self._intensity.pop(session_id, None)  # a fresh chance, asked for by name
             self._resolve(session_id)
         return Session(
             session_id,
@@ -209,6 +210,16 @@ class Sessions:
                 f"(max_sessions={self.max_sessions}); close or passivate some "
                 "(idle_timeout=), or raise max_sessions"
             )
+        previous = self._previous.pop(session_id, None)
+        if previous is not None:  # its appends still in flight must land first
+            released: threading.Event | None = getattr(previous, "released", None)
+            if released is not None and not released.wait(self.timeout):
+                self._previous[session_id] = previous
+                raise SessionStopped(
+                    session_id,
+                    f"its previous actor still holds the store after {self.timeout:g} s "
+                    "(a commit is stuck); try again later",
+                )
         ready: SessionFuture[None] = SessionFuture(session_id, self.timeout)
         ref = start_monitored(
             lambda: SessionActor.start(
@@ -223,6 +234,8 @@ class Sessions:
         except BaseException:
             if self._live.get(session_id) is ref:
                 del self._live[session_id]
+            self._expected.add(ref.actor_urn)  # counted by whoever called us, not again
+            self._previous[session_id] = ref
             raise
         return ref
 
@@ -231,6 +244,7 @@ class Sessions:
         if ref is None:
             return
         self._expected.add(ref.actor_urn)
+        self._previous[session_id] = ref
         try:
             ref.stop(block=True, timeout=self.timeout if timeout is None else timeout)
         except pykka.Timeout:
@@ -254,7 +268,9 @@ class Sessions:
             ref = self._live.get(session_id)
             current = ref is not None and ref.actor_urn == exit.urn
             if current:
+                assert ref is not None
                 del self._live[session_id]
+                self._previous[session_id] = ref
             if exit.normal or self._closed:
                 return
             assert exit.reason is not None

@@ -123,6 +123,10 @@ class SessionActor(SupervisedActor):
         self._done: list[tuple[tuple[Event, ...], StoreError | None]] = []
         self._done_lock = threading.Lock()
         self._release_after: Event | None = None
+        # Set once this session has let go of the store (its last append in flight
+        # landed): a successor waits for it before it claims the session.
+        self.released = threading.Event()
+        setattr(self.actor_ref, "released", self.released)  # noqa: B010
 
     def on_start(self) -> None:
         try:
@@ -242,14 +246,17 @@ class SessionActor(SupervisedActor):
             self._release_claim()
 
     def _release_claim(self) -> None:
-        if self.store is not None and self.claim_token is not None:
-            token, self.claim_token = self.claim_token, None
-            try:
-                self.store.release(self.session_id, token)
-            except Exception as exc:
-                logger.warning(
-                    "session.release_failed", session_id=self.session_id, error=str(exc)
-                )
+        try:
+            if self.store is not None and self.claim_token is not None:
+                token, self.claim_token = self.claim_token, None
+                try:
+                    self.store.release(self.session_id, token)
+                except Exception as exc:
+                    logger.warning(
+                        "session.release_failed", session_id=self.session_id, error=str(exc)
+                    )
+        finally:
+            self.released.set()
 
     def _drain(self, err: SessionStopped) -> None:
         """Answer every call still in the inbox (run only after ``actor_stopped`` is set)."""

@@ -106,10 +106,14 @@ class SQLiteStore:
             self._conn.execute(f"PRAGMA synchronous = {durability.upper()}")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
-            tables = self._conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
-            ).fetchone()[0]
-            if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables):
+            tables = {
+                r[0]
+                for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            ours = app_id == APPLICATION_ID or (
+                app_id == 0 and version == SCHEMA_VERSION and {"events", "writers"} <= tables
+            )
+            if not ours and (app_id != 0 or tables):
                 raise StoreError(
                     f"{self.path} is another application's SQLite database, not a "
                     "nous_actor store; use a new file"
