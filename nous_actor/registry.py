@@ -211,6 +211,9 @@ class Sessions:
                 "(idle_timeout=), or raise max_sessions"
             )
         previous = self._previous.pop(session_id, None)
+        dead = self._live.get(session_id)
+        if dead is not None and not dead.is_alive():  # stopped; its exit not yet handled
+            previous = dead
         if previous is not None:  # its appends still in flight must land first
             released: threading.Event | None = getattr(previous, "released", None)
             if released is not None and not released.wait(self.timeout):
@@ -281,7 +284,16 @@ class Sessions:
                 intensity = self._intensity.setdefault(
                     session_id, RestartIntensity(self.max_restarts, self.max_seconds, self.clock)
                 )
-                intensity.allow()
+                if not intensity.allow():
+                    self._gave_up[session_id] = reason
+                    logger.error(
+                        "session.gave_up",
+                        session_id=session_id,
+                        reason=reason,
+                        restart_count=self._restarts.get(session_id, 0),
+                    )
+                    self._stop(session_id, "gave up")
+                    return
                 count = self._restarts[session_id] = self._restarts.get(session_id, 0) + 1
                 logger.warning(
                     "session.restart",

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
+from time import monotonic
 from typing import Any, Final, TypeVar
 
 import pykka
@@ -122,7 +123,8 @@ class SessionActor(SupervisedActor):
         self._fut: SessionFuture[Any] | None = None
         self._done: list[tuple[tuple[Event, ...], StoreError | None]] = []
         self._done_lock = threading.Lock()
-        self._release_after: Event | None = None
+        self._store_ops = 0  # submitted to the committer and not yet done
+        self._shutting = False
         # Set once this session has let go of the store (its last append in flight
         # landed): a successor waits for it before it claims the session.
         self.released = threading.Event()
@@ -192,9 +194,9 @@ class SessionActor(SupervisedActor):
             if fut is not None:
                 fut._fail(exc)
         except BaseException as exc:  # contain it: only this session stops
-            self._die(exc)
-            if fut is not None:
+            if fut is not None:  # first: this call crashed it (it did not miss it)
                 fut._fail(_crashed(self.session_id, exc))
+            self._die(exc)
         else:
             if fut is not None and result is not _DEFER:
                 fut._resolve(result)
@@ -235,14 +237,12 @@ class SessionActor(SupervisedActor):
         for sub in self.subscribers:
             sub._finish(feed_error)
         self.subscribers.clear()
-        # Keep the writer claim until the appends still with the committer are
-        # done: a successor must not recover the store before they land.
+        # Keep the writer claim until the work still with the committer (appends,
+        # snapshot drops) is done: a successor must not recover the store first.
         with self._done_lock:
-            landed = {id(e) for events, _ in self._done for e in events}
-            pending = [e for e in self.inflight if id(e) not in landed]
-            if pending:
-                self._release_after = pending[-1]
-        if not pending:
+            self._shutting = True
+            idle = self._store_ops == 0
+        if idle:
             self._release_claim()
 
     def _release_claim(self) -> None:
@@ -285,6 +285,8 @@ class SessionActor(SupervisedActor):
                 self._apply(ev)
             return result
         self.inflight.extend(events)
+        with self._done_lock:
+            self._store_ops += 1
         committer.submit(
             self.session_id, events, partial(self._on_commit, events, self._fut, result)
         )
@@ -307,7 +309,8 @@ class SessionActor(SupervisedActor):
         with self._done_lock:
             self._done.append((events, err))
             wake = len(self._done) == 1
-            last = self._release_after is not None and events[-1] is self._release_after
+            self._store_ops -= 1
+            last = self._shutting and self._store_ops == 0
         try:
             if last:
                 self._release_claim()
@@ -393,12 +396,19 @@ class SessionActor(SupervisedActor):
         fut = self._fut
 
         def done(err: StoreError | None) -> None:
+            with self._done_lock:
+                self._store_ops -= 1
+                last = self._shutting and self._store_ops == 0
+            if last:
+                self._release_claim()
             if fut is not None:
                 if err is None:
                     fut._resolve(len(dropped))
                 else:
                     fut._fail(err)
 
+        with self._done_lock:
+            self._store_ops += 1
         self.committer.submit_drop(self.session_id, dropped, done)
         return _DEFER
 
@@ -776,7 +786,13 @@ class Session:
     def stop(self, timeout: float | None = None) -> None:
         """Stop the session after the calls already queued; waits at most ``timeout``.
 
-        Calls made after this fail with :class:`~nous_actor.SessionStopped`.
+        Returns once the actor has stopped and, with a store, its appends and
+        snapshot drops still in flight are done and its writer claim is released
+        (so the session can be started again at once). Calls made after this
+        fail with :class:`~nous_actor.SessionStopped`.
+
+        Raises:
+            CallTimeout: not stopped within ``timeout``.
         """
         ref = self._ref or self._actor()
         bound = self.timeout if timeout is None else timeout
@@ -786,11 +802,12 @@ class Session:
         # Wait for the actor's thread to finish, not for the reply to the stop
         # request: Pykka leaves a request unanswered if it lands after the
         # actor's last look at its inbox.
+        deadline = monotonic() + bound
         finished: threading.Event = getattr(ref, "finished")  # noqa: B009
-        if not finished.wait(min(bound, threading.TIMEOUT_MAX)):
-            raise CallTimeout(
-                self.session_id, f"did not stop within {bound:g} s (a long call is running)"
-            )
+        released: threading.Event = getattr(ref, "released")  # noqa: B009
+        for done, what in ((finished, "a long call is running"), (released, "a commit is slow")):
+            if not done.wait(min(max(deadline - monotonic(), 0), threading.TIMEOUT_MAX)):
+                raise CallTimeout(self.session_id, f"did not stop within {bound:g} s ({what})")
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r}>"

@@ -32,6 +32,7 @@ import structlog
 from nous_actor.errors import NousActorError
 
 __all__ = [
+    "ActorCrashed",
     "Backoff",
     "ChildSpec",
     "Exit",
@@ -47,6 +48,10 @@ Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
 RestartType = Literal["permanent", "transient", "temporary"]
 Clock = Callable[[], float]
 Scheduler = Callable[[float, Callable[[], None]], None]
+
+
+class ActorCrashed(NousActorError):
+    """The actor crashed while handling this call (a ``BaseException``); it is stopped."""
 
 
 class RestartIntensityExceeded(NousActorError):
@@ -100,6 +105,18 @@ class SupervisedActor(pykka.ThreadingActor):
         # the one signal that an actor has really stopped. Reachable from its ref.
         self.finished = threading.Event()
         setattr(self.actor_ref, "finished", self.finished)  # noqa: B010
+        # Set once on_start has returned (or failed): a supervisor starts its
+        # children one after the other, each done starting before the next.
+        self.started = threading.Event()
+        setattr(self.actor_ref, "started", self.started)  # noqa: B010
+
+    def _actor_loop_setup(self) -> None:
+        try:
+            super()._actor_loop_setup()  # Pykka catches an Exception from on_start
+        except BaseException as exc:  # ... but not a BaseException: a crash too
+            self._crash(exc)
+        finally:
+            self.started.set()
 
     def _handle_receive(self, message: Any) -> Any:
         try:
@@ -108,7 +125,13 @@ class SupervisedActor(pykka.ThreadingActor):
             raise
         except BaseException as exc:  # contain it: stop only this actor
             self._crash(exc)
-            return None
+            # An ask gets this instead of an answer (Pykka would send None).
+            raise ActorCrashed(
+                f"{self} crashed with {type(exc).__name__} in an ask and stopped"
+            ) from exc
+
+    def _cleanup(self) -> None:
+        """Hook run in the actor's thread when it has stopped, however it stopped."""
 
     def _handle_failure(self, exc_type: Any, exc_value: Any, tb: Any) -> None:
         if self.exit_reason is None and exc_value is not None:
@@ -126,13 +149,16 @@ class SupervisedActor(pykka.ThreadingActor):
         try:
             super()._actor_loop()
         finally:
-            self.finished.set()
-            monitor, self._monitor = self._monitor, None
-            if monitor is not None:
-                try:
-                    monitor(Exit(self.actor_urn, self.exit_reason))
-                except Exception as exc:  # a broken monitor must not hide the exit
-                    logger.error("actor.monitor_failed", urn=self.actor_urn, error=str(exc))
+            try:
+                self._cleanup()
+                monitor, self._monitor = self._monitor, None
+                if monitor is not None:
+                    try:
+                        monitor(Exit(self.actor_urn, self.exit_reason))
+                    except Exception as exc:  # a broken monitor must not hide the exit
+                        logger.error("actor.monitor_failed", urn=self.actor_urn, error=str(exc))
+            finally:
+                self.finished.set()  # the very last thing: the exit has been reported
 
 
 @dataclass(frozen=True)
@@ -285,6 +311,12 @@ class Supervisor(SupervisedActor):
         self._stopping = True
         self._stop_children(self.specs)
 
+    def _cleanup(self) -> None:
+        # However the supervisor ended (a crash skips on_stop), no child outlives it.
+        if any(ref is not None for ref in self.refs.values()):
+            self._stopping = True
+            self._stop_children(self.specs)
+
     def _start_child(self, spec: ChildSpec) -> None:
         me = self.actor_ref
 
@@ -294,7 +326,15 @@ class Supervisor(SupervisedActor):
             except pykka.ActorDeadError:
                 pass
 
-        self.refs[spec.id] = start_monitored(spec.start, monitor)
+        ref = self.refs[spec.id] = start_monitored(spec.start, monitor)
+        started: threading.Event | None = getattr(ref, "started", None)
+        if started is not None and not started.wait(spec.shutdown_timeout):
+            logger.warning(
+                "supervisor.slow_start",
+                supervisor=self.name,
+                child=spec.id,
+                reason=f"on_start still running after {spec.shutdown_timeout:g} s",
+            )
         logger.debug("supervisor.child_started", supervisor=self.name, child=spec.id)
 
     def _stop_children(self, specs: Sequence[ChildSpec]) -> None:
@@ -384,7 +424,13 @@ class Supervisor(SupervisedActor):
             group = list(self.specs)
         else:
             group = self.specs[i:]
-        self._stop_children([s for s in group if s is not spec])
+        others = [s for s in group if s is not spec]
+        self._stop_children(others)
+        for s in others:  # a temporary child is never restarted, not even with its group
+            if s.restart == "temporary":
+                self.specs.remove(s)
+                self.refs.pop(s.id, None)
+                group.remove(s)
         for s in group:
             if self.refs.get(s.id) is None:
                 try:
