@@ -530,6 +530,7 @@ def test_call_during_crash_teardown_reaches_the_restarted_session(
     append(h, "a")
     faulty.release_delay = 0.5
     faulty.releasing.clear()
+    old = h._ref
     crashing = h._call(boom(Boom("crash")))
     assert faulty.releasing.wait(BOUND)  # the dead actor is releasing its claim
     try:
@@ -537,6 +538,7 @@ def test_call_during_crash_teardown_reaches_the_restarted_session(
     finally:
         with pytest.raises(SessionCrashed):
             crashing.get()
+    assert getattr(old, "finished").wait(BOUND)  # noqa: B009  (its exit is reported)
     assert reg.restart_count("chat") == 1
 
 

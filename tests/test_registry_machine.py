@@ -25,8 +25,8 @@ from nous_actor import (
     EventType,
     MemoryStore,
     Session,
+    SessionCrashed,
     Sessions,
-    SessionStopped,
     SQLiteStore,
     Store,
 )
@@ -112,8 +112,7 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @rule(handle=handles)
     def crash(self, handle: Session) -> None:
-        # SessionCrashed; SessionStopped in a race pinned by an xfail test in test_registry.py
-        with pytest.raises(SessionStopped):
+        with pytest.raises(SessionCrashed):
             handle._call(_boom).get()
         self.restarted.get(timeout=BOUND)  # the registry has restarted it
         self.crashes[handle.session_id] += 1
