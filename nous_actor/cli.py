@@ -18,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import structlog
 
@@ -30,7 +30,14 @@ from nous_actor.log import Log
 from nous_actor.store.base import export_session, import_session
 from nous_actor.store.sqlite import SQLiteStore
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nous_actor.session import Session
+
 __all__ = ["main"]
+
+T = TypeVar("T")
 
 
 class _Failure(Exception):
@@ -198,16 +205,21 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fork(args: argparse.Namespace) -> int:
+def _with_session(args: argparse.Namespace, work: Callable[[Session], T]) -> T:
+    """Run ``work`` on the stored session ``args.session_id``, started and stopped here."""
     from nous_actor.session import Session
 
     store = _open_existing(args.db)
     _load(store, args.session_id)
-    source = Session.start(args.session_id, store=store)
+    session = Session.start(args.session_id, store=store)
     try:
-        forked = source.fork(args.through, args.new_id).get()
+        return work(session)
     finally:
-        source.stop()
+        session.stop()
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    forked = _with_session(args, lambda s: s.fork(args.through, args.new_id).get())
     _emit(
         args,
         {
@@ -223,16 +235,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from nous_actor.session import Session
-
-    store = _open_existing(args.db)
-    _load(store, args.session_id)
-    s = Session.start(args.session_id, store=store)
-    try:
-        dropped = s.snapshot().get()
-        kept = len(s.events().get())
-    finally:
-        s.stop()
+    dropped, kept = _with_session(args, lambda s: (s.snapshot().get(), len(s.events().get())))
     _emit(
         args,
         {"session_id": args.session_id, "dropped": dropped, "retained": kept},

@@ -351,26 +351,28 @@ class Log:
             self._fold = fold
         return fold
 
-    def _read(self, attr: str) -> list[Any]:
+    def _read(self, *attrs: str) -> list[list[Any]]:
         # Copy, then check the fold was not handed to a newer version meanwhile:
         # a claim is always made before the lists are touched.
         fold = self._folded()
-        out: list[Any] = getattr(fold, attr)[:]
+        out: list[list[Any]] = [getattr(fold, a)[:] for a in attrs]
         if fold.claim:
-            out = getattr(_full_fold(self._events, self._n), attr)
+            fresh = _full_fold(self._events, self._n)
+            out = [getattr(fresh, a) for a in attrs]
         return out
 
     def surface(self) -> list[Event]:
         """Surface-typed events no later replace has shadowed, in position order."""
-        return self._read("evs")
+        return self._read("evs")[0]
 
     def derive_messages(self) -> list[Message]:
         """The surface projected to messages (DESIGN.md §3 projection)."""
-        return self._read("msgs")
+        return self._read("msgs")[0]
 
     def derive_indexed(self) -> list[tuple[int, Message]]:
         """``(seq, message)`` for each surface event, in surface order."""
-        return [(ev.seq, project(ev)) for ev in self._read("evs")]
+        seqs, msgs = self._read("seqs", "msgs")
+        return list(zip(seqs, msgs, strict=True))
 
     def materialize(self) -> tuple[list[Message], Log]:
         """Derive the messages and return them with a log whose fold is memoised.
@@ -378,7 +380,7 @@ class Log:
         Appends to the returned log (plain ones and replaces) keep the fold
         current incrementally.
         """
-        return self._read("msgs"), self
+        return self._read("msgs")[0], self
 
     def snapshot(self) -> Log:
         """A log without the shadowed events: surface, ``count()`` and surviving seqs unchanged.

@@ -245,6 +245,16 @@ class SessionActor(SupervisedActor):
         if idle:
             self._release_claim()
 
+    def _store_op_done(self) -> None:
+        """One submitted store operation finished (committer thread). If the session
+        stopped meanwhile and this was the last, give up the claim now: before the
+        caller's acknowledgement, so whoever saw it can reopen the session at once."""
+        with self._done_lock:
+            self._store_ops -= 1
+            last = self._shutting and self._store_ops == 0
+        if last:
+            self._release_claim()
+
     def _release_claim(self) -> None:
         try:
             if self.store is not None and self.claim_token is not None:
@@ -309,11 +319,8 @@ class SessionActor(SupervisedActor):
         with self._done_lock:
             self._done.append((events, err))
             wake = len(self._done) == 1
-            self._store_ops -= 1
-            last = self._shutting and self._store_ops == 0
         try:
-            if last:
-                self._release_claim()
+            self._store_op_done()
             if fut is not None:
                 if err is None:
                     fut._resolve(result)
@@ -396,11 +403,7 @@ class SessionActor(SupervisedActor):
         fut = self._fut
 
         def done(err: StoreError | None) -> None:
-            with self._done_lock:
-                self._store_ops -= 1
-                last = self._shutting and self._store_ops == 0
-            if last:
-                self._release_claim()
+            self._store_op_done()
             if fut is not None:
                 if err is None:
                     fut._resolve(len(dropped))
