@@ -7,6 +7,17 @@
   ``RuleBasedStateMachine`` driving a session against the pure ``Log`` as model.
 """
 
+try:
+    import hypothesis  # noqa: F401  (the strategies and machines below are built on it)
+except ModuleNotFoundError as exc:
+    if exc.name is None or exc.name.split(".")[0] != "hypothesis":
+        raise
+    raise ModuleNotFoundError(
+        "nous_actor.testing needs Hypothesis, which is not installed; "
+        "install the testing extra: pip install 'nous-actor[testing]'",
+        name="hypothesis",
+    ) from exc
+
 from nous_actor.testing.machines import SessionMachine
 from nous_actor.testing.reference import (
     reference_derive_indexed,
