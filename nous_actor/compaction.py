@@ -32,19 +32,30 @@ the log (until a snapshot), so audit, fork and rewind still see them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import asyncio
+import inspect
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import structlog
 
+from nous_actor._frozen import short_repr
 from nous_actor.errors import NousActorError
 from nous_actor.event import Event, EventType
 from nous_actor.log import Log
 from nous_actor.message import Message, Role
 
-__all__ = ["CompactionError", "CompactionResult", "Compactor", "estimate_tokens"]
+__all__ = [
+    "CompactionError",
+    "CompactionResult",
+    "Compactor",
+    "Plan",
+    "estimate_tokens",
+    "new_compaction_id",
+]
 
 logger = structlog.get_logger(__name__)
 
@@ -80,19 +91,95 @@ def _default_pruned(message: Message, tokens: int) -> str:
 
 @dataclass(frozen=True)
 class CompactionResult:
-    """What a compaction did. ``log`` is the new log (the same object if nothing was done)."""
+    """What a compaction did. ``log`` is the new log (the same object if nothing was done).
+
+    ``within_budget`` says whether the surface ended at or under the budget: a
+    compaction that could not get there (a huge recent tail, nothing left to
+    summarise) still does what it can, says so here and logs a warning.
+    """
 
     log: Log
     estimate_before: int
     estimate_after: int
-    pruned: list[int] = field(default_factory=list)
+    pruned: tuple[int, ...] = ()
     summarised: tuple[int, int] | None = None
     summary_seq: int | None = None
     record_seq: int | None = None
+    compaction_id: str | None = None
+    budget: int | None = None
 
     @property
     def changed(self) -> bool:
+        """Whether anything was appended."""
         return self.record_seq is not None
+
+    @property
+    def within_budget(self) -> bool:
+        """Whether the surface's estimate is at or under the budget afterwards."""
+        return self.budget is None or self.estimate_after <= self.budget
+
+
+Summariser = Callable[[Sequence[Message]], "str | Awaitable[str]"]
+"""Turns the messages to summarise into the summary text: a plain callable, or a
+coroutine function (``async def summarise(messages) -> str``)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A compaction worked out from one consistent surface, before any summary exists.
+
+    Made by :meth:`Compactor.plan` (cheap: no summariser call); turned into
+    events by :meth:`Compactor.events` once the summary text is known (or at
+    once if ``summary_input`` is empty). Positions do not move as a log grows,
+    so a plan stays valid whatever is appended after ``count`` — unless a replace
+    appended meanwhile overlaps :attr:`ranges` (see :meth:`overlaps`).
+    """
+
+    count: int
+    """``count()`` of the log the plan was made from."""
+    before: int
+    prunes: tuple[tuple[int, int, dict[str, Any], Message], ...]
+    """``(seq, position, data, pruned message)`` for each tool result to prune."""
+    summary_input: tuple[Message, ...]
+    """The messages the summariser must turn into text (empty: no summary)."""
+    summary_range: tuple[int, int] | None
+    summary_seqs: tuple[int | None, ...]
+    """The seqs of the summarised surface entries (``None`` for a pruned entry,
+    whose replacement's seq is known only when the plan is appended)."""
+    head: tuple[Message, ...]
+    tail: tuple[Message, ...]
+    """The messages kept before and after the summarised range (pruned ones as pruned)."""
+
+    @property
+    def needs_summary(self) -> bool:
+        """Whether a summary must be written before the plan can be appended."""
+        return bool(self.summary_input)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to do: under budget, or nothing that can be pruned or summarised."""
+        return not self.prunes and not self.summary_input
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """Every position range the plan replaces."""
+        out = [(p, p) for _, p, _, _ in self.prunes]
+        if self.summary_range is not None:
+            out.append(self.summary_range)
+        return out
+
+    def overlaps(self, appended: Sequence[Event]) -> Event | None:
+        """The first of ``appended`` (events added after the plan was made) that would
+        make the plan wrong: a replace overlapping one of its ranges, or any event
+        standing inside them. ``None`` if the plan can still be applied as it is."""
+        ranges = self.ranges
+        for ev in appended:
+            op = ev.surface_op
+            lo, hi = (op.start, op.stop) if op is not None else (ev.position, ev.position)
+            for s, e in ranges:
+                if lo <= e and s <= hi:
+                    return ev
+        return None
 
 
 @dataclass(frozen=True)
@@ -101,8 +188,9 @@ class Compactor:
 
     Args:
         budget: compact when the estimate of the surface exceeds this.
-        summarise: turns the messages to summarise into the summary text
-            (a plain callable: the library makes no network calls).
+        summarise: turns the messages to summarise into the summary text: a
+            plain callable or a coroutine function (the library makes no
+            network calls). On a session it runs off the session's actor.
         keep_recent: how many of the newest surface messages are never
             pruned or summarised (more, if the boundary would split a tool call
             from its results).
@@ -114,7 +202,7 @@ class Compactor:
     """
 
     budget: int
-    summarise: Callable[[Sequence[Message]], str] | None = None
+    summarise: Summariser | None = None
     keep_recent: int = 6
     prune_over: int | None = 1000
     estimate: Callable[[Sequence[Message]], int] = estimate_tokens
@@ -130,122 +218,323 @@ class Compactor:
             raise ValueError(f"keep_recent must be an int >= 0, got {self.keep_recent!r}")
         if self.prune_over is not None and self.prune_over < 0:
             raise ValueError(f"prune_over must be None or >= 0, got {self.prune_over!r}")
+        if self.summarise is not None and not callable(self.summarise):
+            raise ValueError(
+                f"summarise must be a callable or a coroutine function, got {self.summarise!r}"
+            )
 
-    def compact(
-        self, log: Log, *, time: datetime | None = None, force: bool = False
-    ) -> CompactionResult:
-        """Compact ``log`` if its surface is over budget (always, with ``force``).
+    # -- the three steps -------------------------------------------------------------
+
+    def plan(self, surface: Sequence[Event], count: int, *, force: bool = False) -> Plan:
+        """Work out what to prune and what to summarise from ``surface`` (a log's
+        ``surface()`` at ``count``); see :attr:`Plan.empty` for nothing to do.
+
+        Cheap (no summariser call, O(surface)): a session does this on its actor.
 
         Raises:
-            CompactionError: the summariser failed or returned an empty summary;
-                ``log`` is unchanged (it is a value: nothing was appended to it).
+            CompactionError: a summary is needed and no summariser was given.
         """
-        surface = log.surface()
         messages = [_message(ev) for ev in surface]
         before = self.estimate(messages)
         if before <= self.budget and not force:
-            return CompactionResult(log, before, before)
+            return Plan(count, before, (), (), None, (), tuple(messages), ())
         tail_start = _tail_start(surface, messages, self.keep_recent)
-        new = log
-        pruned: list[int] = []
+        current = list(messages)
+        pruned_at: dict[int, int] = {}  # surface index -> prune number
+        prunes: list[tuple[int, int, dict[str, Any], Message]] = []
         if self.prune_over is not None:
-            for ev, m in zip(surface[:tail_start], messages[:tail_start], strict=True):
+            for i in range(tail_start):
+                ev, m = surface[i], messages[i]
                 if ev.type is not EventType.TOOL_RESULT:
                     continue
                 size = self.estimate([m])
                 if size <= self.prune_over:
                     continue
                 p = ev.position
-                new = new.append(
-                    "tool_result",
-                    {
-                        "content": self.pruned_text(m, size),
-                        "tool_call_id": m.tool_call_id,
-                        "name": m.name,
-                        "metadata": {"pruned": {"seq": ev.seq, "estimate": size}},
-                        "surface_op": ("replace", p, p),
-                    },
-                    time,
+                text = self.pruned_text(m, size)
+                meta = {"pruned": {"seq": ev.seq, "estimate": size}}
+                data: dict[str, Any] = {
+                    "content": text,
+                    "tool_call_id": m.tool_call_id,
+                    "name": m.name,
+                    "metadata": meta,
+                    "surface_op": ("replace", p, p),
+                }
+                short = Message.tool(
+                    text,
+                    tool_call_id=m.tool_call_id,
+                    name=m.name,
+                    metadata=meta,
+                    created_at=m.created_at,
                 )
-                pruned.append(ev.seq)
-        summarised: tuple[int, int] | None = None
-        summary_seq: int | None = None
-        current = new.derive_messages()
+                pruned_at[i] = len(prunes)
+                prunes.append((ev.seq, p, data, short))
+                current[i] = short
+        summary_input: tuple[Message, ...] = ()
+        summary_range: tuple[int, int] | None = None
+        summary_seqs: tuple[int | None, ...] = ()
+        head_end, tail_begin = len(current), len(current)
         if self.estimate(current) > self.budget or force:
-            surface2 = new.surface()
             # Leading system messages stay, except earlier summaries: a new
             # summary takes in the previous one with what followed it.
             head = 0
             while (
-                head < len(surface2)
-                and surface2[head].type is EventType.SYSTEM_MESSAGE
-                and not _is_summary(surface2[head])
+                head < len(surface)
+                and surface[head].type is EventType.SYSTEM_MESSAGE
+                and not _is_summary(surface[head])
             ):
                 head += 1
-            tail2 = _tail_start(surface2, [_message(e) for e in surface2], self.keep_recent)
-            lone_summary = tail2 - head == 1 and _is_summary(surface2[head])
-            if head < tail2 and not lone_summary:  # a summary of one summary gains nothing
+            lone_summary = tail_start - head == 1 and _is_summary(surface[head])
+            if head < tail_start and not lone_summary:  # a summary of one summary gains nothing
                 if self.summarise is None:
                     raise CompactionError(
                         "over budget after pruning and no summariser was given; "
                         "pass summarise=callable(messages) -> str"
                     )
-                chunk = surface2[head:tail2]
                 # Start the range right after the last message kept before it, so
                 # the bookkeeping that opened the summarised turns (turn_start,
                 # step_start) goes with them: no turn is left open by a summary.
-                range_start = surface2[head - 1].position + 1 if head else 0
-                try:
-                    text = self.summarise([_message(e) for e in chunk])
-                except Exception as exc:
-                    raise CompactionError(
-                        f"the summariser failed: {type(exc).__name__}: {exc}; log unchanged"
-                    ) from exc
-                if not isinstance(text, str) or not text.strip():
-                    raise CompactionError(
-                        f"the summariser returned an empty summary ({text!r}); log unchanged"
-                    )
-                start, stop = min(range_start, chunk[0].position), chunk[-1].position
-                new = new.append(
-                    "system_message",
-                    {
-                        "content": text,
-                        "metadata": {
-                            "summary": {"seqs": [e.seq for e in chunk], "range": [start, stop]}
-                        },
-                        "surface_op": ("replace", start, stop),
-                    },
-                    time,
+                range_start = surface[head - 1].position + 1 if head else 0
+                first, last = surface[head], surface[tail_start - 1]
+                summary_range = (min(range_start, first.position), last.position)
+                summary_input = tuple(current[head:tail_start])
+                summary_seqs = tuple(
+                    None if i in pruned_at else surface[i].seq for i in range(head, tail_start)
                 )
-                summarised = (start, stop)
-                summary_seq = new.count() - 1
-        if new is log:
-            return CompactionResult(log, before, before)
-        after = self.estimate(new.derive_messages())
-        new = new.append(
-            "step_end",
-            {
-                "step": "compaction",
-                "estimate_before": before,
-                "estimate_after": after,
-                "budget": self.budget,
-                "pruned": pruned,
-                "summarised": list(summarised) if summarised else None,
-                "summary_seq": summary_seq,
-            },
-            time,
+                head_end, tail_begin = head, tail_start
+        return Plan(
+            count=count,
+            before=before,
+            prunes=tuple(prunes),
+            summary_input=summary_input,
+            summary_range=summary_range,
+            summary_seqs=summary_seqs,
+            head=tuple(current[:head_end]),
+            tail=tuple(current[tail_begin:]),
         )
-        record_seq = new.count() - 1
+
+    def events(
+        self, plan: Plan, summary: str | None, first_seq: int, compaction_id: str
+    ) -> tuple[list[tuple[str, dict[str, Any]]], CompactionResult]:
+        """The ``(type, data)`` of each event to append for ``plan``, in order, when the
+        first of them gets ``first_seq``; and the result (its ``log`` is a placeholder
+        until the events are appended).
+
+        Raises:
+            CompactionError: the plan needs a summary and ``summary`` is empty.
+        """
+        if plan.needs_summary and (not isinstance(summary, str) or not summary.strip()):
+            raise CompactionError(
+                f"the summariser returned an empty summary ({short_repr(summary)}); log unchanged"
+            )
+        out: list[tuple[str, dict[str, Any]]] = [("tool_result", d) for _, _, d, _ in plan.prunes]
+        pruned = tuple(seq for seq, _, _, _ in plan.prunes)
+        seq = first_seq + len(out)
+        summarised: tuple[int, int] | None = None
+        summary_seq: int | None = None
+        surface_after = list(plan.head)
+        if plan.needs_summary and plan.summary_range is not None:
+            assert summary is not None
+            # Every pruned entry lies in the summarised range (only system messages
+            # stand before it), in surface order: each takes its replacement's seq.
+            prune_seq = iter(range(first_seq, first_seq + len(plan.prunes)))
+            seqs = [s if s is not None else next(prune_seq) for s in plan.summary_seqs]
+            start, stop = plan.summary_range
+            meta = {"summary": {"seqs": seqs, "range": [start, stop]}}
+            out.append(
+                (
+                    "system_message",
+                    {"content": summary, "metadata": meta, "surface_op": ("replace", start, stop)},
+                )
+            )
+            surface_after.append(Message.system(summary, metadata=meta))
+            summarised, summary_seq = (start, stop), seq
+            seq += 1
+        surface_after.extend(plan.tail)
+        after = self.estimate(surface_after)
+        out.append(
+            (
+                "step_end",
+                {
+                    "step": "compaction",
+                    "compaction_id": compaction_id,
+                    "estimate_before": plan.before,
+                    "estimate_after": after,
+                    "budget": self.budget,
+                    "keep_recent": self.keep_recent,
+                    "prune_over": self.prune_over,
+                    "pruned": list(pruned),
+                    "summarised": list(summarised) if summarised else None,
+                    "summary_seq": summary_seq,
+                },
+            )
+        )
+        result = CompactionResult(
+            Log(),
+            plan.before,
+            after,
+            pruned,
+            summarised,
+            summary_seq,
+            seq,
+            compaction_id,
+            self.budget,
+        )
+        return out, result
+
+    # -- on a plain log ----------------------------------------------------------------
+
+    def compact(
+        self,
+        log: Log,
+        *,
+        time: datetime | None = None,
+        force: bool = False,
+        compaction_id: str | None = None,
+    ) -> CompactionResult:
+        """Compact ``log`` if its surface is over budget (always, with ``force``).
+
+        The summariser is called here, in this thread; a coroutine summariser is
+        run to completion with ``asyncio.run`` (from inside a running event loop,
+        use ``await compactor.acompact(log)`` instead).
+
+        Raises:
+            CompactionError: the summariser failed or returned an empty summary;
+                ``log`` is unchanged (it is a value: nothing was appended to it).
+        """
+        plan = self.plan(log.surface(), log.count(), force=force)
+        if plan.empty:
+            return CompactionResult(log, plan.before, plan.before, budget=self.budget)
+        summary = None
+        if plan.needs_summary:
+            summary = run_summariser(self, plan.summary_input)
+            if inspect.isawaitable(summary):
+                try:
+                    asyncio.get_running_loop()
+                except RuntimeError:
+                    summary = _await_in_new_loop(summary)
+                else:
+                    _close(summary)
+                    raise CompactionError(
+                        "a coroutine summariser cannot be run by compact() inside a "
+                        "running event loop; use 'await compactor.acompact(log)', or "
+                        "Session.compact, which runs it on the loop"
+                    )
+        return self.apply(log, plan, summary, time=time, compaction_id=compaction_id)
+
+    async def acompact(
+        self,
+        log: Log,
+        *,
+        time: datetime | None = None,
+        force: bool = False,
+        compaction_id: str | None = None,
+    ) -> CompactionResult:
+        """:meth:`compact` for asyncio code: a coroutine summariser is awaited."""
+        plan = self.plan(log.surface(), log.count(), force=force)
+        if plan.empty:
+            return CompactionResult(log, plan.before, plan.before, budget=self.budget)
+        summary = None
+        if plan.needs_summary:
+            summary = run_summariser(self, plan.summary_input)
+            if inspect.isawaitable(summary):
+                try:
+                    summary = await summary
+                except Exception as exc:
+                    raise _summariser_failed(exc) from exc
+        return self.apply(log, plan, summary, time=time, compaction_id=compaction_id)
+
+    def apply(
+        self,
+        log: Log,
+        plan: Plan,
+        summary: Any,
+        *,
+        time: datetime | None = None,
+        compaction_id: str | None = None,
+    ) -> CompactionResult:
+        """Append ``plan`` (with its ``summary``) to ``log``.
+
+        Raises:
+            CompactionError: the summary is empty, or a replace appended since the
+                plan was made overlaps it.
+        """
+        clash = plan.overlaps(log.since(plan.count))
+        if clash is not None:
+            raise CompactionError(
+                f"the log changed under the compaction: event {clash.seq} overlaps its "
+                "range; compact again"
+            )
+        cid = compaction_id or new_compaction_id()
+        specs, result = self.events(plan, summary, log.count(), cid)
+        new = log
+        for etype, data in specs:
+            new = new.append(etype, data, time)
         if self.snapshot:
             new = new.snapshot()
-        logger.info(
-            "log.compacted",
-            estimate_before=before,
-            estimate_after=after,
-            pruned=len(pruned),
-            summarised=summarised,
+        result = replace(result, log=new)
+        log_compacted(result)
+        return result
+
+
+def new_compaction_id() -> str:
+    """A fresh compaction id."""
+    return uuid.uuid4().hex
+
+
+def run_summariser(compactor: Compactor, messages: Sequence[Message]) -> Any:
+    """Call the summariser (its result may be an awaitable).
+
+    Raises:
+        CompactionError: the summariser raised.
+    """
+    assert compactor.summarise is not None
+    try:
+        return compactor.summarise(list(messages))
+    except Exception as exc:
+        raise _summariser_failed(exc) from exc
+
+
+def _summariser_failed(exc: BaseException) -> CompactionError:
+    return CompactionError(f"the summariser failed: {type(exc).__name__}: {exc}; log unchanged")
+
+
+def _await_in_new_loop(aw: Any) -> Any:
+    async def wait() -> Any:
+        return await aw
+
+    try:
+        return asyncio.run(wait())
+    except Exception as exc:
+        raise _summariser_failed(exc) from exc
+
+
+def _close(aw: Any) -> None:
+    close = getattr(aw, "close", None)
+    if close is not None:
+        close()  # a coroutine never awaited: close it, no warning
+
+
+def log_compacted(result: CompactionResult, **context: Any) -> None:
+    """Emit ``log.compacted`` (and a warning when the budget was not reached)."""
+    logger.info(
+        "log.compacted",
+        **context,
+        compaction_id=result.compaction_id,
+        estimate_before=result.estimate_before,
+        estimate_after=result.estimate_after,
+        pruned=len(result.pruned),
+        summarised=result.summarised,
+    )
+    if not result.within_budget:
+        logger.warning(
+            "log.compaction_over_budget",
+            **context,
+            compaction_id=result.compaction_id,
+            estimate_after=result.estimate_after,
+            budget=result.budget,
+            reason="budget_not_reached",
         )
-        return CompactionResult(new, before, after, pruned, summarised, summary_seq, record_seq)
 
 
 def _is_summary(ev: Event) -> bool:

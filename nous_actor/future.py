@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import threading
+import weakref
 from _thread import allocate_lock
 from collections.abc import Callable, Generator
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import pykka
 import structlog
@@ -144,23 +146,14 @@ class SessionFuture(pykka.Future[T]):
             waiting = loop.run_in_executor(None, partial(self.get, timeout=self._timeout))
             return (yield from waiting.__await__())
         if self._state == _PENDING:
-            loop = asyncio.get_running_loop()
+            loop, waker = _waker()
             waiter: asyncio.Future[None] = loop.create_future()
-
-            def wake() -> None:
-                try:
-                    loop.call_soon_threadsafe(_set_if_pending, waiter)
-                except RuntimeError:  # the loop was closed meanwhile: nobody waits
-                    pass
-
-            self.add_done_callback(wake)
+            bucket = waker.watch(loop, waiter, self)
+            self.add_done_callback(partial(waker.push, waiter))
             try:
-                yield from asyncio.wait_for(waiter, self._timeout).__await__()
-            except TimeoutError:
-                raise CallTimeout(
-                    self._session_id,
-                    f"no answer within {self._timeout:g} s; the call may still apply",
-                ) from None
+                yield from waiter.__await__()
+            finally:
+                waker.unwatch(waiter, bucket)
         return self.get(timeout=0)
 
     __iter__ = __await__
@@ -184,6 +177,115 @@ def _run_callback(fn: Callable[[], None], session_id: str) -> None:
         )
 
 
-def _set_if_pending(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+TICK: Final = 0.05
+"""Granularity, in seconds, of the bound on an awaited call: a ``CallTimeout`` comes
+at most this much after the bound."""
+
+
+class _LoopWaker:
+    """What wakes the coroutines of one event loop that await session futures.
+
+    Futures answered in other threads (a session's actor, a store's writer)
+    queue their waiters here; the first of a batch schedules one callback on
+    the loop (one ``call_soon_threadsafe``, one wake-up of the loop), which
+    wakes them all. Bounds are enforced by one loop timer for every awaited
+    future, in buckets of :data:`TICK` seconds, not by a timer per await.
+    """
+
+    __slots__ = ("armed", "buckets", "lock", "loop", "ready", "scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weakly: the waker is the value of a weak-keyed map from its loop.
+        self.loop = weakref.ref(loop)
+        self.lock = allocate_lock()
+        self.ready: list[asyncio.Future[None]] = []
+        self.scheduled = False
+        self.buckets: dict[int, dict[asyncio.Future[None], SessionFuture[Any]]] = {}
+        self.armed: int | None = None  # the bucket the loop timer is set for
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def push(self, waiter: asyncio.Future[None]) -> None:
+        with self.lock:
+            self.ready.append(waiter)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        loop = self.loop()
+        if loop is None:  # the loop is gone: nobody waits
+            return
+        try:
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop was closed meanwhile: nobody waits
+            pass
+
+    # -- the loop's thread -----------------------------------------------------------------
+
+    def _drain(self) -> None:
+        with self.lock:
+            ready, self.ready = self.ready, []
+            self.scheduled = False
+        for waiter in ready:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def watch(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        waiter: asyncio.Future[None],
+        fut: SessionFuture[Any],
+    ) -> int:
+        bucket = math.ceil((loop.time() + fut._timeout) / TICK)
+        waiting = self.buckets.get(bucket)
+        if waiting is None:
+            waiting = self.buckets[bucket] = {}
+            if self.armed is None or bucket < self.armed:
+                self.armed = bucket
+                loop.call_at(bucket * TICK, self._expire, bucket)
+        waiting[waiter] = fut
+        return bucket
+
+    def unwatch(self, waiter: asyncio.Future[None], bucket: int) -> None:
+        waiting = self.buckets.get(bucket)
+        if waiting is not None:
+            waiting.pop(waiter, None)
+
+    def _expire(self, bucket: int) -> None:
+        if bucket != self.armed:  # superseded by an earlier timer
+            return
+        self.armed = None
+        loop = self.loop()
+        if loop is None:
+            return
+        now = loop.time()
+        for key in sorted(self.buckets):
+            if key * TICK > now:
+                self.armed = key
+                loop.call_at(key * TICK, self._expire, key)
+                return
+            for waiter, fut in self.buckets.pop(key).items():
+                if not waiter.done():
+                    waiter.set_exception(
+                        CallTimeout(
+                            fut._session_id,
+                            f"no answer within {fut._timeout:g} s; the call may still apply",
+                        )
+                    )
+
+
+_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = (
+    weakref.WeakKeyDictionary()
+)
+_last: list[_LoopWaker | None] = [None]  # the last one looked up: the common case
+
+
+def _waker() -> tuple[asyncio.AbstractEventLoop, _LoopWaker]:
+    loop = asyncio.get_running_loop()
+    waker = _last[0]
+    if waker is not None and waker.loop() is loop:
+        return loop, waker
+    waker = _wakers.get(loop)
+    if waker is None:
+        waker = _wakers[loop] = _LoopWaker(loop)
+    _last[0] = waker
+    return loop, waker

@@ -130,6 +130,13 @@ def _shadow_flags(events: Sequence[Event], n: int) -> list[bool]:
     return flags
 
 
+def _branch(events: list[Event], n: int, ev: Event) -> list[Event]:
+    """A new storage list: ``events[:n]`` and then ``ev`` (the one O(n) copy of a branch)."""
+    out = events[:n]
+    out.append(ev)
+    return out
+
+
 def _full_fold(events: Sequence[Event], n: int) -> _Fold:
     flags = _shadow_flags(events, n)
     surface = [ev for k, ev in enumerate(events[:n]) if not flags[k] and ev.type in SURFACE_TYPES]
@@ -169,18 +176,20 @@ class Log:
     ``since`` is O(log n + returned). Every returned list is the caller's.
     """
 
-    __slots__ = ("_count", "_events", "_fold", "_n")
+    __slots__ = ("_count", "_events", "_fold", "_n", "_own")
 
     _events: list[Event]
     _n: int
     _count: int
     _fold: _Fold | None
+    _own: bool  # may extend ``_events`` in place (a view handed out may not)
 
     def __init__(self) -> None:
         self._events = []
         self._n = 0
         self._count = 0
         self._fold = None
+        self._own = True
 
     @classmethod
     def new(cls) -> Log:
@@ -188,13 +197,45 @@ class Log:
         return cls()
 
     @classmethod
-    def _make(cls, events: list[Event], n: int, count: int, fold: _Fold | None) -> Log:
+    def _make(
+        cls, events: list[Event], n: int, count: int, fold: _Fold | None, own: bool = True
+    ) -> Log:
         lg: Log = object.__new__(cls)
         lg._events = events
         lg._n = n
         lg._count = count
         lg._fold = fold
+        lg._own = own
         return lg
+
+    @classmethod
+    def restore(cls, events: Iterable[Event]) -> Log:
+        """A log of already-validated events (e.g. loaded from a store), in one step.
+
+        Equivalent to :meth:`append_event` for each in turn, without building a
+        version per event.
+
+        Raises:
+            TypeError: an item is not an :class:`Event`.
+            InvalidEvent: ``seq_behind_head`` if the seqs are not strictly increasing.
+        """
+        evs = list(events)
+        last = -1
+        for ev in evs:
+            if type(ev) is not Event and not isinstance(ev, Event):
+                raise TypeError(f"restore takes Events, got {type(ev).__name__}")
+            if ev.seq <= last:
+                raise _behind_head(ev.seq, last + 1)
+            last = ev.seq
+        return cls._make(evs, len(evs), last + 1, None)
+
+    def _view(self) -> Log:
+        """This log as a value that shares its storage but never extends it in place.
+
+        A session hands these out, so that a caller appending to what it was
+        given (a branch) never makes the session copy its own events.
+        """
+        return Log._make(self._events, self._n, self._count, None, own=False)
 
     # -- appending ------------------------------------------------------------------
 
@@ -280,12 +321,12 @@ class Log:
 
     def _extend(self, ev: Event) -> Log:
         evs, n = self._events, self._n
-        if len(evs) == n:
+        if self._own and len(evs) == n:
             evs.append(ev)
             if evs[n] is not ev:  # another thread extended this version first
-                evs = [*evs[:n], ev]
+                evs = _branch(evs, n, ev)
         else:
-            evs = [*evs[:n], ev]
+            evs = _branch(evs, n, ev)
         fold = self._fold
         if fold is not None and fold.take():
             fold.add(ev)
@@ -413,7 +454,7 @@ class Log:
     def _prefix(self, seq: int, what: str) -> Log:
         _check_boundary(seq, self._count, what)
         i = bisect_right(self._events, seq, 0, self._n, key=_seq_of)
-        return Log._make(self._events, i, seq + 1, None)
+        return Log._make(self._events, i, seq + 1, None, own=False)
 
     def fork(self, through_seq: int) -> Log:
         """A new log holding this one's prefix through ``through_seq``, seqs preserved.

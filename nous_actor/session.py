@@ -22,7 +22,9 @@ Guarantees, for every call on a handle:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import queue
 import threading
 from collections import deque
@@ -37,7 +39,15 @@ import structlog
 
 from nous_actor._frozen import short_repr
 from nous_actor.committer import Committer, committer_for
-from nous_actor.compaction import CompactionResult, Compactor
+from nous_actor.compaction import (
+    CompactionError,
+    CompactionResult,
+    Compactor,
+    Plan,
+    log_compacted,
+    new_compaction_id,
+    run_summariser,
+)
 from nous_actor.errors import (
     CallTimeout,
     ConflictError,
@@ -46,9 +56,9 @@ from nous_actor.errors import (
     SessionStopped,
     StoreError,
 )
-from nous_actor.event import Event, EventType, InvalidEvent
+from nous_actor.event import Event, EventType, InvalidEvent, check_event
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
-from nous_actor.log import Log, _behind_head, new_event
+from nous_actor.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.message import Message
 from nous_actor.store.base import Store
 from nous_actor.subscription import DEFAULT_BUFFER, Subscription
@@ -63,6 +73,13 @@ Handler = Callable[..., Any]
 
 
 _DEFER: Any = object()  # a handler's result meaning "the future is answered later"
+
+MAX_COMPACTION_RETRIES: Final = 2
+"""How often a compaction is planned again when a replace appended while its summary
+was being written overlaps it, before it fails with ``CompactionError``."""
+
+EventParts = tuple[EventType, datetime, Any, Any]
+"""An event checked and frozen in the caller's thread, waiting for its seq."""
 
 
 class _Envelope:
@@ -121,10 +138,17 @@ class SessionActor(SupervisedActor):
         self.crash: BaseException | None = None
         self._ready = ready
         self._fut: SessionFuture[Any] | None = None
+        # Commits land here (committer thread) and are applied by the actor when it
+        # next runs. The committer wakes the actor only when something waits for
+        # them (a parked read, a subscriber) or a write failed: one wake per batch.
         self._done: list[tuple[tuple[Event, ...], StoreError | None]] = []
         self._done_lock = threading.Lock()
+        self._want_wake = False
+        self._wake_sent = False
         self._store_ops = 0  # submitted to the committer and not yet done
         self._shutting = False
+        self._compacting: dict[str, SessionFuture[Any] | None] = {}  # summary being written
+        self._compaction_ids: dict[str, int] | None = None  # id -> record seq, built on use
         # Set once this session has let go of the store (its last append in flight
         # landed): a successor waits for it before it claims the session.
         self.released = threading.Event()
@@ -136,14 +160,13 @@ class SessionActor(SupervisedActor):
                 self.claim_token = self.store.claim(self.session_id)
                 self.committer = committer_for(self.store)
                 self.committer.reset(self.session_id)
-                log = Log()
-                for ev in self.store.load(self.session_id):
-                    log = log.append_event(ev)
+                log = Log.restore(self.store.load(self.session_id))
                 self.log = log
                 if log.count():
                     logger.info(
                         "session.recovered",
                         session_id=self.session_id,
+                        reason="loaded_from_store",
                         events=len(log.events()),
                         count=log.count(),
                     )
@@ -173,6 +196,10 @@ class SessionActor(SupervisedActor):
         if type(message) is not tuple or len(message) != 3:
             return super().on_receive(message)
         handler, args, fut = message
+        if self._done and not self._absorb():  # died of a store failure
+            if fut is not None:
+                fut._fail(SessionStopped(self.session_id, "the session crashed before this call"))
+            return None
         # Calls run in arrival order. One that must see every earlier append
         # (a read, snapshot, compact, fork) waits for their commits, and every
         # call after it waits behind it.
@@ -180,9 +207,22 @@ class SessionActor(SupervisedActor):
             self.parked or (self.inflight and handler in _WAIT_FOR_COMMITS)
         ):
             self.parked.append((handler, args, fut))
-            return None
-        self._run(handler, args, fut)
+        else:
+            self._run(handler, args, fut)
+        if bool(self.parked or self.subscribers) is not self._want_wake:
+            self._sync_wake()
         return None
+
+    def _sync_wake(self) -> None:
+        """Tell the committer whether to wake this actor on commit (someone waits)."""
+        want = bool(self.parked or self.subscribers)
+        with self._done_lock:
+            self._want_wake = want
+            send = want and bool(self._done) and not self._wake_sent
+            if send:
+                self._wake_sent = True
+        if send:
+            self.actor_ref.tell((SessionActor.h_committed, (), None))
 
     def _run(
         self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
@@ -234,6 +274,10 @@ class SessionActor(SupervisedActor):
             fut = self.parked.popleft()[2]
             if fut is not None:
                 fut._fail(err)
+        for fut in self._compacting.values():
+            if fut is not None:
+                fut._fail(err)
+        self._compacting.clear()
         for sub in self.subscribers:
             sub._finish(feed_error)
         self.subscribers.clear()
@@ -310,17 +354,22 @@ class SessionActor(SupervisedActor):
         err: StoreError | None,
     ) -> None:
         # In the committer's thread. Order matters:
-        # 1. record the commit for the actor (commits landing together reach it
-        #    as one message);
+        # 1. record the commit for the actor, which applies it when it next runs;
         # 2. if the session stopped meanwhile and this was its last append in
         #    flight, give up the writer claim *before* acknowledging, so that
         #    whoever saw the acknowledgement can reopen the session at once;
-        # 3. acknowledge; 4. wake the actor (reads park until it has applied).
+        # 3. acknowledge; 4. wake the actor only if something waits for the
+        #    commit (a parked read, a subscriber) or the write failed.
         with self._done_lock:
             self._done.append((events, err))
-            wake = len(self._done) == 1
+            self._store_ops -= 1
+            last = self._shutting and self._store_ops == 0
+            wake = (self._want_wake or err is not None) and not self._wake_sent
+            if wake:
+                self._wake_sent = True
         try:
-            self._store_op_done()
+            if last:
+                self._release_claim()
             if fut is not None:
                 if err is None:
                     fut._resolve(result)
@@ -337,10 +386,16 @@ class SessionActor(SupervisedActor):
         self.log = self.log.append_event(ev)
         if self.subscribers:
             self.subscribers = [s for s in self.subscribers if s._push(ev)]
+        if ev.type is EventType.STEP_END and self._compaction_ids is not None:
+            cid = _compaction_id_of(ev)
+            if cid is not None:
+                self._compaction_ids[cid] = ev.seq
 
-    def h_committed(self) -> None:
+    def _absorb(self) -> bool:
+        """Apply the commits that landed; ``False`` if a failed one stopped the session."""
         with self._done_lock:
             done, self._done = self._done, []
+            self._wake_sent = False
         for events, err in done:
             for ev in events:
                 head = self.inflight.popleft()
@@ -352,7 +407,12 @@ class SessionActor(SupervisedActor):
                 self.next_seq = self.log.count()
                 if self.crash_on_store_failure:  # a supervisor restarts it from the store
                     self._die(err)
-                    return
+                    return False
+        return True
+
+    def h_committed(self) -> None:
+        if self._done and not self._absorb():
+            return
         parked = self.parked
         while parked and not (self.inflight and parked[0][0] in _WAIT_FOR_COMMITS):
             handler, args, fut = parked.popleft()
@@ -366,31 +426,17 @@ class SessionActor(SupervisedActor):
                 session_id=self.session_id,
             )
 
-    def h_append(self, etype: Any, data: Any, time: Any) -> Any:
+    def h_append(self, parts: EventParts) -> Any:
+        """Append an event the caller's thread already checked and froze."""
         self._check_writable()
-        ev = new_event(self.next_seq, etype, data, time)
+        ev = Event._trusted(self.next_seq, *parts)
         return self._submit((ev,), ev)
 
-    def h_append_at(self, seq: Any, etype: Any, data: Any, time: Any) -> Any:
+    def h_append_at(self, seq: int, parts: EventParts) -> Any:
         self._check_writable()
-        ev = new_event(seq, etype, data, time)
         if seq < self.next_seq:
             raise _behind_head(seq, self.next_seq)
-        return self._submit((ev,), ev)
-
-    def h_append_or_log(self, etype: Any, data: Any, time: Any) -> Any:
-        self._check_writable()
-        try:
-            ev = new_event(self.next_seq, etype, data, time)
-        except InvalidEvent as exc:
-            logger.warning(
-                "log.event_dropped",
-                session_id=self.session_id,
-                type=str(etype) if isinstance(etype, str) else short_repr(etype),
-                reason=exc.reason,
-                error=str(exc),
-            )
-            return None
+        ev = Event._trusted(seq, *parts)
         return self._submit((ev,), ev)
 
     def h_snapshot(self) -> Any:
@@ -415,18 +461,197 @@ class SessionActor(SupervisedActor):
         self.committer.submit_drop(self.session_id, dropped, done)
         return _DEFER
 
-    def h_compact(self, compactor: Compactor, time: datetime | None, force: bool) -> Any:
+    # -- compaction: planned here, summarised elsewhere, committed here ---------------------
+
+    def h_compact(
+        self,
+        compactor: Compactor,
+        time: datetime | None,
+        force: bool,
+        cid: str,
+        loop: asyncio.AbstractEventLoop | None,
+        attempt: int = 0,
+    ) -> Any:
         self._check_writable()
-        result = dataclasses.replace(compactor, snapshot=False).compact(
-            self.log, time=time, force=force
+        known = self._known_compaction(cid)
+        if known is not None:
+            return known
+        plan = compactor.plan(self.log.surface(), self.log.count(), force=force)
+        if plan.empty:
+            return CompactionResult(
+                self.log._view(), plan.before, plan.before, budget=compactor.budget
+            )
+        if not plan.needs_summary:
+            return self._commit_compaction(compactor, plan, None, time, force, cid, loop, attempt)
+        fut = self._fut
+        self._compacting[cid] = fut
+        try:
+            self._summarise(
+                compactor, plan, (compactor, plan, time, force, cid, loop, attempt), fut
+            )
+        except BaseException:
+            self._compacting.pop(cid, None)
+            raise
+        return _DEFER
+
+    def _summarise(
+        self,
+        compactor: Compactor,
+        plan: Plan,
+        then: tuple[Any, ...],
+        fut: SessionFuture[Any] | None,
+    ) -> None:
+        """Have the summary written off this actor, then send it back with ``then``.
+
+        A coroutine summariser runs on the caller's event loop when the call came
+        from one, else (like a plain callable) in a thread of its own.
+        """
+        ref = self.actor_ref
+
+        def deliver(summary: Any, exc: BaseException | None) -> None:
+            try:
+                ref.tell((SessionActor.h_compact_summary, (*then, summary, exc), fut))
+            except pykka.ActorDeadError:
+                if fut is not None:  # the session stopped while the summary was written
+                    fut._fail(SessionStopped(self.session_id, "the session stopped"))
+
+        loop = then[5]
+        fn = compactor.summarise
+        if loop is not None and _is_async(fn) and not loop.is_closed():
+            coro = run_summariser(compactor, plan.summary_input)  # only makes the coroutine
+            try:
+                done = asyncio.run_coroutine_threadsafe(coro, loop)
+            except RuntimeError:  # the loop closed meanwhile
+                coro.close()
+            else:
+
+                def landed(cf: Any) -> None:
+                    try:
+                        deliver(cf.result(), None)
+                    except BaseException as exc:
+                        deliver(None, exc)
+
+                done.add_done_callback(landed)
+                return
+
+        def work() -> None:
+            try:
+                out = run_summariser(compactor, plan.summary_input)
+                if inspect.isawaitable(out):
+                    out = _run_awaitable(out)
+            except BaseException as exc:
+                deliver(None, exc)
+            else:
+                deliver(out, None)
+
+        threading.Thread(
+            target=work, name=f"nous-summarise-{self.session_id}", daemon=True
+        ).start()
+
+    def h_compact_summary(
+        self,
+        compactor: Compactor,
+        plan: Plan,
+        time: datetime | None,
+        force: bool,
+        cid: str,
+        loop: asyncio.AbstractEventLoop | None,
+        attempt: int,
+        summary: Any,
+        exc: BaseException | None,
+    ) -> Any:
+        self._compacting.pop(cid, None)
+        if exc is not None:
+            if isinstance(exc, CompactionError):
+                raise exc
+            raise CompactionError(
+                f"the summariser failed: {type(exc).__name__}: {_safe_str(exc)}; log unchanged"
+            ) from exc
+        return self._commit_compaction(compactor, plan, summary, time, force, cid, loop, attempt)
+
+    def _commit_compaction(
+        self,
+        compactor: Compactor,
+        plan: Plan,
+        summary: Any,
+        time: datetime | None,
+        force: bool,
+        cid: str,
+        loop: asyncio.AbstractEventLoop | None,
+        attempt: int,
+    ) -> Any:
+        self._check_writable()
+        known = self._known_compaction(cid)
+        if known is not None:  # applied already: at most once
+            return known
+        clash = plan.overlaps(self.log.since(plan.count))
+        if clash is not None:
+            if attempt < MAX_COMPACTION_RETRIES:
+                logger.info(
+                    "session.compaction_retried",
+                    session_id=self.session_id,
+                    compaction_id=cid,
+                    reason="overlapping_replace",
+                    seq=clash.seq,
+                )
+                return self.h_compact(compactor, time, force, cid, loop, attempt + 1)
+            raise CompactionError(
+                f"a replace appended while the summary was written (seq {clash.seq}) overlaps "
+                f"the compaction's range, {attempt + 1} times; compact again later"
+            )
+        specs, result = compactor.events(plan, summary, self.next_seq, cid)
+        t = _utcnow() if time is None else time
+        events = tuple(
+            new_event(self.next_seq + k, etype, data, t) for k, (etype, data) in enumerate(specs)
         )
-        if not result.changed:
-            return result
-        events = tuple(result.log.since(self.log.count()))
-        answer = self._submit(events, result)
-        if compactor.snapshot:  # after the compaction commits (a snapshot waits for it)
-            self.actor_ref.tell((SessionActor.h_snapshot, (), None))
-        return answer
+        fut, self._fut = self._fut, None  # answered once applied, not once committed
+        self._submit(events, None)
+        if self.inflight:
+            self.parked.append((SessionActor.h_compact_done, (result, compactor), fut))
+            return _DEFER
+        return self.h_compact_done(result, compactor)
+
+    def h_compact_done(self, result: CompactionResult, compactor: Compactor) -> CompactionResult:
+        record = self.log.since(result.record_seq or 0)[:1]
+        if not record or record[0].seq != result.record_seq:
+            raise self.failed or StoreError(
+                "the compaction was not stored", session_id=self.session_id
+            )
+        if compactor.snapshot:  # runs next, before any later call
+            self.parked.appendleft((SessionActor.h_snapshot, (), None))
+            self.actor_ref.tell((SessionActor.h_committed, (), None))
+        out = dataclasses.replace(result, log=self.log._view())
+        log_compacted(out, session_id=self.session_id)
+        return out
+
+    def _known_compaction(self, cid: str) -> CompactionResult | None:
+        """The result of compaction ``cid`` if it is in the log already."""
+        ids = self._compaction_ids
+        if ids is None:  # first use: index the compaction records in the log
+            ids = {}
+            for ev in self.log.events():
+                if ev.type is EventType.STEP_END:
+                    found = _compaction_id_of(ev)
+                    if found is not None:
+                        ids[found] = ev.seq
+            self._compaction_ids = ids
+        seq = ids.get(cid)
+        if seq is None:
+            return None
+        rec = self.log.since(seq)[:1]
+        data: Any = rec[0].data if rec and rec[0].seq == seq else {}
+        summarised = data.get("summarised")
+        return CompactionResult(
+            self.log._view(),
+            data.get("estimate_before", 0),
+            data.get("estimate_after", 0),
+            tuple(data.get("pruned") or ()),
+            tuple(summarised) if summarised else None,
+            data.get("summary_seq"),
+            seq,
+            cid,
+            data.get("budget"),
+        )
 
     def h_fork(self, through_seq: int, new_id: str | None) -> Log:
         prefix = self.log.fork(through_seq)
@@ -476,7 +701,7 @@ class SessionActor(SupervisedActor):
         return getattr(self.log, name)(*args)
 
     def h_log(self) -> Log:
-        return self.log
+        return self.log._view()
 
     def h_ping(self) -> None:
         return None
@@ -489,9 +714,32 @@ _WAIT_FOR_COMMITS: Final = frozenset(
         SessionActor.h_log,
         SessionActor.h_snapshot,
         SessionActor.h_compact,
+        SessionActor.h_compact_summary,
+        SessionActor.h_compact_done,
         SessionActor.h_fork,
     }
 )
+
+
+def _compaction_id_of(ev: Event) -> str | None:
+    data = ev.data
+    if data.get("step") != "compaction":
+        return None
+    cid = data.get("compaction_id")
+    return cid if isinstance(cid, str) else None
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
+
+
+def _run_awaitable(aw: Any) -> Any:
+    async def wait() -> Any:
+        return await aw
+
+    return asyncio.run(wait())
 
 
 def _safe_str(exc: BaseException) -> str:
@@ -616,6 +864,11 @@ class Session:
             self._ref = ref
         return ref
 
+    def _failed(self, exc: BaseException) -> SessionFuture[Any]:
+        fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
+        fut._fail(exc)
+        return fut
+
     def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
         fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
         if self._touch is not None:
@@ -647,11 +900,20 @@ class Session:
     ) -> SessionFuture[Event]:
         """Append one event; the future resolves to it, with its seq.
 
+        ``data`` is checked and deeply frozen here, in the caller's thread, before
+        this returns: mutating the dict afterwards never changes what is stored,
+        also while the append is still in flight. With a store, the future
+        resolves only once the event is durably committed.
+
         Raises (through the future):
             InvalidEvent: the event is refused; nothing changed, the session runs on.
             SessionStopped: the session is stopped; nothing changed.
         """
-        return self._call(SessionActor.h_append, type, data, time)
+        try:
+            parts = check_event(0, type, _utcnow() if time is None else time, data)
+        except InvalidEvent as exc:
+            return self._failed(exc)
+        return self._call(SessionActor.h_append, parts)
 
     def append_or_log(
         self, type: EventType | str, data: Any = None, time: datetime | None = None
@@ -659,33 +921,91 @@ class Session:
         """Like :meth:`append`, but a refused event resolves to ``None``.
 
         The drop is a structlog warning ``log.event_dropped`` with ``session_id``,
-        ``type`` and ``reason``; it is never silent.
+        ``type`` and ``reason``; it is never silent. Never raises for bad input.
         """
-        return self._call(SessionActor.h_append_or_log, type, data, time)
+        try:
+            parts = check_event(0, type, _utcnow() if time is None else time, data)
+        except InvalidEvent as exc:
+            logger.warning(
+                "log.event_dropped",
+                session_id=self.session_id,
+                type=str(type) if isinstance(type, str) else short_repr(type),
+                reason=exc.reason,
+                error=str(exc),
+            )
+            fut: SessionFuture[Event | None] = SessionFuture(self.session_id, self.timeout)
+            fut._resolve(None)
+            return fut
+        return self._call(SessionActor.h_append, parts)
 
     def append_at(
         self, seq: int, type: EventType | str, data: Any = None, time: datetime | None = None
     ) -> SessionFuture[Event]:
-        """Restore an event under its persisted ``seq`` (see :meth:`Log.append_at`)."""
-        return self._call(SessionActor.h_append_at, seq, type, data, time)
+        """Restore an event under its persisted ``seq`` (see :meth:`Log.append_at`).
+
+        Raises (through the future):
+            InvalidEvent: the event is refused (``seq_behind_head`` if ``seq`` is
+                below the session's next seq).
+        """
+        try:
+            parts = check_event(seq, type, _utcnow() if time is None else time, data)
+        except InvalidEvent as exc:
+            return self._failed(exc)
+        return self._call(SessionActor.h_append_at, seq, parts)
 
     def snapshot(self) -> SessionFuture[int]:
         """Drop every shadowed event; resolves to how many were dropped."""
         return self._call(SessionActor.h_snapshot)
 
     def compact(
-        self, compactor: Compactor, *, time: datetime | None = None, force: bool = False
+        self,
+        compactor: Compactor,
+        *,
+        time: datetime | None = None,
+        force: bool = False,
+        compaction_id: str | None = None,
     ) -> SessionFuture[CompactionResult]:
         """Run ``compactor`` on the session's log (see :class:`~nous_actor.Compactor`).
 
-        Its events (prunes, the summary, the record) commit as one atomic batch;
-        the future resolves to the :class:`~nous_actor.CompactionResult` after
-        that. With ``compactor.snapshot`` the session snapshots right after.
+        The session plans the compaction on its log as it stands after every
+        earlier call, then the summary is written **off the session's actor**: a
+        plain summariser in a thread of its own, a coroutine summariser on the
+        event loop this was called from (or a thread of its own outside a loop).
+        Meanwhile the session answers its other calls. Then the prunes, the
+        summary and the record commit as one atomic batch — valid whatever was
+        appended meanwhile, since a replace never shadows later events — unless
+        a replace appended meanwhile overlaps its range: then it is planned
+        again (at most ``MAX_COMPACTION_RETRIES`` times), never applied over it.
+        The future resolves to the :class:`~nous_actor.CompactionResult` once the
+        batch is committed and applied. With ``compactor.snapshot`` the session
+        snapshots right after.
+
+        ``compaction_id`` (default: a fresh one) is recorded with the compaction;
+        a compaction whose id is already in the log is not applied again: the
+        future resolves to what that one did (so a retried call applies once).
 
         Raises (through the future):
-            CompactionError: nothing was appended (e.g. an empty summary).
+            CompactionError: nothing was appended (an empty summary, a summariser
+                that failed, an overlap that persisted).
         """
-        return self._call(SessionActor.h_compact, compactor, time, force)
+        if not isinstance(compactor, Compactor):
+            raise TypeError(
+                f"compact() takes a nous_actor.Compactor, got {type(compactor).__name__}"
+            )
+        if compaction_id is None:
+            compaction_id = new_compaction_id()
+        elif not isinstance(compaction_id, str) or not compaction_id.strip():
+            raise ValueError(f"compaction_id must be a non-empty str, got {compaction_id!r}")
+        if time is not None:
+            try:
+                check_event(0, "step_end", time, None)
+            except InvalidEvent as exc:
+                return self._failed(exc)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        return self._call(SessionActor.h_compact, compactor, time, force, compaction_id, loop, 0)
 
     def fork(self, through_seq: int, new_id: str | None = None) -> SessionFuture[Log]:
         """The prefix through ``through_seq`` as a new log, seqs preserved.

@@ -206,7 +206,7 @@ def test_oversized_tool_result_is_pruned_in_place() -> None:
     """An oversized tool result gets a Replace(p, p) tool_result at the same position."""
     log = tool_log()
     out = Compactor(budget=200, keep_recent=2, prune_over=100, summarise=never).compact(log)
-    assert out.pruned == [3]
+    assert out.pruned == (3,)
     ev = out.log.events()[6]
     assert ev.type.value == "tool_result"
     assert ev.surface_op == Replace(3, 3)
@@ -246,7 +246,7 @@ def test_pruning_that_suffices_skips_the_summary() -> None:
 def test_tool_results_at_or_under_prune_over_are_kept() -> None:
     """A tool result whose estimate is not above prune_over is not pruned."""
     c = Compactor(budget=200, keep_recent=2, prune_over=1004, summarise=summarise)
-    assert c.compact(tool_log()).pruned == []
+    assert c.compact(tool_log()).pruned == ()
 
 
 def test_prune_over_none_never_prunes() -> None:
@@ -254,7 +254,7 @@ def test_prune_over_none_never_prunes() -> None:
     out = Compactor(budget=200, keep_recent=2, prune_over=None, summarise=summarise).compact(
         tool_log()
     )
-    assert out.pruned == []
+    assert out.pruned == ()
     assert out.summarised == (1, 3)
 
 
@@ -265,7 +265,7 @@ def test_tool_results_in_the_recent_tail_are_never_pruned() -> None:
         "tool_result", result("c2", "y" * 4000), T0
     )
     out = Compactor(budget=200, keep_recent=2, prune_over=100, summarise=summarise).compact(log)
-    assert out.pruned == [3]
+    assert out.pruned == (3,)
     assert out.log.derive_messages()[-1].content == "y" * 4000
 
 
@@ -278,7 +278,7 @@ def test_prune_then_summary_summarises_the_pruned_text() -> None:
         return "s"
 
     out = Compactor(budget=1, keep_recent=2, prune_over=100, summarise=record).compact(tool_log())
-    assert out.pruned == [3]
+    assert out.pruned == (3,)
     assert out.summarised == (1, 3)
     assert seen[-1].content.startswith("[tool result pruned")
 
@@ -392,6 +392,9 @@ def test_compaction_is_recorded_with_range_and_estimates() -> None:
         "estimate_before": estimate_tokens(log.derive_messages()),
         "estimate_after": estimate_tokens(out.log.derive_messages()),
         "budget": 1,
+        "keep_recent": 2,
+        "prune_over": 1000,
+        "compaction_id": out.compaction_id,
         "pruned": [],
         "summarised": [1, 4],
         "summary_seq": 7,
@@ -411,7 +414,7 @@ def test_result_reports_what_the_record_says() -> None:
         out.estimate_after,
     )
     assert (rec["pruned"], rec["summarised"], rec["summary_seq"]) == (
-        out.pruned,
+        list(out.pruned),
         list(out.summarised or ()),
         out.summary_seq,
     )
@@ -610,14 +613,14 @@ def test_property_compaction_with_snapshot_leaves_the_same_surface(
 ) -> None:
     """snapshot=True gives the surface, seqs and count of a plain compaction, minus shadowed."""
     log = build(steps)
-    plain = c.compact(log, time=T1).log
+    plain = c.compact(log, time=T1, compaction_id="c1").log
     snap = Compactor(
         budget=c.budget,
         summarise=c.summarise,
         keep_recent=c.keep_recent,
         prune_over=c.prune_over,
         snapshot=True,
-    ).compact(log, time=T1)
+    ).compact(log, time=T1, compaction_id="c1")
     assert snap.log.derive_indexed() == plain.derive_indexed()
     assert snap.log.count() == plain.count()
     assert snap.log.events() == plain.snapshot().events()

@@ -61,28 +61,32 @@ class BrokenError(Exception):
         raise ValueError("__str__ is broken")
 
 
-class Trap(Mapping[str, Any]):
-    """Event data whose ``.get`` runs ``action`` inside the session's actor thread.
+def _in_actor(s: Session, action: Callable[[], object]) -> SessionFuture[Any]:
+    """Run ``action`` inside the session's actor thread, as a call on the session.
 
-    Validation calls ``data.get("surface_op")``, so this is how caller-supplied
-    input runs code in the actor through the public ``append``.
+    A handler is any callable taking the actor: this is how the tests run code
+    (that raises, blocks or calls back) where a buggy handler would run it.
     """
+    return s._call(lambda _actor: action())
 
-    def __init__(self, action: Callable[[], object]) -> None:
-        self._action = action
+
+class Raises(Mapping[str, Any]):
+    """Event data whose reading raises ``exc`` (in whichever thread reads it)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self._exc = exc
 
     def __getitem__(self, key: str) -> Any:
-        raise KeyError(key)
+        raise self._exc
 
     def __iter__(self) -> Iterator[str]:
-        return iter(())
+        raise self._exc
 
     def __len__(self) -> int:
-        return 0
+        return 1
 
     def get(self, key: str, default: Any = None) -> Any:
-        self._action()
-        return default
+        raise self._exc
 
 
 def _raise(exc: BaseException) -> Callable[[], None]:
@@ -232,7 +236,7 @@ def test_a_handler_error_with_a_broken_str_reaches_the_caller_as_is() -> None:
     s = Session.start("broken-str", timeout=BOUND)
     err = BrokenError()
     with pytest.raises(BrokenError) as info:
-        s.append("user_message", Trap(_raise(err))).get()
+        _in_actor(s, _raise(err)).get()
     assert info.value is err
     assert s.append("user_message", _user()).get().seq == 0
 
@@ -457,7 +461,7 @@ def test_a_call_waited_on_from_the_actor_thread_is_bounded() -> None:
     inner: list[int] = []
     started = time.monotonic()
     with pytest.raises(CallTimeout):
-        s.append("user_message", Trap(lambda: inner.append(s.count().get()))).get(timeout=BOUND)
+        _in_actor(s, lambda: inner.append(s.count().get())).get(timeout=BOUND)
     assert time.monotonic() - started < BOUND
     assert inner == []
     assert s.count().get(timeout=BOUND) == 0
@@ -469,7 +473,7 @@ def test_stop_called_from_the_actor_thread_is_bounded() -> None:
     the session then stops."""
     s, thread = _start("self-stop", timeout=0.2)
     with pytest.raises(CallTimeout):
-        s.append("user_message", Trap(s.stop)).get(timeout=BOUND)
+        _in_actor(s, s.stop).get(timeout=BOUND)
     thread.join(BOUND)
     assert not thread.is_alive()
     with pytest.raises(SessionStopped):
@@ -510,7 +514,7 @@ def test_base_exception_from_caller_data_stops_only_that_session_under_load(
         t.start()
     barrier.wait(BOUND)
     with capture_logs() as logs, pytest.raises(SessionCrashed) as info:
-        victim.append("user_message", Trap(_raise(exc))).get()
+        _in_actor(victim, _raise(exc)).get()
     for t in threads:
         t.join(BOUND)
     assert info.value.__cause__ is exc
@@ -524,7 +528,7 @@ def test_a_crash_with_an_unprintable_base_exception_answers_the_call() -> None:
     """A BaseException whose str() raises still fails its call with SessionCrashed."""
     s, thread = _start("unprintable")
     with capture_logs():
-        fut = s.append("user_message", Trap(_raise(Unprintable())))
+        fut = _in_actor(s, _raise(Unprintable()))
         thread.join(BOUND)
     assert not thread.is_alive()
     with pytest.raises(SessionCrashed):
@@ -536,7 +540,7 @@ def test_a_crash_with_an_unprintable_base_exception_ends_subscriptions() -> None
     s, thread = _start("unprintable-sub")
     sub = s.subscribe(0)
     with capture_logs():
-        s.append("user_message", Trap(_raise(Unprintable())))
+        _in_actor(s, _raise(Unprintable()))
         thread.join(BOUND)
     assert not thread.is_alive()
     with pytest.raises(SessionStopped):
@@ -554,7 +558,7 @@ def test_calls_queued_behind_a_crash_are_reported_as_not_applied(
         raise Meltdown("later")
 
     with capture_logs():
-        crashing = s.append("user_message", Trap(crash_later))
+        crashing = _in_actor(s, crash_later)
         queued = s.append("user_message", _user())
         gate.set()
         thread.join(BOUND)
@@ -774,7 +778,7 @@ def test_many_sessions_leave_no_thread_behind() -> None:
             assert asyncio.run(await_count(s)) == 1
             if i % 4 == 0:
                 with pytest.raises(SessionCrashed):
-                    s.append("user_message", Trap(_raise(Meltdown()))).get()
+                    _in_actor(s, _raise(Meltdown())).get()
             else:
                 s.stop()
             assert _drain_sub(sub) == [0]  # a crash ends the feed with SessionCrashed
@@ -991,3 +995,48 @@ def test_session_errors_pickle_round_trip(err: SessionError) -> None:
     """Session errors keep their type, session id and message through pickle."""
     back = pickle.loads(pickle.dumps(err))
     assert (type(back), back.session_id, str(back)) == (type(err), err.session_id, str(err))
+
+
+# -- caller data is read in the caller's thread, at the call ------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc", [SystemExit(3), KeyboardInterrupt(), Meltdown("custom")], ids=lambda e: type(e).__name__
+)
+def test_a_base_exception_from_caller_data_is_raised_in_the_callers_thread(
+    exc: BaseException,
+) -> None:
+    """Data is read at the call, so a BaseException it raises reaches its own caller; the
+    session never sees it and runs on."""
+    s = Session.start("reader", timeout=BOUND)
+    with pytest.raises(type(exc)):
+        s.append("user_message", Raises(exc))
+    assert s.is_alive()
+    assert s.append("user_message", _user()).get().seq == 0
+
+
+def test_data_mutated_after_append_returned_is_not_what_is_stored() -> None:
+    """Pipelined appends of one reused dict store what it held at each call, not later."""
+    s = Session.start("reuse", timeout=BOUND)
+    data: dict[str, Any] = {"content": "", "metadata": {"n": -1}}
+    futs = []
+    for i in range(2000):
+        data["content"] = f"m{i}"
+        data["metadata"]["n"] = i
+        futs.append(s.append("user_message", data))
+    data["content"] = "changed after the last call"
+    assert [f.get().data["content"] for f in futs] == [f"m{i}" for i in range(2000)]
+    assert [m.metadata["n"] for m in s.derive_messages().get()] == list(range(2000))
+
+
+def test_append_or_log_drops_bad_input_at_the_call_with_the_session_id() -> None:
+    """A refused append_or_log resolves to None at once and logs the drop with session_id."""
+    s = Session.start("drops", timeout=BOUND)
+    with capture_logs() as logs:
+        fut = s.append_or_log("no_such_type", {"content": "x"})
+        assert fut.done()
+        assert fut.get() is None
+    assert [(e["event"], e["session_id"], e["reason"]) for e in logs] == [
+        ("log.event_dropped", "drops", "unknown_event_type")
+    ]
+    assert s.count().get() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -111,15 +112,28 @@ def test_failed_compaction_leaves_the_session_unchanged_and_running(store: Store
     s.stop()
 
 
-def test_appends_after_a_compaction_continue_the_seqs(store: Store | None) -> None:
-    """Appends sent right after compact get seqs after the compaction's events."""
+def test_an_append_made_while_the_summary_is_written_stays_after_it(
+    store: Store | None,
+) -> None:
+    """An append sent while compact's summariser runs takes the next seq; the compaction's
+    events follow it, and the append stays on the surface after the summary."""
     s = start("chat", store)
     fill(s)
-    fut = s.compact(COMPACT)
+    release = threading.Event()
+
+    def slow(ms: Sequence[Message]) -> str:
+        assert release.wait(10)
+        return summarise(ms)
+
+    fut = s.compact(Compactor(budget=1, keep_recent=2, summarise=slow))
     ev = s.append("user_message", {"content": "Q4"}, T0).get()
-    assert fut.get().record_seq == 8
-    assert ev.seq == 9
+    assert ev.seq == 7  # answered while the summariser is still blocked
+    assert not fut.done()
+    release.set()
+    out = fut.get()
+    assert (out.summary_seq, out.record_seq) == (8, 9)
     assert contents(s)[-1] == "Q4"
+    assert s.append("user_message", {"content": "Q5"}, T0).get().seq == 10
     s.stop()
 
 
@@ -157,7 +171,7 @@ def test_compaction_events_commit_in_one_write() -> None:
     s.append("tool_result", {"content": "x" * 4000, "tool_call_id": "c1"}, T0).get()
     fill(s, SEED[1:])
     out = s.compact(Compactor(budget=1, keep_recent=2, prune_over=10, summarise=summarise)).get()
-    assert out.pruned == [2]
+    assert out.pruned == (2,)
     assert [9, 10, 11] in st.writes
     s.stop()
 
