@@ -13,7 +13,15 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
-__all__ = ["FrozenDict", "FrozenList", "NotJSON", "freeze", "short_repr", "thaw"]
+__all__ = [
+    "FrozenDict",
+    "FrozenList",
+    "NotJSON",
+    "describe_error",
+    "freeze",
+    "short_repr",
+    "thaw",
+]
 
 
 def _refuse_dict(self: object, *args: object, **kwargs: object) -> NoReturn:
@@ -48,7 +56,13 @@ class FrozenDict(dict[str, Any]):
         # Deep-freeze (and so validate) whatever is given; __init__ does nothing,
         # so calling it again on a FrozenDict cannot change it.
         self = dict.__new__(cls)
-        dict.update(self, freeze(dict(*args, **kwargs), "FrozenDict"))
+        try:
+            plain = dict(*args, **kwargs)
+        except (RecursionError, MemoryError):
+            raise
+        except Exception as exc:
+            raise NotJSON("FrozenDict", _unreadable(args[0] if args else kwargs, exc)) from exc
+        dict.update(self, freeze(plain, "FrozenDict"))
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -87,7 +101,13 @@ class FrozenList(list[Any]):
 
     def __new__(cls, iterable: Iterable[Any] = ()) -> FrozenList:
         self = list.__new__(cls)
-        list.extend(self, freeze(list(iterable), "FrozenList"))
+        try:
+            plain = list(iterable)
+        except (RecursionError, MemoryError):
+            raise
+        except Exception as exc:
+            raise NotJSON("FrozenList", _unreadable(iterable, exc)) from exc
+        list.extend(self, freeze(plain, "FrozenList"))
         return self
 
     def __init__(self, iterable: Iterable[Any] = ()) -> None:
@@ -154,16 +174,24 @@ def _list_of(items: Iterable[Any], path: str) -> FrozenList:
 def freeze(value: Any, path: str = "value") -> Any:
     """Return a deeply immutable copy of the JSON value ``value``.
 
+    Reading ``value`` runs the caller's code (a mapping's ``items``, a list
+    subclass's ``__iter__``, ...). Whatever that raises (an ``Exception``,
+    ``RecursionError`` included) becomes :class:`NotJSON` naming the container
+    that could not be read; nothing else escapes.
+
     Raises:
         NotJSON: something at ``path`` (or below it) is not a JSON value:
             a non-``str`` key, a set, bytes, an arbitrary object, NaN or ±inf,
-            or nesting so deep (or cyclic) that it cannot be walked.
+            a container that raises when read, or nesting so deep (or cyclic)
+            that it cannot be walked.
     """
     try:
         return _freeze(value, path)
     except RecursionError:
         raise NotJSON(
-            path, "nested too deeply (or it contains itself); JSON values must be finite trees"
+            path,
+            "nested too deeply (or it contains itself, or reading it recursed without end); "
+            "JSON values must be finite trees",
         ) from None
 
 
@@ -193,33 +221,78 @@ def _freeze(value: Any, path: str) -> Any:
         raise NotJSON(path, f"{value!r} is not a JSON number; use a finite float or None")
     if t is FrozenDict or t is FrozenList:
         return value
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if type(k) is not str:
-                if not isinstance(k, str):
-                    raise NotJSON(
-                        f"{path}[{k!r}]",
-                        f"key {k!r} of type {type(k).__name__} is not a string; "
-                        "JSON objects take str keys only",
-                    )
-                k = str.__str__(k)
-            _check_text(k, f"{path}[{k!r}]")
-            out[k] = _freeze(v, f"{path}[{k!r}]")
-        return _dict_of(out) if out else EMPTY_DICT
-    if t is list or t is tuple or isinstance(value, (list, tuple)):
-        return _list_of(value, path)
-    if isinstance(value, str):
-        return _check_text(str.__str__(value), path)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return _freeze(float.__float__(value), path)
+    try:  # free unless raised; the caller's own code runs below (items, __iter__, ...)
+        if t is dict or isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            converted: set[str] | None = None  # keys that were str subclasses
+            for k, v in value.items():
+                if type(k) is not str:
+                    if not isinstance(k, str):
+                        kr = short_repr(k)
+                        raise NotJSON(
+                            f"{path}[{kr}]",
+                            f"key {kr} of type {_type_name(k)} is not a string; "
+                            "JSON objects take str keys only",
+                        )
+                    k = str.__str__(k)
+                    if k in out:
+                        _duplicate_key(path, k)
+                    if converted is None:
+                        converted = set()
+                    converted.add(k)
+                elif converted is not None and k in converted:
+                    _duplicate_key(path, k)
+                _check_text(k, f"{path}[{k!r}]")
+                out[k] = _freeze(v, f"{path}[{k!r}]")
+            return _dict_of(out) if out else EMPTY_DICT
+        if t is list or t is tuple or isinstance(value, (list, tuple)):
+            return _list_of(value, path)
+        if isinstance(value, str):
+            return _check_text(str.__str__(value), path)
+        if isinstance(value, int):
+            return int.__int__(value)
+        if isinstance(value, float):
+            return _freeze(float.__float__(value), path)
+    except (NotJSON, RecursionError, MemoryError):
+        raise
+    except Exception as exc:
+        raise NotJSON(path, _unreadable(value, exc)) from None
     raise NotJSON(
         path,
-        f"{type(value).__name__} value {short_repr(value)} is not JSON; "
+        f"{_type_name(value)} value {short_repr(value)} is not JSON; "
         "use str, int, float, bool, None, list or a dict with str keys",
     )
+
+
+def _duplicate_key(path: str, key: str) -> NoReturn:
+    raise NotJSON(
+        f"{path}[{key!r}]",
+        "two keys of this object read as the same text (a str subclass with its own "
+        "__eq__/__hash__); a JSON object holds each key once, so one would be lost",
+    )
+
+
+def _type_name(value: object) -> str:
+    try:
+        return str.__str__(type(value).__name__)
+    except Exception:  # a metaclass with a broken __name__
+        return "object"
+
+
+def _unreadable(value: object, exc: BaseException) -> str:
+    return (
+        f"{_type_name(value)} raised {describe_error(exc)} when read; "
+        "pass plain dicts, lists and scalars (e.g. copy it with dict(...) or list(...) first)"
+    )
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"TypeName: message"`` of an exception, cut to 100 characters; never raises."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a broken __str__ must not hide the real error
+        text = f"{_type_name(exc)} (unprintable)"
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def short_repr(value: object) -> str:

@@ -13,6 +13,7 @@ from nous_actor._frozen import (
     FrozenDict,
     FrozenList,
     NotJSON,
+    describe_error,
     freeze,
     short_repr,
 )
@@ -119,12 +120,13 @@ class Replace:
                 f"start and stop must be ints, got {type(start).__name__} "
                 f"and {type(stop).__name__}"
             )
+        start, stop = int.__int__(start), int.__int__(stop)  # plain ints, whatever subclass
         if start < 0:
             _invalid_op(f"start {start} is negative")
         if stop < start:
             _invalid_op(f"stop {stop} < start {start}")
-        object.__setattr__(self, "start", int(start))
-        object.__setattr__(self, "stop", int(stop))
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "stop", stop)
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("Replace is immutable")
@@ -169,38 +171,87 @@ def check_event(
 ) -> tuple[EventType, datetime, FrozenDict, Replace | None]:
     """Validate one event in DESIGN.md §2 order; return its normalised parts.
 
+    Every argument is the caller's and may run the caller's code when read (a
+    mapping's ``items``, a str subclass's ``__hash__``, a tzinfo's
+    ``utcoffset``). Whatever that raises (an ``Exception``, ``RecursionError``
+    included) is refused as :class:`InvalidEvent` like any other bad input:
+    unreadable ``data`` is ``unserializable_event_data`` (JSON cannot carry
+    it; the message names the path), an unreadable ``surface_op`` is
+    ``invalid_surface_op``, an unreadable type ``unknown_event_type``, an
+    unreadable ``seq`` or ``time`` ``invalid_event``.
+
     Raises:
         InvalidEvent: with the ``reason`` of the first rule that fails.
     """
-    if not _is_int(seq) or seq < 0:  # type: ignore[operator]
+    try:
+        return _check_event(seq, etype, time, data)
+    except (InvalidEvent, MemoryError):
+        raise
+    except Exception as exc:  # a last resort: each read below has its own, sharper message
+        raise InvalidEvent(
+            "invalid_event",
+            f"the event could not be read ({describe_error(exc)}); "
+            "pass a str type, an int seq, a plain datetime and a plain dict",
+        ) from None
+
+
+def _check_event(
+    seq: object, etype: object, time: object, data: object
+) -> tuple[EventType, datetime, FrozenDict, Replace | None]:
+    try:
+        bad_seq = not _is_int(seq) or int.__int__(seq) < 0  # type: ignore[arg-type]
+    except Exception as exc:
+        raise _unreadable("invalid_event", "seq", exc) from None
+    if bad_seq:
         raise InvalidEvent(
             "invalid_event", f"seq must be an int >= 0 (not a bool), got {_short(seq)}"
         )
     if data is None:
         data = EMPTY_DICT
-    elif not isinstance(data, Mapping):
-        raise InvalidEvent(
-            "invalid_event",
-            f"data must be a mapping (a JSON object), got {type(data).__name__}; "
-            'wrap the value, e.g. {"content": value}',
-        )
+    else:
+        try:
+            is_mapping = isinstance(data, Mapping)
+        except Exception as exc:
+            raise _unreadable_data("data", data, exc) from None
+        if not is_mapping:
+            raise InvalidEvent(
+                "invalid_event",
+                f"data must be a mapping (a JSON object), got {_type_name(data)}; "
+                'wrap the value, e.g. {"content": value}',
+            )
     if not isinstance(time, datetime):
         raise InvalidEvent(
             "invalid_event",
-            f"time must be a timezone-aware datetime, got {type(time).__name__}",
+            f"time must be a timezone-aware datetime, got {_type_name(time)}",
         )
-    if time.tzinfo is None or time.utcoffset() is None:
+    try:
+        aware = time.tzinfo is not None and time.utcoffset() is not None
+    except Exception as exc:
+        raise _unreadable("invalid_event", "time", exc) from None
+    if not aware:
         raise InvalidEvent(
             "invalid_event",
             "time is a naive datetime; use datetime.now(timezone.utc) or attach a tzinfo",
         )
-    kind = _LOOKUP.get(etype) if isinstance(etype, str) else None
+    try:
+        if type(etype) is EventType:
+            kind: EventType | None = etype
+        elif isinstance(etype, str):
+            kind = _LOOKUP.get(str.__str__(etype))
+        else:
+            kind = None
+    except Exception as exc:
+        raise _unreadable("unknown_event_type", "the event type", exc) from None
     if kind is None:
         raise InvalidEvent(
             "unknown_event_type",
             f"unknown event type {_short(etype)}; use one of: {_TYPES_TEXT}",
         )
-    raw_op = data.get("surface_op")
+    assert isinstance(data, Mapping)
+    try:
+        raw_op = data.get("surface_op")
+    except Exception as exc:
+        raise _unreadable_data("data", data, exc) from None
     if raw_op is not None and kind not in SURFACE_TYPES:
         raise InvalidEvent(
             "surface_op_on_non_surface_event",
@@ -208,9 +259,17 @@ def check_event(
             "system_message, user_message, assistant_message and tool_result enter the "
             "surface; drop the surface_op key",
         )
-    op = parse_surface_op(raw_op)
+    try:
+        op = parse_surface_op(raw_op)
+    except InvalidEvent:
+        raise
+    except Exception as exc:
+        _invalid_op(f"{_short(raw_op)} could not be read ({describe_error(exc)})")
     if op is not None:
-        data = {**data, "surface_op": op.to_json()}
+        try:
+            data = {**data, "surface_op": op.to_json()}
+        except Exception as exc:
+            raise _unreadable_data("data", data, exc) from None
     try:
         frozen: FrozenDict = freeze(data, "data")
     except NotJSON as exc:
@@ -219,8 +278,34 @@ def check_event(
             f"{exc.path} cannot be stored as JSON: {exc.detail}",
         ) from None
     if time.tzinfo is not UTC:
-        time = time.astimezone(UTC)
+        try:
+            time = time.astimezone(UTC)
+        except Exception as exc:
+            raise _unreadable("invalid_event", "time", exc) from None
     return kind, time, frozen, op
+
+
+def _type_name(value: object) -> str:
+    try:
+        return str.__str__(type(value).__name__)
+    except Exception:
+        return "object"
+
+
+def _unreadable(reason: str, what: str, exc: BaseException) -> InvalidEvent:
+    return InvalidEvent(
+        reason,
+        f"{what} could not be read: it raised {describe_error(exc)}; "
+        "pass a plain value (an int seq, a str type, a datetime with a standard tzinfo)",
+    )
+
+
+def _unreadable_data(path: str, value: object, exc: BaseException) -> InvalidEvent:
+    return InvalidEvent(
+        "unserializable_event_data",
+        f"{path} cannot be stored as JSON: {_type_name(value)} raised {describe_error(exc)} "
+        "when read; pass plain dicts, lists and scalars (e.g. copy it with dict(...) first)",
+    )
 
 
 _new = object.__new__
@@ -256,7 +341,7 @@ class Event:
 
     def __init__(self, seq: int, type: EventType | str, time: datetime, data: Mapping[str, Any]):
         etype, t, frozen, op = check_event(seq, type, time, data)
-        _init(self, int(seq), etype, t, frozen, op)
+        _init(self, int.__int__(seq), etype, t, frozen, op)
 
     @classmethod
     def _trusted(

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import threading
-from datetime import UTC, datetime, timedelta, timezone
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
-from nous_actor import Event, EventType, FrozenDict, FrozenList, InvalidEvent, Replace
+from nous_actor import (
+    Event,
+    EventType,
+    FrozenDict,
+    FrozenList,
+    InvalidEvent,
+    Log,
+    Replace,
+    Session,
+)
+from nous_actor.event import SURFACE_TYPES, check_event
 from nous_actor.testing import event_data
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -579,3 +593,527 @@ def test_with_seq_keeps_everything_but_the_seq() -> None:
     assert (moved.seq, moved.type, moved.time, moved.data) == (9, ev.type, ev.time, ev.data)
     assert moved.surface_op == Replace(0, 1)
     assert moved.position == 0
+
+
+# -- caller data that fails when read (every entry point) --------------------------------
+#
+# Whatever the caller's objects raise while the event is read is refused as
+# InvalidEvent, never let through: unreadable data is data JSON cannot carry
+# (unserializable_event_data, naming the path), an unreadable surface_op is
+# invalid_surface_op, an unreadable type unknown_event_type, an unreadable seq
+# or time invalid_event.
+
+_ARMED = [False]
+
+
+@contextmanager
+def _armed() -> Iterator[None]:
+    """Hostile objects below behave until armed (so that they can be built into dicts)."""
+    _ARMED[0] = True
+    try:
+        yield
+    finally:
+        _ARMED[0] = False
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+_EXCS: dict[str, Callable[[], BaseException]] = {
+    "ValueError": lambda: ValueError("boom"),
+    "KeyError": lambda: KeyError("k"),
+    "TypeError": lambda: TypeError("t"),
+    "RuntimeError": lambda: RuntimeError("r"),
+    "AttributeError": lambda: AttributeError("a"),
+    "StopIteration": StopIteration,
+    "RecursionError": lambda: RecursionError("deep"),
+    "Unprintable": Unprintable,
+}
+
+
+def _trip(where: str, fail: str, exc: str) -> None:
+    if _ARMED[0] and where == fail:
+        raise _EXCS[exc]()
+
+
+class HostileMapping(Mapping[Any, Any]):
+    """A Mapping whose method ``fail`` raises ``exc`` once armed."""
+
+    def __init__(self, items: dict[Any, Any], fail: str = "__iter__", exc: str = "ValueError"):
+        self._items, self._fail, self._exc = items, fail, exc
+
+    def __getitem__(self, key: Any) -> Any:
+        _trip("__getitem__", self._fail, self._exc)
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        _trip("__iter__", self._fail, self._exc)
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        _trip("__len__", self._fail, self._exc)
+        return len(self._items)
+
+    def items(self) -> Any:
+        _trip("items", self._fail, self._exc)
+        return super().items()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        _trip("get", self._fail, self._exc)
+        return super().get(key, default)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        _trip("__class__", self._fail, self._exc)
+        return HostileMapping
+
+
+class HostileDict(dict[Any, Any]):
+    """A dict subclass whose method ``fail`` raises ``exc`` once armed."""
+
+    def __init__(self, items: dict[Any, Any], fail: str = "items", exc: str = "ValueError"):
+        super().__init__(items)
+        self._fail, self._exc = fail, exc
+
+    def items(self) -> Any:
+        _trip("items", self._fail, self._exc)
+        return super().items()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        _trip("get", self._fail, self._exc)
+        return super().get(key, default)
+
+    def keys(self) -> Any:
+        _trip("keys", self._fail, self._exc)
+        return super().keys()
+
+    def __getitem__(self, key: Any) -> Any:
+        _trip("__getitem__", self._fail, self._exc)
+        return super().__getitem__(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        _trip("__iter__", self._fail, self._exc)
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        _trip("__len__", self._fail, self._exc)
+        return super().__len__()
+
+
+class HostileList(list[Any]):
+    def __init__(self, items: list[Any], fail: str = "__iter__", exc: str = "ValueError"):
+        super().__init__(items)
+        self._fail, self._exc = fail, exc
+
+    def __iter__(self) -> Iterator[Any]:
+        _trip("__iter__", self._fail, self._exc)
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        _trip("__len__", self._fail, self._exc)
+        return super().__len__()
+
+    def __getitem__(self, i: Any) -> Any:
+        _trip("__getitem__", self._fail, self._exc)
+        return super().__getitem__(i)
+
+
+class HostileStr(str):
+    """A str whose __str__, __repr__, __hash__ and __eq__ raise once armed."""
+
+    _exc: str
+
+    def __new__(cls, text: str, exc: str = "ValueError") -> HostileStr:
+        self = super().__new__(cls, text)
+        self._exc = exc
+        return self
+
+    def _check(self) -> None:
+        _trip("any", "any", self._exc)
+
+    def __str__(self) -> str:
+        self._check()
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        self._check()
+        return str.__repr__(self)
+
+    def __hash__(self) -> int:
+        self._check()
+        return str.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._check()
+        return str.__eq__(self, other)
+
+
+class HostileInt(int):
+    def __lt__(self, other: object) -> bool:
+        _trip("any", "any", "ValueError")
+        return int.__lt__(self, other)  # type: ignore[operator]
+
+    def __int__(self) -> int:
+        _trip("any", "any", "ValueError")
+        return int.__int__(self)
+
+    def __repr__(self) -> str:
+        _trip("any", "any", "ValueError")
+        return int.__repr__(self)
+
+
+class HostileKey:
+    """A non-str key whose __hash__, __eq__ and __repr__ raise once armed."""
+
+    def __hash__(self) -> int:
+        _trip("any", "any", "ValueError")
+        return 1
+
+    def __eq__(self, other: object) -> bool:
+        _trip("any", "any", "ValueError")
+        return self is other
+
+    def __repr__(self) -> str:
+        _trip("any", "any", "ValueError")
+        return "HostileKey()"
+
+
+class HostileTZ(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        _trip("any", "any", "ValueError")
+        return timedelta(hours=1)
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return timedelta(0)
+
+    def tzname(self, dt: datetime | None) -> str:
+        return "hostile"
+
+
+def _log_append(etype: Any, data: Any, time: Any) -> Any:
+    return Log().append(etype, data, time)
+
+
+def _event(etype: Any, data: Any, time: Any) -> Any:
+    return Event(0, etype, time, data)
+
+
+def _log_append_at(etype: Any, data: Any, time: Any) -> Any:
+    return Log().append_at(3, etype, data, time)
+
+
+_STRICT = {"Log.append": _log_append, "Log.append_at": _log_append_at, "Event": _event}
+
+HOSTILE: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
+    # (id, make the append's arguments, reason, text the message must hold)
+    (
+        "mapping_iter_raises",
+        lambda: {"data": HostileMapping({"content": "x"}, "__iter__")},
+        "unserializable_event_data",
+        "data cannot be stored as JSON: HostileMapping raised ValueError: boom when read",
+    ),
+    (
+        "mapping_items_raises",
+        lambda: {"data": HostileMapping({"content": "x"}, "items")},
+        "unserializable_event_data",
+        "data cannot be stored as JSON",
+    ),
+    (
+        "mapping_getitem_raises",
+        lambda: {"data": HostileMapping({"content": "x"}, "__getitem__")},
+        "unserializable_event_data",
+        "raised ValueError: boom",
+    ),
+    (
+        "mapping_get_raises",
+        lambda: {"data": HostileMapping({"content": "x"}, "get", "RuntimeError")},
+        "unserializable_event_data",
+        "raised RuntimeError: r",
+    ),
+    (
+        "mapping_class_raises",
+        lambda: {"data": HostileMapping({"content": "x"}, "__class__", "RuntimeError")},
+        "unserializable_event_data",
+        "raised RuntimeError",
+    ),
+    (
+        "nested_mapping_raises",
+        lambda: {"data": {"metadata": {"m": HostileMapping({"a": 1}, "__iter__", "KeyError")}}},
+        "unserializable_event_data",
+        "data['metadata']['m'] cannot be stored as JSON: HostileMapping raised KeyError",
+    ),
+    (
+        "dict_subclass_items_raises",
+        lambda: {"data": {"metadata": HostileDict({"a": 1}, "items", "TypeError")}},
+        "unserializable_event_data",
+        "data['metadata'] cannot be stored as JSON: HostileDict raised TypeError: t",
+    ),
+    (
+        "list_iter_raises",
+        lambda: {"data": {"content": [{"type": "text"}, HostileList([1], "__iter__")]}},
+        "unserializable_event_data",
+        "data['content'][1] cannot be stored as JSON: HostileList raised ValueError",
+    ),
+    (
+        "exception_with_a_broken_str",
+        lambda: {"data": HostileMapping({"content": "x"}, "__iter__", "Unprintable")},
+        "unserializable_event_data",
+        "Unprintable (unprintable)",
+    ),
+    (
+        "recursion_error_while_reading",
+        lambda: {"data": {"x": HostileMapping({"a": 1}, "__iter__", "RecursionError")}},
+        "unserializable_event_data",
+        "recursed without end",
+    ),
+    (
+        "stop_iteration_while_reading",
+        lambda: {"data": {"x": HostileList([1], "__iter__", "StopIteration")}},
+        "unserializable_event_data",
+        "data['x'] cannot be stored as JSON: HostileList raised StopIteration",
+    ),
+    (
+        "non_str_key_with_broken_hash_and_repr",
+        lambda: {"data": {"metadata": {HostileKey(): 1}}},
+        "unserializable_event_data",
+        "of type HostileKey is not a string",
+    ),
+    (
+        "surface_op_list_len_raises",
+        lambda: {"data": {"surface_op": HostileList(["replace", 0, 1], "__len__")}},
+        "invalid_surface_op",
+        "could not be read (ValueError: boom)",
+    ),
+    (
+        "surface_op_str_eq_raises",
+        lambda: {"data": {"surface_op": HostileStr("append")}},
+        "invalid_surface_op",
+        "could not be read",
+    ),
+    (
+        "type_str_hash_raises_on_unknown_text",
+        lambda: {"etype": HostileStr("nope")},
+        "unknown_event_type",
+        "unknown event type",
+    ),
+    (
+        "type_object_class_raises",
+        lambda: {"etype": HostileMapping({}, "__class__")},
+        "unknown_event_type",
+        "the event type could not be read: it raised ValueError: boom",
+    ),
+    (
+        "time_utcoffset_raises",
+        lambda: {"time": datetime(2026, 1, 1, tzinfo=HostileTZ())},
+        "invalid_event",
+        "time could not be read: it raised ValueError: boom",
+    ),
+]
+
+
+@pytest.mark.parametrize("entry", sorted(_STRICT))
+@pytest.mark.parametrize(
+    ("make", "reason", "text"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE]
+)
+def test_caller_objects_that_raise_when_read_are_invalid_events(
+    entry: str, make: Callable[[], dict[str, Any]], reason: str, text: str
+) -> None:
+    """Log.append, Log.append_at and Event refuse caller objects that raise when read with
+    InvalidEvent (the reason that fits, the message naming what could not be read)."""
+    kwargs: dict[str, Any] = {"etype": "user_message", "data": None, "time": T0, **make()}
+    with _armed(), pytest.raises(InvalidEvent, match=re.escape(text)) as info:
+        _STRICT[entry](kwargs["etype"], kwargs["data"], kwargs["time"])
+    assert info.value.reason == reason
+
+
+_TYPE_RENDERING = pytest.mark.xfail(
+    strict=False,
+    reason="Log.append_or_log renders the caller's type for the warning with isinstance/str(), "
+    "which run the caller's code; check_event itself refuses it (see the test above)",
+)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        pytest.param(h[1], h[2], id=h[0], marks=[_TYPE_RENDERING] if "type_" in h[0] else [])
+        for h in HOSTILE
+    ],
+)
+def test_append_or_log_drops_caller_objects_that_raise_when_read(
+    make: Callable[[], dict[str, Any]], reason: str
+) -> None:
+    """Log.append_or_log never raises for them: it logs log.event_dropped and changes nothing."""
+    kwargs: dict[str, Any] = {"etype": "user_message", "data": None, "time": T0, **make()}
+    base = Log().append("user_message", {"content": "before"}, T0)
+    with _armed(), capture_logs() as logs:
+        after = base.append_or_log(kwargs["etype"], kwargs["data"], kwargs["time"])
+    assert after is base
+    assert [(e["event"], e["log_level"], e["reason"]) for e in logs] == [
+        ("log.event_dropped", "warning", reason)
+    ]
+
+
+def test_a_str_subclass_type_with_broken_methods_is_read_by_its_text() -> None:
+    """An event type given as a str subclass is looked up by its plain text, never hashed."""
+    with _armed():
+        kind, _, _, _ = check_event(0, HostileStr("user_message"), T0, {})
+    assert kind is EventType.USER_MESSAGE
+
+
+def test_a_seq_of_an_int_subclass_is_stored_as_a_plain_int() -> None:
+    """An int-subclass seq is read with int's own methods and stored as a plain int."""
+    with _armed():
+        ev = Event(HostileInt(4), "user_message", T0, {})
+    assert type(ev.seq) is int
+    assert ev.seq == 4
+
+
+def test_a_replace_of_int_subclasses_holds_plain_ints() -> None:
+    """Replace(start, stop) of int subclasses holds plain ints; their methods never run."""
+    with _armed():
+        op = Replace(HostileInt(1), HostileInt(2))
+    assert (type(op.start), type(op.stop)) == (int, int)
+    assert op == Replace(1, 2)
+
+
+def test_session_entry_points_refuse_caller_data_that_raises_when_read() -> None:
+    """Session.append fails with InvalidEvent and Session.append_or_log resolves to None
+    (logging the drop) for a mapping that raises when read; the session runs on."""
+    session = Session.start("hostile", timeout=10.0)
+    try:
+        with _armed(), capture_logs() as logs:
+            bad = session.append("user_message", HostileMapping({"content": "x"}))
+            dropped = session.append_or_log("user_message", HostileMapping({"content": "x"}))
+            with pytest.raises(InvalidEvent, match="raised ValueError: boom") as info:
+                bad.get()
+            assert info.value.reason == "unserializable_event_data"
+            assert dropped.get() is None
+        drops = [e for e in logs if e["event"] == "log.event_dropped"]
+        assert [(e["session_id"], e["reason"]) for e in drops] == [
+            ("hostile", "unserializable_event_data")
+        ]
+        assert session.append("user_message", {"content": "ok"}).get().seq == 0
+    finally:
+        session.stop()
+
+
+# -- the property: nothing the caller passes makes append_or_log raise -------------------
+
+_EXC_NAMES = sorted(_EXCS)
+_plain_leaves = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
+
+
+def _hostile_mappings(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    keys = st.text(max_size=3) | st.builds(
+        HostileStr, st.text(max_size=3), st.sampled_from(_EXC_NAMES)
+    )
+    items = st.dictionaries(st.text(max_size=3), children, max_size=3)
+    return st.one_of(
+        items,
+        st.dictionaries(keys, children, max_size=3),
+        st.builds(
+            HostileMapping,
+            items,
+            st.sampled_from(
+                ["__iter__", "__getitem__", "__len__", "items", "get", "__class__", "-"]
+            ),
+            st.sampled_from(_EXC_NAMES),
+        ),
+        st.builds(
+            HostileDict,
+            items,
+            st.sampled_from(["items", "keys", "__iter__", "__getitem__", "__len__", "get", "-"]),
+            st.sampled_from(_EXC_NAMES),
+        ),
+        st.builds(lambda: {HostileKey(): 1}),
+    )
+
+
+def _hostile_tree(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.lists(children, max_size=3),
+        st.builds(
+            HostileList,
+            st.lists(children, max_size=3),
+            st.sampled_from(["__iter__", "__len__", "__getitem__", "-"]),
+            st.sampled_from(_EXC_NAMES),
+        ),
+        _hostile_mappings(children),
+    )
+
+
+_hostile_values = st.recursive(
+    _plain_leaves
+    | st.builds(HostileStr, st.text(max_size=5), st.sampled_from(_EXC_NAMES))
+    | st.builds(HostileInt, st.integers()),
+    _hostile_tree,
+    max_leaves=8,
+)
+_surface_ops = st.one_of(
+    st.just(None),
+    st.builds(HostileStr, st.just("append"), st.sampled_from(_EXC_NAMES)),
+    st.builds(
+        HostileList,
+        st.just(["replace", 0, 1]),
+        st.sampled_from(["__iter__", "__len__", "__getitem__", "-"]),
+        st.sampled_from(_EXC_NAMES),
+    ),
+    st.builds(
+        lambda a, b: ["replace", HostileInt(a), HostileInt(b)],
+        st.integers(0, 3),
+        st.integers(0, 3),
+    ),
+)
+
+
+@st.composite
+def _hostile_appends(draw: st.DrawFn) -> tuple[EventType, Any, datetime]:
+    etype = draw(st.sampled_from(list(EventType)))
+    top = draw(_hostile_mappings(_hostile_values))
+    if isinstance(top, dict) and etype in SURFACE_TYPES and draw(st.booleans()):
+        dict.__setitem__(top, "surface_op", draw(_surface_ops))
+    time = draw(st.sampled_from([T0] * 7 + [datetime(2026, 1, 1, tzinfo=HostileTZ())]))
+    return etype, top, time
+
+
+_REASONS = {
+    "invalid_event",
+    "unserializable_event_data",
+    "invalid_surface_op",
+    "surface_op_on_non_surface_event",
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(_hostile_appends())
+def test_append_or_log_never_raises_for_hostile_containers(
+    args: tuple[EventType, Any, datetime],
+) -> None:
+    """Whatever hostile containers the data holds, Log.append_or_log never raises and never
+    drops silently: it appends a JSON-clean event, or returns the log unchanged and logs one
+    log.event_dropped warning; Log.append agrees, failing only with InvalidEvent."""
+    etype, data, time = args
+    base = Log()
+    with _armed():
+        with capture_logs() as logs:
+            after = base.append_or_log(etype, data, time)
+        try:
+            strict: Log | InvalidEvent = base.append(etype, data, time)
+        except InvalidEvent as exc:
+            strict = exc
+    drops = [e for e in logs if e["event"] == "log.event_dropped"]
+    if after is base:
+        assert [(e["log_level"], e["type"]) for e in drops] == [("warning", etype.value)]
+        assert drops[0]["reason"] in _REASONS
+        assert isinstance(strict, InvalidEvent)
+        assert strict.reason == drops[0]["reason"]
+    else:
+        assert drops == []
+        assert after.count() == 1
+        assert isinstance(strict, Log)
+        (ev,) = after.events()
+        json.dumps(ev.data, allow_nan=False)  # what was stored is plain JSON
+        assert strict.events()[0].data == ev.data

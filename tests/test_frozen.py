@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import pickle
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -231,3 +232,193 @@ def test_freeze_names_the_path_of_a_bad_value() -> None:
     with pytest.raises(NotJSON) as info:
         freeze({"a": [0, {"b": b"bytes"}]}, "data")
     assert info.value.path == "data['a'][1]['b']"
+
+
+# -- values that fail when read ----------------------------------------------------------
+
+
+class Unprintable(Exception):
+    """An exception whose own __str__ raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class RaisingMapping(Mapping[str, Any]):
+    """A Mapping whose ``fail`` method raises ``exc`` (``items`` goes through __iter__)."""
+
+    def __init__(self, items: dict[str, Any], fail: str, exc: BaseException) -> None:
+        self._items, self._fail, self._exc = items, fail, exc
+
+    def _check(self, name: str) -> None:
+        if self._fail == name:
+            raise self._exc
+
+    def __getitem__(self, key: str) -> Any:
+        self._check("__getitem__")
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        self._check("__iter__")
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        self._check("__len__")
+        return len(self._items)
+
+
+class RaisingItemsDict(dict[str, Any]):
+    def items(self) -> Any:
+        raise ValueError("items is broken")
+
+
+class RaisingList(list[Any]):
+    def __iter__(self) -> Iterator[Any]:
+        raise ValueError("iteration is broken")
+
+
+class RaisingTuple(tuple[Any, ...]):
+    def __iter__(self) -> Iterator[Any]:
+        raise RecursionError("maximum recursion depth exceeded (on purpose)")
+
+
+class BrokenStr(str):
+    """A str whose __str__, __repr__, __hash__ and __eq__ all raise."""
+
+    def __str__(self) -> str:
+        raise ValueError("__str__ is broken")
+
+    def __repr__(self) -> str:
+        raise ValueError("__repr__ is broken")
+
+    def __hash__(self) -> int:
+        raise ValueError("__hash__ is broken")
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("__eq__ is broken")
+
+
+class KeyStr(str):
+    """A str key whose __hash__, __eq__ and __str__ raise once ``broken`` is set (it must
+    hash to enter a dict first)."""
+
+    broken = False
+
+    def _check(self) -> None:
+        if KeyStr.broken:
+            raise ValueError("broken")
+
+    def __hash__(self) -> int:
+        self._check()
+        return str.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._check()
+        return str.__eq__(self, other)
+
+    def __str__(self) -> str:
+        self._check()
+        return str.__str__(self)
+
+
+class BrokenReprKey:
+    """A non-str key (hashable) whose __repr__ raises."""
+
+    def __repr__(self) -> str:
+        raise ValueError("__repr__ is broken")
+
+
+class IdentityStr(str):
+    """A str subclass compared by identity: two of them with one text are two keys."""
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+UNREADABLE: list[tuple[Any, str, str]] = [
+    (RaisingMapping({"a": 1}, "__iter__", ValueError("boom")), "data['m']", "ValueError: boom"),
+    (RaisingMapping({"a": 1}, "__getitem__", KeyError("a")), "data['m']", "KeyError"),
+    (RaisingMapping({"a": 1}, "__getitem__", Unprintable()), "data['m']", "unprintable"),
+    (RaisingItemsDict(a=1), "data['m']", "ValueError: items is broken"),
+    (RaisingList([1, 2]), "data['m']", "ValueError: iteration is broken"),
+    ([0, RaisingList([1])], r"data['m'][1]", "iteration is broken"),
+    ({"x": RaisingMapping({}, "__iter__", TypeError("t"))}, "data['m']['x']", "TypeError: t"),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "detail"), UNREADABLE, ids=[p for _, p, _ in UNREADABLE]
+)
+def test_a_container_that_raises_when_read_is_not_json_at_its_path(
+    value: Any, path: str, detail: str
+) -> None:
+    """Whatever the caller's container raises while read becomes NotJSON naming its path."""
+    with pytest.raises(NotJSON, match=re.escape(detail)) as info:
+        freeze({"m": value}, "data")
+    assert info.value.path == path
+    assert "raised" in info.value.detail
+    assert "pass plain dicts, lists and scalars" in info.value.detail
+
+
+def test_a_mapping_whose_len_raises_is_still_read() -> None:
+    """freeze never asks a mapping's length, so a broken __len__ alone does not matter."""
+    assert freeze(RaisingMapping({"a": 1}, "__len__", ValueError("len"))) == {"a": 1}
+
+
+def test_a_recursion_error_raised_while_reading_is_not_json() -> None:
+    """A RecursionError from the caller's code is refused like nesting too deep, not raised."""
+    with pytest.raises(NotJSON, match="recursed without end") as info:
+        freeze({"m": RaisingTuple((1,))}, "data")
+    assert info.value.path == "data"
+
+
+def test_a_str_subclass_is_read_by_its_text_even_with_broken_methods() -> None:
+    """A str subclass (as a value or a key) is stored as its plain text: its methods never run."""
+    value = BrokenStr("v")
+    key = KeyStr("k")
+    d = {"plain": value, key: 1}
+    KeyStr.broken = True
+    try:
+        frozen = freeze([value, d])
+    finally:
+        KeyStr.broken = False
+    assert frozen == ["v", {"plain": "v", "k": 1}]
+    assert type(frozen[0]) is str
+    assert all(type(k) is str for k in frozen[1])
+
+
+def test_a_non_str_key_with_a_broken_repr_is_named_without_calling_it() -> None:
+    """A non-str key is refused with NotJSON even when its __repr__ raises."""
+    with pytest.raises(NotJSON, match="of type BrokenReprKey is not a string"):
+        freeze({BrokenReprKey(): 1}, "data")
+
+
+def test_two_keys_with_the_same_text_are_refused_not_merged() -> None:
+    """Two str-subclass keys that read as one text would lose a value: refused instead."""
+    d = {IdentityStr("k"): 1, IdentityStr("k"): 2}
+    assert len(d) == 2
+    with pytest.raises(NotJSON, match="two keys of this object read as the same text"):
+        freeze(d, "data")
+    with pytest.raises(NotJSON, match="read as the same text"):
+        freeze({IdentityStr("k"): 1, "k": 2}, "data")
+    with pytest.raises(NotJSON, match="read as the same text"):
+        freeze({"k": 1, IdentityStr("k"): 2}, "data")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: FrozenDict(RaisingMapping({"a": 1}, "__iter__", ValueError("x"))),
+        lambda: FrozenList(RaisingList([1])),
+    ],
+    ids=["FrozenDict", "FrozenList"],
+)
+def test_frozen_constructors_refuse_an_unreadable_source_with_not_json(
+    make: Callable[[], Any],
+) -> None:
+    """FrozenDict(x) / FrozenList(x) of a source that raises when read raise NotJSON (a
+    TypeError), not the source's own exception."""
+    with pytest.raises(NotJSON, match=r"raised ValueError: .* when read"):
+        make()
