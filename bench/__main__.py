@@ -2,14 +2,14 @@
 
 Runs the registered benchmarks one after the other, prints progress on
 stderr, the results table on stdout, and writes every number to a JSON file;
-then prints a summary of the DESIGN.md §8 goals and draws the scaling figures
-(:mod:`bench.plot`, needs matplotlib) into ``scaling.png`` next to the JSON file.
+then prints a summary of the DESIGN.md §8 goals and draws the figures
+(:mod:`bench.plot`, needs matplotlib: ``goals.png``, ``scaling.png``) next to
+the JSON file. The cyclic GC stays on in every timed section.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
-from bench import core, durable, plot, session
+from bench import core, durable, lifetime, plot, session
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
 
-MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable)
+MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable, lifetime)
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
 
@@ -52,17 +52,15 @@ def select(benchmarks: Sequence[Benchmark], only: Sequence[str]) -> list[Benchma
     return chosen
 
 
-def draw(json_path: Path) -> str:
-    """Draw the scaling PNG of the results at ``json_path`` next to it; a line saying where."""
-    png = json_path.with_name(plot.DEFAULT_PNG.name)
-    doc = json.loads(json_path.read_text(encoding="utf-8"))
-    if not plot.has_scaling(doc):
-        return "plot: none (no core.append_derive, durable.sweep or durable.appends in this run)"
+def draw(doc: dict[str, Any], folder: Path) -> str:
+    """Draw the figures of ``doc`` into ``folder``; a line saying where (or why not)."""
     try:
-        plot.plot(doc, png)
+        written = plot.draw_all(doc, folder)
     except ImportError as exc:
         return f"plot: not drawn ({exc}); install the bench extra: pip install -e '.[bench]'"
-    return f"plot: {png}"
+    if not written:
+        return "plot: none (no goal row, sweep or long session in this run)"
+    return "plot: " + ", ".join(str(p) for p in written)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,14 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     loadavg = os.getloadavg() if hasattr(os, "getloadavg") else None
     outcomes: list[Outcome] = []
-    for b in chosen:
-        progress(f"{b.name}: start ({'quick' if config.quick else 'full'})")
+    for i, b in enumerate(chosen, start=1):
+        size = "quick" if config.quick else "full"
+        progress(f"[{i}/{len(chosen)}] {b.name}: {b.title}: start ({size})")
         t0 = time.perf_counter()
         section = b.run(config)
         outcomes.append(Outcome(b, section, time.perf_counter() - t0))
         progress(f"{b.name}: done in {outcomes[-1].seconds:.1f} s")
     print_table(outcomes, loadavg=loadavg)
-    write_json(
+    doc = write_json(
         args.json,
         outcomes,
         quick=config.quick,
@@ -116,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     progress(f"wrote {args.json}")
     print_goals(outcomes)
-    progress("drawing the scaling plot")
-    print(draw(args.json))
+    progress("drawing the figures")
+    print(draw(doc, args.json.parent))
     print(f"results: {args.json}; total run time {time.perf_counter() - t_start:.0f} s")
     return 0
 

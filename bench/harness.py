@@ -1,44 +1,66 @@
-"""What every benchmark module shares: registration, sizing, timing, statistics, progress.
+"""What every benchmark module shares: registration, sizing, timing, goals, threads, output.
 
-A benchmark module (``bench/core.py`` today; the session actor and the SQLite
-store later) exposes ``BENCHMARKS``, a tuple of :class:`Benchmark`; each one is
-a function from a :class:`Config` to a :class:`Section` of table rows. The
-list of modules lives in ``bench/__main__.py``.
+A benchmark module exposes ``BENCHMARKS``, a tuple of :class:`Benchmark`; each
+one is a function from a :class:`Config` to a :class:`Section` of table rows.
+The list of modules lives in ``bench/__main__.py``. Modules import this one as
+``from bench import harness as h``.
 
-Timing rules (the machine is shared and noisy): every timed section runs with
-the garbage collector disabled and is measured with ``time.perf_counter_ns``;
-each figure is repeated and reported as its median with the min-max spread;
-ours and the baseline are timed side by side, alternating, in the same run, so
-their ratio is the number to trust and absolute times are context.
+Timing rules (DESIGN.md §8, "measure as users run"): the cyclic garbage
+collector stays ON in every timed section (a GC-off figure may be shown
+beside a GC-on one, never instead of it); times come from
+``time.perf_counter_ns``; each figure is repeated and reported as its median
+with the min-max spread; ours and the baseline are timed side by side,
+alternating, in the same run, so their ratio is the number to trust and
+absolute times are context. ``gc.collect()`` runs only between timed runs.
+
+A row that judges a DESIGN.md §8 goal carries the goal's id (:data:`GOALS`),
+the figure it judges, the target and the sense of the comparison; its verdict
+is computed from those (:func:`goal_row`), so the table, the JSON file and the
+plot all say the same thing.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.util
+import shutil
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
 
 __all__ = [
+    "GOALS",
+    "JOIN_TIMEOUT",
     "Benchmark",
     "Config",
     "Row",
     "Section",
+    "Sense",
     "Stats",
     "Verdict",
     "fmt_bytes",
     "fmt_count",
     "fmt_rate",
-    "fmt_ratio",
     "fmt_rate_spread",
+    "fmt_ratio",
     "fmt_time",
     "fmt_time_spread",
-    "gc_paused",
+    "gc_off",
+    "goal_row",
+    "info_row",
+    "installed",
     "progress",
+    "ratios",
+    "run_threads",
+    "scratch",
+    "settle",
     "time_ns",
     "timed",
 ]
@@ -47,6 +69,32 @@ T = TypeVar("T")
 
 Verdict = Literal["pass", "fail", "info"]
 """``pass``/``fail`` against a DESIGN.md §8 goal; ``info`` for context rows without one."""
+
+Sense = Literal[">=", "<="]
+"""How a judged figure compares with its target to pass."""
+
+JOIN_TIMEOUT: Final = 300.0
+"""Seconds any wait of the suite lasts at most before it calls the run broken."""
+
+GOALS: Final[dict[str, str]] = {
+    "G1": "session append round trip (memory) <= 1.2x a bare Pykka ask to a no-op actor",
+    "G2": "pipelined appends to one in-memory session >= 100k events/s",
+    "G3": "durable 100 sessions x 100 events, SQLite file, durability full, acked after "
+    "commit, each caller shape (pipelined; a thread per session; one asyncio loop with 100 "
+    "coroutines): >= 20k events/s and >= 5x (asyncio: >= 10x) eventsourcing's SQLite "
+    "recorder and the Agents SDK SQLiteSession",
+    "G4": "sessions sweep 1, 10, 100, 1000 (durable): throughput at 1000 >= 0.9x that at 100",
+    "G5": "a long session, 100k events, a compaction every 100: events/s over the last 30% "
+    ">= 0.8x the first 30%; compact + next derive latency flat (last/first window <= 1.5x)",
+    "G6": "derive_messages after one append on a 100k-event materialized log: <= 1 ms and "
+    "flat on a compacted log; <= 3x a bare copy of a list that long uncompacted",
+    "G7": "full fold, 100k events with 1k replaces >= 20x the O(n*r) reference fold",
+    "G8": "recovery of a 100k-event session from SQLite <= 1 s and <= 2x a bare SELECT + "
+    "json.loads of the same rows",
+    "G9": "a summariser that takes 2 s: the session's other calls answered in <= 10 ms meanwhile",
+    "G10": "memory per stored small event in a live session <= 1.3x a plain list of dicts",
+}
+"""The DESIGN.md §8 goals the suite judges, by id, in the order of the brief."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +110,13 @@ class Config:
 
 @dataclass(frozen=True)
 class Row:
-    """One line of the results table; ``numbers`` holds the raw figures for the JSON file."""
+    """One line of the results table; ``numbers`` holds the raw figures for the JSON file.
+
+    A goal row also has ``goal_id`` (a key of :data:`GOALS`), ``value`` (the
+    figure judged, in ``unit``), ``target`` and ``sense``: it passes when
+    ``value sense target`` holds (and nothing else made it fail, see
+    :func:`goal_row`).
+    """
 
     benchmark: str
     ours: str
@@ -71,6 +125,58 @@ class Row:
     goal: str
     verdict: Verdict
     numbers: dict[str, Any] = field(default_factory=dict)
+    goal_id: str = ""
+    value: float | None = None
+    target: float | None = None
+    sense: Sense | None = None
+    unit: str = ""
+
+
+def goal_row(
+    goal_id: str,
+    what: str,
+    *,
+    ours: str,
+    baseline: str,
+    ratio: str,
+    value: float,
+    sense: Sense,
+    target: float,
+    goal: str,
+    unit: str = "x",
+    numbers: dict[str, Any] | None = None,
+    valid: bool = True,
+) -> Row:
+    """A row that judges goal ``goal_id``: pass iff ``value sense target`` and ``valid``.
+
+    ``valid`` is ``False`` when the run did not measure what the goal is about
+    (e.g. the compaction under a slow summariser failed): then it fails whatever
+    the figure.
+    """
+    if goal_id not in GOALS:
+        raise ValueError(f"unknown goal id {goal_id!r}")
+    ok = value >= target if sense == ">=" else value <= target
+    return Row(
+        what,
+        ours,
+        baseline,
+        ratio,
+        goal,
+        "pass" if ok and valid else "fail",
+        dict(numbers or {}),
+        goal_id,
+        float(value),
+        float(target),
+        sense,
+        unit,
+    )
+
+
+def info_row(
+    what: str, ours: str, baseline: str = "-", ratio: str = "-", /, **numbers: Any
+) -> Row:
+    """A context row: no goal, verdict ``info``."""
+    return Row(what, ours, baseline, ratio, "- (context)", "info", dict(numbers))
 
 
 @dataclass
@@ -132,9 +238,30 @@ class Stats:
         }
 
 
+def ratios(num: Sequence[float], den: Sequence[float]) -> Stats:
+    """Per repeat ``num[i] / den[i]`` (side by side in the same repeat), summarised."""
+    return Stats.of([a / b for a, b in zip(num, den, strict=True)])
+
+
+# -- timing (GC on) -------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], T]) -> tuple[int, T]:
+    """Wall time in nanoseconds of one call of ``fn`` (GC on, as users run), and its result."""
+    t0 = time.perf_counter_ns()
+    result = fn()
+    t1 = time.perf_counter_ns()
+    return t1 - t0, result
+
+
+def time_ns(fn: Callable[[], object]) -> int:
+    """Wall time of one call of ``fn`` in nanoseconds, GC on."""
+    return timed(fn)[0]
+
+
 @contextmanager
-def gc_paused() -> Iterator[None]:
-    """Disable the cyclic garbage collector for the block, restoring its previous state."""
+def gc_off() -> Iterator[None]:
+    """The cyclic GC disabled for the block: only for a side figure shown BESIDE a GC-on one."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -144,18 +271,73 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def timed(fn: Callable[[], T]) -> tuple[int, T]:
-    """Wall time in nanoseconds of one call of ``fn`` (gc paused), and what it returned."""
-    with gc_paused():
-        t0 = time.perf_counter_ns()
-        result = fn()
-        t1 = time.perf_counter_ns()
-    return t1 - t0, result
+def settle() -> None:
+    """Between timed runs (never inside one): collect the previous run's garbage."""
+    gc.collect()
 
 
-def time_ns(fn: Callable[[], object]) -> int:
-    """Wall time of one call of ``fn`` in nanoseconds, with the garbage collector paused."""
-    return timed(fn)[0]
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (the peers are optional)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# -- threads and files ------------------------------------------------------------------------
+
+
+def run_threads(
+    work: Callable[[int], T], threads: int, label: str, timeout: float = JOIN_TIMEOUT
+) -> tuple[int, list[T]]:
+    """Run ``work(i)`` in ``threads`` threads released together by a barrier.
+
+    Returns the wall ns from the release to the last join, and each thread's
+    result. Every wait is bounded: a thread still running after ``timeout``
+    seconds, or one that raised, fails the run with an ``AssertionError``.
+    """
+    barrier = threading.Barrier(threads + 1)
+    results: list[Any] = [None] * threads
+    done = [False] * threads
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait(timeout=timeout)
+            results[i] = work(i)
+            done[i] = True
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    pool = [
+        threading.Thread(target=body, args=(i,), name=f"{label}-{i}", daemon=True)
+        for i in range(threads)
+    ]
+    for t in pool:
+        t.start()
+    barrier.wait(timeout=timeout)
+    t0 = time.perf_counter_ns()
+    deadline = time.monotonic() + timeout
+    for t in pool:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    t1 = time.perf_counter_ns()
+    if any(t.is_alive() for t in pool):
+        raise AssertionError(f"{label}: threads still running after {timeout:g} s")
+    if errors:
+        raise AssertionError(f"{label}: a thread failed: {errors[0]!r}") from errors[0]
+    if not all(done):
+        raise AssertionError(f"{label}: a thread returned nothing")
+    return t1 - t0, results
+
+
+@contextmanager
+def scratch(label: str) -> Iterator[Path]:
+    """A fresh folder for one run's database files, removed after."""
+    folder = Path(tempfile.mkdtemp(prefix=f"nous-bench-{label}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 _START = time.perf_counter()
@@ -208,7 +390,7 @@ def fmt_bytes(b: float) -> str:
 def fmt_ratio(r: float, lo: float | None = None, hi: float | None = None) -> str:
     """A ratio with an optional min-max range: ``36.2x [33-38.1]``."""
     text = f"{_num(r)}x"
-    if lo is not None and hi is not None:
+    if lo is not None and hi is not None and (lo, hi) != (r, r):
         text += f" [{_num(lo)}-{_num(hi)}]"
     return text
 

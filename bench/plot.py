@@ -1,15 +1,14 @@
-"""The scaling figures as a PNG: ``python -m bench.plot [JSON] [PNG]``.
+"""The figures as PNGs: ``python -m bench.plot [JSON [FOLDER]]``.
 
-Two panels, read from the JSON file :mod:`bench.report` writes (or the same
-document in memory):
+Read from the JSON file :mod:`bench.report` writes (or the same document in memory):
 
-* (a) ``core.append_derive``: time of one ``append`` + ``derive_messages`` on a
-  materialized log vs the log's size (log-log), for a compacted session and for
-  the worst case whose surface is the whole log, with the refold each derive
-  would cost without the incremental fold, and the 1 ms goal of DESIGN.md §8;
-* (b) ``durable.sweep``: durable events/s vs the number of sessions (SQLite,
-  durability full), ours and the baselines, with the 20k events/s goal (if the
-  sweep did not run, the ``durable.appends`` points at its one size).
+* ``goals.png``: every goal row of the run as a horizontal bar of its margin
+  against its goal (figure / target for a ">=" goal, target / figure for a
+  "<=" goal, log scale), so the goal is the line at 1 and every bar reaching
+  past it passes; colored by verdict, labelled with the figure and the goal.
+* ``scaling.png``: the sessions sweep (G4: durable events/s vs sessions, per
+  caller shape) and the long session (G5: events/s and compact + derive
+  latency per 10% window), when those ran.
 
 matplotlib (in the ``bench`` extra) is imported only when a plot is drawn,
 with the non-interactive Agg backend.
@@ -26,100 +25,47 @@ from typing import Any, Final
 
 from bench.report import DEFAULT_JSON
 
-__all__ = ["DEFAULT_PNG", "has_scaling", "main", "plot", "plot_file"]
+__all__ = ["GOALS_PNG", "SCALING_PNG", "draw_all", "main"]
 
-DEFAULT_PNG: Final = DEFAULT_JSON.with_name("scaling.png")
-DERIVE_GOAL_S: Final = 1e-3
-RATE_GOAL: Final = 20_000.0
-
-_SHAPES: Final = {
-    "a": ("(a) compacted session (surface ≈ a few hundred messages)", "tab:blue", "o"),
-    "b": ("(b) no compaction (surface = the whole log)", "tab:orange", "s"),
-}
-_SWEEP_STYLE: Final = {
-    # name: (label, color, marker, linestyle, linewidth)
-    "ours full pipelined": (
-        "ours, pipelined ({threads} client threads)",
-        "tab:blue",
-        "o",
-        "-",
-        2.2,
-    ),
-    "ours full threads": ("ours, a thread per session, append().get()", "tab:cyan", "D", "-", 1.6),
-    "eventsourcing": (
-        "eventsourcing SQLite recorder (a thread per session)",
-        "0.35",
-        "^",
-        "--",
-        1.4,
-    ),
-    "agents": ("OpenAI Agents SQLiteSession (a task per session)", "0.6", "v", ":", 1.6),
-}
-_DODGE: Final = {"ours full threads": 0.95, "agents": 1.05}
-"""Horizontal nudges (factors on the log axis) of the lower, crowded series."""
-GOAL_COLOR: Final = "tab:red"
+GOALS_PNG: Final = "goals.png"
+SCALING_PNG: Final = "scaling.png"
+COLORS: Final = {"pass": "#2e8b3a", "fail": "#c62828"}
+GOAL_COLOR: Final = "0.15"
 
 
-def has_scaling(doc: dict[str, Any]) -> bool:
-    """Whether ``doc`` holds either panel's figures (else a plot would be empty)."""
-    return bool(_derive_points(doc) or _rate_points(doc)[0])
+def _goal_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for section in doc.get("benchmarks", {}).values():
+        for r in section["rows"]:
+            if r.get("goal_id") and r.get("value") is not None and r.get("target"):
+                rows.append(r)
+    order = {f"G{i}": i for i in range(1, 20)}
+    rows.sort(key=lambda r: order.get(r["goal_id"], 99))
+    return rows
 
 
-def _derive_points(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """``core.append_derive``'s per-size rows, by shape, sorted by log size."""
-    section = doc.get("benchmarks", {}).get("core.append_derive")
-    out: dict[str, list[dict[str, Any]]] = {}
-    if not section:
-        return out
-    for row in section["rows"]:
-        nums = row["numbers"]
-        if "append_derive_ns" in nums:
-            out.setdefault(nums["shape"], []).append(nums)
-    for points in out.values():
-        points.sort(key=lambda p: p["n"])
-    return out
+def _margin(r: dict[str, Any]) -> float:
+    """How far past its goal a row is: > 1 meets it, whatever the goal's direction."""
+    v, t = float(r["value"]), float(r["target"])
+    raw = v / t if r["sense"] == ">=" else (t / v if v > 0 else 1e3)
+    return min(max(raw, 1e-3), 1e3)
 
 
-def _rate_points(doc: dict[str, Any]) -> tuple[dict[str, list[tuple[int, dict[str, float]]]], str]:
-    """Events/s by variant as ``(sessions, stats)`` points, and where they come from."""
-    benches = doc.get("benchmarks", {})
-    sweep = benches.get("durable.sweep", {}).get("data", {}).get("sweep")
-    if sweep:
-        points = {
-            name: [(p["sessions"], p["events_per_s"]) for p in pts]
-            for name, pts in sweep["variants"].items()
-        }
-        return points, f"{sweep['events_per_session']} events per session, durable.sweep"
-    section = benches.get("durable.appends")
-    if not section:
-        return {}, ""
-    out: dict[str, list[tuple[int, dict[str, float]]]] = {}
-    events = 0
-    for row in section["rows"]:
-        nums = row["numbers"]
-        if nums.get("store") != "full":
-            continue
-        s, events = nums["sessions"], nums["events_per_session"]
-        out[f"ours full {nums['shape']}"] = [(s, nums["ours_events_per_s"])]
-        out["eventsourcing"] = [(s, nums["eventsourcing_events_per_s"])]
-    for row in section["rows"]:
-        if "agents" in row["baseline"] and "baseline_events_per_s" in row["numbers"]:
-            out["agents"] = [(out["eventsourcing"][0][0], row["numbers"]["baseline_events_per_s"])]
-    return out, f"{events} events per session, durable.appends only: no sweep"
+def _short(text: str, n: int = 62) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _count_label(x: float) -> str:
-    for scale, suffix in ((1e6, "M"), (1e3, "k")):
-        if x >= scale:
-            return f"{x / scale:.3g}{suffix}"
-    return f"{x:.3g}"
+def _figure(r: dict[str, Any]) -> str:
+    unit = r.get("unit") or ""
+    v, t = float(r["value"]), float(r["target"])
 
+    def num(x: float) -> str:
+        if unit == "ev/s":
+            return f"{x / 1e3:.3g}k"
+        return f"{x:.3g}"
 
-def _time_label(seconds: float) -> str:
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if seconds >= scale * 0.999:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
+    sep = "" if unit == "x" else " "
+    return f"{num(v)}{sep}{unit}  (goal {r['sense']} {num(t)}{sep}{unit})"
 
 
 def _title(meta: dict[str, Any]) -> str:
@@ -130,9 +76,9 @@ def _title(meta: dict[str, Any]) -> str:
         f"{meta.get('cpu_count', '?')} CPUs",
         f"load {load[0]:.1f}" if load else None,
         f"Python {meta.get('python', '?')}",
-        str(meta.get("platform", "")).split("-with-")[0] or None,
         f"commit {str(meta['git_commit'])[:8]}" if meta.get("git_commit") else None,
         "+ uncommitted library changes" if meta.get("library_dirty") else None,
+        "GC on",
     ]
     title = " · ".join(b for b in bits if b)
     if meta.get("quick"):
@@ -140,167 +86,164 @@ def _title(meta: dict[str, Any]) -> str:
     return title
 
 
-def _empty(ax: Any, what: str) -> None:
-    ax.text(0.5, 0.5, f"{what}\nnot measured in this run", ha="center", va="center", fontsize=12)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _panel_derive(ax: Any, doc: dict[str, Any]) -> None:
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
-
-    points = _derive_points(doc)
-    if not points:
-        _empty(ax, "(a) append + derive vs log size (core.append_derive)")
-        return
-    sizes = sorted({p["n"] for pts in points.values() for p in pts})
-    handles: list[Any] = []
-    for shape, pts in sorted(points.items()):
-        label, color, marker = _SHAPES.get(shape, (shape, "k", "o"))
-        xs = [p["n"] for p in pts]
-        med = [p["append_derive_ns"]["median"] / 1e9 for p in pts]
-        p99 = [p["append_derive_ns"]["p99"] / 1e9 for p in pts]
-        refold = [p["refold_ns"]["median"] / 1e9 for p in pts]
-        up = [q - m for q, m in zip(p99, med, strict=True)]
-        handles.append(
-            ax.errorbar(xs, med, yerr=[[0.0] * len(xs), up], marker=marker, color=color, lw=2.2,
-                        ms=7, capsize=4, label=f"{label}: median, whisker to p99")
-        )  # fmt: skip
-        handles += ax.plot(xs, refold, marker=marker, color=color, lw=1, ls="--", ms=4,
-                           alpha=0.5, label=f"{label[:3]} refold: one derive without the "
-                           "incremental fold (materialize)")  # fmt: skip
-        for x, y in zip(xs, med, strict=True):
-            ax.annotate(
-                _time_label(y),
-                (x, y),
-                textcoords="offset points",
-                xytext=(0, -15) if shape == "a" else (-7, 7),
-                ha="center" if shape == "a" else "right",
-                fontsize=9,
-                color=color,
-                fontweight="bold",
-            )
-    handles.append(
-        ax.axhline(
-            DERIVE_GOAL_S,
-            color=GOAL_COLOR,
-            lw=1.5,
-            ls="-.",
-            label="goal (DESIGN.md §8): ≤ 1 ms at 100k events, flat as the log grows",
-        )
-    )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(sizes[0] / 3, sizes[-1] * 2)
-    ymin, ymax = ax.get_ylim()
-    ax.set_ylim(min(ymin, 1e-6), max(ymax, 1e-2))
-    ax.xaxis.set_major_locator(FixedLocator(sizes))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _count_label(x)))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_locator(LogLocator(base=10))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _time_label(y)))
-    ax.set_xlabel("events in the log (log scale)")
-    ax.set_ylabel("time per append + derive_messages() (log scale)")
-    ax.set_title("(a) append + derive on a materialized log vs log size", fontsize=12, loc="left")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(handles=handles, fontsize=8.5, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-
-
-def _panel_rate(ax: Any, doc: dict[str, Any]) -> None:
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
-
-    points, source = _rate_points(doc)
-    sweep = doc["benchmarks"].get("durable.sweep", {}).get("data", {}).get("sweep", {})
-    threads = sweep.get("pipeline_threads", 4)  # the fallback: durable.appends uses 4 too
-    if not points:
-        _empty(ax, "(b) durable events/s vs sessions (durable.sweep)")
-        return
-    sessions = sorted({s for pts in points.values() for s, _ in pts})
-    for name in [*_SWEEP_STYLE, *sorted(set(points) - set(_SWEEP_STYLE))]:
-        if name not in points:
-            continue
-        label, color, marker, ls, lw = _SWEEP_STYLE.get(name, (name, "k", "o", "-", 1.0))
-        label = label.format(threads=threads)
-        pts = sorted(points[name])
-        xs = [s * _DODGE.get(name, 1.0) for s, _ in pts]  # apart, so whiskers don't overlap
-        med = [st["median"] for _, st in pts]
-        lo = [st["median"] - st["min"] for _, st in pts]
-        hi = [st["max"] - st["median"] for _, st in pts]
-        ax.errorbar(xs, med, yerr=[lo, hi], color=color, marker=marker, ls=ls, lw=lw, ms=6,
-                    capsize=3, label=label)  # fmt: skip
-        if name == "ours full pipelined":
-            for x, y in zip(xs, med, strict=True):
-                ax.annotate(
-                    _count_label(y),
-                    (x, y),
-                    textcoords="offset points",
-                    xytext=(7, -13),
-                    ha="left",
-                    fontsize=9,
-                    color=color,
-                    fontweight="bold",
-                )
-    ax.axhline(
-        RATE_GOAL,
-        color=GOAL_COLOR,
-        lw=1.5,
-        ls="-.",
-        label="goal (DESIGN.md §8): ≥ 20k events/s at 100 sessions x 100",
-    )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(sessions[0] / 1.6, sessions[-1] * 1.6)
-    lowest = min(st["min"] for pts in points.values() for _, st in pts)
-    ymax = ax.get_ylim()[1]
-    ax.set_ylim(10 ** math.floor(math.log10(min(lowest, 1e3))), max(ymax * 1.5, 1e5))
-    ax.xaxis.set_major_locator(FixedLocator(sessions))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _count_label(y)))
-    ax.set_xlabel(f"sessions ({source}; log scale)")
-    ax.set_ylabel("events/s acknowledged after commit (log scale)")
-    ax.set_title(
-        "(b) durable appends vs sessions: SQLite file, durability full",
-        fontsize=12,
-        loc="left",
-    )
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8.5, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-
-
-def plot(doc: dict[str, Any], png: Path) -> Path:
-    """Draw both panels of ``doc`` (the JSON document) into ``png``; returns ``png``."""
+def plot_goals(doc: dict[str, Any], png: Path) -> Path | None:
+    """The goals figure; ``None`` (nothing drawn) when the run judged no goal."""
+    rows = _goal_rows(doc)
+    if not rows:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 7.4), layout="constrained")
+    margins = [_margin(r) for r in rows]
+    fig, ax = plt.subplots(figsize=(14, 1.2 + 0.36 * len(rows)), layout="constrained")
     try:
-        _panel_derive(left, doc)
-        _panel_rate(right, doc)
-        fig.suptitle(_title(doc.get("meta", {})), fontsize=11)
+        ys = list(range(len(rows)))[::-1]
+        colors = [COLORS.get(r["verdict"], "0.5") for r in rows]
+        ax.barh(ys, [m - 1 for m in margins], left=1, color=colors, height=0.7)
+        ax.axvline(1, color=GOAL_COLOR, lw=1.6, ls="-")
+        ax.set_xscale("log")
+        lo = min(0.5, min(margins) / 1.5)
+        hi = max(4.0, max(margins) * 12)
+        ax.set_xlim(lo, hi)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([f"{r['goal_id']}  {_short(r['benchmark'])}" for r in rows], fontsize=9)
+        for y, m, r in zip(ys, margins, rows, strict=True):
+            ax.text(
+                max(m, 1) * 1.08,
+                y,
+                _figure(r),
+                va="center",
+                ha="left",
+                fontsize=8.5,
+                color=COLORS.get(r["verdict"], "0.2"),
+                fontweight="bold",
+            )
+        ax.set_xlabel(
+            "margin against the goal (log scale): figure/goal for a '>=' goal, goal/figure for "
+            "a '<=' goal; right of the line = meets it"
+        )
+        goals = doc.get("goals", {})
+        passed = sum(1 for g in goals.values() if g["verdict"] == "pass")
+        judged = sum(1 for g in goals.values() if g["verdict"] != "not run")
+        ax.set_title(
+            f"DESIGN.md §8 goals: {passed} of {judged} met ({len(rows)} rows)",
+            fontsize=12,
+            loc="left",
+        )
+        ax.legend(
+            handles=[
+                Patch(color=COLORS["pass"], label="PASS"),
+                Patch(color=COLORS["fail"], label="FAIL"),
+            ],
+            loc="lower right",
+            fontsize=9,
+        )
+        ax.grid(True, axis="x", which="major", alpha=0.3)
+        fig.suptitle(_title(doc.get("meta", {})), fontsize=10)
         png.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(png, dpi=110)
+        fig.savefig(png, dpi=100)
     finally:
         plt.close(fig)
     return png
 
 
-def plot_file(json_path: Path, png: Path) -> Path:
-    """Plot the JSON file at ``json_path`` into ``png``."""
-    return plot(json.loads(json_path.read_text(encoding="utf-8")), png)
+def _count_label(x: float) -> str:
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def plot_scaling(doc: dict[str, Any], png: Path) -> Path | None:
+    """The sweep and long-session figure; ``None`` when neither ran."""
+    benches = doc.get("benchmarks", {})
+    sweep = benches.get("durable.sweep", {}).get("data", {}).get("sweep")
+    series = benches.get("lifetime.long", {}).get("data", {}).get("series")
+    if not sweep and not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(17, 5.6), layout="constrained")
+    try:
+        if sweep:
+            for shape, pts in sweep["shapes"].items():
+                xs = [p["sessions"] for p in pts]
+                med = [p["events_per_s"]["median"] for p in pts]
+                lo = [p["events_per_s"]["median"] - p["events_per_s"]["min"] for p in pts]
+                hi = [p["events_per_s"]["max"] - p["events_per_s"]["median"] for p in pts]
+                a.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, lw=2, label=shape)
+                for x, y in zip(xs, med, strict=True):
+                    a.annotate(_count_label(y), (x, y), textcoords="offset points",
+                               xytext=(5, 6), fontsize=8)  # fmt: skip
+            a.axhline(20_000, color="tab:red", ls="-.", lw=1.2, label="20k ev/s (G3)")
+            a.set_xscale("log")
+            a.set_yscale("log")
+            sessions = sweep["sessions"]
+            a.xaxis.set_major_locator(FixedLocator(sessions))
+            a.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+            a.xaxis.set_minor_formatter(NullFormatter())
+            a.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _count_label(y)))
+            ymin, ymax = a.get_ylim()
+            a.set_ylim(10 ** math.floor(math.log10(max(ymin, 1.0))), ymax * 1.5)
+            a.set_xlabel(f"sessions ({sweep['events_per_session']} events each, log scale)")
+            a.set_ylabel("events/s acked after commit (SQLite, durability full)")
+            a.set_title("G4 sessions sweep: goal at 1000 >= 0.9x at 100", loc="left", fontsize=11)
+            a.grid(True, alpha=0.3)
+            a.legend(fontsize=9)
+        else:
+            a.set_axis_off()
+        if series:
+            for where, s in series.items():
+                k = list(range(10, 10 * len(s["window_events_per_s"]) + 1, 10))
+                b.plot(k, s["window_events_per_s"], marker="o", lw=2, label=where)
+                c.plot(k, [x / 1e6 for x in s["window_compact_derive_median_ns"]], marker="o",
+                       lw=2, label=where)  # fmt: skip
+            b.set_yscale("log")
+            b.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _count_label(y)))
+            b.set_xlabel("window of the session's life (% of its events)")
+            b.set_ylabel("events/s (appends + compact + derive)")
+            b.set_title("G5 long session: events/s per 10% window", loc="left", fontsize=11)
+            c.set_yscale("log")
+            c.set_xlabel("window of the session's life (% of its events)")
+            c.set_ylabel("compact().get() + derive_messages().get(), median (ms)")
+            c.set_title("G5 long session: compact + derive latency", loc="left", fontsize=11)
+            for ax in (b, c):
+                ax.grid(True, alpha=0.3)
+                ax.legend(fontsize=9)
+        else:
+            b.set_axis_off()
+            c.set_axis_off()
+        fig.suptitle(_title(doc.get("meta", {})), fontsize=10)
+        png.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(png, dpi=100)
+    finally:
+        plt.close(fig)
+    return png
+
+
+def draw_all(doc: dict[str, Any], folder: Path) -> list[Path]:
+    """Draw every figure ``doc`` has data for into ``folder``; the files written."""
+    out = [plot_goals(doc, folder / GOALS_PNG), plot_scaling(doc, folder / SCALING_PNG)]
+    return [p for p in out if p is not None]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bench.plot [JSON [PNG]]``: redraw the plot from a results file."""
+    """``python -m bench.plot [JSON [FOLDER]]``: redraw the figures from a results file."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 2 or any(a.startswith("-") for a in args):
-        print("usage: python -m bench.plot [JSON [PNG]]", file=sys.stderr)
+        print("usage: python -m bench.plot [JSON [FOLDER]]", file=sys.stderr)
         return 2
     src = Path(args[0]) if args else DEFAULT_JSON
-    dst = Path(args[1]) if len(args) > 1 else src.with_name("scaling.png")
-    print(plot_file(src, dst))
+    dst = Path(args[1]) if len(args) > 1 else src.parent
+    for p in draw_all(json.loads(src.read_text(encoding="utf-8")), dst):
+        print(p)
     return 0
 
 

@@ -1,11 +1,12 @@
-"""Print the results table and write every number to a JSON file.
+"""Print the results table and the goals summary, and write every number to a JSON file.
 
-The table has one block per benchmark (columns: benchmark, ours, baseline,
-ratio, goal, verdict) followed by that benchmark's footnotes; after it, a
-summary (goal, measured, verdict) of the rows behind each DESIGN.md §8 goal
-(:func:`print_goals`). The JSON file
-(``bench/results/latest.json`` unless ``--json`` says otherwise; the folder is
-git-ignored) holds the same rows plus the raw figures behind them and a
+The table has one block per benchmark (columns: goal id, what, ours,
+baseline, ratio, goal, verdict) followed by that benchmark's footnotes,
+wrapped for a terminal. After it, :func:`print_goals` lists each DESIGN.md §8
+goal of :data:`bench.harness.GOALS` with its rows and one verdict: PASS when
+every row judging it passes, FAIL when one fails, NOT RUN when none ran. The
+JSON file (``bench/results/latest.json`` unless ``--json`` says otherwise)
+holds the same rows, the per-goal verdicts, the raw figures behind them and a
 description of the machine and run.
 """
 
@@ -16,40 +17,77 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
-from bench.harness import Benchmark, Row, Section
+from bench import harness as h
 
 __all__ = [
     "COLUMNS",
     "DEFAULT_JSON",
-    "GOALS",
     "Outcome",
+    "goal_verdicts",
     "machine",
     "print_goals",
     "print_table",
     "write_json",
 ]
 
-COLUMNS = ("benchmark", "ours", "baseline", "ratio", "goal", "verdict")
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
+COLUMNS: Final = ("id", "what", "ours", "baseline", "ratio", "goal", "verdict")
+DEFAULT_JSON: Final = Path(__file__).resolve().parent / "results" / "latest.json"
+WIDTHS: Final = (3, 44, 24, 26, 17, 15, 7)
+"""Column widths (characters); a longer cell is wrapped within its column."""
+NOTE_WIDTH: Final = 118
 
 
 @dataclass(frozen=True)
 class Outcome:
     """A benchmark together with what it returned and how long it took (wall seconds)."""
 
-    benchmark: Benchmark
-    section: Section
+    benchmark: h.Benchmark
+    section: h.Section
     seconds: float
 
 
-def _cells(row: Row) -> tuple[str, ...]:
-    return (row.benchmark, row.ours, row.baseline, row.ratio, row.goal, row.verdict)
+def _verdict_text(v: str) -> str:
+    return {"pass": "PASS", "fail": "FAIL", "info": "info"}.get(v, v)
+
+
+def _cells(row: h.Row) -> tuple[str, ...]:
+    return (
+        row.goal_id or "-",
+        row.benchmark,
+        row.ours,
+        row.baseline,
+        row.ratio,
+        row.goal,
+        _verdict_text(row.verdict),
+    )
+
+
+def _lines(cells: Sequence[str], widths: Sequence[int]) -> list[str]:
+    """One table row, each cell wrapped within its column width."""
+    wrapped = [textwrap.wrap(c, w) or [""] for c, w in zip(cells, widths, strict=True)]
+    height = max(len(x) for x in wrapped)
+    out = []
+    for i in range(height):
+        parts = [
+            (x[i] if i < len(x) else "").ljust(w) for x, w in zip(wrapped, widths, strict=True)
+        ]
+        out.append(" | ".join(parts).rstrip())
+    return out
+
+
+def _widths(outcomes: Sequence[Outcome]) -> list[int]:
+    rows = [_cells(r) for o in outcomes for r in o.section.rows]
+    return [
+        min(cap, max([len(name)] + [len(r[i]) for r in rows]))
+        for i, (name, cap) in enumerate(zip(COLUMNS, WIDTHS, strict=True))
+    ]
 
 
 def print_table(
@@ -61,25 +99,25 @@ def print_table(
 
     ``loadavg`` (as before the run) adds a line on how busy the machine was.
     """
-    rows = [_cells(r) for o in outcomes for r in o.section.rows]
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(COLUMNS)]
-
-    def line(cells: Sequence[str]) -> str:
-        return " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-
+    widths = _widths(outcomes)
     rule = "-+-".join("-" * w for w in widths)
-    print(line(COLUMNS), file=out)
+    for line in _lines(COLUMNS, widths):
+        print(line, file=out)
     print(rule, file=out)
     for o in outcomes:
         print(f"== {o.benchmark.name}: {o.benchmark.title} ({o.seconds:.1f} s)", file=out)
         for r in o.section.rows:
-            print(line(_cells(r)), file=out)
+            for line in _lines(_cells(r), widths):
+                print(line, file=out)
         for k, note in enumerate(o.section.notes, start=1):
-            print(f"   [{k}] {note}", file=out)
+            text = textwrap.fill(
+                note, NOTE_WIDTH, initial_indent=f"   [{k}] ", subsequent_indent="       "
+            )
+            print(text, file=out)
         print(rule, file=out)
     counts = _verdict_counts(outcomes)
     print(
-        f"verdicts: {counts['pass']} pass, {counts['fail']} fail, "
+        f"rows: {counts['pass']} PASS, {counts['fail']} FAIL, "
         f"{counts['info']} info (context, no goal)",
         file=out,
     )
@@ -91,146 +129,67 @@ def print_table(
         )
 
 
-# -- the end summary: one block per DESIGN.md §8 goal -------------------------------------
+def goal_verdicts(outcomes: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
+    """Per goal id of :data:`~bench.harness.GOALS`: its text, its rows, one verdict.
 
-
-@dataclass(frozen=True)
-class Goal:
-    """A DESIGN.md §8 goal: which rows of which benchmark judge it, and what they measured."""
-
-    text: str
-    benchmark: str
-    pick: Callable[[Row], bool]
-    measured: Callable[[Row], str]
-
-
-def _judged(row: Row) -> bool:
-    return row.verdict != "info"
-
-
-def _ratio(row: Row) -> str:
-    return row.ratio
-
-
-def _ours(row: Row) -> str:
-    return row.ours
-
-
-def _ours_and_ratio(row: Row) -> str:
-    return f"{row.ours} ({row.ratio})"
-
-
-def _versus(row: Row) -> str:
-    return f"{row.ours} vs {row.baseline} ({row.ratio})"
-
-
-GOALS: tuple[Goal, ...] = (
-    Goal(
-        "session append round trip <= 1.5x a bare Pykka ask",
-        "session.round_trip",
-        _judged,
-        _ratio,
-    ),
-    Goal(
-        "pipelined appends to one in-memory session >= 100k events/s",
-        "session.pipelined",
-        _judged,
-        _ours,
-    ),
-    Goal(
-        "durable appends, SQLite file, acked after commit >= 20k events/s",
-        "durable.appends",
-        lambda r: _judged(r) and "store" in r.numbers,
-        _ours,
-    ),
-    Goal(
-        "durable appends >= 5x eventsourcing and the Agents SDK SQLiteSession",
-        "durable.appends",
-        lambda r: _judged(r) and "store" not in r.numbers,
-        _ratio,
-    ),
-    Goal(
-        "derive_messages after one append on a 100k-event log <= 1 ms",
-        "core.append_derive",
-        lambda r: _judged(r) and r.numbers.get("n") == 100_000,
-        _ours,
-    ),
-    Goal(
-        "... and flat as the log grows (<= 2x from the smallest size to the largest)",
-        "core.append_derive",
-        lambda r: _judged(r) and "growth" in r.numbers,
-        _ours_and_ratio,
-    ),
-    Goal(
-        "full fold, 100k events x 1k replaces >= 20x the O(n*r) reference",
-        "core.fold",
-        _judged,
-        _ratio,
-    ),
-    Goal(
-        "recovery of a 100k-event session from SQLite <= 1 s",
-        "durable.recovery",
-        _judged,
-        _ours,
-    ),
-    Goal(
-        "memory per stored small event: reported, vs a plain list of dicts",
-        "core.memory",
-        lambda r: True,
-        _versus,
-    ),
-)
-"""The §8 goals in DESIGN.md order; the summary lists, under each, the rows ``pick`` selects."""
-
-
-def print_goals(
-    outcomes: Sequence[Outcome], out: TextIO = sys.stdout, goals: Sequence[Goal] = GOALS
-) -> dict[str, int]:
-    """Print the end summary (goal | measured | verdict), one block per §8 goal.
-
-    Under each goal, the rows that judge it, by their table title; a goal whose
-    benchmark did not run says ``not run``. Returns the counts of its verdicts.
+    The verdict is ``pass`` when every row judging the goal passes, ``fail``
+    when one fails, ``not run`` when none ran.
     """
-    by_name = {o.benchmark.name: o for o in outcomes}
-    lines: list[tuple[str, str, str]] = []
-    counts = {"pass": 0, "fail": 0, "info": 0, "not run": 0}
-    for g in goals:
-        o = by_name.get(g.benchmark)
-        if o is None:
-            lines.append((g.text, f"- ({g.benchmark} not run)", "not run"))
-            counts["not run"] += 1
-            continue
-        rows = [r for r in o.section.rows if g.pick(r)]
-        lines.append((g.text, "", ""))
-        if not rows:
-            lines.append(("  (no row for this goal at these sizes)", "-", "not run"))
-            counts["not run"] += 1
-        for r in rows:
-            lines.append((f"  {r.benchmark}", g.measured(r), r.verdict))
-            counts[r.verdict] += 1
-    header = ("goal (DESIGN.md §8)", "measured", "verdict")
-    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(3)]
+    out: dict[str, dict[str, Any]] = {}
+    rows = [(o.benchmark.name, r) for o in outcomes for r in o.section.rows]
+    for gid, text in h.GOALS.items():
+        mine = [(b, r) for b, r in rows if r.goal_id == gid]
+        verdicts = {r.verdict for _, r in mine}
+        verdict = "not run" if not mine else ("fail" if "fail" in verdicts else "pass")
+        out[gid] = {
+            "text": text,
+            "verdict": verdict,
+            "rows": [
+                {"benchmark": b, "what": r.benchmark, "verdict": r.verdict, "value": r.value}
+                for b, r in mine
+            ],
+        }
+    return out
 
-    def line(cells: Sequence[str]) -> str:
-        return " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
-    rule = "-+-".join("-" * w for w in widths)
+def print_goals(outcomes: Sequence[Outcome], out: TextIO = sys.stdout) -> dict[str, int]:
+    """Print the end summary, one block per goal: its rows (figure vs goal), its verdict.
+
+    Returns the counts of the goals' verdicts.
+    """
+    goals = goal_verdicts(outcomes)
+    rows = {(r.goal_id, r.benchmark): r for o in outcomes for r in o.section.rows if r.goal_id}
+    counts = {"pass": 0, "fail": 0, "not run": 0}
     print(file=out)
-    print("summary: the DESIGN.md §8 goals", file=out)
-    print(line(header), file=out)
-    print(rule, file=out)
-    for cells in lines:
-        if cells[1:] == ("", ""):
-            print(cells[0], file=out)  # a goal heading: no cells to align
-        else:
-            print(line(cells), file=out)
-    print(rule, file=out)
+    print("summary: the DESIGN.md §8 goals (GC on in every timed section)", file=out)
+    for gid, g in goals.items():
+        counts[g["verdict"]] += 1
+        head = f"{gid:>3} {g['verdict'].upper():7} "
+        print(textwrap.fill(g["text"], NOTE_WIDTH, initial_indent=head,
+                            subsequent_indent=" " * len(head)), file=out)  # fmt: skip
+        for item in g["rows"]:
+            r = rows[(gid, item["what"])]
+            figure = _value(r.value, r.unit)
+            target = f"{r.sense} {_value(r.target, r.unit)}"
+            print(
+                f"            {_verdict_text(r.verdict):4}  {figure:>12} vs {target:<14} "
+                f"{r.benchmark}",
+                file=out,
+            )
     print(
-        f"summary: {counts['pass']} pass, {counts['fail']} fail, {counts['info']} reported, "
+        f"summary: {counts['pass']} goals PASS, {counts['fail']} FAIL, "
         f"{counts['not run']} not run",
         file=out,
     )
     return counts
+
+
+def _value(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if unit == "ev/s":
+        return h.fmt_rate(x)
+    return f"{x:.3g}{unit}" if unit == "x" else f"{x:.3g} {unit}"
 
 
 def _verdict_counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
@@ -267,6 +226,7 @@ def machine() -> dict[str, Any]:
         "git_commit": _git("rev-parse", "HEAD") or None,
         # Uncommitted changes to the library mean the numbers are of the working tree.
         "library_dirty": bool(_git("status", "--porcelain", "--", "nous_actor")),
+        "gc_enabled_in_timed_sections": True,
     }
 
 
@@ -278,8 +238,8 @@ def write_json(
     started: datetime,
     argv: list[str],
     loadavg_before: Sequence[float] | None = None,
-) -> None:
-    """Write the run description and every benchmark's rows, notes and raw data to ``path``."""
+) -> dict[str, Any]:
+    """Write the run description, the goals and every benchmark's rows, notes and raw data."""
     doc: dict[str, Any] = {
         "meta": {
             **machine(),
@@ -290,6 +250,7 @@ def write_json(
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         },
         "summary": _verdict_counts(outcomes),
+        "goals": goal_verdicts(outcomes),
         "benchmarks": {
             o.benchmark.name: {
                 "title": o.benchmark.title,
@@ -305,3 +266,4 @@ def write_json(
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     tmp.replace(path)
+    return doc

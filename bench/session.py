@@ -21,7 +21,6 @@ switches per call (``/proc``) to tell which regime each unpinned block was in.
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
@@ -35,32 +34,16 @@ from typing import Any, Final
 
 import pykka
 
-from bench.harness import (
-    Benchmark,
-    Config,
-    Row,
-    Section,
-    Stats,
-    Verdict,
-    fmt_count,
-    fmt_rate_spread,
-    fmt_ratio,
-    fmt_time,
-    fmt_time_spread,
-    gc_paused,
-    progress,
-    timed,
-)
+from bench import harness as h
 from bench.workload import build, surface_only_specs
 from nous_actor import Log, Message, Session
 
 __all__ = ["BENCHMARKS"]
 
-ROUND_TRIP_GOAL: Final = 1.5
+ROUND_TRIP_GOAL: Final = 1.2
 PIPELINED_GOAL: Final = 100_000.0
 THREADS: Final = 8
-JOIN_TIMEOUT: Final = 120.0
-"""Seconds a benchmark waits for its caller threads before it calls the run broken."""
+JOIN_TIMEOUT: Final = h.JOIN_TIMEOUT
 
 CAN_PIN: Final = hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
 
@@ -113,15 +96,6 @@ def _check_seqs(seqs: Sequence[int], start: int, what: str) -> int:
 def _check_nones(results: Sequence[Any], n: int, what: str) -> None:
     if len(results) != n or any(r is not None for r in results):
         raise AssertionError(f"{what}: expected {n} None answers from the no-op actor")
-
-
-def _verdict(ok: bool) -> Verdict:
-    return "pass" if ok else "fail"
-
-
-def _time_ratio(ours: Sequence[int], base: Sequence[int]) -> Stats:
-    """Per repeat, our time / the baseline's time (lower is better)."""
-    return Stats.of([o / b for o, b in zip(ours, base, strict=True)])
 
 
 def _quantiles(samples: Sequence[float]) -> dict[str, float]:
@@ -215,10 +189,10 @@ def _per_call(before: int | None, after: int | None, n: int) -> float | None:
     return None if before is None or after is None else (after - before) / n
 
 
-def bench_round_trip(cfg: Config) -> Section:
+def bench_round_trip(cfg: h.Config) -> h.Section:
     """``append(...).get()`` one at a time vs a bare Pykka ``ask``: unpinned, same, cross CPU."""
     n = cfg.pick(3_000, 800)
-    repeats = cfg.pick(15, 4)
+    repeats = cfg.pick(9, 2)
     warm = 100
     cpus = sorted(os.sched_getaffinity(0)) if CAN_PIN else []
     datas = _payloads(n)
@@ -242,7 +216,7 @@ def bench_round_trip(cfg: Config) -> Section:
         next_seq = 0
         try:
             for k in range(repeats):
-                progress(f"session.round_trip: {n} calls per block, repeat {k + 1}/{repeats}")
+                h.progress(f"session.round_trip: {n} calls per block, repeat {k + 1}/{repeats}")
                 for i, (mode, place) in enumerate(_placements(cpus, k).items()):
                     if CAN_PIN:
                         _place(s, px, *(place or (set(cpus), set(cpus))))
@@ -251,7 +225,7 @@ def bench_round_trip(cfg: Config) -> Section:
                     for side in (0, 1) if (k + i) % 2 == 0 else (1, 0):
                         call, payloads = sides[side]
                         sw0 = _switches(me), _switches(tids[side])
-                        ns, (lat, got) = timed(partial(_round_trips, call, payloads))
+                        ns, (lat, got) = h.timed(partial(_round_trips, call, payloads))
                         sw1 = _switches(me), _switches(tids[side])
                         if side == 0:
                             next_seq = _check_seqs(got, next_seq, "session.round_trip")
@@ -261,43 +235,55 @@ def bench_round_trip(cfg: Config) -> Section:
                             _Block(ns, _per_call(sw0[0], sw1[0], n), _per_call(sw0[1], sw1[1], n))
                         )
                         calls[mode][side].extend(lat)
-                    gc.collect()
+                    h.settle()
             if s.count().get() != next_seq:
                 raise AssertionError("session.round_trip: the session lost appends")
         finally:
             if original is not None:
                 os.sched_setaffinity(0, original)
 
-    sec = Section()
+    sec = h.Section()
     for mode in modes:
         ours_b, base_b = blocks[mode]
         ours_ns, base_ns = [x.ns for x in ours_b], [x.ns for x in base_b]
-        o = Stats.of([t / n for t in ours_ns])
-        b = Stats.of([t / n for t in base_ns])
-        q = _time_ratio(ours_ns, base_ns)
+        o = h.Stats.of([t / n for t in ours_ns])
+        b = h.Stats.of([t / n for t in base_ns])
+        q = h.ratios(ours_ns, base_ns)
         qo, qb = _quantiles(calls[mode][0]), _quantiles(calls[mode][1])
-        sec.rows.append(
-            Row(
-                f"append round trip, {mode}",
-                fmt_time_spread(o),
-                "pykka ask " + fmt_time_spread(b),
-                fmt_ratio(q.median, q.min, q.max),
-                f"<= {ROUND_TRIP_GOAL:g}x",
-                _verdict(q.median <= ROUND_TRIP_GOAL) if mode == "unpinned" else "info",
-                {
-                    "placement": mode,
-                    "calls_per_block": n,
-                    "ours_ns_per_call": o.as_dict(),
-                    "baseline_ns_per_call": b.as_dict(),
-                    "ratio": q.as_dict(),
-                    "ratio_per_repeat": [x / y for x, y in zip(ours_ns, base_ns, strict=True)],
-                    "ours_call_quantiles_ns": qo,
-                    "baseline_call_quantiles_ns": qb,
-                    "ours_blocks": [asdict(x) for x in ours_b],
-                    "baseline_blocks": [asdict(x) for x in base_b],
-                },
-            )
+        nums = {
+            "placement": mode,
+            "calls_per_block": n,
+            "ours_ns_per_call": o.as_dict(),
+            "baseline_ns_per_call": b.as_dict(),
+            "ratio": q.as_dict(),
+            "ratio_per_repeat": [x / y for x, y in zip(ours_ns, base_ns, strict=True)],
+            "ours_call_quantiles_ns": qo,
+            "baseline_call_quantiles_ns": qb,
+            "ours_blocks": [asdict(x) for x in ours_b],
+            "baseline_blocks": [asdict(x) for x in base_b],
+        }
+        cells = (
+            h.fmt_time_spread(o),
+            "pykka ask " + h.fmt_time_spread(b),
+            h.fmt_ratio(q.median, q.min, q.max) + " the time",
         )
+        if mode == "unpinned":
+            sec.rows.append(
+                h.goal_row(
+                    "G1",
+                    f"append round trip, {mode}",
+                    ours=cells[0],
+                    baseline=cells[1],
+                    ratio=cells[2],
+                    value=q.median,
+                    sense="<=",
+                    target=ROUND_TRIP_GOAL,
+                    goal=f"<= {ROUND_TRIP_GOAL:g}x",
+                    numbers=nums,
+                )
+            )
+        else:
+            sec.rows.append(h.info_row(f"append round trip, {mode} (explains G1)", *cells, **nums))
         sec.notes.append(
             f"{mode}: per call p10/p50/p90/p99 over all repeats: ours {_us(qo)} us, pykka "
             f"{_us(qb)} us; context switches per call (caller+actor, median): "
@@ -325,8 +311,8 @@ def _sw(blocks: Sequence[_Block]) -> str:
     known = [x for x in blocks if x.caller_switches is not None and x.actor_switches is not None]
     if not known:
         return "unknown"
-    caller = Stats.of([x.caller_switches or 0.0 for x in known]).median
-    actor = Stats.of([x.actor_switches or 0.0 for x in known]).median
+    caller = h.Stats.of([x.caller_switches or 0.0 for x in known]).median
+    actor = h.Stats.of([x.actor_switches or 0.0 for x in known]).median
     return f"{caller:.2g}+{actor:.2g}"
 
 
@@ -357,7 +343,7 @@ def _regime_note(blocks: tuple[list[_Block], list[_Block]], n: int) -> str:
 
 
 def _median_time(ns: Sequence[float]) -> str:
-    return fmt_time(Stats.of(ns).median) if ns else "-"
+    return h.fmt_time(h.Stats.of(ns).median) if ns else "-"
 
 
 # -- 2. pipelined appends --------------------------------------------------------------------
@@ -383,7 +369,7 @@ def _noop_cpu_ns(px: Any) -> int:
     return px.thread_cpu_ns().get()  # type: ignore[no-any-return]
 
 
-def bench_pipelined(cfg: Config) -> Section:
+def bench_pipelined(cfg: h.Config) -> h.Section:
     """N appends issued without waiting, then the last awaited, vs pipelined Pykka asks."""
     n = cfg.pick(20_000, 5_000)
     repeats = cfg.pick(9, 3)
@@ -393,7 +379,9 @@ def bench_pipelined(cfg: Config) -> Section:
     times: dict[str, list[int]] = {k: [] for k in names}
     cpu: dict[str, list[int]] = {k: [] for k in names}  # caller + actor thread CPU time
     for k in range(repeats):
-        progress(f"session.pipelined: {fmt_count(n)} calls per variant, repeat {k + 1}/{repeats}")
+        h.progress(
+            f"session.pipelined: {h.fmt_count(n)} calls per variant, repeat {k + 1}/{repeats}"
+        )
         with _actors(f"bench-pipelined-{k}") as (s, ref):
             runs: dict[str, Callable[[], list[Any]]] = {
                 "append": partial(_pipeline, partial(s.append, "user_message"), datas),
@@ -407,7 +395,7 @@ def bench_pipelined(cfg: Config) -> Section:
             }
             for name in names if k % 2 == 0 else tuple(reversed(names)):
                 cpu0 = time.thread_time_ns() + actor_cpu[name]()
-                ns, futs = timed(runs[name])
+                ns, futs = h.timed(runs[name])
                 cpu1 = time.thread_time_ns() + actor_cpu[name]()
                 if name == "append":
                     _check_seqs([f.get(timeout=0).seq for f in futs], 0, "session.pipelined")
@@ -420,48 +408,54 @@ def bench_pipelined(cfg: Config) -> Section:
                 times[name].append(ns)
                 cpu[name].append(cpu1 - cpu0)
                 del futs
-                gc.collect()
-    rate = {k: Stats.of([n * 1e9 / t for t in v]) for k, v in times.items()}
-    cpu_rate = {k: Stats.of([n * 1e9 / t for t in v]) for k, v in cpu.items()}
-    sec = Section()
-    rows: tuple[tuple[str, dict[str, list[int]], dict[str, Stats], str, str, Verdict], ...] = (
-        (
-            "pipelined appends, one session",
-            times,
-            rate,
-            "append",
-            f">= {fmt_count(PIPELINED_GOAL)} ev/s",
-            _verdict(rate["append"].median >= PIPELINED_GOAL),
-        ),
-        ("pipelined appends, per CPU-second", cpu, cpu_rate, "append", "- (context)", "info"),
-        ("pipelined count() (messaging, no append)", times, rate, "count", "- (context)", "info"),
+                h.settle()
+    rate = {k: h.Stats.of([n * 1e9 / t for t in v]) for k, v in times.items()}
+    cpu_rate = {k: h.Stats.of([n * 1e9 / t for t in v]) for k, v in cpu.items()}
+    sec = h.Section()
+    rows: tuple[tuple[str, dict[str, list[int]], dict[str, h.Stats], str], ...] = (
+        ("pipelined appends, one session", times, rate, "append"),
+        ("pipelined appends, per CPU-second", cpu, cpu_rate, "append"),
+        ("pipelined count() (messaging, no append)", times, rate, "count"),
     )
-    for title, samples, rates, name, goal, verdict in rows:
-        slow = _time_ratio(samples[name], samples["ask"])
+    for i, (title, samples, rates, name) in enumerate(rows):
+        slow = h.ratios(samples[name], samples["ask"])
+        cells = (
+            h.fmt_rate_spread(rates[name]),
+            "pykka ask " + h.fmt_rate_spread(rates["ask"]),
+            h.fmt_ratio(slow.median, slow.min, slow.max) + " the time",
+        )
+        nums = {
+            "n": n,
+            "clock": "cpu" if samples is cpu else "wall",
+            "ours_events_per_s": rates[name].as_dict(),
+            "baseline_events_per_s": rates["ask"].as_dict(),
+            "slowdown": slow.as_dict(),
+        }
+        if i:
+            sec.rows.append(h.info_row(title, *cells, **nums))
+            continue
         sec.rows.append(
-            Row(
+            h.goal_row(
+                "G2",
                 title,
-                fmt_rate_spread(rates[name]),
-                "pykka ask " + fmt_rate_spread(rates["ask"]),
-                fmt_ratio(slow.median, slow.min, slow.max) + " the time",
-                goal,
-                verdict,
-                {
-                    "n": n,
-                    "clock": "cpu" if samples is cpu else "wall",
-                    "ours_events_per_s": rates[name].as_dict(),
-                    "baseline_events_per_s": rates["ask"].as_dict(),
-                    "slowdown": slow.as_dict(),
-                },
+                ours=cells[0],
+                baseline=cells[1],
+                ratio=cells[2],
+                value=rates[name].median,
+                sense=">=",
+                target=PIPELINED_GOAL,
+                goal=f">= {h.fmt_count(PIPELINED_GOAL)} ev/s",
+                unit="ev/s",
+                numbers=nums,
             )
         )
     sec.data["cpu_us_per_event"] = {
-        k: Stats.of([t / n / 1e3 for t in v]).as_dict() for k, v in cpu.items()
+        k: h.Stats.of([t / n / 1e3 for t in v]).as_dict() for k, v in cpu.items()
     }
     sec.notes += [
-        f"{fmt_count(n)} calls per repeat into a fresh session: futs = [s.append('user_message', "
-        "d) for d in datas]; futs[-1].get(); events/s from the first send to the last answer; "
-        "every seq checked 0..n-1 in order afterwards (untimed).",
+        f"{h.fmt_count(n)} calls per repeat into a fresh session: futs = "
+        "[s.append('user_message', d) for d in datas]; futs[-1].get(); events/s from the "
+        "first send to the last answer; every seq checked 0..n-1 in order afterwards (untimed).",
         "baseline = the same number of ref.ask(('user_message', d), block=False) to the no-op "
         "actor, the last one awaited; ratio = our time / pykka's in the same repeat (below 1: "
         "ours is faster).",
@@ -474,47 +468,12 @@ def bench_pipelined(cfg: Config) -> Section:
         "messaging alone (handle, SessionFuture, actor dispatch), so append - count is the "
         "cost of Log.append (materialized) in the actor thread.",
         f"goal (DESIGN.md §8): pipelined appends to one in-memory session >= "
-        f"{fmt_count(PIPELINED_GOAL)} events/s; verdict on the median wall rate.",
+        f"{h.fmt_count(PIPELINED_GOAL)} events/s; verdict on the median wall rate.",
     ]
     return sec
 
 
 # -- 3. eight caller threads ---------------------------------------------------------------------
-
-
-def _run_threads(
-    work: Callable[[int], list[Any]], threads: int, label: str
-) -> tuple[int, list[list[Any]]]:
-    """Run ``work(i)`` in ``threads`` threads released together; wall ns and their results."""
-    barrier = threading.Barrier(threads + 1)
-    results: list[list[Any] | None] = [None] * threads
-    errors: list[BaseException] = []
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait(timeout=JOIN_TIMEOUT)
-            results[i] = work(i)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-
-    pool = [threading.Thread(target=body, args=(i,), name=f"{label}-{i}") for i in range(threads)]
-    with gc_paused():
-        for t in pool:
-            t.start()
-        barrier.wait(timeout=JOIN_TIMEOUT)
-        t0 = time.perf_counter_ns()
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        for t in pool:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-        t1 = time.perf_counter_ns()
-    if any(t.is_alive() for t in pool):
-        raise AssertionError(f"{label}: caller threads still running after {JOIN_TIMEOUT:g} s")
-    if errors:
-        raise AssertionError(f"{label}: a caller thread failed: {errors[0]!r}") from errors[0]
-    done = [r for r in results if r is not None]
-    if len(done) != threads:
-        raise AssertionError(f"{label}: a caller thread returned nothing")
-    return t1 - t0, done
 
 
 def _check_threaded_seqs(per_thread: Sequence[Sequence[int]], total: int, label: str) -> None:
@@ -549,18 +508,18 @@ def _thread_work(
     }
 
 
-def bench_threads(cfg: Config) -> Section:
+def bench_threads(cfg: h.Config) -> h.Section:
     """8 caller threads into one session (pipelined, and round trips) vs the no-op actor."""
     m = cfg.pick(5_000, 1_000)
     r = cfg.pick(500, 150)
-    repeats = cfg.pick(5, 2)
+    repeats = cfg.pick(3, 1)
     datas = _payloads(max(m, r))
     msgs = [("user_message", d) for d in datas]
     kinds = ("pipelined", "round trip")
     per = {"pipelined": m, "round trip": r}
     times: dict[tuple[str, str], list[int]] = {(k, w): [] for k in kinds for w in ("ours", "ask")}
     for k in range(repeats):
-        progress(
+        h.progress(
             f"session.threads: {THREADS} threads x ({m} pipelined, {r} round trips), "
             f"repeat {k + 1}/{repeats}"
         )
@@ -570,7 +529,7 @@ def bench_threads(cfg: Config) -> Section:
             with _actors(f"bench-threads-{k}") as (s, ref):
                 work = _thread_work(kind, s, ref, datas[:count], msgs[:count])
                 for who in ("ours", "ask") if k % 2 == 0 else ("ask", "ours"):
-                    ns, results = _run_threads(work[who], THREADS, label)
+                    ns, results = h.run_threads(work[who], THREADS, label)
                     if kind == "pipelined":  # all answered: every thread awaited its last
                         results = [[f.get(timeout=0) for f in futs] for futs in results]
                     if who == "ours":
@@ -580,19 +539,19 @@ def bench_threads(cfg: Config) -> Section:
                         _check_nones([x for res in results for x in res], THREADS * count, label)
                     times[(kind, who)].append(ns)
                     del results
-                    gc.collect()
-    sec = Section()
+                    h.settle()
+    sec = h.Section()
     for kind in kinds:
         total = THREADS * per[kind]
-        o = Stats.of([total * 1e9 / t for t in times[(kind, "ours")]])
-        b = Stats.of([total * 1e9 / t for t in times[(kind, "ask")]])
-        slow = _time_ratio(times[(kind, "ours")], times[(kind, "ask")])
+        o = h.Stats.of([total * 1e9 / t for t in times[(kind, "ours")]])
+        b = h.Stats.of([total * 1e9 / t for t in times[(kind, "ask")]])
+        slow = h.ratios(times[(kind, "ours")], times[(kind, "ask")])
         sec.rows.append(
-            Row(
+            h.Row(
                 f"{THREADS} threads, {kind}, one session",
-                fmt_rate_spread(o),
-                "pykka ask " + fmt_rate_spread(b),
-                fmt_ratio(slow.median, slow.min, slow.max) + " the time",
+                h.fmt_rate_spread(o),
+                "pykka ask " + h.fmt_rate_spread(b),
+                h.fmt_ratio(slow.median, slow.min, slow.max) + " the time",
                 "- (context)",
                 "info",
                 {
@@ -628,11 +587,11 @@ def _derives(derive: Callable[[], list[Message]], k: int) -> list[Message]:
     return got
 
 
-def bench_derive(cfg: Config) -> Section:
+def bench_derive(cfg: h.Config) -> h.Section:
     """``s.derive_messages().get()`` on a ~200-message surface vs ``log.derive_messages()``."""
     size = 200
     k = cfg.pick(2_000, 400)
-    repeats = cfg.pick(7, 3)
+    repeats = cfg.pick(5, 2)
     log = build(surface_only_specs(size), size, "session.derive")
     _, pure = log.materialize()
     want = pure.derive_messages()
@@ -648,24 +607,24 @@ def bench_derive(cfg: Config) -> Section:
             "pure": pure.derive_messages,
         }
         for rep in range(repeats):
-            progress(f"session.derive: {k} derives per side, repeat {rep + 1}/{repeats}")
+            h.progress(f"session.derive: {k} derives per side, repeat {rep + 1}/{repeats}")
             order = ("ours", "pure") if rep % 2 == 0 else ("pure", "ours")
             for who in order:
-                ns, got = timed(partial(_derives, runs[who], k))
+                ns, got = h.timed(partial(_derives, runs[who], k))
                 if got != want:
                     raise AssertionError(f"session.derive: {who} derived other messages")
                 (ours_t if who == "ours" else pure_t).append(ns)
-            gc.collect()
-    o = Stats.of([t / k for t in ours_t])
-    b = Stats.of([t / k for t in pure_t])
-    slow = _time_ratio(ours_t, pure_t)
-    sec = Section()
+            h.settle()
+    o = h.Stats.of([t / k for t in ours_t])
+    b = h.Stats.of([t / k for t in pure_t])
+    slow = h.ratios(ours_t, pure_t)
+    sec = h.Section()
     sec.rows.append(
-        Row(
+        h.Row(
             f"derive_messages over the actor, surface {size}",
-            fmt_time_spread(o),
-            "Log.derive_messages " + fmt_time_spread(b),
-            fmt_ratio(slow.median, slow.min, slow.max) + " the time",
+            h.fmt_time_spread(o),
+            "Log.derive_messages " + h.fmt_time_spread(b),
+            h.fmt_ratio(slow.median, slow.min, slow.max) + " the time",
             "- (context)",
             "info",
             {
@@ -688,9 +647,9 @@ def bench_derive(cfg: Config) -> Section:
     return sec
 
 
-BENCHMARKS: Final[tuple[Benchmark, ...]] = (
-    Benchmark("session.round_trip", "append round trip vs a bare Pykka ask", bench_round_trip),
-    Benchmark("session.pipelined", "pipelined appends to one session", bench_pipelined),
-    Benchmark("session.threads", f"{THREADS} caller threads, one session", bench_threads),
-    Benchmark("session.derive", "derive_messages over the actor", bench_derive),
+BENCHMARKS: Final[tuple[h.Benchmark, ...]] = (
+    h.Benchmark("session.round_trip", "append round trip vs a bare Pykka ask", bench_round_trip),
+    h.Benchmark("session.pipelined", "pipelined appends to one session", bench_pipelined),
+    h.Benchmark("session.threads", f"{THREADS} caller threads, one session", bench_threads),
+    h.Benchmark("session.derive", "derive_messages over the actor", bench_derive),
 )

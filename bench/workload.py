@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
-from bench.harness import fmt_count, gc_paused, progress
+from bench import harness as h
 from nous_actor import Log, Replace
 
 __all__ = ["Spec", "build", "realistic_specs", "summary_spec", "surface_only_specs", "text"]
@@ -166,9 +166,8 @@ def build(specs: Iterable[Spec], total: int, label: str) -> Log:
     """A log made by appending ``specs`` (``total`` of them) one by one; progress if large."""
     step = total // 10 if total >= 200_000 else 0
     log = Log()
-    with gc_paused():  # not timed; the pause only spares the build repeated full collections
-        for i, (etype, data) in enumerate(specs):
-            log = log.append(etype, data)
-            if step and i and i % step == 0:
-                progress(f"{label}: built {fmt_count(i)}/{fmt_count(total)} events")
+    for i, (etype, data) in enumerate(specs):
+        log = log.append(etype, data)
+        if step and i and i % step == 0:
+            h.progress(f"{label}: built {h.fmt_count(i)}/{h.fmt_count(total)} events")
     return log
