@@ -5,39 +5,54 @@ N agents talk concurrently, each in its own session under one
 calls and tool results from a deterministic fake model (no network), some
 tool results oversized. A :class:`~nous_actor.Compactor` with a deterministic
 summariser keeps every surface under budget. Crashes are injected at random
-(a ``BaseException`` inside the session's actor); the registry restarts the
-session from the store and the agent carries on through the same handle.
+(a ``BaseException`` inside the session's actor), some between an agent's
+appends and some amid a pipeline of appends still queued or committing; the
+registry restarts the session from the store and the agent carries on
+through the same handle, sending again what the crash refused.
 
 At the end it prints a summary table and checks, against the SQLite file,
-that every acknowledged event is there, intact.
+that every acknowledged event is there, intact (also those acknowledged
+after their session had crashed).
+
+The database is marked as the demo's (a table ``nous_actor_demo``), so that
+a later run replaces it and nothing else (:func:`check_demo_paths`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
+import re
+import sqlite3
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, Literal, TextIO
 
 from nous_actor.compaction import Compactor
 from nous_actor.errors import SessionCrashed, SessionStopped
 from nous_actor.event import Event
-from nous_actor.faults import crash
+from nous_actor.faults import crash, crash_amid
 from nous_actor.future import SessionFuture
 from nous_actor.message import Message
 from nous_actor.registry import Sessions
 from nous_actor.session import Session
-from nous_actor.store.sqlite import SQLiteStore
+from nous_actor.store.sqlite import APPLICATION_ID, SQLiteStore
 from nous_actor.supervision import Backoff
 
-__all__ = ["DemoReport", "run_demo"]
+__all__ = ["DEMO_TABLE", "DemoReport", "check_demo_paths", "run_demo"]
+
+DEMO_TABLE: Final = "nous_actor_demo"  # present in a database the demo made
+_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+_LOG_LINE: Final = re.compile(r"(\w+:[\w.]+:)?timestamp=")  # the first line of a demo log
 
 TOPICS = ["flaky test", "slow query", "memory leak", "broken build", "race condition", "timeout"]
 TOOLS = ["grep", "run_tests", "read_file", "profile"]
@@ -68,6 +83,8 @@ class _Agent:
     events: int = 0
     compactions: int = 0
     crashes: int = 0
+    crashes_in_flight: int = 0  # crashes with this agent's appends queued or committing
+    acked_after_crash: int = 0  # appends acknowledged after their session had crashed
     retries: int = 0
     latencies: list[float] = field(default_factory=list)
     acked: list[tuple[int, str, str]] = field(default_factory=list)  # seq, type, digest
@@ -83,6 +100,8 @@ class DemoReport:
     events: int
     compactions: int
     crashes: int
+    crashes_in_flight: int
+    acked_after_crash: int
     restarts: int
     retries: int
     seconds: float
@@ -102,21 +121,93 @@ class DemoReport:
         return self.events / self.seconds if self.seconds else 0.0
 
 
-def _acked(agent: _Agent, make: Any, attempts: int = 20) -> Event:
+def _record(agent: _Agent, ev: Event, t0: float) -> None:
+    agent.latencies.append(time.perf_counter() - t0)
+    agent.acked.append((ev.seq, ev.type.value, _digest(ev.data)))
+    agent.events += 1
+
+
+def _acked(agent: _Agent, make: Callable[[], SessionFuture[Event]], attempts: int = 20) -> Event:
     """Append (retrying a call a crash answered), record latency and the acknowledged event."""
     for _ in range(attempts):
         t0 = time.perf_counter()
-        fut: SessionFuture[Event] = make()
+        fut = make()
         try:
             ev = fut.get()
+        except SessionCrashed:  # this call crashed it: whether it was applied is unknown
+            raise
         except SessionStopped:  # the session crashed under this call: it was not applied
             agent.retries += 1
             continue
-        agent.latencies.append(time.perf_counter() - t0)
-        agent.acked.append((ev.seq, ev.type.value, _digest(ev.data)))
-        agent.events += 1
+        _record(agent, ev, t0)
         return ev
     raise RuntimeError(f"{agent.session_id}: gave up after {attempts} attempts")
+
+
+Step = tuple[str, dict[str, Any]]
+
+
+def _one_by_one(
+    agent: _Agent, handle: Session, steps: Sequence[Step], crash_rate: float, rng: random.Random
+) -> None:
+    """Append each step and wait for it; a crash may come before any of them."""
+    for etype, data in steps:
+        if rng.random() < crash_rate:
+            try:
+                crash(handle).get()
+            except SessionCrashed:
+                agent.crashes += 1
+            except SessionStopped:  # it was down already; the next call reopens it
+                pass
+        _acked(agent, partial(handle.append, etype, data))
+
+
+def _send(etype: str, data: dict[str, Any], session: Session) -> SessionFuture[Event]:
+    return session.append(etype, data)
+
+
+def _pipelined(
+    agent: _Agent, handle: Session, steps: Sequence[Step], crash_rate: float, rng: random.Random
+) -> None:
+    """Send every step at once; a crash may land amid them, while earlier ones commit.
+
+    The appends before the crash are acknowledged (the store is the truth);
+    the ones after it fail with ``SessionStopped`` and are sent again, in order.
+    """
+    t0 = time.perf_counter()
+    at = next((k for k in range(len(steps)) if rng.random() < crash_rate), None)
+    calls = [partial(_send, etype, data) for etype, data in steps]
+    if at is None:
+        futures = [call(handle) for call in calls]
+    else:
+        futures, crashed = crash_amid(handle, calls, at)
+        try:
+            crashed.get()
+        except SessionCrashed:
+            agent.crashes += 1
+            pending = sum(not f.done() for f in futures[:at])
+            agent.crashes_in_flight += int(pending > 0)
+            agent.acked_after_crash += pending
+        except SessionStopped:  # it was down already
+            pass
+    refused = None
+    for k, fut in enumerate(futures):
+        try:
+            ev = fut.get()
+        except SessionCrashed:
+            raise
+        except SessionStopped:
+            refused = k if refused is None else refused
+            continue
+        if refused is not None:
+            raise RuntimeError(
+                f"{agent.session_id}: pipelined append {k} was applied after append "
+                f"{refused} was refused: the order broke"
+            )
+        _record(agent, ev, t0)
+    for etype, data in steps[len(futures) if refused is None else refused :]:
+        agent.retries += 1
+        _acked(agent, partial(handle.append, etype, data))
 
 
 def _agent_main(
@@ -146,7 +237,7 @@ def _agent_main(
                 if big
                 else f"{tool}: 3 matches for the {topic}"
             )
-            steps: list[tuple[str, dict[str, Any]]] = [
+            steps: list[Step] = [
                 ("turn_start", {"turn": turn}),
                 ("user_message", {"content": f"Turn {turn}: please look into the {topic}."}),
                 (
@@ -165,15 +256,9 @@ def _agent_main(
                 ),
                 ("turn_end", {"turn": turn}),
             ]
-            for etype, data in steps:
-                if rng.random() < crash_rate:
-                    try:
-                        crash(handle).get()
-                    except SessionCrashed:
-                        agent.crashes += 1
-                    except SessionStopped:  # it was down already; the next call reopens it
-                        pass
-                _acked(agent, lambda etype=etype, data=data: handle.append(etype, data))
+            # Half the turns are recorded as a model's reply usually is: all at once.
+            record = _pipelined if rng.random() < 0.5 else _one_by_one
+            record(agent, handle, steps, crash_rate, rng)
             if turn % 4 == 3:
                 result = handle.compact(compactor).get()
                 agent.compactions += int(result.changed)
@@ -186,6 +271,90 @@ def _bar(done: int, total: int, extra: str, width: int = 30) -> str:
     filled = width * done // max(total, 1)
     pct = 100 * done // max(total, 1)
     return f"\r  [{'#' * filled}{'.' * (width - filled)}] {pct:3d}% {done}/{total} turns  {extra}"
+
+
+DbKind = Literal["missing", "empty", "demo", "store", "foreign"]
+
+
+def _db_kind(path: Path) -> DbKind:
+    """What the file at ``path`` is, found without changing it.
+
+    ``demo``: a nous_actor store this demo made; ``store``: another nous_actor
+    store; ``foreign``: anything else (another application's SQLite database,
+    a text file, ...). Only a file that starts as a nous_actor store (or one
+    whose header is still in its write-ahead log) is opened, read-only.
+    """
+    if not path.exists():
+        return "missing"
+    if path.stat().st_size == 0:
+        return "empty"
+    with path.open("rb") as f:
+        head = f.read(100)
+    if len(head) < 100 or not head.startswith(_SQLITE_MAGIC):
+        return "foreign"
+    header_id = int.from_bytes(head[68:72], "big")
+    if header_id != APPLICATION_ID and not (header_id == 0 and Path(f"{path}-wal").exists()):
+        return "foreign"
+    try:
+        uri = path.resolve().as_uri() + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as conn:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            marked = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (DEMO_TABLE,)
+            ).fetchone()
+    except sqlite3.Error:
+        return "foreign"
+    if app_id != APPLICATION_ID:
+        return "foreign"
+    return "demo" if marked else "store"
+
+
+def check_demo_paths(db: str | Path, *, keep: bool = False) -> str | None:
+    """Why the demo must not use ``db`` (and its log ``DB.log``), or None if it may.
+
+    Without ``keep`` the demo replaces ``db``: allowed for a missing or empty
+    file and for a database an earlier demo made, nothing else. With
+    ``keep`` it adds to ``db``: any nous_actor store will do. The log is
+    overwritten: allowed if missing, empty, or a log an earlier demo wrote.
+    Nothing is changed by the check.
+    """
+    path = Path(db)
+    kind = _db_kind(path)
+    if kind == "foreign":
+        return (
+            f"{db} is not a nous_actor store (another application's file?); it was left "
+            "unchanged: pass a new file with --db"
+        )
+    if kind == "store" and not keep:
+        return (
+            f"{db} is a nous_actor store the demo did not make; it was left unchanged: "
+            "pass a new file with --db, or add --keep to add the demo's sessions to it"
+        )
+    log = Path(f"{db}.log")
+    if log.exists():
+        first = b""
+        if log.is_file():
+            with log.open("rb") as f:
+                first = f.readline(4096)
+        if not log.is_file() or (first and not _LOG_LINE.match(first.decode("utf-8", "replace"))):
+            return (
+                f"{log} (where the demo logs) is not a log of the demo; it was left "
+                "unchanged: move it away or pass another file with --db"
+            )
+    return None
+
+
+def _mark_as_demo(db: str | Path, agents: int, turns: int, seed: int) -> None:
+    """Record in ``db`` that the demo made it (so that the next run may replace it)."""
+    with contextlib.closing(sqlite3.connect(db, timeout=5)) as conn, conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {DEMO_TABLE} "
+            "(made TEXT NOT NULL, agents INTEGER, turns INTEGER, seed INTEGER)"
+        )
+        conn.execute(
+            f"INSERT INTO {DEMO_TABLE} VALUES (?, ?, ?, ?)",
+            (datetime.now(UTC).isoformat(), agents, turns, seed),
+        )
 
 
 def run_demo(
@@ -204,7 +373,10 @@ def run_demo(
     """
     if agents < 1 or turns < 1 or not 0 <= crash_rate < 1:
         raise ValueError("agents and turns must be >= 1 and 0 <= crash_rate < 1")
+    fresh = _db_kind(Path(db)) in ("missing", "empty")
     store = SQLiteStore(db)
+    if fresh:  # a store someone already had stays theirs, even with demo sessions in it
+        _mark_as_demo(db, agents, turns, seed)
     compactor = Compactor(budget=600, keep_recent=6, prune_over=200, summarise=summarise)
     crew = [_Agent(i, f"agent-{i}") for i in range(agents)]
     started = time.perf_counter()
@@ -257,6 +429,8 @@ def run_demo(
         events=sum(a.events for a in crew),
         compactions=sum(a.compactions for a in crew),
         crashes=sum(a.crashes for a in crew),
+        crashes_in_flight=sum(a.crashes_in_flight for a in crew),
+        acked_after_crash=sum(a.acked_after_crash for a in crew),
         restarts=restarts,
         retries=sum(a.retries for a in crew),
         seconds=seconds,
@@ -276,7 +450,9 @@ def format_report(r: DemoReport, db: str | Path) -> str:
         ("events acknowledged", f"{r.events}"),
         ("compactions", f"{r.compactions}"),
         ("crashes injected", f"{r.crashes}"),
+        ("  with appends in flight", f"{r.crashes_in_flight}"),
         ("restarts (from the store)", f"{r.restarts}"),
+        ("acknowledged after the crash", f"{r.acked_after_crash}"),
         ("calls retried after a crash", f"{r.retries}"),
         ("events/s", f"{r.events_per_second:,.0f}"),
         ("append latency p50 / p99", f"{r.p50_ms:.2f} ms / {r.p99_ms:.2f} ms"),

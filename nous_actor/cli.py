@@ -4,8 +4,9 @@ argparse (stdlib) on purpose: the runtime depends on pykka and structlog
 only, and these commands need nothing more than subcommands and flags.
 
 Exit status: 0 on success, 1 when the command failed (a missing session, a
-conflict, a failed check), 2 for bad usage. Errors are one line on stderr,
-never a traceback.
+conflict, a failed check, a closed standard stream), 2 for bad usage. An
+error is one line on stderr (when stderr is open), never a traceback; the
+library's own log records of a failed command are not shown beside it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -39,25 +41,120 @@ __all__ = ["main"]
 
 T = TypeVar("T")
 
+_LISTED = 10  # sessions named in a "no session" error
+
 
 class _Failure(Exception):
     """A command failed in a way the user can act on (exit status 1)."""
+
+
+class _PipeClosed(Exception):
+    """The reader of standard output went away (e.g. ``| head``): stop quietly."""
 
 
 def _fail(message: str) -> NoReturn:
     raise _Failure(message)
 
 
+# -- standard streams ------------------------------------------------------------------
+
+
+def _closed_standard_fds() -> frozenset[int]:
+    """The standard fds that are closed (``<&-``, ``>&-``), each reopened on /dev/null.
+
+    Reopening keeps a file the command opens later (a database, a log) from
+    landing on fd 0, 1 or 2, where a stray write would corrupt it.
+    """
+    streams = (sys.stdin, sys.stdout, sys.stderr)
+    closed = set()
+    for fd, stream in enumerate(streams):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        else:
+            if stream is None:
+                closed.add(fd)
+    return frozenset(closed)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so that the interpreter's last flush cannot fail again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
+
+
+def _stdout_failed(exc: OSError) -> NoReturn:
+    """A write to standard output failed: quiet for a closed pipe, else the failure."""
+    _silence_stdout()
+    if isinstance(exc, BrokenPipeError):
+        raise _PipeClosed from None
+    _fail(f"cannot write to standard output ({exc.strerror or exc}); redirect it to a file")
+
+
+def _out(text: str) -> None:
+    """Write ``text`` to standard output, now (errors become the command's failure)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        _stdout_failed(exc)
+
+
+def _err(line: str) -> None:
+    """Write one line to standard error, if it is open."""
+    if sys.stderr is None:
+        return
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _note(text: str) -> None:
+    _err(f"nous-actor: note: {text}")
+
+
+# -- opening a database ----------------------------------------------------------------
+
+
+def _not_a_file(db: str) -> str | None:
+    """Why ``db`` cannot be a database file, or None if it can (it may not exist yet)."""
+    path = Path(db)
+    if path.is_dir():
+        return f"{db!r} is a directory, not a database file; give the path of a file in it"
+    if path.exists() and not path.is_file():
+        return f"{db!r} is not a regular file; give the path of a database file"
+    if not path.parent.is_dir():
+        return f"no directory {str(path.parent)!r} for the database {db!r}; create it first"
+    return None
+
+
 def _open_existing(db: str) -> SQLiteStore:
+    why = _not_a_file(db)
+    if why is not None:
+        _fail(why)
     if not Path(db).is_file():
-        _fail(f"no database at {db!r} (run 'nous-actor demo --db {db}' to make one)")
+        _fail(f"no database at {db!r} (run 'nous-actor demo --db {shlex.quote(db)}' to make one)")
     return SQLiteStore(db)
 
 
 def _load(store: SQLiteStore, session_id: str) -> Log:
     events = store.load(session_id)
     if not events:
-        known = ", ".join(store.sessions()[:10]) or "none"
+        ids = store.sessions()
+        known = ", ".join(ids[:_LISTED]) or "none"
+        if len(ids) > _LISTED:
+            known += f" and {len(ids) - _LISTED} more; 'nous-actor sessions' lists them"
         _fail(f"no session {session_id!r} in {store.path} (sessions: {known})")
     log = Log()
     for ev in events:
@@ -65,19 +162,65 @@ def _load(store: SQLiteStore, session_id: str) -> Log:
     return log
 
 
+def _partial(log: Log, upto: int | None = None) -> None:
+    """Note that a snapshot dropped events at seqs <= ``upto`` (default: anywhere)."""
+    top = log.count() - 1 if upto is None else upto
+    seqs = [ev.seq for ev in log.events() if ev.seq <= top]
+    missing = top + 1 - len(seqs)
+    if missing <= 0:
+        return
+    whole_from = top  # the lowest seq from which every event up to ``top`` is retained
+    for seq in reversed(seqs):
+        if seq != whole_from:
+            break
+        whole_from -= 1
+    were = "event was" if missing == 1 else "events were"
+    _note(
+        f"{missing} {were} dropped by a snapshot; history before seq {whole_from + 1} is partial"
+    )
+
+
+# -- formatting ------------------------------------------------------------------------
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(out)
+    lines = [headers, ["-" * w for w in widths], *cells]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines
+    )
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _short(value: Any, width: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text.replace("\n", "\\n")
+    text = _json_text(value).replace("\n", "\\n")
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _calls_text(calls: Any) -> str:
+    """Tool calls as ``-> name(arguments)``, in either shape (flat or OpenAI's)."""
+    parts = []
+    for call in calls if isinstance(calls, list | tuple) else [calls]:
+        if not isinstance(call, Mapping):
+            parts.append(_json_text(call))
+            continue
+        fn = call.get("function")
+        fn = fn if isinstance(fn, Mapping) else call
+        args = fn.get("arguments")
+        parts.append(f"{fn.get('name', '?')}({'' if args is None else _json_text(args)})")
+    return "-> " + ", ".join(parts)
+
+
+def _content_text(content: Any, calls: Any) -> str:
+    """What a message says: its content, then its tool calls."""
+    parts = [] if content is None else [_json_text(content)]
+    if calls:
+        parts.append(_calls_text(calls))
+    return " ".join(parts)
 
 
 def _event_rows(events: Sequence[Event]) -> list[list[Any]]:
@@ -85,13 +228,14 @@ def _event_rows(events: Sequence[Event]) -> list[list[Any]]:
     for ev in events:
         op = ev.surface_op
         data = {k: v for k, v in ev.data.items() if k != "surface_op"}
+        text = _content_text(data.get("content"), data.get("tool_calls"))
         rows.append(
             [
                 ev.seq,
                 ev.type.value,
                 ev.position,
                 f"{op.start}..{op.stop}" if op else "",
-                _short(data.get("content", data)),
+                _short(text or data),
             ]
         )
     return rows
@@ -99,29 +243,37 @@ def _event_rows(events: Sequence[Event]) -> list[list[Any]]:
 
 def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
     if args.json:
-        json.dump(payload, sys.stdout, ensure_ascii=False, indent=2)
-        sys.stdout.write("\n")
+        _out(json.dumps(payload, ensure_ascii=False, indent=2) + "\n")
     else:
-        print(text)
+        _out(text + "\n")
 
 
 # -- commands ----------------------------------------------------------------------------
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from nous_actor.agents_demo import format_report, run_demo
+    from nous_actor.agents_demo import check_demo_paths, format_report, run_demo
 
     db = Path(args.db)
+    why = _not_a_file(args.db)
+    if why is not None:
+        _fail(why)
+    refusal = check_demo_paths(db, keep=args.keep)
+    if refusal is not None:
+        _fail(refusal)
     if not args.keep:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
     log_path = Path(f"{db}.log")
     _log_to_file(log_path)
-    print(
+    header = (
         f"nous-actor demo: {args.agents} agents x {args.turns} turns, crash rate "
-        f"{args.crash_rate:g}, on {db} (events of the runtime logged to {log_path})",
-        file=sys.stderr if args.json else sys.stdout,
+        f"{args.crash_rate:g}, on {db} (events of the runtime logged to {log_path})"
     )
+    if args.json:
+        _err(header)
+    else:
+        _out(header + "\n")
     report = run_demo(
         db,
         agents=args.agents,
@@ -138,7 +290,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_tour(args: argparse.Namespace) -> int:
     from nous_actor import demo
 
-    return demo.main([])
+    try:
+        status = demo.main([])
+    except OSError as exc:  # it writes nothing but standard output
+        _stdout_failed(exc)
+    _out("")  # flush: a write error is the command's failure
+    return status
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -162,6 +319,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             log = log.as_of(args.as_of)
         except ValueError as exc:
             _fail(str(exc))
+        _partial(log, args.as_of)
     if args.events or args.since is not None:
         events = log.events() if args.since is None else log.since(args.since)
         payload: Any = [event_to_dict(e) for e in events]
@@ -170,14 +328,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         pairs = log.derive_indexed()
         payload = [{"seq": seq, **message_to_dict(m)} for seq, m in pairs]
         rows = [
-            [
-                seq,
-                m.role.value,
-                _short(
-                    m.content if m.content is not None else [c.get("name") for c in m.tool_calls]
-                ),
-            ]
-            for seq, m in pairs
+            [seq, m.role.value, _short(_content_text(m.content, m.tool_calls))] for seq, m in pairs
         ]
         text = _table(["seq", "role", "content"], rows)
     _emit(args, payload, text)
@@ -187,11 +338,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     store = _open_existing(args.db)
     _load(store, args.session_id)
-    sys.stdout.write(export_session(store, args.session_id))
+    _out(export_session(store, args.session_id))
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    if 0 in args.closed_fds:
+        _fail(
+            "standard input is closed; pipe the session in: "
+            "nous-actor import DB SESSION < EXPORT.jsonl"
+        )
+    why = _not_a_file(args.db)
+    if why is not None:
+        _fail(why)
     text = sys.stdin.read()
     if not text.strip():
         _fail("nothing on standard input: pipe a JSON Lines export (or a v1 JSON list) in")
@@ -205,21 +364,25 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_session(args: argparse.Namespace, work: Callable[[Session], T]) -> T:
-    """Run ``work`` on the stored session ``args.session_id``, started and stopped here."""
+def _with_session(args: argparse.Namespace, work: Callable[[Session], T]) -> tuple[Log, T]:
+    """Run ``work`` on the stored session ``args.session_id``, started and stopped here.
+
+    Returns the session's log as it was stored before, and what ``work`` returned.
+    """
     from nous_actor.session import Session
 
     store = _open_existing(args.db)
-    _load(store, args.session_id)
+    log = _load(store, args.session_id)
     session = Session.start(args.session_id, store=store)
     try:
-        return work(session)
+        return log, work(session)
     finally:
         session.stop()
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    forked = _with_session(args, lambda s: s.fork(args.through, args.new_id).get())
+    log, forked = _with_session(args, lambda s: s.fork(args.through, args.new_id).get())
+    _partial(log, args.through)
     _emit(
         args,
         {
@@ -235,7 +398,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    dropped, kept = _with_session(args, lambda s: (s.snapshot().get(), len(s.events().get())))
+    _, (dropped, kept) = _with_session(args, lambda s: (s.snapshot().get(), len(s.events().get())))
     _emit(
         args,
         {"session_id": args.session_id, "dropped": dropped, "retained": kept},
@@ -251,6 +414,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         info = history.explain(log, args.seq)
     except KeyError as exc:
         _fail(str(exc.args[0]))
+    _partial(log)
     info["compactions"] = history.compactions(log)
     lines = [f"{k:24} {v}" for k, v in info.items() if k != "compactions"]
     lines.append(f"{'compactions in session':24} {len(info['compactions'])}")
@@ -271,23 +435,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, cwd=root)
 
 
+# -- where the library's log records go ----------------------------------------------------
+
+
+class _Held(logging.Handler):
+    """Holds the library's records until the command is over: shown on success only,
+    since a failed command's one-line error already says what went wrong."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def show(self) -> None:
+        records, self.records = self.records, []
+        for record in records:
+            _err(f"nous-actor: {record.levelname.lower()}: {record.getMessage()}")
+
+
 def _log_to_file(path: Path) -> None:
-    _configure_logging(logging.FileHandler(path, mode="w"), logging.INFO)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    _configure_logging(handler, logging.INFO, stamped=True)
 
 
-def _configure_logging(handler: logging.Handler, level: int) -> None:
+def _configure_logging(handler: logging.Handler, level: int, *, stamped: bool) -> None:
     """The command is an application: it decides where the library's events go."""
     logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.getLogger("pykka").setLevel(logging.CRITICAL)
-    structlog.configure(
-        processors=[
+    processors: list[Any] = (
+        [
             structlog.stdlib.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"]),
-        ],
+        ]
+        if stamped
+        else [structlog.processors.KeyValueRenderer(key_order=["event"])]  # level leads
+    )
+    structlog.configure(
+        processors=processors,
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
     )
+
+
+# -- arguments ---------------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -304,13 +498,20 @@ def _parser() -> argparse.ArgumentParser:
         return sp
 
     d = add("demo", "run the supervised multi-agent demo on a SQLite file")
-    d.add_argument("--db", default="nous-demo.db", help="database file (default: nous-demo.db)")
+    d.add_argument(
+        "--db",
+        default="nous-demo.db",
+        help="database file (default: nous-demo.db); only a database an earlier demo made "
+        "is replaced",
+    )
     d.add_argument("--agents", type=_positive, default=8, help="concurrent agents (default 8)")
     d.add_argument("--turns", type=_positive, default=12, help="turns per agent (default 12)")
     d.add_argument("--crash-rate", type=_rate, default=0.02, help="crash chance per append (0.02)")
     d.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     d.add_argument(
-        "--keep", action="store_true", help="keep an existing database (default: start fresh)"
+        "--keep",
+        action="store_true",
+        help="add to an existing nous_actor store (default: replace the demo's database)",
     )
     d.set_defaults(func=cmd_demo)
 
@@ -402,26 +603,34 @@ def _rate(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status."""
+    closed = _closed_standard_fds()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # everything after it belongs to the benchmark suite
         argv = ["bench", "--", *argv[1:]] if len(argv) > 1 and argv[1] != "--" else argv
     args = _parser().parse_args(argv)
-    _configure_logging(logging.StreamHandler(sys.stderr), logging.WARNING)
+    args.closed_fds = closed
+    held = _Held()
+    _configure_logging(held, logging.WARNING, stamped=False)
     try:
-        return int(args.func(args))
+        if 1 in closed:
+            _fail(
+                "standard output is closed; redirect it to a file or /dev/null "
+                "instead of closing it"
+            )
+        status = int(args.func(args))
     except _Failure as exc:
-        print(f"nous-actor: {exc}", file=sys.stderr)
+        _err(f"nous-actor: {exc}")
         return 1
-    except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    except _PipeClosed:  # the reader went away (e.g. `| head`): not an error
         return 0
     except (NousActorError, CodecError, ValueError, OSError) as exc:
-        print(f"nous-actor: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _err(f"nous-actor: {type(exc).__name__}: {exc}")
         return 1
     except KeyboardInterrupt:
-        print("nous-actor: interrupted", file=sys.stderr)
+        _err("nous-actor: interrupted")
         return 130
+    held.show()
+    return status
 
 
 if __name__ == "__main__":

@@ -329,7 +329,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run() -> int:
-    """``main()`` for the command line: quiet when the reader closes the pipe (``| head``)."""
+    """``main()`` for the command line: quiet when the reader closes the pipe (``| head``),
+    an error when standard output is closed (the walkthrough would go nowhere)."""
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            print(
+                "python -m nous_actor.demo: standard output is closed; redirect it to a file "
+                "or /dev/null instead of closing it",
+                file=sys.stderr,
+            )
+        return 1
     try:
         return main()
     except BrokenPipeError:

@@ -11,12 +11,16 @@ crashed
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from nous_actor.errors import SessionStopped
 from nous_actor.future import SessionFuture
 from nous_actor.session import Session
 
-__all__ = ["InjectedCrash", "crash"]
+__all__ = ["InjectedCrash", "crash", "crash_amid"]
+
+T = TypeVar("T")
 
 
 class InjectedCrash(BaseException):
@@ -37,3 +41,37 @@ def crash(session: Session, exc: BaseException | None = None) -> SessionFuture[A
         raise error
 
     return session._call(boom)
+
+
+def crash_amid(
+    session: Session,
+    calls: Sequence[Callable[[Session], SessionFuture[T]]],
+    at: int,
+    exc: BaseException | None = None,
+) -> tuple[list[SessionFuture[T]], SessionFuture[Any]]:
+    """Pipeline ``calls`` to ``session`` with a :func:`crash` sent before ``calls[at]``.
+
+    Nothing waits in between, so the calls before the crash are still queued
+    or committing when the session dies. All go to the actor the session has
+    now, never to a successor: the calls before the crash are applied (with a
+    store, each is acknowledged once committed, although the session died
+    meanwhile); every call from ``at`` on fails with
+    :class:`~nous_actor.SessionStopped` and was not applied, so retrying them
+    in order keeps their order.
+
+    Returns the calls' futures, in order, and the crash's.
+
+    Raises:
+        ValueError: ``at`` is not in ``0..len(calls)``.
+        SessionStopped: the session is stopped (and cannot be reopened).
+    """
+    if not 0 <= at <= len(calls):
+        raise ValueError(f"at must be in 0..{len(calls)}, got {at}")
+    ref = session._actor()
+    if ref is None:
+        raise SessionStopped(session.session_id, "the session is stopped")
+    pinned = Session(session.session_id, lambda: ref, timeout=session.timeout)
+    futures = [call(pinned) for call in calls[:at]]
+    crashed = crash(pinned, exc)
+    futures += [call(pinned) for call in calls[at:]]
+    return futures, crashed

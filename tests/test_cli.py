@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from nous_actor import Log, SQLiteStore, codec
+from nous_actor import Log, Session, SQLiteStore, codec
 
 TIMEOUT = 120
 
@@ -166,3 +168,322 @@ def test_bad_input_gets_a_message_and_a_nonzero_exit(
     assert out.returncode == code, (out.stdout, out.stderr)
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# -- closed standard streams -------------------------------------------------------------
+
+
+def run_closed(*args: str, close: tuple[int, ...]) -> subprocess.CompletedProcess[str]:
+    """Run the command with the standard file descriptors ``close`` closed, as ``<&-``/``>&-``."""
+
+    def close_fds() -> None:
+        for fd in close:
+            os.close(fd)
+
+    return subprocess.run(
+        [sys.executable, "-m", "nous_actor", *args],
+        stdin=subprocess.DEVNULL if 0 not in close else None,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+        preexec_fn=close_fds,
+    )
+
+
+def one_error_line(err: str, *words: str) -> None:
+    """``err`` is exactly one line, a ``nous-actor:`` error mentioning every word."""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("nous-actor: "), err
+    for word in words:
+        assert word in lines[0], err
+
+
+def test_import_with_stdin_closed_fails_cleanly(tmp_path: Path) -> None:
+    """``import DB ID <&-``: a one-line error, exit 1, and no database made."""
+    db = tmp_path / "e.db"
+    out = run_closed("import", str(db), "x", close=(0,))
+    assert out.returncode == 1
+    one_error_line(out.stderr, "standard input is closed")
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("export", "{db}", "agent-0"),
+        ("sessions", "{db}", "--json"),
+        ("sessions", "{db}"),
+        ("show", "{db}", "agent-0"),
+        ("show", "{db}", "agent-0", "--events", "--json"),
+        ("audit", "{db}", "agent-0", "0"),
+        ("tour",),
+    ],
+)
+def test_stdout_closed_is_an_error(demo_db: Path, args: tuple[str, ...]) -> None:
+    """``>&-``: a command that has output to write says it cannot, and exits 1."""
+    out = run_closed(*(a.format(db=demo_db) for a in args), close=(1,))
+    assert out.returncode == 1, out.stderr
+    one_error_line(out.stderr, "standard output is closed")
+
+
+def test_stdout_and_stderr_closed_still_exit_nonzero(demo_db: Path) -> None:
+    """With nowhere to write even the error, the exit status still says it failed."""
+    out = run_closed("sessions", str(demo_db), close=(1, 2))
+    assert out.returncode == 1
+
+
+def test_stdout_closed_under_a_running_interpreter(demo_db: Path) -> None:
+    """fd 1 closed after Python set up ``sys.stdout``: the same one-line error, exit 1."""
+    code = (
+        "import os, sys; os.close(1); "
+        "from nous_actor.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "show", str(demo_db), "agent-0"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert out.returncode == 1
+    one_error_line(out.stderr, "standard output is closed")
+
+
+def test_stdout_that_refuses_writes_is_an_error(demo_db: Path) -> None:
+    """fd 1 open read-only: the write fails; one line, exit 1, nothing about it at exit."""
+    with open(os.devnull, "rb") as read_only:
+        out = subprocess.run(
+            [sys.executable, "-m", "nous_actor", "sessions", str(demo_db)],
+            stdout=read_only,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    assert out.returncode == 1
+    one_error_line(out.stderr, "cannot write to standard output")
+
+
+# -- errors: one line, and what to do ----------------------------------------------------
+
+
+def test_conflict_is_exactly_one_line(tmp_path: Path) -> None:
+    """A session another writer holds: one line on stderr (no log record before it)."""
+    db = tmp_path / "c.db"
+    with SQLiteStore(db) as store:
+        store.write({"s": Log().append("user_message", {"content": "hi"}).events()})
+    with SQLiteStore(db) as store:
+        held = Session.start("s", store=store)
+        try:
+            for args in (
+                ("snapshot", str(db), "s"),
+                ("fork", str(db), "s", "t", "--through", "0"),
+            ):
+                out = run(*args)
+                assert out.returncode == 1
+                one_error_line(out.stderr, "ConflictError", "live writer")
+        finally:
+            held.stop()
+
+
+def test_unknown_session_says_how_many_more_exist(tmp_path: Path) -> None:
+    """Of 25 sessions the message names 10 and says 15 more exist."""
+    db = tmp_path / "many.db"
+    log = Log().append("user_message", {"content": "hi"})
+    with SQLiteStore(db) as store:
+        store.write({f"s{i:02d}": log.events() for i in range(25)})
+    out = run("show", str(db), "nope")
+    assert out.returncode == 1
+    one_error_line(out.stderr, "no session 'nope'", "s00", "s09", "and 15 more")
+    assert "s10" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("sessions", "{dir}"),
+        ("show", "{dir}", "x"),
+        ("export", "{dir}", "x"),
+        ("import", "{dir}", "x"),
+        ("demo", "--db", "{dir}"),
+        ("demo", "--db", "{dir}", "--keep"),
+    ],
+)
+def test_a_directory_is_not_a_database(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """A directory given as the database: said so, exit 1, nothing suggested that would fail."""
+    out = run(*(a.format(dir=tmp_path) for a in args), stdin="[]")
+    assert out.returncode == 1
+    one_error_line(out.stderr, "is a directory")
+    assert "demo --db" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_show_events_prints_tool_calls(tmp_path: Path) -> None:
+    """An assistant tool call shows its calls in every view, never ``null``."""
+    db = tmp_path / "t.db"
+    call = {"id": "c1", "name": "grep", "arguments": '{"q": "leak"}'}
+    log = (
+        Log()
+        .append("user_message", {"content": "find the leak"})
+        .append("assistant_message", {"content": None, "tool_calls": [call]})
+        .append("tool_result", {"content": "3 matches", "tool_call_id": "c1"})
+    )
+    with SQLiteStore(db) as store:
+        store.write({"s": log.events()})
+    for view in ((), ("--events",), ("--since", "1")):
+        out = run("show", str(db), "s", *view)
+        assert out.returncode == 0, out.stderr
+        row = next(line for line in out.stdout.splitlines() if line.startswith("1 "))
+        assert 'grep({"q": "leak"})' in row
+        assert "null" not in row
+
+
+def _snapshotted(db: Path) -> None:
+    """Session ``s``: seqs 0..3 summarised by seq 4, then a turn; snapshot drops 0..3."""
+    log = Log()
+    for i in range(4):
+        log = log.append("user_message", {"content": f"m{i}"})
+    log = log.append("system_message", {"content": "sum", "surface_op": ("replace", 0, 3)})
+    log = log.append("turn_start", {}).append("user_message", {"content": "q"})
+    log = log.append("turn_end", {})
+    with SQLiteStore(db) as store:
+        store.write({"s": log.events()})
+    snap = run("snapshot", str(db), "s", "--json")
+    assert json.loads(snap.stdout)["dropped"] == 4
+
+
+NOTE = "note: 4 events were dropped by a snapshot; history before seq 4 is partial"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("show", "{db}", "s", "--as-of", "5"),
+        ("show", "{db}", "s", "--as-of", "5", "--events", "--json"),
+        ("fork", "{db}", "s", "f", "--through", "4"),
+        ("audit", "{db}", "s", "5"),
+        ("audit", "{db}", "s", "5", "--json"),
+    ],
+)
+def test_history_after_a_snapshot_is_said_to_be_partial(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """as-of, fork and audit on a snapshotted session say that older history is gone."""
+    db = tmp_path / "p.db"
+    _snapshotted(db)
+    out = run(*(a.format(db=db) for a in args))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == f"nous-actor: {NOTE}\n"
+    if "--json" in args:
+        json.loads(out.stdout)  # the note stays out of the data
+
+
+def test_no_partial_note_without_a_gap(tmp_path: Path) -> None:
+    """No note when the history asked about is whole (the gap lies elsewhere, or nowhere)."""
+    db = tmp_path / "w.db"
+    with SQLiteStore(db) as store:
+        store.write({"s": Log().append("user_message", {"content": "hi"}).events()})
+    for args in (("show", str(db), "s", "--as-of", "0"), ("audit", str(db), "s", "0")):
+        out = run(*args)
+        assert out.returncode == 0, out.stderr
+        assert out.stderr == ""
+
+
+# -- what the demo may replace -----------------------------------------------------------
+
+
+def _foreign_sqlite(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('mine')")
+    conn.close()
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("kind", ["text", "sqlite"])
+def test_demo_leaves_a_file_it_did_not_make_unchanged(
+    tmp_path: Path, kind: str, keep: bool
+) -> None:
+    """A text file or another application's SQLite database: refused, byte for byte intact."""
+    db = tmp_path / "precious.db"
+    if kind == "text":
+        db.write_text("my notes\n")
+    else:
+        _foreign_sqlite(db)
+    before = db.read_bytes()
+    out = run("demo", "--db", str(db), "--agents", "1", "--turns", "1", *(["--keep"] * keep))
+    assert out.returncode == 1
+    one_error_line(out.stderr, str(db), "left unchanged", "--db")
+    assert out.stdout == ""
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.db"]
+
+
+def test_demo_refuses_a_store_it_did_not_make_unless_kept(tmp_path: Path) -> None:
+    """Our own store with a user's session: replaced only by name (--keep adds to it)."""
+    db = tmp_path / "mine.db"
+    run("import", str(db), "chat", stdin='[{"role": "user", "content": "hi"}]')
+    out = run("demo", "--db", str(db), "--agents", "1", "--turns", "1")
+    assert out.returncode == 1
+    one_error_line(out.stderr, "did not make", "--keep")
+    with SQLiteStore(db) as store:
+        assert store.sessions() == ["chat"]
+    kept = run("demo", "--db", str(db), "--agents", "1", "--turns", "1", "--keep", "--json")
+    assert kept.returncode == 0, kept.stderr
+    with SQLiteStore(db) as store:
+        assert store.sessions() == ["agent-0", "chat"]
+    again = run("demo", "--db", str(db), "--agents", "1", "--turns", "1")
+    assert again.returncode == 1  # still the user's store, demo sessions and all
+
+
+def test_demo_replaces_its_own_database(tmp_path: Path) -> None:
+    """A database an earlier demo made is replaced (with forks of its sessions in it)."""
+    db = tmp_path / "demo.db"
+    first = run("demo", "--db", str(db), "--agents", "2", "--turns", "1", "--json")
+    assert first.returncode == 0, first.stderr
+    fork = run("fork", str(db), "agent-0", "agent-0-b", "--through", "0")
+    assert fork.returncode == 0, fork.stderr
+    second = run("demo", "--db", str(db), "--agents", "1", "--turns", "1", "--json")
+    assert second.returncode == 0, second.stderr
+    with SQLiteStore(db) as store:
+        assert store.sessions() == ["agent-0"]
+
+
+def test_demo_leaves_a_log_file_it_did_not_write_unchanged(tmp_path: Path) -> None:
+    """``DB.log`` is the demo's log: someone else's file of that name is refused too."""
+    db = tmp_path / "d.db"
+    log = tmp_path / "d.db.log"
+    log.write_text("my diary\n")
+    out = run("demo", "--db", str(db), "--agents", "1", "--turns", "1")
+    assert out.returncode == 1
+    one_error_line(out.stderr, "d.db.log", "left unchanged")
+    assert log.read_text() == "my diary\n"
+    assert not db.exists()
+
+
+def test_demo_crashes_amid_pipelined_appends(tmp_path: Path) -> None:
+    """Some crashes land while appends are in flight: calls are retried, acknowledged
+    events (also those acknowledged after their session crashed) are all in the store."""
+    out = run(
+        "demo",
+        "--db",
+        str(tmp_path / "c.db"),
+        "--agents",
+        "3",
+        "--turns",
+        "8",
+        "--crash-rate",
+        "0.15",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] is True
+    assert report["crashes_in_flight"] > 0
+    assert report["retries"] > 0
+    assert report["verified"] == report["events"]
+    assert report["restarts"] == report["crashes"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,19 @@ def test_main_rejects_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         demo.main(["--fast"])
     assert exc.value.code == 2
     assert "unrecognized arguments: --fast" in capsys.readouterr().err
+
+
+def test_stdout_closed_is_an_error() -> None:
+    """``python -m nous_actor.demo >&-``: one line on stderr and exit 1, not a silent 0."""
+    out = subprocess.run(
+        [sys.executable, "-m", "nous_actor.demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1
+    assert "standard output is closed" in out.stderr
