@@ -66,7 +66,8 @@ def test_goal_rows_are_consistent(quick_run: tuple[str, str, dict[str, Any], Pat
     rows = _goal_rows(doc)
     assert {r["goal_id"] for r in rows} == set(GOAL_IDS)
     for r in rows:
-        assert r["value"] > 0 and r["target"] > 0, r["benchmark"]
+        assert r["value"] > 0, r["benchmark"]
+        assert r["target"] > 0, r["benchmark"]
         assert r["sense"] in {">=", "<="}, r["benchmark"]
         meets = r["value"] >= r["target"] if r["sense"] == ">=" else r["value"] <= r["target"]
         if not meets:
@@ -80,9 +81,11 @@ def test_goal_rows_are_consistent(quick_run: tuple[str, str, dict[str, Any], Pat
     if importlib.util.find_spec("eventsourcing") and importlib.util.find_spec("agents"):
         assert sum(1 for r in rows if r["goal_id"] == "G3" and "peer" in r["numbers"]) == 6
     g9 = [r for r in rows if r["goal_id"] == "G9"]
-    assert len(g9) == 2 and all(r["numbers"]["latency_ns"]["n"] >= 1 for r in g9)
+    assert len(g9) == 2
+    assert all(r["numbers"]["latency_ns"]["n"] >= 1 for r in g9)
     g10 = [r for r in rows if r["goal_id"] == "G10"]
-    assert len(g10) == 2 and all(r["numbers"]["baseline_bytes_per_event"] > 0 for r in g10)
+    assert len(g10) == 2
+    assert all(r["numbers"]["baseline_bytes_per_event"] > 0 for r in g10)
 
 
 @pytest.mark.timeout(300)
@@ -98,7 +101,8 @@ def test_table_summary_and_progress(quick_run: tuple[str, str, dict[str, Any], P
     for gid in GOAL_IDS:
         assert re.search(rf"^\s*{gid} (PASS|FAIL)\s", stdout, re.M), gid
     n = len(doc["benchmarks"])
-    assert f"[1/{n}] core.fold" in stderr and f"[{n}/{n}]" in stderr
+    assert f"[1/{n}] core.fold" in stderr
+    assert f"[{n}/{n}]" in stderr
     assert "lifetime.long memory: " in stderr  # rough progress inside a long row
 
 
