@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from nous_actor._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze
+from nous_actor._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze, short_repr, thaw
 
-__all__ = ["Message", "Role"]
+__all__ = ["Message", "Role", "UnsendableMessage", "tool_call_parts"]
 
 
 class Role(StrEnum):
@@ -25,7 +25,41 @@ class Role(StrEnum):
 
 _ROLES = ", ".join(repr(r.value) for r in Role)
 # Keys of an OpenAI chat-completions message that map onto Message fields.
-_OPENAI_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
+_OPENAI_KEYS = frozenset(
+    {"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"}
+)
+_CALL_HELP = (
+    'a tool call is {"id", "name", "arguments"} or OpenAI\'s {"id", "type": "function", '
+    '"function": {"name", "arguments"}}, with a str id and name and the arguments as a '
+    "JSON string or object"
+)
+
+
+class UnsendableMessage(ValueError):
+    """A message that cannot be sent to a provider as it is (raised by :meth:`Message.to_openai`).
+
+    ``role`` and ``field`` name the message and the field (``"tool_calls[0]['name']"``);
+    ``index`` is the message's position when a list was being sent
+    (:meth:`Message.to_openai_list`), else ``None``. Nothing is guessed in its
+    place: fix the field and send again.
+    """
+
+    def __init__(self, role: str, field: str, detail: str, index: int | None = None) -> None:
+        where = f"{role} message" if index is None else f"message {index} ({role})"
+        super().__init__(f"cannot send this {where}: {field} {detail}")
+        self.role = role
+        self.field = field
+        self.detail = detail
+        self.index = index
+
+    def at(self, index: int) -> UnsendableMessage:
+        """The same error, naming the message's position in the list being sent."""
+        return UnsendableMessage(self.role, self.field, self.detail, index)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (UnsendableMessage, (self.role, self.field, self.detail, self.index))
+
+
 OPENAI_EXTRA = "openai_extra"
 """Metadata key under which :meth:`Message.from_openai` keeps provider keys it does not map."""
 
@@ -124,13 +158,14 @@ class Message:
                 "Message.tool_calls must be a sequence of JSON objects "
                 '({"id", "name", "arguments"}), got ' + type(calls).__name__
             )
-        for i, call in enumerate(calls):
+        frozen_calls = _json_field("tool_calls", calls)
+        for i, call in enumerate(frozen_calls):
             if not isinstance(call, Mapping):
                 raise TypeError(
                     f"Message.tool_calls[{i}] must be a JSON object "
                     f'({{"id", "name", "arguments"}}), got {type(call).__name__}'
                 )
-        set_(self, "tool_calls", _json_field("tool_calls", calls))
+        set_(self, "tool_calls", frozen_calls)
         meta = EMPTY_DICT if self.metadata is None else self.metadata
         if not isinstance(meta, Mapping):
             raise TypeError(f"Message.metadata must be a JSON object, got {type(meta).__name__}")
@@ -184,28 +219,96 @@ class Message:
     def to_openai(self) -> dict[str, Any]:
         """This message as an OpenAI chat-completions message dict (plain, mutable).
 
-        Tool calls become ``{"id", "type": "function", "function": {"name",
-        "arguments"}}`` with ``arguments`` as a JSON string. ``reasoning_content``
-        is included only when set; ``metadata`` and ``created_at`` are not sent,
-        except the provider keys :meth:`from_openai` kept under
-        ``metadata["openai_extra"]``, which are put back.
+        Tool calls may be held in either shape, flat ``{"id", "name",
+        "arguments"}`` or OpenAI's ``{"id", "type": "function", "function":
+        {"name", "arguments"}}``; both are sent in OpenAI's, with ``arguments``
+        as a JSON string (an object is ``json.dumps``-ed) and any other keys of
+        the call kept. ``name``, ``tool_call_id`` and ``reasoning_content`` are
+        sent when set; ``metadata`` and ``created_at`` are not, except the
+        provider keys :meth:`from_openai` kept under ``metadata["openai_extra"]``,
+        which are put back.
 
         >>> Message.tool("42", "c1").to_openai()
         {'role': 'tool', 'content': '42', 'tool_call_id': 'c1'}
+
+        Raises:
+            UnsendableMessage: something cannot be sent as it is (a tool call
+                without a str ``id`` or ``name`` or without ``arguments``, a
+                ``tool`` message without ``tool_call_id``, ``content`` that is
+                not a str, a list or ``None``, ...); the message names the field.
+                Nothing is ever sent as a guessed ``null`` or ``"{}"``.
         """
-        out: dict[str, Any] = {"role": self.role.value, "content": _plain(self.content)}
-        if self.name is not None:
-            out["name"] = self.name
-        if self.role is Role.TOOL:
-            out["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            out["tool_calls"] = [_call_to_openai(c) for c in self.tool_calls]
+        role = self.role.value
+        content = self.content
+        if content is not None and not isinstance(content, (str, list)):
+            raise UnsendableMessage(
+                role,
+                "content",
+                f"is a {type(content).__name__}; send a str, a list of content parts or None",
+            )
+        out: dict[str, Any] = {"role": role, "content": _plain(content)}
+        for field in ("name", "tool_call_id"):
+            value = getattr(self, field)
+            if value is not None:
+                out[field] = _text_field(role, field, value)
+        if self.role is Role.TOOL and self.tool_call_id is None:
+            raise UnsendableMessage(
+                role,
+                "tool_call_id",
+                "is missing; a tool message must name the call it answers, "
+                "e.g. Message.tool(content, tool_call_id)",
+            )
+        calls = self.tool_calls
+        if not isinstance(calls, list):
+            raise UnsendableMessage(
+                role, "tool_calls", f"is a {type(calls).__name__}, not a list; {_CALL_HELP}"
+            )
+        if calls:
+            out["tool_calls"] = [_call_to_openai(role, i, c) for i, c in enumerate(calls)]
         if self.reasoning_content is not None:
-            out["reasoning_content"] = self.reasoning_content
-        extra = self.metadata.get(OPENAI_EXTRA)
-        if isinstance(extra, Mapping):
+            out["reasoning_content"] = _text_field(
+                role, "reasoning_content", self.reasoning_content
+            )
+        meta = self.metadata
+        extra = meta.get(OPENAI_EXTRA) if isinstance(meta, Mapping) else None
+        if extra is not None:
+            if not isinstance(extra, Mapping):
+                raise UnsendableMessage(
+                    role,
+                    f"metadata[{OPENAI_EXTRA!r}]",
+                    f"is a {type(extra).__name__}; it must be an object of provider keys "
+                    "(as from_openai keeps them), or absent",
+                )
             for k, v in extra.items():
-                out.setdefault(k, _plain(v))
+                if k in _OPENAI_KEYS:
+                    raise UnsendableMessage(
+                        role,
+                        f"metadata[{OPENAI_EXTRA!r}][{k!r}]",
+                        "would stand in for the message's own field; set the Message "
+                        f"field {k!r} instead",
+                    )
+                out[k] = _plain(v)
+        return out
+
+    @classmethod
+    def to_openai_list(cls, messages: Iterable[Message]) -> list[dict[str, Any]]:
+        """:meth:`to_openai` of each message, e.g. of ``log.derive_messages()``.
+
+        Raises:
+            UnsendableMessage: as :meth:`to_openai`, with ``index`` set to the
+                position of the message that cannot be sent.
+            TypeError: an item is not a :class:`Message`.
+        """
+        out: list[dict[str, Any]] = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Message):
+                raise TypeError(
+                    f"to_openai_list takes Messages, got {type(m).__name__} at index {i}"
+                )
+            try:
+                out.append(m.to_openai())
+            except UnsendableMessage as exc:
+                raise exc.at(i) from None
         return out
 
     @classmethod
@@ -217,6 +320,12 @@ class Message:
         Keys that have no Message field (``refusal``, ``audio``, ...) are kept
         under ``metadata["openai_extra"]`` so :meth:`to_openai` can put them back.
         ``reasoning_content`` (as some providers send it) is mapped to its field.
+
+        Tool calls may come in either shape. Both become the flat ``{"id",
+        "name", "arguments", ...}``, keeping every other key of the call; a
+        call whose ``function`` holds keys besides ``name`` and ``arguments``
+        is kept in OpenAI's shape instead, so nothing is lost. Either way
+        ``from_openai(d).to_openai()`` gives back ``d``'s calls.
 
         >>> m = Message.from_openai({"role": "assistant", "content": None, "tool_calls": [
         ...     {"id": "c1", "type": "function",
@@ -250,9 +359,7 @@ class Message:
         if not isinstance(raw_calls, list):
             raise ValueError(f"'tool_calls' must be a list, got {type(raw_calls).__name__}")
         calls = [_call_from_openai(c, i) for i, c in enumerate(raw_calls)]
-        extra = {
-            k: v for k, v in message.items() if k not in _OPENAI_KEYS and k != "reasoning_content"
-        }
+        extra = {k: v for k, v in message.items() if k not in _OPENAI_KEYS}
         try:
             return cls(
                 role,
@@ -279,14 +386,86 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _call_to_openai(call: Mapping[str, Any]) -> dict[str, Any]:
-    args = call.get("arguments")
-    if not isinstance(args, str):
-        args = json.dumps(_plain(args) if args is not None else {})
+def _text_field(role: str, field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise UnsendableMessage(
+            role, field, f"is a {type(value).__name__}; send a str or leave it unset (None)"
+        )
+    return value
+
+
+_MISSING: Any = object()
+
+
+def tool_call_parts(call: object) -> tuple[Any, Any, Any]:
+    """``(id, name, arguments)`` of a tool call in either shape (flat or OpenAI's).
+
+    A part that is missing is ``None``; nothing is checked (see
+    :meth:`Message.to_openai` for that), so this never raises for a mapping.
+
+    >>> tool_call_parts({"id": "c1", "type": "function",
+    ...                  "function": {"name": "ls", "arguments": "{}"}})
+    ('c1', 'ls', '{}')
+    >>> tool_call_parts({"id": "c1", "name": "ls", "arguments": {"path": "/"}})
+    ('c1', 'ls', {'path': '/'})
+    """
+    if not isinstance(call, Mapping):
+        return None, None, None
+    fn = call.get("function")
+    if isinstance(fn, Mapping) and "name" not in call and "arguments" not in call:
+        return call.get("id"), fn.get("name"), fn.get("arguments")
+    return call.get("id"), call.get("name"), call.get("arguments")
+
+
+def _call_to_openai(role: str, i: int, call: object) -> dict[str, Any]:
+    where = f"tool_calls[{i}]"
+
+    def fail(field: str, detail: str) -> UnsendableMessage:
+        return UnsendableMessage(role, f"{where}{field}", f"{detail}; {_CALL_HELP}")
+
+    if not isinstance(call, Mapping):
+        raise fail("", f"is a {type(call).__name__}, not a JSON object")
+    kind = call.get("type", "function")
+    if kind != "function":
+        raise fail("['type']", f"is {short_repr(kind)}, and only 'function' calls can be sent")
+    if "function" in call:
+        if "name" in call or "arguments" in call:
+            raise fail(
+                "",
+                "has both the flat keys ('name', 'arguments') and OpenAI's 'function'; "
+                "keep one shape so that one name and one set of arguments is sent",
+            )
+        fn = call["function"]
+        if not isinstance(fn, Mapping):
+            raise fail("['function']", f"is a {type(fn).__name__}, not a JSON object")
+        at = "['function']"
+        name, args = fn.get("name", _MISSING), fn.get("arguments", _MISSING)
+        fn_extra = {k: _plain(v) for k, v in fn.items() if k not in ("name", "arguments")}
+        call_extra = {k: _plain(v) for k, v in call.items() if k not in ("id", "type", "function")}
+    else:
+        at = ""
+        name, args = call.get("name", _MISSING), call.get("arguments", _MISSING)
+        fn_extra = {}
+        call_extra = {
+            k: _plain(v) for k, v in call.items() if k not in ("id", "type", "name", "arguments")
+        }
+    call_id = call.get("id", _MISSING)
+    for field, value in (("['id']", call_id), (f"{at}['name']", name)):
+        if value is _MISSING or value is None:
+            raise fail(field, "is missing")
+        if not isinstance(value, str):
+            raise fail(field, f"is a {type(value).__name__}, not a str")
+    if args is _MISSING or args is None:
+        raise fail(f"{at}['arguments']", "is missing (send '{}' for a call without arguments)")
+    if isinstance(args, Mapping):
+        args = json.dumps(thaw(args), ensure_ascii=False)
+    elif not isinstance(args, str):
+        raise fail(f"{at}['arguments']", f"is a {type(args).__name__}")
     return {
-        "id": call.get("id"),
+        "id": call_id,
         "type": "function",
-        "function": {"name": call.get("name"), "arguments": args},
+        "function": {"name": name, "arguments": args, **fn_extra},
+        **call_extra,
     }
 
 
@@ -295,21 +474,39 @@ def _call_from_openai(call: Any, i: int) -> dict[str, Any]:
     if not isinstance(call, Mapping):
         raise ValueError(f"{where} must be a dict, got {type(call).__name__}")
     if not isinstance(call.get("id"), str):
-        raise ValueError(f"{where}['id'] must be a str, got {call.get('id')!r}")
+        raise ValueError(f"{where}['id'] must be a str, got {short_repr(call.get('id'))}")
     kind = call.get("type", "function")
     if kind != "function":
-        raise ValueError(f"{where}['type'] must be 'function', got {kind!r}")
-    fn = call.get("function")
-    if not isinstance(fn, Mapping):
-        raise ValueError(f"{where}['function'] must be a dict with 'name' and 'arguments'")
+        raise ValueError(f"{where}['type'] must be 'function', got {short_repr(kind)}")
+    if "function" in call:
+        if "name" in call or "arguments" in call:
+            raise ValueError(
+                f"{where} has both the flat keys ('name', 'arguments') and 'function'; "
+                "give one shape"
+            )
+        fn = call["function"]
+        if not isinstance(fn, Mapping):
+            raise ValueError(f"{where}['function'] must be a dict with 'name' and 'arguments'")
+        at = f"{where}['function']"
+    else:
+        fn = call
+        at = where
     if not isinstance(fn.get("name"), str):
-        raise ValueError(f"{where}['function']['name'] must be a str, got {fn.get('name')!r}")
-    args = fn.get("arguments", "")
-    if not isinstance(args, (str, Mapping)):
+        raise ValueError(f"{at}['name'] must be a str, got {short_repr(fn.get('name'))}")
+    if "arguments" not in fn:
         raise ValueError(
-            f"{where}['function']['arguments'] must be a JSON string, got {type(args).__name__}"
+            f"{at}['arguments'] is missing; give a JSON string ('{{}}' for none) or an object"
         )
-    return {"id": call["id"], "name": fn["name"], "arguments": args}
+    args = fn["arguments"]
+    if not isinstance(args, (str, Mapping)):
+        raise ValueError(f"{at}['arguments'] must be a JSON string, got {type(args).__name__}")
+    if fn is not call and set(fn) - {"name", "arguments"}:
+        # The flat shape has no place for these: keep the call as OpenAI's.
+        return {**call, "type": "function"}
+    rest = {
+        k: v for k, v in call.items() if k not in ("id", "type", "function", "name", "arguments")
+    }
+    return {"id": call["id"], "name": fn["name"], "arguments": args, **rest}
 
 
 _new = object.__new__

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import pickle
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nous_actor import FrozenDict, FrozenList, Message, Role
+from nous_actor import FrozenDict, FrozenList, Log, Message, Role
+from nous_actor.message import UnsendableMessage, tool_call_parts
 from nous_actor.testing import json_values, messages
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -558,3 +560,386 @@ def test_falsy_non_list_tool_calls_is_a_value_error(calls: Any) -> None:
     """A tool_calls value that is not a list raises ValueError even when it is falsy."""
     with pytest.raises(ValueError, match="'tool_calls' must be a list"):
         Message.from_openai({"role": "assistant", "content": "x", "tool_calls": calls})
+
+
+# -- both tool-call shapes; what cannot be sent is an error, never a guess -----------------
+
+WEATHER: dict[str, Any] = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
+
+
+def _derived(etype: str, data: dict[str, Any]) -> Message:
+    """The message a log projects from one event: its fields straight from ``data``."""
+    (m,) = Log().append(etype, data, T0).derive_messages()
+    return m
+
+
+def test_an_openai_shaped_tool_call_appended_to_a_log_is_sent_intact() -> None:
+    """The reported case: an OpenAI-shaped call in event data is sent with its name and
+    arguments, not as {"name": null, "arguments": "{}"}."""
+    m = _derived("assistant_message", {"tool_calls": [WEATHER]})
+    assert m.to_openai() == {"role": "assistant", "content": None, "tool_calls": [WEATHER]}
+
+
+def test_an_openai_shaped_tool_call_on_a_message_is_sent_intact() -> None:
+    """Message(tool_calls=[OpenAI's shape]) sends that call as it is."""
+    assert Message.assistant(tool_calls=[WEATHER]).to_openai()["tool_calls"] == [WEATHER]
+
+
+def test_flat_and_openai_shapes_of_one_call_send_the_same_payload() -> None:
+    """{"id", "name", "arguments"} and OpenAI's shape of the same call send one payload."""
+    flat = {"id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert (
+        Message.assistant(tool_calls=[flat]).to_openai()
+        == Message.assistant(tool_calls=[WEATHER]).to_openai()
+    )
+
+
+def test_object_arguments_are_sent_as_a_json_string_in_both_shapes() -> None:
+    """Arguments given as an object are json.dumps-ed, in the flat and in OpenAI's shape."""
+    args = {"city": "Tromsø", "days": [1, 2]}
+    flat = {"id": "c1", "name": "f", "arguments": args}
+    nested = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
+    for call in (flat, nested):
+        sent = Message.assistant(tool_calls=[call]).to_openai()["tool_calls"][0]
+        assert isinstance(sent["function"]["arguments"], str)
+        assert json.loads(sent["function"]["arguments"]) == args
+
+
+def test_other_keys_of_a_tool_call_are_sent_not_dropped() -> None:
+    """Keys of a call beyond id/name/arguments (a provider's extra_content, an index) are
+    sent; so are keys of OpenAI's function object beyond name/arguments."""
+    flat = {"id": "c1", "name": "f", "arguments": "{}", "extra_content": {"sig": "x"}}
+    nested = {
+        "id": "c2",
+        "type": "function",
+        "function": {"name": "g", "arguments": "{}", "strict": True},
+        "index": 1,
+    }
+    sent = Message.assistant(tool_calls=[flat, nested]).to_openai()["tool_calls"]
+    assert sent == [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "f", "arguments": "{}"},
+            "extra_content": {"sig": "x"},
+        },
+        nested,
+    ]
+
+
+def test_tool_call_id_on_another_role_is_sent_not_dropped() -> None:
+    """A tool_call_id set on a message that is not a tool result is still sent."""
+    assert Message.user("x", tool_call_id="c1").to_openai()["tool_call_id"] == "c1"
+
+
+UNSENDABLE: list[tuple[str, Callable[[], Message], str, str]] = [
+    # (id, the message, the field named, text of the error)
+    (
+        "flat_call_without_name",
+        lambda: Message.assistant(tool_calls=[{"id": "c1", "arguments": "{}"}]),
+        "tool_calls[0]['name']",
+        "tool_calls[0]['name'] is missing",
+    ),
+    (
+        "flat_call_with_null_name",
+        lambda: Message.assistant(tool_calls=[{"id": "c1", "name": None, "arguments": "{}"}]),
+        "tool_calls[0]['name']",
+        "tool_calls[0]['name'] is missing",
+    ),
+    (
+        "openai_call_without_name",
+        lambda: Message.assistant(
+            tool_calls=[{"id": "c1", "type": "function", "function": {"arguments": "{}"}}]
+        ),
+        "tool_calls[0]['function']['name']",
+        "tool_calls[0]['function']['name'] is missing",
+    ),
+    (
+        "call_without_id",
+        lambda: Message.assistant(tool_calls=[CALL, {"name": "ls", "arguments": "{}"}]),
+        "tool_calls[1]['id']",
+        "tool_calls[1]['id'] is missing",
+    ),
+    (
+        "call_with_int_id",
+        lambda: Message.assistant(tool_calls=[{"id": 7, "name": "ls", "arguments": "{}"}]),
+        "tool_calls[0]['id']",
+        "tool_calls[0]['id'] is a int, not a str",
+    ),
+    (
+        "call_with_int_name",
+        lambda: Message.assistant(tool_calls=[{"id": "c", "name": 7, "arguments": "{}"}]),
+        "tool_calls[0]['name']",
+        "is a int, not a str",
+    ),
+    (
+        "call_without_arguments",
+        lambda: Message.assistant(tool_calls=[{"id": "c1", "name": "ls"}]),
+        "tool_calls[0]['arguments']",
+        "tool_calls[0]['arguments'] is missing (send '{}' for a call without arguments)",
+    ),
+    (
+        "openai_call_with_null_arguments",
+        lambda: Message.assistant(
+            tool_calls=[
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": None}}
+            ]
+        ),
+        "tool_calls[0]['function']['arguments']",
+        "['function']['arguments'] is missing",
+    ),
+    (
+        "call_with_list_arguments",
+        lambda: Message.assistant(tool_calls=[{"id": "c", "name": "f", "arguments": [1]}]),
+        "tool_calls[0]['arguments']",
+        "tool_calls[0]['arguments'] is a FrozenList",
+    ),
+    (
+        "call_of_another_type",
+        lambda: Message.assistant(tool_calls=[{**CALL, "type": "custom"}]),
+        "tool_calls[0]['type']",
+        "is 'custom', and only 'function' calls can be sent",
+    ),
+    (
+        "call_in_both_shapes",
+        lambda: Message.assistant(tool_calls=[{**WEATHER, "name": "other"}]),
+        "tool_calls[0]",
+        "has both the flat keys ('name', 'arguments') and OpenAI's 'function'",
+    ),
+    (
+        "function_not_an_object",
+        lambda: Message.assistant(tool_calls=[{"id": "c", "function": "ls"}]),
+        "tool_calls[0]['function']",
+        "tool_calls[0]['function'] is a str, not a JSON object",
+    ),
+    (
+        "tool_without_tool_call_id",
+        lambda: Message.tool("42", None),
+        "tool_call_id",
+        "tool_call_id is missing; a tool message must name the call it answers",
+    ),
+    (
+        "derived_tool_without_tool_call_id",
+        lambda: _derived("tool_result", {"content": "42"}),
+        "tool_call_id",
+        "tool_call_id is missing",
+    ),
+    (
+        "derived_content_an_int",
+        lambda: _derived("user_message", {"content": 5}),
+        "content",
+        "content is a int; send a str, a list of content parts or None",
+    ),
+    (
+        "derived_content_an_object",
+        lambda: _derived("user_message", {"content": {"text": "x"}}),
+        "content",
+        "content is a FrozenDict",
+    ),
+    (
+        "derived_name_an_int",
+        lambda: _derived("user_message", {"content": "x", "name": 5}),
+        "name",
+        "name is a int; send a str or leave it unset (None)",
+    ),
+    (
+        "derived_tool_call_id_a_list",
+        lambda: _derived("tool_result", {"content": "x", "tool_call_id": ["c"]}),
+        "tool_call_id",
+        "tool_call_id is a FrozenList",
+    ),
+    (
+        "derived_reasoning_an_int",
+        lambda: _derived("assistant_message", {"reasoning_content": 1}),
+        "reasoning_content",
+        "reasoning_content is a int",
+    ),
+    (
+        "derived_tool_calls_an_object",
+        lambda: _derived("assistant_message", {"tool_calls": {"id": "c1"}}),
+        "tool_calls",
+        "tool_calls is a FrozenDict, not a list",
+    ),
+    (
+        "derived_tool_calls_a_str",
+        lambda: _derived("assistant_message", {"tool_calls": "ls"}),
+        "tool_calls",
+        "tool_calls is a str, not a list",
+    ),
+    (
+        "derived_call_not_an_object",
+        lambda: _derived("assistant_message", {"tool_calls": ["ls"]}),
+        "tool_calls[0]",
+        "tool_calls[0] is a str, not a JSON object",
+    ),
+    (
+        "openai_extra_not_an_object",
+        lambda: Message.user("x", metadata={"openai_extra": [1]}),
+        "metadata['openai_extra']",
+        "metadata['openai_extra'] is a FrozenList; it must be an object of provider keys",
+    ),
+    (
+        "openai_extra_shadowing_a_field",
+        lambda: Message.user("x", metadata={"openai_extra": {"name": "bob"}}),
+        "metadata['openai_extra']['name']",
+        "would stand in for the message's own field; set the Message field 'name' instead",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "text"), [u[1:] for u in UNSENDABLE], ids=[u[0] for u in UNSENDABLE]
+)
+def test_what_cannot_be_sent_is_an_error_naming_the_message_and_the_field(
+    make: Callable[[], Message], field: str, text: str
+) -> None:
+    """to_openai raises UnsendableMessage (a ValueError) naming the role and the field,
+    instead of sending a null, a "{}" or nothing in its place."""
+    m = make()
+    with pytest.raises(
+        UnsendableMessage, match=f"^cannot send this {m.role.value} message: .*{re.escape(text)}"
+    ) as info:
+        m.to_openai()
+    assert (info.value.role, info.value.field, info.value.index) == (m.role.value, field, None)
+    assert isinstance(info.value, ValueError)
+
+
+def test_to_openai_list_names_the_index_of_the_message_that_cannot_be_sent() -> None:
+    """Sending a list, the error names the position of the bad message too."""
+    ms = [Message.user("q"), Message.assistant(tool_calls=[CALL]), Message.tool("a", None)]
+    with pytest.raises(
+        UnsendableMessage, match=r"^cannot send this message 2 \(tool\): tool_call_id is missing"
+    ) as info:
+        Message.to_openai_list(ms)
+    assert info.value.index == 2
+
+
+def test_to_openai_list_sends_every_message() -> None:
+    """to_openai_list is to_openai of each message, in order."""
+    ms = [Message.user("q"), Message.assistant(tool_calls=[WEATHER]), Message.tool("a", "c1")]
+    assert Message.to_openai_list(ms) == [m.to_openai() for m in ms]
+    with pytest.raises(TypeError, match="to_openai_list takes Messages, got dict at index 0"):
+        Message.to_openai_list([{"role": "user"}])  # type: ignore[list-item]
+
+
+def test_unsendable_message_pickles_with_its_fields() -> None:
+    """UnsendableMessage survives pickling (e.g. across a process boundary) with its fields."""
+    err = UnsendableMessage("tool", "tool_call_id", "is missing", 3)
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.role, back.field, back.detail, back.index, str(back)) == (
+        "tool",
+        "tool_call_id",
+        "is missing",
+        3,
+        str(err),
+    )
+
+
+def test_from_openai_accepts_a_flat_tool_call() -> None:
+    """A provider dict whose calls are in the flat shape is read too (and sent as OpenAI's)."""
+    flat = {"id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    m = Message.from_openai({"role": "assistant", "content": None, "tool_calls": [flat]})
+    assert m.tool_calls == [flat]
+    assert m.to_openai()["tool_calls"] == [WEATHER]
+
+
+def test_from_openai_keeps_the_other_keys_of_a_tool_call() -> None:
+    """Keys of a call beyond id/type/function stay on the flat call; a function object with
+    keys beyond name/arguments keeps the call in OpenAI's shape; both are sent back."""
+    call = {**WEATHER, "extra_content": {"google": {"thought_signature": "abc"}}}
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    d = {"role": "assistant", "content": None, "tool_calls": [call, strict]}
+    m = Message.from_openai(d)
+    assert m.tool_calls[0] == {
+        "id": "c1",
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo"}',
+        "extra_content": {"google": {"thought_signature": "abc"}},
+    }
+    assert m.tool_calls[1] == strict
+    assert m.to_openai() == d
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        ({"id": "c1", "name": "ls"}, r"'tool_calls'\[0\]\['arguments'\] is missing"),
+        (
+            {"id": "c1", "type": "function", "function": {"name": "ls"}},
+            r"'tool_calls'\[0\]\['function'\]\['arguments'\] is missing",
+        ),
+        ({"id": "c1", "arguments": "{}"}, r"'tool_calls'\[0\]\['name'\] must be a str, got None"),
+        ({**OPENAI_CALL, "name": "x"}, r"'tool_calls'\[0\] has both the flat keys"),
+    ],
+    ids=["flat_no_arguments", "openai_no_arguments", "flat_no_name", "both_shapes"],
+)
+def test_from_openai_refuses_a_tool_call_it_could_not_send(
+    call: dict[str, Any], match: str
+) -> None:
+    """from_openai refuses a call without arguments or name, or in both shapes at once."""
+    with pytest.raises(ValueError, match=match):
+        Message.from_openai({"role": "assistant", "tool_calls": [call]})
+
+
+def test_tool_call_parts_reads_both_shapes() -> None:
+    """tool_call_parts gives (id, name, arguments) of either shape, None for what is missing."""
+    assert tool_call_parts(WEATHER) == ("c1", "get_weather", '{"city": "Oslo"}')
+    assert tool_call_parts({"id": "c", "name": "f", "arguments": {"a": 1}}) == (
+        "c",
+        "f",
+        {"a": 1},
+    )
+    assert tool_call_parts({"function": {}}) == (None, None, None)
+    assert tool_call_parts("ls") == (None, None, None)
+
+
+_call_extras = st.dictionaries(
+    st.sampled_from(["index", "extra_content", "x_vendor"]), json_values(3), max_size=2
+)
+_fn_extras = st.dictionaries(st.sampled_from(["strict", "x_fn"]), json_values(3), max_size=1)
+_arguments = _text | st.dictionaries(_text, json_values(3), max_size=2)
+
+
+@st.composite
+def _any_shape_calls(draw: st.DrawFn) -> dict[str, Any]:
+    """A tool call in the flat or in OpenAI's shape, with extra keys, arguments a string or
+    an object."""
+    call_id, name, args = draw(_text), draw(_text), draw(_arguments)
+    if draw(st.booleans()):
+        return {"id": call_id, "name": name, "arguments": args, **draw(_call_extras)}
+    fn = {"name": name, "arguments": args, **draw(_fn_extras)}
+    call = {"id": call_id, "function": fn, **draw(_call_extras)}
+    if draw(st.booleans()):
+        call["type"] = "function"
+    return call
+
+
+@given(st.lists(_any_shape_calls(), min_size=1, max_size=3), _text | st.none())
+def test_tool_calls_of_either_shape_round_trip_through_the_openai_shape(
+    calls: list[dict[str, Any]], content: str | None
+) -> None:
+    """For calls of either shape: the payload is valid (str id, name and arguments, every
+    given key kept), and from_openai of it sends the very same payload again."""
+    m = Message.assistant(content, tool_calls=calls)
+    sent = m.to_openai()
+    for call, out in zip(calls, sent["tool_calls"], strict=True):
+        call_id, name, args = tool_call_parts(call)
+        assert out["id"] == call_id
+        assert out["type"] == "function"
+        assert out["function"]["name"] == name
+        assert isinstance(out["function"]["arguments"], str)
+        if isinstance(args, str):
+            assert out["function"]["arguments"] == args
+        else:
+            assert json.loads(out["function"]["arguments"]) == args
+        for key in set(call) - {"id", "type", "name", "arguments", "function"}:
+            assert out[key] == call[key]
+        if "function" in call:
+            assert out["function"].keys() == call["function"].keys()
+    back = Message.from_openai(sent, created_at=m.created_at)
+    assert back.to_openai() == sent
+    assert Message.from_openai(back.to_openai()).tool_calls == back.tool_calls
