@@ -82,6 +82,19 @@ EventParts = tuple[EventType, datetime, Any, Any]
 """An event checked and frozen in the caller's thread, waiting for its seq."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Compaction:
+    """One ``compact`` call, as it travels from the handle to the actor and back."""
+
+    compactor: Compactor
+    time: datetime | None
+    force: bool
+    cid: str
+    explicit: bool  # the caller chose the id (so it may be in the log already)
+    loop: asyncio.AbstractEventLoop | None  # the caller's loop, for a coroutine summariser
+    attempt: int = 0
+
+
 class _Envelope:
     """What Pykka's actor loop reads from the inbox (``message``, ``reply_to``); our calls
     carry their own future, so ``reply_to`` is always ``None``."""
@@ -463,45 +476,28 @@ class SessionActor(SupervisedActor):
 
     # -- compaction: planned here, summarised elsewhere, committed here ---------------------
 
-    def h_compact(
-        self,
-        compactor: Compactor,
-        time: datetime | None,
-        force: bool,
-        cid: str,
-        loop: asyncio.AbstractEventLoop | None,
-        attempt: int = 0,
-    ) -> Any:
+    def h_compact(self, req: _Compaction) -> Any:
         self._check_writable()
-        known = self._known_compaction(cid)
+        known = self._known_compaction(req)
         if known is not None:
             return known
-        plan = compactor.plan(self.log.surface(), self.log.count(), force=force)
+        c = req.compactor
+        plan = c.plan(self.log.surface(), self.log.count(), force=req.force)
         if plan.empty:
-            return CompactionResult(
-                self.log._view(), plan.before, plan.before, budget=compactor.budget
-            )
+            return CompactionResult(self.log._view(), plan.before, plan.before, budget=c.budget)
         if not plan.needs_summary:
-            return self._commit_compaction(compactor, plan, None, time, force, cid, loop, attempt)
+            return self._commit_compaction(req, plan, None)
         fut = self._fut
-        self._compacting[cid] = fut
+        self._compacting[req.cid] = fut
         try:
-            self._summarise(
-                compactor, plan, (compactor, plan, time, force, cid, loop, attempt), fut
-            )
+            self._summarise(req, plan, fut)
         except BaseException:
-            self._compacting.pop(cid, None)
+            self._compacting.pop(req.cid, None)
             raise
         return _DEFER
 
-    def _summarise(
-        self,
-        compactor: Compactor,
-        plan: Plan,
-        then: tuple[Any, ...],
-        fut: SessionFuture[Any] | None,
-    ) -> None:
-        """Have the summary written off this actor, then send it back with ``then``.
+    def _summarise(self, req: _Compaction, plan: Plan, fut: SessionFuture[Any] | None) -> None:
+        """Have the summary written off this actor, then sent back to it.
 
         A coroutine summariser runs on the caller's event loop when the call came
         from one, else (like a plain callable) in a thread of its own.
@@ -510,15 +506,14 @@ class SessionActor(SupervisedActor):
 
         def deliver(summary: Any, exc: BaseException | None) -> None:
             try:
-                ref.tell((SessionActor.h_compact_summary, (*then, summary, exc), fut))
+                ref.tell((SessionActor.h_compact_summary, (req, plan, summary, exc), fut))
             except pykka.ActorDeadError:
                 if fut is not None:  # the session stopped while the summary was written
                     fut._fail(SessionStopped(self.session_id, "the session stopped"))
 
-        loop = then[5]
-        fn = compactor.summarise
-        if loop is not None and _is_async(fn) and not loop.is_closed():
-            coro = run_summariser(compactor, plan.summary_input)  # only makes the coroutine
+        loop = req.loop
+        if loop is not None and _is_async(req.compactor.summarise) and not loop.is_closed():
+            coro = run_summariser(req.compactor, plan.summary_input)  # only makes the coroutine
             try:
                 done = asyncio.run_coroutine_threadsafe(coro, loop)
             except RuntimeError:  # the loop closed meanwhile
@@ -536,7 +531,7 @@ class SessionActor(SupervisedActor):
 
         def work() -> None:
             try:
-                out = run_summariser(compactor, plan.summary_input)
+                out = run_summariser(req.compactor, plan.summary_input)
                 if inspect.isawaitable(out):
                     out = _run_awaitable(out)
             except BaseException as exc:
@@ -544,72 +539,52 @@ class SessionActor(SupervisedActor):
             else:
                 deliver(out, None)
 
-        threading.Thread(
-            target=work, name=f"nous-summarise-{self.session_id}", daemon=True
-        ).start()
+        name = f"nous-summarise-{self.session_id}"
+        threading.Thread(target=work, name=name, daemon=True).start()
 
     def h_compact_summary(
-        self,
-        compactor: Compactor,
-        plan: Plan,
-        time: datetime | None,
-        force: bool,
-        cid: str,
-        loop: asyncio.AbstractEventLoop | None,
-        attempt: int,
-        summary: Any,
-        exc: BaseException | None,
+        self, req: _Compaction, plan: Plan, summary: Any, exc: BaseException | None
     ) -> Any:
-        self._compacting.pop(cid, None)
+        self._compacting.pop(req.cid, None)
         if exc is not None:
             if isinstance(exc, CompactionError):
                 raise exc
             raise CompactionError(
                 f"the summariser failed: {type(exc).__name__}: {_safe_str(exc)}; log unchanged"
             ) from exc
-        return self._commit_compaction(compactor, plan, summary, time, force, cid, loop, attempt)
+        return self._commit_compaction(req, plan, summary)
 
-    def _commit_compaction(
-        self,
-        compactor: Compactor,
-        plan: Plan,
-        summary: Any,
-        time: datetime | None,
-        force: bool,
-        cid: str,
-        loop: asyncio.AbstractEventLoop | None,
-        attempt: int,
-    ) -> Any:
+    def _commit_compaction(self, req: _Compaction, plan: Plan, summary: Any) -> Any:
         self._check_writable()
-        known = self._known_compaction(cid)
+        known = self._known_compaction(req)
         if known is not None:  # applied already: at most once
             return known
         clash = plan.overlaps(self.log.since(plan.count))
         if clash is not None:
-            if attempt < MAX_COMPACTION_RETRIES:
+            if req.attempt < MAX_COMPACTION_RETRIES:
                 logger.info(
                     "session.compaction_retried",
                     session_id=self.session_id,
-                    compaction_id=cid,
+                    compaction_id=req.cid,
                     reason="overlapping_replace",
                     seq=clash.seq,
                 )
-                return self.h_compact(compactor, time, force, cid, loop, attempt + 1)
+                return self.h_compact(dataclasses.replace(req, attempt=req.attempt + 1))
             raise CompactionError(
                 f"a replace appended while the summary was written (seq {clash.seq}) overlaps "
-                f"the compaction's range, {attempt + 1} times; compact again later"
+                f"the compaction's range, {req.attempt + 1} times; compact again later"
             )
-        specs, result = compactor.events(plan, summary, self.next_seq, cid)
-        t = _utcnow() if time is None else time
+        specs, result = req.compactor.events(plan, summary, self.next_seq, req.cid)
+        t = _utcnow() if req.time is None else req.time
         events = tuple(
             new_event(self.next_seq + k, etype, data, t) for k, (etype, data) in enumerate(specs)
         )
         fut, self._fut = self._fut, None  # answered once applied, not once committed
         self._submit(events, None)
         if self.inflight:
-            self.parked.append((SessionActor.h_compact_done, (result, compactor), fut))
+            self.parked.append((SessionActor.h_compact_done, (result, req.compactor), fut))
             return _DEFER
-        return self.h_compact_done(result, compactor)
+        return self.h_compact_done(result, req.compactor)
 
     def h_compact_done(self, result: CompactionResult, compactor: Compactor) -> CompactionResult:
         record = self.log.since(result.record_seq or 0)[:1]
@@ -624,8 +599,12 @@ class SessionActor(SupervisedActor):
         log_compacted(out, session_id=self.session_id)
         return out
 
-    def _known_compaction(self, cid: str) -> CompactionResult | None:
-        """The result of compaction ``cid`` if it is in the log already."""
+    def _known_compaction(self, req: _Compaction) -> CompactionResult | None:
+        """The result of compaction ``req.cid`` if it is in the log already (only an id
+        the caller chose can be: a fresh one is looked up nowhere)."""
+        if not req.explicit:
+            return None
+        cid = req.cid
         ids = self._compaction_ids
         if ids is None:  # first use: index the compaction records in the log
             ids = {}
@@ -992,9 +971,8 @@ class Session:
             raise TypeError(
                 f"compact() takes a nous_actor.Compactor, got {type(compactor).__name__}"
             )
-        if compaction_id is None:
-            compaction_id = new_compaction_id()
-        elif not isinstance(compaction_id, str) or not compaction_id.strip():
+        explicit = compaction_id is not None
+        if explicit and (not isinstance(compaction_id, str) or not compaction_id.strip()):
             raise ValueError(f"compaction_id must be a non-empty str, got {compaction_id!r}")
         if time is not None:
             try:
@@ -1005,7 +983,12 @@ class Session:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        return self._call(SessionActor.h_compact, compactor, time, force, compaction_id, loop, 0)
+        return self._call(
+            SessionActor.h_compact,
+            _Compaction(
+                compactor, time, force, compaction_id or new_compaction_id(), explicit, loop
+            ),
+        )
 
     def fork(self, through_seq: int, new_id: str | None = None) -> SessionFuture[Log]:
         """The prefix through ``through_seq`` as a new log, seqs preserved.
