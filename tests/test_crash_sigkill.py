@@ -20,6 +20,10 @@ or during start-up), then checks the file against what the child printed:
 The same file carries over from round to round, so later children recover from
 a killed writer's file (stale writer claims, WAL replay, snapshot gaps).
 
+A second test kills processes while they create a new store file (a fork
+per round, killed after a random delay within the time a creation takes):
+every file left behind must open as a healthy store.
+
 Reproduce a failure with ``NOUS_CRASH_SEED=<seed printed in the failure>``
 (the operations repeat exactly; the kill moments are timing and cannot).
 """
@@ -40,12 +44,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import pytest
 
-from nous_actor import Session, SQLiteStore
+from nous_actor import Event, Session, SQLiteStore
 from nous_actor.codec import encode_data, format_time
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
@@ -442,3 +447,96 @@ def test_sigkill_loses_no_acknowledged_event_and_leaves_no_partial_write(
             ) from exc
         acks += sum(ln.startswith("A ") for ln in lines)
     assert acks > 0, f"no round acknowledged anything (seed {SEED})"
+
+
+# -- SIGKILL while a store file is being created ---------------------------------------------
+
+CREATOR: Final = r"""
+import os, signal, sys, time
+
+from nous_actor import SQLiteStore
+
+# Reads "<path>\t<delay>" lines. For each, forks a process that runs SQLiteStore(path),
+# SIGKILLs it after `delay` seconds unless it finished first, reaps it, and says which.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+print("ready", flush=True)
+for line in sys.stdin:
+    path, delay = line.rstrip("\n").split("\t")
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            SQLiteStore(path).close()
+        finally:
+            os._exit(0)
+    signal.sigtimedwait({signal.SIGCHLD}, float(delay))  # the child's end, or the delay
+    os.kill(pid, signal.SIGKILL)  # a no-op for a child that has exited (not yet reaped)
+    _, status = os.waitpid(pid, 0)
+    signal.sigtimedwait({signal.SIGCHLD}, 0)  # this child's SIGCHLD must not end the next wait
+    outcome = "killed" if os.WIFSIGNALED(status) else "finished"
+    print(outcome, f"{time.perf_counter() - started:.6f}", flush=True)
+"""
+CREATE_ROUNDS: Final = 120
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_sigkill_while_a_store_file_is_created_leaves_no_store_or_a_whole_one(
+    tmp_path: Path,
+) -> None:
+    """A process killed at a random moment of `SQLiteStore(new_path)` leaves no file, an
+    empty one, or a whole store: every file opens as a store afterwards, healthy."""
+    rng = random.Random(f"{SEED}-create")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CREATOR],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )
+    child = _Child(proc)
+    try:
+
+        def run(path: Path, delay: float) -> tuple[str, float]:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{path}\t{delay}\n")
+            proc.stdin.flush()
+            before = len(child.lines)
+            child.take_until(lambda: len(child.lines) > before, time.monotonic() + LINE_TIMEOUT)
+            assert len(child.lines) > before, f"no answer within {LINE_TIMEOUT:g} s"
+            outcome, seconds = child.lines[-1].split()
+            return outcome, float(seconds)
+
+        child.take_until(child.ready, time.monotonic() + LINE_TIMEOUT)
+        assert child.lines == ["ready\n"], "the creator did not start"
+        # How long a creation takes here, so that the kills spread over all of it.
+        took = sorted(run(tmp_path / f"calibrate-{i}.db", LINE_TIMEOUT)[1] for i in range(3))
+        span = 1.3 * took[1]
+        outcomes = [
+            run(tmp_path / f"new-{i}.db", rng.uniform(0.0, span))[0] for i in range(CREATE_ROUNDS)
+        ]
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=EXIT_TIMEOUT)
+        child.reader.join(timeout=EXIT_TIMEOUT)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert "killed" in outcomes, f"no creation was killed (seed {SEED})"
+    refused = []
+    for i in range(CREATE_ROUNDS):
+        path = tmp_path / f"new-{i}.db"
+        left = "no file" if not path.exists() else f"{path.stat().st_size} bytes"
+        try:
+            with SQLiteStore(path) as store:
+                assert store.integrity_check() == "ok"
+                assert store.write({"s": [Event(0, "turn_start", datetime.now(UTC), {})]}) == {}
+                assert [e.seq for e in store.load("s")] == [0]
+        except Exception as exc:
+            refused.append(f"{path.name} ({outcomes[i]}, left {left}): {exc}")
+    assert not refused, (
+        f"{len(refused)} of {CREATE_ROUNDS} files are not stores (seed {SEED}):\n"
+        + ("\n".join(refused[:5]))
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
 import shutil
 import signal
@@ -25,7 +26,7 @@ import pytest
 
 from nous_actor import Event, Log, Replace, Session
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store import SQLiteStore
+from nous_actor.store import SQLiteStore, import_session
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 BOUND = 20.0  # seconds: the bound of every wait on a child process
@@ -321,6 +322,51 @@ def test_a_stale_claim_of_a_killed_process_is_taken_over(
         store.claim("s")
 
 
+def _wait_exited_unreaped(pid: int) -> None:
+    """Wait (bounded) until child `pid` has exited, leaving it unreaped: a zombie."""
+    waiter = threading.Thread(
+        target=os.waitid, args=(os.P_PID, pid, os.WEXITED | os.WNOWAIT), daemon=True
+    )
+    waiter.start()
+    waiter.join(BOUND)
+    assert not waiter.is_alive(), f"child {pid} did not exit within {BOUND} s"
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "waitid") or not Path("/proc/self/stat").exists(),
+    reason="needs waitid(WNOWAIT) and /proc",
+)
+def test_a_claim_of_a_killed_but_unreaped_process_is_taken_over(
+    path: Path, store: SQLiteStore, children: list[Child]
+) -> None:
+    """A writer SIGKILLed and not yet reaped by its parent (a zombie) does not block a claim."""
+    child = Child(CLAIMER, str(path), "s", "release")
+    children.append(child)
+    child.expect("claimed")
+    os.kill(child.proc.pid, signal.SIGKILL)
+    _wait_exited_unreaped(child.proc.pid)
+    state = Path(f"/proc/{child.proc.pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
+    assert state == b"Z", "the child should be a zombie now"
+    store.claim("s")  # the zombie's row is stale
+    assert child.proc.returncode is None
+    assert child.proc.wait(timeout=BOUND) == -signal.SIGKILL  # reap it only now
+
+
+def test_import_into_a_session_claimed_by_another_live_process_is_refused(
+    path: Path, store: SQLiteStore, children: list[Child]
+) -> None:
+    """import_session takes the claim: a session held in another process is not written."""
+    child = Child(CLAIMER, str(path), "chat", "release")
+    children.append(child)
+    child.expect("claimed")
+    text = '{"seq":0,"type":"turn_start","time":"2026-01-01T00:00:00.000000+00:00","data":{}}\n'
+    with pytest.raises(ConflictError, match=f"stop that session first.*process {child.proc.pid}"):
+        import_session(store, "chat", text)
+    assert store.load("chat") == []
+    assert child.finish() == 0
+    assert import_session(store, "chat", text) == 1
+
+
 def test_sigkill_during_appends_loses_no_acknowledged_event(
     path: Path, children: list[Child]
 ) -> None:
@@ -393,7 +439,7 @@ def test_a_read_only_file_raises_store_error_with_a_hint(shared_dir: Path) -> No
 def test_a_file_that_is_not_a_database_raises_store_error(path: Path) -> None:
     """A file of other bytes is refused with StoreError naming it, not sqlite3.DatabaseError."""
     path.write_bytes(b"this is a text file, not SQLite\n" * 200)
-    with pytest.raises(StoreError, match=r"not a \(healthy\) SQLite database") as info:
+    with pytest.raises(StoreError, match=r"is not a SQLite database.*left unchanged") as info:
         SQLiteStore(path)
     assert str(path) in str(info.value)
     assert path.read_bytes().startswith(b"this is a text file")

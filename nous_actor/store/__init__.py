@@ -1,7 +1,21 @@
-"""Durable stores: the :class:`Store` protocol, :class:`MemoryStore`, :class:`SQLiteStore`."""
+"""Durable stores: the `Store` protocol, `MemoryStore`, `SQLiteStore`, helpers for any store."""
 
-from nous_actor.store.base import Store, export_session, import_session
+from nous_actor.store.base import (
+    SessionInfo,
+    Store,
+    export_session,
+    import_session,
+    list_sessions,
+)
 from nous_actor.store.memory import MemoryStore
 from nous_actor.store.sqlite import SQLiteStore
 
-__all__ = ["MemoryStore", "SQLiteStore", "Store", "export_session", "import_session"]
+__all__ = [
+    "MemoryStore",
+    "SQLiteStore",
+    "SessionInfo",
+    "Store",
+    "export_session",
+    "import_session",
+    "list_sessions",
+]

@@ -1,4 +1,4 @@
-"""The :class:`Store` protocol: where sessions' events persist.
+"""The `Store` protocol, where sessions' events persist, and what works on any store.
 
 A store knows events and their JSON form (the codec), never actors. The
 session layer calls it from one writer thread per store (group commit) and
@@ -7,14 +7,18 @@ from session actors (load, claim, release).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from nous_actor.codec import iter_jsonl, loads
+from nous_actor.codec import CodecError, iter_jsonl, loads
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.event import Event
+from nous_actor.ids import check_session_id
 
-__all__ = ["Store", "export_session", "import_session"]
+__all__ = ["SessionInfo", "Store", "export_session", "import_session", "list_sessions"]
 
 
 @runtime_checkable
@@ -81,12 +85,66 @@ class Store(Protocol):
         ...
 
 
-def export_session(store: Store, session_id: str) -> str:
-    """One session's stored events as JSON Lines (see :mod:`nous_actor.codec`).
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One stored session, as `list_sessions` reports it.
+
+    Attributes:
+        session_id: the session's id.
+        events: how many events are stored (retained after snapshots).
+        next_seq: the seq its next event gets (the highest stored seq + 1).
+        last_time: the latest time among its stored events (UTC), or `None`
+            if it could not be read.
+        error: why the session could not be read (the other fields are then
+            `0` or `None` where unknown), or `None` when it was read.
+    """
+
+    session_id: str
+    events: int
+    next_seq: int
+    last_time: datetime | None
+    error: str | None = None
+
+
+def list_sessions(store: Store) -> list[SessionInfo]:
+    """Every session of `store` with at least one stored event, sorted by id.
+
+    Uses the store's fast `index()` method when it has one (`SQLiteStore`
+    and `MemoryStore` do: no event is decoded); otherwise loads each session
+    in turn. Either way a session that cannot be read does not fail the
+    listing: it is listed with `error` saying why.
+
+    A store of your own may offer `index() -> list[SessionInfo]` too; it is
+    not part of the `Store` protocol.
 
     Raises:
+        StoreError: the store failed as a whole (e.g. it is closed).
+    """
+    index: Callable[[], list[SessionInfo]] | None = getattr(store, "index", None)
+    if callable(index):
+        return list(index())
+    infos: list[SessionInfo] = []
+    for session_id in store.sessions():
+        try:
+            events = store.load(session_id)
+        except Exception as exc:  # one unreadable session must not hide the others
+            infos.append(SessionInfo(session_id, 0, 0, None, f"{type(exc).__name__}: {exc}"))
+            continue
+        if events:  # (a session deleted since sessions() answered is left out)
+            last = max(ev.time for ev in events)
+            infos.append(SessionInfo(session_id, len(events), events[-1].seq + 1, last, None))
+    return infos
+
+
+def export_session(store: Store, session_id: str) -> str:
+    """One session's stored events as JSON Lines (see `nous_actor.codec`).
+
+    Raises:
+        TypeError, ValueError: `session_id` is not a valid session id (see
+            `nous_actor.ids`).
         StoreError: the session has no events, or the store failed.
     """
+    session_id = check_session_id(session_id)
     events = store.load(session_id)
     if not events:
         raise StoreError("no such session to export", session_id=session_id)
@@ -101,21 +159,49 @@ def export_session(store: Store, session_id: str) -> str:
 def import_session(store: Store, session_id: str, text: str) -> int:
     """Store a session from JSON Lines, or seed it from a v1 JSON list of messages.
 
-    Returns the number of events stored.
+    The import holds the session's writer claim while it writes, as a fork
+    does: it never writes into a session that has a live writer, and a
+    session started while the import runs is refused. Either every
+    event of `text` is stored, or none is. The claim is released on return
+    (should releasing fail, the claim still ends with this process).
+
+    Returns the number of events stored (at least 1).
 
     Raises:
-        CodecError: the text is malformed (nothing is stored).
-        ConflictError: the session already has events (import into a new id).
+        TypeError, ValueError: `session_id` is not a valid session id (see
+            `nous_actor.ids`); nothing is stored.
+        CodecError: the text is malformed, or holds no event (an empty
+            input); nothing is stored.
+        ConflictError: the session already has events (import into a new
+            id, or delete it first), or has a live writer (stop that session
+            first); nothing is stored.
         StoreError: the store failed.
     """
-    log = loads(text)
-    if store.load(session_id):
-        raise ConflictError(
-            "already has events; import into a new session id or delete it first",
-            session_id=session_id,
+    session_id = check_session_id(session_id)
+    events = loads(text).events()
+    if not events:
+        raise CodecError(
+            "the input holds no events, so there is no session to import: give a JSON Lines "
+            "export with at least one event, or a non-empty v1 list of messages"
         )
-    events = log.events()
-    refused = store.write({session_id: events})
-    if session_id in refused:
-        raise refused[session_id]
+    try:
+        token = store.claim(session_id)
+    except ConflictError as exc:
+        raise ConflictError(
+            "cannot import into a session that has a live writer; stop that session first, "
+            f"or import into a new session id ({getattr(exc, '_message', None) or exc})",
+            session_id=session_id,
+        ) from exc
+    try:
+        if store.load(session_id):
+            raise ConflictError(
+                "already has events; import into a new session id or delete it first",
+                session_id=session_id,
+            )
+        refused = store.write({session_id: events})
+        if session_id in refused:
+            raise refused[session_id]
+    finally:
+        with contextlib.suppress(StoreError):
+            store.release(session_id, token)
     return len(events)

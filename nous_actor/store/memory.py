@@ -1,4 +1,4 @@
-"""An in-memory :class:`~nous_actor.store.Store`: same rules as the durable ones, no durability."""
+"""An in-memory `Store`: same rules as the durable ones, no durability."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ from collections.abc import Mapping, Sequence
 
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.event import Event
+from nous_actor.ids import check_session_id
+from nous_actor.store.base import SessionInfo
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore:
-    """A :class:`~nous_actor.store.Store` in a dict: same rules, no durability.
+    """A `Store` in a dict: same rules, no durability.
 
-    Events are kept as the immutable :class:`~nous_actor.Event` values they are.
+    Events are kept as the immutable `Event` values they are. `claim` and
+    `write` refuse a session id that is not valid (see `nous_actor.ids`) with
+    `StoreError`, storing nothing.
     """
 
     def __init__(self) -> None:
@@ -28,6 +32,13 @@ class MemoryStore:
         if self._closed:
             raise StoreError("the store is closed; open a new one")
 
+    @staticmethod
+    def _valid_id(session_id: str) -> str:
+        try:
+            return check_session_id(session_id)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from exc
+
     def load(self, session_id: str) -> list[Event]:
         with self._lock:
             self._check_open()
@@ -36,6 +47,9 @@ class MemoryStore:
 
     def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
         refused: dict[str, StoreError] = {}
+        for sid, events in appends.items():
+            if events:
+                self._valid_id(sid)
         with self._lock:
             self._check_open()
             for sid, events in appends.items():
@@ -72,6 +86,7 @@ class MemoryStore:
             self._claims.pop(session_id, None)
 
     def claim(self, session_id: str) -> str:
+        session_id = self._valid_id(session_id)
         with self._lock:
             self._check_open()
             if session_id in self._claims:
@@ -88,6 +103,22 @@ class MemoryStore:
         with self._lock:
             if self._claims.get(session_id) == token:
                 del self._claims[session_id]
+
+    def index(self) -> list[SessionInfo]:
+        """Every stored session's size, next seq and latest time, sorted by id.
+
+        Used by `nous_actor.store.list_sessions`.
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        with self._lock:
+            self._check_open()
+            return [
+                SessionInfo(sid, len(evs), max(evs) + 1, max(ev.time for ev in evs.values()))
+                for sid, evs in sorted(self._events.items())
+                if evs
+            ]
 
     def close(self) -> None:
         with self._lock:

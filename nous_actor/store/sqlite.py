@@ -19,37 +19,42 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import stat
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Final, Literal
 
 from nous_actor.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.event import Event
+from nous_actor.ids import check_session_id
+from nous_actor.store.base import SessionInfo
 
 __all__ = ["SQLiteStore"]
 
 SCHEMA_VERSION: Final = 1
 APPLICATION_ID: Final = 0x6E6F7573  # "nous": marks the file as a nous_actor store
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL CHECK (seq >= 0),
     type TEXT NOT NULL,
     time TEXT NOT NULL,
     data TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS writers (
+) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS writers (
     session_id TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,
     token TEXT NOT NULL,
     since TEXT NOT NULL
-);
-"""
+)""",
+)
+_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 _INSERT = "INSERT INTO events (session_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
 
 # Claim tokens held by live writers of this process, whatever store object made them.
@@ -57,30 +62,140 @@ _live_tokens: set[str] = set()
 _live_lock = threading.Lock()
 
 
+@cache
+def _our_objects() -> frozenset[tuple[str, str, str | None]]:
+    """The `sqlite_master` rows our schema makes, as SQLite itself normalises their SQL."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        return frozenset(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+    finally:
+        conn.close()
+
+
 def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs; a zombie (dead, not yet reaped) does not.
+
+    Where `/proc` exists the process state is read from `/proc/<pid>/stat`;
+    elsewhere a zombie still counts as alive (see docs/persistence.md).
+    """
+    if not 0 < pid < 2**31:  # kill(0 or -n) would signal a group; no real pid is this big
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except FileNotFoundError:  # gone meanwhile, or no /proc here (then trust kill)
+        return not os.path.exists("/proc/self")
+    except OSError:
         return True
-    return True
+    # The state follows the command name, which is in parentheses and may hold any byte.
+    fields = text.rpartition(b")")[2].split()
+    return not (fields and fields[0] in (b"Z", b"X", b"x"))
+
+
+class _Layout:
+    """What a SQLite file holds, read in one read transaction without writing anything."""
+
+    def __init__(self, conn: sqlite3.Connection, *, in_transaction: bool = False) -> None:
+        if not in_transaction:
+            conn.execute("BEGIN")
+        try:
+            self.objects = frozenset(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+            self.version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+            self.app_id: int = conn.execute("PRAGMA application_id").fetchone()[0]
+        finally:
+            if not in_transaction and conn.in_transaction:
+                conn.execute("COMMIT")
+        self.tables = {name for kind, name, _ in self.objects if kind == "table"}
+
+    @property
+    def foreign(self) -> bool:
+        """Another application's database: marked as theirs, or holding what we never make."""
+        if self.app_id == APPLICATION_ID:
+            return False
+        if self.app_id != 0:
+            return True
+        made_before_application_id = (
+            self.version == SCHEMA_VERSION and {"events", "writers"} <= self.tables
+        )
+        return not (made_before_application_id or self.objects <= _our_objects())
+
+    @property
+    def blank(self) -> bool:
+        """Nothing in it at all: no table, no version, no application id."""
+        return not self.objects and self.version == 0 and self.app_id == 0
+
+    @property
+    def complete(self) -> bool:
+        """A finished store of this schema version (nothing to write before using it)."""
+        return (
+            self.app_id == APPLICATION_ID
+            and self.version == SCHEMA_VERSION
+            and {"events", "writers"} <= self.tables
+        )
+
+
+def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo:
+    """One row of `SQLiteStore.index`, with what cannot be read put into `error`."""
+    if not isinstance(top, int) or top < 0:
+        return SessionInfo(session_id, count, 0, None, f"a stored seq is malformed: {top!r}")
+    try:
+        when = datetime.fromisoformat(str(last))
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        return SessionInfo(
+            session_id, count, top + 1, None, f"a stored time is malformed: {last!r}"
+        )
+    return SessionInfo(session_id, count, top + 1, when.astimezone(UTC), None)
 
 
 class SQLiteStore:
-    """Sessions' events in one SQLite file (or ``":memory:"``).
+    """Sessions' events in one SQLite file (or `":memory:"`).
 
     Safe to share between threads: calls are serialised on one connection.
     Open the same file from several processes freely; each session still
-    has one live writer (``claim``), enforced in the database.
+    has one live writer (`claim`), enforced in the database.
+
+    Which files become a store:
+
+    * a missing path, a 0-byte file, or a SQLite database with nothing in it
+      (no table, `user_version` and `application_id` 0) becomes a new store
+      (unless `create=False`). The schema, `application_id` and
+      `user_version` are written in one transaction, so a process killed
+      while creating the store leaves either no store or a whole one;
+    * a nous_actor store opens as it is (a store of an older release without
+      `application_id`, or one left half-made by an older release, is
+      completed);
+    * anything else (another application's SQLite database, a file that is
+      not SQLite, a store of a newer schema version) is refused with
+      `StoreError` **before anything is written to it**: the file is left
+      byte for byte as it was. Only then is the journal switched to WAL.
+
+    While open, every write transaction checks (one `stat` per commit) that
+    the path still names the file that was opened; if the file or its folder
+    was removed or replaced, the write fails with `StoreError` and so does
+    every later call: nothing is acknowledged into a file that is gone.
 
     Args:
-        path: the database file (created if missing), or ``":memory:"``.
-        durability: ``"full"`` (default) or ``"normal"``; see the module docs.
+        path: the database file, or `":memory:"`.
+        durability: `"full"` (default) or `"normal"`; see the module docs.
         timeout: seconds to wait for another process's write lock.
+        create: make a new store where there is none (the default). With
+            `create=False` a missing path, a 0-byte file or an empty SQLite
+            database raises `StoreError` and is left as it is (no file is
+            made): use it to open stores that must already exist.
 
     Raises:
-        StoreError: the file cannot be opened or is not a nous_actor store.
+        StoreError: the file cannot be opened, is not a nous_actor store, or
+            (with `create=False`) holds no store yet.
     """
 
     def __init__(
@@ -89,6 +204,7 @@ class SQLiteStore:
         *,
         durability: Literal["full", "normal"] = "full",
         timeout: float = 5.0,
+        create: bool = True,
     ) -> None:
         if durability not in ("full", "normal"):
             raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
@@ -96,36 +212,115 @@ class SQLiteStore:
         self.durability = durability
         self._lock = threading.Lock()
         self._closed = False
+        self._lost: str | None = None
+        self._file: tuple[str, int, int] | None = None  # (absolute path, st_dev, st_ino)
         with self._translate(None, "open the store"):
-            self._conn = sqlite3.connect(
-                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
-            )
-            self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            if self.path != ":memory:":
-                self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute(f"PRAGMA synchronous = {durability.upper()}")
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
-            tables = {
-                r[0]
-                for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
-            ours = app_id == APPLICATION_ID or (
-                app_id == 0 and version == SCHEMA_VERSION and {"events", "writers"} <= tables
-            )
-            if not ours and (app_id != 0 or tables):
+            self._conn = self._open(timeout, create)
+
+    # -- opening: look before writing ------------------------------------------------------
+
+    def _connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri
+        )
+        try:  # connection settings only: nothing here writes to the file
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            conn.execute(f"PRAGMA synchronous = {self.durability.upper()}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open(self, timeout: float, create: bool) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            conn = self._connect(":memory:", timeout, uri=False)
+            self._create(conn)
+            return conn
+        full = os.path.abspath(self.path)
+        try:
+            st: os.stat_result | None = os.stat(full)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise StoreError(f"could not open the store in {self.path}: {exc}") from exc
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"{self.path} is a directory, not a database file; give a file path")
+        if st is None or st.st_size == 0:
+            if not create:
+                what = "does not exist" if st is None else "is an empty file"
                 raise StoreError(
-                    f"{self.path} is another application's SQLite database, not a "
-                    "nous_actor store; use a new file"
+                    f"there is no nous_actor store at {self.path}: it {what}; check the path, "
+                    "or open it with create=True to make a new store there"
                 )
-            if version not in (0, SCHEMA_VERSION):
-                raise StoreError(
-                    f"{self.path} has schema version {version}; this nous_actor reads "
-                    f"version {SCHEMA_VERSION}: upgrade nous_actor"
-                )
-            self._conn.executescript(_SCHEMA)
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        else:
+            self._check_magic(full)
+        mode = "rwc" if st is None else "rw"  # never create a file that was not asked for
+        conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
+        try:
+            layout = _Layout(conn)  # reads only (a crashed transaction is rolled back first)
+            self._check_ours(layout)
+            if not layout.complete:
+                if layout.blank and not create:
+                    raise StoreError(
+                        f"there is no nous_actor store at {self.path}: it is an empty SQLite "
+                        "database; open it with create=True to make a new store there"
+                    )
+                self._create(conn)
+            # Only now that the file is ours: WAL (a header write) and its identity.
+            mode_now = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode_now).lower() != "wal":
+                mode_now = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode_now).lower() != "wal":
+                    raise StoreError(
+                        f"could not switch {self.path} to the WAL journal (it stayed in "
+                        f"{mode_now!r} mode); check that its folder is writable"
+                    )
+            st = os.stat(full)
+            self._file = (full, st.st_dev, st.st_ino)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _check_magic(self, full: str) -> None:
+        try:
+            with open(full, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise StoreError(f"could not read {self.path}: {exc}; check its permissions") from exc
+        if head != _SQLITE_MAGIC:
+            raise StoreError(
+                f"{self.path} is not a SQLite database, so not a nous_actor store; it was left "
+                "unchanged: give the path of a store, or of a new file"
+            )
+
+    def _check_ours(self, layout: _Layout) -> None:
+        if layout.foreign:
+            raise StoreError(
+                f"{self.path} is another application's SQLite database, not a nous_actor "
+                "store; it was left unchanged: use a new file"
+            )
+        if layout.version not in (0, SCHEMA_VERSION):
+            raise StoreError(
+                f"{self.path} has schema version {layout.version}; this nous_actor reads "
+                f"version {SCHEMA_VERSION}: upgrade nous_actor"
+            )
+
+    def _create(self, conn: sqlite3.Connection) -> None:
+        """Write the schema and the file's marks in one transaction: all of it, or nothing."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self.path != ":memory:":  # another process may have made it meanwhile
+                self._check_ours(_Layout(conn, in_transaction=True))
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     # -- one place to translate sqlite3 errors -----------------------------------------
 
@@ -166,6 +361,8 @@ class SQLiteStore:
         with self._lock, self._translate(session_id, doing):
             if self._closed:
                 raise StoreError(f"the store {self.path} is closed; open a new one")
+            if self._lost is not None:
+                raise StoreError(self._lost)
             yield self._conn
 
     @contextlib.contextmanager
@@ -174,11 +371,39 @@ class SQLiteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                self._check_file()  # under the write lock, before anything is committed
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def _check_file(self) -> None:
+        """Fail closed if the path no longer names the file opened (one `stat` a transaction)."""
+        if self._file is None:
+            return
+        full, dev, ino = self._file
+        try:
+            st = os.stat(full)
+        except OSError:
+            same = False
+        else:
+            same = (st.st_dev, st.st_ino) == (dev, ino)
+        if not same:
+            self._lost = (
+                f"the database file {self.path} was removed or replaced while the store had "
+                "it open (was its folder deleted?), so nothing more is acknowledged: what was "
+                "written since is not in any file at that path; restore the file or open a "
+                "new store, then restart the sessions"
+            )
+            raise StoreError(self._lost)
+
+    @staticmethod
+    def _valid_id(session_id: str) -> str:
+        try:
+            return check_session_id(session_id)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from exc
 
     # -- the Store protocol --------------------------------------------------------------
 
@@ -191,9 +416,15 @@ class SQLiteStore:
             return [event_from_row(*row) for row in rows]
 
     def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+        """Store each session's events in one transaction (see `Store.write`).
+
+        Raises:
+            StoreError: nothing was stored: a session id is not valid (see
+                `nous_actor.ids`), the file was removed or replaced, or SQLite failed.
+        """
         batches = [
             (
-                sid,
+                self._valid_id(sid),
                 [
                     (sid, ev.seq, ev.type.value, format_time(ev.time), encode_data(ev))
                     for ev in evs
@@ -241,49 +472,85 @@ class SQLiteStore:
             conn.execute("DELETE FROM writers WHERE session_id = ?", (session_id,))
 
     def claim(self, session_id: str) -> str:
+        """Become the one writer of `session_id` (see `Store.claim`).
+
+        A claim left by a process that has ended (exited, killed, or dead but
+        not yet reaped by its parent) is taken over.
+
+        Raises:
+            ConflictError: a live writer holds the session, in this process or another.
+            StoreError: `session_id` is not valid (see `nous_actor.ids`), or the store failed.
+        """
+        session_id = self._valid_id(session_id)
         token = uuid.uuid4().hex
         pid = os.getpid()
-        with self._transaction(session_id, "claim the session") as conn, _live_lock:
-            row = conn.execute(
-                "SELECT pid, token FROM writers WHERE session_id = ?", (session_id,)
-            ).fetchone()
-            if row is not None:
-                holder_pid, holder_token = row
-                alive = (
-                    holder_token in _live_tokens if holder_pid == pid else _pid_alive(holder_pid)
-                )
-                if alive:
-                    where = "this process" if holder_pid == pid else f"process {holder_pid}"
-                    raise ConflictError(
-                        f"already has a live writer in {where}; use that session's handle, "
-                        "or stop it first",
-                        session_id=session_id,
+        try:
+            with self._transaction(session_id, "claim the session") as conn, _live_lock:
+                row = conn.execute(
+                    "SELECT pid, token FROM writers WHERE session_id = ?", (session_id,)
+                ).fetchone()
+                if row is not None:
+                    holder_pid, holder_token = row
+                    alive = (
+                        holder_token in _live_tokens
+                        if holder_pid == pid
+                        else _pid_alive(holder_pid)
                     )
-            conn.execute(
-                "INSERT OR REPLACE INTO writers (session_id, pid, token, since) "
-                "VALUES (?, ?, ?, ?)",
-                (session_id, pid, token, datetime.now(UTC).isoformat()),
-            )
-            _live_tokens.add(token)
+                    if alive:
+                        where = "this process" if holder_pid == pid else f"process {holder_pid}"
+                        raise ConflictError(
+                            f"already has a live writer in {where}; use that session's "
+                            "handle, or stop it first",
+                            session_id=session_id,
+                        )
+                conn.execute(
+                    "INSERT OR REPLACE INTO writers (session_id, pid, token, since) "
+                    "VALUES (?, ?, ?, ?)",
+                    (session_id, pid, token, datetime.now(UTC).isoformat()),
+                )
+                # Under _live_lock and before COMMIT: another store object of this
+                # process that reads the row next also finds the token live.
+                _live_tokens.add(token)
+        except BaseException:
+            with _live_lock:
+                _live_tokens.discard(token)
+            raise
         return token
 
     def release(self, session_id: str, token: str) -> None:
         with _live_lock:
             _live_tokens.discard(token)
-        if self._closed:
+        if self._closed or self._lost is not None:
             return
         with self._transaction(session_id, "release the session") as conn:
             conn.execute(
                 "DELETE FROM writers WHERE session_id = ? AND token = ?", (session_id, token)
             )
 
+    # -- extras --------------------------------------------------------------------------
+
+    def index(self) -> list[SessionInfo]:
+        """Every stored session's size, next seq and latest time, sorted by id, in one query.
+
+        No event is decoded, so a session with a damaged row is still listed
+        (a damaged time or seq is reported in its `error`). Used by
+        `nous_actor.store.list_sessions`.
+
+        Raises:
+            StoreError: the store failed as a whole (closed, file gone, SQLite error).
+        """
+        with self._locked(None, "list sessions") as conn:
+            rows = conn.execute(
+                "SELECT session_id, COUNT(*), MAX(seq), MAX(time) FROM events "
+                "GROUP BY session_id ORDER BY session_id"
+            ).fetchall()
+        return [_info(str(sid), count, top, last) for sid, count, top, last in rows]
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
-
-    # -- extras --------------------------------------------------------------------------
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` when healthy)."""
