@@ -14,8 +14,9 @@ One object to the user::
   ones (stops them; the next call reopens them from the store).
 * ``close()`` (or leaving the ``with`` block) stops every session.
 
-Every restart, backoff, give-up and passivation is a structlog event with
-``session_id``, ``reason`` and ``restart_count``.
+Every restart, recovery, give-up, stop and passivation is a structlog event
+with ``session_id`` and ``reason`` (and ``restart_count`` where it counts);
+docs/supervision.md lists every event the library logs.
 """
 
 from __future__ import annotations
@@ -330,11 +331,12 @@ class Sessions:
                 delay=round(delay, 6),
             )
         if delay > 0:
-            self.scheduler(delay, partial(self._restart, session_id))
+            self.scheduler(delay, partial(self._restart, session_id, reason))
         else:
-            self._restart(session_id)
+            self._restart(session_id, reason)
 
-    def _restart(self, session_id: str) -> None:
+    def _restart(self, session_id: str, reason: str) -> None:
+        """Start ``session_id`` again after the crash ``reason`` (logged with the recovery)."""
         with self._lock:
             if self._closed or session_id in self._gave_up:
                 return
@@ -344,11 +346,12 @@ class Sessions:
             try:
                 self._start(session_id)
             except Exception as exc:  # e.g. the store failed on load: a crash too
-                failure = f"restart failed: {type(exc).__name__}: {exc}"
+                failure = f"restart failed: {type(exc).__name__}: {_safe_str(exc)}"
             else:
                 logger.info(
                     "session.recovered_after_crash",
                     session_id=session_id,
+                    reason=reason,
                     restart_count=self._restarts.get(session_id, 0),
                 )
                 return
@@ -360,4 +363,8 @@ class Sessions:
             try:
                 self.passivate_idle()
             except Exception as exc:  # keep reaping
-                logger.error("session.passivation_failed", error=str(exc))
+                logger.error(
+                    "session.passivation_failed",
+                    reason=type(exc).__name__,
+                    error=_safe_str(exc),
+                )

@@ -340,6 +340,54 @@ def test_restart_is_logged_with_session_id_reason_and_count(
     assert [e["restart_count"] for e in logged(logs, "session.recovered_after_crash")] == [1, 2]
 
 
+def test_recovery_after_a_crash_is_logged_with_the_reason_it_recovered_from(
+    store: Store, registries: Callable[..., Sessions]
+) -> None:
+    """session.recovered_after_crash carries session_id and the reason of the crash it
+    recovered from (the reason session.restart logged), beside the restart count."""
+    sched = Scheduler()
+    reg = registries(store, scheduler=sched)
+    h = reg.open("chat")
+    append(h, "kept")
+    with capture_logs() as logs:
+        crash(h, Boom("first"))
+        sched.next()
+        crash(h, KeyboardInterrupt("second"))
+        sched.next()
+    got = [
+        (e["session_id"], e["reason"], e["restart_count"], e["log_level"])
+        for e in logged(logs, "session.recovered_after_crash")
+    ]
+    assert got == [
+        ("chat", "Boom: first", 1, "info"),
+        ("chat", "KeyboardInterrupt: second", 2, "info"),
+    ]
+    assert [e["reason"] for e in logged(logs, "session.restart")] == [r for _, r, _, _ in got]
+
+
+def test_a_recovery_after_a_failed_restart_names_the_failure(
+    store: Store, registries: Callable[..., Sessions]
+) -> None:
+    """When the first reload fails and the next one works, the recovery's reason is the
+    failure it recovered from."""
+    faulty = FaultyStore(store)
+    timeline = Timeline()
+    reg = registries(faulty, scheduler=timeline.scheduler, max_restarts=5, max_seconds=60)
+    h = reg.open("chat")
+    append(h, "kept")
+    faulty.fail_loads = 1
+    with capture_logs(processors=[timeline.processor]) as logs:
+        crash(h, Boom("first crash"))
+        assert timeline.fire_until("session.recovered_after_crash") == 2
+    [recovered] = logged(logs, "session.recovered_after_crash")
+    assert recovered["session_id"] == "chat"
+    assert recovered["reason"] == (
+        "restart failed: StoreError: session 'chat': injected load failure"
+    )
+    assert recovered["restart_count"] == 2
+    assert contents(h) == ["kept"]
+
+
 def test_store_failure_crashes_the_session_and_it_recovers_the_acknowledged_appends(
     store: Store, registries: Callable[..., Sessions]
 ) -> None:
@@ -745,6 +793,36 @@ def test_passivated_session_reopens_from_the_store_on_the_next_call(
     assert urn(h) != before
     assert append(h, "m5").seq == 5
     assert reg.restart_count("chat") == 0  # a reopen is not a restart
+
+
+def test_a_failing_passivation_round_is_logged_with_a_reason(
+    registries: Callable[..., Sessions],
+) -> None:
+    """When the idle reaper fails a round, session.passivation_failed says why; it goes on."""
+    broken = threading.Event()
+    seen: queue.Queue[Any] = queue.Queue()
+
+    def clock() -> float:
+        if broken.is_set():
+            raise RuntimeError("clock went away")
+        return 0.0
+
+    def watch(logger: Any, method: str, event_dict: Any) -> Any:
+        if event_dict["event"] == "session.passivation_failed":
+            seen.put({**event_dict, "log_level": method})
+        return event_dict
+
+    with capture_logs(processors=[watch]):
+        registries(idle_timeout=0.01, clock=clock)
+        broken.set()
+        first = seen.get(timeout=BOUND)
+        second = seen.get(timeout=BOUND)  # the reaper kept going
+    assert (first["reason"], first["error"], first["log_level"]) == (
+        "RuntimeError",
+        "clock went away",
+        "error",
+    )
+    assert second["reason"] == "RuntimeError"
 
 
 def test_passivate_idle_without_idle_timeout_does_nothing(
