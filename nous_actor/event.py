@@ -285,6 +285,21 @@ def _check_event(
     return kind, time, frozen, op
 
 
+def type_text(etype: object) -> str:
+    """How to show a caller's event type in a log line or a message; never raises.
+
+    A str (or str subclass) is shown as its plain text without running its
+    methods; anything else as a short ``repr``.
+
+    >>> type_text("user_message"), type_text(EventType.TOOL_CALL), type_text(3)
+    ('user_message', 'tool_call', '3')
+    """
+    try:
+        return str.__str__(etype) if isinstance(etype, str) else short_repr(etype)
+    except Exception:  # an object whose __class__ raises
+        return f"<unreadable {_type_name(etype)}>"
+
+
 def _type_name(value: object) -> str:
     try:
         return str.__str__(type(value).__name__)

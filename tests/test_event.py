@@ -26,7 +26,7 @@ from nous_actor import (
     Replace,
     Session,
 )
-from nous_actor.event import SURFACE_TYPES, check_event
+from nous_actor.event import SURFACE_TYPES, check_event, type_text
 from nous_actor.testing import event_data
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -1117,3 +1117,13 @@ def test_append_or_log_never_raises_for_hostile_containers(
         (ev,) = after.events()
         json.dumps(ev.data, allow_nan=False)  # what was stored is plain JSON
         assert strict.events()[0].data == ev.data
+
+
+def test_type_text_shows_any_caller_type_without_running_its_code() -> None:
+    """type_text (for log lines such as log.event_dropped) never raises, whatever the type."""
+    with _armed():
+        assert type_text(HostileStr("nope")) == "nope"
+        assert type_text(HostileMapping({}, "__class__")).startswith("<unreadable")
+        assert type_text(HostileKey()) == "<HostileKey>"
+    assert type_text(EventType.USER_MESSAGE) == "user_message"
+    assert type_text(None) == "None"
