@@ -1,11 +1,16 @@
 """The benchmark suite of nous_actor (``make bench``, i.e. ``python -m bench``).
 
-Measures the goals of DESIGN.md §8 side by side with a baseline in one run
-and prints a table of ratios with pass/fail verdicts. Never part of the test
-run. Modules:
+Measures the goals of DESIGN.md §8 side by side with a baseline in one run,
+the cyclic GC on in every timed section, and prints a table of ratios with
+PASS/FAIL verdicts (``bench/results/latest.{txt,json}``, figures beside them).
+Modules:
 
-* :mod:`bench.harness`: registration, sizing, timing and statistics helpers;
+* :mod:`bench.harness`: goals, rows, sizing, timing, threads, statistics, formatting;
 * :mod:`bench.workload`: deterministic session-shaped workloads and a log builder;
-* :mod:`bench.core`: the pure core (fold, append + derive, append, memory, codec);
-* :mod:`bench.report`: the table and the JSON file of all numbers.
+* :mod:`bench.core`: the pure core (G7 fold, G6 append + derive, append, codec);
+* :mod:`bench.session`: the session actor (G1 round trip, G2 pipelined, threads, derive);
+* :mod:`bench.durable`: SQLite (G3 100x100 in three caller shapes, G4 sweep, G8 recovery);
+* :mod:`bench.lifetime`: G5 long compacted session, G9 slow summariser, G10 memory;
+* :mod:`bench.peers`: the optional peers (eventsourcing, the Agents SDK SQLiteSession);
+* :mod:`bench.report`, :mod:`bench.plot`: the table, the JSON file, the figures.
 """

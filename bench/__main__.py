@@ -1,15 +1,17 @@
 """Entry point: ``python -m bench [--quick] [--only NAME] [--json PATH]`` (``make bench``).
 
 Runs the registered benchmarks one after the other, prints progress on
-stderr, the results table on stdout, and writes every number to a JSON file;
-then prints a summary of the DESIGN.md §8 goals and draws the figures
-(:mod:`bench.plot`, needs matplotlib: ``goals.png``, ``scaling.png``) next to
-the JSON file. The cyclic GC stays on in every timed section.
+stderr, then the results table and the summary of the DESIGN.md §8 goals on
+stdout (the same text also in a ``.txt`` beside the JSON file), writes every
+number to the JSON file and draws the figures (:mod:`bench.plot`, needs
+matplotlib: ``goals.png``, ``scaling.png``) next to it. The cyclic GC stays on
+in every timed section.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -104,7 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         section = b.run(config)
         outcomes.append(Outcome(b, section, time.perf_counter() - t0))
         progress(f"{b.name}: done in {outcomes[-1].seconds:.1f} s")
-    print_table(outcomes, loadavg=loadavg)
+    text = io.StringIO()
+    print_table(outcomes, out=text, loadavg=loadavg)
+    print_goals(outcomes, out=text)
+    print(text.getvalue(), end="")
     doc = write_json(
         args.json,
         outcomes,
@@ -113,8 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv=list(sys.argv if argv is None else argv),
         loadavg_before=loadavg,
     )
-    progress(f"wrote {args.json}")
-    print_goals(outcomes)
+    table = args.json.with_suffix(".txt")
+    table.write_text(text.getvalue(), encoding="utf-8")
+    progress(f"wrote {args.json} and {table}")
     progress("drawing the figures")
     print(draw(doc, args.json.parent))
     print(f"results: {args.json}; total run time {time.perf_counter() - t_start:.0f} s")

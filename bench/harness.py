@@ -53,6 +53,7 @@ __all__ = [
     "fmt_time",
     "fmt_time_spread",
     "gc_off",
+    "gc_watch",
     "goal_row",
     "info_row",
     "installed",
@@ -269,6 +270,38 @@ def gc_off() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+class GcWatch:
+    """Wall time the cyclic GC spent collecting, by generation, while installed (all threads)."""
+
+    def __init__(self) -> None:
+        self.ns = [0, 0, 0]
+        self.count = [0, 0, 0]
+        self._t0 = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter_ns()
+        else:
+            gen = info.get("generation", 0)
+            self.ns[gen] += time.perf_counter_ns() - self._t0
+            self.count[gen] += 1
+
+    def total_ns(self) -> int:
+        """GC time so far, every generation."""
+        return sum(self.ns)
+
+
+@contextmanager
+def gc_watch() -> Iterator[GcWatch]:
+    """Measure (never change) the GC's own time over the block, through ``gc.callbacks``."""
+    watch = GcWatch()
+    gc.callbacks.append(watch)
+    try:
+        yield watch
+    finally:
+        gc.callbacks.remove(watch)
 
 
 def settle() -> None:

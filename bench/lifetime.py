@@ -67,35 +67,56 @@ def _long_run(s: Session, n: int, compactor: Compactor, label: str) -> dict[str,
     """``n`` appends in cycles of :data:`CYCLE` pipelined appends + compact + derive.
 
     Returns, per cycle: the wall ns of the appends (first send to last answer),
-    of ``compact().get()``, of the following ``derive_messages().get()``, and
-    whether the compaction changed the log.
+    of ``compact().get()``, of the following ``derive_messages().get()``,
+    whether the compaction changed the log, and the GC's own time within the cycle.
     """
-    out: dict[str, list[float]] = {"append": [], "compact": [], "derive": [], "changed": []}
+    out: dict[str, list[float]] = {
+        "append": [],
+        "compact": [],
+        "derive": [],
+        "changed": [],
+        "gc": [],
+    }
     datas = [_payload(i) for i in range(CYCLE)]
-    clock = time.perf_counter_ns
     step = max(1, n // CYCLE // 10)
-    seq = s.count().get(timeout=h.JOIN_TIMEOUT)
-    for c in range(n // CYCLE):
-        t0 = clock()
-        futs = [s.append(t, d) for t, d in datas]
-        last = futs[-1].get(timeout=h.JOIN_TIMEOUT)
-        t1 = clock()
-        result = s.compact(compactor).get(timeout=h.JOIN_TIMEOUT)
-        t2 = clock()
-        msgs = s.derive_messages().get(timeout=h.JOIN_TIMEOUT)
-        t3 = clock()
-        if futs[0].get(timeout=0).seq != seq or last.seq != seq + CYCLE - 1:
-            raise AssertionError(f"{label}: appends of cycle {c} got other seqs")
-        seq = s.count().get(timeout=h.JOIN_TIMEOUT)
-        if len(msgs) > 4 * CYCLE:
-            raise AssertionError(f"{label}: the surface grew to {len(msgs)}: no compaction")
-        out["append"].append(t1 - t0)
-        out["compact"].append(t2 - t1)
-        out["derive"].append(t3 - t2)
-        out["changed"].append(1.0 if result.changed else 0.0)
-        if c % step == step - 1:
-            h.progress(f"{label}: {h.fmt_count((c + 1) * CYCLE)}/{h.fmt_count(n)} events")
+    with h.gc_watch() as watch:
+        for c in range(n // CYCLE):
+            _cycle(s, c, datas, compactor, label, out, watch)
+            if c % step == step - 1:
+                h.progress(f"{label}: {h.fmt_count((c + 1) * CYCLE)}/{h.fmt_count(n)} events")
     return out
+
+
+def _cycle(
+    s: Session,
+    c: int,
+    datas: Sequence[tuple[str, dict[str, Any]]],
+    compactor: Compactor,
+    label: str,
+    out: dict[str, list[float]],
+    watch: h.GcWatch,
+) -> None:
+    """One cycle of :func:`_long_run`, its figures appended to ``out``."""
+    clock = time.perf_counter_ns
+    seq = s.count().get(timeout=h.JOIN_TIMEOUT)
+    gc0 = watch.total_ns()
+    t0 = clock()
+    futs = [s.append(t, d) for t, d in datas]
+    last = futs[-1].get(timeout=h.JOIN_TIMEOUT)
+    t1 = clock()
+    result = s.compact(compactor).get(timeout=h.JOIN_TIMEOUT)
+    t2 = clock()
+    msgs = s.derive_messages().get(timeout=h.JOIN_TIMEOUT)
+    t3 = clock()
+    if futs[0].get(timeout=0).seq != seq or last.seq != seq + CYCLE - 1:
+        raise AssertionError(f"{label}: appends of cycle {c} got other seqs")
+    if len(msgs) > 4 * CYCLE:
+        raise AssertionError(f"{label}: the surface grew to {len(msgs)}: no compaction")
+    out["append"].append(t1 - t0)
+    out["compact"].append(t2 - t1)
+    out["derive"].append(t3 - t2)
+    out["changed"].append(1.0 if result.changed else 0.0)
+    out["gc"].append(watch.total_ns() - gc0)
 
 
 def _windows(xs: Sequence[float], k: int = 10) -> list[list[float]]:
@@ -137,6 +158,9 @@ def bench_long(cfg: h.Config) -> h.Section:
         changed = sum(out["changed"]) / cycles
         valid = changed >= 0.9
         flat = win_cd[-1] / win_cd[0]
+        gc_first, gc_last = sum(out["gc"][:k30]), sum(out["gc"][-k30:])
+        med_first = CYCLE * 1e9 / h.Stats.of(total[:k30]).median
+        med_last = CYCLE * 1e9 / h.Stats.of(total[-k30:]).median
         nums = {
             "store": where,
             "events": n,
@@ -146,6 +170,11 @@ def bench_long(cfg: h.Config) -> h.Section:
             "events_per_s_last_30": last,
             "window_events_per_s": win_rate,
             "window_compact_derive_median_ns": win_cd,
+            "gc_ns_first_30": gc_first,
+            "gc_ns_last_30": gc_last,
+            "median_cycle_events_per_s_first_30": med_first,
+            "median_cycle_events_per_s_last_30": med_last,
+            "slowest_cycle_ns": max(total),
         }
         series[where] = nums
         tag = "" if valid else f" (only {changed:.0%} compactions changed the log)"
@@ -183,7 +212,11 @@ def bench_long(cfg: h.Config) -> h.Section:
             + "; compact+derive median "
             + " ".join(h.fmt_time(x) for x in win_cd)
             + f"; append phase alone {h.fmt_rate(CYCLE * 1e9 / h.Stats.of(out['append']).median)} "
-            f"(median cycle); final count {h.fmt_count(final_count)}."
+            f"(median cycle); final count {h.fmt_count(final_count)}. The GC's own time "
+            f"(gc.callbacks, all generations, measured not changed): first 30% "
+            f"{h.fmt_time(gc_first)}, last 30% {h.fmt_time(gc_last)}; median cycle first 30% "
+            f"{h.fmt_rate(med_first)}, last 30% {h.fmt_rate(med_last)}; slowest cycle "
+            f"{h.fmt_time(max(total))}."
         )
     sec.data["series"] = series
     sec.notes[:0] = [
