@@ -29,7 +29,7 @@ from nous_actor.codec import CodecError, event_to_dict, message_to_dict
 from nous_actor.errors import NousActorError
 from nous_actor.event import Event
 from nous_actor.log import Log
-from nous_actor.store.base import export_session, import_session
+from nous_actor.store import SessionInfo, export_session, import_session, list_sessions
 from nous_actor.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -143,9 +143,14 @@ def _open_existing(db: str) -> SQLiteStore:
     why = _not_a_file(db)
     if why is not None:
         _fail(why)
-    if not Path(db).is_file():
-        _fail(f"no database at {db!r} (run 'nous-actor demo --db {shlex.quote(db)}' to make one)")
-    return SQLiteStore(db)
+    path = Path(db)
+    if not path.is_file() or path.stat().st_size == 0:
+        what = "" if not path.exists() else ": it is an empty file"
+        _fail(
+            f"no database at {db!r}{what} (run 'nous-actor demo --db {shlex.quote(db)}' "
+            "to make one)"
+        )
+    return SQLiteStore(db, create=False)  # a command that reads never makes a store
 
 
 def _load(store: SQLiteStore, session_id: str) -> Log:
@@ -298,16 +303,37 @@ def cmd_tour(args: argparse.Namespace) -> int:
     return status
 
 
+def _session_row(info: SessionInfo) -> list[Any]:
+    if info.error is not None:
+        return [info.session_id, "?", "?", "unreadable: " + info.error.replace("\n", " ")]
+    when = "" if info.last_time is None else info.last_time.isoformat()
+    return [info.session_id, info.events, info.next_seq, when]
+
+
 def cmd_sessions(args: argparse.Namespace) -> int:
     store = _open_existing(args.db)
-    rows = []
-    for sid in store.sessions():
-        events = store.load(sid)
-        rows.append([sid, len(events), events[-1].seq + 1, events[-1].time.isoformat()])
+    infos = list_sessions(store)  # from the index: no session is loaded in full
     payload = [
-        dict(zip(["session_id", "retained", "count", "last_time"], r, strict=True)) for r in rows
+        {
+            "session_id": i.session_id,
+            "retained": i.events,
+            "count": i.next_seq,
+            "last_time": None if i.last_time is None else i.last_time.isoformat(),
+            "error": i.error,
+        }
+        for i in infos
     ]
+    rows = [_session_row(i) for i in infos]
     _emit(args, payload, _table(["session", "retained", "count", "last event"], rows))
+    bad = [i.session_id for i in infos if i.error is not None]
+    if bad:
+        named = ", ".join(bad[:_LISTED])
+        if len(bad) > _LISTED:
+            named += f" and {len(bad) - _LISTED} more"
+        _fail(
+            f"{len(bad)} of {len(infos)} sessions could not be read ({named}): see their "
+            "rows; the others are listed"
+        )
     return 0
 
 

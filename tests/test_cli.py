@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from nous_actor import Log, Session, SQLiteStore, codec
+from nous_actor.cli import main
 
 TIMEOUT = 120
 
@@ -487,3 +490,66 @@ def test_demo_crashes_amid_pipelined_appends(tmp_path: Path) -> None:
     assert report["retries"] > 0
     assert report["verified"] == report["events"]
     assert report["restarts"] == report["crashes"]
+
+
+# -- sessions: from the index ------------------------------------------------------------
+
+
+def test_sessions_lists_a_corrupt_session_on_its_own_row(tmp_path: Path) -> None:
+    """One damaged session: every other is listed, the damaged one says why, exit 1."""
+    db = tmp_path / "k.db"
+    log = Log().append("user_message", {"content": "hi"}).append("turn_end", {})
+    with SQLiteStore(db) as store:
+        store.write({sid: log.events() for sid in ("a", "b", "c")})
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE events SET time = 'garbage' WHERE session_id = 'b'")
+    out = run("sessions", str(db))
+    assert out.returncode == 1
+    one_error_line(out.stderr, "1 of 3 sessions could not be read (b)")
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()[2:]}
+    assert sorted(rows) == ["a", "b", "c"]
+    assert "unreadable" in rows["b"]
+    assert rows["a"].split()[1:3] == ["2", "2"]
+    listed = json.loads(run("sessions", str(db), "--json").stdout)
+    assert [(r["session_id"], r["error"] is None) for r in listed] == [
+        ("a", True),
+        ("b", False),
+        ("c", True),
+    ]
+
+
+def test_sessions_loads_no_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The listing comes from the index: it works with loading every session made to fail."""
+    db = tmp_path / "i.db"
+    log = Log()
+    for i in range(5):
+        log = log.append("user_message", {"content": f"m{i}"})
+    log = log.append("system_message", {"content": "sum", "surface_op": ("replace", 0, 3)})
+    with SQLiteStore(db) as store:
+        store.write({"s": log.events(), "t": log.events()[:2]})
+        store.drop("s", [0, 1])
+
+    def no_load(self: SQLiteStore, session_id: str) -> NoReturn:
+        raise AssertionError(f"sessions loaded {session_id!r} in full")
+
+    monkeypatch.setattr(SQLiteStore, "load", no_load)
+    assert main(["sessions", str(db), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["session_id"], r["retained"], r["count"]) for r in listed] == [
+        ("s", 4, 6),
+        ("t", 2, 2),
+    ]
+    assert all(r["last_time"] and r["error"] is None for r in listed)
+
+
+def test_reading_an_empty_file_leaves_it_empty(tmp_path: Path) -> None:
+    """``sessions`` on a 0-byte file: no database there, and the file is not made into one."""
+    db = tmp_path / "empty.db"
+    db.write_bytes(b"")
+    out = run("sessions", str(db))
+    assert out.returncode == 1
+    one_error_line(out.stderr, "no database at", "empty file")
+    assert db.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
