@@ -242,8 +242,16 @@ def _freeze(value: Any, path: str) -> Any:
                     converted.add(k)
                 elif converted is not None and k in converted:
                     _duplicate_key(path, k)
-                _check_text(k, f"{path}[{k!r}]")
-                out[k] = _freeze(v, f"{path}[{k!r}]")
+                if not k.isascii():
+                    _check_text(k, f"{path}[{k!r}]")
+                # Atomic values inline; the path is spelled out only to go deeper.
+                tv = type(v)
+                if tv is str:
+                    out[k] = v if v.isascii() else _check_text(v, f"{path}[{k!r}]")
+                elif tv is int or tv is bool or v is None:
+                    out[k] = v
+                else:
+                    out[k] = _freeze(v, f"{path}[{k!r}]")
             return _dict_of(out) if out else EMPTY_DICT
         if t is list or t is tuple or isinstance(value, (list, tuple)):
             return _list_of(value, path)

@@ -198,6 +198,33 @@ def check_event(
 def _check_event(
     seq: object, etype: object, time: object, data: object
 ) -> tuple[EventType, datetime, FrozenDict, Replace | None]:
+    # The common case, plain values of the exact types: no caller code can run
+    # while they are read, so none of the guards below is needed.
+    if (
+        type(seq) is int
+        and seq >= 0
+        and type(data) is dict
+        and type(time) is datetime
+        and time.tzinfo is UTC
+    ):
+        kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
+        if kind is not None:
+            raw_op = data.get("surface_op")
+            if raw_op is None:
+                try:
+                    frozen: FrozenDict = freeze(data, "data")
+                except NotJSON as exc:
+                    raise InvalidEvent(
+                        "unserializable_event_data",
+                        f"{exc.path} cannot be stored as JSON: {exc.detail}",
+                    ) from None
+                return kind, time, frozen, None
+    return _check_event_guarded(seq, etype, time, data)
+
+
+def _check_event_guarded(
+    seq: object, etype: object, time: object, data: object
+) -> tuple[EventType, datetime, FrozenDict, Replace | None]:
     try:
         bad_seq = not _is_int(seq) or int.__int__(seq) < 0  # type: ignore[arg-type]
     except Exception as exc:

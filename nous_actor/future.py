@@ -43,33 +43,46 @@ class SessionFuture(pykka.Future[T]):
     ``queue.Full`` as in Pykka.
     """
 
+    __slots__ = (
+        "_callbacks",
+        "_get_hook",
+        "_get_hook_result",
+        "_lock",
+        "_ready",
+        "_session_id",
+        "_state",
+        "_tb",
+        "_timeout",
+        "_value",
+    )
+
     def __init__(self, session_id: str = "?", timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__()
         self._session_id = session_id
         self._timeout = timeout
         self._state = _PENDING
         self._value: Any = None
-        self._setter = allocate_lock()  # taken by whoever answers, once
+        self._lock = allocate_lock()  # guards the answer (once) and the callbacks
         self._ready = allocate_lock()  # held until answered
         self._ready.acquire()
-        self._cb_lock = allocate_lock()
-        self._callbacks: list[Callable[[], None]] | None = []
+        self._callbacks: list[Callable[[], None]] | None = None
         self._tb: Any = None
 
     # -- answering (the actor thread, or the handle in Pykka's stop race) ------------------
 
     def _answer(self, state: int, value: Any) -> None:
-        if not self._setter.acquire(False):
-            raise queue.Full
-        self._value = value
-        if state == _ERROR:
-            self._tb = value.__traceback__  # re-raised from here each time: no growth
-        self._state = state
-        with self._cb_lock:
+        with self._lock:
+            if self._state != _PENDING:
+                raise queue.Full
+            self._value = value
+            if state == _ERROR:
+                self._tb = value.__traceback__  # re-raised from here each time: no growth
+            self._state = state
             callbacks, self._callbacks = self._callbacks, None
         self._ready.release()
-        for cb in callbacks or ():
-            _run_callback(cb, self._session_id)
+        if callbacks:
+            for cb in callbacks:
+                _run_callback(cb, self._session_id)
 
     def set(self, value: Any | None = None) -> None:
         self._answer(_VALUE, value)
@@ -108,9 +121,12 @@ class SessionFuture(pykka.Future[T]):
 
         ``fn`` runs in the thread that answers: keep it short, never let it raise.
         """
-        with self._cb_lock:
-            if self._callbacks is not None:
-                self._callbacks.append(fn)
+        with self._lock:
+            if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 return
         _run_callback(fn, self._session_id)
 

@@ -53,17 +53,27 @@ class _Fold:
     ``claim`` is empty while the fold belongs to the version holding it; the
     first thread to put a token in it takes the lists over (``list.append``
     and indexing are atomic), after which the holder must not trust them.
+
+    Messages are projected lazily: the last ``lazy`` entries of ``msgs`` are
+    ``None`` until a read needs them (:meth:`settle`), so appends that nobody
+    derives cost no ``Message``, and each message is projected once.
     """
 
-    __slots__ = ("claim", "evs", "msgs", "pos", "seqs")
+    __slots__ = ("claim", "evs", "lazy", "msgs", "pos", "seqs")
 
     def __init__(
-        self, pos: list[int], seqs: list[int], evs: list[Event], msgs: list[Message]
+        self,
+        pos: list[int],
+        seqs: list[int],
+        evs: list[Event],
+        msgs: list[Message | None],
+        lazy: int = 0,
     ) -> None:
         self.pos = pos
         self.seqs = seqs
         self.evs = evs
         self.msgs = msgs
+        self.lazy = lazy
         self.claim: list[object] = []
 
     def take(self) -> bool:
@@ -76,13 +86,22 @@ class _Fold:
 
     def handed_over(self) -> _Fold:
         """A new, unclaimed fold over the same lists (call after :meth:`take`)."""
-        return _Fold(self.pos, self.seqs, self.evs, self.msgs)
+        return _Fold(self.pos, self.seqs, self.evs, self.msgs, self.lazy)
+
+    def settle(self) -> None:
+        """Project the messages not projected yet (only by the fold's owner)."""
+        msgs, evs, n = self.msgs, self.evs, len(self.msgs)
+        for k in range(n - self.lazy, n):
+            msgs[k] = project(evs[k])
+        self.lazy = 0
 
     def add(self, ev: Event) -> None:
         """Fold in ``ev``, which has a higher seq than every event folded so far."""
         pos = ev._pos
         op = ev._op
         if op is not None:
+            if self.lazy:
+                self.settle()
             # Everything folded so far has a lower seq, so the replace shadows
             # exactly the run of surface entries whose position is in range.
             i = bisect_left(self.pos, op.start)
@@ -92,10 +111,18 @@ class _Fold:
         elif ev.type not in SURFACE_TYPES:
             return
         else:
-            # Ties on position keep seq order: the newcomer goes after them.
             i = len(self.pos)
-            if i and self.pos[-1] > pos:
-                i = bisect_right(self.pos, pos)
+            if not i or self.pos[-1] <= pos:  # the common case: it goes last
+                self.pos.append(pos)
+                self.seqs.append(ev.seq)
+                self.evs.append(ev)
+                self.msgs.append(None)
+                self.lazy += 1
+                return
+            if self.lazy:
+                self.settle()
+            # Ties on position keep seq order: the newcomer goes after them.
+            i = bisect_right(self.pos, pos)
         self.pos.insert(i, pos)
         self.seqs.insert(i, ev.seq)
         self.evs.insert(i, ev)
@@ -145,7 +172,8 @@ def _full_fold(events: Sequence[Event], n: int) -> _Fold:
         [ev._pos for ev in surface],
         [ev.seq for ev in surface],
         surface,
-        [project(ev) for ev in surface],
+        [None] * len(surface),
+        len(surface),
     )
 
 
@@ -396,9 +424,18 @@ class Log:
         # Copy, then check the fold was not handed to a newer version meanwhile:
         # a claim is always made before the lists are touched.
         fold = self._folded()
+        if fold.lazy and "msgs" in attrs:
+            if fold.take():  # only an owner projects into the lists
+                fold.settle()
+                fold = self._fold = fold.handed_over()
+            else:  # handed on meanwhile (a race with another thread): fold afresh
+                fold = _full_fold(self._events, self._n)
+                fold.settle()
+                return [getattr(fold, a) for a in attrs]
         out: list[list[Any]] = [getattr(fold, a)[:] for a in attrs]
         if fold.claim:
             fresh = _full_fold(self._events, self._n)
+            fresh.settle()
             out = [getattr(fresh, a) for a in attrs]
         return out
 
