@@ -477,16 +477,32 @@ for line in sys.stdin:
     outcome = "killed" if os.WIFSIGNALED(status) else "finished"
     print(outcome, f"{time.perf_counter() - started:.6f}", flush=True)
 """
-CREATE_ROUNDS: Final = 120
+CREATE_ROUNDS: Final = 100
+
+
+def _empty_sqlite_database(path: Path) -> None:
+    """A SQLite file with nothing in it (one page): it becomes a store like a missing path."""
+    conn = sqlite3.connect(path)
+    conn.execute("VACUUM")
+    conn.close()
+    assert path.stat().st_size > 0
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("start", ["missing", "empty SQLite database"])
 def test_sigkill_while_a_store_file_is_created_leaves_no_store_or_a_whole_one(
-    tmp_path: Path,
+    tmp_path: Path, start: str
 ) -> None:
-    """A process killed at a random moment of `SQLiteStore(new_path)` leaves no file, an
-    empty one, or a whole store: every file opens as a store afterwards, healthy."""
-    rng = random.Random(f"{SEED}-create")
+    """A process killed at a random moment of `SQLiteStore(path)`, on a missing path or an
+    empty SQLite database, leaves no store or a whole one: every file opens, healthy."""
+    rng = random.Random(f"{SEED}-create-{start}")
+
+    def fresh(name: str) -> Path:
+        path = tmp_path / name
+        if start != "missing":
+            _empty_sqlite_database(path)
+        return path
+
     proc = subprocess.Popen(
         [sys.executable, "-c", CREATOR],
         stdin=subprocess.PIPE,
@@ -511,10 +527,10 @@ def test_sigkill_while_a_store_file_is_created_leaves_no_store_or_a_whole_one(
         child.take_until(child.ready, time.monotonic() + LINE_TIMEOUT)
         assert child.lines == ["ready\n"], "the creator did not start"
         # How long a creation takes here, so that the kills spread over all of it.
-        took = sorted(run(tmp_path / f"calibrate-{i}.db", LINE_TIMEOUT)[1] for i in range(3))
+        took = sorted(run(fresh(f"calibrate-{i}.db"), LINE_TIMEOUT)[1] for i in range(3))
         span = 1.3 * took[1]
         outcomes = [
-            run(tmp_path / f"new-{i}.db", rng.uniform(0.0, span))[0] for i in range(CREATE_ROUNDS)
+            run(fresh(f"new-{i}.db"), rng.uniform(0.0, span))[0] for i in range(CREATE_ROUNDS)
         ]
     finally:
         if proc.stdin is not None:

@@ -11,6 +11,8 @@ import os
 import random
 import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -257,6 +259,49 @@ def test_a_refused_file_is_left_unchanged_while_its_owner_has_it_open(
     finally:
         if owner is not None:
             owner.close()
+
+
+CRASHED_WAL_WRITER = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA journal_mode = WAL")
+conn.execute("PRAGMA wal_autocheckpoint = 0")
+conn.execute("CREATE TABLE notes (body TEXT)")
+conn.execute("INSERT INTO notes VALUES ('theirs, only in the WAL')")
+os._exit(0)  # dies holding it: the WAL keeps frames no checkpoint has copied
+"""
+
+CRASHED_ROLLBACK_WRITER = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("CREATE TABLE notes (body TEXT)")
+conn.execute("PRAGMA cache_size = 1")
+conn.execute("BEGIN")
+for _ in range(500):
+    conn.execute("INSERT INTO notes VALUES (?)", ("x" * 500,))
+os._exit(0)  # dies in its transaction: a hot rollback journal is left next to the file
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "side"),
+    [(CRASHED_WAL_WRITER, "-wal"), (CRASHED_ROLLBACK_WRITER, "-journal")],
+    ids=["WAL with frames", "hot rollback journal"],
+)
+def test_a_crashed_applications_database_is_refused_without_recovering_it(
+    tmp_path: Path, script: str, side: str
+) -> None:
+    """Their unfinished state (WAL frames, a hot journal) is theirs to recover: refusing the
+    file neither checkpoints nor rolls back, so the file and that side file keep their bytes."""
+    path = tmp_path / "theirs.db"
+    subprocess.run([sys.executable, "-c", script, str(path)], timeout=BOUND, check=True)
+    sidecar = Path(f"{path}{side}")
+    assert sidecar.stat().st_size > 0
+    db_before, side_before = path.read_bytes(), sidecar.read_bytes()
+    with pytest.raises(StoreError, match="another application's SQLite database"):
+        SQLiteStore(path)
+    assert path.read_bytes() == db_before
+    assert sidecar.read_bytes() == side_before
 
 
 def test_create_false_refuses_a_missing_path_and_makes_no_file(tmp_path: Path) -> None:

@@ -74,6 +74,25 @@ def _our_objects() -> frozenset[tuple[str, str, str | None]]:
         conn.close()
 
 
+def _non_empty(path: str) -> bool:
+    try:
+        return os.stat(path).st_size > 0
+    except OSError:
+        return False
+
+
+def _ours_or_blank(header: bytes) -> bool:
+    """Whether page 1, as read from the file, is marked as ours or holds nothing at all."""
+    if len(header) < 108:
+        return False
+    if int.from_bytes(header[68:72], "big") == APPLICATION_ID:
+        return True
+    user_version = int.from_bytes(header[60:64], "big")
+    app_id = int.from_bytes(header[68:72], "big")
+    schema_cells = int.from_bytes(header[103:105], "big")
+    return user_version == 0 and app_id == 0 and header[100] == 0x0D and schema_cells == 0
+
+
 def _pid_alive(pid: int) -> bool:
     """Whether process `pid` still runs; a zombie (dead, not yet reaped) does not.
 
@@ -253,12 +272,12 @@ class SQLiteStore:
                     "or open it with create=True to make a new store there"
                 )
         else:
-            self._check_magic(full)
+            self._probe(full, timeout)  # refuses what is not ours, writing nothing
         mode = "rwc" if st is None else "rw"  # never create a file that was not asked for
         conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
         try:
-            layout = _Layout(conn)  # reads only (a crashed transaction is rolled back first)
-            self._check_ours(layout)
+            layout = _Layout(conn)
+            self._check_ours(layout)  # again: the file may have changed since the probe
             if not layout.complete:
                 if layout.blank and not create:
                     raise StoreError(
@@ -282,24 +301,49 @@ class SQLiteStore:
             raise
         return conn
 
-    def _check_magic(self, full: str) -> None:
+    def _probe(self, full: str, timeout: float) -> None:
+        """Refuse a non-empty file that is not ours, without writing to it.
+
+        Reads the header with plain file I/O, then the table list and marks
+        through a connection chosen so that SQLite writes nothing either: a
+        read-only one where a WAL holds frames (closing a read-write one would
+        checkpoint them into the file), and never one that would roll back
+        another application's unfinished transaction.
+        """
         try:
             with open(full, "rb") as f:
-                head = f.read(len(_SQLITE_MAGIC))
+                header = f.read(108)  # the file header and page 1's b-tree header
         except OSError as exc:
             raise StoreError(f"could not read {self.path}: {exc}; check its permissions") from exc
-        if head != _SQLITE_MAGIC:
+        if not header.startswith(_SQLITE_MAGIC):
             raise StoreError(
                 f"{self.path} is not a SQLite database, so not a nous_actor store; it was left "
                 "unchanged: give the path of a store, or of a new file"
             )
+        in_wal = len(header) > 18 and header[18] == 2
+        if not in_wal and _non_empty(full + "-journal") and not _ours_or_blank(header):
+            # A rollback journal next to it: reading would roll their transaction back.
+            # (Page 1 is written first, so a creation of ours killed mid-commit has left
+            # page 1 marked as ours, or, in a database that was empty, still empty.)
+            raise StoreError(self._foreign_message())
+        read_only = in_wal and _non_empty(full + "-wal")
+        mode = "ro" if read_only else "rw"
+        conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
+        try:
+            layout = _Layout(conn)
+        finally:
+            conn.close()
+        self._check_ours(layout)
+
+    def _foreign_message(self) -> str:
+        return (
+            f"{self.path} is another application's SQLite database, not a nous_actor "
+            "store; it was left unchanged: use a new file"
+        )
 
     def _check_ours(self, layout: _Layout) -> None:
         if layout.foreign:
-            raise StoreError(
-                f"{self.path} is another application's SQLite database, not a nous_actor "
-                "store; it was left unchanged: use a new file"
-            )
+            raise StoreError(self._foreign_message())
         if layout.version not in (0, SCHEMA_VERSION):
             raise StoreError(
                 f"{self.path} has schema version {layout.version}; this nous_actor reads "
