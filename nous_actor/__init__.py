@@ -23,10 +23,10 @@ from nous_actor.errors import (
 from nous_actor.event import Event, EventType, InvalidEvent, Replace
 from nous_actor.future import SessionFuture
 from nous_actor.log import Log
-from nous_actor.message import Message, Role
+from nous_actor.message import Message, Role, UnsendableMessage
 from nous_actor.registry import Sessions
 from nous_actor.session import Session
-from nous_actor.store import MemoryStore, SQLiteStore, Store
+from nous_actor.store import MemoryStore, SessionInfo, SQLiteStore, Store, list_sessions
 from nous_actor.subscription import Subscription
 from nous_actor.supervision import (
     Backoff,
@@ -62,6 +62,7 @@ __all__ = [
     "SessionCrashed",
     "SessionError",
     "SessionFuture",
+    "SessionInfo",
     "SessionStopped",
     "Sessions",
     "Store",
@@ -71,6 +72,8 @@ __all__ = [
     "SupervisedActor",
     "Supervisor",
     "TooManySessions",
+    "UnsendableMessage",
     "__version__",
     "estimate_tokens",
+    "list_sessions",
 ]

@@ -312,6 +312,14 @@ def short_repr(value: object) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``; never raises, even for a broken ``__str__``."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} with a broken __str__>"
+
+
 def thaw(value: Any) -> Any:
     """Return a plain, mutable deep copy of a frozen (or plain) JSON value."""
     if isinstance(value, dict):

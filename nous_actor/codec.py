@@ -299,10 +299,9 @@ def message_from_dict(record: Any, *, index: int | None = None) -> Message:
             created = datetime.fromisoformat(created_raw)
         except (TypeError, ValueError):
             _fail(f"'created_at' is not ISO-8601: {created_raw!r}", line, "created_at")
-    calls = record.get("tool_calls") or []
-    openai_shape = not set(record) <= _MESSAGE_FIELDS or (
-        isinstance(calls, list) and any(isinstance(c, Mapping) and "function" in c for c in calls)
-    )
+    # Message takes tool calls in either shape, so only keys outside its own
+    # fields mark an OpenAI record (a record of ours round-trips as it is).
+    openai_shape = not set(record) <= _MESSAGE_FIELDS
     try:
         if openai_shape:
             plain = {k: v for k, v in record.items() if k not in ("metadata", "created_at")}

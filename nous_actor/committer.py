@@ -17,6 +17,7 @@ from typing import Final
 
 import structlog
 
+from nous_actor._frozen import short_repr
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.event import Event
 from nous_actor.store.base import Store
@@ -216,7 +217,12 @@ def _notify(item: _Item, err: StoreError | None) -> None:
     try:
         item.notify(err)
     except BaseException as exc:  # a session's callback must not stop the writer
-        logger.error("store.notify_failed", session_id=item.session_id, error=str(exc))
+        logger.error(
+            "store.notify_failed",
+            session_id=item.session_id,
+            reason=type(exc).__name__,
+            error=short_repr(exc),
+        )
 
 
 _committers: weakref.WeakKeyDictionary[object, Committer] = weakref.WeakKeyDictionary()

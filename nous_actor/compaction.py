@@ -46,7 +46,7 @@ from nous_actor._frozen import short_repr
 from nous_actor.errors import NousActorError
 from nous_actor.event import Event, EventType
 from nous_actor.log import Log
-from nous_actor.message import Message, Role
+from nous_actor.message import Message, Role, tool_call_parts
 
 __all__ = [
     "CompactionError",
@@ -81,7 +81,8 @@ def estimate_tokens(messages: Sequence[Message]) -> int:
     for m in messages:
         chars += len(_text_of(m.content)) + len(m.reasoning_content or "")
         for call in m.tool_calls:
-            chars += len(str(call.get("name", ""))) + len(str(call.get("arguments", "")))
+            _, name, arguments = tool_call_parts(call)
+            chars += len(str(name or "")) + len(str(arguments or ""))
     return chars // 4 + 4 * len(messages)
 
 

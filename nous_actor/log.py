@@ -27,7 +27,6 @@ from typing import Any, Final
 
 import structlog
 
-from nous_actor._frozen import short_repr
 from nous_actor.event import (
     EVENT_TYPE_OF,
     SURFACE_TYPES,
@@ -36,6 +35,7 @@ from nous_actor.event import (
     InvalidEvent,
     check_event,
     project,
+    type_text,
 )
 from nous_actor.message import Message, Role
 
@@ -317,7 +317,7 @@ class Log:
         except InvalidEvent as exc:
             log.warning(
                 "log.event_dropped",
-                type=str(type) if isinstance(type, str) else short_repr(type),
+                type=type_text(type),
                 reason=exc.reason,
                 error=str(exc),
             )
@@ -343,6 +343,7 @@ class Log:
         self, seq: int, type: object, data: Any, time: datetime | None, at: bool = False
     ) -> Log:
         etype, t, frozen, op = check_event(seq, type, _utcnow() if time is None else time, data)
+        seq = int.__int__(seq)  # an int subclass is stored as its plain value
         if at and seq < self._count:
             raise _behind_head(seq, self._count)
         return self._extend(Event._trusted(seq, etype, t, frozen, op))

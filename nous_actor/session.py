@@ -37,7 +37,7 @@ from typing import Any, Final, TypeVar
 import pykka
 import structlog
 
-from nous_actor._frozen import short_repr
+from nous_actor._frozen import safe_str
 from nous_actor.committer import Committer, committer_for
 from nous_actor.compaction import (
     CompactionError,
@@ -56,7 +56,7 @@ from nous_actor.errors import (
     SessionStopped,
     StoreError,
 )
-from nous_actor.event import Event, EventType, InvalidEvent, check_event
+from nous_actor.event import Event, EventType, InvalidEvent, check_event, type_text
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.message import Message
@@ -320,7 +320,10 @@ class SessionActor(SupervisedActor):
                     self.store.release(self.session_id, token)
                 except Exception as exc:
                     logger.warning(
-                        "session.release_failed", session_id=self.session_id, error=str(exc)
+                        "session.release_failed",
+                        session_id=self.session_id,
+                        reason=type(exc).__name__,
+                        error=_safe_str(exc),
                     )
         finally:
             self.released.set()
@@ -721,11 +724,7 @@ def _run_awaitable(aw: Any) -> Any:
     return asyncio.run(wait())
 
 
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return f"<{type(exc).__name__} with a broken __str__>"
+_safe_str = safe_str
 
 
 def _crashed(session_id: str, exc: BaseException) -> SessionCrashed:
@@ -908,7 +907,7 @@ class Session:
             logger.warning(
                 "log.event_dropped",
                 session_id=self.session_id,
-                type=str(type) if isinstance(type, str) else short_repr(type),
+                type=type_text(type),
                 reason=exc.reason,
                 error=str(exc),
             )
@@ -930,7 +929,7 @@ class Session:
             parts = check_event(seq, type, _utcnow() if time is None else time, data)
         except InvalidEvent as exc:
             return self._failed(exc)
-        return self._call(SessionActor.h_append_at, seq, parts)
+        return self._call(SessionActor.h_append_at, int.__int__(seq), parts)
 
     def snapshot(self) -> SessionFuture[int]:
         """Drop every shadowed event; resolves to how many were dropped."""

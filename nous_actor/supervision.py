@@ -29,6 +29,7 @@ from typing import Any, Literal
 import pykka
 import structlog
 
+from nous_actor._frozen import safe_str, short_repr
 from nous_actor.errors import NousActorError
 
 __all__ = [
@@ -156,7 +157,12 @@ class SupervisedActor(pykka.ThreadingActor):
                     try:
                         monitor(Exit(self.actor_urn, self.exit_reason))
                     except Exception as exc:  # a broken monitor must not hide the exit
-                        logger.error("actor.monitor_failed", urn=self.actor_urn, error=str(exc))
+                        logger.error(
+                            "actor.monitor_failed",
+                            urn=self.actor_urn,
+                            reason=type(exc).__name__,
+                            error=short_repr(exc),
+                        )
             finally:
                 self.finished.set()  # the very last thing: the exit has been reported
 
@@ -377,7 +383,11 @@ class Supervisor(SupervisedActor):
         if self._stopping or spec is None or ref is None or ref.actor_urn != exit.urn:
             return
         self.refs[child_id] = None
-        reason = "normal" if exit.normal else f"{type(exit.reason).__name__}: {exit.reason}"
+        reason = (
+            "normal"
+            if exit.reason is None
+            else f"{type(exit.reason).__name__}: {safe_str(exit.reason)}"
+        )
         if spec.restart == "temporary" or (spec.restart == "transient" and exit.normal):
             logger.info(
                 "supervisor.child_exited", supervisor=self.name, child=child_id, reason=reason

@@ -37,6 +37,7 @@ EXPECTED = [
     "SessionCrashed",
     "SessionError",
     "SessionFuture",
+    "SessionInfo",
     "SessionStopped",
     "Sessions",
     "Store",
@@ -46,8 +47,10 @@ EXPECTED = [
     "SupervisedActor",
     "Supervisor",
     "TooManySessions",
+    "UnsendableMessage",
     "__version__",
     "estimate_tokens",
+    "list_sessions",
 ]
 
 PACKAGE = Path(nous_actor.__file__).parent
