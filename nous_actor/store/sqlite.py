@@ -194,11 +194,13 @@ class SQLiteStore:
       `application_id`, or one left half-made by an older release, is
       completed);
     * anything else (another application's SQLite database, a file that is
-      not SQLite, a store of a newer schema version) is refused with
-      `StoreError` **before anything is written to it**: the file is left
-      byte for byte as it was. Only then is the journal switched to WAL.
+      not SQLite, a store of a newer schema version, a directory) is refused
+      with `StoreError` **before anything is written to it**: the file is
+      left byte for byte as it was, and an unfinished transaction of the
+      other application is not recovered. The journal is switched to WAL
+      only once the file is known to be a store.
 
-    While open, every write transaction checks (one `stat` per commit) that
+    While open, every write transaction checks (one `stat` per transaction) that
     the path still names the file that was opened; if the file or its folder
     was removed or replaced, the write fails with `StoreError` and so does
     every later call: nothing is acknowledged into a file that is gone.
