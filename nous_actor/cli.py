@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import structlog
 
 from nous_actor import history
-from nous_actor.codec import CodecError, event_to_dict, message_to_dict
+from nous_actor.codec import CodecError, event_to_dict, loads, message_to_dict
 from nous_actor.errors import NousActorError
 from nous_actor.event import Event
+from nous_actor.ids import check_session_id
 from nous_actor.log import Log
 from nous_actor.store import SessionInfo, export_session, import_session, list_sessions
 from nous_actor.store.sqlite import SQLiteStore
@@ -380,6 +381,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     text = sys.stdin.read()
     if not text.strip():
         _fail("nothing on standard input: pipe a JSON Lines export (or a v1 JSON list) in")
+    # Everything that can be refused without the database is, before it is opened:
+    # a failed import never leaves a new empty store behind.
+    check_session_id(args.session_id)
+    if not loads(text).events():
+        _fail("the input holds no events, so there is no session to import")
     with SQLiteStore(args.db) as store:
         n = import_session(store, args.session_id, text)
     _emit(

@@ -31,6 +31,7 @@ import structlog
 
 from nous_actor.errors import SessionStopped, TooManySessions
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
+from nous_actor.ids import check_session_id
 from nous_actor.session import Session, SessionActor, _safe_str
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
@@ -119,14 +120,13 @@ class Sessions:
         restart intensity).
 
         Raises:
-            ValueError: ``session_id`` is not a non-empty str.
+            ValueError, TypeError: ``session_id`` is not a valid id (see `nous_actor.ids`).
             TooManySessions: ``max_sessions`` sessions are live.
             ConflictError: another live writer holds the session in the store.
             StoreError: the store failed while recovering the session.
             SessionStopped: the registry is closed.
         """
-        if not isinstance(session_id, str) or not session_id:
-            raise ValueError(f"session_id must be a non-empty str, got {session_id!r}")
+        check_session_id(session_id)
         with self._lock:
             if self._gave_up.pop(session_id, None) is not None:
                 self._intensity.pop(session_id, None)  # a fresh chance, asked for by name

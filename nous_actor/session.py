@@ -58,6 +58,7 @@ from nous_actor.errors import (
 )
 from nous_actor.event import Event, EventType, InvalidEvent, check_event, type_text
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
+from nous_actor.ids import check_session_id
 from nous_actor.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.message import Message
 from nous_actor.store.base import Store
@@ -741,8 +742,7 @@ def _check_seq(seq: object, what: str) -> None:
 
 
 def _check_handle_args(session_id: object, timeout: object) -> None:
-    if not isinstance(session_id, str) or not session_id:
-        raise ValueError(f"session_id must be a non-empty str, got {session_id!r}")
+    check_session_id(session_id)
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
@@ -1001,8 +1001,8 @@ class Session:
             ValueError: the boundary is negative, past the head, or inside an open turn.
             ConflictError: ``new_id`` already has events.
         """
-        if new_id is not None and (not isinstance(new_id, str) or not new_id):
-            raise ValueError(f"new_id must be a non-empty str, got {new_id!r}")
+        if new_id is not None:
+            check_session_id(new_id, "new_id")
         return self._call(SessionActor.h_fork, through_seq, new_id)
 
     def as_of(self, seq: int) -> SessionFuture[Log]:

@@ -283,11 +283,15 @@ def test_open_recovers_a_session_from_the_store(
 
 
 def test_open_rejects_a_bad_session_id(registries: Callable[..., Sessions]) -> None:
-    """open() with an empty or non-str id raises ValueError and starts nothing."""
+    """open() with an invalid id raises ValueError (TypeError for a non-str), naming the
+    rule, and starts nothing."""
     reg = registries()
-    for bad in ("", None, 42):
-        with pytest.raises(ValueError, match="session_id must be a non-empty str"):
-            reg.open(bad)  # type: ignore[arg-type]
+    for bad in ("", " chat", "a\nb", "x" * 257):
+        with pytest.raises(ValueError, match="not a valid session id"):
+            reg.open(bad)
+    for wrong in (None, 42):
+        with pytest.raises(TypeError, match="session_id must be a str"):
+            reg.open(wrong)  # type: ignore[arg-type]
     assert reg.live() == []
 
 

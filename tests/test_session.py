@@ -159,8 +159,8 @@ def test_start_with_an_existing_log() -> None:
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "match"),
     [
-        (("",), {}, ValueError, "session_id must be a non-empty str"),
-        ((42,), {}, ValueError, "session_id must be a non-empty str"),
+        (("",), {}, ValueError, "not a valid session id: it is empty"),
+        ((42,), {}, TypeError, "session_id must be a str"),
         (("x", [1, 2]), {}, TypeError, "log must be a nous_actor.Log"),
         (("x",), {"timeout": 0}, ValueError, "timeout must be a finite number of seconds > 0"),
     ],
