@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import resource
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -63,6 +66,39 @@ def _usage() -> tuple[float, int, int]:
     return r.ru_utime + r.ru_stime, r.ru_nvcsw, r.ru_nivcsw
 
 
+_TICK: Final = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far by each live thread of this process, with its role (Linux)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        name = names.get(int(tid), "?")
+        role = re.sub(r"[-_ ]?\d+$", "", name) or name
+        out[int(tid)] = (role, (int(fields[11]) + int(fields[12])) / _TICK)
+    return out
+
+
+def _cpu_by_role(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], n: int
+) -> dict[str, float]:
+    """us of CPU per event by thread role, over the threads alive at the end."""
+    by: dict[str, float] = {}
+    for tid, (role, cpu) in after.items():
+        by[role] = by.get(role, 0.0) + (cpu - before.get(tid, (role, 0.0))[1]) * 1e6 / n
+    return {k: round(v, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
 def _committer_stats(store: SQLiteStore) -> tuple[int, int]:
     """(commits, items) of the store's group committer, (0, 0) if the library hides them."""
     try:
@@ -85,7 +121,7 @@ def ours(folder: Path, shape: Shape, sessions: int, events: int) -> tuple[int, d
     )
     seqs: list[list[int]] = [[] for _ in ids]
     try:
-        u0 = _usage()
+        u0, c0 = _usage(), _thread_cpu()
         if shape == "pipelined":
 
             def pipelined(k: int) -> None:
@@ -124,7 +160,7 @@ def ours(folder: Path, shape: Shape, sessions: int, events: int) -> tuple[int, d
                 return time.perf_counter_ns() - t0
 
             ns = asyncio.run(main())
-        u1 = _usage()
+        u1, c1 = _usage(), _thread_cpu()
         commits, items = _committer_stats(store)
         for i, got in enumerate(seqs):
             if got != list(range(events)):
@@ -152,6 +188,7 @@ def ours(folder: Path, shape: Shape, sessions: int, events: int) -> tuple[int, d
         "items": items,
         "cpu_us_per_event": (u1[0] - u0[0]) * 1e6 / n,
         "switches_per_event": (u1[1] - u0[1] + u1[2] - u0[2]) / n,
+        "cpu_us_per_event_by_thread": _cpu_by_role(c0, c1, n),
     }
 
 
@@ -170,10 +207,11 @@ _PEER_FOR: Final[dict[Shape, dict[str, str]]] = {
     "asyncio": {"eventsourcing": "eventsourcing asyncio", "agents": "agents asyncio"},
 }
 _PEER_TEXT: Final = {
-    "eventsourcing threads": "eventsourcing, a thread per session",
-    "eventsourcing asyncio": "eventsourcing, coroutines via run_in_executor",
-    "agents asyncio": "Agents SQLiteSession, await add_items",
+    "eventsourcing threads": "eventsourcing (threads)",
+    "eventsourcing asyncio": "eventsourcing (coroutines, executor)",
+    "agents asyncio": "Agents SQLiteSession (coroutines)",
 }
+_LETTER: Final[dict[Shape, str]] = {"pipelined": "(a)", "threads": "(b)", "asyncio": "(c)"}
 
 
 def bench_appends(cfg: h.Config) -> h.Section:
@@ -240,7 +278,7 @@ def bench_appends(cfg: h.Config) -> h.Section:
         goal = ASYNC_PEER_GOAL if shape == "asyncio" else PEER_GOAL
         for lib in peers.PEERS:
             run = _PEER_FOR[shape][lib]
-            what = f"durable {size} {shape[:9]} vs {_PEER_TEXT[run]}"
+            what = f"durable {size} {_LETTER[shape]} {shape} vs {_PEER_TEXT[run]}"
             if run not in times:
                 sec.rows.append(
                     h.Row(what, h.fmt_rate(rate[shape].median), "peer not installed", "-",
@@ -276,7 +314,12 @@ def bench_appends(cfg: h.Config) -> h.Section:
         sw = h.Stats.of([x["switches_per_event"] for x in extra[shape]]).median
         pc = [x["items"] / x["commits"] for x in extra[shape] if x["commits"]]
         commit = f", {h.Stats.of(pc).median:.0f} events/commit" if pc else ""
-        return f"{shape} {cpu:.0f} us CPU and {sw:.1f} switches per event{commit}"
+        roles = extra[shape][-1]["cpu_us_per_event_by_thread"]
+        split = ", ".join(f"{k} {v:.0f}" for k, v in list(roles.items())[:3])
+        return (
+            f"{shape} {cpu:.0f} us CPU and {sw:.1f} switches per event{commit} "
+            f"(us per event by thread alive at the end, last run: {split or '-'})"
+        )
 
     missing = [p for p, ok in peers.AVAILABLE.items() if not ok]
     sec.notes += [

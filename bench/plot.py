@@ -51,7 +51,7 @@ def _margin(r: dict[str, Any]) -> float:
     return min(max(raw, 1e-3), 1e3)
 
 
-def _short(text: str, n: int = 62) -> str:
+def _short(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
@@ -206,11 +206,14 @@ def plot_scaling(doc: dict[str, Any], png: Path) -> Path | None:
                 c.plot(k, [x / 1e6 for x in s["window_compact_derive_median_ns"]], marker="o",
                        lw=2, label=where)  # fmt: skip
             b.set_yscale("log")
-            b.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _count_label(y)))
+            for fmt_axis in (b.yaxis.set_major_formatter, b.yaxis.set_minor_formatter):
+                fmt_axis(FuncFormatter(lambda y, _: _count_label(y)))
             b.set_xlabel("window of the session's life (% of its events)")
             b.set_ylabel("events/s (appends + compact + derive)")
             b.set_title("G5 long session: events/s per 10% window", loc="left", fontsize=11)
             c.set_yscale("log")
+            for fmt_axis in (c.yaxis.set_major_formatter, c.yaxis.set_minor_formatter):
+                fmt_axis(FuncFormatter(lambda y, _: f"{y:.3g}"))
             c.set_xlabel("window of the session's life (% of its events)")
             c.set_ylabel("compact().get() + derive_messages().get(), median (ms)")
             c.set_title("G5 long session: compact + derive latency", loc="left", fontsize=11)
