@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from builtins import type as type_of
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -76,9 +76,12 @@ def _frozen_list(items: list[Any]) -> FrozenList:
 def _frozen_object(obj: dict[str, Any]) -> FrozenDict:
     # json calls this innermost first, so nested objects are frozen already;
     # only lists (which have no hook) are left to convert.
-    for k, v in obj.items():
+    for v in obj.values():
         if type(v) is list:
-            obj[k] = _frozen_list(v)
+            for k, v2 in obj.items():
+                if type(v2) is list:
+                    obj[k] = _frozen_list(v2)
+            break
     return _dict_of(obj)
 
 
@@ -144,6 +147,24 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
+_scan: Callable[[str, int], tuple[Any, int]] = getattr(_DECODER, "scan_once")  # noqa: B009
+
+
+def _load_stored(data: str | bytes, seq: int) -> Any:
+    """Decode a stored ``data`` column: the decoder's scanner called directly (no
+    per-row Python frames), the text required to be one JSON value and nothing else."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        value, end = _scan(text, 0)
+    except StopIteration:
+        _fail(f"seq {seq}: 'data' is not valid JSON (no value at the start)", None, "data")
+    except (ValueError, RecursionError, UnicodeDecodeError, AttributeError, TypeError) as exc:
+        _fail(f"seq {seq}: 'data' is not valid JSON ({exc})", None, "data")
+    if end != len(text) and text[end:].strip():
+        _fail(f"seq {seq}: 'data' has text after its JSON value", None, "data")
+    return value
+
+
 def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
     """Decode an event stored as columns (``data`` as JSON text).
 
@@ -163,7 +184,7 @@ def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
         _fail(f"seq {seq}: 'time' is not ISO-8601: {time!r}", None, "time")
     if t.tzinfo is None:
         _fail(f"seq {seq}: 'time' has no UTC offset: {time!r}", None, "time")
-    frozen = _json_loads(data, None)
+    frozen = _load_stored(data, seq)
     if type_of(frozen) is not FrozenDict:
         _fail(f"seq {seq}: 'data' must be a JSON object, got {_json_kind(frozen)}", None, "data")
     raw_op = frozen.get("surface_op")

@@ -184,8 +184,9 @@ class SessionActor(SupervisedActor):
                         events=len(log.events()),
                         count=log.count(),
                     )
-            # Fold once so that every later append keeps the surface current.
-            self.log = self.log.materialize()[1]
+            # Fold once (messages are projected on the first read) so that every
+            # later append keeps the surface current.
+            self.log._folded()
             self.next_seq = self.log.count()
         except BaseException as exc:
             self._die(exc, "session.start_failed")

@@ -471,3 +471,32 @@ def test_deeply_nested_record_decodes_or_is_a_codec_error() -> None:
         assert codec.loads(text).count() == 2
     except CodecError:
         pass
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ('{"content": "a"} trailing', "text after its JSON value"),
+        ("", "not valid JSON"),
+        ("nope", "not valid JSON"),
+        ('{"content": "a"', "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"x": NaN}', "not valid JSON"),
+    ],
+)
+def test_a_stored_row_with_malformed_data_is_refused(data: str, match: str) -> None:
+    """event_from_row refuses data that is not exactly one JSON object, naming the field."""
+    from nous_actor.codec import event_from_row
+
+    with pytest.raises(CodecError, match=match) as info:
+        event_from_row(3, "user_message", "2026-01-01T00:00:00.000000+00:00", data)
+    assert info.value.field == "data"
+
+
+def test_a_stored_row_may_end_in_white_space() -> None:
+    """Trailing white space after the JSON object is not an error."""
+    from nous_actor.codec import event_from_row
+
+    ev = event_from_row(3, "user_message", "2026-01-01T00:00:00.000000+00:00", '{"a": [1]} \n')
+    assert ev.data == {"a": [1]}
+    assert type(ev.data["a"]).__name__ == "FrozenList"
