@@ -15,16 +15,15 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Final
 
-import structlog
-
 from nous_actor._frozen import short_repr
+from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.event import Event
 from nous_actor.store.base import Store
 
 __all__ = ["Committer", "committer_for"]
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 Notify = Callable[[StoreError | None], None]
 """``notify(error)``: an item is done: stored (``None``), or not (the error)."""

@@ -40,9 +40,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-import structlog
-
 from nous_actor._frozen import short_repr
+from nous_actor._log import get_logger
 from nous_actor.errors import NousActorError
 from nous_actor.event import Event, EventType
 from nous_actor.log import Log
@@ -57,7 +56,7 @@ __all__ = [
     "new_compaction_id",
 ]
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 
 class CompactionError(NousActorError):

@@ -13,16 +13,16 @@ from functools import partial
 from typing import Any, Final, TypeVar
 
 import pykka
-import structlog
 
 from nous_actor._frozen import short_repr
+from nous_actor._log import get_logger
 from nous_actor.errors import CallTimeout
 
 __all__ = ["DEFAULT_TIMEOUT", "SessionFuture"]
 
 T = TypeVar("T")
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a call on a session waits for its answer unless told otherwise."""

@@ -25,8 +25,7 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any, Final
 
-import structlog
-
+from nous_actor._log import get_logger
 from nous_actor.event import (
     EVENT_TYPE_OF,
     SURFACE_TYPES,
@@ -41,7 +40,7 @@ from nous_actor.message import Message, Role
 
 __all__ = ["Log"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _seq_of: Final = attrgetter("seq")
 _pos_of: Final = attrgetter("_pos")

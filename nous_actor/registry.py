@@ -27,8 +27,8 @@ from functools import partial
 from typing import Any
 
 import pykka
-import structlog
 
+from nous_actor._log import get_logger
 from nous_actor.errors import SessionStopped, TooManySessions
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.ids import check_session_id
@@ -50,7 +50,7 @@ __all__ = ["DEFAULT_BACKOFF", "Sessions"]
 DEFAULT_BACKOFF = Backoff(0.005, 1.0, 0.1)
 """5 ms before the first restart, doubling up to 1 s, ±10 %."""
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 
 class Sessions:

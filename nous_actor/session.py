@@ -35,9 +35,9 @@ from time import monotonic
 from typing import Any, Final, TypeVar
 
 import pykka
-import structlog
 
 from nous_actor._frozen import safe_str
+from nous_actor._log import get_logger
 from nous_actor.committer import Committer, committer_for
 from nous_actor.compaction import (
     CompactionError,
@@ -67,7 +67,7 @@ from nous_actor.supervision import SupervisedActor
 
 __all__ = ["Session", "SessionActor"]
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 Handler = Callable[..., Any]

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pykka
-import structlog
 
 from nous_actor._frozen import safe_str, short_repr
+from nous_actor._log import get_logger
 from nous_actor.errors import NousActorError
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
     "Supervisor",
 ]
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
 RestartType = Literal["permanent", "transient", "temporary"]

@@ -1,7 +1,7 @@
 """The table of logged events in docs/supervision.md is complete and current.
 
 The package's source is read (not run): every call of a structlog logger made
-with ``structlog.get_logger`` at module level is an emitted event, its name
+with ``get_logger`` at module level is an emitted event, its name
 the call's first argument. Each must have a row in the table with its level
 and its keys, and each row must still be emitted.
 """
@@ -47,12 +47,13 @@ class Row:
 
 
 def _loggers(tree: ast.Module) -> set[str]:
-    """Module-level names bound to ``structlog.get_logger(...)``."""
+    """Module-level names bound to ``get_logger(...)`` (the library's, or structlog's)."""
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             func = node.value.func
-            if isinstance(func, ast.Attribute) and func.attr == "get_logger":
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called == "get_logger":
                 names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     return names
 
