@@ -1,7 +1,7 @@
 """nous_actor: an actor-based concurrent runtime for AI-agent session logs.
 
-The pure core (:class:`Message`, :class:`Event`, :class:`Log` and
-:mod:`nous_actor.codec`) needs no threads. Sessions (:class:`Session`) put
+The pure core (`Message`, `Event`, `Log` and
+`nous_actor.codec`) needs no threads. Sessions (`Session`) put
 one log behind one Pykka actor and answer with futures.
 """
 

@@ -1,10 +1,10 @@
 """Deeply immutable JSON values.
 
 History never changes, so whatever enters a log is copied once into
-:class:`FrozenDict` and :class:`FrozenList`.  They subclass ``dict`` and
+`FrozenDict` and `FrozenList`.  They subclass ``dict`` and
 ``list`` so that they compare equal to plain JSON values, serialise with the
 standard ``json`` module and pass ``isinstance(x, dict)`` checks, but every
-mutating method raises :class:`TypeError` and says how to make a changed copy.
+mutating method raises `TypeError` and says how to make a changed copy.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def freeze(value: Any, path: str = "value") -> Any:
 
     Reading ``value`` runs the caller's code (a mapping's ``items``, a list
     subclass's ``__iter__``, ...). Whatever that raises (an ``Exception``,
-    ``RecursionError`` included) becomes :class:`NotJSON` naming the container
+    ``RecursionError`` included) becomes `NotJSON` naming the container
     that could not be read; nothing else escapes.
 
     Raises:

@@ -1,9 +1,9 @@
 """The main job of ``make demo``: supervised agent sessions on an embedded SQLite file.
 
 N agents talk concurrently, each in its own session under one
-:class:`~nous_actor.Sessions` registry: user and assistant turns with tool
+`nous_actor.Sessions` registry: user and assistant turns with tool
 calls and tool results from a deterministic fake model (no network), some
-tool results oversized. A :class:`~nous_actor.Compactor` with a deterministic
+tool results oversized. A `nous_actor.Compactor` with a deterministic
 summariser keeps every surface under budget. Crashes are injected at random
 (a ``BaseException`` inside the session's actor), some between an agent's
 appends and some amid a pipeline of appends still queued or committing; the
@@ -15,7 +15,7 @@ that every acknowledged event is there, intact (also those acknowledged
 after their session had crashed).
 
 The database is marked as the demo's (a table ``nous_actor_demo``), so that
-a later run replaces it and nothing else (:func:`check_demo_paths`).
+a later run replaces it and nothing else (`check_demo_paths`).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 An event record is ``{"seq", "type", "time", "data"}``: ``time`` is ISO-8601
 with microseconds and offset, a replace's ``surface_op`` is
 ``["replace", start, stop]``. A log is one record a line, oldest first;
-decoding restores every event under its own seq with :meth:`Log.append_at`,
+decoding restores every event under its own seq with `Log.append_at`,
 so snapshot gaps survive the round trip. A v1 input, a JSON list of
-messages, decodes through :meth:`Log.seed`.
+messages, decodes through `Log.seed`.
 
 >>> from nous_actor import Log
 >>> log = Log().append("user_message", {"content": "hi"})
@@ -242,7 +242,7 @@ def event_from_dict(record: Any, *, line: int | None = None) -> Event:
 
 
 def loads_event(text: str | bytes, *, line: int | None = None) -> Event:
-    """Decode one JSON line into an :class:`Event`.
+    """Decode one JSON line into an `Event`.
 
     Raises:
         CodecError: not JSON, or not a valid event record.
@@ -360,7 +360,7 @@ def _fields(m: Message) -> dict[str, Any]:
 
 
 def from_v1(messages: Iterable[Any]) -> Log:
-    """Seed a log from a v1 transcript: a list of message dicts (see :func:`message_from_dict`).
+    """Seed a log from a v1 transcript: a list of message dicts (see `message_from_dict`).
 
     Raises:
         CodecError: a message is malformed; ``.line`` is its 1-based index.

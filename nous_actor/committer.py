@@ -1,6 +1,6 @@
 """Group commit: one writer thread per store, batching appends from every session on it.
 
-Sessions hand their validated events to the store's :class:`Committer` and
+Sessions hand their validated events to the store's `Committer` and
 are told, in order, which of them are durably stored. Appends that arrive
 while a transaction is being written (from one session or many) go into the
 next transaction together, so the cost of a commit (an fsync with
@@ -55,7 +55,7 @@ class Committer:
     Guarantees: a session's items are written in the order submitted, and
     its ``notify`` calls come in that order too; once an item of a session
     fails, every later item of that session fails without being written
-    (until :meth:`reset`), so the store never holds a later event without
+    (until `reset`), so the store never holds a later event without
     an earlier one.
     """
 

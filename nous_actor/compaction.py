@@ -1,6 +1,6 @@
 """Compaction that keeps the originals: prune and summarise by appending replaces.
 
-A :class:`Compactor` never deletes. When the surface's estimated size is over
+A `Compactor` never deletes. When the surface's estimated size is over
 budget it appends, in order:
 
 1. for each oversized tool result outside the recent tail, a ``tool_result``
@@ -14,7 +14,7 @@ budget it appends, in order:
 3. a ``step_end`` bookkeeping event recording what it did (kind
    ``"compaction"``, the ranges, the estimates before and after),
 
-and optionally a :meth:`~nous_actor.Log.snapshot`. The replaced events stay in
+and optionally a `nous_actor.Log.snapshot`. The replaced events stay in
 the log (until a snapshot), so audit, fork and rewind still see them.
 
 >>> from nous_actor import Log
@@ -128,11 +128,11 @@ coroutine function (``async def summarise(messages) -> str``)."""
 class Plan:
     """A compaction worked out from one consistent surface, before any summary exists.
 
-    Made by :meth:`Compactor.plan` (cheap: no summariser call); turned into
-    events by :meth:`Compactor.events` once the summary text is known (or at
+    Made by `Compactor.plan` (cheap: no summariser call); turned into
+    events by `Compactor.events` once the summary text is known (or at
     once if ``summary_input`` is empty). Positions do not move as a log grows,
     so a plan stays valid whatever is appended after ``count`` — unless a replace
-    appended meanwhile overlaps :attr:`ranges` (see :meth:`overlaps`).
+    appended meanwhile overlaps `ranges` (see `overlaps`).
     """
 
     count: int
@@ -196,7 +196,7 @@ class Compactor:
             from its results).
         prune_over: a tool result estimated above this many tokens is pruned
             first (``None``: never prune).
-        estimate: the token estimator (default :func:`estimate_tokens`).
+        estimate: the token estimator (default `estimate_tokens`).
         pruned_text: the content of a pruned tool result.
         snapshot: drop the shadowed events afterwards.
     """
@@ -227,7 +227,7 @@ class Compactor:
 
     def plan(self, surface: Sequence[Event], count: int, *, force: bool = False) -> Plan:
         """Work out what to prune and what to summarise from ``surface`` (a log's
-        ``surface()`` at ``count``); see :attr:`Plan.empty` for nothing to do.
+        ``surface()`` at ``count``); see `Plan.empty` for nothing to do.
 
         Cheap (no summariser call, O(surface)): a session does this on its actor.
 
@@ -430,7 +430,7 @@ class Compactor:
         force: bool = False,
         compaction_id: str | None = None,
     ) -> CompactionResult:
-        """:meth:`compact` for asyncio code: a coroutine summariser is awaited."""
+        """`compact` for asyncio code: a coroutine summariser is awaited."""
         plan = self.plan(log.surface(), log.count(), force=force)
         if plan.empty:
             return CompactionResult(log, plan.before, plan.before, budget=self.budget)

@@ -1,4 +1,4 @@
-"""Log events: :class:`Event`, :class:`EventType`, :class:`Replace`, :class:`InvalidEvent`."""
+"""Log events: `Event`, `EventType`, `Replace`, `InvalidEvent`."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ class Replace:
 
 
 def parse_surface_op(raw: object) -> Replace | None:
-    """Read a ``surface_op`` value: ``None`` for a plain append, else a :class:`Replace`."""
+    """Read a ``surface_op`` value: ``None`` for a plain append, else a `Replace`."""
     if raw is None or raw == "append":
         return None
     if isinstance(raw, Replace):
@@ -174,7 +174,7 @@ def check_event(
     Every argument is the caller's and may run the caller's code when read (a
     mapping's ``items``, a str subclass's ``__hash__``, a tzinfo's
     ``utcoffset``). Whatever that raises (an ``Exception``, ``RecursionError``
-    included) is refused as :class:`InvalidEvent` like any other bad input:
+    included) is refused as `InvalidEvent` like any other bad input:
     unreadable ``data`` is ``unserializable_event_data`` (JSON cannot carry
     it; the message names the path), an unreadable ``surface_op`` is
     ``invalid_surface_op``, an unreadable type ``unknown_event_type``, an
@@ -401,7 +401,7 @@ class Event:
 
     @property
     def surface_op(self) -> Replace | None:
-        """``None`` for a plain event, the :class:`Replace` for a replacing one."""
+        """``None`` for a plain event, the `Replace` for a replacing one."""
         return self._op
 
     @property
@@ -415,7 +415,7 @@ class Event:
         return self.type in SURFACE_TYPES
 
     def to_message(self) -> Message | None:
-        """The projected :class:`Message` (DESIGN.md §3), or ``None`` for bookkeeping."""
+        """The projected `Message` (DESIGN.md §3), or ``None`` for bookkeeping."""
         if self.type not in SURFACE_TYPES:
             return None
         return project(self)

@@ -24,15 +24,15 @@ T = TypeVar("T")
 
 
 class InjectedCrash(BaseException):
-    """The ``BaseException`` :func:`crash` raises inside a session (not an ``Exception``,
+    """The ``BaseException`` `crash` raises inside a session (not an ``Exception``,
     so it is the worst kind: Pykka alone would stop every actor in the process)."""
 
 
 def crash(session: Session, exc: BaseException | None = None) -> SessionFuture[Any]:
     """Make ``session`` crash while handling this call, by raising ``exc`` in its actor.
 
-    The call's future fails with :class:`~nous_actor.SessionCrashed`; calls queued
-    behind it fail with :class:`~nous_actor.SessionStopped`. A supervised
+    The call's future fails with `nous_actor.SessionCrashed`; calls queued
+    behind it fail with `nous_actor.SessionStopped`. A supervised
     session is then restarted from its store.
     """
     error = InjectedCrash("injected crash") if exc is None else exc
@@ -49,14 +49,14 @@ def crash_amid(
     at: int,
     exc: BaseException | None = None,
 ) -> tuple[list[SessionFuture[T]], SessionFuture[Any]]:
-    """Pipeline ``calls`` to ``session`` with a :func:`crash` sent before ``calls[at]``.
+    """Pipeline ``calls`` to ``session`` with a `crash` sent before ``calls[at]``.
 
     Nothing waits in between, so the calls before the crash are still queued
     or committing when the session dies. All go to the actor the session has
     now, never to a successor: the calls before the crash are applied (with a
     store, each is acknowledged once committed, although the session died
     meanwhile); every call from ``at`` on fails with
-    :class:`~nous_actor.SessionStopped` and was not applied, so retrying them
+    `nous_actor.SessionStopped` and was not applied, so retrying them
     in order keeps their order.
 
     Returns the calls' futures, in order, and the crash's.

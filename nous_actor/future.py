@@ -34,7 +34,7 @@ class SessionFuture(pykka.Future[T]):
     """The answer to one call on a session: a Pykka future with two differences.
 
     * ``get()`` without a timeout waits at most the session handle's default
-      bound (:class:`~nous_actor.CallTimeout` after it), never forever.
+      bound (`nous_actor.CallTimeout` after it), never forever.
     * ``await future`` inside asyncio suspends the coroutine without blocking
       the event loop (Pykka's own ``__await__`` calls the blocking ``get``).
 
@@ -205,7 +205,7 @@ class _LoopWaker:
     queue their waiters here; the first of a batch schedules one callback on
     the loop (one ``call_soon_threadsafe``, one wake-up of the loop), which
     wakes them all. Bounds are enforced by one loop timer for every awaited
-    future, in buckets of :data:`TICK` seconds, not by a timer per await.
+    future, in buckets of `TICK` seconds, not by a timer per await.
     """
 
     __slots__ = ("armed", "buckets", "lock", "loop", "ready", "scheduled")

@@ -1,6 +1,6 @@
 """Audit: what shadowed an event, what a replace stands for, what compactions did.
 
-Works on any :class:`~nous_actor.Log` (rewind one with ``log.as_of(seq)``
+Works on any `nous_actor.Log` (rewind one with ``log.as_of(seq)``
 first to audit the past). Events a snapshot dropped are gone and cannot be
 explained; audit before snapshotting if you need the full trail.
 

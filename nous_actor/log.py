@@ -1,4 +1,4 @@
-"""The pure core: :class:`Log`, an immutable append-only event log and its fold.
+"""The pure core: `Log`, an immutable append-only event log and its fold.
 
 No locks, no threads, no I/O. A ``Log`` is a value: every operation returns a
 new ``Log`` and leaves the old one valid and unchanged, so many versions can be
@@ -10,7 +10,7 @@ How it stays cheap while immutable:
   sees the prefix ``[:n]`` it was made with. Appending to the newest version
   extends the list in place; appending to an older one (a branch) copies it.
 * The fold (the position-sorted surface with its messages) is memoised in a
-  :class:`_Fold` owned by one version at a time. Appending to the owner hands
+  `_Fold` owned by one version at a time. Appending to the owner hands
   the fold to the new version, which updates it in place (a bisect and a
   splice); the old version notices it lost the fold and refolds on demand.
   Ownership moves by an atomic claim, so readers in other threads never see a
@@ -54,7 +54,7 @@ class _Fold:
     and indexing are atomic), after which the holder must not trust them.
 
     Messages are projected lazily: the last ``lazy`` entries of ``msgs`` are
-    ``None`` until a read needs them (:meth:`settle`), so appends that nobody
+    ``None`` until a read needs them (`settle`), so appends that nobody
     derives cost no ``Message``, and each message is projected once.
     """
 
@@ -84,7 +84,7 @@ class _Fold:
         return self.claim[0] is token
 
     def handed_over(self) -> _Fold:
-        """A new, unclaimed fold over the same lists (call after :meth:`take`)."""
+        """A new, unclaimed fold over the same lists (call after `take`)."""
         return _Fold(self.pos, self.seqs, self.evs, self.msgs, self.lazy)
 
     def settle(self) -> None:
@@ -239,11 +239,11 @@ class Log:
     def restore(cls, events: Iterable[Event]) -> Log:
         """A log of already-validated events (e.g. loaded from a store), in one step.
 
-        Equivalent to :meth:`append_event` for each in turn, without building a
+        Equivalent to `append_event` for each in turn, without building a
         version per event.
 
         Raises:
-            TypeError: an item is not an :class:`Event`.
+            TypeError: an item is not an `Event`.
             InvalidEvent: ``seq_behind_head`` if the seqs are not strictly increasing.
         """
         evs = list(events)
@@ -306,7 +306,7 @@ class Log:
         data: Any = None,
         time: datetime | None = None,
     ) -> Log:
-        """Like :meth:`append`, but a refused event is logged and dropped, never raised.
+        """Like `append`, but a refused event is logged and dropped, never raised.
 
         The drop is a structlog warning ``log.event_dropped`` carrying ``type``,
         ``reason`` and ``error``; the log is returned unchanged.
@@ -323,10 +323,10 @@ class Log:
             return self
 
     def append_event(self, event: Event) -> Log:
-        """A new log with ``event`` (already an :class:`Event`) under its own seq.
+        """A new log with ``event`` (already an `Event`) under its own seq.
 
         For restoring stored events without validating them twice; the seq
-        rule is the one of :meth:`append_at`.
+        rule is the one of `append_at`.
 
         Raises:
             TypeError: ``event`` is not an Event.
@@ -371,7 +371,7 @@ class Log:
         also ``tool_calls`` and ``reasoning_content`` (when not ``None``); ``tool``
         keeps ``content``, ``metadata``, ``name``, ``tool_call_id``. The event time
         is the message's ``created_at``, so ``Log.seed(ms).derive_messages() == ms``.
-        Anything that is not a :class:`Message` is skipped with a structlog warning
+        Anything that is not a `Message` is skipped with a structlog warning
         ``log.seed_skipped``.
         """
         lg = cls()
@@ -496,7 +496,7 @@ class Log:
     def fork(self, through_seq: int) -> Log:
         """A new log holding this one's prefix through ``through_seq``, seqs preserved.
 
-        Like :meth:`as_of`, but refuses a boundary inside an open turn (a
+        Like `as_of`, but refuses a boundary inside an open turn (a
         ``turn_start`` without its ``turn_end``): a fork starts a new timeline
         and must not begin half-way through a model turn.
 

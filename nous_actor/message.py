@@ -1,4 +1,4 @@
-"""The model-visible message: :class:`Message` and :class:`Role`."""
+"""The model-visible message: `Message` and `Role`."""
 
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ _CALL_HELP = (
 
 
 class UnsendableMessage(ValueError):
-    """A message that cannot be sent to a provider as it is (raised by :meth:`Message.to_openai`).
+    """A message that cannot be sent to a provider as it is (raised by `Message.to_openai`).
 
     ``role`` and ``field`` name the message and the field (``"tool_calls[0]['name']"``);
     ``index`` is the message's position when a list was being sent
-    (:meth:`Message.to_openai_list`), else ``None``. Nothing is guessed in its
+    (`Message.to_openai_list`), else ``None``. Nothing is guessed in its
     place: fix the field and send again.
     """
 
@@ -61,7 +61,7 @@ class UnsendableMessage(ValueError):
 
 
 OPENAI_EXTRA = "openai_extra"
-"""Metadata key under which :meth:`Message.from_openai` keeps provider keys it does not map."""
+"""Metadata key under which `Message.from_openai` keeps provider keys it does not map."""
 
 
 def _utcnow() -> datetime:
@@ -84,7 +84,7 @@ class Message:
     """One model-visible message; an immutable value compared field by field.
 
     ``content``, ``tool_calls`` and ``metadata`` are deeply frozen on
-    construction (:class:`~nous_actor.FrozenList` / :class:`~nous_actor.FrozenDict`,
+    construction (`nous_actor.FrozenList` / `nous_actor.FrozenDict`,
     equal to the plain values they came from), and ``created_at`` is kept in UTC.
 
     >>> m = Message.user("hello")
@@ -225,7 +225,7 @@ class Message:
         as a JSON string (an object is ``json.dumps``-ed) and any other keys of
         the call kept. ``name``, ``tool_call_id`` and ``reasoning_content`` are
         sent when set; ``metadata`` and ``created_at`` are not, except the
-        provider keys :meth:`from_openai` kept under ``metadata["openai_extra"]``,
+        provider keys `from_openai` kept under ``metadata["openai_extra"]``,
         which are put back.
 
         >>> Message.tool("42", "c1").to_openai()
@@ -292,12 +292,12 @@ class Message:
 
     @classmethod
     def to_openai_list(cls, messages: Iterable[Message]) -> list[dict[str, Any]]:
-        """:meth:`to_openai` of each message, e.g. of ``log.derive_messages()``.
+        """`to_openai` of each message, e.g. of ``log.derive_messages()``.
 
         Raises:
-            UnsendableMessage: as :meth:`to_openai`, with ``index`` set to the
+            UnsendableMessage: as `to_openai`, with ``index`` set to the
                 position of the message that cannot be sent.
-            TypeError: an item is not a :class:`Message`.
+            TypeError: an item is not a `Message`.
         """
         out: list[dict[str, Any]] = []
         for i, m in enumerate(messages):
@@ -318,7 +318,7 @@ class Message:
         """Build a message from an OpenAI chat-completions message dict.
 
         Keys that have no Message field (``refusal``, ``audio``, ...) are kept
-        under ``metadata["openai_extra"]`` so :meth:`to_openai` can put them back.
+        under ``metadata["openai_extra"]`` so `to_openai` can put them back.
         ``reasoning_content`` (as some providers send it) is mapped to its field.
 
         Tool calls may come in either shape. Both become the flat ``{"id",
@@ -401,7 +401,7 @@ def tool_call_parts(call: object) -> tuple[Any, Any, Any]:
     """``(id, name, arguments)`` of a tool call in either shape (flat or OpenAI's).
 
     A part that is missing is ``None``; nothing is checked (see
-    :meth:`Message.to_openai` for that), so this never raises for a mapping.
+    `Message.to_openai` for that), so this never raises for a mapping.
 
     >>> tool_call_parts({"id": "c1", "type": "function",
     ...                  "function": {"name": "ls", "arguments": "{}"}})

@@ -57,14 +57,14 @@ class Sessions:
     """A registry of supervised sessions on one store (a context manager).
 
     Args:
-        store: where sessions persist (default: a new :class:`MemoryStore`,
+        store: where sessions persist (default: a new `MemoryStore`,
             which survives restarts but not the process).
         max_sessions: how many sessions may be live at once.
         idle_timeout: stop sessions not called for this many seconds (checked
-            every ``idle_timeout / 2`` s, or by :meth:`passivate_idle`).
+            every ``idle_timeout / 2`` s, or by `passivate_idle`).
         max_restarts, max_seconds: each session's restart intensity; beyond it
             the registry gives the session up (``session.gave_up``) and its
-            handles fail with :class:`SessionStopped` until ``open()`` is called again.
+            handles fail with `SessionStopped` until ``open()`` is called again.
         backoff: the wait before a restart (``None``: at once).
         timeout: the handles' default bound on every wait.
         clock, scheduler: injectable for tests.

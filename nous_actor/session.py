@@ -1,7 +1,7 @@
-"""A session: one :class:`~nous_actor.Log` owned by one Pykka actor, and the handle to it.
+"""A session: one `nous_actor.Log` owned by one Pykka actor, and the handle to it.
 
-Callers never touch the actor. They hold a :class:`Session` handle whose
-methods send a message to the actor and return a :class:`SessionFuture`.
+Callers never touch the actor. They hold a `Session` handle whose
+methods send a message to the actor and return a `SessionFuture`.
 
 Guarantees, for every call on a handle:
 
@@ -12,12 +12,12 @@ Guarantees, for every call on a handle:
   argument checked before sending, raises at the call) and changes nothing;
   the session keeps running.
 * No call waits forever. A call on a stopped session fails at once with
-  :class:`~nous_actor.SessionStopped`; a call queued when the session stops
+  `nous_actor.SessionStopped`; a call queued when the session stops
   is answered with it (Pykka leaves such asks unanswered); every ``get``
-  has a bound (:class:`~nous_actor.CallTimeout` after it).
+  has a bound (`nous_actor.CallTimeout` after it).
 * A ``BaseException`` raised while handling a call stops only this session
   (Pykka's default would stop every actor in the process); the call fails
-  with :class:`~nous_actor.SessionCrashed`.
+  with `nous_actor.SessionCrashed`.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class _Envelope:
 
 
 class SessionActor(SupervisedActor):
-    """The actor that owns one session's log. Use it through :class:`Session`.
+    """The actor that owns one session's log. Use it through `Session`.
 
     Every message is ``(handler, args, future)``: the actor runs
     ``handler(self, *args)`` and answers ``future`` itself, so nothing it
@@ -753,9 +753,9 @@ def _check_handle_args(session_id: object, timeout: object) -> None:
 
 
 class Session:
-    """The handle to one session; every method returns a :class:`SessionFuture`.
+    """The handle to one session; every method returns a `SessionFuture`.
 
-    Get a handle with :meth:`Session.start` (a standalone session) or from a
+    Get a handle with `Session.start` (a standalone session) or from a
     supervisor's registry (which restarts sessions and re-resolves handles).
 
     >>> chat = Session.start("chat-42")
@@ -806,7 +806,7 @@ class Session:
         then on acknowledges an append only after the store committed it.
 
         A standalone session is not restarted: once stopped, its calls fail with
-        :class:`~nous_actor.SessionStopped`.
+        `nous_actor.SessionStopped`.
 
         Raises:
             ValueError, TypeError: bad arguments (nothing is started).
@@ -897,7 +897,7 @@ class Session:
     def append_or_log(
         self, type: EventType | str, data: Any = None, time: datetime | None = None
     ) -> SessionFuture[Event | None]:
-        """Like :meth:`append`, but a refused event resolves to ``None``.
+        """Like `append`, but a refused event resolves to ``None``.
 
         The drop is a structlog warning ``log.event_dropped`` with ``session_id``,
         ``type`` and ``reason``; it is never silent. Never raises for bad input.
@@ -920,7 +920,7 @@ class Session:
     def append_at(
         self, seq: int, type: EventType | str, data: Any = None, time: datetime | None = None
     ) -> SessionFuture[Event]:
-        """Restore an event under its persisted ``seq`` (see :meth:`Log.append_at`).
+        """Restore an event under its persisted ``seq`` (see `Log.append_at`).
 
         Raises (through the future):
             InvalidEvent: the event is refused (``seq_behind_head`` if ``seq`` is
@@ -944,7 +944,7 @@ class Session:
         force: bool = False,
         compaction_id: str | None = None,
     ) -> SessionFuture[CompactionResult]:
-        """Run ``compactor`` on the session's log (see :class:`~nous_actor.Compactor`).
+        """Run ``compactor`` on the session's log (see `nous_actor.Compactor`).
 
         The session plans the compaction on its log as it stands after every
         earlier call, then the summary is written **off the session's actor**: a
@@ -955,7 +955,7 @@ class Session:
         appended meanwhile, since a replace never shadows later events — unless
         a replace appended meanwhile overlaps its range: then it is planned
         again (at most ``MAX_COMPACTION_RETRIES`` times), never applied over it.
-        The future resolves to the :class:`~nous_actor.CompactionResult` once the
+        The future resolves to the `nous_actor.CompactionResult` once the
         batch is committed and applied. With ``compactor.snapshot`` the session
         snapshots right after.
 
@@ -1007,7 +1007,7 @@ class Session:
         return self._call(SessionActor.h_fork, through_seq, new_id)
 
     def as_of(self, seq: int) -> SessionFuture[Log]:
-        """The log as it was right after event ``seq`` (see :meth:`Log.as_of`)."""
+        """The log as it was right after event ``seq`` (see `Log.as_of`)."""
         return self._call(SessionActor.h_read, "as_of", seq)
 
     # -- reads ---------------------------------------------------------------------------
@@ -1043,7 +1043,7 @@ class Session:
         return self._call(SessionActor.h_read, "count")
 
     def log(self) -> SessionFuture[Log]:
-        """The current :class:`Log` value (immutable; later appends do not change it)."""
+        """The current `Log` value (immutable; later appends do not change it)."""
         return self._call(SessionActor.h_log)
 
     def subscribe(
@@ -1052,7 +1052,7 @@ class Session:
         """Subscribe to every event with ``seq >= from_seq``: catch-up, then live.
 
         Waits (at most ``timeout``, default the handle's bound) until the session
-        has registered the subscriber. See :class:`Subscription`.
+        has registered the subscriber. See `Subscription`.
 
         Raises:
             TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
@@ -1095,7 +1095,7 @@ class Session:
         Returns once the actor has stopped and, with a store, its appends and
         snapshot drops still in flight are done and its writer claim is released
         (so the session can be started again at once). Calls made after this
-        fail with :class:`~nous_actor.SessionStopped`.
+        fail with `nous_actor.SessionStopped`.
 
         Raises:
             CallTimeout: not stopped within ``timeout``.

@@ -25,12 +25,12 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
     the session takes the catch-up and registers the subscriber in one step.
 
     Iterate it (``for ev in sub``) or ``async for ev in sub``; iteration ends
-    when the session stops or the subscription is closed. :meth:`get` waits
+    when the session stops or the subscription is closed. `get` waits
     with a bound.
 
     A slow subscriber never blocks the session: once more than ``buffer`` live
     events are pending it is cut off, and after the pending events the next
-    read raises :class:`~nous_actor.SubscriptionLagged` whose ``next_seq`` says
+    read raises `nous_actor.SubscriptionLagged` whose ``next_seq`` says
     where to resume (``since(next_seq)`` or ``subscribe(from_seq=next_seq)``).
     """
 

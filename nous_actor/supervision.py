@@ -1,9 +1,9 @@
 """Supervision, OTP style, on top of Pykka (which has none).
 
-* :class:`SupervisedActor`: a Pykka actor that reports its exit (normal, or a
+* `SupervisedActor`: a Pykka actor that reports its exit (normal, or a
   crash with its reason) to the supervisor that started it, and contains a
   ``BaseException`` (Pykka's default would stop every actor in the process).
-* :class:`Supervisor`: child specs, strategies ``one_for_one`` /
+* `Supervisor`: child specs, strategies ``one_for_one`` /
   ``one_for_all`` / ``rest_for_one``, restart types ``permanent`` /
   ``transient`` / ``temporary``, a sliding-window restart intensity with
   optional exponential backoff, escalation to the parent supervisor beyond
@@ -80,7 +80,7 @@ _next_monitor: contextvars.ContextVar[Monitor | None] = contextvars.ContextVar(
 def start_monitored(
     start: Callable[[], pykka.ActorRef[Any]], monitor: Monitor
 ) -> pykka.ActorRef[Any]:
-    """Call ``start()``; the first :class:`SupervisedActor` it creates reports its exit to
+    """Call ``start()``; the first `SupervisedActor` it creates reports its exit to
     ``monitor``. Registered before the actor's thread runs, so no exit is missed."""
     token = _next_monitor.set(monitor)
     try:
@@ -90,11 +90,11 @@ def start_monitored(
 
 
 class SupervisedActor(pykka.ThreadingActor):
-    """A Pykka actor a :class:`Supervisor` can watch.
+    """A Pykka actor a `Supervisor` can watch.
 
     Its exit (a normal stop, or a crash: an exception in a tell or in
     ``on_start``, a ``BaseException`` anywhere) is reported to the monitor
-    given by :func:`start_monitored`. A ``BaseException`` stops only this actor.
+    given by `start_monitored`. A ``BaseException`` stops only this actor.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -224,8 +224,8 @@ class RestartIntensity:
 class ChildSpec:
     """How to start and restart one child.
 
-    ``start`` must start a :class:`SupervisedActor` (a session actor, a
-    :class:`Supervisor`, or your own subclass) and return its ref.
+    ``start`` must start a `SupervisedActor` (a session actor, a
+    `Supervisor`, or your own subclass) and return its ref.
     """
 
     id: str
@@ -263,7 +263,7 @@ class Supervisor(SupervisedActor):
             ``one_for_all`` (all), ``rest_for_one`` (it and those started after).
         max_restarts, max_seconds: the restart intensity. One restart more
             within the window and the supervisor stops every child and exits
-            with :class:`RestartIntensityExceeded`, which its parent sees as a
+            with `RestartIntensityExceeded`, which its parent sees as a
             crash (escalation); a top-level supervisor logs it and stays down.
         backoff: wait this long before each restart (``None``: restart at once).
         clock, scheduler: injectable for tests (``scheduler(delay, fn)`` runs

@@ -81,3 +81,10 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").is_file()
+    # Docstrings are Markdown: no reST role may reach a page as raw text.
+    raw_role = re.compile(r":(?:py:)?(?:class|meth|func|mod|attr|data|exc|obj|ref):")
+    leaks = {
+        str(page.relative_to(tmp_path / "site")): raw_role.findall(page.read_text())
+        for page in (tmp_path / "site").rglob("*.html")
+    }
+    assert {page: found for page, found in leaks.items() if found} == {}

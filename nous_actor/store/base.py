@@ -26,17 +26,17 @@ class Store(Protocol):
     """A durable home for the events of many sessions.
 
     Rules every implementation keeps (the contract suite in
-    :mod:`nous_actor.testing.store_contract` checks them):
+    `nous_actor.testing.store_contract` checks them):
 
     * ``write`` is atomic per session: a session's events in one call are
       all stored or none is; seqs already stored are refused with
-      :class:`ConflictError` for that session, the others still commit.
+      `ConflictError` for that session, the others still commit.
     * ``load`` returns what was written and not dropped, in seq order, equal
       to the events written (seq, type, time to the microsecond, data).
     * One live writer per session: ``claim`` refuses a second claim while
       the first holder is alive (in this process or, where the store is
       shared, another one).
-    * Errors are :class:`StoreError` (or its subclass ``ConflictError``),
+    * Errors are `StoreError` (or its subclass ``ConflictError``),
       never a backend's own exception type.
     """
 
@@ -48,7 +48,7 @@ class Store(Protocol):
         """Store each session's events; one transaction for all where the backend can.
 
         Returns the sessions whose events were refused, each with its error
-        (a :class:`ConflictError` for a seq already stored); every other
+        (a `ConflictError` for a seq already stored); every other
         session's events are stored when this returns.
 
         Raises:
@@ -69,7 +69,7 @@ class Store(Protocol):
         ...
 
     def claim(self, session_id: str) -> str:
-        """Become the one writer of ``session_id``; returns a token for :meth:`release`.
+        """Become the one writer of ``session_id``; returns a token for `release`.
 
         Raises:
             ConflictError: another live writer holds the session.
@@ -81,7 +81,7 @@ class Store(Protocol):
         ...
 
     def close(self) -> None:
-        """Release resources; later calls raise :class:`StoreError`."""
+        """Release resources; later calls raise `StoreError`."""
         ...
 
 

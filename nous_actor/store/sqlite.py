@@ -1,4 +1,4 @@
-"""The embedded default :class:`~nous_actor.store.Store`: SQLite (stdlib ``sqlite3``), WAL.
+"""The embedded default `nous_actor.store.Store`: SQLite (stdlib ``sqlite3``), WAL.
 
 Durability (``durability=``):
 

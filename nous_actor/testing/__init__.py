@@ -1,9 +1,9 @@
 """Test support for code built on nous_actor (imports Hypothesis; the core never imports this).
 
-* :mod:`nous_actor.testing.strategies`: Hypothesis strategies for messages,
+* `nous_actor.testing.strategies`: Hypothesis strategies for messages,
   events, programs of log operations and whole logs.
-* :mod:`nous_actor.testing.reference`: a naive reference fold to check against.
-* :mod:`nous_actor.testing.machines`: :class:`SessionMachine`, a reusable
+* `nous_actor.testing.reference`: a naive reference fold to check against.
+* `nous_actor.testing.machines`: `SessionMachine`, a reusable
   ``RuleBasedStateMachine`` driving a session against the pure ``Log`` as model.
 """
 

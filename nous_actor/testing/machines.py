@@ -1,6 +1,6 @@
 """A reusable Hypothesis state machine: a session driven side by side with the pure Log.
 
-Subclass :class:`SessionMachine` and override :meth:`SessionMachine.make_session`
+Subclass `SessionMachine` and override `SessionMachine.make_session`
 to run the same rules against your own setup (a supervised session, a session
 on your store)::
 
@@ -65,7 +65,7 @@ _op = st.one_of(
 
 
 class SessionMachine(RuleBasedStateMachine):
-    """Drive a session and a plain :class:`Log` (the model) with the same operations.
+    """Drive a session and a plain `Log` (the model) with the same operations.
 
     Invariant: the session's log equals the model — same ``count()``, same
     surface and messages, and the retained events are the model's (or, after

@@ -1,7 +1,7 @@
 """A naive reference fold, written straight from the rules of DESIGN.md §3.
 
 It is O(n·r) on purpose: every event is checked against every replace. Use it
-as an oracle in tests (it is what :class:`~nous_actor.Log`'s fold is checked
+as an oracle in tests (it is what `nous_actor.Log`'s fold is checked
 against) and as the baseline in benchmarks; never in production code.
 """
 
@@ -50,7 +50,7 @@ def reference_surface(events: Sequence[Event]) -> list[Event]:
 
 
 def reference_derive_indexed(events: Sequence[Event]) -> list[tuple[int, Message]]:
-    """``(seq, message)`` pairs of :func:`reference_surface`, projected per §3."""
+    """``(seq, message)`` pairs of `reference_surface`, projected per §3."""
     return [(e.seq, reference_project(e)) for e in reference_surface(events)]
 
 
@@ -63,7 +63,7 @@ _ROLE = {
 
 
 def reference_project(ev: Event) -> Message:
-    """The §3 projection, through the public :class:`Message` constructor."""
+    """The §3 projection, through the public `Message` constructor."""
     d = ev.data
     return Message(
         _ROLE[ev.type.value],

@@ -1,8 +1,8 @@
-"""The :class:`~nous_actor.store.Store` contract, as tests to run against a store of your own.
+"""The `nous_actor.store.Store` contract, as tests to run against a store of your own.
 
 Every rule in the ``Store`` protocol's docstring is checked here; this
-library runs the same suite against :class:`~nous_actor.store.MemoryStore`
-and :class:`~nous_actor.store.SQLiteStore`. Subclass :class:`StoreContract`
+library runs the same suite against `nous_actor.store.MemoryStore`
+and `nous_actor.store.SQLiteStore`. Subclass `StoreContract`
 in a test module (the subclass's name must start with ``Test`` so that
 pytest collects it) and say how to make a fresh, empty store::
 
@@ -16,11 +16,11 @@ pytest collects it) and say how to make a fresh, empty store::
         def close_store(self, store: Store) -> None:  # optional; default store.close()
             store.close()
 
-:meth:`StoreContract.make_store` is called once per test, and many times by
+`StoreContract.make_store` is called once per test, and many times by
 the stateful test (one store per Hypothesis example): each call must return
 a new, empty store. ``self.tmp_path`` is pytest's per-test temporary folder.
 
-The stateful test alone, bound to your store by :func:`store_machine`::
+The stateful test alone, bound to your store by `store_machine`::
 
     TestMyStoreMachine = store_machine(lambda: MyStore(...)).TestCase
 
@@ -192,8 +192,8 @@ def _stored_or_store_error(store: Store, session_id: str, events: list[Event]) -
 class StoreContract(abc.ABC):
     """Every rule of the ``Store`` protocol, as pytest tests; subclass it per store.
 
-    Implement :meth:`make_store`; override :meth:`close_store` if closing
-    needs more than ``store.close()``, and :meth:`machine_settings` to run the
+    Implement `make_store`; override `close_store` if closing
+    needs more than ``store.close()``, and `machine_settings` to run the
     stateful test longer or shorter.
     """
 
@@ -208,7 +208,7 @@ class StoreContract(abc.ABC):
         store.close()
 
     def machine_settings(self) -> settings:
-        """Hypothesis settings of :meth:`test_agrees_with_a_model_under_random_operations`."""
+        """Hypothesis settings of `test_agrees_with_a_model_under_random_operations`."""
         return settings(
             max_examples=min(settings().max_examples, 25),
             stateful_step_count=15,
@@ -222,7 +222,7 @@ class StoreContract(abc.ABC):
 
     @pytest.fixture
     def store(self, _contract_tmp_path: None) -> Iterator[Store]:
-        """A fresh store from :meth:`make_store`, closed after the test."""
+        """A fresh store from `make_store`, closed after the test."""
         store = self.make_store()
         try:
             yield store
@@ -706,13 +706,13 @@ class StoreContract(abc.ABC):
     @pytest.mark.usefixtures("_contract_tmp_path")
     def test_agrees_with_a_model_under_random_operations(self) -> None:
         """Random writes, conflicts, drops, deletes and claims leave the store equal to a
-        plain dict model after every step (see :class:`StoreMachine`)."""
+        plain dict model after every step (see `StoreMachine`)."""
         machine = store_machine(self.make_store, self.close_store)
         run_state_machine_as_test(machine, settings=self.machine_settings())
 
 
 def _jsonl(events: Sequence[Event]) -> str:
-    """``events`` as the JSON Lines that :func:`export_session` writes."""
+    """``events`` as the JSON Lines that `export_session` writes."""
     log = Log()
     for ev in events:
         log = log.append_event(ev)
@@ -759,8 +759,8 @@ class StoreMachine(RuleBasedStateMachine):
     release (also with stale tokens). The invariant: every session loads
     exactly as the model says, and ``sessions()`` lists the non-empty ones.
 
-    Override :meth:`make_store` (and :meth:`close_store`), or use
-    :func:`store_machine`.
+    Override `make_store` (and `close_store`), or use
+    `store_machine`.
     """
 
     def __init__(self) -> None:
@@ -888,7 +888,7 @@ def store_machine(
     make_store: Callable[[], Store],
     close_store: Callable[[Store], None] | None = None,
 ) -> type[StoreMachine]:
-    """A :class:`StoreMachine` bound to ``make_store`` (called once per example).
+    """A `StoreMachine` bound to ``make_store`` (called once per example).
 
     ``close_store(store)`` ends each example (default ``store.close()``). Run
     it with ``store_machine(...).TestCase`` (a unittest/pytest test class) or

@@ -64,7 +64,7 @@ _tool_calls = st.lists(
 
 
 def messages(roles: Sequence[Role | str] = tuple(Role)) -> st.SearchStrategy[Message]:
-    """Messages whose fields suit their role (what :meth:`Log.seed` keeps losslessly)."""
+    """Messages whose fields suit their role (what `Log.seed` keeps losslessly)."""
 
     def build(role: Role) -> st.SearchStrategy[Message]:
         common = {
@@ -168,5 +168,5 @@ def run_program(program: Sequence[LogOp], log: Log | None = None) -> Log:
 
 
 def logs(max_ops: int = 40, max_pos: int = 50) -> st.SearchStrategy[Log]:
-    """Whole logs built by :func:`log_programs`."""
+    """Whole logs built by `log_programs`."""
     return log_programs(max_ops, max_pos).map(run_program)
