@@ -121,15 +121,6 @@ def _session_native_id(actor: object) -> int:
     return threading.get_native_id()
 
 
-def _place(s: Session, px: Any, caller: set[int], actor: set[int]) -> None:
-    """Pin this thread to ``caller`` and both actor threads to ``actor``."""
-    os.sched_setaffinity(0, caller)
-    # Session has no public way to run code in its thread; _call is the handle's
-    # own plumbing (handler(actor, *args) runs in the actor thread).
-    s._call(_set_affinity, actor).get()
-    px.pin(actor).get()
-
-
 def _switches(tid: int) -> int | None:
     """Context switches (voluntary + involuntary) of thread ``tid`` so far (Linux ``/proc``)."""
     try:
@@ -189,58 +180,87 @@ def _per_call(before: int | None, after: int | None, n: int) -> float | None:
     return None if before is None or after is None else (after - before) / n
 
 
+def _one_block(
+    side: int,
+    payloads: Sequence[Any],
+    warm: int,
+    place: tuple[set[int], set[int]] | None,
+    cpus: Sequence[int],
+) -> tuple[_Block, list[int]]:
+    """One timed block of round trips to a fresh actor, the only actor alive meanwhile.
+
+    ``side`` 0 is a session (``append(...).get()``), 1 the no-op Pykka actor
+    (``ask``). One actor at a time, so that ours and the baseline meet the same
+    scheduler: with two actor threads and a caller on two CPUs, whichever actor
+    happens to share the caller's CPU is the fast one.
+    """
+    me = threading.get_native_id()
+    call: Callable[[Any], Any]
+    if side == 0:
+        s = Session.start("bench-round-trip", timeout=JOIN_TIMEOUT)
+        tid = s._call(_session_native_id).get()
+
+        def call(d: Any) -> Any:
+            return s.append("user_message", d).get().seq
+
+        def pin(where: set[int]) -> None:
+            s._call(_set_affinity, where).get()
+
+        stop: Callable[[], object] = partial(s.stop, timeout=JOIN_TIMEOUT)
+    else:
+        ref = NoOpActor.start()
+        px = ref.proxy()
+        tid = px.native_id().get()
+        call = ref.ask
+
+        def pin(where: set[int]) -> None:
+            px.pin(where).get()
+
+        stop = partial(ref.stop, timeout=JOIN_TIMEOUT)
+    try:
+        if CAN_PIN:
+            caller, actor = place or (set(cpus), set(cpus))
+            os.sched_setaffinity(0, caller)
+            pin(actor)
+        _round_trips(call, payloads[:warm])
+        sw0 = _switches(me), _switches(tid)
+        ns, (lat, got) = h.timed(partial(_round_trips, call, payloads[warm:]))
+        sw1 = _switches(me), _switches(tid)
+    finally:
+        stop()
+    n = len(payloads) - warm
+    if side == 0:
+        _check_seqs(got, warm, "session.round_trip")
+    else:
+        _check_nones(got, n, "session.round_trip")
+    return _Block(ns, _per_call(sw0[0], sw1[0], n), _per_call(sw0[1], sw1[1], n)), lat
+
+
 def bench_round_trip(cfg: h.Config) -> h.Section:
     """``append(...).get()`` one at a time vs a bare Pykka ``ask``: unpinned, same, cross CPU."""
     n = cfg.pick(3_000, 800)
     repeats = cfg.pick(9, 2)
     warm = 100
     cpus = sorted(os.sched_getaffinity(0)) if CAN_PIN else []
-    datas = _payloads(n)
+    datas = _payloads(n + warm)
     msgs = [("user_message", d) for d in datas]
     modes = list(_placements(cpus, 0))
     blocks: dict[str, tuple[list[_Block], list[_Block]]] = {m: ([], []) for m in modes}
     calls: dict[str, tuple[list[int], list[int]]] = {m: ([], []) for m in modes}
     original = os.sched_getaffinity(0) if CAN_PIN else None
-    with _actors("bench-round-trip") as (s, ref):
-        px = ref.proxy()
-        me = threading.get_native_id()
-        tids = (s._call(_session_native_id).get(), px.native_id().get())
-
-        def ours(d: dict[str, Any]) -> Any:
-            return s.append("user_message", d).get().seq
-
-        def base(m: tuple[str, dict[str, Any]]) -> Any:
-            return ref.ask(m)
-
-        sides = ((ours, datas), (base, msgs))
-        next_seq = 0
-        try:
-            for k in range(repeats):
-                h.progress(f"session.round_trip: {n} calls per block, repeat {k + 1}/{repeats}")
-                for i, (mode, place) in enumerate(_placements(cpus, k).items()):
-                    if CAN_PIN:
-                        _place(s, px, *(place or (set(cpus), set(cpus))))
-                    next_seq = _check_seqs(_round_trips(ours, datas[:warm])[1], next_seq, "warm")
-                    _round_trips(base, msgs[:warm])
-                    for side in (0, 1) if (k + i) % 2 == 0 else (1, 0):
-                        call, payloads = sides[side]
-                        sw0 = _switches(me), _switches(tids[side])
-                        ns, (lat, got) = h.timed(partial(_round_trips, call, payloads))
-                        sw1 = _switches(me), _switches(tids[side])
-                        if side == 0:
-                            next_seq = _check_seqs(got, next_seq, "session.round_trip")
-                        else:
-                            _check_nones(got, n, "session.round_trip")
-                        blocks[mode][side].append(
-                            _Block(ns, _per_call(sw0[0], sw1[0], n), _per_call(sw0[1], sw1[1], n))
-                        )
-                        calls[mode][side].extend(lat)
+    sides = (datas, msgs)
+    try:
+        for k in range(repeats):
+            h.progress(f"session.round_trip: {n} calls per block, repeat {k + 1}/{repeats}")
+            for i, (mode, place) in enumerate(_placements(cpus, k).items()):
+                for side in (0, 1) if (k + i) % 2 == 0 else (1, 0):
+                    block, lat = _one_block(side, sides[side], warm, place, cpus)
+                    blocks[mode][side].append(block)
+                    calls[mode][side].extend(lat)
                     h.settle()
-            if s.count().get() != next_seq:
-                raise AssertionError("session.round_trip: the session lost appends")
-        finally:
-            if original is not None:
-                os.sched_setaffinity(0, original)
+    finally:
+        if original is not None:
+            os.sched_setaffinity(0, original)
 
     sec = h.Section()
     for mode in modes:
@@ -293,7 +313,10 @@ def bench_round_trip(cfg: h.Config) -> h.Section:
         sec.notes.append(_regime_note(blocks["unpinned"], n))
     sec.notes += [
         f"ours = s.append('user_message', {{'content': ...}}).get(), {n} calls one at a time "
-        "per block; baseline = ref.ask(('user_message', {...})) to a pykka.ThreadingActor "
+        "per block (after 100 untimed), each block on a fresh actor that is the only one "
+        "alive (with two actor threads and the caller on two CPUs, whichever actor shares the "
+        "caller's CPU is the fast one: both sides must meet the same scheduler); baseline = "
+        "ref.ask(('user_message', {...})) to a pykka.ThreadingActor "
         "whose on_receive returns None; median [min-max] over repeats of the mean time per "
         "call; ratio = our block time / pykka's in the same repeat and placement (lower is "
         "better). Every seq is checked consecutive.",
