@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 
 import pykka
 
 __all__ = [
     "CallTimeout",
     "ConflictError",
+    "FencedError",
     "NousActorError",
     "SessionCrashed",
     "SessionError",
@@ -99,6 +101,45 @@ class ConflictError(StoreError):
     The database refuses the write (``PRIMARY KEY (session_id, seq)``), so two
     writers never fork a session silently. Reopen the session to continue
     from what the store holds.
+
+    Where the store knows who holds the session (a shared store such as
+    ``PostgresStore``), ``holder`` names it (e.g. ``"host-a pid 4242"``, or the
+    name its store was given) and ``lease_until`` says when its lease runs out
+    unless renewed (a timezone-aware ``datetime``), so a caller can route the
+    session's work there; both are ``None`` when unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        holder: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> None:
+        super().__init__(message, session_id=session_id)
+        self.holder = holder
+        self.lease_until = lease_until
+
+    def __reduce__(self) -> tuple[object, ...]:
+        make = functools.partial(
+            type(self),
+            session_id=self.session_id,
+            holder=self.holder,
+            lease_until=self.lease_until,
+        )
+        return (make, (self._message,))
+
+
+class FencedError(ConflictError):
+    """A writer lost its claim on a session: another writer took it over, or its lease lapsed.
+
+    Raised (or returned by ``Store.write``) for a write made under a claim
+    that is no longer current: the store checked the claim's epoch inside
+    the write's own transaction and **stored nothing** of it. Every later
+    write under that claim is refused the same way. ``holder`` and
+    ``lease_until`` name the current holder when there is one. Stop the
+    session here; its new writer has (or will) reload it from the store.
     """
 
 
