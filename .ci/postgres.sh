@@ -5,6 +5,7 @@
 #   .ci/postgres.sh start [DIR]   make a cluster in DIR (default: a new temporary folder),
 #                                 start it, create the database; prints
 #                                 "export NOUS_ACTOR_TEST_PG_DSN=..." for eval
+#   .ci/postgres.sh restart DIR   stop the server (fast: sessions are cut) and start it again
 #   .ci/postgres.sh stop DIR      stop the server and remove DIR
 #
 # The server binaries are found under /usr/lib/postgresql/*/bin (Debian's layout; the
@@ -72,6 +73,13 @@ start() {
     echo "export NOUS_ACTOR_TEST_PG_DIR='$dir'"
 }
 
+restart() {
+    local dir="${1:?usage: postgres.sh restart DIR}" bin
+    bin="$(bindir)"
+    as_server_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 \
+        restart >/dev/null
+}
+
 stop() {
     local dir="${1:?usage: postgres.sh stop DIR}" bin
     bin="$(bindir)"
@@ -83,6 +91,7 @@ stop() {
 
 case "${1:-}" in
     start) shift; start "$@" ;;
+    restart) shift; restart "$@" ;;
     stop) shift; stop "$@" ;;
-    *) echo "usage: $0 start [DIR] | stop DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start [DIR] | restart DIR | stop DIR" >&2; exit 2 ;;
 esac

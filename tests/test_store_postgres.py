@@ -1,0 +1,581 @@
+"""PostgresStore: the shipped Store contract, then what only a shared store does.
+
+Runs against a real server (see tests/postgres_server.py); each test has a schema
+of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from nous_actor.errors import ConflictError, FencedError, StoreError
+from nous_actor.event import Event
+from nous_actor.store import Store, list_sessions
+from nous_actor.testing.store_contract import StoreContract, assert_same_events
+
+if TYPE_CHECKING:
+    from postgres_server import Server, Stores
+
+pytest_plugins = ["postgres_server"]
+
+psycopg = pytest.importorskip("psycopg")
+from nous_actor.store.postgres import PostgresStore, PostgresWatch, _Write  # noqa: E402
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def ev(seq: int, content: str | None = None) -> Event:
+    return Event(seq, "user_message", T0, {"content": content or f"event {seq}"})
+
+
+# -- the contract --------------------------------------------------------------------------
+
+
+class TestPostgresStore(StoreContract):
+    """PostgresStore keeps every rule of the Store contract (a fresh schema per store)."""
+
+    server: Server
+
+    @pytest.fixture(autouse=True)
+    def _pg(self, pg_server: Server) -> Iterator[None]:
+        self.server = pg_server
+        self.schemas: dict[int, str] = {}
+        yield
+        for schema in self.schemas.values():
+            pg_server.drop_schema(schema)
+
+    def make_store(self) -> Store:
+        schema = self.server.fresh_schema()
+        store = PostgresStore(self.server.dsn, schema=schema)
+        self.schemas[id(store)] = schema
+        return store
+
+    def close_store(self, store: Store) -> None:
+        store.close()
+        schema = self.schemas.pop(id(store), None)
+        if schema is not None:
+            self.server.drop_schema(schema)
+
+    def machine_settings(self) -> settings:
+        return settings(
+            max_examples=min(settings().max_examples, 15),
+            stateful_step_count=15,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        )
+
+
+# -- opening: bad input is refused and changes nothing ----------------------------------------
+
+
+def test_a_new_schema_is_created_with_every_table(pg_stores: Stores) -> None:
+    """A missing schema becomes a store: its tables exist and it is marked as ours."""
+    pg_stores()
+    rows = pg_stores.server.sql(
+        "SELECT key, value FROM " + f'"{pg_stores.schema}".meta ORDER BY key'
+    )
+    assert rows == [("application", "nous_actor"), ("schema_version", "1")]
+
+
+def test_an_existing_store_opens_again_with_its_events(pg_stores: Stores) -> None:
+    """A second store object on the same schema sees what the first wrote."""
+    pg_stores().write({"s": [ev(0), ev(1)]})
+    assert [e.seq for e in pg_stores().load("s")] == [0, 1]
+
+
+def test_a_schema_of_another_application_is_refused_unchanged(pg_stores: Stores) -> None:
+    """A schema with someone else's tables is refused, naming them; nothing is written."""
+    server, schema = pg_stores.server, pg_stores.schema
+    server.sql(f'CREATE SCHEMA "{schema}"')
+    server.sql(f'CREATE TABLE "{schema}".orders (id int PRIMARY KEY, total numeric)')
+    server.sql(f'CREATE TABLE "{schema}".events (x int)')
+    before = server.sql(
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE nspname = %s ORDER BY relname",
+        (schema,),
+    )
+    with pytest.raises(StoreError, match=r"another application's objects.*orders.*unchanged"):
+        pg_stores()
+    after = server.sql(
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE nspname = %s ORDER BY relname",
+        (schema,),
+    )
+    assert after == before
+
+
+def test_an_empty_schema_becomes_a_store(pg_stores: Stores) -> None:
+    """A schema that exists but holds nothing (made by an administrator) is filled."""
+    pg_stores.server.sql(f'CREATE SCHEMA "{pg_stores.schema}"')
+    store = pg_stores()
+    assert store.write({"s": [ev(0)]}) == {}
+
+
+def test_a_store_of_a_newer_version_is_refused(pg_stores: Stores) -> None:
+    """A schema version this release does not know is refused: upgrade, nothing changed."""
+    pg_stores().close()
+    pg_stores.server.sql(
+        f"UPDATE \"{pg_stores.schema}\".meta SET value = '99' WHERE key = 'schema_version'"
+    )
+    with pytest.raises(StoreError, match=r"schema version 99.*upgrade nous_actor"):
+        pg_stores()
+
+
+def test_create_false_refuses_a_missing_store_and_makes_nothing(pg_stores: Stores) -> None:
+    """With create=False a schema without a store is refused and no schema is made."""
+    with pytest.raises(StoreError, match=r"there is no nous_actor store.*create=True"):
+        pg_stores(create=False)
+    assert (
+        pg_stores.server.sql("SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_stores.schema,))
+        == []
+    )
+
+
+def test_a_wrong_dsn_is_a_clear_store_error(pg_stores: Stores) -> None:
+    """A DSN that is not a connection string, or names no database, is one StoreError."""
+    with pytest.raises(StoreError, match="not a valid PostgreSQL connection string"):
+        PostgresStore("postgresql://[broken")
+    params = psycopg.conninfo.conninfo_to_dict(pg_stores.dsn)
+    params["dbname"] = "no_such_database_here"
+    with pytest.raises(StoreError, match=r"could not connect.*no_such_database_here"):
+        PostgresStore(psycopg.conninfo.make_conninfo(**params))
+
+
+def test_a_password_never_appears_in_messages(pg_stores: Stores) -> None:
+    """The store names its server without the DSN's password."""
+    params = psycopg.conninfo.conninfo_to_dict(pg_stores.dsn)
+    params["password"] = "hunter2-secret"
+    store = pg_stores()
+    assert "hunter2" not in PostgresStore.__repr__(store)
+    dsn = psycopg.conninfo.make_conninfo(**params)
+    try:
+        other = PostgresStore(dsn, schema=pg_stores.schema)
+    except StoreError as exc:  # a server asking for passwords refuses it: still not shown
+        assert "hunter2" not in str(exc)
+    else:
+        assert "hunter2" not in repr(other)
+        assert "hunter2" not in other.location
+        other.close()
+
+
+def test_a_role_without_schema_rights_is_refused_unchanged(pg_stores: Stores) -> None:
+    """A role that may not create the schema gets a StoreError saying what to grant."""
+    server = pg_stores.server
+    role = f"r_{pg_stores.schema}"
+    server.sql(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        server.sql(f'REVOKE CREATE ON DATABASE "{_dbname(server)}" FROM PUBLIC')
+        params = psycopg.conninfo.conninfo_to_dict(server.dsn)
+        params["user"] = role
+        dsn = psycopg.conninfo.make_conninfo(**params)
+        with pytest.raises(StoreError, match=r"InsufficientPrivilege.*grant it"):
+            PostgresStore(dsn, schema=pg_stores.schema)
+        assert (
+            server.sql("SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_stores.schema,)) == []
+        )
+    finally:
+        server.sql(f'DROP ROLE "{role}"')
+
+
+def _dbname(server: Server) -> str:
+    return str(server.sql("SELECT current_database()")[0][0])
+
+
+def test_bad_arguments_are_value_errors() -> None:
+    """A schema name PostgreSQL would truncate, or a lease of 0, is refused before connecting."""
+    with pytest.raises(ValueError, match="1 to 63 bytes"):
+        PostgresStore("dbname=x", schema="s" * 64)
+    with pytest.raises(ValueError, match="lease"):
+        PostgresStore("dbname=x", lease=0)
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+def test_data_is_stored_as_json_text(pg_stores: Stores) -> None:
+    """The data column is the codec's JSON text, so every JSON type loads back as written."""
+    store = pg_stores()
+    store.write({"s": [Event(0, "turn_start", T0, {"x": -0.0, "y": 1e308, "z": "\x00"})]})
+    (data,) = pg_stores.server.sql(f'SELECT data FROM "{pg_stores.schema}".events')[0]
+    assert data == '{"x":-0.0,"y":1e+308,"z":"\\u0000"}'
+    assert_same_events(
+        store.load("s"), [Event(0, "turn_start", T0, {"x": -0.0, "y": 1e308, "z": "\x00"})]
+    )
+
+
+def test_list_sessions_uses_the_index(pg_stores: Stores) -> None:
+    """list_sessions reads sizes, next seqs and times in one query."""
+    store = pg_stores()
+    store.write({"a": [ev(0), ev(1)], "b": [Event(3, "turn_end", T0 + timedelta(days=1), {})]})
+    infos = list_sessions(store)
+    assert [(i.session_id, i.events, i.next_seq, i.last_time) for i in infos] == [
+        ("a", 2, 2, T0),
+        ("b", 1, 4, T0 + timedelta(days=1)),
+    ]
+
+
+# -- claims, leases and fencing across store objects ------------------------------------------
+
+
+def test_a_claim_is_refused_naming_the_holder(pg_stores: Stores) -> None:
+    """A second store's claim fails with a ConflictError naming the holder and its lease."""
+    a = pg_stores(holder="worker-a:8080")
+    b = pg_stores(holder="worker-b:8080")
+    a.claim("s")
+    with pytest.raises(ConflictError, match="worker-a:8080 holds its lease until") as info:
+        b.claim("s")
+    assert info.value.holder == "worker-a:8080"
+    assert info.value.lease_until is not None
+    assert info.value.lease_until > datetime.now(UTC)
+    assert b.holder_of("s") == ("worker-a:8080", info.value.lease_until)
+
+
+def test_an_unclaimed_write_is_refused_while_another_writer_holds_the_lease(
+    pg_stores: Stores,
+) -> None:
+    """Writing a session that another store holds is a ConflictError; nothing is stored."""
+    a, b = pg_stores(), pg_stores()
+    a.claim("s")
+    refused = b.write({"s": [ev(0)], "t": [ev(0)]})
+    assert set(refused) == {"s"}
+    assert type(refused["s"]) is ConflictError
+    assert b.load("s") == []
+    assert len(b.load("t")) == 1
+
+
+def test_a_takeover_after_the_lease_expired_fences_the_old_writer(pg_stores: Stores) -> None:
+    """Once its lease expired and another store claimed, the old writer stores nothing."""
+    a, b = pg_stores(), pg_stores()
+    a.claim("s")
+    assert a.write({"s": [ev(0)]}) == {}
+    pg_stores.server.sql(
+        f"UPDATE \"{pg_stores.schema}\".claims SET lease_until = now() - interval '1 second'"
+    )
+    b.claim("s")
+    refused = a.write({"s": [ev(1, "old writer")]})
+    assert isinstance(refused["s"], FencedError)
+    assert "took it over" in str(refused["s"])
+    assert "nothing of this write was stored" in str(refused["s"])
+    assert b.write({"s": [ev(1, "new writer")]}) == {}
+    assert [e.data["content"] for e in b.load("s")] == ["event 0", "new writer"]
+    again = a.write({"s": [ev(2)]})
+    assert isinstance(again["s"], FencedError)
+
+
+def test_epochs_only_grow(pg_stores: Stores) -> None:
+    """Each claim of a session gets a higher epoch than any before, also after a delete."""
+    store = pg_stores()
+    seen = []
+    for _ in range(3):
+        token = store.claim("s")
+        seen.append(store._leases.epoch_of("s"))
+        store.release("s", token)
+    store.claim("s")
+    store.delete("s")
+    store.claim("s")
+    seen.append(store._leases.epoch_of("s"))
+    assert seen == sorted(set(seen))
+
+
+def test_a_dead_holders_claim_is_taken_over_at_once(pg_stores: Stores) -> None:
+    """When the holder's lease connection is gone (its process died), a claim takes over
+    at once instead of waiting for the lease."""
+    a = pg_stores(lease=30, holder="doomed")
+    b = pg_stores(lease=30)
+    a.claim("s")
+    with pytest.raises(ConflictError):
+        b.claim("s")
+    conn = a._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    b.claim("s")
+    assert isinstance(a.write({"s": [ev(0)]})["s"], FencedError)
+
+
+def test_without_dead_holder_detection_a_live_lease_is_kept(pg_stores: Stores) -> None:
+    """With detect_dead_holders=False only the lease's expiry frees a session."""
+    a = pg_stores(lease=30)
+    b = pg_stores(lease=30, detect_dead_holders=False)
+    a.claim("s")
+    conn = a._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    with pytest.raises(ConflictError):
+        b.claim("s")
+
+
+def test_leases_are_renewed_in_the_background(pg_stores: Stores) -> None:
+    """A claim outlives its lease length while the store is open: the renewer extends it."""
+    a, b = pg_stores(lease=1.0), pg_stores(lease=1.0, detect_dead_holders=False)
+    a.claim("s")
+    first = a._leases.renewals
+    deadline = time.monotonic() + 10
+    while a._leases.renewals < first + 4:  # four renewals: longer than one lease
+        assert time.monotonic() < deadline, "the lease was not renewed"
+        a._closing.wait(0.05)
+    with pytest.raises(ConflictError):
+        b.claim("s")
+    assert a.write({"s": [ev(0)]}) == {}
+
+
+def test_a_lease_that_cannot_be_renewed_fails_closed(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If renewals fail, writes are refused (StoreError) before the lease runs out, and
+    from then on, even once the server answers again."""
+    store = pg_stores(lease=1.5)
+    store.claim("s")
+    assert store.write({"s": [ev(0)]}) == {}
+    failing = threading.Event()
+
+    def broken_renew(*args: Any) -> Any:
+        failing.set()
+        raise StoreError("renewal is down (test)")
+
+    monkeypatch.setattr(store._leases, "_renew", broken_renew)
+    assert failing.wait(10)
+    claim = store._leases.get("s")
+    assert claim is not None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < claim.deadline:
+        assert time.monotonic() < deadline
+        store._closing.wait(0.05)
+    (until,) = pg_stores.server.sql(
+        f'SELECT lease_until > clock_timestamp() FROM "{pg_stores.schema}".claims'
+    )[0]
+    assert until, "failed closed only after the lease ran out"
+    refused = store.write({"s": [ev(1)]})
+    assert type(refused["s"]) is StoreError
+    assert "failed closed before the lease ran out" in str(refused["s"])
+    monkeypatch.undo()
+    assert type(store.write({"s": [ev(1)]})["s"]) is StoreError
+    assert [e.seq for e in store.load("s")] == [0]
+
+
+def test_drop_and_delete_are_fenced_too(pg_stores: Stores) -> None:
+    """A writer whose claim was taken over cannot drop events; another store cannot
+    delete a session someone holds."""
+    a, b = pg_stores(), pg_stores()
+    a.claim("s")
+    a.write({"s": [ev(0), ev(1)]})
+    with pytest.raises(ConflictError, match="another writer holds"):
+        b.delete("s")
+    pg_stores.server.sql(
+        f"UPDATE \"{pg_stores.schema}\".claims SET lease_until = now() - interval '1 second'"
+    )
+    b.claim("s")
+    with pytest.raises(FencedError):
+        a.drop("s", [0])
+    assert [e.seq for e in b.load("s")] == [0, 1]
+
+
+def test_close_releases_the_stores_claims(pg_stores: Stores) -> None:
+    """Closing a store gives its claims up, so another store claims them at once."""
+    a = pg_stores(detect_dead_holders=False)
+    b = pg_stores(detect_dead_holders=False)
+    a.claim("s")
+    a.close()
+    b.claim("s")
+
+
+def test_a_forgotten_store_stops_its_threads(pg_stores: Stores) -> None:
+    """A store that is garbage-collected without close() ends its renewer and connections."""
+    import gc
+
+    store = PostgresStore(pg_stores.dsn, schema=pg_stores.schema)
+    store.claim("s")
+    thread = store._leases.thread
+    assert thread is not None
+    assert thread.is_alive()
+    del store
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+    pg_stores(detect_dead_holders=True).claim("s")  # its lock went with its connection
+
+
+# -- lost connections --------------------------------------------------------------------------
+
+
+def test_a_terminated_connection_is_reopened_and_nothing_is_lost(pg_stores: Stores) -> None:
+    """pg_terminate_backend on the store's connection: the next calls reconnect and work."""
+    store = pg_stores()
+    store.claim("s")
+    assert store.write({"s": [ev(0)]}) == {}
+    assert pg_stores.server.terminate(application_name="nous_actor") >= 1
+    assert store.write({"s": [ev(1)]}) == {}
+    assert [e.seq for e in store.load("s")] == [0, 1]
+    assert store._main.reconnects >= 1
+
+
+def test_a_server_restart_is_survived(pg_stores: Stores) -> None:
+    """After the server restarts, reads and writes reconnect; what was acknowledged is there."""
+    store = pg_stores()
+    store.claim("s")
+    assert store.write({"s": [ev(0)]}) == {}
+    pg_stores.server.restart()
+    assert store.write({"s": [ev(1)]}) == {}
+    assert [e.seq for e in store.load("s")] == [0, 1]
+
+
+def test_an_unreachable_server_is_a_store_error_within_the_timeout(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that does not come back fails a call with StoreError, after `timeout`."""
+    store = pg_stores(timeout=0.5)
+
+    def refuse() -> Any:
+        raise StoreError("could not connect (test)")
+
+    store._main.drop()
+    monkeypatch.setattr(store._main, "_connect", refuse)
+    started = time.monotonic()
+    with pytest.raises(StoreError):
+        store.write({"s": [ev(0)]})
+    assert time.monotonic() - started < 5
+
+
+def _cut_after_commit(conn: Any) -> None:
+    """Send COMMIT, then cut the socket before its answer can be read."""
+    import socket
+
+    conn.pgconn.send_query(b"COMMIT")
+    conn.pgconn.flush()
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.detach()
+
+
+def test_a_commit_whose_answer_was_lost_is_read_back(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connection lost during COMMIT: the outcome is read back from the server; an
+    acknowledged write is stored exactly once, never reported lost or stored twice."""
+    from nous_actor.store import postgres
+
+    store = pg_stores()
+    store.claim("s")
+    real = _Write._commit
+    calls = []
+
+    def lossy(self: _Write, conn: Any, xid: str) -> None:
+        calls.append(xid)
+        if len(calls) == 1:
+            _cut_after_commit(conn)
+            raise postgres._Unknown(xid, psycopg.OperationalError("cut (test)"))
+        real(self, conn, xid)
+
+    monkeypatch.setattr(_Write, "_commit", lossy)
+    assert store.write({"s": [ev(0), ev(1)], "t": [ev(0)]}) == {}
+    assert [e.seq for e in store.load("s")] == [0, 1]
+    assert [e.seq for e in store.load("t")] == [0]
+
+
+def test_a_commit_that_never_reached_the_server_is_retried(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connection lost before the server got COMMIT: read back as not committed, written
+    again, stored once."""
+    from nous_actor.store import postgres
+
+    store = pg_stores()
+    real = _Write._commit
+    calls = []
+
+    def lost(self: _Write, conn: Any, xid: str) -> None:
+        calls.append(xid)
+        if len(calls) == 1:
+            pg_stores.server.terminate(pid=conn.info.backend_pid)
+            raise postgres._Unknown(xid, psycopg.OperationalError("terminated (test)"))
+        real(self, conn, xid)
+
+    monkeypatch.setattr(_Write, "_commit", lost)
+    assert store.write({"s": [ev(0)]}) == {}
+    assert len(calls) == 2
+    assert [e.seq for e in store.load("s")] == [0]
+
+
+# -- watching -----------------------------------------------------------------------------------
+
+
+def _take(watch: PostgresWatch, n: int) -> list[int]:
+    return [watch.get(10).seq for _ in range(n)]
+
+
+def test_a_watch_catches_up_then_follows_live(pg_stores: Stores) -> None:
+    """A watch gives the stored events from from_seq, then each new commit, in order."""
+    writer, reader = pg_stores(), pg_stores()
+    writer.write({"s": [ev(i) for i in range(5)]})
+    with reader.watch("s", from_seq=2) as watch:
+        assert _take(watch, 3) == [2, 3, 4]
+        writer.write({"s": [ev(5), ev(6)], "other": [ev(0)]})
+        writer.write({"s": [ev(7)]})
+        assert _take(watch, 3) == [5, 6, 7]
+        assert watch.get_nowait() is None
+
+
+def test_a_slow_watcher_is_never_cut_off_and_reads_everything_once(pg_stores: Stores) -> None:
+    """With a buffer far smaller than the backlog, a watcher still reads every event once."""
+    writer, reader = pg_stores(), pg_stores()
+    watch = reader.watch("s", buffer=8)
+    for start in range(0, 400, 50):
+        writer.write({"s": [ev(i) for i in range(start, start + 50)]})
+    assert watch.pending() <= 8
+    assert _take(watch, 400) == list(range(400))
+    watch.close()
+
+
+def test_a_watch_resumes_after_its_connection_is_terminated(pg_stores: Stores) -> None:
+    """Killing the listener's connection loses no event and repeats none."""
+    writer, reader = pg_stores(), pg_stores()
+    watch = reader.watch("s")
+    writer.write({"s": [ev(0)]})
+    assert _take(watch, 1) == [0]
+    listener = reader._listeners[0]
+    conn = listener.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    writer.write({"s": [ev(1), ev(2)]})
+    writer.write({"s": [ev(3)]})
+    assert _take(watch, 3) == [1, 2, 3]
+    assert watch.get_nowait() is None
+
+
+def test_a_watch_ends_with_store_error_when_its_store_closes(pg_stores: Stores) -> None:
+    """Closing the store ends its watches: pending events first, then StoreError."""
+    writer, reader = pg_stores(), pg_stores()
+    writer.write({"s": [ev(0)]})
+    watch = reader.watch("s")
+    assert _take(watch, 1) == [0]
+    reader.close()
+    with pytest.raises(StoreError, match="closed"):
+        watch.get(5)
+
+
+def test_a_watch_is_iterable_from_asyncio(pg_stores: Stores) -> None:
+    """``async for`` over a watch yields the events without blocking the loop."""
+    import asyncio
+
+    writer, reader = pg_stores(), pg_stores()
+    writer.write({"s": [ev(0), ev(1)]})
+    watch = reader.watch("s")
+
+    async def first_two() -> list[int]:
+        seqs = []
+        async for e in watch:
+            seqs.append(e.seq)
+            if len(seqs) == 2:
+                break
+        return seqs
+
+    assert asyncio.run(asyncio.wait_for(first_two(), 10)) == [0, 1]
+    watch.close()
