@@ -316,7 +316,15 @@ def _worker_main(config: dict[str, Any]) -> None:  # pragma: no cover - runs in 
 
     def pipeline(sid: str, n: int, tag: str) -> None:
         try:
-            session = Session.start(sid, store=store, timeout=60)
+            deadline = time.monotonic() + 10
+            while True:  # a dead writer's claim goes once the server has seen it die
+                try:
+                    session = Session.start(sid, store=store, timeout=60)
+                    break
+                except ConflictError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
             start = session.count().get()
             futures = [
                 session.append("user_message", {"content": f"{tag}-{start + i}"}) for i in range(n)

@@ -65,10 +65,10 @@ from typing import Any, Final, TypeVar
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
-import structlog
 from psycopg import sql
 from psycopg.types.string import TextLoader
 
+from nous_actor._log import get_logger
 from nous_actor.codec import CodecError, encode_data, event_from_row
 from nous_actor.errors import ConflictError, FencedError, StoreError
 from nous_actor.event import Event
@@ -78,7 +78,7 @@ from nous_actor.subscription import Subscription
 
 __all__ = ["FencedError", "PostgresStore", "PostgresWatch"]
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -1369,7 +1369,6 @@ class _Leases:
         finally:
             with self.mutex:
                 self.pending.discard(session_id)
-        logger.info("store.claimed", session_id=session_id, epoch=epoch, holder=self.holder)
         self._start_renewer()
         return token
 
@@ -1418,7 +1417,7 @@ class _Leases:
                         epoch=int(row[0]),
                     )
                 else:
-                    logger.info(
+                    logger.warning(
                         "store.claim_taken_over",
                         session_id=sid,
                         reason="lease_expired",
@@ -1479,7 +1478,6 @@ class _Leases:
                 )
 
         self._call(session_id, "release the session", work)
-        logger.info("store.released", session_id=session_id, epoch=claim.epoch)
 
     def release_all(self) -> None:
         """Closing: give every claim up at once (best effort: a lease left lapses by itself)."""
@@ -1695,7 +1693,13 @@ class _Listener:
             try:
                 conn = self.link.get(time.monotonic() + 5.0)
             except StoreError as exc:
-                logger.warning("store.listen_reconnect_failed", store=self.where, error=str(exc))
+                logger.warning(
+                    "store.connection_lost",
+                    store=self.where,
+                    connection="listen",
+                    doing="watch sessions",
+                    reason=_first_line(exc),
+                )
                 self.closing.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
