@@ -24,14 +24,15 @@ from nous_actor.event import Event, EventType, InvalidEvent, Replace
 from nous_actor.future import SessionFuture
 from nous_actor.log import Log
 from nous_actor.message import Message, Role, UnsendableMessage
-from nous_actor.registry import Sessions
-from nous_actor.session import Session
+from nous_actor.registry import RegistryActor, Sessions
+from nous_actor.session import Session, SessionActor
 from nous_actor.store import MemoryStore, SessionInfo, SQLiteStore, Store, list_sessions
 from nous_actor.subscription import Subscription
 from nous_actor.supervision import (
     Backoff,
     ChildSpec,
     RestartIntensityExceeded,
+    RestartPolicy,
     SupervisedActor,
     Supervisor,
 )
@@ -54,11 +55,14 @@ __all__ = [
     "MemoryStore",
     "Message",
     "NousActorError",
+    "RegistryActor",
     "Replace",
     "RestartIntensityExceeded",
+    "RestartPolicy",
     "Role",
     "SQLiteStore",
     "Session",
+    "SessionActor",
     "SessionCrashed",
     "SessionError",
     "SessionFuture",

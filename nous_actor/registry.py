@@ -1,4 +1,4 @@
-"""The dynamic session supervisor and registry: open sessions by id, keep them running.
+"""The session registry: a dynamic supervisor of sessions, and the one object users hold.
 
 One object to the user::
 
@@ -10,9 +10,17 @@ One object to the user::
 * A crashed session is restarted from the store, within a per-session
   restart intensity and with backoff; its handles keep working: calls in
   flight at the crash fail with a clear error, later calls reach the new actor.
+* Beyond a session's intensity the registry gives that session up (logged)
+  or, when it runs under a parent `Supervisor`, escalates: it crashes with
+  `RestartIntensityExceeded`, stopping its sessions, and the parent's
+  strategy decides what restarts (``on_give_up=``).
 * ``max_sessions`` caps the live sessions; ``idle_timeout`` passivates idle
   ones (stops them; the next call reopens them from the store).
 * ``close()`` (or leaving the ``with`` block) stops every session.
+
+Behind the object is an actor (OTP's ``DynamicSupervisor``), `RegistryActor`:
+it starts, watches and restarts the sessions with the same `RestartPolicy`
+as `Supervisor`, and can itself be a child of one (`Sessions.child_spec`).
 
 Every restart, recovery, give-up, stop and passivation is a structlog event
 with ``session_id`` and ``reason`` (and ``restart_count`` where it counts);
@@ -23,8 +31,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import pykka
 
@@ -37,18 +46,24 @@ from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
     Backoff,
+    ChildSpec,
     Clock,
     Exit,
-    RestartIntensity,
+    RestartIntensityExceeded,
+    RestartPolicy,
+    RestartType,
     Scheduler,
+    SupervisedActor,
     _timer,
     start_monitored,
 )
 
-__all__ = ["DEFAULT_BACKOFF", "Sessions"]
+__all__ = ["DEFAULT_BACKOFF", "RegistryActor", "Sessions"]
 
 DEFAULT_BACKOFF = Backoff(0.005, 1.0, 0.1)
 """5 ms before the first restart, doubling up to 1 s, ±10 %."""
+
+GiveUp = Literal["escalate", "log"]
 
 logger = get_logger(__name__)
 
@@ -62,12 +77,19 @@ class Sessions:
         max_sessions: how many sessions may be live at once.
         idle_timeout: stop sessions not called for this many seconds (checked
             every ``idle_timeout / 2`` s, or by `passivate_idle`).
-        max_restarts, max_seconds: each session's restart intensity; beyond it
-            the registry gives the session up (``session.gave_up``) and its
-            handles fail with `SessionStopped` until ``open()`` is called again.
+        max_restarts, max_seconds: each session's restart intensity.
+        on_give_up: beyond a session's intensity, ``"log"`` gives that session
+            up (``session.gave_up``; its handles fail with `SessionStopped`
+            until ``open()`` is called again) and ``"escalate"`` crashes the
+            registry with `RestartIntensityExceeded`, so that its parent
+            `Supervisor` acts. Default: escalate when the registry runs under
+            a parent (`child_spec`), else log.
         backoff: the wait before a restart (``None``: at once).
         timeout: the handles' default bound on every wait.
         clock, scheduler: injectable for tests.
+        start: start the registry now, on its own (the default). With
+            ``start=False`` it starts when a parent `Supervisor` starts the
+            `child_spec`, and again each time the parent restarts it.
     """
 
     def __init__(
@@ -78,40 +100,116 @@ class Sessions:
         idle_timeout: float | None = None,
         max_restarts: int = 5,
         max_seconds: float = 30.0,
+        on_give_up: GiveUp | None = None,
         backoff: Backoff | None = DEFAULT_BACKOFF,
         timeout: float = DEFAULT_TIMEOUT,
         clock: Clock = time.monotonic,
         scheduler: Scheduler = _timer,
+        start: bool = True,
     ) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
         if idle_timeout is not None and not idle_timeout > 0:
             raise ValueError(f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}")
-        RestartIntensity(max_restarts, max_seconds)  # validates
+        if on_give_up not in (None, "escalate", "log"):
+            raise ValueError(f"on_give_up must be 'escalate', 'log' or None, got {on_give_up!r}")
+        RestartPolicy(max_restarts, max_seconds)  # validates
         self.store: Store = MemoryStore() if store is None else store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
         self.max_restarts = max_restarts
         self.max_seconds = max_seconds
+        self.on_give_up = on_give_up
         self.backoff = backoff
         self.timeout = timeout
         self.clock = clock
         self.scheduler = scheduler
-        self._lock = threading.RLock()
-        self._live: dict[str, pykka.ActorRef[Any]] = {}
-        self._intensity: dict[str, RestartIntensity] = {}
-        self._restarts: dict[str, int] = {}
-        self._gave_up: dict[str, str] = {}
-        self._last_used: dict[str, float] = {}
-        self._expected: set[str] = set()  # urns of sessions stopped on purpose
-        self._previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
+        self._ref: pykka.ActorRef[RegistryActor] | None = None
+        self._ref_changed = threading.Condition()
+        self._supervised = not start
+        self._spec_made = False
         self._closed = False
+        self._last_used: dict[str, float] = {}
         self._reaper_stop = threading.Event()
+        if start:
+            self._start_actor()
         if idle_timeout is not None:
             t = threading.Thread(target=self._reap, name="nous-passivator", daemon=True)
             t.start()
 
-    # -- the user's side -----------------------------------------------------------------
+    # -- supervision -----------------------------------------------------------------------
+
+    def child_spec(
+        self,
+        id: str = "sessions",
+        *,
+        restart: RestartType = "permanent",
+        shutdown_timeout: float = 10.0,
+    ) -> ChildSpec:
+        """A `ChildSpec` that runs this registry under a parent `Supervisor`.
+
+        Each start (the first, and every restart by the parent) starts a fresh
+        registry actor; handles opened before keep working: their next call
+        reopens the session from the store.
+
+        Raises:
+            ValueError: the registry was made with ``start=True`` (it already runs
+                on its own), or a spec was already made for it.
+        """
+        if not self._supervised:
+            raise ValueError(
+                "this registry already runs on its own; make it with "
+                "Sessions(store, start=False) to put it under a Supervisor"
+            )
+        if self._spec_made:
+            raise ValueError("child_spec() was called already: a registry has one parent")
+        self._spec_made = True
+        return ChildSpec(id, self._start_actor, restart, shutdown_timeout)
+
+    def _start_actor(self) -> pykka.ActorRef[RegistryActor]:
+        ref: pykka.ActorRef[RegistryActor] = RegistryActor.start(self)
+        with self._ref_changed:
+            self._ref = ref
+            self._ref_changed.notify_all()
+        return ref
+
+    def _current(self, session_id: str) -> pykka.ActorRef[RegistryActor]:
+        """The registry actor. Under a parent that has not started it yet, its first
+        start is waited for, at most the handles' bound (a stopped one is not: the
+        call fails at once, and one made after the parent restarted it reaches it)."""
+        with self._ref_changed:
+            if self._supervised and self._ref is None:
+                self._ref_changed.wait_for(
+                    lambda: self._closed or self._ref is not None, timeout=self.timeout
+                )
+            ref = self._ref
+        if self._closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        if ref is None:
+            raise SessionStopped(
+                session_id,
+                f"its supervisor has not started the registry within {self.timeout:g} s",
+            )
+        return ref
+
+    def _ask(self, message: tuple[Any, ...], session_id: str = "?") -> Any:
+        if self._closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        ref = self._current(session_id)
+        try:
+            return ref.ask(message, timeout=self.timeout)
+        except pykka.ActorDeadError:
+            raise SessionStopped(
+                session_id,
+                "the registry is not running (its supervisor restarts it, or it was stopped); "
+                "try again",
+            ) from None
+        except pykka.Timeout:
+            raise SessionStopped(
+                session_id, f"the registry did not answer within {self.timeout:g} s"
+            ) from None
+
+    # -- the user's side -------------------------------------------------------------------
 
     def open(self, session_id: str) -> Session:
         """Start or find ``session_id`` and return a handle that survives its restarts.
@@ -124,13 +222,10 @@ class Sessions:
             TooManySessions: ``max_sessions`` sessions are live.
             ConflictError: another live writer holds the session in the store.
             StoreError: the store failed while recovering the session.
-            SessionStopped: the registry is closed.
+            SessionStopped: the registry is closed (or not running).
         """
         check_session_id(session_id)
-        with self._lock:
-            if self._gave_up.pop(session_id, None) is not None:
-                self._intensity.pop(session_id, None)  # a fresh chance, asked for by name
-            self._resolve(session_id)
+        self._ask(("open", session_id), session_id)
         return Session(
             session_id,
             partial(self._resolve, session_id),
@@ -140,38 +235,40 @@ class Sessions:
 
     def live(self) -> list[str]:
         """Ids of the sessions running now, sorted."""
-        with self._lock:
-            return sorted(sid for sid, ref in self._live.items() if ref.is_alive())
+        if self._closed or self._ref is None or not self._ref.is_alive():
+            return []
+        return self._ask(("live",))  # type: ignore[no-any-return]
 
     def restart_count(self, session_id: str) -> int:
         """How many times ``session_id`` was restarted after a crash."""
-        with self._lock:
-            return self._restarts.get(session_id, 0)
+        return self._ask(("restart_count", session_id), session_id)  # type: ignore[no-any-return]
 
     def passivate_idle(self, now: float | None = None) -> list[str]:
         """Stop the sessions idle for ``idle_timeout`` or longer; returns their ids."""
         if self.idle_timeout is None:
             return []
-        now = self.clock() if now is None else now
-        with self._lock:
-            idle = [
-                sid
-                for sid, ref in self._live.items()
-                if now - self._last_used.get(sid, now) >= self.idle_timeout and ref.is_alive()
-            ]
-            for sid in idle:
-                self._stop(sid, "idle")
-        return idle
+        return self._ask(("passivate", self.clock() if now is None else now))  # type: ignore[no-any-return]
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop every session (most recently opened first), each within ``timeout``."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._reaper_stop.set()
-            for sid in reversed(list(self._live)):
-                self._stop(sid, "registry closed", timeout)
+        """Stop every session (most recently opened first), each within ``timeout``.
+
+        A registry running on its own stops too. One under a parent stays up,
+        refusing every call (the parent stops it with the rest of its tree).
+        """
+        if self._closed:
+            return
+        self._reaper_stop.set()
+        ref = self._ref
+        if ref is not None and ref.is_alive():
+            try:
+                n = len(self.live())
+                # Each session gets its own bound; the whole wait is bounded by them.
+                ref.ask(("close", timeout), timeout=self.timeout + timeout * (n + 1))
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass
+            if not self._supervised:
+                ref.stop(block=True, timeout=self.timeout)
+        self._closed = True
 
     def __enter__(self) -> Sessions:
         return self
@@ -180,77 +277,243 @@ class Sessions:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Sessions live={len(self._live)} store={self.store!r}>"
+        return f"<Sessions store={self.store!r}>"
 
-    # -- internals -----------------------------------------------------------------------
+    # -- internals ---------------------------------------------------------------------------
 
     def _touch(self, session_id: str) -> None:
         self._last_used[session_id] = self.clock()
 
     def _resolve(self, session_id: str) -> pykka.ActorRef[Any]:
-        with self._lock:
-            if self._closed:
-                raise SessionStopped(session_id, "the registry is closed")
-            reason = self._gave_up.get(session_id)
-            if reason is not None:
-                raise SessionStopped(
-                    session_id,
-                    f"gave up after {self._restarts.get(session_id, 0)} restarts ({reason}); "
-                    "open() it again to retry",
-                )
-            ref = self._live.get(session_id)
-            if ref is not None and ref.is_alive():
-                return ref
-            return self._start(session_id)
+        return self._ask(("resolve", session_id), session_id)  # type: ignore[no-any-return]
 
-    def _start(self, session_id: str) -> pykka.ActorRef[Any]:
-        live = sum(1 for r in self._live.values() if r.is_alive())
-        if session_id not in self._live and live >= self.max_sessions:
+    def _reap(self) -> None:
+        assert self.idle_timeout is not None
+        while not self._reaper_stop.wait(self.idle_timeout / 2):
+            try:
+                self.passivate_idle()
+            except SessionStopped:
+                continue  # restarting, or closed (then the loop ends)
+            except Exception as exc:  # keep reaping
+                logger.error(
+                    "session.passivation_failed",
+                    reason=type(exc).__name__,
+                    error=_safe_str(exc),
+                )
+
+
+class RegistryActor(SupervisedActor):
+    """The actor behind a `Sessions` registry: a dynamic supervisor of sessions.
+
+    Every decision about a session (start, find, restart, give up, stop)
+    is made in this actor's thread, one at a time. Exits of sessions reach it
+    as messages from their monitors; restarts after a backoff as messages
+    from the scheduler. When it stops, or crashes, its sessions stop first.
+    """
+
+    def __init__(self, facade: Sessions) -> None:
+        super().__init__()
+        self.facade = facade
+        self.policy = RestartPolicy(
+            facade.max_restarts, facade.max_seconds, facade.backoff, facade.clock, facade.scheduler
+        )
+        on_give_up = facade.on_give_up
+        if on_give_up is None:
+            on_give_up = "escalate" if self._monitor is not None else "log"
+        self.on_give_up: GiveUp = on_give_up
+        self.live: dict[str, pykka.ActorRef[Any]] = {}
+        self.restarts: dict[str, int] = {}
+        self.gave_up: dict[str, str] = {}
+        self.expected: set[str] = set()  # urns of sessions stopped on purpose
+        self.previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
+        self.closed = False
+
+    # -- life --------------------------------------------------------------------------------
+
+    def on_stop(self) -> None:
+        self._stop_all("registry closed", self.facade.timeout)
+
+    def _cleanup(self) -> None:
+        # However the registry ended (a crash skips on_stop), no session outlives it.
+        if self.live:
+            self._stop_all("registry stopped", self.facade.timeout)
+
+    def _stop_all(self, why: str, timeout: float) -> None:
+        self.closed = True
+        for sid in reversed(list(self.live)):
+            self._stop_session(sid, why, timeout)
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        if type(message) is not tuple or not message or type(message[0]) is not str:
+            return super().on_receive(message)
+        kind, *args = message
+        handler: Callable[..., Any] | None = getattr(self, f"m_{kind}", None)
+        if handler is None:
+            return super().on_receive(message)
+        return handler(*args)
+
+    def m_open(self, session_id: str) -> None:
+        if self.gave_up.pop(session_id, None) is not None:
+            self.policy.forget(session_id)  # a fresh chance, asked for by name
+        self.m_resolve(session_id)
+
+    def m_resolve(self, session_id: str) -> pykka.ActorRef[Any]:
+        if self.closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        reason = self.gave_up.get(session_id)
+        if reason is not None:
+            raise SessionStopped(
+                session_id,
+                f"gave up after {self.restarts.get(session_id, 0)} restarts ({reason}); "
+                "open() it again to retry",
+            )
+        ref = self.live.get(session_id)
+        if ref is not None and ref.is_alive():
+            return ref
+        return self._start_session(session_id)
+
+    def m_live(self) -> list[str]:
+        return sorted(sid for sid, ref in self.live.items() if ref.is_alive())
+
+    def m_restart_count(self, session_id: str) -> int:
+        return self.restarts.get(session_id, 0)
+
+    def m_passivate(self, now: float) -> list[str]:
+        idle_timeout = self.facade.idle_timeout
+        if idle_timeout is None:
+            return []
+        last_used = self.facade._last_used
+        idle = [
+            sid
+            for sid, ref in self.live.items()
+            if now - last_used.get(sid, now) >= idle_timeout and ref.is_alive()
+        ]
+        for sid in idle:
+            self._stop_session(sid, "idle")
+        return idle
+
+    def m_close(self, timeout: float) -> None:
+        self._stop_all("registry closed", timeout)
+
+    def m_exit(self, session_id: str, exit: Exit) -> None:
+        if exit.urn in self.expected:
+            self.expected.discard(exit.urn)
+            return  # stopped on purpose
+        ref = self.live.get(session_id)
+        current = ref is not None and ref.actor_urn == exit.urn
+        if current:
+            assert ref is not None
+            del self.live[session_id]
+            self.previous[session_id] = ref
+        if exit.normal or self.closed:
+            return
+        assert exit.reason is not None
+        reason = f"{type(exit.reason).__name__}: {_safe_str(exit.reason)}"
+        if current:
+            self._crashed(session_id, reason)
+            return
+        # A caller reopened the session before this exit was handled: still a
+        # crash, counted and logged, but nothing to restart.
+        if self.policy.delay(session_id) is None:
+            self._give_up(session_id, reason)
+            return
+        count = self.restarts[session_id] = self.restarts.get(session_id, 0) + 1
+        logger.warning(
+            "session.restart",
+            session_id=session_id,
+            reason=reason,
+            restart_count=count,
+            reopened_by_caller=True,
+        )
+
+    def m_restart(self, session_id: str, reason: str) -> None:
+        """Start ``session_id`` again after the crash ``reason`` (logged with the recovery)."""
+        if self.closed or session_id in self.gave_up:
+            return
+        ref = self.live.get(session_id)
+        if ref is not None and ref.is_alive():
+            return  # a caller reopened it meanwhile
+        try:
+            self._start_session(session_id)
+        except Exception as exc:  # e.g. the store failed on load: a crash too
+            self._crashed(session_id, f"restart failed: {type(exc).__name__}: {_safe_str(exc)}")
+            return
+        logger.info(
+            "session.recovered_after_crash",
+            session_id=session_id,
+            reason=reason,
+            restart_count=self.restarts.get(session_id, 0),
+        )
+
+    # -- the work ------------------------------------------------------------------------------
+
+    def _start_session(self, session_id: str) -> pykka.ActorRef[Any]:
+        facade = self.facade
+        live = sum(1 for r in self.live.values() if r.is_alive())
+        if session_id not in self.live and live >= facade.max_sessions:
             raise TooManySessions(
                 f"cannot open session {session_id!r}: {live} sessions are live "
-                f"(max_sessions={self.max_sessions}); close or passivate some "
+                f"(max_sessions={facade.max_sessions}); close or passivate some "
                 "(idle_timeout=), or raise max_sessions"
             )
-        previous = self._previous.pop(session_id, None)
-        dead = self._live.get(session_id)
+        previous = self.previous.pop(session_id, None)
+        dead = self.live.get(session_id)
         if dead is not None and not dead.is_alive():  # stopped; its exit not yet handled
             previous = dead
         if previous is not None:  # its appends still in flight must land first
             released: threading.Event | None = getattr(previous, "released", None)
-            if released is not None and not released.wait(self.timeout):
-                self._previous[session_id] = previous
+            if released is not None and not released.wait(facade.timeout):
+                self.previous[session_id] = previous
                 raise SessionStopped(
                     session_id,
-                    f"its previous actor still holds the store after {self.timeout:g} s "
+                    f"its previous actor still holds the store after {facade.timeout:g} s "
                     "(a commit is stuck); try again later",
                 )
-        ready: SessionFuture[None] = SessionFuture(session_id, self.timeout)
+        ready: SessionFuture[None] = SessionFuture(session_id, facade.timeout)
+        me = self.actor_ref
+
+        expected = self.expected
+
+        def monitor(exit: Exit) -> None:  # in the exiting session's thread, its last act
+            # A crash is handled before the session's thread ends (so whoever saw
+            # it end sees the registry's answer); a stop the registry asked for is
+            # only reported (the registry may be waiting for this very thread).
+            try:
+                if exit.urn in expected:
+                    me.tell(("exit", session_id, exit))
+                else:
+                    me.ask(("exit", session_id, exit), timeout=facade.timeout)
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass
+
         ref = start_monitored(
             lambda: SessionActor.start(
-                session_id, None, self.store, ready, crash_on_store_failure=True
+                session_id, None, facade.store, ready, crash_on_store_failure=True
             ),
-            partial(self._on_exit, session_id),
+            monitor,
         )
-        self._live[session_id] = ref
-        self._last_used[session_id] = self.clock()
+        self.live[session_id] = ref
+        facade._last_used[session_id] = facade.clock()
         try:
             ready.get()
         except BaseException:
-            if self._live.get(session_id) is ref:
-                del self._live[session_id]
-            self._expected.add(ref.actor_urn)  # counted by whoever called us, not again
-            self._previous[session_id] = ref
+            if self.live.get(session_id) is ref:
+                del self.live[session_id]
+            self.expected.add(ref.actor_urn)  # counted by whoever called us, not again
+            self.previous[session_id] = ref
             raise
         return ref
 
-    def _stop(self, session_id: str, why: str, timeout: float | None = None) -> None:
-        ref = self._live.pop(session_id, None)
+    def _stop_session(self, session_id: str, why: str, timeout: float | None = None) -> None:
+        ref = self.live.pop(session_id, None)
         if ref is None:
             return
-        self._expected.add(ref.actor_urn)
-        self._previous[session_id] = ref
+        self.expected.add(ref.actor_urn)
+        self.previous[session_id] = ref
         try:
-            ref.stop(block=True, timeout=self.timeout if timeout is None else timeout)
+            ref.stop(block=True, timeout=self.facade.timeout if timeout is None else timeout)
         except pykka.Timeout:
             logger.error(
                 "session.shutdown_timeout",
@@ -263,108 +526,55 @@ class Sessions:
             reason=why,
         )
 
-    def _on_exit(self, session_id: str, exit: Exit) -> None:
-        # In the exiting session's thread.
-        with self._lock:
-            if exit.urn in self._expected:
-                self._expected.discard(exit.urn)
-                return  # stopped on purpose
-            ref = self._live.get(session_id)
-            current = ref is not None and ref.actor_urn == exit.urn
-            if current:
-                assert ref is not None
-                del self._live[session_id]
-                self._previous[session_id] = ref
-            if exit.normal or self._closed:
-                return
-            assert exit.reason is not None
-            reason = f"{type(exit.reason).__name__}: {_safe_str(exit.reason)}"
-            if not current:
-                # A caller reopened the session before this exit was handled:
-                # still a crash, counted and logged, but nothing to restart.
-                intensity = self._intensity.setdefault(
-                    session_id, RestartIntensity(self.max_restarts, self.max_seconds, self.clock)
-                )
-                if not intensity.allow():
-                    self._gave_up[session_id] = reason
-                    logger.error(
-                        "session.gave_up",
-                        session_id=session_id,
-                        reason=reason,
-                        restart_count=self._restarts.get(session_id, 0),
-                    )
-                    self._stop(session_id, "gave up")
-                    return
-                count = self._restarts[session_id] = self._restarts.get(session_id, 0) + 1
-                logger.warning(
-                    "session.restart",
-                    session_id=session_id,
-                    reason=reason,
-                    restart_count=count,
-                    reopened_by_caller=True,
-                )
-                return
-        self._crashed(session_id, reason)
-
     def _crashed(self, session_id: str, reason: str) -> None:
-        """Count a crash against the session's intensity; restart it or give it up."""
-        with self._lock:
-            intensity = self._intensity.setdefault(
-                session_id, RestartIntensity(self.max_restarts, self.max_seconds, self.clock)
-            )
-            if not intensity.allow():
-                self._gave_up[session_id] = reason
-                logger.error(
-                    "session.gave_up",
-                    session_id=session_id,
-                    reason=reason,
-                    restart_count=self._restarts.get(session_id, 0),
-                )
-                return
-            count = self._restarts[session_id] = self._restarts.get(session_id, 0) + 1
-            delay = self.backoff.delay(intensity.recent) if self.backoff else 0.0
-            logger.warning(
-                "session.restart",
+        """Count a crash against the session's intensity; restart it, or give up."""
+        delay = self.policy.delay(session_id)
+        if delay is None:
+            self._give_up(session_id, reason)
+            return
+        count = self.restarts[session_id] = self.restarts.get(session_id, 0) + 1
+        logger.warning(
+            "session.restart",
+            session_id=session_id,
+            reason=reason,
+            restart_count=count,
+            delay=round(delay, 6),
+        )
+        if delay > 0:
+            me, home = self.actor_ref, threading.get_ident()
+
+            def fire() -> None:
+                # Done when this returns (a test's scheduler relies on it): in this
+                # actor's thread directly, from any other by an ask.
+                if threading.get_ident() == home:
+                    self.m_restart(session_id, reason)
+                    return
+                try:
+                    me.ask(("restart", session_id, reason), timeout=self.facade.timeout)
+                except (pykka.ActorDeadError, pykka.Timeout):
+                    pass
+
+            self.policy.later(delay, fire)
+        else:
+            self.m_restart(session_id, reason)
+
+    def _give_up(self, session_id: str, reason: str) -> None:
+        self.gave_up[session_id] = reason
+        count = self.restarts.get(session_id, 0)
+        if self.on_give_up == "escalate":
+            logger.error(
+                "session.escalated",
                 session_id=session_id,
                 reason=reason,
                 restart_count=count,
-                delay=round(delay, 6),
             )
-        if delay > 0:
-            self.scheduler(delay, partial(self._restart, session_id, reason))
-        else:
-            self._restart(session_id, reason)
-
-    def _restart(self, session_id: str, reason: str) -> None:
-        """Start ``session_id`` again after the crash ``reason`` (logged with the recovery)."""
-        with self._lock:
-            if self._closed or session_id in self._gave_up:
-                return
-            ref = self._live.get(session_id)
-            if ref is not None and ref.is_alive():
-                return  # a caller reopened it meanwhile
-            try:
-                self._start(session_id)
-            except Exception as exc:  # e.g. the store failed on load: a crash too
-                failure = f"restart failed: {type(exc).__name__}: {_safe_str(exc)}"
-            else:
-                logger.info(
-                    "session.recovered_after_crash",
-                    session_id=session_id,
-                    reason=reason,
-                    restart_count=self._restarts.get(session_id, 0),
+            self._stop_all("registry escalated", self.facade.timeout)
+            self._crash(
+                RestartIntensityExceeded(
+                    f"session {session_id!r} crashed more than {self.policy.max_restarts} times "
+                    f"in {self.policy.max_seconds:g} s (last: {reason}); the registry escalates"
                 )
-                return
-        self._crashed(session_id, failure)
-
-    def _reap(self) -> None:
-        assert self.idle_timeout is not None
-        while not self._reaper_stop.wait(self.idle_timeout / 2):
-            try:
-                self.passivate_idle()
-            except Exception as exc:  # keep reaping
-                logger.error(
-                    "session.passivation_failed",
-                    reason=type(exc).__name__,
-                    error=_safe_str(exc),
-                )
+            )
+            return
+        logger.error("session.gave_up", session_id=session_id, reason=reason, restart_count=count)
+        self._stop_session(session_id, "gave up")

@@ -63,7 +63,7 @@ from nous_actor.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.message import Message
 from nous_actor.store.base import Store
 from nous_actor.subscription import DEFAULT_BUFFER, Subscription
-from nous_actor.supervision import SupervisedActor
+from nous_actor.supervision import ChildSpec, RestartType, SupervisedActor
 
 __all__ = ["Session", "SessionActor"]
 
@@ -833,6 +833,58 @@ class Session:
             ref.stop(block=False)
             raise
         return cls(session_id, lambda: ref, timeout=timeout)
+
+    @classmethod
+    def child(
+        cls,
+        session_id: str,
+        *,
+        store: Store,
+        child_id: str | None = None,
+        restart: RestartType = "permanent",
+        shutdown_timeout: float = 5.0,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> tuple[Session, ChildSpec]:
+        """A session to run under a `Supervisor` of your own: its handle and its spec.
+
+        Put the `ChildSpec` in the supervisor's children. Every start of it (the
+        first and each restart) starts a `SessionActor` that claims the session
+        and recovers it from ``store``; a store failure after which memory and
+        disk may disagree crashes it, so that the supervisor restarts it from
+        the store. The handle reaches whichever actor is current: a call made
+        while the session is down fails with `SessionStopped`, later calls
+        reach the restarted session.
+
+        Raises:
+            ValueError, TypeError: bad arguments.
+        """
+        _check_handle_args(session_id, timeout)
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"store must implement nous_actor.store.Store, got {type(store).__name__}"
+            )
+        current: list[pykka.ActorRef[SessionActor] | None] = [None]
+        started = threading.Event()
+
+        def start() -> pykka.ActorRef[SessionActor]:
+            ref = SessionActor.start(session_id, None, store, None, crash_on_store_failure=True)
+            current[0] = ref
+            started.set()
+            return ref
+
+        def resolve() -> pykka.ActorRef[SessionActor]:
+            # The first start is waited for (bounded); a stopped actor is returned as
+            # it is (the call fails with SessionStopped; a later one finds the next).
+            started.wait(timeout)
+            ref = current[0]
+            if ref is None:
+                raise SessionStopped(
+                    session_id, f"its supervisor has not started it within {timeout:g} s"
+                )
+            return ref
+
+        spec = ChildSpec(child_id or session_id, start, restart, shutdown_timeout)
+        return cls(session_id, resolve, timeout=timeout), spec
 
     # -- plumbing ------------------------------------------------------------------------
 

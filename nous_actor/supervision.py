@@ -39,6 +39,7 @@ __all__ = [
     "Exit",
     "RestartIntensity",
     "RestartIntensityExceeded",
+    "RestartPolicy",
     "SupervisedActor",
     "Supervisor",
 ]
@@ -220,6 +221,61 @@ class RestartIntensity:
         return sum(1 for t in self.times if now - t <= self.max_seconds)
 
 
+class RestartPolicy:
+    """When to restart, and after how long: the one restart machinery of the tree.
+
+    Both `Supervisor` (one window for all its children, as in OTP) and the
+    session registry (a window per session) decide restarts with it: each
+    restart of ``key`` is recorded in a sliding window of ``max_seconds``;
+    beyond ``max_restarts`` in it, `delay` answers ``None`` (give up or
+    escalate); else the backoff to wait, and `later` runs the restart then.
+    """
+
+    def __init__(
+        self,
+        max_restarts: int,
+        max_seconds: float,
+        backoff: Backoff | None = None,
+        clock: Clock = time.monotonic,
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        RestartIntensity(max_restarts, max_seconds)  # validates
+        self.max_restarts = max_restarts
+        self.max_seconds = max_seconds
+        self.backoff = backoff
+        self.clock = clock
+        self.scheduler: Scheduler = _timer if scheduler is None else scheduler
+        self._windows: dict[object, RestartIntensity] = {}
+
+    def window(self, key: object = None) -> RestartIntensity:
+        """The restart window of ``key`` (made on first use)."""
+        w = self._windows.get(key)
+        if w is None:
+            w = self._windows[key] = RestartIntensity(
+                self.max_restarts, self.max_seconds, self.clock
+            )
+        return w
+
+    def delay(self, key: object = None) -> float | None:
+        """Record a restart of ``key``: the wait before it, or ``None`` beyond the intensity
+        (then nothing is recorded)."""
+        w = self.window(key)
+        if not w.allow():
+            return None
+        return self.backoff.delay(w.recent) if self.backoff else 0.0
+
+    def forget(self, key: object = None) -> None:
+        """Start ``key``'s window afresh."""
+        self._windows.pop(key, None)
+
+    def later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after ``delay`` seconds (at once, in this thread, for 0)."""
+        if delay > 0:
+            self.scheduler(delay, fn)
+        else:
+            fn()
+
+
 @dataclass(frozen=True)
 class ChildSpec:
     """How to start and restart one child.
@@ -294,9 +350,7 @@ class Supervisor(SupervisedActor):
         self.name = name
         self.specs = list(children)
         self.strategy = strategy
-        self.intensity = RestartIntensity(max_restarts, max_seconds, clock)
-        self.backoff = backoff
-        self.scheduler = scheduler
+        self.policy = RestartPolicy(max_restarts, max_seconds, backoff, clock, scheduler)
         self.refs: dict[str, pykka.ActorRef[Any] | None] = {}
         self.restarts = 0
         self._stopping = False
@@ -396,11 +450,11 @@ class Supervisor(SupervisedActor):
                 self.specs.remove(spec)
                 self.refs.pop(child_id, None)
             return
-        if not self.intensity.allow():
+        delay = self.policy.delay()
+        if delay is None:
             self._escalate(child_id, reason)
             return
         self.restarts += 1
-        delay = self.backoff.delay(self.intensity.recent) if self.backoff else 0.0
         logger.warning(
             "supervisor.restart",
             supervisor=self.name,
@@ -419,7 +473,7 @@ class Supervisor(SupervisedActor):
                 except pykka.ActorDeadError:
                     pass
 
-            self.scheduler(delay, fire)
+            self.policy.later(delay, fire)
         else:
             self._restart(child_id)
 
@@ -451,8 +505,8 @@ class Supervisor(SupervisedActor):
 
     def _escalate(self, child_id: str, reason: str) -> None:
         err = RestartIntensityExceeded(
-            f"supervisor {self.name!r}: more than {self.intensity.max_restarts} restarts in "
-            f"{self.intensity.max_seconds:g} s (last: child {child_id!r}, {reason})"
+            f"supervisor {self.name!r}: more than {self.policy.max_restarts} restarts in "
+            f"{self.policy.max_seconds:g} s (last: child {child_id!r}, {reason})"
         )
         logger.error(
             "supervisor.escalate",

@@ -29,11 +29,14 @@ EXPECTED = [
     "MemoryStore",
     "Message",
     "NousActorError",
+    "RegistryActor",
     "Replace",
     "RestartIntensityExceeded",
+    "RestartPolicy",
     "Role",
     "SQLiteStore",
     "Session",
+    "SessionActor",
     "SessionCrashed",
     "SessionError",
     "SessionFuture",
@@ -54,7 +57,7 @@ EXPECTED = [
 ]
 
 PACKAGE = Path(nous_actor.__file__).parent
-CORE_MODULES = ["_frozen", "_version", "message", "event", "log", "codec"]
+CORE_MODULES = ["_frozen", "_log", "_version", "message", "event", "log", "codec"]
 # What the pure core may import: the standard library, structlog, and itself.
 CORE_ALLOWED_THIRD_PARTY = {"structlog"}
 

@@ -417,7 +417,9 @@ def test_fork_into_an_empty_id_is_refused(sqlite_path: Path) -> None:
         s = start("chat", st)
         fill(s)
         try:
-            with pytest.raises(ValueError, match="non-empty"):
+            with pytest.raises(
+                ValueError, match="new_id .* is not a valid session id: it is empty"
+            ):
                 s.fork(3, "").get()
             assert st.sessions() == ["chat"]
         finally:
