@@ -418,7 +418,7 @@ def test_fork_into_an_empty_id_is_refused(sqlite_path: Path) -> None:
         fill(s)
         try:
             with pytest.raises(
-                ValueError, match="new_id .* is not a valid session id: it is empty"
+                ValueError, match=r"new_id .* is not a valid session id: it is empty"
             ):
                 s.fork(3, "").get()
             assert st.sessions() == ["chat"]
