@@ -402,24 +402,21 @@ class Compactor:
             CompactionError: the summariser failed or returned an empty summary;
                 ``log`` is unchanged (it is a value: nothing was appended to it).
         """
-        plan = self.plan(log.surface(), log.count(), force=force)
+        plan, summary = self._plan_and_summarise(log, force)
         if plan.empty:
             return CompactionResult(log, plan.before, plan.before, budget=self.budget)
-        summary = None
-        if plan.needs_summary:
-            summary = run_summariser(self, plan.summary_input)
-            if inspect.isawaitable(summary):
-                try:
-                    asyncio.get_running_loop()
-                except RuntimeError:
-                    summary = _await_in_new_loop(summary)
-                else:
-                    _close(summary)
-                    raise CompactionError(
-                        "a coroutine summariser cannot be run by compact() inside a "
-                        "running event loop; use 'await compactor.acompact(log)', or "
-                        "Session.compact, which runs it on the loop"
-                    )
+        if inspect.isawaitable(summary):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                summary = _await_in_new_loop(summary)
+            else:
+                _close(summary)
+                raise CompactionError(
+                    "a coroutine summariser cannot be run by compact() inside a "
+                    "running event loop; use 'await compactor.acompact(log)', or "
+                    "Session.compact, which runs it on the loop"
+                )
         return self.apply(log, plan, summary, time=time, compaction_id=compaction_id)
 
     async def acompact(
@@ -431,18 +428,23 @@ class Compactor:
         compaction_id: str | None = None,
     ) -> CompactionResult:
         """`compact` for asyncio code: a coroutine summariser is awaited."""
-        plan = self.plan(log.surface(), log.count(), force=force)
+        plan, summary = self._plan_and_summarise(log, force)
         if plan.empty:
             return CompactionResult(log, plan.before, plan.before, budget=self.budget)
-        summary = None
-        if plan.needs_summary:
-            summary = run_summariser(self, plan.summary_input)
-            if inspect.isawaitable(summary):
-                try:
-                    summary = await summary
-                except Exception as exc:
-                    raise _summariser_failed(exc) from exc
+        if inspect.isawaitable(summary):
+            try:
+                summary = await summary
+            except Exception as exc:
+                raise _summariser_failed(exc) from exc
         return self.apply(log, plan, summary, time=time, compaction_id=compaction_id)
+
+    def _plan_and_summarise(self, log: Log, force: bool) -> tuple[Plan, Any]:
+        """The plan for ``log`` and, if it needs one, the summariser's answer (which
+        may be an awaitable)."""
+        plan = self.plan(log.surface(), log.count(), force=force)
+        if plan.empty or not plan.needs_summary:
+            return plan, None
+        return plan, run_summariser(self, plan.summary_input)
 
     def apply(
         self,

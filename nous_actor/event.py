@@ -208,18 +208,20 @@ def _check_event(
         and time.tzinfo is UTC
     ):
         kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
-        if kind is not None:
-            raw_op = data.get("surface_op")
-            if raw_op is None:
-                try:
-                    frozen: FrozenDict = freeze(data, "data")
-                except NotJSON as exc:
-                    raise InvalidEvent(
-                        "unserializable_event_data",
-                        f"{exc.path} cannot be stored as JSON: {exc.detail}",
-                    ) from None
-                return kind, time, frozen, None
+        if kind is not None and data.get("surface_op") is None:
+            return kind, time, _freeze_data(data), None
     return _check_event_guarded(seq, etype, time, data)
+
+
+def _freeze_data(data: Any) -> FrozenDict:
+    try:
+        frozen: FrozenDict = freeze(data, "data")
+    except NotJSON as exc:
+        raise InvalidEvent(
+            "unserializable_event_data",
+            f"{exc.path} cannot be stored as JSON: {exc.detail}",
+        ) from None
+    return frozen
 
 
 def _check_event_guarded(
@@ -297,13 +299,7 @@ def _check_event_guarded(
             data = {**data, "surface_op": op.to_json()}
         except Exception as exc:
             raise _unreadable_data("data", data, exc) from None
-    try:
-        frozen: FrozenDict = freeze(data, "data")
-    except NotJSON as exc:
-        raise InvalidEvent(
-            "unserializable_event_data",
-            f"{exc.path} cannot be stored as JSON: {exc.detail}",
-        ) from None
+    frozen = _freeze_data(data)
     if time.tzinfo is not UTC:
         try:
             time = time.astimezone(UTC)

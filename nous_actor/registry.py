@@ -416,17 +416,7 @@ class RegistryActor(SupervisedActor):
             return
         # A caller reopened the session before this exit was handled: still a
         # crash, counted and logged, but nothing to restart.
-        if self.policy.delay(session_id) is None:
-            self._give_up(session_id, reason)
-            return
-        count = self.restarts[session_id] = self.restarts.get(session_id, 0) + 1
-        logger.warning(
-            "session.restart",
-            session_id=session_id,
-            reason=reason,
-            restart_count=count,
-            reopened_by_caller=True,
-        )
+        self._count_crash(session_id, reason, reopened_by_caller=True)
 
     def m_restart(self, session_id: str, reason: str) -> None:
         """Start ``session_id`` again after the crash ``reason`` (logged with the recovery)."""
@@ -526,12 +516,15 @@ class RegistryActor(SupervisedActor):
             reason=why,
         )
 
-    def _crashed(self, session_id: str, reason: str) -> None:
-        """Count a crash against the session's intensity; restart it, or give up."""
+    def _count_crash(
+        self, session_id: str, reason: str, *, reopened_by_caller: bool = False
+    ) -> float | None:
+        """Count a crash against the session's intensity and log the restart; the wait
+        before it, or ``None`` when the session was given up (or the registry escalated)."""
         delay = self.policy.delay(session_id)
         if delay is None:
             self._give_up(session_id, reason)
-            return
+            return None
         count = self.restarts[session_id] = self.restarts.get(session_id, 0) + 1
         logger.warning(
             "session.restart",
@@ -539,7 +532,15 @@ class RegistryActor(SupervisedActor):
             reason=reason,
             restart_count=count,
             delay=round(delay, 6),
+            reopened_by_caller=reopened_by_caller,
         )
+        return delay
+
+    def _crashed(self, session_id: str, reason: str) -> None:
+        """Count a crash against the session's intensity; restart it, or give up."""
+        delay = self._count_crash(session_id, reason)
+        if delay is None:
+            return
         if delay > 0:
             me, home = self.actor_ref, threading.get_ident()
 
