@@ -804,6 +804,26 @@ def test_appends_a_crash_refused_are_sent_again_in_order(sessions: Sessions) -> 
     run(main())
 
 
+def test_a_passivated_session_is_reopened_from_the_store(tmp_path: Path) -> None:
+    """add_items keeps the session in use for the registry; once idle and stopped, it reopens."""
+    now = [0.0]
+    store = SQLiteStore(tmp_path / "idle.db")
+    registry = Sessions(store, idle_timeout=60, clock=lambda: now[0], timeout=20)
+    try:
+        nous = NousSession("idle", registry)
+        run(nous.add_items([user("a")]))
+        now[0] = 30.0
+        run(nous.add_items([user("b")]))  # in use at 30
+        assert registry.passivate_idle(now=80.0) == []
+        assert registry.passivate_idle(now=100.0) == ["idle"]
+        assert registry.live() == []
+        assert run(nous.get_items()) == [user("a"), user("b")]
+        assert registry.live() == ["idle"]
+    finally:
+        registry.close()
+        store.close()
+
+
 # -- concurrency -----------------------------------------------------------------------------
 
 

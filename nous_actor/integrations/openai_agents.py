@@ -860,14 +860,15 @@ async def _append_pinned(
     # to the actor the session has now, as nous_actor.faults.crash_amid does. A
     # registry handle re-resolves a stopped actor on each call, so without the
     # pin an append sent after a crash would reach the restarted session while
-    # earlier ones were refused, and the items would land out of order.
+    # earlier ones were refused, and the items would land out of order. The pin
+    # keeps the handle's touch, so that the registry sees the session in use.
     try:
         ref = handle._actor()
     except SessionStopped as exc:
         return 0, exc, True
     if ref is None:
         return 0, SessionStopped(handle.session_id, "the session is stopped"), True
-    pinned = Session(handle.session_id, lambda: ref, timeout=handle.timeout)
+    pinned = Session(handle.session_id, lambda: ref, timeout=handle.timeout, touch=handle._touch)
     futures = [pinned.append(etype, data, time) for etype, data in pending]
     done = 0
     error: BaseException | None = None
