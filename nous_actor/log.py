@@ -20,7 +20,7 @@ How it stays cheap while immutable:
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any, Final
@@ -36,7 +36,7 @@ from nous_actor.event import (
     project,
     type_text,
 )
-from nous_actor.message import Message, Role
+from nous_actor.message import Message, Role, tool_call_parts
 
 __all__ = ["Log"]
 
@@ -363,6 +363,24 @@ class Log:
             fold = None
         return Log._make(evs, n + 1, ev.seq + 1, fold)
 
+    def append_message(self, message: Message | Mapping[str, Any]) -> Log:
+        """A new log with ``message`` as one surface event; the type follows the role.
+
+        ``message`` is a `Message` or an OpenAI chat-completions message dict
+        (tool calls in either shape). Its fields are stored as `Log.seed`
+        stores them, so ``derive_messages()[-1] == message`` (for a dict:
+        ``== Message.from_openai(message)``); the event time is the message's
+        ``created_at``.
+
+        Raises:
+            ValueError: a dict that is not an OpenAI message (the message names
+                the field).
+            TypeError: neither a `Message` nor a mapping.
+            InvalidEvent: the message holds what JSON cannot carry.
+        """
+        m = as_message(message)
+        return self.append(EVENT_TYPE_OF[m.role], _seed_data(m), m.created_at)
+
     @classmethod
     def seed(cls, messages: Iterable[Message]) -> Log:
         """A log with one surface event per message, in order.
@@ -497,15 +515,20 @@ class Log:
         """A new log holding this one's prefix through ``through_seq``, seqs preserved.
 
         Like `as_of`, but refuses a boundary inside an open turn (a
-        ``turn_start`` without its ``turn_end``): a fork starts a new timeline
-        and must not begin half-way through a model turn.
+        ``turn_start`` without its ``turn_end``) or between an assistant's tool
+        call and its result (matched by ``tool_call_id``, wherever they stand):
+        a fork starts a new timeline and must not begin half-way through a model
+        turn, nor leave a call whose result lies beyond it.
 
         Raises:
-            ValueError: the boundary is negative, past the head, or inside an
-                open turn (the message names the turn's ``turn_start`` seq).
+            ValueError: the boundary is negative, past the head, inside an
+                open turn (the message names the turn's ``turn_start`` seq), or
+                between a tool call and its result (naming the call and the seq
+                of its result).
             TypeError: ``through_seq`` is not an int.
         """
         prefix = self._prefix(through_seq, "fork(through_seq=...)")
+        _check_no_split_tool_call(prefix, self.since(through_seq + 1), through_seq)
         open_turn: int | None = None
         for ev in prefix._events[: prefix._n]:
             if ev.type is EventType.TURN_START:
@@ -533,6 +556,47 @@ class Log:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (self._count, self.events()))
+
+
+def as_message(message: Message | Mapping[str, Any]) -> Message:
+    """``message`` itself, or the `Message` of an OpenAI chat-completions dict.
+
+    Raises:
+        ValueError: a malformed dict. TypeError: neither.
+    """
+    if isinstance(message, Message):
+        return message
+    if isinstance(message, Mapping):
+        return Message.from_openai(message)
+    raise TypeError(
+        f"append_message takes a Message or an OpenAI message dict, got {type(message).__name__}"
+    )
+
+
+def _check_no_split_tool_call(prefix: Log, after: Sequence[Event], through_seq: int) -> None:
+    """Refuse a fork boundary with a tool call in the prefix's surface whose result (by
+    ``tool_call_id``) only comes after the boundary."""
+    if not after:
+        return
+    later = {
+        ev.data.get("tool_call_id"): ev.seq for ev in after if ev.type is EventType.TOOL_RESULT
+    }
+    if not later:
+        return
+    answered: set[object] = set()
+    calls: list[object] = []
+    for m in prefix.derive_messages():
+        if m.role is Role.TOOL:
+            answered.add(m.tool_call_id)
+        elif m.role is Role.ASSISTANT:
+            calls.extend(tool_call_parts(c)[0] for c in m.tool_calls)
+    for call_id in calls:
+        if call_id not in answered and call_id in later:
+            raise ValueError(
+                f"fork(through_seq={through_seq}) would split the tool call {call_id!r} from "
+                f"its result at seq {later[call_id]}; fork at seq {later[call_id]} or later, "
+                "or before the assistant message that made the call"
+            )
 
 
 def _check_boundary(seq: object, count: int, what: str) -> None:

@@ -41,7 +41,7 @@ from nous_actor._log import get_logger
 from nous_actor.errors import SessionStopped, TooManySessions
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.ids import check_session_id
-from nous_actor.session import Session, SessionActor, _safe_str
+from nous_actor.session import Session, SessionActor, _off_loop, _safe_str
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
@@ -232,6 +232,22 @@ class Sessions:
             timeout=self.timeout,
             touch=partial(self._touch, session_id),
         )
+
+    async def aopen(self, session_id: str) -> Session:
+        """`open` for asyncio code: the start (and recovery from the store) is awaited
+        without blocking the loop. Raises as `open` does."""
+        check_session_id(session_id)
+        return await _off_loop(partial(self.open, session_id))
+
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """`close` for asyncio code: awaited without blocking the loop."""
+        await _off_loop(partial(self.close, timeout))
+
+    async def __aenter__(self) -> Sessions:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def live(self) -> list[str]:
         """Ids of the sessions running now, sorted."""

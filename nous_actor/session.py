@@ -28,7 +28,7 @@ import inspect
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from functools import partial
 from time import monotonic
@@ -56,10 +56,17 @@ from nous_actor.errors import (
     SessionStopped,
     StoreError,
 )
-from nous_actor.event import Event, EventType, InvalidEvent, check_event, type_text
+from nous_actor.event import (
+    EVENT_TYPE_OF,
+    Event,
+    EventType,
+    InvalidEvent,
+    check_event,
+    type_text,
+)
 from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.ids import check_session_id
-from nous_actor.log import Log, _behind_head, _utcnow, new_event
+from nous_actor.log import Log, _behind_head, _seed_data, _utcnow, as_message, new_event
 from nous_actor.message import Message
 from nous_actor.store.base import Store
 from nous_actor.subscription import DEFAULT_BUFFER, Subscription
@@ -450,6 +457,15 @@ class SessionActor(SupervisedActor):
         ev = Event._trusted(self.next_seq, *parts)
         return self._submit((ev,), ev)
 
+    def h_append_many(self, batch: tuple[EventParts, ...]) -> Any:
+        """Append several checked events under consecutive seqs, as one atomic commit."""
+        self._check_writable()
+        if not batch:
+            return []
+        first = self.next_seq
+        events = tuple(Event._trusted(first + k, *parts) for k, parts in enumerate(batch))
+        return self._submit(events, list(events))
+
     def h_append_at(self, seq: int, parts: EventParts) -> Any:
         self._check_writable()
         if seq < self.next_seq:
@@ -719,6 +735,11 @@ def _is_async(fn: Any) -> bool:
     )
 
 
+async def _off_loop(fn: Callable[[], T]) -> T:
+    """Run a blocking call of the library in the loop's default executor."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
 def _run_awaitable(aw: Any) -> Any:
     async def wait() -> Any:
         return await aw
@@ -946,6 +967,54 @@ class Session:
             return self._failed(exc)
         return self._call(SessionActor.h_append, parts)
 
+    def append_many(
+        self, events: Iterable[tuple[EventType | str, Any] | tuple[EventType | str, Any, datetime]]
+    ) -> SessionFuture[list[Event]]:
+        """Append ``(type, data)`` or ``(type, data, time)`` items under consecutive seqs,
+        as one batch: with a store, they commit in one transaction (all stored or
+        none), and no other call's events come between them. The future resolves
+        to the events, in order, once they are committed.
+
+        Every item is checked and frozen here, before anything is sent.
+
+        Raises (through the future):
+            InvalidEvent: an item is refused (the message names its index); nothing
+                was appended.
+            TypeError: an item is not such a tuple; nothing was appended.
+        """
+        batch: list[EventParts] = []
+        try:
+            for i, item in enumerate(events):
+                if not isinstance(item, tuple) or len(item) not in (2, 3):
+                    raise TypeError(
+                        f"append_many takes (type, data) or (type, data, time) tuples; "
+                        f"item {i} is {type(item).__name__}"
+                    )
+                t = item[2] if len(item) == 3 else None
+                try:
+                    batch.append(check_event(0, item[0], _utcnow() if t is None else t, item[1]))
+                except InvalidEvent as exc:
+                    raise InvalidEvent(exc.reason, f"item {i}: {exc}") from None
+        except (TypeError, InvalidEvent) as exc:
+            return self._failed(exc)
+        return self._call(SessionActor.h_append_many, tuple(batch))
+
+    def append_message(self, message: Message | Mapping[str, Any]) -> SessionFuture[Event]:
+        """Append a `Message`, or an OpenAI chat-completions message dict, as one surface
+        event whose type follows the role (see `Log.append_message`); the future
+        resolves to the event.
+
+        Raises (through the future):
+            ValueError: a dict that is not an OpenAI message (naming the field).
+            TypeError: neither a `Message` nor a mapping.
+            InvalidEvent: the message holds what JSON cannot carry.
+        """
+        try:
+            m = as_message(message)
+        except (TypeError, ValueError) as exc:
+            return self._failed(exc)
+        return self.append(EVENT_TYPE_OF[m.role], _seed_data(m), m.created_at)
+
     def append_or_log(
         self, type: EventType | str, data: Any = None, time: datetime | None = None
     ) -> SessionFuture[Event | None]:
@@ -1124,6 +1193,13 @@ class Session:
             sub.close()  # a late registration must not leave a subscriber nobody reads
             raise
 
+    async def asubscribe(
+        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
+    ) -> Subscription:
+        """`subscribe` for asyncio code: the registration is awaited without blocking the
+        loop. Use the result with ``async with`` and ``async for`` (or ``aget``)."""
+        return await _off_loop(partial(self.subscribe, from_seq, buffer=buffer, timeout=timeout))
+
     def _unsubscribe(self, sub: Subscription) -> None:
         self._call(SessionActor.h_unsubscribe, sub)
 
@@ -1166,6 +1242,10 @@ class Session:
         for done, what in ((finished, "a long call is running"), (released, "a commit is slow")):
             if not done.wait(min(max(deadline - monotonic(), 0), threading.TIMEOUT_MAX)):
                 raise CallTimeout(self.session_id, f"did not stop within {bound:g} s ({what})")
+
+    async def astop(self, timeout: float | None = None) -> None:
+        """`stop` for asyncio code: awaited without blocking the loop."""
+        await _off_loop(partial(self.stop, timeout))
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r}>"

@@ -182,6 +182,29 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
                 self._waiters.append((loop, fut))
             await fut
 
+    async def aget(self, timeout: float | None = None) -> Event:
+        """`get` for asyncio code: the next event, awaited without blocking the loop, at
+        most ``timeout`` seconds (default: the handle's bound).
+
+        Raises:
+            CallTimeout: nothing arrived in time (the subscription stays usable).
+            SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
+            SessionStopped: the feed ended (session stopped or subscription closed).
+        """
+        bound = self.timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(self.__anext__(), bound)
+        except StopAsyncIteration:
+            raise SessionStopped(self.session_id, "the subscription has ended") from None
+        except TimeoutError:
+            raise CallTimeout(self.session_id, f"no event within {bound:g} s") from None
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop receiving; iteration ends after the events already pending."""
         self._finish(None)
