@@ -18,14 +18,18 @@ Where the library reaches into Pykka's private names (Pykka has no public
 hook for these; each is exercised by the suite, which CI runs against the
 newest Pykka 4.x that pip resolves for ``pykka>=4,<5``):
 
-| override | class | why no public hook does it |
-|---|---|---|
-| `_actor_loop` | `SupervisedActor` | report the exit to the monitor and set ``finished`` after Pykka's last look at the inbox, however the actor ended |
-| `_actor_loop_setup` | `SupervisedActor` | a ``BaseException`` from ``on_start`` stops only this actor (Pykka lets it through and stops every actor) |
-| `_handle_receive` | `SupervisedActor` | contain a ``BaseException`` in any handler to this actor |
-| `_handle_failure` | `SupervisedActor` | record the exception that crashed a tell as the exit reason (``on_failure`` is the user's to override) |
-| `_handle_receive` | `SessionActor` | dispatch the session's own calls before Pykka's chain of ``isinstance`` checks (the hot path) |
-| `_create_actor_inbox` | `SessionActor` | a C ``SimpleQueue`` instead of a ``queue.Queue`` (a Python-level lock per put/get) |
+* `SupervisedActor._actor_loop`: report the exit to the monitor and set
+  ``finished`` after Pykka's last look at the inbox, however the actor ended.
+* `SupervisedActor._actor_loop_setup`: a ``BaseException`` from ``on_start``
+  stops only this actor (Pykka lets it through and stops every actor).
+* `SupervisedActor._handle_receive`: contain a ``BaseException`` in any
+  handler to this actor.
+* `SupervisedActor._handle_failure`: record the exception that crashed a tell
+  as the exit reason (``on_failure`` is the user's to override).
+* `SessionActor._handle_receive`: dispatch the session's own calls before
+  Pykka's chain of ``isinstance`` checks (the hot path).
+* `SessionActor._create_actor_inbox`: a C ``SimpleQueue`` instead of a
+  ``queue.Queue`` (a Python-level lock per put and get).
 
 Pykka's name ``_stop`` must not be shadowed by a subclass (it is how
 ``ActorRef.stop`` reaches the actor).
