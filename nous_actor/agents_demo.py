@@ -1,4 +1,5 @@
-"""The main job of ``make demo``: supervised agent sessions on an embedded SQLite file.
+"""The main job of ``make demo``: supervised agent sessions on an embedded SQLite file
+(or, with `run_demo_postgres`, on a PostgreSQL server).
 
 N agents talk concurrently, each in its own session under one
 `nous_actor.Sessions` registry: user and assistant turns with tool
@@ -15,7 +16,9 @@ that every acknowledged event is there, intact (also those acknowledged
 after their session had crashed).
 
 The database is marked as the demo's (a table ``nous_actor_demo``), so that
-a later run replaces it and nothing else (`check_demo_paths`).
+a later run replaces it and nothing else (`check_demo_paths`). On PostgreSQL
+the demo's sessions live in a schema of their own, marked the same way; a
+later run replaces only a schema so marked (`check_demo_schema`).
 """
 
 from __future__ import annotations
@@ -45,10 +48,20 @@ from nous_actor.future import SessionFuture
 from nous_actor.message import Message
 from nous_actor.registry import Sessions
 from nous_actor.session import Session
+from nous_actor.store.base import Store
 from nous_actor.store.sqlite import APPLICATION_ID, SQLiteStore
 from nous_actor.supervision import Backoff
 
-__all__ = ["DEMO_TABLE", "DemoReport", "check_demo_paths", "run_demo"]
+__all__ = [
+    "DEMO_SCHEMA",
+    "DEMO_TABLE",
+    "DemoReport",
+    "check_demo_log",
+    "check_demo_paths",
+    "check_demo_schema",
+    "run_demo",
+    "run_demo_postgres",
+]
 
 DEMO_TABLE: Final = "nous_actor_demo"  # present in a database the demo made
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
@@ -330,7 +343,14 @@ def check_demo_paths(db: str | Path, *, keep: bool = False) -> str | None:
             f"{db} is a nous_actor store the demo did not make; it was left unchanged: "
             "pass a new file with --db, or add --keep to add the demo's sessions to it"
         )
-    log = Path(f"{db}.log")
+    return check_demo_log(Path(f"{db}.log"), "pass another file with --db")
+
+
+def check_demo_log(log: Path, instead: str) -> str | None:
+    """Why the demo must not overwrite ``log``, or None if it may (missing, empty, a demo's).
+
+    ``instead`` ends the refusal: what to do instead (e.g. "pass another file with --db").
+    """
     if log.exists():
         first = b""
         if log.is_file():
@@ -339,7 +359,7 @@ def check_demo_paths(db: str | Path, *, keep: bool = False) -> str | None:
         if not log.is_file() or (first and not _LOG_LINE.match(first.decode("utf-8", "replace"))):
             return (
                 f"{log} (where the demo logs) is not a log of the demo; it was left "
-                "unchanged: move it away or pass another file with --db"
+                f"unchanged: move it away or {instead}"
             )
     return None
 
@@ -371,12 +391,31 @@ def run_demo(
     Raises:
         ValueError: a bad count or rate.
     """
-    if agents < 1 or turns < 1 or not 0 <= crash_rate < 1:
-        raise ValueError("agents and turns must be >= 1 and 0 <= crash_rate < 1")
+    _check_counts(agents, turns, crash_rate)
     fresh = _db_kind(Path(db)) in ("missing", "empty")
     store = SQLiteStore(db)
     if fresh:  # a store someone already had stays theirs, even with demo sessions in it
         _mark_as_demo(db, agents, turns, seed)
+    try:
+        return _run(store, agents, turns, crash_rate, seed, progress)
+    finally:
+        store.close()
+
+
+def _check_counts(agents: int, turns: int, crash_rate: float) -> None:
+    if agents < 1 or turns < 1 or not 0 <= crash_rate < 1:
+        raise ValueError("agents and turns must be >= 1 and 0 <= crash_rate < 1")
+
+
+def _run(
+    store: Store,
+    agents: int,
+    turns: int,
+    crash_rate: float,
+    seed: int,
+    progress: TextIO | None,
+) -> DemoReport:
+    """The demo on ``store``: agents, crashes, restarts, then every acknowledgement checked."""
     compactor = Compactor(budget=600, keep_recent=6, prune_over=200, summarise=summarise)
     crew = [_Agent(i, f"agent-{i}") for i in range(agents)]
     started = time.perf_counter()
@@ -420,7 +459,6 @@ def run_demo(
             else:
                 verified += 1
     sessions_in_store = len(store.sessions())
-    store.close()
     latencies = sorted(x for a in crew for x in a.latencies)
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0.0
     return DemoReport(
@@ -441,6 +479,106 @@ def run_demo(
         sessions_in_store=sessions_in_store,
         errors=[f"{a.session_id}: {type(a.error).__name__}: {a.error}" for a in crew if a.error],
     )
+
+
+DEMO_SCHEMA: Final = "nous_actor_demo"
+
+
+def check_demo_schema(dsn: str, schema: str = DEMO_SCHEMA, *, keep: bool = False) -> str | None:
+    """Why the demo must not use ``schema`` on the server ``dsn``, or None if it may.
+
+    Without ``keep`` the demo replaces ``schema``: allowed if it is missing or
+    an earlier demo made it (it holds the ``nous_actor_demo`` table), nothing
+    else. With ``keep`` any nous_actor store will do (another application's
+    schema is refused when the store opens). Nothing is changed by the check.
+
+    Raises:
+        StoreError: the server cannot be reached.
+    """
+    kind = _schema_kind(dsn, schema)
+    if kind == "store" and not keep:
+        return (
+            f"schema {schema!r} on the server holds something the demo did not make; it was "
+            "left unchanged: pass another --schema, or add --keep to add the demo's sessions "
+            "to a nous_actor store there"
+        )
+    return None
+
+
+def _schema_kind(dsn: str, schema: str) -> Literal["missing", "demo", "store"]:
+    import psycopg
+
+    from nous_actor.errors import StoreError
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_namespace n LEFT JOIN pg_class c "
+                "ON c.relnamespace = n.oid AND c.relname = %s AND c.relkind = 'r' "
+                "WHERE n.nspname = %s",
+                (DEMO_TABLE, schema),
+            ).fetchall()
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StoreError(f"could not reach the PostgreSQL server: {first}") from exc
+    if not found:
+        return "missing"
+    return "demo" if found[0][1] else "store"
+
+
+def run_demo_postgres(
+    dsn: str,
+    *,
+    schema: str = DEMO_SCHEMA,
+    keep: bool = False,
+    agents: int = 4,
+    turns: int = 12,
+    crash_rate: float = 0.02,
+    seed: int = 7,
+    progress: TextIO | None = sys.stderr,
+) -> DemoReport:
+    """Run the demo on a PostgreSQL server (a `PostgresStore` in ``schema``) and verify it.
+
+    Replaces ``schema`` only if an earlier demo made it (see
+    `check_demo_schema`); with ``keep`` it adds to it. Needs the ``postgres``
+    extra (psycopg 3).
+
+    Raises:
+        ValueError: a bad count or rate, or a schema the demo may not replace
+            (left unchanged).
+        StoreError: the server cannot be reached, or the schema is not a store.
+    """
+    import psycopg
+    from psycopg import sql
+
+    from nous_actor.store.postgres import PostgresStore
+
+    _check_counts(agents, turns, crash_rate)
+    refusal = check_demo_schema(dsn, schema, keep=keep)
+    if refusal is not None:
+        raise ValueError(refusal)
+    kind = _schema_kind(dsn, schema)
+    if kind == "demo" and not keep:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    store = PostgresStore(dsn, schema=schema)
+    try:
+        if kind == "missing" or (kind == "demo" and not keep):
+            table = sql.Identifier(schema, DEMO_TABLE)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE {} (made timestamptz NOT NULL, agents int, turns int, "
+                        "seed int)"
+                    ).format(table)
+                )
+                conn.execute(
+                    sql.SQL("INSERT INTO {} VALUES (now(), %s, %s, %s)").format(table),
+                    (agents, turns, seed),
+                )
+        return _run(store, agents, turns, crash_rate, seed, progress)
+    finally:
+        store.close()
 
 
 def format_report(r: DemoReport, db: str | Path) -> str:

@@ -26,11 +26,11 @@ import structlog
 
 from nous_actor import history
 from nous_actor.codec import CodecError, event_to_dict, loads, message_to_dict
-from nous_actor.errors import NousActorError
+from nous_actor.errors import NousActorError, StoreError
 from nous_actor.event import Event
 from nous_actor.ids import check_session_id
 from nous_actor.log import Log
-from nous_actor.store import SessionInfo, export_session, import_session, list_sessions
+from nous_actor.store import SessionInfo, Store, export_session, import_session, list_sessions
 from nous_actor.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -127,9 +127,44 @@ def _note(text: str) -> None:
 
 # -- opening a database ----------------------------------------------------------------
 
+_DSN_PREFIXES = ("postgresql://", "postgres://")
+DEFAULT_SCHEMA = "nous_actor"
+DEMO_SCHEMA = "nous_actor_demo"
+
+
+def _is_dsn(db: str) -> bool:
+    """Whether ``db`` names a PostgreSQL server (a ``postgresql://`` URI), not a file."""
+    return db.startswith(_DSN_PREFIXES)
+
+
+def _open_postgres(dsn: str, schema: str, *, create: bool) -> Store:
+    try:
+        from nous_actor.store.postgres import PostgresStore
+    except ImportError as exc:
+        _fail(
+            f"{exc.msg if hasattr(exc, 'msg') else exc}; a PostgreSQL DSN needs the postgres "
+            "extra: pip install 'nous-actor[postgres]'"
+        )
+    try:
+        return PostgresStore(dsn, schema=schema, create=create)
+    except StoreError as exc:
+        if create or "there is no nous_actor store" not in str(exc):
+            raise
+        _fail(
+            f"no nous_actor store in {PostgresStore.describe(dsn, schema)}: "
+            "pass the store's schema with --schema (or import a session there to make one)"
+        )
+
+
+def _where(store: Store) -> str:
+    """How a message names the store: its file, or its server and schema."""
+    return str(getattr(store, "path", None) or getattr(store, "location", None) or store)
+
 
 def _not_a_file(db: str) -> str | None:
     """Why ``db`` cannot be a database file, or None if it can (it may not exist yet)."""
+    if _is_dsn(db):
+        return None
     path = Path(db)
     if path.is_dir():
         return f"{db!r} is a directory, not a database file; give the path of a file in it"
@@ -140,7 +175,10 @@ def _not_a_file(db: str) -> str | None:
     return None
 
 
-def _open_existing(db: str) -> SQLiteStore:
+def _open_existing(db: str, schema: str = DEFAULT_SCHEMA) -> Store:
+    """The store at ``db`` (a file, or a ``postgresql://`` DSN and a schema), never made here."""
+    if _is_dsn(db):
+        return _open_postgres(db, schema, create=False)
     why = _not_a_file(db)
     if why is not None:
         _fail(why)
@@ -154,14 +192,14 @@ def _open_existing(db: str) -> SQLiteStore:
     return SQLiteStore(db, create=False)  # a command that reads never makes a store
 
 
-def _load(store: SQLiteStore, session_id: str) -> Log:
+def _load(store: Store, session_id: str) -> Log:
     events = store.load(session_id)
     if not events:
         ids = store.sessions()
         known = ", ".join(ids[:_LISTED]) or "none"
         if len(ids) > _LISTED:
             known += f" and {len(ids) - _LISTED} more; 'nous-actor sessions' lists them"
-        _fail(f"no session {session_id!r} in {store.path} (sessions: {known})")
+        _fail(f"no session {session_id!r} in {_where(store)} (sessions: {known})")
     log = Log()
     for ev in events:
         log = log.append_event(ev)
@@ -257,9 +295,22 @@ def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
 # -- commands ----------------------------------------------------------------------------
 
 
+def _demo_dsn(args: argparse.Namespace) -> str | None:
+    """The server the demo runs on, or None for a SQLite file (``--db``)."""
+    dsn: str | None = args.dsn or (args.db if _is_dsn(args.db) else None)
+    if args.store == "sqlite" and dsn is not None:
+        _fail("--store sqlite takes a file (--db FILE), not a DSN; or use --store postgres")
+    if args.store == "postgres" and dsn is None:
+        _fail("--store postgres needs the server: --dsn postgresql://user@host/dbname")
+    return dsn
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from nous_actor.agents_demo import check_demo_paths, format_report, run_demo
 
+    dsn = _demo_dsn(args)
+    if dsn is not None:
+        return _demo_postgres(args, dsn)
     db = Path(args.db)
     why = _not_a_file(args.db)
     if why is not None:
@@ -293,6 +344,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _demo_postgres(args: argparse.Namespace, dsn: str) -> int:
+    """The demo on a PostgreSQL server, in a schema of its own (``--schema``)."""
+    try:
+        from nous_actor.agents_demo import (
+            check_demo_log,
+            check_demo_schema,
+            format_report,
+            run_demo_postgres,
+        )
+        from nous_actor.store.postgres import PostgresStore
+    except ImportError as exc:
+        _fail(f"{exc}; the demo on PostgreSQL needs: pip install 'nous-actor[postgres]'")
+    where = PostgresStore.describe(dsn, args.schema)  # refuses a malformed DSN, connects not
+    log_path = Path(f"nous-demo-{args.schema}.log")
+    refusal = check_demo_schema(dsn, args.schema, keep=args.keep) or check_demo_log(
+        log_path, "pass another --schema"
+    )
+    if refusal is not None:
+        _fail(refusal)
+    _log_to_file(log_path)
+    header = (
+        f"nous-actor demo: {args.agents} agents x {args.turns} turns, crash rate "
+        f"{args.crash_rate:g}, on {where} (events of the runtime logged to {log_path})"
+    )
+    if args.json:
+        _err(header)
+    else:
+        _out(header + "\n")
+    report = run_demo_postgres(
+        dsn,
+        schema=args.schema,
+        keep=args.keep,
+        agents=args.agents,
+        turns=args.turns,
+        crash_rate=args.crash_rate,
+        seed=args.seed,
+        progress=None if args.json else sys.stderr,
+    )
+    payload = {**report.__dict__, "events_per_second": report.events_per_second, "ok": report.ok}
+    _emit(args, payload, format_report(report, where))
+    return 0 if report.ok else 1
+
+
 def cmd_tour(args: argparse.Namespace) -> int:
     from nous_actor import demo
 
@@ -312,7 +406,7 @@ def _session_row(info: SessionInfo) -> list[Any]:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    store = _open_existing(args.db)
+    store = _open_existing(args.db, args.schema)
     infos = list_sessions(store)  # from the index: no session is loaded in full
     payload = [
         {
@@ -339,7 +433,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    store = _open_existing(args.db)
+    store = _open_existing(args.db, args.schema)
     log = _load(store, args.session_id)
     if args.as_of is not None:
         try:
@@ -363,7 +457,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    store = _open_existing(args.db)
+    store = _open_existing(args.db, args.schema)
     _load(store, args.session_id)
     _out(export_session(store, args.session_id))
     return 0
@@ -386,8 +480,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     check_session_id(args.session_id)
     if not loads(text).events():
         _fail("the input holds no events, so there is no session to import")
-    with SQLiteStore(args.db) as store:
+    store = (
+        _open_postgres(args.db, args.schema, create=True)
+        if _is_dsn(args.db)
+        else SQLiteStore(args.db)
+    )
+    try:
         n = import_session(store, args.session_id, text)
+    finally:
+        store.close()
     _emit(
         args,
         {"session_id": args.session_id, "events": n},
@@ -403,7 +504,7 @@ def _with_session(args: argparse.Namespace, work: Callable[[Session], T]) -> tup
     """
     from nous_actor.session import Session
 
-    store = _open_existing(args.db)
+    store = _open_existing(args.db, args.schema)
     log = _load(store, args.session_id)
     session = Session.start(args.session_id, store=store)
     try:
@@ -440,7 +541,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    store = _open_existing(args.db)
+    store = _open_existing(args.db, args.schema)
     log = _load(store, args.session_id)
     try:
         info = history.explain(log, args.seq)
@@ -529,12 +630,27 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         return sp
 
-    d = add("demo", "run the supervised multi-agent demo on a SQLite file")
+    d = add("demo", "run the supervised multi-agent demo on a SQLite file or a PostgreSQL server")
     d.add_argument(
         "--db",
         default="nous-demo.db",
         help="database file (default: nous-demo.db); only a database an earlier demo made "
-        "is replaced",
+        "is replaced; a postgresql:// DSN here is the same as --dsn",
+    )
+    d.add_argument(
+        "--store",
+        choices=["sqlite", "postgres"],
+        help="where the sessions live (default: sqlite, or postgres with --dsn)",
+    )
+    d.add_argument(
+        "--dsn",
+        help="the PostgreSQL server for --store postgres, e.g. postgresql://user@host/db",
+    )
+    d.add_argument(
+        "--schema",
+        default=DEMO_SCHEMA,
+        help=f"the schema on the server (default {DEMO_SCHEMA}); only a schema an earlier "
+        "demo made is replaced",
     )
     d.add_argument("--agents", type=_positive, default=8, help="concurrent agents (default 8)")
     d.add_argument("--turns", type=_positive, default=12, help="turns per agent (default 12)")
@@ -552,11 +668,11 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     s = add("sessions", "list the sessions in a database")
-    s.add_argument("db")
+    _db_argument(s)
     s.set_defaults(func=cmd_sessions)
 
     sh = add("show", "show a session: its messages (default) or events")
-    sh.add_argument("db")
+    _db_argument(sh)
     sh.add_argument("session_id")
     g = sh.add_mutually_exclusive_group()
     g.add_argument("--surface", action="store_true", help="the model-visible messages (default)")
@@ -566,29 +682,29 @@ def _parser() -> argparse.ArgumentParser:
     sh.set_defaults(func=cmd_show)
 
     e = add("export", "write a session as JSON Lines to standard output", json_flag=False)
-    e.add_argument("db")
+    _db_argument(e)
     e.add_argument("session_id")
     e.set_defaults(func=cmd_export)
 
     i = add("import", "read a session (JSON Lines, or a v1 JSON message list) from standard input")
-    i.add_argument("db")
+    _db_argument(i)
     i.add_argument("session_id")
     i.set_defaults(func=cmd_import)
 
     f = add("fork", "copy a session's prefix into a new session")
-    f.add_argument("db")
+    _db_argument(f)
     f.add_argument("session_id")
     f.add_argument("new_id")
     f.add_argument("--through", type=_seq, required=True, metavar="SEQ", help="last seq to keep")
     f.set_defaults(func=cmd_fork)
 
     sn = add("snapshot", "drop a session's shadowed events")
-    sn.add_argument("db")
+    _db_argument(sn)
     sn.add_argument("session_id")
     sn.set_defaults(func=cmd_snapshot)
 
     a = add("audit", "explain one event: what shadows it, what it replaced; the compactions")
-    a.add_argument("db")
+    _db_argument(a)
     a.add_argument("session_id")
     a.add_argument("seq", type=_seq)
     a.set_defaults(func=cmd_audit)
@@ -599,6 +715,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=cmd_bench)
     return p
+
+
+def _db_argument(sp: argparse.ArgumentParser) -> None:
+    """The store a command reads: a SQLite file, or a PostgreSQL DSN and its schema."""
+    sp.add_argument("db", help="a SQLite file, or a postgresql:// DSN")
+    sp.add_argument(
+        "--schema",
+        default=DEFAULT_SCHEMA,
+        help=f"with a DSN: the schema holding the store (default {DEFAULT_SCHEMA})",
+    )
 
 
 def _positive(text: str) -> int:

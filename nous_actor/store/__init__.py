@@ -18,7 +18,7 @@ from nous_actor.store.memory import MemoryStore
 from nous_actor.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
-    from nous_actor.store.postgres import PostgresStore
+    from nous_actor.store.postgres import PostgresStore as PostgresStore
 
 __all__ = [
     "MemoryStore",

@@ -489,6 +489,15 @@ class PostgresStore:
             self, _shutdown, self._closing, self._main, self._leases, self._listeners
         )
 
+    @staticmethod
+    def describe(dsn: str, schema: str = "nous_actor") -> str:
+        """How messages name the store at ``dsn``/``schema`` (never with the password).
+
+        Raises:
+            StoreError: ``dsn`` is not a valid connection string.
+        """
+        return f"{_describe(dsn)}, schema {schema}"
+
     # -- the schema: look before writing --------------------------------------------------
 
     def _prepare_schema(self, conn: psycopg.Connection[Any], create: bool) -> None:
