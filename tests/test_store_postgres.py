@@ -299,6 +299,26 @@ def test_a_dead_holders_claim_is_taken_over_at_once(pg_stores: Stores) -> None:
     assert isinstance(a.write({"s": [ev(0)]})["s"], FencedError)
 
 
+def test_a_writer_that_took_over_from_a_live_lock_holder_is_not_taken_for_dead(
+    pg_stores: Stores,
+) -> None:
+    """B takes over A's expired lease while A's connection still holds the session's lock;
+    once A lets go, a third claimer must not read the free lock as B's death."""
+    a, b, c = pg_stores(lease=30), pg_stores(lease=30), pg_stores(lease=30)
+    token = a.claim("s")
+    _expire_all(pg_stores)
+    b.claim("s")
+    a.release("s", token)  # A's lock goes; B never had it
+    with pytest.raises(ConflictError):
+        c.claim("s")
+
+
+def _expire_all(stores: Stores) -> None:
+    stores.server.sql(
+        f"UPDATE \"{stores.schema}\".claims SET lease_until = now() - interval '1 second'"
+    )
+
+
 def test_without_dead_holder_detection_a_live_lease_is_kept(pg_stores: Stores) -> None:
     """With detect_dead_holders=False only the lease's expiry frees a session."""
     a = pg_stores(lease=30)

@@ -105,7 +105,8 @@ _DDL: Final = (
     token text NOT NULL,
     holder text NOT NULL,
     claimed_at timestamptz NOT NULL,
-    lease_until timestamptz NOT NULL
+    lease_until timestamptz NOT NULL,
+    locked boolean NOT NULL
 )""",
     "CREATE SEQUENCE {epochs} AS bigint MINVALUE 1",
     "CREATE TABLE {meta} (key text PRIMARY KEY, value text NOT NULL)",
@@ -1382,27 +1383,41 @@ class _Leases:
         return token
 
     def _take(self, conn: psycopg.Connection[Any], sid: str, token: str) -> tuple[int, bool]:
-        """One claim transaction: returns (epoch, advisory lock held)."""
+        """One claim transaction: returns (epoch, advisory lock held).
+
+        The claim row records whether its holder holds the session's advisory
+        lock (``locked``): only then does a free lock mean a dead holder. A
+        writer that took over an expired lease whose old holder still held the
+        lock records ``false`` (and takes the lock later, at a renewal).
+        """
         table = self.claims_table
         lease = f"clock_timestamp() + make_interval(secs => {self.lease!r})"
-        locked = False
+        locked = tried = False
+
+        def lock() -> bool:
+            nonlocal locked, tried
+            if self.detect_dead and not tried:
+                tried = True
+                locked = self._try_lock(conn, sid)
+            return locked
+
         conn.execute("BEGIN")
         try:
             conn.execute(f"SET LOCAL lock_timeout = {self.claim_wait_ms}")
             for _ in range(3):
                 row = conn.execute(
                     f"SELECT epoch, token, holder, lease_until, "
-                    f"lease_until > clock_timestamp() FROM {table} "
+                    f"lease_until > clock_timestamp(), locked FROM {table} "
                     "WHERE session_id = %s FOR UPDATE",
                     (sid,),
                 ).fetchone()
                 if row is None:
                     new = conn.execute(
                         f"INSERT INTO {table} (session_id, epoch, token, holder, claimed_at, "
-                        f"lease_until) VALUES (%s, nextval(%s::regclass), %s, %s, "
-                        f"clock_timestamp(), {lease}) ON CONFLICT (session_id) DO NOTHING "
+                        f"lease_until, locked) VALUES (%s, nextval(%s::regclass), %s, %s, "
+                        f"clock_timestamp(), {lease}, %s) ON CONFLICT (session_id) DO NOTHING "
                         "RETURNING epoch",
-                        (sid, self.epochs_name, token, self.holder),
+                        (sid, self.epochs_name, token, self.holder, lock()),
                     ).fetchone()
                     if new is None:
                         continue  # another claimer inserted it meanwhile: look again
@@ -1410,42 +1425,37 @@ class _Leases:
                     break
                 if row[1] == token:  # our own claim, committed by an attempt whose answer was lost
                     epoch = int(row[0])
+                    conn.execute(
+                        f"UPDATE {table} SET locked = %s WHERE session_id = %s", (lock(), sid)
+                    )
                     break
                 if row[4]:  # a live lease: is its holder's connection still there?
-                    if self.detect_dead:
-                        locked = self._try_lock(conn, sid)
-                    if not locked:
+                    if not (row[5] and lock()):
                         raise _held_elsewhere(
                             sid, row[2], row[3], "already has a live writer elsewhere"
                         )
-                    logger.warning(
-                        "store.claim_taken_over",
-                        session_id=sid,
-                        reason="holder_connection_gone",
-                        holder=str(row[2]),
-                        epoch=int(row[0]),
-                    )
+                    reason = "holder_connection_gone"
                 else:
-                    logger.warning(
-                        "store.claim_taken_over",
-                        session_id=sid,
-                        reason="lease_expired",
-                        holder=str(row[2]),
-                        epoch=int(row[0]),
-                    )
+                    lock()
+                    reason = "lease_expired"
+                logger.warning(
+                    "store.claim_taken_over",
+                    session_id=sid,
+                    reason=reason,
+                    holder=str(row[2]),
+                    epoch=int(row[0]),
+                )
                 new = conn.execute(
                     f"UPDATE {table} SET epoch = nextval(%s::regclass), token = %s, "
-                    f"holder = %s, claimed_at = clock_timestamp(), lease_until = {lease} "
-                    "WHERE session_id = %s RETURNING epoch",
-                    (self.epochs_name, token, self.holder, sid),
+                    f"holder = %s, claimed_at = clock_timestamp(), lease_until = {lease}, "
+                    "locked = %s WHERE session_id = %s RETURNING epoch",
+                    (self.epochs_name, token, self.holder, locked, sid),
                 ).fetchone()
                 assert new is not None
                 epoch = int(new[0])
                 break
             else:
                 raise StoreError("the claim row kept changing; retry", session_id=sid)
-            if not locked and self.detect_dead:
-                locked = self._try_lock(conn, sid)
             conn.execute("COMMIT")
         except BaseException:
             if not conn.broken and not conn.closed:
@@ -1554,12 +1564,17 @@ class _Leases:
         epochs = [c.epoch for _, c in items]
 
         def work(conn: psycopg.Connection[Any]) -> tuple[set[str], dict[str, Any]]:
+            if self.detect_dead:  # a lock not taken at the claim (its old holder had it)
+                for sid, claim in items:
+                    if not claim.locked:
+                        claim.locked = self._try_lock(conn, sid)
             rows = conn.execute(
                 f"UPDATE {table} AS c SET lease_until = clock_timestamp() + "
-                f"make_interval(secs => {self.lease!r}) FROM unnest(%b::text[], %b::bigint[]) "
-                "AS u(s, e) WHERE c.session_id = u.s AND c.epoch = u.e "
+                f"make_interval(secs => {self.lease!r}), locked = u.l "
+                "FROM unnest(%b::text[], %b::bigint[], %b::bool[]) AS u(s, e, l) "
+                "WHERE c.session_id = u.s AND c.epoch = u.e "
                 "AND c.lease_until > clock_timestamp() RETURNING c.session_id",
-                (sids, epochs),
+                (sids, epochs, [c.locked for _, c in items]),
             ).fetchall()
             renewed = {str(r[0]) for r in rows}
             lost = [sid for sid in sids if sid not in renewed]
