@@ -6,6 +6,8 @@ of its own.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -599,3 +601,37 @@ def test_a_watch_is_iterable_from_asyncio(pg_stores: Stores) -> None:
 
     assert asyncio.run(asyncio.wait_for(first_two(), 10)) == [0, 1]
     watch.close()
+
+
+# -- the optional dependency ------------------------------------------------------------------
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_importing_the_library_does_not_import_psycopg() -> None:
+    """nous_actor, its stores and its CLI load without psycopg; PostgresStore loads it."""
+    result = _python(
+        "import sys, nous_actor, nous_actor.store, nous_actor.cli; "
+        "assert 'psycopg' not in sys.modules, 'imported early'; "
+        "from nous_actor.store import PostgresStore; "
+        "assert 'psycopg' in sys.modules; print(PostgresStore.__module__)"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "nous_actor.store.postgres"
+
+
+def test_without_psycopg_the_import_error_says_what_to_install() -> None:
+    """With psycopg missing, asking for PostgresStore is an ImportError naming the extra."""
+    result = _python(
+        "import sys; sys.modules['psycopg'] = None\n"
+        "try:\n"
+        "    from nous_actor.store import PostgresStore\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'nous-actor[postgres]'" in result.stdout
