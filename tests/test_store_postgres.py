@@ -635,3 +635,24 @@ def test_without_psycopg_the_import_error_says_what_to_install() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "pip install 'nous-actor[postgres]'" in result.stdout
+
+
+def test_the_docs_example_runs(pg_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PostgreSQL example of docs/persistence.md runs against the server, asserts holding."""
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "persistence.md"
+    text = page.read_text(encoding="utf-8")
+    marker = (
+        "<!-- runs against PostgreSQL: "
+        "tests/test_store_postgres.py::test_the_docs_example_runs -->"
+    )
+    after = text.split(marker, 1)[1]
+    assert after.startswith("\n```text\n")
+    code = after.split("\n```text\n", 1)[1].split("\n```\n", 1)[0]
+    schema = pg_server.fresh_schema()
+    monkeypatch.setenv("NOUS_ACTOR_DSN", pg_server.dsn)
+    try:
+        exec(compile(code.replace('"agents_docs"', repr(schema)), str(page), "exec"), {})
+    finally:
+        pg_server.drop_schema(schema)
