@@ -21,11 +21,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
-from bench import core, durable, lifetime, plot, session
+from bench import core, durable, lifetime, plot, postgres, session
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
 
-MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable, lifetime)
+MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable, lifetime, postgres)
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
 

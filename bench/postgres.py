@@ -257,6 +257,8 @@ def _peer_ok(dsn: str) -> str | None:
 def bench_appends(cfg: h.Config) -> h.Section:
     """100 sessions x 100 appends acked after commit on PostgresStore, vs SQLAlchemySession."""
     with server() as dsn:
+        if not h.installed("psycopg"):
+            return _unavailable("postgres", "psycopg is not installed: pip install -e '.[bench]'")
         if dsn is None:
             return _unavailable("postgres.appends", "no PostgreSQL server (see bench.postgres)")
         return _appends(cfg, dsn)
@@ -392,6 +394,8 @@ def _takeover_once(dsn: str, schema: str, detect: bool, lease: float) -> float:
 def bench_takeover(cfg: h.Config) -> h.Section:
     """A writer SIGKILLed mid-appends: seconds until another process's claim succeeds."""
     with server() as dsn:
+        if not h.installed("psycopg"):
+            return _unavailable("postgres", "psycopg is not installed: pip install -e '.[bench]'")
         if dsn is None:
             return _unavailable("postgres.takeover", "no PostgreSQL server (see bench.postgres)")
         repeats = cfg.pick(3, 1)
@@ -428,6 +432,8 @@ def bench_takeover(cfg: h.Config) -> h.Section:
 def bench_data_column(cfg: h.Config) -> h.Section:
     """Insert and load the same event rows with data as ``text`` and as ``jsonb``."""
     with server() as dsn:
+        if not h.installed("psycopg"):
+            return _unavailable("postgres", "psycopg is not installed: pip install -e '.[bench]'")
         if dsn is None:
             return _unavailable("postgres.data_column", "no PostgreSQL server")
         import json
