@@ -6,6 +6,8 @@
 #                                 start it, create the database; prints
 #                                 "export NOUS_ACTOR_TEST_PG_DSN=..." for eval
 #   .ci/postgres.sh restart DIR   stop the server (fast: sessions are cut) and start it again
+#   .ci/postgres.sh down DIR      stop the server, keeping its data (an outage)
+#   .ci/postgres.sh up DIR        start a server stopped by "down"
 #   .ci/postgres.sh stop DIR      stop the server and remove DIR
 #
 # The server binaries are found under /usr/lib/postgresql/*/bin (Debian's layout; the
@@ -62,8 +64,13 @@ start() {
         cat "$dir/initdb.log" >&2
         return 1
     }
+    # In the configuration file, so that every later start (restart, up) uses them.
+    as_server_user sh -c "cat >> '$dir/data/postgresql.conf'" <<CONF
+listen_addresses = ''
+unix_socket_directories = '$dir'
+max_connections = 300
+CONF
     as_server_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-c listen_addresses='' -c unix_socket_directories='$dir' -c max_connections=300" \
         start >/dev/null || {
         cat "$dir/server.log" >&2
         return 1
@@ -80,6 +87,18 @@ restart() {
         restart >/dev/null
 }
 
+down() {
+    local dir="${1:?usage: postgres.sh down DIR}" bin
+    bin="$(bindir)"
+    as_server_user "$bin/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >/dev/null
+}
+
+up() {
+    local dir="${1:?usage: postgres.sh up DIR}" bin
+    bin="$(bindir)"
+    as_server_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+}
+
 stop() {
     local dir="${1:?usage: postgres.sh stop DIR}" bin
     bin="$(bindir)"
@@ -92,6 +111,8 @@ stop() {
 case "${1:-}" in
     start) shift; start "$@" ;;
     restart) shift; restart "$@" ;;
+    down) shift; down "$@" ;;
+    up) shift; up "$@" ;;
     stop) shift; stop "$@" ;;
-    *) echo "usage: $0 start [DIR] | restart DIR | stop DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start [DIR] | restart DIR | down DIR | up DIR | stop DIR" >&2; exit 2 ;;
 esac

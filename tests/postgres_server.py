@@ -71,10 +71,20 @@ class Server:
 
     def restart(self) -> None:
         """Stop the server (fast: every session is cut) and start it again, waiting for it."""
+        self._script("restart")
+
+    def down(self) -> None:
+        """Stop the server, keeping its data (an outage); `up` starts it again."""
+        self._script("down")
+
+    def up(self) -> None:
+        self._script("up")
+
+    def _script(self, command: str) -> None:
         if self.folder is None:
-            pytest.skip(f"restarting needs a server these tests started ({DIR_ENV} unset)")
+            pytest.skip(f"stopping the server needs one these tests started ({DIR_ENV} unset)")
         subprocess.run(
-            [str(SCRIPT), "restart", str(self.folder)], check=True, timeout=90, capture_output=True
+            [str(SCRIPT), command, str(self.folder)], check=True, timeout=90, capture_output=True
         )
 
     def drop_schema(self, schema: str) -> None:

@@ -447,21 +447,58 @@ def test_a_server_restart_is_survived(pg_stores: Stores) -> None:
     assert [e.seq for e in store.load("s")] == [0, 1]
 
 
-def test_an_unreachable_server_is_a_store_error_within_the_timeout(
+def test_a_write_during_an_outage_lands_once_the_server_is_back(pg_stores: Stores) -> None:
+    """A write sent while the server is down waits (reconnecting with backoff) and is
+    stored once the server is back within the timeout; nothing acknowledged is lost."""
+    store = pg_stores(timeout=30)
+    assert store.write({"s": [ev(0)]}) == {}
+    pg_stores.server.down()
+    results: list[Any] = []
+    try:
+
+        def write() -> None:
+            try:
+                results.append(store.write({"s": [ev(1)]}))
+            except BaseException as exc:  # reported below, in the test's thread
+                results.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert not _done_within(writer, 0.5), "the write gave up while the server was down"
+    finally:
+        pg_stores.server.up()
+    writer.join(30)
+    assert results == [{}]
+    assert [e.seq for e in store.load("s")] == [0, 1]
+
+
+def _done_within(thread: threading.Thread, seconds: float) -> bool:
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+def test_an_unreachable_server_is_retried_then_a_store_error_within_the_timeout(
     pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A server that does not come back fails a call with StoreError, after `timeout`."""
-    store = pg_stores(timeout=0.5)
+    """While the server does not answer, a call keeps reconnecting with backoff, then
+    fails with StoreError once `timeout` has passed; the next call tries again."""
+    store = pg_stores(timeout=0.6)
+    attempts = []
 
     def refuse() -> Any:
-        raise StoreError("could not connect (test)")
+        attempts.append(time.monotonic())
+        raise psycopg.OperationalError("connection refused (test)")
 
     store._main.drop()
     monkeypatch.setattr(store._main, "_connect", refuse)
     started = time.monotonic()
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError, match="could not reconnect in time"):
         store.write({"s": [ev(0)]})
-    assert time.monotonic() - started < 5
+    elapsed = time.monotonic() - started
+    assert 0.5 < elapsed < 5
+    assert len(attempts) >= 3, "no backoff retries"
+    monkeypatch.undo()
+    assert store.write({"s": [ev(0)]}) == {}
 
 
 def _cut_after_commit(conn: Any) -> None:

@@ -285,10 +285,24 @@ class _Context:
         self.location = f"{_describe(dsn)}, schema {schema}"
 
     def connect(self) -> psycopg.Connection[Any]:
-        """A new connection with the session settings every call relies on.
+        """A new connection (see `reconnect`), failing at once.
 
         Raises:
             StoreError: the server cannot be reached or refuses the connection.
+        """
+        try:
+            return self.reconnect()
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"could not connect to {self.location}: {_first_line(exc)}; check the DSN "
+                "and that the server is up"
+            ) from exc
+
+    def reconnect(self) -> psycopg.Connection[Any]:
+        """A new connection with the session settings every call relies on.
+
+        Raises:
+            psycopg.Error: the server cannot be reached or refuses the connection.
         """
         params = psycopg.conninfo.conninfo_to_dict(self.dsn)
         extra: dict[str, Any] = {}
@@ -296,13 +310,7 @@ class _Context:
             extra["connect_timeout"] = max(1, int(self.timeout))
         if "application_name" not in params:
             extra["application_name"] = "nous_actor"
-        try:
-            conn = psycopg.connect(self.dsn, autocommit=True, **extra)
-        except psycopg.Error as exc:
-            raise StoreError(
-                f"could not connect to {self.location}: {_first_line(exc)}; check the DSN "
-                "and that the server is up"
-            ) from exc
+        conn = psycopg.connect(self.dsn, autocommit=True, **extra)
         try:
             conn.execute(
                 "SET TIME ZONE 'UTC'; "
@@ -479,7 +487,7 @@ class PostgresStore:
         except BaseException:
             conn.close()
             raise
-        self._main = _Link("main", self._ctx.connect, self.location, self._closing)
+        self._main = _Link("main", self._ctx.reconnect, self.location, self._closing)
         self._main.conn = conn
         self._leases = _Leases(self)
         self._listeners: list[_Listener] = []  # at most one, made on the first watch
@@ -1291,7 +1299,7 @@ class _Leases:
         self.mutex = threading.Lock()
         self.claims: dict[str, _Claim] = {}
         self.pending: set[str] = set()
-        self.link = _Link("lease", self.ctx.connect, self.where, self.closing, self._relock)
+        self.link = _Link("lease", self.ctx.reconnect, self.where, self.closing, self._relock)
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
         self.renewals = 0
@@ -1677,7 +1685,7 @@ class _Listener:
         self.closing = store._closing
         self.mutex = threading.Lock()
         self.watches: dict[str, list[PostgresWatch]] = {}
-        self.link = _Link("listen", store._ctx.connect, store.location, store._closing)
+        self.link = _Link("listen", store._ctx.reconnect, store.location, store._closing)
         self.fresh = True
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
