@@ -17,7 +17,7 @@ binaries are installed; without either, each benchmark reports why it did not ru
 Every run is checked before its number counts (every acknowledged seq, the rows
 counted with plain SQL). The cyclic GC stays on.
 
-Run alone: ``python -m bench.postgres [--quick]``; or call :func:`run_all`.
+Run alone: ``python -m bench.postgres [--quick]``; or call `run_all`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A :class:`~nous_actor.store.Store` shared by processes and machines: PostgreSQL (psycopg 3).
+"""A `nous_actor.store.Store` shared by processes and machines: PostgreSQL (psycopg 3).
 
 Install the extra: ``pip install 'nous-actor[postgres]'``. Nothing else in the
 library imports this module or psycopg.
@@ -17,7 +17,7 @@ What it guarantees, beyond the `Store` protocol:
   database's clock decides when a lease expires. Every write transaction
   reads the claim row (``FOR KEY SHARE``) in the same transaction as its
   inserts, so a writer that was paused or partitioned and wakes up after
-  its lease was taken over stores nothing and gets :class:`FencedError`.
+  its lease was taken over stores nothing and gets `FencedError`.
   Leases renew in the background (one thread per store, for all its
   claims); a session whose lease could not be renewed is failed closed
   before the lease runs out (its writes are refused with `StoreError`).
@@ -29,7 +29,7 @@ What it guarantees, beyond the `Store` protocol:
   over when its lease expires). Pass ``detect_dead_holders=False`` behind a
   transaction-pooling proxy (PgBouncer in transaction mode), which cannot
   keep session-level locks.
-* **Live subscriptions across processes.** :meth:`PostgresStore.watch`
+* **Live subscriptions across processes.** `PostgresStore.watch`
   delivers every committed event of a session with ``seq >= from_seq``,
   exactly once, in seq order, also in a process that never writes it:
   ``LISTEN``/``NOTIFY`` wakes the reader, rows are read by seq.
@@ -402,10 +402,10 @@ class PostgresStore:
 
     Safe to share between threads. Each store object keeps up to three
     connections: one for reads and writes, one for claims and their leases
-    (opened on the first claim), one listening for :meth:`watch` (opened on
+    (opened on the first claim), one listening for `watch` (opened on
     the first watch).
 
-    Claims (see :meth:`claim`) are leases held by this store object: the
+    Claims (see `claim`) are leases held by this store object: the
     ``Store`` protocol's `write` takes no token, so the store remembers the
     epoch of each session it claimed and checks it in every write of that
     session. A session this store has not claimed may still be written
@@ -1613,7 +1613,7 @@ class _Leases:
 class PostgresWatch(Subscription):
     """A live feed of one session's committed events, read from PostgreSQL.
 
-    A :class:`~nous_actor.Subscription` (``get(timeout)``, ``get_nowait()``,
+    A `nous_actor.Subscription` (``get(timeout)``, ``get_nowait()``,
     ``for ev in watch``, ``async for``, ``close()``), fed by the store's
     listener: every committed event with ``seq >= from_seq`` exactly once, in
     seq order. At most ``buffer`` events are held in memory; the rest wait in
