@@ -6,6 +6,7 @@ Run through the real entry point in a subprocess, like tests/test_cli.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["postgres_server"]
 
-pytest.importorskip("psycopg")
+# Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
+psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 
 TIMEOUT = 120
 EXPORT = (
