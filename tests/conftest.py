@@ -1,1 +1,4 @@
 """Fixtures for tests/ (the shared setup is in the top-level conftest.py)."""
+
+# The PostgreSQL server and its helpers (see tests/postgres_server.py).
+from postgres_server import pg_server, pg_stores, pg_workers  # noqa: F401

@@ -1,4 +1,4 @@
-"""A PostgreSQL server for the tests (a pytest plugin: ``pytest_plugins = ["postgres_server"]``).
+"""A PostgreSQL server for the tests: fixtures that tests/conftest.py makes available.
 
 Run as a program (``python tests/postgres_server.py '{"dsn": ..., "schema": ...}'``)
 it is the other process of the multi-process tests: a `Worker` (see below).

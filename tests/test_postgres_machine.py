@@ -30,7 +30,6 @@ from hypothesis.stateful import (
 if TYPE_CHECKING:
     from postgres_server import Server
 
-pytest_plugins = ["postgres_server"]
 
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")

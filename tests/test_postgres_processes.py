@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
     from postgres_server import Stores, Worker
 
-pytest_plugins = ["postgres_server"]
 
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")

@@ -10,7 +10,6 @@ import pytest
 if TYPE_CHECKING:
     from postgres_server import Stores
 
-pytest_plugins = ["postgres_server"]
 
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")

@@ -26,7 +26,6 @@ from nous_actor.testing.store_contract import StoreContract, assert_same_events
 if TYPE_CHECKING:
     from postgres_server import Server, Stores
 
-pytest_plugins = ["postgres_server"]
 
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
