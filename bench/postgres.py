@@ -1,6 +1,6 @@
 """Benchmarks of PostgresStore on a local server: appends acked after commit, takeover time.
 
-``postgres.appends``: 100 sessions x 100 events through `Session` handles on one
+``postgres.pg_appends``: 100 sessions x 100 events through `Session` handles on one
 `PostgresStore`, each append acknowledged only once committed (group commit),
 pipelined from 4 caller threads (the judged shape) and from one asyncio loop
 with a coroutine per session; against the OpenAI Agents SDK's
@@ -260,7 +260,7 @@ def bench_appends(cfg: h.Config) -> h.Section:
         if not h.installed("psycopg"):
             return _unavailable("postgres", "psycopg is not installed: pip install -e '.[bench]'")
         if dsn is None:
-            return _unavailable("postgres.appends", "no PostgreSQL server (see bench.postgres)")
+            return _unavailable("postgres.pg_appends", "no PostgreSQL server (see bench.postgres)")
         return _appends(cfg, dsn)
 
 
@@ -279,7 +279,9 @@ def _appends(cfg: h.Config, dsn: str) -> h.Section:
     info: dict[str, list[dict[str, Any]]] = {k: [] for k in runs}
     for k in range(repeats):
         for name in list(runs) if k % 2 == 0 else list(reversed(runs)):
-            h.progress(f"postgres.appends: {name}, {sessions}x{events}, repeat {k + 1}/{repeats}")
+            h.progress(
+                f"postgres.pg_appends: {name}, {sessions}x{events}, repeat {k + 1}/{repeats}"
+            )
             ns, extra = runs[name]()
             times[name].append(ns)
             info[name].append(extra)
@@ -326,7 +328,7 @@ def _appends(cfg: h.Config, dsn: str) -> h.Section:
                     h.info_row(what, h.fmt_rate(rate[shape].median), baseline, ratio, **numbers)
                 )
     sec.notes.append(
-        f"postgres.appends: {sessions} sessions x {events} appends of {{'content': 'short "
+        f"postgres.pg_appends: {sessions} sessions x {events} appends of {{'content': 'short "
         "text <j>'} on a local server (Unix socket, fsync on, synchronous_commit on), a "
         f"fresh schema per run; median [min-max] of {repeats} repeats; the peer does the "
         "same work with one coroutine per session awaiting add_items([item]) on an engine "
@@ -499,7 +501,7 @@ def bench_data_column(cfg: h.Config) -> h.Section:
 
 
 BENCHMARKS: Final[tuple[h.Benchmark, ...]] = (
-    h.Benchmark("postgres.appends", "PostgresStore 100x100 acked after commit", bench_appends),
+    h.Benchmark("postgres.pg_appends", "PostgresStore 100x100 acked after commit", bench_appends),
     h.Benchmark("postgres.takeover", "PostgresStore takeover after SIGKILL", bench_takeover),
     h.Benchmark("postgres.data_column", "PostgresStore data as text vs jsonb", bench_data_column),
 )
