@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import structlog
 
 from nous_actor import history
+from nous_actor._version import __version__
 from nous_actor.codec import CodecError, event_to_dict, loads, message_to_dict
 from nous_actor.errors import NousActorError, StoreError
 from nous_actor.event import Event
@@ -622,6 +623,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="nous-actor",
         description="Supervised, durable agent-session logs: the demo and a look inside a store.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str, json_flag: bool = True) -> argparse.ArgumentParser:

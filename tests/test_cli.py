@@ -553,3 +553,18 @@ def test_reading_an_empty_file_leaves_it_empty(tmp_path: Path) -> None:
     one_error_line(out.stderr, "no database at", "empty file")
     assert db.read_bytes() == b""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
+def test_version_prints_the_package_version() -> None:
+    """nous-actor --version prints the installed version and exits 0."""
+    from nous_actor import __version__
+
+    done = subprocess.run(
+        [sys.executable, "-m", "nous_actor", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"nous-actor {__version__}"
