@@ -5,6 +5,8 @@ The pure core (`Message`, `Event`, `Log` and
 one log behind one Pykka actor and answer with futures.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from nous_actor._frozen import FrozenDict, FrozenList
 from nous_actor._version import __version__
 from nous_actor.codec import CodecError
@@ -12,6 +14,7 @@ from nous_actor.compaction import CompactionError, CompactionResult, Compactor, 
 from nous_actor.errors import (
     CallTimeout,
     ConflictError,
+    FencedError,
     NousActorError,
     SessionCrashed,
     SessionError,
@@ -48,6 +51,7 @@ __all__ = [
     "ConflictError",
     "Event",
     "EventType",
+    "FencedError",
     "FrozenDict",
     "FrozenList",
     "InvalidEvent",
@@ -81,3 +85,16 @@ __all__ = [
     "estimate_tokens",
     "list_sessions",
 ]
+
+if TYPE_CHECKING:
+    from nous_actor.store.postgres import PostgresStore as PostgresStore
+
+
+def __getattr__(name: str) -> Any:
+    """`PostgresStore`, loaded on first use (it needs the `postgres` extra). It is not
+    in `__all__`: ``from nous_actor import *`` must work without psycopg."""
+    if name == "PostgresStore":
+        from nous_actor import store
+
+        return store.PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,6 +22,7 @@ EXPECTED = [
     "ConflictError",
     "Event",
     "EventType",
+    "FencedError",
     "FrozenDict",
     "FrozenList",
     "InvalidEvent",
@@ -150,3 +151,13 @@ def test_pure_core_imports_no_other_layer(module: str) -> None:
         and name != "__future__"
     )
     assert bad == []
+
+
+def test_postgres_store_is_exported_lazily() -> None:
+    """nous_actor.PostgresStore is the store's class; importing nous_actor loads no psycopg."""
+    result = _run(
+        "import sys, nous_actor; assert 'psycopg' not in sys.modules; "
+        "from nous_actor import PostgresStore; "
+        "assert PostgresStore.__module__ == 'nous_actor.store.postgres'"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
