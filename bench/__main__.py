@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import os
 import sys
 import time
@@ -20,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
+
+import structlog
 
 from bench import core, durable, lifetime, plot, postgres, session
 from bench.harness import Benchmark, Config, progress
@@ -65,8 +68,20 @@ def draw(doc: dict[str, Any], folder: Path) -> str:
     return "plot: " + ", ".join(str(p) for p in written)
 
 
+def _route_library_logs() -> None:
+    """The bench is an application: the library's events go to stderr (warnings and up),
+    never into the table on stdout (structlog's own defaults print to stdout)."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    structlog.configure(
+        processors=[structlog.stdlib.add_log_level, structlog.processors.KeyValueRenderer()],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run, print, write; always 0 (a failed goal is a result to read, not a crash)."""
+    _route_library_logs()
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--quick", action="store_true", help="smaller sizes: a smoke run in well under a minute"

@@ -17,7 +17,7 @@ from typing import Any, Final
 from bench import harness as h
 from bench.workload import build, realistic_specs, summary_spec, surface_only_specs, text
 from nous_actor import Log, Replace
-from nous_actor.codec import event_to_dict, from_jsonl, to_jsonl
+from nous_actor.core.codec import event_to_dict, from_jsonl, to_jsonl
 from nous_actor.testing.reference import reference_derive_indexed
 
 __all__ = ["BENCHMARKS"]

@@ -102,7 +102,7 @@ def _cpu_by_role(
 def _committer_stats(store: SQLiteStore) -> tuple[int, int]:
     """(commits, items) of the store's group committer, (0, 0) if the library hides them."""
     try:
-        from nous_actor.committer import committer_for
+        from nous_actor.store.committer import committer_for
 
         c = committer_for(store)
         return int(c.commits), int(c.items)
@@ -469,7 +469,7 @@ def _recover(path: Path, sid: str) -> tuple[int, Session, SQLiteStore]:
 def _phases(path: Path, sid: str) -> dict[str, int] | None:
     """Where recovery's time goes: SELECT, decode each row, rebuild the Log, fold it."""
     try:
-        from nous_actor.codec import event_from_row
+        from nous_actor.core.codec import event_from_row
     except ImportError:
         return None
     conn = sqlite3.connect(path)

@@ -127,7 +127,7 @@ def _unavailable(name: str, why: str) -> h.Section:
 def ours(dsn: str, shape: str, sessions: int, events: int) -> tuple[int, dict[str, Any]]:
     """One run of ours in a fresh schema: wall ns of the appends (start untimed), counts."""
     from nous_actor import Session
-    from nous_actor.committer import committer_for
+    from nous_actor.store.committer import committer_for
     from nous_actor.store.postgres import PostgresStore
 
     with _schema(dsn) as schema:

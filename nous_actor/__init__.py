@@ -1,16 +1,24 @@
 """nous_actor: an actor-based concurrent runtime for AI-agent session logs.
 
 The pure core (`Message`, `Event`, `Log` and
-`nous_actor.codec`) needs no threads. Sessions (`Session`) put
+`nous_actor.core.codec`) needs no threads. Sessions (`Session`) put
 one log behind one Pykka actor and answer with futures.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from nous_actor._frozen import FrozenDict, FrozenList
 from nous_actor._version import __version__
-from nous_actor.codec import CodecError
-from nous_actor.compaction import CompactionError, CompactionResult, Compactor, estimate_tokens
+from nous_actor.core._frozen import FrozenDict, FrozenList
+from nous_actor.core.codec import CodecError
+from nous_actor.core.compaction import (
+    CompactionError,
+    CompactionResult,
+    Compactor,
+    estimate_tokens,
+)
+from nous_actor.core.event import Event, EventType, InvalidEvent, Replace
+from nous_actor.core.log import Log
+from nous_actor.core.message import Message, Role, UnsendableMessage
 from nous_actor.errors import (
     CallTimeout,
     ConflictError,
@@ -23,14 +31,12 @@ from nous_actor.errors import (
     SubscriptionLagged,
     TooManySessions,
 )
-from nous_actor.event import Event, EventType, InvalidEvent, Replace
-from nous_actor.future import SessionFuture
-from nous_actor.log import Log
-from nous_actor.message import Message, Role, UnsendableMessage
-from nous_actor.registry import RegistryActor, Sessions
-from nous_actor.session import Session, SessionActor
+from nous_actor.sessions.actor import SessionActor
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle import Session
+from nous_actor.sessions.registry import RegistryActor, Sessions
 from nous_actor.store import MemoryStore, SessionInfo, SQLiteStore, Store, list_sessions
-from nous_actor.subscription import Subscription
+from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import (
     Backoff,
     ChildSpec,

@@ -300,9 +300,9 @@ def _worker_main(config: dict[str, Any]) -> None:  # pragma: no cover - runs in 
     import threading
     from datetime import UTC, datetime
 
+    from nous_actor.core.event import Event
     from nous_actor.errors import ConflictError, StoreError
-    from nous_actor.event import Event
-    from nous_actor.session import Session
+    from nous_actor.sessions.handle import Session
     from nous_actor.store.postgres import PostgresStore
 
     out_lock = threading.Lock()

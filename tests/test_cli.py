@@ -13,8 +13,9 @@ from typing import NoReturn
 
 import pytest
 
-from nous_actor import Log, Session, SQLiteStore, codec
+from nous_actor import Log, Session, SQLiteStore
 from nous_actor.cli import main
+from nous_actor.core import codec
 
 TIMEOUT = 120
 

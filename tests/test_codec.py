@@ -1,4 +1,4 @@
-"""nous_actor.codec: events and logs as JSON records and JSON Lines, plus v1 import."""
+"""nous_actor.core.codec: events and logs as JSON records and JSON Lines, plus v1 import."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from nous_actor import CodecError, Event, FrozenDict, Log, Message, Replace, codec
+from nous_actor import CodecError, Event, FrozenDict, Log, Message, Replace
+from nous_actor.core import codec
 from nous_actor.testing import logs, messages
 
 T0 = datetime(2026, 1, 1, 12, 30, 45, 123456, tzinfo=UTC)
@@ -486,7 +487,7 @@ def test_deeply_nested_record_decodes_or_is_a_codec_error() -> None:
 )
 def test_a_stored_row_with_malformed_data_is_refused(data: str, match: str) -> None:
     """event_from_row refuses data that is not exactly one JSON object, naming the field."""
-    from nous_actor.codec import event_from_row
+    from nous_actor.core.codec import event_from_row
 
     with pytest.raises(CodecError, match=match) as info:
         event_from_row(3, "user_message", "2026-01-01T00:00:00.000000+00:00", data)
@@ -495,7 +496,7 @@ def test_a_stored_row_with_malformed_data_is_refused(data: str, match: str) -> N
 
 def test_a_stored_row_may_end_in_white_space() -> None:
     """Trailing white space after the JSON object is not an error."""
-    from nous_actor.codec import event_from_row
+    from nous_actor.core.codec import event_from_row
 
     ev = event_from_row(3, "user_message", "2026-01-01T00:00:00.000000+00:00", '{"a": [1]} \n')
     assert ev.data == {"a": [1]}

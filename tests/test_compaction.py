@@ -21,7 +21,7 @@ from nous_actor import (
     Role,
     estimate_tokens,
 )
-from nous_actor.history import compactions, explain, replaced
+from nous_actor.core.history import compactions, explain, replaced
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 2, 2, tzinfo=UTC)

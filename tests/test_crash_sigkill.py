@@ -51,7 +51,7 @@ from typing import Any, Final, Literal
 import pytest
 
 from nous_actor import Event, Session, SQLiteStore
-from nous_actor.codec import encode_data, format_time
+from nous_actor.core.codec import encode_data, format_time
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 
@@ -73,7 +73,7 @@ import structlog
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 from nous_actor import Session, SQLiteStore
-from nous_actor.codec import encode_data, format_time
+from nous_actor.core.codec import encode_data, format_time
 
 path, durability, seed, n_sessions = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(seed)

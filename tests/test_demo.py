@@ -1,4 +1,4 @@
-"""The demo runs as ``python -m nous_actor.demo`` and states the facts of the core correctly."""
+"""The tour runs as ``python -m nous_actor.cli.tour`` and states the facts of the core."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nous_actor import demo
+from nous_actor.cli import tour as demo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run() -> subprocess.CompletedProcess[str]:
     """One run of the demo as a separate process, as ``make demo`` does it."""
     return subprocess.run(
-        [sys.executable, "-m", "nous_actor.demo"],
+        [sys.executable, "-m", "nous_actor.cli.tour"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -86,7 +86,7 @@ def test_json_lines_round_trip(run: subprocess.CompletedProcess[str]) -> None:
 def test_output_is_deterministic(run: subprocess.CompletedProcess[str]) -> None:
     """Fixed timestamps: a second run prints exactly the same text."""
     again = subprocess.run(
-        [sys.executable, "-m", "nous_actor.demo"],
+        [sys.executable, "-m", "nous_actor.cli.tour"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -114,9 +114,9 @@ def test_main_rejects_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_stdout_closed_is_an_error() -> None:
-    """``python -m nous_actor.demo >&-``: one line on stderr and exit 1, not a silent 0."""
+    """``python -m nous_actor.cli.tour >&-``: one line on stderr and exit 1, not a silent 0."""
     out = subprocess.run(
-        [sys.executable, "-m", "nous_actor.demo"],
+        [sys.executable, "-m", "nous_actor.cli.tour"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -26,7 +26,7 @@ from nous_actor import (
     Replace,
     Session,
 )
-from nous_actor.event import SURFACE_TYPES, check_event, type_text
+from nous_actor.core.event import SURFACE_TYPES, check_event, type_text
 from nous_actor.testing import event_data
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

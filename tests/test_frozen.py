@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 
 from nous_actor import FrozenDict, FrozenList
-from nous_actor._frozen import NotJSON, freeze, thaw
+from nous_actor.core._frozen import NotJSON, freeze, thaw
 from nous_actor.testing import json_values
 
 

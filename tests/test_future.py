@@ -11,7 +11,7 @@ import pykka
 import pytest
 
 from nous_actor import CallTimeout, InvalidEvent, Session, SessionFuture
-from nous_actor.session import SessionActor
+from nous_actor.sessions.actor import SessionActor
 
 BOUND = 10.0
 

@@ -1,4 +1,4 @@
-"""Rewind (Log.as_of), fork (Log.fork) and audit (nous_actor.history) on the pure Log."""
+"""Rewind (Log.as_of), fork (Log.fork) and audit (nous_actor.core.history) on the pure Log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nous_actor import Compactor, EventType, Log, Replace
-from nous_actor.history import compactions, explain, replaced, shadowed_by
+from nous_actor.core.history import compactions, explain, replaced, shadowed_by
 from nous_actor.testing import LogOp, log_programs, logs, reference_derive_indexed, run_program
 from nous_actor.testing.reference import reference_shadowed
 

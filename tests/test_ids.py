@@ -1,10 +1,10 @@
-"""The one session-id rule (nous_actor.ids.check_session_id)."""
+"""The one session-id rule (nous_actor.core.ids.check_session_id)."""
 
 from __future__ import annotations
 
 import pytest
 
-from nous_actor.ids import MAX_SESSION_ID_LENGTH, check_session_id
+from nous_actor.core.ids import MAX_SESSION_ID_LENGTH, check_session_id
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from nous_actor import Event, EventType, Log, Message
-from nous_actor.event import SURFACE_TYPES
+from nous_actor.core.event import SURFACE_TYPES
 from nous_actor.testing import (
     event_data,
     log_programs,

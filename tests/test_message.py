@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nous_actor import FrozenDict, FrozenList, Log, Message, Role
-from nous_actor.message import UnsendableMessage, tool_call_parts
+from nous_actor.core.message import UnsendableMessage, tool_call_parts
 from nous_actor.testing import json_values, messages
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)

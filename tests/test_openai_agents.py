@@ -3,7 +3,7 @@
 Runs against MemoryStore and SQLiteStore. The SDK's own SQLiteSession tests
 (ordering, limit, pop, clear, isolation, unicode, concurrency) are ported
 here; real `Runner.run` loops use a scripted model (no network). Crashes are
-real (`nous_actor.faults.crash`); a session's actor is held still, where a
+real (`nous_actor.sessions.faults.crash`); a session's actor is held still, where a
 test needs calls queued behind each other, by a call that waits on a
 `threading.Event`. Every wait is bounded.
 """
@@ -61,7 +61,6 @@ from nous_actor import (
     SQLiteStore,
     Store,
 )
-from nous_actor.faults import crash
 from nous_actor.integrations.openai_agents import (
     CLEARED_KEY,
     ITEM_KEY,
@@ -71,6 +70,7 @@ from nous_actor.integrations.openai_agents import (
     event_for_item,
     items_from_messages,
 )
+from nous_actor.sessions.faults import crash
 
 set_tracing_disabled(True)  # no trace is ever sent anywhere
 

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
+from nous_actor.core.event import Event  # noqa: E402
 from nous_actor.errors import ConflictError, FencedError, StoreError  # noqa: E402
-from nous_actor.event import Event  # noqa: E402
 from nous_actor.store.postgres import PostgresStore  # noqa: E402
 
 SESSIONS = ("a", "b")

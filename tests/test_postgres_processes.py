@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 from nous_actor.errors import ConflictError, FencedError  # noqa: E402
-from nous_actor.session import Session  # noqa: E402
+from nous_actor.sessions.handle import Session  # noqa: E402
 
 
 def _expire_leases(stores: Stores) -> None:
@@ -117,7 +117,7 @@ def test_a_paused_writer_is_fenced_after_its_lease_is_taken_over(
         assert [e.seq for e in new.load("s")] == [0, 1, 2]
         from datetime import UTC, datetime
 
-        from nous_actor.event import Event
+        from nous_actor.core.event import Event
 
         now = datetime.now(UTC)
         assert new.write({"s": [Event(3, "user_message", now, {"content": "new-3"})]}) == {}

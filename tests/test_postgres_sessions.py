@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 from nous_actor.errors import ConflictError, FencedError, SessionStopped  # noqa: E402
-from nous_actor.faults import crash  # noqa: E402
-from nous_actor.registry import Sessions  # noqa: E402
-from nous_actor.session import Session  # noqa: E402
+from nous_actor.sessions.faults import crash  # noqa: E402
+from nous_actor.sessions.handle import Session  # noqa: E402
+from nous_actor.sessions.registry import Sessions  # noqa: E402
 
 
 def _expire(stores: Stores) -> None:

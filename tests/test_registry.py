@@ -34,8 +34,8 @@ from nous_actor import (
     StoreError,
     TooManySessions,
 )
-from nous_actor.registry import DEFAULT_BACKOFF
-from nous_actor.session import SessionActor
+from nous_actor.sessions.actor import SessionActor
+from nous_actor.sessions.registry import DEFAULT_BACKOFF
 from nous_actor.supervision import _timer
 
 BOUND = 10.0

@@ -30,7 +30,7 @@ from nous_actor import (
     SQLiteStore,
     Store,
 )
-from nous_actor.session import SessionActor
+from nous_actor.sessions.actor import SessionActor
 from nous_actor.testing.strategies import event_data, times
 
 BOUND = 10.0

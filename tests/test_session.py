@@ -21,7 +21,7 @@ from nous_actor import (
     SessionFuture,
     SessionStopped,
 )
-from nous_actor.session import SessionActor
+from nous_actor.sessions.actor import SessionActor
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 BOUND = 10.0

@@ -30,7 +30,7 @@ from nous_actor import (
     StoreError,
     Subscription,
 )
-from nous_actor.session import SessionActor
+from nous_actor.sessions.actor import SessionActor
 from nous_actor.store.memory import MemoryStore
 
 BOUND = 10.0

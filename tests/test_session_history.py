@@ -22,7 +22,7 @@ from nous_actor import (
     Store,
     StoreError,
 )
-from nous_actor.history import compactions
+from nous_actor.core.history import compactions
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 2, 2, tzinfo=UTC)

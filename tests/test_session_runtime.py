@@ -26,7 +26,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-import nous_actor.log as log_module
+import nous_actor.core.log as log_module
 from nous_actor import (
     CompactionError,
     Compactor,
@@ -37,7 +37,7 @@ from nous_actor import (
     SessionStopped,
     SQLiteStore,
 )
-from nous_actor.session import MAX_COMPACTION_RETRIES, SessionActor
+from nous_actor.sessions.actor import MAX_COMPACTION_RETRIES, SessionActor
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.testing.reference import reference_derive_indexed
@@ -224,7 +224,7 @@ def test_asyncio_waiters_are_woken_once_per_batch_with_no_timer_per_await() -> N
 def test_an_awaited_call_still_times_out_at_its_bound() -> None:
     """await on a call nobody answers raises CallTimeout about its bound later."""
     from nous_actor import CallTimeout
-    from nous_actor.future import SessionFuture
+    from nous_actor.sessions.future import SessionFuture
 
     async def main() -> None:
         fut: SessionFuture[int] = SessionFuture("nobody", 0.1)

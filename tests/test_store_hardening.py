@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from nous_actor import Event, Log, Session
-from nous_actor.codec import CodecError, to_jsonl
+from nous_actor.core.codec import CodecError, to_jsonl
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store import (
     MemoryStore,

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, FencedError, StoreError
-from nous_actor.event import Event
 from nous_actor.store import Store, list_sessions
 from nous_actor.testing.store_contract import StoreContract, assert_same_events
 

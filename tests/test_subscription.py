@@ -16,7 +16,7 @@ from nous_actor import (
     Subscription,
     SubscriptionLagged,
 )
-from nous_actor.session import SessionActor
+from nous_actor.sessions.actor import SessionActor
 
 BOUND = 10.0
 

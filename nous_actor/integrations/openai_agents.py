@@ -66,14 +66,14 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         "install it with: pip install 'nous-actor[openai-agents]'"
     ) from exc
 
-from nous_actor._frozen import NotJSON, freeze, thaw
+from nous_actor.core._frozen import NotJSON, freeze, thaw
+from nous_actor.core.event import Event, EventType, InvalidEvent
+from nous_actor.core.ids import check_session_id
+from nous_actor.core.message import Message, Role, tool_call_parts
 from nous_actor.errors import CallTimeout, SessionCrashed, SessionStopped
-from nous_actor.event import Event, EventType, InvalidEvent
-from nous_actor.future import SessionFuture
-from nous_actor.ids import check_session_id
-from nous_actor.message import Message, Role, tool_call_parts
-from nous_actor.registry import Sessions
-from nous_actor.session import Session
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle import Session
+from nous_actor.sessions.registry import Sessions
 from nous_actor.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -506,7 +506,7 @@ class NousSession:
       `CancelledError`; one cancelled while waiting for its turn does nothing.
 
     Args:
-        session_id: the session's id (see `nous_actor.ids`).
+        session_id: the session's id (see `nous_actor.core.ids`).
         sessions: the registry that runs the session; its store keeps it.
         session_settings: the SDK's `SessionSettings` (or a dict of them); its
             `limit` is the default of `get_items`.
@@ -857,7 +857,7 @@ async def _append_pinned(
     session refused); then resending the rest keeps the order.
     """
     # The one place this module reaches inside a handle: the appends are pinned
-    # to the actor the session has now, as nous_actor.faults.crash_amid does. A
+    # to the actor the session has now, as nous_actor.sessions.faults.crash_amid does. A
     # registry handle re-resolves a stopped actor on each call, so without the
     # pin an append sent after a crash would reach the restarted session while
     # earlier ones were refused, and the items would land out of order. The pin

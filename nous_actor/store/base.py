@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from nous_actor.codec import CodecError, iter_jsonl, loads
+from nous_actor.core.codec import CodecError, iter_jsonl, loads
+from nous_actor.core.event import Event
+from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.event import Event
-from nous_actor.ids import check_session_id
 
 __all__ = ["SessionInfo", "Store", "export_session", "import_session", "list_sessions"]
 
@@ -137,18 +137,18 @@ def list_sessions(store: Store) -> list[SessionInfo]:
 
 
 def export_session(store: Store, session_id: str) -> str:
-    """One session's stored events as JSON Lines (see `nous_actor.codec`).
+    """One session's stored events as JSON Lines (see `nous_actor.core.codec`).
 
     Raises:
         TypeError, ValueError: `session_id` is not a valid session id (see
-            `nous_actor.ids`).
+            `nous_actor.core.ids`).
         StoreError: the session has no events, or the store failed.
     """
     session_id = check_session_id(session_id)
     events = store.load(session_id)
     if not events:
         raise StoreError("no such session to export", session_id=session_id)
-    from nous_actor.log import Log
+    from nous_actor.core.log import Log
 
     log = Log()
     for ev in events:
@@ -169,7 +169,7 @@ def import_session(store: Store, session_id: str, text: str) -> int:
 
     Raises:
         TypeError, ValueError: `session_id` is not a valid session id (see
-            `nous_actor.ids`); nothing is stored.
+            `nous_actor.core.ids`); nothing is stored.
         CodecError: the text is malformed, or holds no event (an empty
             input); nothing is stored.
         ConflictError: the session already has events (import into a new

@@ -6,9 +6,9 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 
+from nous_actor.core.event import Event
+from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.event import Event
-from nous_actor.ids import check_session_id
 from nous_actor.store.base import SessionInfo
 
 __all__ = ["MemoryStore"]
@@ -18,7 +18,7 @@ class MemoryStore:
     """A `Store` in a dict: same rules, no durability.
 
     Events are kept as the immutable `Event` values they are. `claim` and
-    `write` refuse a session id that is not valid (see `nous_actor.ids`) with
+    `write` refuse a session id that is not valid (see `nous_actor.core.ids`) with
     `StoreError`, storing nothing.
     """
 

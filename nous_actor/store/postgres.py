@@ -69,12 +69,12 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from nous_actor._log import get_logger
-from nous_actor.codec import CodecError, encode_data, event_from_row
+from nous_actor.core.codec import CodecError, encode_data, event_from_row
+from nous_actor.core.event import Event
+from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, FencedError, StoreError
-from nous_actor.event import Event
-from nous_actor.ids import check_session_id
 from nous_actor.store.base import SessionInfo
-from nous_actor.subscription import Subscription
+from nous_actor.store.subscription import Subscription
 
 __all__ = ["FencedError", "PostgresStore", "PostgresWatch"]
 
@@ -699,7 +699,7 @@ class PostgresStore:
 
         Raises:
             StoreError: nothing was stored: a session id is not valid (see
-                `nous_actor.ids`), a seq does not fit in 64 bits, the store is
+                `nous_actor.core.ids`), a seq does not fit in 64 bits, the store is
                 closed, the server was unreachable for `timeout`, or the
                 outcome of a commit could not be read back (then the events
                 are wholly stored or wholly absent: reload from the store).
@@ -822,7 +822,7 @@ class PostgresStore:
             ConflictError: another live writer holds the session (in this store
                 object, or another one anywhere); `holder` and `lease_until`
                 name it.
-            StoreError: `session_id` is not valid (see `nous_actor.ids`), or the
+            StoreError: `session_id` is not valid (see `nous_actor.core.ids`), or the
                 store failed.
         """
         self._check_open()

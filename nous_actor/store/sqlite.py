@@ -28,10 +28,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from nous_actor.codec import CodecError, encode_data, event_from_row, format_time
+from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
+from nous_actor.core.event import Event
+from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.event import Event
-from nous_actor.ids import check_session_id
 from nous_actor.store.base import SessionInfo
 
 __all__ = ["SQLiteStore"]
@@ -490,7 +490,7 @@ class SQLiteStore:
 
         Raises:
             StoreError: nothing was stored: a session id is not valid (see
-                `nous_actor.ids`), the file was removed or replaced, or SQLite failed.
+                `nous_actor.core.ids`), the file was removed or replaced, or SQLite failed.
         """
         batches = [
             (
@@ -567,7 +567,7 @@ class SQLiteStore:
 
         Raises:
             ConflictError: a live writer holds the session, in this process or another.
-            StoreError: `session_id` is not valid (see `nous_actor.ids`), or the store failed.
+            StoreError: `session_id` is not valid (see `nous_actor.core.ids`), or the store failed.
         """
         session_id = self._valid_id(session_id)
         token = uuid.uuid4().hex

@@ -21,10 +21,10 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nous_actor.event import SURFACE_TYPES, Event, EventType, InvalidEvent
-from nous_actor.future import SessionFuture
-from nous_actor.log import Log
-from nous_actor.session import Session
+from nous_actor.core.event import SURFACE_TYPES, Event, EventType, InvalidEvent
+from nous_actor.core.log import Log
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle import Session
 from nous_actor.testing.strategies import event_data, times
 
 __all__ = ["SessionMachine"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nous_actor.event import SURFACE_TYPES, Event, parse_surface_op
-from nous_actor.message import Message
+from nous_actor.core.event import SURFACE_TYPES, Event, parse_surface_op
+from nous_actor.core.message import Message
 
 __all__ = [
     "reference_derive_indexed",

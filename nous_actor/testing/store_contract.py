@@ -51,10 +51,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from nous_actor.codec import CodecError, from_v1, loads_event, to_jsonl
+from nous_actor.core.codec import CodecError, from_v1, loads_event, to_jsonl
+from nous_actor.core.event import SURFACE_TYPES, Event, EventType, Replace
+from nous_actor.core.log import Log
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.event import SURFACE_TYPES, Event, EventType, Replace
-from nous_actor.log import Log
 from nous_actor.store.base import Store, export_session, import_session
 from nous_actor.testing.strategies import event_data, times
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from nous_actor.event import BOOKKEEPING_TYPES, SURFACE_TYPES, EventType
-from nous_actor.log import Log
-from nous_actor.message import Message, Role
+from nous_actor.core.event import BOOKKEEPING_TYPES, SURFACE_TYPES, EventType
+from nous_actor.core.log import Log
+from nous_actor.core.message import Message, Role
 
 __all__ = [
     "LogOp",

@@ -15,10 +15,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from nous_actor._frozen import short_repr
 from nous_actor._log import get_logger
+from nous_actor.core._frozen import short_repr
+from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.event import Event
 from nous_actor.store.base import Store
 
 __all__ = ["Committer", "committer_for"]

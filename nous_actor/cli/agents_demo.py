@@ -40,14 +40,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO
 
-from nous_actor.compaction import Compactor
+from nous_actor.core.compaction import Compactor
+from nous_actor.core.event import Event
+from nous_actor.core.message import Message
 from nous_actor.errors import SessionCrashed, SessionStopped
-from nous_actor.event import Event
-from nous_actor.faults import crash, crash_amid
-from nous_actor.future import SessionFuture
-from nous_actor.message import Message
-from nous_actor.registry import Sessions
-from nous_actor.session import Session
+from nous_actor.sessions.faults import crash, crash_amid
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle import Session
+from nous_actor.sessions.registry import Sessions
 from nous_actor.store.base import Store
 from nous_actor.store.sqlite import APPLICATION_ID, SQLiteStore
 from nous_actor.supervision import Backoff

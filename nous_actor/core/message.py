@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from nous_actor._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze, short_repr, thaw
+from nous_actor.core._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze, short_repr, thaw
 
 __all__ = ["Message", "Role", "UnsendableMessage", "tool_call_parts"]
 

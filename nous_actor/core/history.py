@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nous_actor.event import Event, EventType
-from nous_actor.log import Log
+from nous_actor.core.event import Event, EventType
+from nous_actor.core.log import Log
 
 __all__ = ["compactions", "explain", "replaced", "shadowed_by"]
 

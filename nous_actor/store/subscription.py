@@ -8,8 +8,8 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
+from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout, SessionStopped, SubscriptionLagged
-from nous_actor.event import Event
 
 __all__ = ["Subscription"]
 

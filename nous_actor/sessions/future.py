@@ -14,8 +14,8 @@ from typing import Any, Final, TypeVar
 
 import pykka
 
-from nous_actor._frozen import short_repr
 from nous_actor._log import get_logger
+from nous_actor.core._frozen import short_repr
 from nous_actor.errors import CallTimeout
 
 __all__ = ["DEFAULT_TIMEOUT", "SessionFuture"]

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from nous_actor._frozen import FrozenDict, FrozenList, _dict_of, _list_from, thaw
-from nous_actor.event import _LOOKUP as EVENT_TYPES
-from nous_actor.event import SURFACE_TYPES, Event, InvalidEvent, parse_surface_op
-from nous_actor.log import Log
-from nous_actor.message import Message
+from nous_actor.core._frozen import FrozenDict, FrozenList, _dict_of, _list_from, thaw
+from nous_actor.core.event import _LOOKUP as EVENT_TYPES
+from nous_actor.core.event import SURFACE_TYPES, Event, InvalidEvent, parse_surface_op
+from nous_actor.core.log import Log
+from nous_actor.core.message import Message
 
 __all__ = [
     "CodecError",

@@ -24,20 +24,20 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import structlog
 
-from nous_actor import history
 from nous_actor._version import __version__
-from nous_actor.codec import CodecError, event_to_dict, loads, message_to_dict
+from nous_actor.core import history
+from nous_actor.core.codec import CodecError, event_to_dict, loads, message_to_dict
+from nous_actor.core.event import Event
+from nous_actor.core.ids import check_session_id
+from nous_actor.core.log import Log
 from nous_actor.errors import NousActorError, StoreError
-from nous_actor.event import Event
-from nous_actor.ids import check_session_id
-from nous_actor.log import Log
 from nous_actor.store import SessionInfo, Store, export_session, import_session, list_sessions
 from nous_actor.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nous_actor.session import Session
+    from nous_actor.sessions.handle import Session
 
 __all__ = ["main"]
 
@@ -307,7 +307,7 @@ def _demo_dsn(args: argparse.Namespace) -> str | None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from nous_actor.agents_demo import check_demo_paths, format_report, run_demo
+    from nous_actor.cli.agents_demo import check_demo_paths, format_report, run_demo
 
     dsn = _demo_dsn(args)
     if dsn is not None:
@@ -348,7 +348,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _demo_postgres(args: argparse.Namespace, dsn: str) -> int:
     """The demo on a PostgreSQL server, in a schema of its own (``--schema``)."""
     try:
-        from nous_actor.agents_demo import (
+        from nous_actor.cli.agents_demo import (
             check_demo_log,
             check_demo_schema,
             format_report,
@@ -389,7 +389,7 @@ def _demo_postgres(args: argparse.Namespace, dsn: str) -> int:
 
 
 def cmd_tour(args: argparse.Namespace) -> int:
-    from nous_actor import demo
+    from nous_actor.cli import tour as demo
 
     try:
         status = demo.main([])
@@ -503,7 +503,7 @@ def _with_session(args: argparse.Namespace, work: Callable[[Session], T]) -> tup
 
     Returns the session's log as it was stored before, and what ``work`` returned.
     """
-    from nous_actor.session import Session
+    from nous_actor.sessions.handle import Session
 
     store = _open_existing(args.db, args.schema)
     log = _load(store, args.session_id)

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from nous_actor.errors import SessionStopped
-from nous_actor.future import SessionFuture
-from nous_actor.session import Session
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle import Session
 
 __all__ = ["InjectedCrash", "crash", "crash_amid"]
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final, NoReturn
 
-from nous_actor._frozen import (
+from nous_actor.core._frozen import (
     EMPTY_DICT,
     EMPTY_LIST,
     FrozenDict,
@@ -17,7 +17,7 @@ from nous_actor._frozen import (
     freeze,
     short_repr,
 )
-from nous_actor.message import Message, Role, trusted_message
+from nous_actor.core.message import Message, Role, trusted_message
 
 __all__ = [
     "BOOKKEEPING_TYPES",
@@ -107,7 +107,7 @@ class Replace:
     >>> Replace(5, 2)
     Traceback (most recent call last):
     ...
-    nous_actor.event.InvalidEvent: invalid surface_op: stop 2 < start 5; use None, 'append', ...
+    nous_actor.core.event.InvalidEvent: invalid surface_op: stop 2 < start 5; use None, ...
     """
 
     __slots__ = ("start", "stop")

@@ -26,7 +26,7 @@ from operator import attrgetter
 from typing import Any, Final
 
 from nous_actor._log import get_logger
-from nous_actor.event import (
+from nous_actor.core.event import (
     EVENT_TYPE_OF,
     SURFACE_TYPES,
     Event,
@@ -36,7 +36,7 @@ from nous_actor.event import (
     project,
     type_text,
 )
-from nous_actor.message import Message, Role, tool_call_parts
+from nous_actor.core.message import Message, Role, tool_call_parts
 
 __all__ = ["Log"]
 

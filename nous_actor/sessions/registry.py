@@ -38,10 +38,11 @@ from typing import Any, Literal
 import pykka
 
 from nous_actor._log import get_logger
+from nous_actor.core.ids import check_session_id
 from nous_actor.errors import SessionStopped, TooManySessions
-from nous_actor.future import DEFAULT_TIMEOUT, SessionFuture
-from nous_actor.ids import check_session_id
-from nous_actor.session import Session, SessionActor, _off_loop, _safe_str
+from nous_actor.sessions.actor import SessionActor, _safe_str
+from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
+from nous_actor.sessions.handle import Session, _off_loop
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
@@ -218,7 +219,7 @@ class Sessions:
         restart intensity).
 
         Raises:
-            ValueError, TypeError: ``session_id`` is not a valid id (see `nous_actor.ids`).
+            ValueError, TypeError: ``session_id`` is not a valid id (see `nous_actor.core.ids`).
             TooManySessions: ``max_sessions`` sessions are live.
             ConflictError: another live writer holds the session in the store.
             StoreError: the store failed while recovering the session.

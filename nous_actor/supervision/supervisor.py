@@ -1,191 +1,33 @@
-"""Supervision, OTP style, on top of Pykka (which has none).
-
-* `SupervisedActor`: a Pykka actor that reports its exit (normal, or a
-  crash with its reason) to the supervisor that started it, and contains a
-  ``BaseException`` (Pykka's default would stop every actor in the process).
-* `Supervisor`: child specs, strategies ``one_for_one`` /
-  ``one_for_all`` / ``rest_for_one``, restart types ``permanent`` /
-  ``transient`` / ``temporary``, a sliding-window restart intensity with
-  optional exponential backoff, escalation to the parent supervisor beyond
-  it, and shutdown in reverse start order with a timeout per child.
-
-What counts as a crash: an exception in a tell or in ``on_start``, a
-``BaseException`` in any handler, and (for sessions) a store failure after
-which memory and disk may disagree. Every restart, backoff, escalation and
-shutdown timeout is a structlog event with the child id and the reason.
-
-Where the library reaches into Pykka's private names (Pykka has no public
-hook for these; each is exercised by the suite, which CI runs against the
-newest Pykka 4.x that pip resolves for ``pykka>=4,<5``):
-
-* `SupervisedActor._actor_loop`: report the exit to the monitor and set
-  ``finished`` after Pykka's last look at the inbox, however the actor ended.
-* `SupervisedActor._actor_loop_setup`: a ``BaseException`` from ``on_start``
-  stops only this actor (Pykka lets it through and stops every actor).
-* `SupervisedActor._handle_receive`: contain a ``BaseException`` in any
-  handler to this actor.
-* `SupervisedActor._handle_failure`: record the exception that crashed a tell
-  as the exit reason (``on_failure`` is the user's to override).
-* `SessionActor._handle_receive`: dispatch the session's own calls before
-  Pykka's chain of ``isinstance`` checks (the hot path).
-* `SessionActor._create_actor_inbox`: a C ``SimpleQueue`` instead of a
-  ``queue.Queue`` (a Python-level lock per put and get).
-
-Pykka's name ``_stop`` must not be shadowed by a subclass (it is how
-``ActorRef.stop`` reaches the actor).
-"""
+"""`Supervisor`, `ChildSpec`, `RestartPolicy`: restart strategies, types, intensity, backoff."""
 
 from __future__ import annotations
 
-import contextvars
 import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pykka
 
-from nous_actor._frozen import safe_str, short_repr
 from nous_actor._log import get_logger
-from nous_actor.errors import NousActorError
-
-__all__ = [
-    "ActorCrashed",
-    "Backoff",
-    "ChildSpec",
-    "Exit",
-    "RestartIntensity",
-    "RestartIntensityExceeded",
-    "RestartPolicy",
-    "SupervisedActor",
-    "Supervisor",
-]
-
-logger = get_logger(__name__)
-
-Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
-RestartType = Literal["permanent", "transient", "temporary"]
-Clock = Callable[[], float]
-Scheduler = Callable[[float, Callable[[], None]], None]
-
-
-class ActorCrashed(NousActorError):
-    """The actor crashed while handling this call (a ``BaseException``); it is stopped."""
-
-
-class RestartIntensityExceeded(NousActorError):
-    """More than ``max_restarts`` restarts within ``max_seconds``: the supervisor gave up."""
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How an actor ended: ``reason`` is ``None`` for a normal stop, else what crashed it."""
-
-    urn: str
-    reason: BaseException | None
-
-    @property
-    def normal(self) -> bool:
-        return self.reason is None
-
-
-Monitor = Callable[[Exit], None]
-_next_monitor: contextvars.ContextVar[Monitor | None] = contextvars.ContextVar(
-    "nous_actor_next_monitor", default=None
+from nous_actor.core._frozen import safe_str
+from nous_actor.supervision.actor import (
+    Clock,
+    Exit,
+    RestartIntensityExceeded,
+    RestartType,
+    Scheduler,
+    Strategy,
+    SupervisedActor,
+    start_monitored,
 )
 
+__all__ = ["Backoff", "ChildSpec", "RestartIntensity", "RestartPolicy", "Supervisor"]
 
-def start_monitored(
-    start: Callable[[], pykka.ActorRef[Any]], monitor: Monitor
-) -> pykka.ActorRef[Any]:
-    """Call ``start()``; the first `SupervisedActor` it creates reports its exit to
-    ``monitor``. Registered before the actor's thread runs, so no exit is missed."""
-    token = _next_monitor.set(monitor)
-    try:
-        return start()
-    finally:
-        _next_monitor.reset(token)
-
-
-class SupervisedActor(pykka.ThreadingActor):
-    """A Pykka actor a `Supervisor` can watch.
-
-    Its exit (a normal stop, or a crash: an exception in a tell or in
-    ``on_start``, a ``BaseException`` anywhere) is reported to the monitor
-    given by `start_monitored`. A ``BaseException`` stops only this actor.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._monitor = _next_monitor.get()
-        _next_monitor.set(None)  # only the first actor created by start() is the child
-        self.exit_reason: BaseException | None = None
-        # Set when the actor's thread is done (after Pykka's last look at the inbox):
-        # the one signal that an actor has really stopped. Reachable from its ref.
-        self.finished = threading.Event()
-        setattr(self.actor_ref, "finished", self.finished)  # noqa: B010
-        # Set once on_start has returned (or failed): a supervisor starts its
-        # children one after the other, each done starting before the next.
-        self.started = threading.Event()
-        setattr(self.actor_ref, "started", self.started)  # noqa: B010
-
-    def _actor_loop_setup(self) -> None:
-        try:
-            super()._actor_loop_setup()  # Pykka catches an Exception from on_start
-        except BaseException as exc:  # ... but not a BaseException: a crash too
-            self._crash(exc)
-        finally:
-            self.started.set()
-
-    def _handle_receive(self, message: Any) -> Any:
-        try:
-            return super()._handle_receive(message)
-        except Exception:
-            raise
-        except BaseException as exc:  # contain it: stop only this actor
-            self._crash(exc)
-            # An ask gets this instead of an answer (Pykka would send None).
-            raise ActorCrashed(
-                f"{self} crashed with {type(exc).__name__} in an ask and stopped"
-            ) from exc
-
-    def _cleanup(self) -> None:
-        """Hook run in the actor's thread when it has stopped, however it stopped."""
-
-    def _handle_failure(self, exc_type: Any, exc_value: Any, tb: Any) -> None:
-        if self.exit_reason is None and exc_value is not None:
-            self.exit_reason = exc_value
-        super()._handle_failure(exc_type, exc_value, tb)
-
-    def _crash(self, exc: BaseException) -> None:
-        """Stop this actor now, as crashed by ``exc`` (call from the actor's thread)."""
-        if self.exit_reason is None:
-            self.exit_reason = exc
-        pykka.ActorRegistry.unregister(self.actor_ref)
-        self.actor_stopped.set()
-
-    def _actor_loop(self) -> None:
-        try:
-            super()._actor_loop()
-        finally:
-            try:
-                self._cleanup()
-                monitor, self._monitor = self._monitor, None
-                if monitor is not None:
-                    try:
-                        monitor(Exit(self.actor_urn, self.exit_reason))
-                    except Exception as exc:  # a broken monitor must not hide the exit
-                        logger.error(
-                            "actor.monitor_failed",
-                            urn=self.actor_urn,
-                            reason=type(exc).__name__,
-                            error=short_repr(exc),
-                        )
-            finally:
-                self.finished.set()  # the very last thing: the exit has been reported
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from nous_actor._frozen import short_repr
 from nous_actor._log import get_logger
+from nous_actor.core._frozen import short_repr
+from nous_actor.core.event import Event, EventType
+from nous_actor.core.log import Log
+from nous_actor.core.message import Message, Role, tool_call_parts
 from nous_actor.errors import NousActorError
-from nous_actor.event import Event, EventType
-from nous_actor.log import Log
-from nous_actor.message import Message, Role, tool_call_parts
 
 __all__ = [
     "CompactionError",

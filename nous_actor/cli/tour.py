@@ -1,4 +1,4 @@
-"""A walkthrough of the pure core: run ``python -m nous_actor.demo``.
+"""A walkthrough of the pure core: run ``python -m nous_actor.cli.tour``.
 
 It builds one small session log, derives what the model sees, prunes an
 oversized tool result, compacts the older turn into a summary, snapshots the
@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from nous_actor.codec import from_jsonl, to_jsonl
-from nous_actor.event import Event, Replace
-from nous_actor.log import Log
+from nous_actor.core.codec import from_jsonl, to_jsonl
+from nous_actor.core.event import Event, Replace
+from nous_actor.core.log import Log
 
 __all__ = ["main"]
 
@@ -168,7 +168,7 @@ def _conversation() -> Iterator[tuple[str, dict[str, Any] | None]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the walkthrough; return 0 if every fact it printed was checked true."""
     parser = argparse.ArgumentParser(
-        prog="python -m nous_actor.demo",
+        prog="python -m nous_actor.cli.tour",
         description="A walkthrough of the nous_actor core: log, surface, replace, "
         "snapshot, JSON Lines. Takes no options.",
     )
@@ -334,7 +334,7 @@ def _run() -> int:
     if sys.stdout is None:
         if sys.stderr is not None:
             print(
-                "python -m nous_actor.demo: standard output is closed; redirect it to a file "
+                "python -m nous_actor.cli.tour: standard output is closed; redirect it to a file "
                 "or /dev/null instead of closing it",
                 file=sys.stderr,
             )

@@ -1,0 +1,46 @@
+"""Supervision, OTP style, on Pykka: knows nothing of sessions or stores.
+
+`actor` holds `SupervisedActor` (exit reports, `BaseException` containment)
+and its `Exit`; `supervisor` holds `Supervisor`, `ChildSpec` and the
+`RestartPolicy` that the session registry uses too.
+"""
+
+from nous_actor.supervision.actor import (
+    ActorCrashed,
+    Clock,
+    Exit,
+    Monitor,
+    RestartIntensityExceeded,
+    RestartType,
+    Scheduler,
+    Strategy,
+    SupervisedActor,
+    start_monitored,
+)
+from nous_actor.supervision.supervisor import (
+    Backoff,
+    ChildSpec,
+    RestartIntensity,
+    RestartPolicy,
+    Supervisor,
+    _timer,
+)
+
+__all__ = [
+    "ActorCrashed",
+    "Backoff",
+    "ChildSpec",
+    "Clock",
+    "Exit",
+    "Monitor",
+    "RestartIntensity",
+    "RestartIntensityExceeded",
+    "RestartPolicy",
+    "RestartType",
+    "Scheduler",
+    "Strategy",
+    "SupervisedActor",
+    "Supervisor",
+    "_timer",
+    "start_monitored",
+]

@@ -1,0 +1,88 @@
+"""The folders are the layers: each module imports only from its own layer and below.
+
+Read from the source (not run): every ``import`` and ``from ... import`` at
+any depth of a module, including the ones inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "nous_actor"
+LEAVES = {"nous_actor", "nous_actor.errors", "nous_actor._log", "nous_actor._version"}
+
+# layer -> the layers (of nous_actor) and third-party packages it may import
+ALLOWED: dict[str, tuple[set[str], set[str]]] = {
+    "core": ({"core"}, {"structlog"}),
+    "store": ({"core", "store"}, {"structlog", "psycopg"}),
+    "supervision": ({"core", "supervision"}, {"structlog", "pykka"}),
+    "sessions": ({"core", "store", "supervision", "sessions"}, {"structlog", "pykka"}),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            if node.module == "nous_actor":  # from nous_actor import store, ...
+                found.update(f"nous_actor.{alias.name}" for alias in node.names)
+    return found
+
+
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "nous_actor" else None
+
+
+def _modules(layer: str) -> list[Path]:
+    return sorted((PACKAGE / layer).glob("*.py"))
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_a_layer_imports_only_the_layers_below_it(layer: str) -> None:
+    """No module of a layer imports a layer above it (or an unexpected package)."""
+    layers, third_party = ALLOWED[layer]
+    bad: dict[str, list[str]] = {}
+    for path in _modules(layer):
+        for name in sorted(_imports(path)):
+            root = name.split(".")[0]
+            if name in LEAVES or root in sys.stdlib_module_names or name == "__future__":
+                continue
+            if root == "nous_actor":
+                if _layer_of(name) in layers:
+                    continue
+            elif root in third_party:
+                continue
+            bad.setdefault(path.name, []).append(name)
+    assert bad == {}
+
+
+def test_every_module_is_in_a_layer() -> None:
+    """Only the leaves and the package's face sit at the top of the package."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "_log.py", "_version.py", "errors.py"]
+
+
+def test_the_leaves_import_no_layer() -> None:
+    """errors, _log and _version import nothing of the package's layers."""
+    for name in ("errors.py", "_log.py", "_version.py"):
+        layers = {_layer_of(m) for m in _imports(PACKAGE / name)} - {None}
+        assert layers == set(), name
+
+
+def test_psycopg_is_imported_by_the_postgres_store_and_the_demo_alone() -> None:
+    """The optional driver stays in its own module (and the demo that runs on a server)."""
+    users = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if any(n.split(".")[0] == "psycopg" for n in _imports(p))
+    ]
+    assert sorted(users) == ["cli/agents_demo.py", "store/postgres.py"]
