@@ -1,0 +1,657 @@
+"""`StoreContract`: the `Store` rules as a pytest suite (the stateful part is in
+`nous_actor.testing.store_machine`; `nous_actor.testing.store_contract` offers both)."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    run_state_machine_as_test,
+)
+
+from nous_actor.core.codec import CodecError, from_v1, loads_event, to_jsonl
+from nous_actor.core.event import Event, EventType, Replace
+from nous_actor.core.log import Log
+from nous_actor.errors import ConflictError, StoreError
+from nous_actor.store.base import Store, export_session, import_session
+from nous_actor.testing.store_machine import assert_same_events, store_machine
+
+__all__ = ["StoreContract", "assert_same_events"]
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+# -- comparing events strictly -----------------------------------------------------------
+
+
+def _ev(
+    seq: int,
+    etype: EventType | str = EventType.USER_MESSAGE,
+    data: Mapping[str, Any] | None = None,
+    time: datetime = T0,
+) -> Event:
+    return Event(seq, etype, time, {"content": f"event {seq}"} if data is None else data)
+
+
+def _varied_log() -> Log:
+    """A log with every event type, tool calls, metadata and a replace (a summary)."""
+    t = T0
+    step = timedelta(seconds=1, microseconds=1)
+    log = Log()
+    log = log.append("system_message", {"content": "be brief", "name": None}, t)
+    log = log.append("turn_start", {"turn": 1}, t + step)
+    log = log.append("request_header", {"model": "m", "temperature": 0.25}, t + 2 * step)
+    log = log.append("user_message", {"content": "hi", "metadata": {"lang": "en"}}, t + 3 * step)
+    log = log.append("step_start", {}, t + 4 * step)
+    call = {"id": "c1", "name": "lookup", "arguments": '{"q": "x"}'}
+    log = log.append(
+        "assistant_message",
+        {"content": None, "tool_calls": [call], "reasoning_content": "think"},
+        t + 5 * step,
+    )
+    log = log.append("tool_call", {"id": "c1", "ok": True}, t + 6 * step)
+    log = log.append("tool_result", {"content": "42", "tool_call_id": "c1"}, t + 7 * step)
+    log = log.append("step_end", {"tokens": 17}, t + 8 * step)
+    log = log.append("assistant_message", {"content": [{"type": "text", "text": "42"}]}, t)
+    log = log.append("turn_end", {"turn": 1}, t + 10 * step)
+    summary = {"content": "summary of 1..7", "surface_op": Replace(1, 7)}
+    log = log.append("system_message", summary, t + 11 * step)
+    return log.append("user_message", {"content": "and then?"}, t + 12 * step)
+
+
+def _odd_times() -> list[datetime]:
+    plus_0530 = timezone(timedelta(hours=5, minutes=30))
+    return [
+        datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        datetime(2026, 6, 30, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=plus_0530),
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(1, 1, 1, 0, 0, 0, 7, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ]
+
+
+# (name, call) of every Store method that must refuse to work once the store is closed.
+_CALLS_ON_A_CLOSED_STORE: list[tuple[str, Callable[[Store], object]]] = [
+    ("load", lambda s: s.load("a")),
+    ("write", lambda s: s.write({"a": [_ev(5)]})),
+    ("drop", lambda s: s.drop("a", [0])),
+    ("sessions", lambda s: s.sessions()),
+    ("delete", lambda s: s.delete("a")),
+    ("claim", lambda s: s.claim("b")),
+    ("export_session", lambda s: export_session(s, "a")),
+    (
+        "import_session",
+        lambda s: import_session(
+            s,
+            "c",
+            '{"seq":0,"type":"turn_start","time":"2026-01-01T00:00:00.000000+00:00","data":{}}\n',
+        ),
+    ),
+]
+
+
+def _stored_or_store_error(store: Store, session_id: str, events: list[Event]) -> None:
+    """Write ``events``: they must load back exactly, or the store must say StoreError."""
+    try:
+        refused = store.write({session_id: events})
+        assert session_id not in refused, refused
+        got = store.load(session_id)
+    except StoreError:
+        # Refusing is fine; leaving the store unusable or half-written is not.
+        assert store.load("contract-ok") == []
+        with contextlib.suppress(StoreError):
+            assert store.load(session_id) == []
+    else:
+        assert_same_events(got, events)
+    assert store.write({"contract-ok": [_ev(0)]}) == {}
+    assert_same_events(store.load("contract-ok"), [_ev(0)])
+
+
+# -- the contract suite -------------------------------------------------------------------
+
+
+class StoreContract(abc.ABC):
+    """Every rule of the ``Store`` protocol, as pytest tests; subclass it per store.
+
+    Implement `make_store`; override `close_store` if closing
+    needs more than ``store.close()``, and `machine_settings` to run the
+    stateful test longer or shorter.
+    """
+
+    tmp_path: Path
+
+    @abc.abstractmethod
+    def make_store(self) -> Store:
+        """A new, empty store (called once per test, and once per stateful example)."""
+
+    def close_store(self, store: Store) -> None:
+        """Release ``store`` after a test (it may be closed already)."""
+        store.close()
+
+    def machine_settings(self) -> settings:
+        """Hypothesis settings of `test_agrees_with_a_model_under_random_operations`."""
+        return settings(
+            max_examples=min(settings().max_examples, 25),
+            stateful_step_count=15,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        )
+
+    @pytest.fixture(autouse=True)
+    def _contract_tmp_path(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+
+    @pytest.fixture
+    def store(self, _contract_tmp_path: None) -> Iterator[Store]:
+        """A fresh store from `make_store`, closed after the test."""
+        store = self.make_store()
+        try:
+            yield store
+        finally:
+            with contextlib.suppress(StoreError):
+                self.close_store(store)
+
+    # -- write and load ---------------------------------------------------------------
+
+    def test_is_a_store(self, store: Store) -> None:
+        """The store implements the Store protocol (every method is there)."""
+        assert isinstance(store, Store)
+
+    def test_a_new_store_is_empty(self, store: Store) -> None:
+        """A new store has no sessions, and loading any session gives []."""
+        assert store.sessions() == []
+        assert store.load("nobody") == []
+
+    def test_written_events_load_back_equal(self, store: Store) -> None:
+        """Events of every type load back equal: seq, type, time, data, surface_op."""
+        events = list(_varied_log().events())
+        assert store.write({"s": events}) == {}
+        assert_same_events(store.load("s"), events)
+
+    def test_a_replace_loads_back_as_a_replace(self, store: Store) -> None:
+        """A replacing event keeps its surface_op, so the rebuilt surface is the same."""
+        log = _varied_log()
+        store.write({"s": log.events()})
+        loaded = store.load("s")
+        replaces = [e for e in loaded if e.surface_op is not None]
+        assert [e.surface_op for e in replaces] == [Replace(1, 7)]
+        assert list(replaces[0].data["surface_op"]) == ["replace", 1, 7]
+        rebuilt = Log()
+        for ev in loaded:
+            rebuilt = rebuilt.append_event(ev)
+        assert rebuilt.derive_indexed() == log.derive_indexed()
+
+    def test_a_replace_far_past_the_head_loads_back(self, store: Store) -> None:
+        """A replace whose range starts past its own seq and runs far beyond loads back."""
+        ev = _ev(0, "system_message", {"content": "x", "surface_op": ["replace", 3, 10**6]})
+        store.write({"s": [ev]})
+        assert_same_events(store.load("s"), [ev])
+        assert store.load("s")[0].surface_op == Replace(3, 10**6)
+
+    def test_times_load_back_to_the_microsecond_in_utc(self, store: Store) -> None:
+        """Times load back as the same instant, microseconds kept, in UTC (any offset given)."""
+        events = [_ev(i, time=t) for i, t in enumerate(_odd_times())]
+        store.write({"s": events})
+        assert_same_events(store.load("s"), events)
+
+    def test_data_loads_back_with_its_json_types(self, store: Store) -> None:
+        """Data keeps every JSON type and value: ints, floats, bools, null, nesting, unicode."""
+        data: dict[str, Any] = {
+            "content": "naïve café ☕ 日本語 \U0001f600",
+            "ints": [0, -1, 2**53 + 1, 10**30, -(10**30)],
+            "floats": [0.1, -0.0, 1e308, 5e-324, 1.5],
+            "bools": [True, False, None],
+            "one_and_true": {"one": 1, "float_one": 1.0, "true": True},
+            "nested": {"a": [{"b": [[], {}, ""]}]},
+            "escapes": 'quote " backslash \\ newline \n tab \t sep \u2028 nul \x00',
+            "": "empty key",
+        }
+        events = [_ev(0, data=data), _ev(1, "turn_start", {"deep": _nested(40)})]
+        store.write({"s": events})
+        assert_same_events(store.load("s"), events)
+
+    def test_load_is_in_seq_order_whatever_the_write_order(self, store: Store) -> None:
+        """load returns events in seq order even when a write listed them out of order."""
+        events = [_ev(5), _ev(1), _ev(3)]
+        store.write({"s": events})
+        assert [e.seq for e in store.load("s")] == [1, 3, 5]
+
+    def test_successive_writes_add_up(self, store: Store) -> None:
+        """Each write adds to what the session already holds."""
+        store.write({"s": [_ev(0), _ev(1)]})
+        store.write({"s": [_ev(2)]})
+        store.write({"s": [_ev(3), _ev(4)]})
+        assert_same_events(store.load("s"), [_ev(i) for i in range(5)])
+
+    def test_seq_gaps_are_kept(self, store: Store) -> None:
+        """Stored seqs need not be contiguous; load gives exactly the seqs written."""
+        store.write({"s": [_ev(0), _ev(5), _ev(9)]})
+        assert [e.seq for e in store.load("s")] == [0, 5, 9]
+
+    def test_sessions_are_kept_apart(self, store: Store) -> None:
+        """One write to several sessions stores each session's events under its own id."""
+        a = [_ev(0, data={"content": "a0"}), _ev(1, data={"content": "a1"})]
+        b = [_ev(0, data={"content": "b0"})]
+        assert store.write({"a": a, "b": b}) == {}
+        assert_same_events(store.load("a"), a)
+        assert_same_events(store.load("b"), b)
+        assert store.load("c") == []
+
+    def test_a_write_with_nothing_to_store_changes_nothing(self, store: Store) -> None:
+        """write({}) and a session with no events return {} and create no session."""
+        assert store.write({}) == {}
+        assert store.write({"empty": []}) == {}
+        assert store.sessions() == []
+        assert store.load("empty") == []
+
+    def test_loaded_events_are_the_callers(self, store: Store) -> None:
+        """Changing the list load returned changes nothing stored."""
+        store.write({"s": [_ev(0), _ev(1)]})
+        got = store.load("s")
+        got.clear()
+        assert [e.seq for e in store.load("s")] == [0, 1]
+
+    def test_a_write_is_not_affected_by_later_changes_to_the_callers_list(
+        self, store: Store
+    ) -> None:
+        """The store keeps what was written, not the caller's list object."""
+        events = [_ev(0)]
+        store.write({"s": events})
+        events.append(_ev(1))
+        assert [e.seq for e in store.load("s")] == [0]
+
+    # -- conflicts: per-session atomicity ---------------------------------------------------
+
+    def test_a_seq_already_stored_is_refused_with_conflict_error(self, store: Store) -> None:
+        """Writing a stored seq again returns a ConflictError for that session."""
+        store.write({"s": [_ev(0), _ev(1)]})
+        refused = store.write({"s": [_ev(1, data={"content": "other"})]})
+        assert set(refused) == {"s"}
+        assert isinstance(refused["s"], ConflictError)
+        assert_same_events(store.load("s"), [_ev(0), _ev(1)])
+
+    def test_a_refused_write_stores_none_of_its_events(self, store: Store) -> None:
+        """A session's write is all or nothing: the fresh seqs beside a stored one stay out."""
+        store.write({"s": [_ev(0), _ev(1)]})
+        refused = store.write({"s": [_ev(2), _ev(1), _ev(3)]})
+        assert isinstance(refused["s"], ConflictError)
+        assert [e.seq for e in store.load("s")] == [0, 1]
+
+    def test_a_seq_twice_in_one_write_is_refused(self, store: Store) -> None:
+        """Two events with one seq in the same write are a conflict; neither is stored."""
+        refused = store.write({"s": [_ev(0), _ev(0, data={"content": "twin"})]})
+        assert isinstance(refused["s"], ConflictError)
+        assert store.load("s") == []
+
+    def test_a_conflict_names_its_session(self, store: Store) -> None:
+        """The ConflictError a write returns carries the session's id."""
+        store.write({"s": [_ev(0)]})
+        refused = store.write({"s": [_ev(0)]})
+        assert refused["s"].session_id == "s"
+        assert "s" in str(refused["s"])
+
+    def test_a_conflict_leaves_other_sessions_in_the_same_write_stored(self, store: Store) -> None:
+        """Only the conflicting session is refused; the others in that write commit."""
+        store.write({"b": [_ev(0)]})
+        refused = store.write({"a": [_ev(0)], "b": [_ev(0), _ev(1)], "c": [_ev(0), _ev(1)]})
+        assert set(refused) == {"b"}
+        assert isinstance(refused["b"], ConflictError)
+        assert [e.seq for e in store.load("a")] == [0]
+        assert [e.seq for e in store.load("b")] == [0]
+        assert [e.seq for e in store.load("c")] == [0, 1]
+
+    def test_the_store_takes_more_writes_after_a_conflict(self, store: Store) -> None:
+        """A refused write leaves the store working: the session's next seq still commits."""
+        store.write({"s": [_ev(0)]})
+        store.write({"s": [_ev(0)]})
+        assert store.write({"s": [_ev(1)]}) == {}
+        assert [e.seq for e in store.load("s")] == [0, 1]
+
+    # -- drop ---------------------------------------------------------------------------
+
+    def test_drop_deletes_exactly_the_given_seqs(self, store: Store) -> None:
+        """drop removes the listed seqs of one session and nothing else."""
+        store.write({"s": [_ev(i) for i in range(5)], "t": [_ev(i) for i in range(5)]})
+        store.drop("s", [1, 3])
+        assert [e.seq for e in store.load("s")] == [0, 2, 4]
+        assert [e.seq for e in store.load("t")] == [0, 1, 2, 3, 4]
+
+    def test_drop_ignores_unknown_seqs_and_sessions(self, store: Store) -> None:
+        """Seqs never stored, and sessions never written, are ignored by drop."""
+        store.write({"s": [_ev(0), _ev(1)]})
+        store.drop("s", [1, 7, 1000])
+        store.drop("nobody", [0])
+        store.drop("s", [])
+        assert [e.seq for e in store.load("s")] == [0]
+        assert store.sessions() == ["s"]
+
+    def test_snapshot_gaps_survive_a_reload(self, store: Store) -> None:
+        """Writing a log, then dropping what snapshot drops, reloads as the snapshot."""
+        log = _varied_log()
+        store.write({"s": log.events()})
+        small = log.snapshot()
+        kept = {e.seq for e in small.events()}
+        store.drop("s", [e.seq for e in log.events() if e.seq not in kept])
+        loaded = store.load("s")
+        assert_same_events(loaded, small.events())
+        rebuilt = Log()
+        for ev in loaded:
+            rebuilt = rebuilt.append_event(ev)
+        assert rebuilt == small
+        assert rebuilt.count() == log.count()
+        assert rebuilt.derive_indexed() == log.derive_indexed()
+
+    def test_dropping_every_event_removes_the_session_from_sessions(self, store: Store) -> None:
+        """A session left with no events is not listed by sessions()."""
+        store.write({"s": [_ev(0), _ev(1)], "t": [_ev(0)]})
+        store.drop("s", [0, 1])
+        assert store.sessions() == ["t"]
+
+    # -- sessions and delete --------------------------------------------------------------
+
+    def test_sessions_lists_every_id_sorted(self, store: Store) -> None:
+        """sessions() lists each id with events once, sorted (code point order)."""
+        ids = ["b", "a", "B", "é", "a-1", "a_1", "10", "9", "日本", "a", "zz"]
+        for sid in ids:
+            store.write({sid: [_ev(len(store.load(sid)))]})
+        assert store.sessions() == sorted(set(ids))
+
+    def test_delete_removes_every_event_of_one_session(self, store: Store) -> None:
+        """delete empties one session and leaves the others as they were."""
+        store.write({"s": [_ev(0), _ev(1)], "t": [_ev(0)]})
+        store.delete("s")
+        assert store.load("s") == []
+        assert store.sessions() == ["t"]
+        assert [e.seq for e in store.load("t")] == [0]
+
+    def test_delete_of_an_unknown_session_is_a_no_op(self, store: Store) -> None:
+        """Deleting a session that has no events does nothing and raises nothing."""
+        store.write({"t": [_ev(0)]})
+        store.delete("nobody")
+        assert store.sessions() == ["t"]
+
+    def test_a_deleted_session_can_be_written_again_from_seq_0(self, store: Store) -> None:
+        """After delete, the session's seqs are free again."""
+        store.write({"s": [_ev(0), _ev(1)]})
+        store.delete("s")
+        assert store.write({"s": [_ev(0, data={"content": "new"})]}) == {}
+        assert store.load("s")[0].data == {"content": "new"}
+
+    # -- claims ------------------------------------------------------------------------
+
+    def test_claim_returns_a_token(self, store: Store) -> None:
+        """claim succeeds on a free session and returns a str token."""
+        token = store.claim("s")
+        assert isinstance(token, str)
+
+    def test_a_second_claim_is_refused_with_conflict_error(self, store: Store) -> None:
+        """While a claim is held, another claim of that session raises ConflictError."""
+        store.claim("s")
+        with pytest.raises(ConflictError) as info:
+            store.claim("s")
+        assert info.value.session_id == "s"
+
+    def test_claim_after_release_succeeds(self, store: Store) -> None:
+        """Releasing with the claim's token frees the session for the next claim."""
+        token = store.claim("s")
+        store.release("s", token)
+        second = store.claim("s")
+        assert second != token
+
+    def test_release_with_a_stale_token_is_a_no_op(self, store: Store) -> None:
+        """An old token releases nothing: the current holder keeps the session."""
+        old = store.claim("s")
+        store.release("s", old)
+        store.claim("s")
+        store.release("s", old)
+        with pytest.raises(ConflictError):
+            store.claim("s")
+
+    def test_release_of_an_unclaimed_session_is_a_no_op(self, store: Store) -> None:
+        """Releasing a session nobody claimed raises nothing and changes nothing."""
+        store.release("s", "not-a-token")
+        store.claim("s")
+
+    def test_release_of_one_session_leaves_other_claims(self, store: Store) -> None:
+        """Claims are per session: releasing one leaves the other held."""
+        a = store.claim("a")
+        store.claim("b")
+        store.release("a", a)
+        store.claim("a")
+        with pytest.raises(ConflictError):
+            store.claim("b")
+
+    def test_a_claim_is_not_a_session_with_events(self, store: Store) -> None:
+        """Claiming stores no event: the session is not listed and loads as []."""
+        store.claim("s")
+        assert store.sessions() == []
+        assert store.load("s") == []
+
+    def test_writes_do_not_need_a_claim(self, store: Store) -> None:
+        """A claim coordinates writers; write itself works with or without one."""
+        assert store.write({"s": [_ev(0)]}) == {}
+        store.claim("s")
+        assert store.write({"s": [_ev(1)]}) == {}
+
+    def test_delete_also_drops_the_writer_claim(self, store: Store) -> None:
+        """After delete, the session can be claimed again."""
+        store.write({"s": [_ev(0)]})
+        store.claim("s")
+        store.delete("s")
+        store.claim("s")
+
+    # -- closed --------------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "call",
+        [c for _, c in _CALLS_ON_A_CLOSED_STORE],
+        ids=[n for n, _ in _CALLS_ON_A_CLOSED_STORE],
+    )
+    def test_a_closed_store_raises_store_error(
+        self, store: Store, call: Callable[[Store], object]
+    ) -> None:
+        """After close(), every call raises StoreError (not a backend's own error)."""
+        store.write({"a": [_ev(0)]})
+        store.close()
+        with pytest.raises(StoreError):
+            call(store)
+
+    def test_release_on_a_closed_store_does_not_raise(self, store: Store) -> None:
+        """release after close is harmless (sessions release while shutting down)."""
+        token = store.claim("s")
+        store.close()
+        try:
+            store.release("s", token)
+        except StoreError:
+            pass
+
+    # -- export and import ----------------------------------------------------------------
+
+    def test_export_then_import_round_trips_a_session(self, store: Store) -> None:
+        """import_session(export_session(...)) under a new id stores the same events."""
+        log = _varied_log().snapshot()
+        store.write({"s": log.events()})
+        text = export_session(store, "s")
+        assert import_session(store, "copy", text) == len(log.events())
+        assert_same_events(store.load("copy"), store.load("s"))
+
+    def test_export_is_json_lines_with_one_event_a_line(self, store: Store) -> None:
+        """export_session gives one JSON record per stored event, each line ending in \\n."""
+        events = list(_varied_log().events())
+        store.write({"s": events})
+        text = export_session(store, "s")
+        assert text.endswith("\n")
+        lines = text[:-1].split("\n")
+        assert [loads_event(line) for line in lines] == events
+        replace = json.loads(lines[-2])
+        assert replace["data"]["surface_op"] == ["replace", 1, 7]
+
+    def test_export_of_a_session_without_events_raises_store_error(self, store: Store) -> None:
+        """There is nothing to export from a session with no events: StoreError."""
+        with pytest.raises(StoreError):
+            export_session(store, "nobody")
+
+    def test_import_of_a_v1_message_list_seeds_the_session(self, store: Store) -> None:
+        """A v1 JSON list of messages imports through Log.seed, one event per message."""
+        when = "2026-01-01T00:00:00.000001+00:00"
+        v1 = [
+            {"role": "system", "content": "be brief", "created_at": when},
+            {"role": "user", "content": "hi", "created_at": when},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+                "created_at": when,
+            },
+            {"role": "tool", "content": "42", "tool_call_id": "c1", "created_at": when},
+        ]
+        expected = from_v1(v1)
+        assert import_session(store, "v1", json.dumps(v1)) == 4
+        loaded = store.load("v1")
+        assert_same_events(loaded, expected.events())
+        rebuilt = Log()
+        for ev in loaded:
+            rebuilt = rebuilt.append_event(ev)
+        assert [m.role.value for m in rebuilt.derive_messages()] == [
+            "system",
+            "user",
+            "assistant",
+            "tool",
+        ]
+        assert rebuilt.derive_messages() == expected.derive_messages()
+
+    def test_import_into_a_session_with_events_raises_conflict_error(self, store: Store) -> None:
+        """Importing over existing events is refused with ConflictError and changes nothing."""
+        store.write({"s": [_ev(0), _ev(1)]})
+        text = export_session(store, "s")
+        store.write({"t": [_ev(0, data={"content": "mine"})]})
+        with pytest.raises(ConflictError):
+            import_session(store, "t", text)
+        assert_same_events(store.load("t"), [_ev(0, data={"content": "mine"})])
+
+    def test_import_of_malformed_text_raises_codec_error_and_stores_nothing(
+        self, store: Store
+    ) -> None:
+        """Text that is not a session raises CodecError; no event is stored."""
+        good = _jsonl([_ev(0)])
+        with pytest.raises(CodecError):
+            import_session(store, "s", good + "{not json}\n")
+        assert store.load("s") == []
+        assert store.sessions() == []
+
+    # -- errors are StoreError, never the backend's own ---------------------------------------
+
+    @pytest.mark.parametrize(
+        "session_id",
+        [
+            "",
+            "with space",
+            "ünïcødé-日本",
+            "a/b\\c",
+            "'; DROP TABLE events; --",
+            "%_*?",
+            "x" * 1000,
+            "nul\x00inside",
+        ],
+    )
+    def test_any_str_session_id_round_trips_or_raises_store_error(
+        self, store: Store, session_id: str
+    ) -> None:
+        """An awkward session id either works like any other or is refused with StoreError."""
+        _stored_or_store_error(store, session_id, [_ev(0), _ev(1)])
+
+    def test_a_session_id_with_a_lone_surrogate_round_trips_or_raises_store_error(
+        self, store: Store
+    ) -> None:
+        """A str id holding a lone surrogate either works or is refused with StoreError."""
+        _stored_or_store_error(store, "lone-\udc80", [_ev(0)])
+        for call in (
+            lambda: store.load("lone-\udc80"),
+            lambda: store.claim("lone-\udc80"),
+            lambda: store.delete("lone-\udc80"),
+        ):
+            with contextlib.suppress(StoreError):
+                call()
+
+    def test_a_seq_past_64_bits_round_trips_or_raises_store_error(self, store: Store) -> None:
+        """A seq of 2**63 (a valid Event seq) is stored or refused with StoreError."""
+        _stored_or_store_error(store, "s", [_ev(2**63)])
+
+    def test_the_largest_64_bit_seq_round_trips(self, store: Store) -> None:
+        """Seq 2**63 - 1 loads back as written."""
+        events = [_ev(0), _ev(2**63 - 1)]
+        store.write({"s": events})
+        assert_same_events(store.load("s"), events)
+
+    def test_large_data_round_trips(self, store: Store) -> None:
+        """An event with a megabyte of text loads back equal."""
+        events = [_ev(0, "tool_result", {"content": "x" * 1_000_000, "tool_call_id": "c"})]
+        store.write({"s": events})
+        assert_same_events(store.load("s"), events)
+
+    # -- threads -------------------------------------------------------------------------
+
+    def test_calls_from_several_threads_at_once_are_safe(self, store: Store) -> None:
+        """Writes, loads and claims from several threads at once all take effect."""
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(4)
+
+        def worker(n: int) -> None:
+            sid = f"w{n}"
+            try:
+                barrier.wait(10)
+                token = store.claim(sid)
+                for i in range(25):
+                    assert store.write({sid: [_ev(i)]}) == {}
+                    assert len(store.load(sid)) == i + 1
+                    store.sessions()
+                store.release(sid, token)
+            except BaseException as exc:  # reported in the test's thread
+                errors.append(exc)
+
+        workers = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        assert not any(w.is_alive() for w in workers), "a worker thread hung"
+        assert not errors, errors
+        assert store.sessions() == ["w0", "w1", "w2", "w3"]
+        for n in range(4):
+            assert_same_events(store.load(f"w{n}"), [_ev(i) for i in range(25)])
+
+    # -- the stateful test ---------------------------------------------------------------
+
+    @pytest.mark.usefixtures("_contract_tmp_path")
+    def test_agrees_with_a_model_under_random_operations(self) -> None:
+        """Random writes, conflicts, drops, deletes and claims leave the store equal to a
+        plain dict model after every step (see `StoreMachine`)."""
+        machine = store_machine(self.make_store, self.close_store)
+        run_state_machine_as_test(machine, settings=self.machine_settings())
+
+
+def _jsonl(events: Sequence[Event]) -> str:
+    """``events`` as the JSON Lines that `export_session` writes."""
+    log = Log()
+    for ev in events:
+        log = log.append_event(ev)
+    return to_jsonl(log)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for i in range(depth):
+        value = {"level": i, "inner": [value]}
+    return value
