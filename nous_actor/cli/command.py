@@ -324,24 +324,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
             Path(f"{db}{suffix}").unlink(missing_ok=True)
     log_path = Path(f"{db}.log")
     _log_to_file(log_path)
+    _demo_header(args, str(db), log_path)
+    report = run_demo(db, **_demo_options(args))
+    return _demo_report(args, report, format_report(report, db))
+
+
+def _demo_header(args: argparse.Namespace, where: str, log_path: Path) -> None:
     header = (
         f"nous-actor demo: {args.agents} agents x {args.turns} turns, crash rate "
-        f"{args.crash_rate:g}, on {db} (events of the runtime logged to {log_path})"
+        f"{args.crash_rate:g}, on {where} (events of the runtime logged to {log_path})"
     )
     if args.json:
         _err(header)
     else:
         _out(header + "\n")
-    report = run_demo(
-        db,
-        agents=args.agents,
-        turns=args.turns,
-        crash_rate=args.crash_rate,
-        seed=args.seed,
-        progress=None if args.json else sys.stderr,
-    )
+
+
+def _demo_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "agents": args.agents,
+        "turns": args.turns,
+        "crash_rate": args.crash_rate,
+        "seed": args.seed,
+        "progress": None if args.json else sys.stderr,
+    }
+
+
+def _demo_report(args: argparse.Namespace, report: Any, text: str) -> int:
     payload = {**report.__dict__, "events_per_second": report.events_per_second, "ok": report.ok}
-    _emit(args, payload, format_report(report, db))
+    _emit(args, payload, text)
     return 0 if report.ok else 1
 
 
@@ -365,27 +376,9 @@ def _demo_postgres(args: argparse.Namespace, dsn: str) -> int:
     if refusal is not None:
         _fail(refusal)
     _log_to_file(log_path)
-    header = (
-        f"nous-actor demo: {args.agents} agents x {args.turns} turns, crash rate "
-        f"{args.crash_rate:g}, on {where} (events of the runtime logged to {log_path})"
-    )
-    if args.json:
-        _err(header)
-    else:
-        _out(header + "\n")
-    report = run_demo_postgres(
-        dsn,
-        schema=args.schema,
-        keep=args.keep,
-        agents=args.agents,
-        turns=args.turns,
-        crash_rate=args.crash_rate,
-        seed=args.seed,
-        progress=None if args.json else sys.stderr,
-    )
-    payload = {**report.__dict__, "events_per_second": report.events_per_second, "ok": report.ok}
-    _emit(args, payload, format_report(report, where))
-    return 0 if report.ok else 1
+    _demo_header(args, where, log_path)
+    report = run_demo_postgres(dsn, schema=args.schema, keep=args.keep, **_demo_options(args))
+    return _demo_report(args, report, format_report(report, where))
 
 
 def cmd_tour(args: argparse.Namespace) -> int:

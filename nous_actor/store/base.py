@@ -136,6 +136,19 @@ def list_sessions(store: Store) -> list[SessionInfo]:
     return infos
 
 
+def valid_store_id(session_id: str) -> str:
+    """``session_id`` if it follows the id rule (`nous_actor.core.ids`), for a store's
+    entry points, which refuse with `StoreError`, as the contract says.
+
+    Raises:
+        StoreError: the id is not valid (the message says why and what the rule is).
+    """
+    try:
+        return check_session_id(session_id)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(str(exc)) from exc
+
+
 def export_session(store: Store, session_id: str) -> str:
     """One session's stored events as JSON Lines (see `nous_actor.core.codec`).
 

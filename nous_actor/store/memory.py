@@ -7,9 +7,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from nous_actor.core.event import Event
-from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import SessionInfo
+from nous_actor.store.base import SessionInfo, valid_store_id
 
 __all__ = ["MemoryStore"]
 
@@ -32,12 +31,7 @@ class MemoryStore:
         if self._closed:
             raise StoreError("the store is closed; open a new one")
 
-    @staticmethod
-    def _valid_id(session_id: str) -> str:
-        try:
-            return check_session_id(session_id)
-        except ValueError as exc:
-            raise StoreError(str(exc)) from exc
+    _valid_id = staticmethod(valid_store_id)
 
     def load(self, session_id: str) -> list[Event]:
         with self._lock:

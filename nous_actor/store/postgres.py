@@ -73,7 +73,7 @@ from nous_actor.core.codec import CodecError, encode_data, event_from_row
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, FencedError, StoreError
-from nous_actor.store.base import SessionInfo
+from nous_actor.store.base import SessionInfo, valid_store_id
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["FencedError", "PostgresStore", "PostgresWatch"]
@@ -145,6 +145,17 @@ def _describe(dsn: str) -> str:
     db = params.get("dbname") or params.get("user") or "the default database"
     user = params.get("user")
     return f"database {db!s} on {where}" + (f" as {user}" if user else "")
+
+
+def _connection_lost(where: str, connection: str, doing: str, exc: BaseException) -> None:
+    """Log that a connection was lost (the caller reconnects with backoff)."""
+    logger.warning(
+        "store.connection_lost",
+        store=where,
+        connection=connection,
+        doing=doing,
+        reason=_first_line(exc),
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -383,13 +394,7 @@ class _Context:
                         link.drop()
                     if not lost or time.monotonic() + delay >= deadline or closing.is_set():
                         raise self.error(exc, session_id, doing) from exc
-                    logger.warning(
-                        "store.connection_lost",
-                        store=self.location,
-                        connection=link.name,
-                        doing=doing,
-                        reason=_first_line(exc),
-                    )
+                    _connection_lost(self.location, link.name, doing, exc)
             closing.wait(delay)
             delay = min(max(delay * 2, 0.02), 1.0)
 
@@ -622,12 +627,7 @@ class PostgresStore:
         if self._closed:
             raise StoreError(f"the store on {self.location} is closed; open a new one")
 
-    @staticmethod
-    def _valid_id(session_id: str) -> str:
-        try:
-            return check_session_id(session_id)
-        except (TypeError, ValueError) as exc:
-            raise StoreError(str(exc)) from exc
+    _valid_id = staticmethod(valid_store_id)
 
     @staticmethod
     def _storable(session_id: object) -> bool:
@@ -1093,13 +1093,7 @@ class _Write:
                         store._main.drop()  # nothing was committed: try again
                     if not lost or time.monotonic() + delay >= deadline:
                         raise store._error(exc, sid, "append events") from exc
-                    logger.warning(
-                        "store.connection_lost",
-                        store=store.location,
-                        connection="main",
-                        doing="append events",
-                        reason=_first_line(exc),
-                    )
+                    _connection_lost(store.location, "main", "append events", exc)
             store._closing.wait(delay)
             delay = min(max(delay * 2, 0.02), 1.0)
 
@@ -1725,13 +1719,7 @@ class _Listener:
             try:
                 conn = self.link.get(time.monotonic() + 5.0)
             except StoreError as exc:
-                logger.warning(
-                    "store.connection_lost",
-                    store=self.where,
-                    connection="listen",
-                    doing="watch sessions",
-                    reason=_first_line(exc),
-                )
+                _connection_lost(self.where, "listen", "watch sessions", exc)
                 self.closing.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -1746,13 +1734,7 @@ class _Listener:
             except (psycopg.Error, OSError, CodecError) as exc:
                 if self.closing.is_set():
                     break
-                logger.warning(
-                    "store.connection_lost",
-                    store=self.where,
-                    connection="listen",
-                    doing="watch sessions",
-                    reason=_first_line(exc),
-                )
+                _connection_lost(self.where, "listen", "watch sessions", exc)
                 self.link.drop()
                 self.fresh = True
                 self.closing.wait(delay)

@@ -30,9 +30,8 @@ from typing import Any, Final, Literal
 
 from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.core.event import Event
-from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import SessionInfo
+from nous_actor.store.base import SessionInfo, valid_store_id
 
 __all__ = ["SQLiteStore"]
 
@@ -468,12 +467,7 @@ class SQLiteStore:
             )
             raise StoreError(self._lost)
 
-    @staticmethod
-    def _valid_id(session_id: str) -> str:
-        try:
-            return check_session_id(session_id)
-        except ValueError as exc:
-            raise StoreError(str(exc)) from exc
+    _valid_id = staticmethod(valid_store_id)
 
     # -- the Store protocol --------------------------------------------------------------
 
