@@ -119,15 +119,17 @@ class Message:
         metadata: Mapping[str, Any] | None = EMPTY_DICT,
         created_at: datetime | None = None,
     ) -> None:
-        set_ = object.__setattr__
-        set_(self, "role", role)
-        set_(self, "content", content)
-        set_(self, "reasoning_content", reasoning_content)
-        set_(self, "tool_calls", tool_calls)
-        set_(self, "tool_call_id", tool_call_id)
-        set_(self, "name", name)
-        set_(self, "metadata", metadata)
-        set_(self, "created_at", _utcnow() if created_at is None else created_at)
+        _fill(
+            self,
+            role,
+            content,
+            reasoning_content,
+            tool_calls,
+            tool_call_id,
+            name,
+            metadata,
+            _utcnow() if created_at is None else created_at,
+        )
         self._check()
 
     def _check(self) -> None:
@@ -524,7 +526,25 @@ def trusted_message(
     created_at: datetime,
 ) -> Message:
     """Build a Message from already frozen, already checked values (the fold's hot path)."""
-    m = _new(Message)
+    m: Message = _new(Message)
+    _fill(
+        m, role, content, reasoning_content, tool_calls, tool_call_id, name, metadata, created_at
+    )
+    return m
+
+
+def _fill(
+    m: Message,
+    role: Any,
+    content: Any,
+    reasoning_content: Any,
+    tool_calls: Any,
+    tool_call_id: Any,
+    name: Any,
+    metadata: Any,
+    created_at: Any,
+) -> None:
+    """Set every field of ``m`` (a frozen dataclass: through ``object.__setattr__``)."""
     _set(m, "role", role)
     _set(m, "content", content)
     _set(m, "reasoning_content", reasoning_content)
@@ -533,4 +553,3 @@ def trusted_message(
     _set(m, "name", name)
     _set(m, "metadata", metadata)
     _set(m, "created_at", created_at)
-    return m

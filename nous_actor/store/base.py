@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from nous_actor.core.codec import CodecError, iter_jsonl, loads
 from nous_actor.core.event import Event
@@ -134,6 +134,19 @@ def list_sessions(store: Store) -> list[SessionInfo]:
             last = max(ev.time for ev in events)
             infos.append(SessionInfo(session_id, len(events), events[-1].seq + 1, last, None))
     return infos
+
+
+class ClosingStore:
+    """A store used as a context manager: ``with SQLiteStore(path) as store:`` closes it."""
+
+    def close(self) -> None:  # pragma: no cover - every store defines it
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def valid_store_id(session_id: str) -> str:

@@ -73,7 +73,7 @@ from nous_actor.core.codec import CodecError, encode_data, event_from_row
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, FencedError, StoreError
-from nous_actor.store.base import SessionInfo, valid_store_id
+from nous_actor.store.base import ClosingStore, SessionInfo, valid_store_id
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["FencedError", "PostgresStore", "PostgresWatch"]
@@ -402,7 +402,7 @@ class _Context:
 # -- the store ------------------------------------------------------------------------------
 
 
-class PostgresStore:
+class PostgresStore(ClosingStore):
     """Sessions' events in a PostgreSQL database, shared by any number of processes.
 
     Safe to share between threads. Each store object keeps up to three
@@ -929,12 +929,6 @@ class PostgresStore:
         self._closed = True
         self._leases.release_all()
         self._finalizer()
-
-    def __enter__(self) -> PostgresStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<PostgresStore {self.location}>"

@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import SessionInfo, valid_store_id
+from nous_actor.store.base import ClosingStore, SessionInfo, valid_store_id
 
 __all__ = ["SQLiteStore"]
 
@@ -199,7 +199,7 @@ def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo
     return SessionInfo(session_id, count, top + 1, when.astimezone(UTC), None)
 
 
-class SQLiteStore:
+class SQLiteStore(ClosingStore):
     """Sessions' events in one SQLite file (or `":memory:"`).
 
     Safe to share between threads: calls are serialised on one connection.
@@ -638,12 +638,6 @@ class SQLiteStore:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` when healthy)."""
         with self._locked(None, "check integrity") as conn:
             return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
-
-    def __enter__(self) -> SQLiteStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<SQLiteStore {self.path!r} durability={self.durability}>"
