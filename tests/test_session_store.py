@@ -22,42 +22,22 @@ import pytest
 from nous_actor import Event, InvalidEvent, Replace, Session, SessionFuture
 from nous_actor.errors import CallTimeout, ConflictError, StoreError
 from nous_actor.store import MemoryStore, SQLiteStore, Store
+from nous_actor.testing.stores import DelegatingStore
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 BOUND = 10.0
 
 
-class Relay:
+class Relay(DelegatingStore):
     """A Store that hands every call to a real store and records each write."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.writes: list[dict[str, list[Event]]] = []
-
-    def load(self, session_id: str) -> list[Event]:
-        return self.inner.load(session_id)
 
     def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
         self.writes.append({sid: list(evs) for sid, evs in appends.items()})
         return self.inner.write(appends)
-
-    def drop(self, session_id: str, seqs: Sequence[int]) -> None:
-        self.inner.drop(session_id, seqs)
-
-    def sessions(self) -> list[str]:
-        return self.inner.sessions()
-
-    def delete(self, session_id: str) -> None:
-        self.inner.delete(session_id)
-
-    def claim(self, session_id: str) -> str:
-        return self.inner.claim(session_id)
-
-    def release(self, session_id: str, token: str) -> None:
-        self.inner.release(session_id, token)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class GatedStore(Relay):

@@ -32,6 +32,7 @@ from nous_actor.store import (
     import_session,
     list_sessions,
 )
+from nous_actor.testing.stores import DelegatingStore
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 BOUND = 20.0  # seconds: the bound of every wait
@@ -508,38 +509,17 @@ WANT = [
 ]
 
 
-class PlainStore:
+class PlainStore(DelegatingStore):
     """A Store without `index()`: only the protocol's methods, by delegation."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.broken: set[str] = set()
 
     def load(self, session_id: str) -> list[Event]:
         if session_id in self.broken:
             raise StoreError("the disk ate it", session_id=session_id)
         return self.inner.load(session_id)
-
-    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
-        return self.inner.write(appends)
-
-    def drop(self, session_id: str, seqs: Sequence[int]) -> None:
-        self.inner.drop(session_id, seqs)
-
-    def sessions(self) -> list[str]:
-        return self.inner.sessions()
-
-    def delete(self, session_id: str) -> None:
-        self.inner.delete(session_id)
-
-    def claim(self, session_id: str) -> str:
-        return self.inner.claim(session_id)
-
-    def release(self, session_id: str, token: str) -> None:
-        self.inner.release(session_id, token)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def test_list_sessions_reports_count_next_seq_and_latest_time(store: Store) -> None:

@@ -25,6 +25,7 @@ from nous_actor.testing.reference import (
     reference_shadowed,
     reference_surface,
 )
+from nous_actor.testing.stores import DelegatingStore
 from nous_actor.testing.strategies import (
     LogOp,
     event_data,
@@ -37,6 +38,7 @@ from nous_actor.testing.strategies import (
 )
 
 __all__ = [
+    "DelegatingStore",
     "LogOp",
     "SessionMachine",
     "event_data",
