@@ -33,7 +33,7 @@ from nous_actor.errors import (
 )
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.handle import Session
+from nous_actor.sessions.handle import Session, SessionHandle
 from nous_actor.sessions.registry import RegistryActor, Sessions
 from nous_actor.store import MemoryStore, SessionInfo, SQLiteStore, Store, list_sessions
 from nous_actor.store.subscription import Subscription
@@ -76,6 +76,7 @@ __all__ = [
     "SessionCrashed",
     "SessionError",
     "SessionFuture",
+    "SessionHandle",
     "SessionInfo",
     "SessionStopped",
     "Sessions",

@@ -37,6 +37,7 @@ EXPECTED = [
     "SessionCrashed",
     "SessionError",
     "SessionFuture",
+    "SessionHandle",
     "SessionInfo",
     "SessionStopped",
     "Sessions",

@@ -52,7 +52,7 @@ from nous_actor.store.base import Store
 from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
 from nous_actor.supervision import ChildSpec, RestartType
 
-__all__ = ["Session"]
+__all__ = ["Session", "SessionHandle"]
 
 logger = get_logger(__name__)
 
@@ -81,148 +81,21 @@ def _check_handle_args(session_id: object, timeout: object) -> None:
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
 
 
-class Session:
-    """The handle to one session; every method returns a `SessionFuture`.
+class SessionHandle:
+    """What every handle to a session offers; every call returns a `SessionFuture`.
 
-    Get a handle with `Session.start` (a standalone session) or from a
-    supervisor's registry (which restarts sessions and re-resolves handles).
-
-    >>> chat = Session.start("chat-42")
-    >>> chat.append("user_message", {"content": "hi"}).get().seq
-    0
-    >>> [m.content for m in chat.derive_messages().get()]
-    ['hi']
-    >>> chat.stop()
-
-    Args:
-        session_id: the session's id.
-        resolve: returns the live actor of the session (called again when the
-            actor it returned last has stopped, so a restarted session is found).
-        timeout: the default bound, in seconds, of every wait on a result.
+    `Session` is the handle to a session in this process. A handle to a
+    session hosted elsewhere (e.g. ``nous_actor.cluster.ray.RaySession``) has
+    the same methods, the same checks in the caller's thread and the same typed
+    errors, so code written against this class runs on either.
     """
 
-    __slots__ = ("_ref", "_resolve", "_touch", "session_id", "timeout")
+    __slots__ = ("session_id", "timeout")
 
-    def __init__(
-        self,
-        session_id: str,
-        resolve: Callable[[], pykka.ActorRef[SessionActor]],
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        touch: Callable[[], None] | None = None,
-    ) -> None:
-        _check_handle_args(session_id, timeout)
-        self.session_id = session_id
-        self.timeout = float(timeout)
-        self._resolve = resolve
-        self._touch = touch
-        self._ref: pykka.ActorRef[SessionActor] | None = None
-
-    @classmethod
-    def start(
-        cls,
-        session_id: str,
-        log: Log | None = None,
-        *,
-        store: Store | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> Session:
-        """Start a standalone session and return its handle once it is running.
-
-        Without a store the session holds ``log`` (or an empty log) in memory.
-        With a ``store`` it claims the session as its one writer, recovers
-        every stored event (seqs, times, snapshot gaps as stored), and from
-        then on acknowledges an append only after the store committed it.
-
-        A standalone session is not restarted: once stopped, its calls fail with
-        `nous_actor.SessionStopped`.
-
-        Raises:
-            ValueError, TypeError: bad arguments (nothing is started).
-            ConflictError: another live writer holds the session in ``store``.
-            StoreError: the store failed while recovering the session.
-        """
-        _check_handle_args(session_id, timeout)
-        if log is not None and not isinstance(log, Log):
-            raise TypeError(f"log must be a nous_actor.Log, got {type(log).__name__}")
-        if store is not None:
-            if log is not None:
-                raise ValueError(
-                    "pass either log= or store=: a session on a store recovers its log from it"
-                )
-            if not isinstance(store, Store):
-                raise TypeError(
-                    f"store must implement nous_actor.store.Store, got {type(store).__name__}"
-                )
-        ready: SessionFuture[None] = SessionFuture(session_id, timeout)
-        ref = SessionActor.start(session_id, log, store, ready)
-        try:
-            ready.get()
-        except BaseException:
-            ref.stop(block=False)
-            raise
-        return cls(session_id, lambda: ref, timeout=timeout)
-
-    @classmethod
-    def child(
-        cls,
-        session_id: str,
-        *,
-        store: Store,
-        child_id: str | None = None,
-        restart: RestartType = "permanent",
-        shutdown_timeout: float = 5.0,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> tuple[Session, ChildSpec]:
-        """A session to run under a `Supervisor` of your own: its handle and its spec.
-
-        Put the `ChildSpec` in the supervisor's children. Every start of it (the
-        first and each restart) starts a `SessionActor` that claims the session
-        and recovers it from ``store``; a store failure after which memory and
-        disk may disagree crashes it, so that the supervisor restarts it from
-        the store. The handle reaches whichever actor is current: a call made
-        while the session is down fails with `SessionStopped`, later calls
-        reach the restarted session.
-
-        Raises:
-            ValueError, TypeError: bad arguments.
-        """
-        _check_handle_args(session_id, timeout)
-        if not isinstance(store, Store):
-            raise TypeError(
-                f"store must implement nous_actor.store.Store, got {type(store).__name__}"
-            )
-        current: list[pykka.ActorRef[SessionActor] | None] = [None]
-        started = threading.Event()
-
-        def start() -> pykka.ActorRef[SessionActor]:
-            ref = SessionActor.start(session_id, None, store, None, crash_on_store_failure=True)
-            current[0] = ref
-            started.set()
-            return ref
-
-        def resolve() -> pykka.ActorRef[SessionActor]:
-            # The first start is waited for (bounded); a stopped actor is returned as
-            # it is (the call fails with SessionStopped; a later one finds the next).
-            started.wait(timeout)
-            ref = current[0]
-            if ref is None:
-                raise SessionStopped(
-                    session_id, f"its supervisor has not started it within {timeout:g} s"
-                )
-            return ref
-
-        spec = ChildSpec(child_id or session_id, start, restart, shutdown_timeout)
-        return cls(session_id, resolve, timeout=timeout), spec
+    session_id: str
+    timeout: float
 
     # -- plumbing ------------------------------------------------------------------------
-
-    def _actor(self) -> pykka.ActorRef[SessionActor] | None:
-        ref = self._ref
-        if ref is None or ref.actor_stopped.is_set():
-            ref = self._resolve()
-            self._ref = ref
-        return ref
 
     def _failed(self, exc: BaseException) -> SessionFuture[Any]:
         fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
@@ -230,28 +103,8 @@ class Session:
         return fut
 
     def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
-        fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
-        if self._touch is not None:
-            self._touch()
-        try:
-            ref = self._actor()
-        except NousActorError as exc:  # the registry could not (re)open it
-            fut._fail(exc)
-            return fut
-        if ref is None:
-            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
-            return fut
-        stopped = ref.actor_stopped
-        if stopped.is_set():
-            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
-            return fut
-        ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
-        # Pykka's stop race: the actor may have stopped between the liveness
-        # check and the put, after its last look at the inbox. If it is dead
-        # now, nobody will answer: answer ourselves (a no-op if it did answer).
-        if stopped.is_set():
-            fut._fail(SessionStopped(self.session_id, "the session stopped before this call"))
-        return fut
+        """Send one checked call (a `SessionActor` handler and its arguments)."""
+        raise NotImplementedError
 
     # -- writes --------------------------------------------------------------------------
 
@@ -487,6 +340,216 @@ class Session:
             TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
             SessionStopped: the session is stopped.
         """
+        raise NotImplementedError
+
+    async def asubscribe(
+        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
+    ) -> Subscription:
+        """`subscribe` for asyncio code: the registration is awaited without blocking the
+        loop. Use the result with ``async with`` and ``async for`` (or ``aget``)."""
+        return await _off_loop(partial(self.subscribe, from_seq, buffer=buffer, timeout=timeout))
+
+    # -- life ----------------------------------------------------------------------------
+
+    def is_alive(self) -> bool:
+        """Whether the session this handle talks to is running now."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the session after the calls already queued; waits at most ``timeout``.
+
+        Raises:
+            CallTimeout: not stopped within ``timeout``.
+        """
+        raise NotImplementedError
+
+    async def astop(self, timeout: float | None = None) -> None:
+        """`stop` for asyncio code: awaited without blocking the loop."""
+        await _off_loop(partial(self.stop, timeout))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.session_id!r}>"
+
+
+class Session(SessionHandle):
+    """The handle to one session; every method returns a `SessionFuture`.
+
+    Get a handle with `Session.start` (a standalone session) or from a
+    supervisor's registry (which restarts sessions and re-resolves handles).
+
+    >>> chat = Session.start("chat-42")
+    >>> chat.append("user_message", {"content": "hi"}).get().seq
+    0
+    >>> [m.content for m in chat.derive_messages().get()]
+    ['hi']
+    >>> chat.stop()
+
+    Args:
+        session_id: the session's id.
+        resolve: returns the live actor of the session (called again when the
+            actor it returned last has stopped, so a restarted session is found).
+        timeout: the default bound, in seconds, of every wait on a result.
+    """
+
+    __slots__ = ("_ref", "_resolve", "_touch")
+
+    def __init__(
+        self,
+        session_id: str,
+        resolve: Callable[[], pykka.ActorRef[SessionActor]],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        touch: Callable[[], None] | None = None,
+    ) -> None:
+        _check_handle_args(session_id, timeout)
+        self.session_id = session_id
+        self.timeout = float(timeout)
+        self._resolve = resolve
+        self._touch = touch
+        self._ref: pykka.ActorRef[SessionActor] | None = None
+
+    @classmethod
+    def start(
+        cls,
+        session_id: str,
+        log: Log | None = None,
+        *,
+        store: Store | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> Session:
+        """Start a standalone session and return its handle once it is running.
+
+        Without a store the session holds ``log`` (or an empty log) in memory.
+        With a ``store`` it claims the session as its one writer, recovers
+        every stored event (seqs, times, snapshot gaps as stored), and from
+        then on acknowledges an append only after the store committed it.
+
+        A standalone session is not restarted: once stopped, its calls fail with
+        `nous_actor.SessionStopped`.
+
+        Raises:
+            ValueError, TypeError: bad arguments (nothing is started).
+            ConflictError: another live writer holds the session in ``store``.
+            StoreError: the store failed while recovering the session.
+        """
+        _check_handle_args(session_id, timeout)
+        if log is not None and not isinstance(log, Log):
+            raise TypeError(f"log must be a nous_actor.Log, got {type(log).__name__}")
+        if store is not None:
+            if log is not None:
+                raise ValueError(
+                    "pass either log= or store=: a session on a store recovers its log from it"
+                )
+            if not isinstance(store, Store):
+                raise TypeError(
+                    f"store must implement nous_actor.store.Store, got {type(store).__name__}"
+                )
+        ready: SessionFuture[None] = SessionFuture(session_id, timeout)
+        ref = SessionActor.start(session_id, log, store, ready)
+        try:
+            ready.get()
+        except BaseException:
+            ref.stop(block=False)
+            raise
+        return cls(session_id, lambda: ref, timeout=timeout)
+
+    @classmethod
+    def child(
+        cls,
+        session_id: str,
+        *,
+        store: Store,
+        child_id: str | None = None,
+        restart: RestartType = "permanent",
+        shutdown_timeout: float = 5.0,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> tuple[Session, ChildSpec]:
+        """A session to run under a `Supervisor` of your own: its handle and its spec.
+
+        Put the `ChildSpec` in the supervisor's children. Every start of it (the
+        first and each restart) starts a `SessionActor` that claims the session
+        and recovers it from ``store``; a store failure after which memory and
+        disk may disagree crashes it, so that the supervisor restarts it from
+        the store. The handle reaches whichever actor is current: a call made
+        while the session is down fails with `SessionStopped`, later calls
+        reach the restarted session.
+
+        Raises:
+            ValueError, TypeError: bad arguments.
+        """
+        _check_handle_args(session_id, timeout)
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"store must implement nous_actor.store.Store, got {type(store).__name__}"
+            )
+        current: list[pykka.ActorRef[SessionActor] | None] = [None]
+        started = threading.Event()
+
+        def start() -> pykka.ActorRef[SessionActor]:
+            ref = SessionActor.start(session_id, None, store, None, crash_on_store_failure=True)
+            current[0] = ref
+            started.set()
+            return ref
+
+        def resolve() -> pykka.ActorRef[SessionActor]:
+            # The first start is waited for (bounded); a stopped actor is returned as
+            # it is (the call fails with SessionStopped; a later one finds the next).
+            started.wait(timeout)
+            ref = current[0]
+            if ref is None:
+                raise SessionStopped(
+                    session_id, f"its supervisor has not started it within {timeout:g} s"
+                )
+            return ref
+
+        spec = ChildSpec(child_id or session_id, start, restart, shutdown_timeout)
+        return cls(session_id, resolve, timeout=timeout), spec
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _actor(self) -> pykka.ActorRef[SessionActor] | None:
+        ref = self._ref
+        if ref is None or ref.actor_stopped.is_set():
+            ref = self._resolve()
+            self._ref = ref
+        return ref
+
+    def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
+        fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
+        if self._touch is not None:
+            self._touch()
+        try:
+            ref = self._actor()
+        except NousActorError as exc:  # the registry could not (re)open it
+            fut._fail(exc)
+            return fut
+        if ref is None:
+            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
+            return fut
+        stopped = ref.actor_stopped
+        if stopped.is_set():
+            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
+            return fut
+        ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
+        # Pykka's stop race: the actor may have stopped between the liveness
+        # check and the put, after its last look at the inbox. If it is dead
+        # now, nobody will answer: answer ourselves (a no-op if it did answer).
+        if stopped.is_set():
+            fut._fail(SessionStopped(self.session_id, "the session stopped before this call"))
+        return fut
+
+    def subscribe(
+        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
+    ) -> Subscription:
+        """Subscribe to every event with ``seq >= from_seq``: catch-up, then live.
+
+        Waits (at most ``timeout``, default the handle's bound) until the session
+        has registered the subscriber. See `Subscription`.
+
+        Raises:
+            TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
+            SessionStopped: the session is stopped.
+        """
         _check_seq(from_seq, "subscribe(from_seq)")
         sub = Subscription(
             self.session_id,
@@ -500,13 +563,6 @@ class Session:
         except BaseException:
             sub.close()  # a late registration must not leave a subscriber nobody reads
             raise
-
-    async def asubscribe(
-        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
-    ) -> Subscription:
-        """`subscribe` for asyncio code: the registration is awaited without blocking the
-        loop. Use the result with ``async with`` and ``async for`` (or ``aget``)."""
-        return await _off_loop(partial(self.subscribe, from_seq, buffer=buffer, timeout=timeout))
 
     def _unsubscribe(self, sub: Subscription) -> None:
         self._call(SessionActor.h_unsubscribe, sub)
@@ -550,10 +606,3 @@ class Session:
         for done, what in ((finished, "a long call is running"), (released, "a commit is slow")):
             if not done.wait(min(max(deadline - monotonic(), 0), threading.TIMEOUT_MAX)):
                 raise CallTimeout(self.session_id, f"did not stop within {bound:g} s ({what})")
-
-    async def astop(self, timeout: float | None = None) -> None:
-        """`stop` for asyncio code: awaited without blocking the loop."""
-        await _off_loop(partial(self.stop, timeout))
-
-    def __repr__(self) -> str:
-        return f"<Session {self.session_id!r}>"
