@@ -21,6 +21,7 @@ from nous_actor.core.log import Log
 from nous_actor.core.message import Message, Role, UnsendableMessage
 from nous_actor.errors import (
     CallTimeout,
+    ClusterError,
     ConflictError,
     FencedError,
     NousActorError,
@@ -50,6 +51,7 @@ __all__ = [
     "Backoff",
     "CallTimeout",
     "ChildSpec",
+    "ClusterError",
     "CodecError",
     "CompactionError",
     "CompactionResult",

@@ -9,6 +9,7 @@ import pykka
 
 __all__ = [
     "CallTimeout",
+    "ClusterError",
     "ConflictError",
     "FencedError",
     "NousActorError",
@@ -147,4 +148,13 @@ class TooManySessions(NousActorError):
     """A registry is at its ``max_sessions`` cap and cannot open one more session.
 
     Close or passivate sessions (``idle_timeout=``), or raise ``max_sessions``.
+    """
+
+
+class ClusterError(NousActorError):
+    """The cluster that hosts sessions cannot be used: it cannot be reached, or the
+    actors that host the sessions did not start.
+
+    The message says what was tried and what to check (the address, whether the
+    cluster runs, whether the library is installed where its workers run).
     """

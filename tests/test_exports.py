@@ -11,6 +11,7 @@ EXPECTED = [
     "Backoff",
     "CallTimeout",
     "ChildSpec",
+    "ClusterError",
     "CodecError",
     "CompactionError",
     "CompactionResult",

@@ -1,0 +1,946 @@
+"""Sessions hosted on Ray: shard actors across processes and nodes, one shared store.
+
+Ray decides where a session runs; the store's claim on a session (for
+`nous_actor.PostgresStore`, its lease and fencing) alone decides who may
+write it::
+
+    from functools import partial
+
+    import ray
+    from nous_actor import PostgresStore
+    from nous_actor.cluster.ray import RaySessions
+
+    ray.init(address="auto")  # a running cluster (`ray start --head`)
+    with RaySessions(partial(PostgresStore, dsn), shards=4) as sessions:
+        chat = sessions.open("chat-42")
+        chat.append("user_message", {"content": "hi"}).get()
+
+* `RaySessions` starts ``shards`` **shard actors** on Ray (restarted by Ray
+  without limit, named and optionally detached), each hosting a
+  `nous_actor.Sessions` registry on a store of its own, made in the shard's
+  worker process by ``store_factory``. A session id maps to a shard by a
+  stable hash (jump consistent hashing of its BLAKE2b digest), the same in
+  every process; each session is one actor inside its shard, with every
+  guarantee of a local session.
+* `RaySessions.open` returns a `RaySession`: a `nous_actor.SessionHandle`
+  with every method of a local `nous_actor.Session` handle. Input is checked
+  and frozen in the caller's thread, so bad input fails its own call with the
+  same typed errors; every call returns a `nous_actor.SessionFuture` (a
+  bounded ``get``, awaitable without blocking the event loop).
+* Calls to one shard travel in batches: while one batch is in flight, later
+  calls (of every session of that shard, from every thread and coroutine of
+  this process) queue and go together as the next batch, in one Ray call. A
+  session's calls are applied in the order they were made.
+* A shard whose worker dies (SIGKILL, ``ray.kill``, a lost node) is restarted
+  by Ray, and its sessions recover from the store on their next call. Calls in
+  flight at that moment fail with `nous_actor.SessionCrashed` (they may or
+  may not have been applied; an acknowledged append is never lost); later
+  calls reach the restarted shard through the same handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, Final, TypeVar
+
+import ray
+import ray.exceptions
+from ray import cloudpickle
+
+from nous_actor._log import get_logger
+from nous_actor.core._frozen import short_repr
+from nous_actor.core.ids import check_session_id
+from nous_actor.errors import (
+    CallTimeout,
+    ClusterError,
+    NousActorError,
+    SessionCrashed,
+    SessionStopped,
+    StoreError,
+    SubscriptionLagged,
+)
+from nous_actor.sessions.actor import Handler, SessionActor, _Compaction
+from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
+from nous_actor.sessions.handle import Session, SessionHandle, _check_handle_args, _check_seq
+from nous_actor.sessions.registry import Sessions
+from nous_actor.store.base import Store
+from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
+
+__all__ = ["RaySession", "RaySessions", "shard_of"]
+
+logger = get_logger(__name__)
+
+T = TypeVar("T")
+
+MAX_BATCH: Final = 1000
+"""Calls carried by one Ray call to a shard, at most."""
+
+POLL_WAIT: Final = 1.0
+"""Seconds a subscription's long poll waits in its shard for the next event."""
+
+MAX_POLL: Final = 5000
+"""Events one poll of a subscription carries, at most."""
+
+# What a call to a shard is: (kind, session id, handler name, arguments).
+Op = tuple[int, str, str, tuple[Any, ...]]
+OPEN, CALL, COMPACT, STOP, ALIVE, RESTARTS = range(6)
+# What comes back for each: (NOW, value) | (FAILED, exception) | (LATER, token).
+NOW, FAILED, LATER = range(3)
+
+_CALLS: Final[dict[str, Handler]] = {
+    name: getattr(SessionActor, name)
+    for name in ("h_append", "h_append_many", "h_append_at", "h_snapshot", "h_fork", "h_read")
+}
+_CALLS_NO_ARGS: Final = {"h_log": SessionActor.h_log}
+_READS: Final = frozenset(
+    {"derive_messages", "derive_indexed", "surface", "events", "since", "count", "as_of"}
+)
+
+
+def shard_of(session_id: str, shards: int) -> int:
+    """The shard (``0 <= shard < shards``) that hosts ``session_id``: the same in every
+    process and run. Going from ``n`` to ``n + 1`` shards moves only about ``1/(n+1)``
+    of the sessions (jump consistent hashing)."""
+    key = int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest(), "big")
+    b, j = -1, 0
+    while j < shards:
+        b = j
+        key = (key * 2862933555777941757 + 1) & 0xFFFFFFFFFFFFFFFF
+        j = int((b + 1) * ((1 << 31) / ((key >> 33) + 1)))
+    return b
+
+
+def _portable(exc: BaseException) -> Exception:
+    """``exc`` if it survives the trip to another process, else a `NousActorError`
+    saying what it was."""
+    if isinstance(exc, Exception):
+        try:
+            pickle.loads(pickle.dumps(exc))
+            return exc
+        except Exception:
+            pass
+    return NousActorError(f"{type(exc).__name__}: {short_repr(exc)}")
+
+
+def _lost(session_id: str, index: int, exc: BaseException) -> Exception:
+    """What a call gets when its Ray call failed as a whole."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return SessionCrashed(
+            session_id,
+            f"its shard {index} was lost with this call in flight ({type(exc).__name__}); "
+            "the call may or may not have been applied; later calls reach the shard "
+            "once Ray has restarted it",
+        )
+    return NousActorError(
+        f"session {session_id!r}: the call to its shard {index} failed: "
+        f"{type(exc).__name__}: {short_repr(exc)}"
+    )
+
+
+# -- the shard: inside a Ray actor ----------------------------------------------------------
+
+
+class _Shard:
+    """One shard: a `Sessions` registry on its own store, inside one (async) Ray actor.
+
+    Every method is a coroutine on the actor's event loop; the sessions run in
+    their own Pykka threads, so a slow call of one session never holds up the
+    shard's other sessions.
+    """
+
+    def __init__(
+        self,
+        store_factory: Callable[[], Store],
+        index: int,
+        shards: int,
+        options: dict[str, Any],
+    ) -> None:
+        self.index = index
+        self.shards = shards
+        self.started = time.time()
+        self.error: Exception | None = None
+        self.sessions: Sessions | None = None
+        self.handles: dict[str, Session] = {}
+        self.later: dict[int, Any] = {}
+        self.subs: dict[int, Subscription] = {}
+        self.tokens = itertools.count()
+        try:
+            store = store_factory()
+            if not isinstance(store, Store):
+                raise TypeError(
+                    f"store_factory must return a nous_actor Store, got {type(store).__name__}"
+                )
+            self.sessions = Sessions(store, **options)
+        except (StoreError, TypeError) as exc:
+            self.error = _portable(exc)
+        except Exception as exc:
+            self.error = StoreError(
+                f"shard {index} could not open its store: {type(exc).__name__}: {short_repr(exc)}"
+            )
+
+    async def ready(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "shards": self.shards,
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "started": self.started,
+            "error": self.error,
+        }
+
+    def _usable(self, session_id: str) -> bool:
+        h = self.handles.get(session_id)
+        return h is not None and h._ref is not None and not h._ref.actor_stopped.is_set()
+
+    async def _open(self, ops: list[Op]) -> dict[str, Exception]:
+        """Open (recovering from the store, off the loop) every session these calls
+        need that is not running here; the ones that could not be opened, and why."""
+        assert self.sessions is not None
+        need: list[str] = []
+        for kind, sid, _, _ in ops:
+            if kind in (ALIVE, RESTARTS) or sid in need:
+                continue
+            if kind == OPEN or not self._usable(sid):
+                need.append(sid)
+        refused: dict[str, Exception] = {}
+        if need:
+            got = await asyncio.gather(
+                *(self.sessions.aopen(sid) for sid in need), return_exceptions=True
+            )
+            for sid, h in zip(need, got, strict=True):
+                if isinstance(h, Session):
+                    self.handles[sid] = h
+                elif isinstance(h, Exception):
+                    refused[sid] = _portable(h)
+                else:
+                    raise h
+        return refused
+
+    def _later(self, waiting: Any) -> tuple[int, Any]:
+        token = next(self.tokens)
+        self.later[token] = waiting
+        return LATER, token
+
+    def _start(self, op: Op) -> tuple[int, Any]:
+        """Put one call in its session's inbox (in order); what to wait for."""
+        assert self.sessions is not None
+        kind, sid, name, args = op
+        if kind == ALIVE:
+            return NOW, sid in self.sessions.live()
+        if kind == RESTARTS:
+            return NOW, self.sessions.restart_count(sid)
+        h = self.handles[sid]
+        if kind == OPEN:
+            return NOW, None
+        if kind == CALL:
+            handler = _CALLS.get(name)
+            if handler is not None and (name != "h_read" or (args[:1] and args[0] in _READS)):
+                return CALL, h._call(handler, *args)
+            handler = _CALLS_NO_ARGS.get(name)
+            if handler is not None and not args:
+                return CALL, h._call(handler)
+            raise NousActorError(f"a shard runs no call {name!r}")
+        if kind == COMPACT:
+            blob, at, force, cid, explicit = args
+            req = _Compaction(
+                pickle.loads(blob), at, force, cid, explicit, asyncio.get_running_loop()
+            )
+            return self._later(h._call(SessionActor.h_compact, req))
+        if kind == STOP:
+            return self._later(asyncio.ensure_future(h.astop(args[0])))
+        raise NousActorError(f"a shard runs no call of kind {kind!r}")
+
+    async def run(self, ops: list[Op]) -> list[tuple[int, Any]]:
+        """Apply a batch of calls, in order; one outcome per call."""
+        if self.error is not None or self.sessions is None:
+            return [(FAILED, self.error)] * len(ops)
+        refused = await self._open(ops)
+        started: list[tuple[int, Any]] = []
+        for op in ops:
+            why = refused.get(op[1])
+            if why is not None:
+                started.append((FAILED, why))
+                continue
+            try:
+                started.append(self._start(op))
+            except Exception as exc:
+                started.append((FAILED, _portable(exc)))
+        out: list[tuple[int, Any]] = []
+        for state, value in started:
+            if state != CALL:
+                out.append((state, value))
+                continue
+            try:
+                out.append((NOW, await value))
+            except Exception as exc:
+                out.append((FAILED, _portable(exc)))
+        return out
+
+    async def result(self, token: int) -> tuple[int, Any]:
+        """The outcome of a call answered later (a compaction, a stop)."""
+        waiting = self.later.pop(token, None)
+        if waiting is None:
+            return FAILED, NousActorError(f"shard {self.index} holds no call {token}")
+        try:
+            return NOW, await waiting
+        except Exception as exc:
+            return FAILED, _portable(exc)
+
+    async def subscribe(
+        self, session_id: str, from_seq: int, buffer: int, timeout: float
+    ) -> tuple[int, Any]:
+        if self.error is not None:
+            return FAILED, self.error
+        refused = await self._open([(OPEN, session_id, "", ())])
+        if session_id in refused:
+            return FAILED, refused[session_id]
+        try:
+            sub = await self.handles[session_id].asubscribe(
+                from_seq, buffer=buffer, timeout=timeout
+            )
+        except Exception as exc:
+            return FAILED, _portable(exc)
+        token = next(self.tokens)
+        self.subs[token] = sub
+        return NOW, (token, self._drain(sub, [], 1 << 62))
+
+    @staticmethod
+    def _drain(sub: Subscription, events: list[Any], limit: int) -> list[Any]:
+        while len(events) < limit:
+            ev = sub.get_nowait()
+            if ev is None:
+                break
+            events.append(ev)
+        return events
+
+    async def poll(self, token: int, wait: float) -> tuple[list[Any], bool, Exception | None]:
+        """The next events of a subscription (waiting at most ``wait`` for the first);
+        whether it ended, and with which error."""
+        sub = self.subs.get(token)
+        if sub is None:
+            return [], True, None
+        events: list[Any] = []
+        try:
+            if not sub.pending():
+                try:
+                    events.append(await sub.aget(wait))
+                except CallTimeout:
+                    return events, False, None
+            return self._drain(sub, events, MAX_POLL), False, None
+        except (SessionStopped, SubscriptionLagged):
+            self.subs.pop(token, None)
+            error = sub._error
+            return events, True, None if error is None else _portable(error)
+
+    async def unsubscribe(self, token: int) -> None:
+        sub = self.subs.pop(token, None)
+        if sub is not None:
+            sub.close()
+
+    async def live(self) -> list[str]:
+        return [] if self.sessions is None else self.sessions.live()
+
+    async def close(self, timeout: float) -> None:
+        for sub in list(self.subs.values()):
+            sub.close()
+        self.subs.clear()
+        if self.sessions is not None:
+            await self.sessions.aclose(timeout)
+
+
+# -- the driver's side ----------------------------------------------------------------------
+
+
+class _Link:
+    """This process's side of one shard: calls queue here and go in batches, one Ray call
+    in flight at a time (so a session's calls are applied in the order they were made)."""
+
+    __slots__ = ("_busy", "_futs", "_lock", "_ops", "actor", "calls", "closed", "index", "sent")
+
+    def __init__(self, actor: Any, index: int) -> None:
+        self.actor = actor
+        self.index = index
+        self._lock = threading.Lock()
+        self._ops: list[Op] = []
+        self._futs: list[SessionFuture[Any]] = []
+        self._busy = False
+        self.closed: str | None = None
+        self.calls = 0  # Ray calls made
+        self.sent = 0  # session calls they carried
+
+    def submit(self, op: Op, fut: SessionFuture[Any]) -> None:
+        if self.closed is not None:
+            fut._fail(SessionStopped(op[1], self.closed))
+            return
+        with self._lock:
+            self._ops.append(op)
+            self._futs.append(fut)
+            if self._busy:
+                return
+            self._busy = True
+            batch = self._take()
+        self._send(*batch)
+
+    def _take(self) -> tuple[list[Op], list[SessionFuture[Any]]]:
+        ops, futs = self._ops, self._futs
+        if len(ops) > MAX_BATCH:
+            self._ops, self._futs = ops[MAX_BATCH:], futs[MAX_BATCH:]
+            return ops[:MAX_BATCH], futs[:MAX_BATCH]
+        self._ops, self._futs = [], []
+        return ops, futs
+
+    def _next(self) -> tuple[list[Op], list[SessionFuture[Any]]] | None:
+        with self._lock:
+            if not self._ops:
+                self._busy = False
+                return None
+            return self._take()
+
+    def _send(self, ops: list[Op], futs: list[SessionFuture[Any]]) -> None:
+        while True:
+            try:
+                ref = self.actor.run.remote(ops)
+            except Exception as exc:  # Ray refused the call (shut down, not connected)
+                for op, fut in zip(ops, futs, strict=True):
+                    fut._fail(_lost(op[1], self.index, exc))
+                batch = self._next()
+                if batch is None:
+                    return
+                ops, futs = batch
+                continue
+            self.calls += 1
+            self.sent += len(ops)
+            ref.future().add_done_callback(partial(self._done, ops, futs))
+            return
+
+    def _done(self, ops: list[Op], futs: list[SessionFuture[Any]], answer: Future[Any]) -> None:
+        # In Ray's callback thread. The next batch goes first, then this one is answered.
+        batch = self._next()
+        if batch is not None:
+            self._send(*batch)
+        try:
+            outcomes = answer.result()
+        except Exception as exc:
+            for op, fut in zip(ops, futs, strict=True):
+                fut._fail(_lost(op[1], self.index, exc))
+            return
+        for op, fut, (state, value) in zip(ops, futs, outcomes, strict=True):
+            if state == NOW:
+                fut._resolve(value)
+            elif state == FAILED:
+                fut._fail(value)
+            else:
+                self._follow(op[1], fut, value)
+
+    def _follow(self, session_id: str, fut: SessionFuture[Any], token: int) -> None:
+        """Ask for the outcome of a call the shard answers later."""
+        try:
+            ref = self.actor.result.remote(token)
+        except Exception as exc:
+            fut._fail(_lost(session_id, self.index, exc))
+            return
+        ref.future().add_done_callback(partial(self._settle, session_id, fut))
+
+    def _settle(self, session_id: str, fut: SessionFuture[Any], answer: Future[Any]) -> None:
+        try:
+            state, value = answer.result()
+        except Exception as exc:
+            fut._fail(_lost(session_id, self.index, exc))
+            return
+        if state == NOW:
+            fut._resolve(value)
+        else:
+            fut._fail(value)
+
+
+class _Feed:
+    """Feeds a local `Subscription` from its shard by long polls, each sent when the
+    last one answered (no thread of its own)."""
+
+    __slots__ = ("closed", "link", "session_id", "sub", "token")
+
+    def __init__(self, link: _Link, session_id: str, sub: Subscription, token: int) -> None:
+        self.link = link
+        self.session_id = session_id
+        self.sub = sub
+        self.token = token
+        self.closed = False
+
+    def poll(self) -> None:
+        if self.closed:
+            return
+        try:
+            ref = self.link.actor.poll.remote(self.token, POLL_WAIT)
+        except Exception as exc:
+            self._end(exc)
+            return
+        ref.future().add_done_callback(self._polled)
+
+    def _polled(self, answer: Future[Any]) -> None:
+        try:
+            events, ended, error = answer.result()
+        except Exception as exc:
+            self._end(exc)
+            return
+        for ev in events:
+            if not self.sub._push(ev):  # closed here, or this reader lags behind
+                self.close(self.sub)
+                return
+        if ended:
+            self.closed = True
+            self.sub._finish(error)
+            return
+        self.poll()
+
+    def _end(self, exc: BaseException) -> None:
+        self.closed = True
+        if self.link.closed is not None:
+            self.sub._finish(None)
+        else:
+            self.sub._finish(_lost(self.session_id, self.link.index, exc))
+
+    def close(self, sub: Subscription) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.link.actor.unsubscribe.remote(self.token)
+        except Exception:  # the shard is gone: so is its subscriber
+            pass
+
+
+class RaySession(SessionHandle):
+    """The handle to a session hosted in a shard of `RaySessions`.
+
+    Every method of `nous_actor.SessionHandle`, with the same checks (in the
+    caller's thread), futures and typed errors as a local `nous_actor.Session`.
+    The differences come from the process boundary:
+
+    * A compactor given to `compact` runs in the shard, so it must be
+      picklable (its summariser too); refused with ``TypeError`` otherwise.
+    * Results are copies: a `nous_actor.Log` from `log` or `fork` is the
+      session's value at that moment, sent over.
+    * Calls in flight when the shard is lost fail with
+      `nous_actor.SessionCrashed` (they may or may not have been applied);
+      later calls reach the restarted shard. A subscription ends with that
+      error too: subscribe again from the next seq you need.
+
+    A handle belongs to the process that opened it; open the session id again
+    in another process.
+    """
+
+    __slots__ = ("_link",)
+
+    def __init__(self, session_id: str, link: _Link, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        _check_handle_args(session_id, timeout)
+        self.session_id = session_id
+        self.timeout = float(timeout)
+        self._link = link
+
+    def _send(self, kind: int, name: str = "", args: tuple[Any, ...] = ()) -> SessionFuture[Any]:
+        fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
+        self._link.submit((kind, self.session_id, name, args), fut)
+        return fut
+
+    def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
+        if handler is SessionActor.h_compact:
+            req: _Compaction = args[0]
+            try:
+                blob = cloudpickle.dumps(req.compactor)  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                return self._failed(
+                    TypeError(
+                        "the compactor runs in the session's shard, so it (and its "
+                        "summariser) must be picklable: "
+                        f"{type(exc).__name__}: {short_repr(exc)}"
+                    )
+                )
+            return self._send(COMPACT, "", (blob, req.time, req.force, req.cid, req.explicit))
+        name = getattr(handler, "__name__", "")
+        if name not in _CALLS and name not in _CALLS_NO_ARGS:
+            return self._failed(NousActorError(f"a RaySession cannot send {name!r}"))
+        return self._send(CALL, name, args)
+
+    def subscribe(
+        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
+    ) -> Subscription:
+        """Subscribe to every event with ``seq >= from_seq``: catch-up, then live, exactly
+        once and in order, across the process boundary (see `Subscription`).
+
+        Waits (at most ``timeout``, default the handle's bound) until the session
+        has registered the subscriber in its shard.
+
+        Raises:
+            TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
+            SessionStopped: the session is stopped, or its shard was lost.
+            CallTimeout: not registered in time.
+        """
+        _check_seq(from_seq, "subscribe(from_seq)")
+        sub = Subscription(self.session_id, from_seq=from_seq, buffer=buffer, timeout=self.timeout)
+        if self._link.closed is not None:
+            raise SessionStopped(self.session_id, self._link.closed)
+        bound = self.timeout if timeout is None else timeout
+        actor = self._link.actor
+        try:
+            ref = actor.subscribe.remote(self.session_id, from_seq, buffer, bound)
+            state, value = ray.get(ref, timeout=bound)
+        except ray.exceptions.GetTimeoutError:
+            # Registered late, if at all: let the shard drop that subscriber.
+            ref.future().add_done_callback(partial(_drop_late, actor))
+            raise CallTimeout(
+                self.session_id, f"the subscription was not registered within {bound:g} s"
+            ) from None
+        except Exception as exc:
+            raise _lost(self.session_id, self._link.index, exc) from None
+        if state == FAILED:
+            raise value
+        token, events = value
+        sub._catch_up(events)
+        feed = _Feed(self._link, self.session_id, sub, token)
+        sub._on_close = feed.close
+        feed.poll()
+        return sub
+
+    def is_alive(self) -> bool:
+        """Whether the session is running in its shard now (a ``False`` is not final:
+        the next call starts it there again)."""
+        return bool(self._send(ALIVE).get())
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the session in its shard after the calls already queued; waits at most
+        ``timeout`` (plus one round trip to the shard).
+
+        The next call on a handle starts the session again, recovering it from
+        the store.
+
+        Raises:
+            CallTimeout: not stopped within ``timeout``.
+        """
+        bound = self.timeout if timeout is None else timeout
+        self._send(STOP, "", (bound,)).get(timeout=bound + min(self.timeout, 5.0))
+
+    async def astop(self, timeout: float | None = None) -> None:
+        """`stop` for asyncio code: awaited without blocking the loop (and with no thread)."""
+        bound = self.timeout if timeout is None else timeout
+        await self._send(STOP, "", (bound,))
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a RaySession belongs to the process that opened it; send the session id "
+            "and open it with RaySessions there"
+        )
+
+
+def _drop_late(actor: Any, answer: Future[Any]) -> None:
+    try:
+        state, value = answer.result()
+    except Exception:
+        return
+    if state == NOW:
+        try:
+            actor.unsubscribe.remote(value[0])
+        except Exception:
+            pass
+
+
+def _connect(address: str | None, timeout: float) -> None:
+    """Connect this process to Ray unless it is already; a clear error, never a hang."""
+    if ray.is_initialized():
+        return
+    if address is not None and address not in ("auto", "local"):
+        where = address.removeprefix("ray://")
+        host, _, port = where.rpartition(":")
+        if not host or not port.isdigit():
+            raise ClusterError(
+                f"cannot read the Ray address {address!r}: give 'host:port' (the head "
+                "node's address that `ray start --head` printed), 'ray://host:port' or 'auto'"
+            )
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except OSError as exc:
+            raise ClusterError(
+                f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); start one "
+                "with `ray start --head`, or pass the address it printed"
+            ) from None
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ClusterError(f"could not connect to Ray at {address!r}: {exc}") from None
+
+
+class RaySessions:
+    """Sessions hosted in shard actors on a Ray cluster, journaled in a shared store.
+
+    Args:
+        store_factory: makes the store of one shard, called in that shard's
+            worker process (again after each restart); it must be picklable,
+            e.g. ``functools.partial(PostgresStore, dsn)``. Every shard must
+            reach the same journal: a `nous_actor.PostgresStore` for more than
+            one machine.
+        shards: how many shard actors host the sessions.
+        name: name the shard actors ``"{name}.{i}"`` (in ``namespace``), so
+            that another driver with the same name reaches the same shards.
+        namespace: the Ray namespace of named shards (default: the driver's).
+        detached: keep the shards running when this driver exits (needs
+            ``name``); `close` then leaves them serving and `shutdown` stops them.
+        address: where the cluster is, when this process is not connected to Ray
+            yet (passed to ``ray.init``; ``None``: Ray's default).
+        timeout: the handles' default bound on every wait.
+        start_timeout: how long the shards may take to start.
+        max_sessions, idle_timeout: for each shard's `nous_actor.Sessions`.
+        actor_options: more Ray options for the shard actors (resources,
+            ``scheduling_strategy``; default ``num_cpus=0``, spread over nodes).
+
+    Raises:
+        ClusterError: Ray cannot be reached, or the shards did not start in time.
+        StoreError: a shard could not open its store (the shards are stopped).
+        TypeError, ValueError: bad arguments (nothing is started).
+    """
+
+    def __init__(
+        self,
+        store_factory: Callable[[], Store],
+        *,
+        shards: int = 4,
+        name: str | None = None,
+        namespace: str | None = None,
+        detached: bool = False,
+        address: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        start_timeout: float = 60.0,
+        max_sessions: int = 10_000,
+        idle_timeout: float | None = None,
+        actor_options: dict[str, Any] | None = None,
+    ) -> None:
+        if not callable(store_factory):
+            raise TypeError(
+                "store_factory must be a callable that makes a store in each shard, "
+                f"e.g. functools.partial(PostgresStore, dsn); got {type(store_factory).__name__}"
+            )
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be an int >= 1, got {shards!r}")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ValueError(f"name must be a non-empty str or None, got {name!r}")
+        if detached and name is None:
+            raise ValueError("detached shards need a name= (to be found again by later drivers)")
+        _check_handle_args("shards", timeout)
+        if not 0 < start_timeout < float("inf"):
+            raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
+        if idle_timeout is not None and not idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}")
+        self.shards = shards
+        self.name = name
+        self.namespace = namespace
+        self.detached = detached
+        self.timeout = float(timeout)
+        self._closed = False
+        options = {"max_sessions": max_sessions, "idle_timeout": idle_timeout, "timeout": timeout}
+        _connect(address, min(start_timeout, 5.0))
+        self._actors = self._start_shards(
+            store_factory, options, actor_options or {}, start_timeout
+        )
+        self._links = [_Link(actor, i) for i, actor in enumerate(self._actors)]
+
+    def _start_shards(
+        self,
+        store_factory: Callable[[], Store],
+        options: dict[str, Any],
+        actor_options: dict[str, Any],
+        start_timeout: float,
+    ) -> list[Any]:
+        remote = ray.remote(_Shard)
+        base: dict[str, Any] = {
+            "max_restarts": -1,
+            "max_task_retries": 0,
+            "num_cpus": 0,
+            "scheduling_strategy": "SPREAD",
+        }
+        if self.name is not None:
+            base["get_if_exists"] = True
+            if self.namespace is not None:
+                base["namespace"] = self.namespace
+        if self.detached:
+            base["lifetime"] = "detached"
+        base.update(actor_options)
+        actors: list[Any] = []
+        try:
+            for i in range(self.shards):
+                opts = dict(base)
+                if self.name is not None:
+                    opts["name"] = f"{self.name}.{i}"
+                actors.append(
+                    remote.options(**opts).remote(store_factory, i, self.shards, options)
+                )
+        except Exception as exc:
+            _kill(actors)
+            if isinstance(exc, (TypeError, pickle.PicklingError)):
+                raise TypeError(
+                    f"store_factory must be picklable (it runs in each shard): {exc}"
+                ) from None
+            raise ClusterError(f"could not start the shards on Ray: {exc}") from None
+        refs = [a.ready.remote() for a in actors]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=start_timeout)
+        if pending:
+            _kill(actors)
+            raise ClusterError(
+                f"{len(pending)} of {self.shards} shards did not start within "
+                f"{start_timeout:g} s: check `ray status` for free resources, and that "
+                "nous_actor (with the extras its store needs) is installed wherever "
+                "Ray runs workers"
+            )
+        infos: list[dict[str, Any]] = []
+        for i, ref in enumerate(refs):
+            try:
+                infos.append(ray.get(ref))
+            except Exception as exc:
+                _kill(actors)
+                raise ClusterError(f"shard {i} failed to start: {short_repr(exc)}") from None
+        for info in infos:
+            if info["shards"] != self.shards:
+                raise ClusterError(
+                    f"the shards named {self.name!r} run as {info['shards']} shards, not "
+                    f"{self.shards}: open them with shards={info['shards']}, or use another name"
+                )
+        for info in infos:
+            if info["error"] is not None:
+                _kill(actors)
+                raise info["error"]
+        return actors
+
+    # -- the user's side -------------------------------------------------------------------
+
+    def shard_of(self, session_id: str) -> int:
+        """The shard that hosts ``session_id`` (see `nous_actor.cluster.ray.shard_of`)."""
+        check_session_id(session_id)
+        return shard_of(session_id, self.shards)
+
+    def _check_open(self, session_id: str) -> _Link:
+        check_session_id(session_id)
+        if self._closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        return self._links[shard_of(session_id, self.shards)]
+
+    def _handle(self, session_id: str, link: _Link) -> RaySession:
+        return RaySession(session_id, link, timeout=self.timeout)
+
+    def open(self, session_id: str) -> RaySession:
+        """Start or find ``session_id`` in its shard (recovering it from the store) and
+        return a handle that survives restarts of the session and of the shard.
+
+        Raises:
+            ValueError, TypeError: ``session_id`` is not a valid id.
+            ConflictError: another live writer holds the session in the store.
+            StoreError: the store failed while recovering the session.
+            TooManySessions: the shard is at its ``max_sessions``.
+            SessionStopped: this registry is closed, or the shard was lost meanwhile.
+        """
+        link = self._check_open(session_id)
+        h = self._handle(session_id, link)
+        h._send(OPEN).get()
+        return h
+
+    async def aopen(self, session_id: str) -> RaySession:
+        """`open` for asyncio code: awaited without blocking the loop. Raises as `open`."""
+        link = self._check_open(session_id)
+        h = self._handle(session_id, link)
+        await h._send(OPEN)
+        return h
+
+    def restart_count(self, session_id: str) -> int:
+        """How many times ``session_id`` was restarted after a crash in its current shard
+        process (a restarted shard counts from 0)."""
+        link = self._check_open(session_id)
+        return int(self._handle(session_id, link)._send(RESTARTS).get())
+
+    def live(self) -> list[str]:
+        """Ids of the sessions running now in every shard, sorted."""
+        if self._closed:
+            return []
+        found = ray.get([a.live.remote() for a in self._actors], timeout=self.timeout)
+        return sorted(itertools.chain.from_iterable(found))
+
+    def shard_info(self) -> list[dict[str, Any]]:
+        """Each shard's ``index``, worker ``pid``, ``node_id`` and ``started`` time (an
+        answer from each shard, so also a health check)."""
+        infos = ray.get([a.ready.remote() for a in self._actors], timeout=self.timeout)
+        return [{k: v for k, v in info.items() if k != "error"} for info in infos]
+
+    def stats(self) -> dict[str, int]:
+        """``calls``: Ray calls made to the shards for session calls; ``sent``: the
+        session calls they carried (so ``sent / calls`` is the mean batch)."""
+        return {
+            "calls": sum(link.calls for link in self._links),
+            "sent": sum(link.sent for link in self._links),
+        }
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop using the shards: the handles' calls fail with `nous_actor.SessionStopped`.
+
+        Shards this object started without ``detached`` are stopped too (every
+        session first, each within ``timeout``). Detached shards keep serving
+        other drivers; `shutdown` stops them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._unlink("the registry is closed")
+        if not self.detached:
+            self._stop_shards(timeout)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every session and the shard actors, detached or not (for every driver)."""
+        self._closed = True
+        self._unlink("the registry was shut down")
+        self._stop_shards(timeout)
+
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """`close` for asyncio code: awaited without blocking the loop."""
+        await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
+
+    def _unlink(self, why: str) -> None:
+        for link in self._links:
+            link.closed = why
+
+    def _stop_shards(self, timeout: float) -> None:
+        refs = [a.close.remote(timeout) for a in self._actors]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout + self.timeout)
+        finally:
+            _kill(self._actors)
+
+    def __enter__(self) -> RaySessions:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RaySessions:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        named = "" if self.name is None else f" name={self.name!r}"
+        return f"<RaySessions shards={self.shards}{named}>"
+
+
+def _kill(actors: list[Any]) -> None:
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # already gone
+            pass
