@@ -60,6 +60,7 @@ from ray import cloudpickle
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
+from nous_actor.core.compaction import CompactionError
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import (
     CallTimeout,
@@ -182,12 +183,11 @@ class _Shard:
                     f"store_factory must return a nous_actor Store, got {type(store).__name__}"
                 )
             self.sessions = Sessions(store, **options)
-        except (StoreError, TypeError) as exc:
+        except TypeError as exc:
             self.error = _portable(exc)
         except Exception as exc:
-            self.error = StoreError(
-                f"shard {index} could not open its store: {type(exc).__name__}: {short_repr(exc)}"
-            )
+            what = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+            self.error = StoreError(f"shard {index} could not open its store: {what}")
 
     async def ready(self) -> dict[str, Any]:
         return {
@@ -253,9 +253,16 @@ class _Shard:
             raise NousActorError(f"a shard runs no call {name!r}")
         if kind == COMPACT:
             blob, at, force, cid, explicit = args
-            req = _Compaction(
-                pickle.loads(blob), at, force, cid, explicit, asyncio.get_running_loop()
-            )
+            try:
+                compactor = pickle.loads(blob)
+            except Exception as exc:
+                raise CompactionError(
+                    f"the compactor could not be loaded in shard {self.index} "
+                    f"({type(exc).__name__}: {short_repr(exc)}); the module of its "
+                    "summariser must be importable where the shards run (install it "
+                    "there, or ship it with Ray's runtime_env)"
+                ) from None
+            req = _Compaction(compactor, at, force, cid, explicit, asyncio.get_running_loop())
             return self._later(h._call(SessionActor.h_compact, req))
         if kind == STOP:
             return self._later(asyncio.ensure_future(h.astop(args[0])))
