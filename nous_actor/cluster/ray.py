@@ -98,6 +98,7 @@ Op = tuple[int, str, str, tuple[Any, ...]]
 OPEN, CALL, COMPACT, STOP, ALIVE, RESTARTS = range(6)
 # What comes back for each: (NOW, value) | (FAILED, exception) | (LATER, token).
 NOW, FAILED, LATER = range(3)
+_WAIT = 3  # inside a shard only: (_WAIT, a future to await before answering)
 
 _CALLS: Final[dict[str, Handler]] = {
     name: getattr(SessionActor, name)
@@ -246,10 +247,10 @@ class _Shard:
         if kind == CALL:
             handler = _CALLS.get(name)
             if handler is not None and (name != "h_read" or (args[:1] and args[0] in _READS)):
-                return CALL, h._call(handler, *args)
+                return _WAIT, h._call(handler, *args)
             handler = _CALLS_NO_ARGS.get(name)
             if handler is not None and not args:
-                return CALL, h._call(handler)
+                return _WAIT, h._call(handler)
             raise NousActorError(f"a shard runs no call {name!r}")
         if kind == COMPACT:
             blob, at, force, cid, explicit = args
@@ -285,7 +286,7 @@ class _Shard:
                 started.append((FAILED, _portable(exc)))
         out: list[tuple[int, Any]] = []
         for state, value in started:
-            if state != CALL:
+            if state != _WAIT:
                 out.append((state, value))
                 continue
             try:
@@ -884,6 +885,12 @@ class RaySessions:
         answer from each shard, so also a health check)."""
         infos = ray.get([a.ready.remote() for a in self._actors], timeout=self.timeout)
         return [{k: v for k, v in info.items() if k != "error"} for info in infos]
+
+    def shard_actor(self, index: int) -> Any:
+        """The Ray actor handle of shard ``index`` (e.g. to ``ray.kill`` it in a fault drill)."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.shards:
+            raise ValueError(f"index must be an int in [0, {self.shards}), got {index!r}")
+        return self._actors[index]
 
     def stats(self) -> dict[str, int]:
         """``calls``: Ray calls made to the shards for session calls; ``sent``: the
