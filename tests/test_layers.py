@@ -21,6 +21,7 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "store": ({"core", "store"}, {"structlog", "psycopg"}),
     "supervision": ({"core", "supervision"}, {"structlog", "pykka"}),
     "sessions": ({"core", "store", "supervision", "sessions"}, {"structlog", "pykka"}),
+    "cluster": ({"core", "store", "supervision", "sessions", "cluster"}, {"structlog", "ray"}),
 }
 
 
@@ -86,3 +87,20 @@ def test_psycopg_is_imported_by_the_postgres_store_and_the_demo_alone() -> None:
         if any(n.split(".")[0] == "psycopg" for n in _imports(p))
     ]
     assert sorted(users) == ["cli/agents_demo.py", "store/postgres.py"]
+
+
+def test_ray_is_imported_by_the_cluster_layer_alone() -> None:
+    """The optional engine stays in its own layer; nothing below it knows of it."""
+    users = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if any(n.split(".")[0] == "ray" for n in _imports(p))
+    ]
+    assert sorted(users) == ["cluster/ray.py"]
+
+
+def test_no_layer_imports_the_cluster_layer() -> None:
+    """The cluster layer sits on top: core, store, supervision and sessions never import it."""
+    for layer in ("core", "store", "supervision", "sessions"):
+        for path in _modules(layer):
+            assert not any(_layer_of(n) == "cluster" for n in _imports(path)), path
