@@ -877,14 +877,27 @@ class RaySessions:
         """Ids of the sessions running now in every shard, sorted."""
         if self._closed:
             return []
-        found = ray.get([a.live.remote() for a in self._actors], timeout=self.timeout)
+        found = self._ask_all("live")
         return sorted(itertools.chain.from_iterable(found))
 
     def shard_info(self) -> list[dict[str, Any]]:
         """Each shard's ``index``, worker ``pid``, ``node_id`` and ``started`` time (an
         answer from each shard, so also a health check)."""
-        infos = ray.get([a.ready.remote() for a in self._actors], timeout=self.timeout)
+        infos = self._ask_all("ready")
         return [{k: v for k, v in info.items() if k != "error"} for info in infos]
+
+    def _ask_all(self, method: str) -> list[Any]:
+        """One answer from every shard, within the handles' bound."""
+        try:
+            return list(
+                ray.get([getattr(a, method).remote() for a in self._actors], timeout=self.timeout)
+            )
+        except ray.exceptions.GetTimeoutError:
+            raise CallTimeout("*", f"not every shard answered within {self.timeout:g} s") from None
+        except ray.exceptions.RayActorError as exc:
+            raise SessionStopped(
+                "*", f"a shard is not running ({type(exc).__name__}); try again"
+            ) from None
 
     def shard_actor(self, index: int) -> Any:
         """The Ray actor handle of shard ``index`` (e.g. to ``ray.kill`` it in a fault drill)."""
