@@ -213,6 +213,37 @@ def test_calls_are_batched_and_applied_in_the_order_they_were_made(
     assert after["calls"] - before["calls"] <= 50
 
 
+def test_with_several_batches_in_flight_a_sessions_calls_still_apply_in_order(
+    ray_cluster: Any, pg_server: Server, schema: str
+) -> None:
+    """Four batches in flight to one shard while another thread keeps opening fresh
+    sessions (a batch that opens one waits for the store): the shard starts batches
+    in the order they were sent, so one caller's appends get their seqs in order."""
+    sessions = RaySessions(
+        partial(PostgresStore, pg_server.dsn, schema=schema), shards=1, max_in_flight=4
+    )
+    try:
+        chat = sessions.open(_sid("order"))
+        stop = threading.Event()
+
+        def opener() -> None:
+            while not stop.is_set():
+                sessions.open(_sid("fresh"))
+
+        t = threading.Thread(target=opener)
+        t.start()
+        try:
+            futures = [chat.append("user_message", {"content": str(i)}) for i in range(1500)]
+            events = [f.get() for f in futures]
+        finally:
+            stop.set()
+            t.join(30)
+        assert [e.data["content"] for e in events] == [str(i) for i in range(1500)]
+        assert [e.seq for e in events] == list(range(1500))
+    finally:
+        sessions.shutdown()
+
+
 def test_threads_and_coroutines_share_sessions_and_nothing_is_lost_or_reordered(
     cluster: RaySessions,
 ) -> None:

@@ -49,6 +49,7 @@ import pickle
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
@@ -86,6 +87,14 @@ T = TypeVar("T")
 
 MAX_BATCH: Final = 1000
 """Calls carried by one Ray call to a shard, at most."""
+
+DEFAULT_IN_FLIGHT: Final = 1
+"""Batches one process has in flight to one shard, at most, unless told otherwise: one
+makes the largest batches, the cheapest on busy CPUs; more hide a slow network."""
+
+TURN_WAIT: Final = 30.0
+"""Seconds a shard waits for a link's earlier batch before starting a later one anyway
+(never, unless Ray lost a call)."""
 
 POLL_WAIT: Final = 1.0
 """Seconds a subscription's long poll waits in its shard for the next event."""
@@ -177,6 +186,8 @@ class _Shard:
         self.later: dict[int, Any] = {}
         self.subs: dict[int, Subscription] = {}
         self.tokens = itertools.count()
+        self.turns: dict[str, int] = {}  # each link's next batch number
+        self.turned: asyncio.Condition | None = None  # made on the actor's loop
         try:
             store = store_factory()
             if not isinstance(store, Store):
@@ -269,21 +280,59 @@ class _Shard:
             return self._later(asyncio.ensure_future(h.astop(args[0])))
         raise NousActorError(f"a shard runs no call of kind {kind!r}")
 
-    async def run(self, ops: list[Op]) -> list[tuple[int, Any]]:
-        """Apply a batch of calls, in order; one outcome per call."""
+    async def _turn(self, link: str, number: int, reset: bool) -> None:
+        """Wait until every earlier batch of ``link`` has been started."""
+        if self.turned is None:
+            self.turned = asyncio.Condition()
+        if reset or link not in self.turns:
+            # The link's first batch (or its first since a batch failed): its count
+            # starts here. A shard restarted behind a link's back knows no count
+            # either: the link learns of the restart from its failed batches.
+            self.turns[link] = number
+            return
+        async with self.turned:
+            try:
+                await asyncio.wait_for(
+                    self.turned.wait_for(lambda: self.turns[link] >= number), TURN_WAIT
+                )
+            except TimeoutError:
+                logger.error(
+                    "ray.batch_out_of_order",
+                    shard=self.index,
+                    batch=number,
+                    expected=self.turns[link],
+                    reason="an earlier batch never arrived",
+                )
+
+    async def _turned(self, link: str, number: int) -> None:
+        assert self.turned is not None
+        async with self.turned:
+            if self.turns[link] <= number:
+                self.turns[link] = number + 1
+            self.turned.notify_all()
+
+    async def run(
+        self, link: str, number: int, reset: bool, ops: list[Op]
+    ) -> list[tuple[int, Any]]:
+        """Apply a batch of calls, in order, after the link's earlier batches; one outcome
+        per call."""
         if self.error is not None or self.sessions is None:
             return [(FAILED, self.error)] * len(ops)
-        refused = await self._open(ops)
-        started: list[tuple[int, Any]] = []
-        for op in ops:
-            why = refused.get(op[1])
-            if why is not None:
-                started.append((FAILED, why))
-                continue
-            try:
-                started.append(self._start(op))
-            except Exception as exc:
-                started.append((FAILED, _portable(exc)))
+        await self._turn(link, number, reset)
+        try:
+            refused = await self._open(ops)
+            started: list[tuple[int, Any]] = []
+            for op in ops:
+                why = refused.get(op[1])
+                if why is not None:
+                    started.append((FAILED, why))
+                    continue
+                try:
+                    started.append(self._start(op))
+                except Exception as exc:
+                    started.append((FAILED, _portable(exc)))
+        finally:
+            await self._turned(link, number)
         out: list[tuple[int, Any]] = []
         for state, value in started:
             if state != _WAIT:
@@ -371,18 +420,42 @@ class _Shard:
 
 
 class _Link:
-    """This process's side of one shard: calls queue here and go in batches, one Ray call
-    in flight at a time (so a session's calls are applied in the order they were made)."""
+    """This process's side of one shard: calls queue here and go in batches.
 
-    __slots__ = ("_busy", "_futs", "_lock", "_ops", "actor", "calls", "closed", "index", "sent")
+    Up to ``max_in_flight`` batches are in flight at once; each carries this
+    link's id and a number, and the shard starts them strictly in that order
+    (its turns), so a session's calls are applied in the order they were made.
+    After a batch failed as a whole (the shard was lost), the next one resets
+    the shard's count and goes alone until it is answered.
+    """
 
-    def __init__(self, actor: Any, index: int) -> None:
+    __slots__ = (
+        "_futs",
+        "_in_flight",
+        "_lock",
+        "_next",
+        "_ops",
+        "_reset",
+        "actor",
+        "calls",
+        "closed",
+        "id",
+        "index",
+        "max_in_flight",
+        "sent",
+    )
+
+    def __init__(self, actor: Any, index: int, max_in_flight: int = DEFAULT_IN_FLIGHT) -> None:
         self.actor = actor
         self.index = index
+        self.max_in_flight = max_in_flight
+        self.id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._ops: list[Op] = []
         self._futs: list[SessionFuture[Any]] = []
-        self._busy = False
+        self._in_flight = 0
+        self._next = 0  # the number of the next batch
+        self._reset = True  # the next batch starts the shard's count for this link
         self.closed: str | None = None
         self.calls = 0  # Ray calls made
         self.sent = 0  # session calls they carried
@@ -394,55 +467,50 @@ class _Link:
         with self._lock:
             self._ops.append(op)
             self._futs.append(fut)
-            if self._busy:
-                return
-            self._busy = True
             batch = self._take()
-        self._send(*batch)
+        if batch is not None:
+            self._send(*batch)
 
-    def _take(self) -> tuple[list[Op], list[SessionFuture[Any]]]:
+    def _take(self) -> tuple[list[Op], list[SessionFuture[Any]], int, bool] | None:
+        """The next batch to send, if one may go now (under the lock)."""
+        if not self._ops or self._in_flight >= (1 if self._reset else self.max_in_flight):
+            return None
         ops, futs = self._ops, self._futs
         if len(ops) > MAX_BATCH:
             self._ops, self._futs = ops[MAX_BATCH:], futs[MAX_BATCH:]
-            return ops[:MAX_BATCH], futs[:MAX_BATCH]
-        self._ops, self._futs = [], []
-        return ops, futs
+            ops, futs = ops[:MAX_BATCH], futs[:MAX_BATCH]
+        else:
+            self._ops, self._futs = [], []
+        number, reset = self._next, self._reset
+        self._next += 1
+        self._in_flight += 1
+        return ops, futs, number, reset
 
-    def _next(self) -> tuple[list[Op], list[SessionFuture[Any]]] | None:
-        with self._lock:
-            if not self._ops:
-                self._busy = False
-                return None
-            return self._take()
-
-    def _send(self, ops: list[Op], futs: list[SessionFuture[Any]]) -> None:
-        while True:
-            try:
-                ref = self.actor.run.remote(ops)
-            except Exception as exc:  # Ray refused the call (shut down, not connected)
-                for op, fut in zip(ops, futs, strict=True):
-                    fut._fail(_lost(op[1], self.index, exc))
-                batch = self._next()
-                if batch is None:
-                    return
-                ops, futs = batch
-                continue
-            self.calls += 1
-            self.sent += len(ops)
-            ref.future().add_done_callback(partial(self._done, ops, futs))
+    def _send(
+        self, ops: list[Op], futs: list[SessionFuture[Any]], number: int, reset: bool
+    ) -> None:
+        try:
+            ref = self.actor.run.remote(self.id, number, reset, ops)
+        except Exception as exc:  # Ray refused the call (shut down, not connected)
+            self._finished(ops, futs, exc, lost=False)
             return
+        self.calls += 1
+        self.sent += len(ops)
+        ref.future().add_done_callback(partial(self._done, ops, futs))
 
     def _done(self, ops: list[Op], futs: list[SessionFuture[Any]], answer: Future[Any]) -> None:
         # In Ray's callback thread. The next batch goes first, then this one is answered.
-        batch = self._next()
-        if batch is not None:
-            self._send(*batch)
         try:
             outcomes = answer.result()
         except Exception as exc:
-            for op, fut in zip(ops, futs, strict=True):
-                fut._fail(_lost(op[1], self.index, exc))
+            self._finished(ops, futs, exc, lost=True)
             return
+        with self._lock:
+            self._in_flight -= 1
+            self._reset = False
+            batch = self._take()
+        if batch is not None:
+            self._send(*batch)
         for op, fut, (state, value) in zip(ops, futs, outcomes, strict=True):
             if state == NOW:
                 fut._resolve(value)
@@ -450,6 +518,19 @@ class _Link:
                 fut._fail(value)
             else:
                 self._follow(op[1], fut, value)
+
+    def _finished(
+        self, ops: list[Op], futs: list[SessionFuture[Any]], exc: BaseException, *, lost: bool
+    ) -> None:
+        """A batch failed as a whole: fail its calls; the next batch resets the count."""
+        with self._lock:
+            self._in_flight -= 1
+            self._reset = True
+            batch = self._take()
+        for op, fut in zip(ops, futs, strict=True):
+            fut._fail(_lost(op[1], self.index, exc))
+        if batch is not None:
+            self._send(*batch)
 
     def _follow(self, session_id: str, fut: SessionFuture[Any], token: int) -> None:
         """Ask for the outcome of a call the shard answers later."""
@@ -707,6 +788,10 @@ class RaySessions:
         timeout: the handles' default bound on every wait.
         start_timeout: how long the shards may take to start.
         max_sessions, idle_timeout: for each shard's `nous_actor.Sessions`.
+        max_in_flight: batches this process may have in flight to one shard (a
+            session's calls are applied in order whatever it is). One makes the
+            largest batches, the cheapest when CPUs are busy; more hide network
+            latency between nodes.
         actor_options: more Ray options for the shard actors (resources,
             ``scheduling_strategy``; default ``num_cpus=0``, spread over nodes).
 
@@ -729,6 +814,7 @@ class RaySessions:
         start_timeout: float = 60.0,
         max_sessions: int = 10_000,
         idle_timeout: float | None = None,
+        max_in_flight: int = DEFAULT_IN_FLIGHT,
         actor_options: dict[str, Any] | None = None,
     ) -> None:
         if not callable(store_factory):
@@ -747,6 +833,12 @@ class RaySessions:
             raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or not 1 <= max_in_flight <= 64
+        ):
+            raise ValueError(f"max_in_flight must be an int in [1, 64], got {max_in_flight!r}")
         if idle_timeout is not None and not idle_timeout > 0:
             raise ValueError(f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}")
         self.shards = shards
@@ -760,7 +852,7 @@ class RaySessions:
         self._actors = self._start_shards(
             store_factory, options, actor_options or {}, start_timeout
         )
-        self._links = [_Link(actor, i) for i, actor in enumerate(self._actors)]
+        self._links = [_Link(a, i, max_in_flight) for i, a in enumerate(self._actors)]
 
     def _start_shards(
         self,
