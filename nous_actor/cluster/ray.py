@@ -625,8 +625,8 @@ class RaySession(SessionHandle):
       later calls reach the restarted shard. A subscription ends with that
       error too: subscribe again from the next seq you need.
 
-    A handle belongs to the process that opened it; open the session id again
-    in another process.
+    Get one from `RaySessions.open` (or ``aopen``). A handle belongs to the
+    process that opened it; open the session id again in another process.
     """
 
     __slots__ = ("_link",)
@@ -795,10 +795,15 @@ class RaySessions:
         actor_options: more Ray options for the shard actors (resources,
             ``scheduling_strategy``; default ``num_cpus=0``, spread over nodes).
 
+    Use it as a context manager (``with``, or ``async with``): leaving the
+    block calls `close` (``aclose``).
+
     Raises:
-        ClusterError: Ray cannot be reached, or the shards did not start in time.
+        ClusterError: Ray cannot be reached, the shards did not start in time, or
+            shards of that ``name`` run with another number of shards.
         StoreError: a shard could not open its store (the shards are stopped).
-        TypeError, ValueError: bad arguments (nothing is started).
+        TypeError: ``store_factory`` cannot be pickled, or makes no store.
+        ValueError: bad arguments (nothing is started).
     """
 
     def __init__(
