@@ -24,11 +24,11 @@ from typing import Any, Final
 
 import structlog
 
-from bench import core, durable, lifetime, plot, postgres, session
+from bench import cluster, core, durable, lifetime, plot, postgres, session
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
 
-MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable, lifetime, postgres)
+MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable, lifetime, postgres, cluster)
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
 
