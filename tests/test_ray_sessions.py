@@ -32,6 +32,7 @@ ray = pytest.importorskip("ray") if not os.environ.get("CI") else __import__("ra
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 
 from nous_actor import (  # noqa: E402
+    ClusterError,
     CompactionResult,
     Compactor,
     ConflictError,
@@ -396,6 +397,21 @@ def test_a_compactor_that_cannot_travel_to_the_shard_fails_only_its_call(
     with pytest.raises(TypeError, match="picklable"):
         chat.compact(unpicklable, force=True).get()
     assert chat.count().get() == 1
+
+
+def test_a_shard_refuses_calls_of_another_protocol_with_a_cluster_error(
+    cluster: RaySessions,
+) -> None:
+    """A driver of another version of the library gets a ClusterError for each call
+    (saying to run one version everywhere), not a Ray wrapper or a hang."""
+    from nous_actor.cluster.ray import CALL, FAILED, PROTOCOL
+
+    op = (CALL, _sid("proto"), "h_read", ("count",))
+    answer = ray.get(cluster.shard_actor(0).run.remote(PROTOCOL + 1, "x", 0, True, [op]))
+    assert len(answer) == 1
+    assert answer[0][0] == FAILED
+    assert isinstance(answer[0][1], ClusterError)
+    assert "one version of nous_actor" in str(answer[0][1])
 
 
 def test_a_handle_refuses_to_be_pickled(cluster: RaySessions) -> None:

@@ -60,6 +60,7 @@ import ray.exceptions
 from ray import cloudpickle
 
 from nous_actor._log import get_logger
+from nous_actor._version import __version__
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.compaction import CompactionError
 from nous_actor.core.ids import check_session_id
@@ -84,6 +85,9 @@ __all__ = ["RaySession", "RaySessions", "shard_of"]
 logger = get_logger(__name__)
 
 T = TypeVar("T")
+
+PROTOCOL: Final = 1
+"""The version of what drivers and shards say to each other; both sides check it."""
 
 MAX_BATCH: Final = 1000
 """Calls carried by one Ray call to a shard, at most."""
@@ -142,6 +146,19 @@ def _portable(exc: BaseException) -> Exception:
         except Exception:
             pass
     return NousActorError(f"{type(exc).__name__}: {short_repr(exc)}")
+
+
+def _mismatch(index: int, protocol: object) -> ClusterError:
+    """Driver and shard speak different versions: ``protocol`` is what the shard was sent
+    (``None``: seen by the driver, in the shard's answer)."""
+    if protocol is None:
+        what = f"shard {index} answered in a form nous_actor {__version__} does not know"
+    else:
+        what = (
+            f"shard {index} runs nous_actor {__version__} (protocol {PROTOCOL}) and was "
+            f"sent calls of protocol {protocol!r}"
+        )
+    return ClusterError(f"{what}: run one version of nous_actor on every node")
 
 
 def _lost(session_id: str, index: int, exc: BaseException) -> Exception:
@@ -203,6 +220,8 @@ class _Shard:
 
     async def ready(self) -> dict[str, Any]:
         return {
+            "protocol": PROTOCOL,
+            "version": __version__,
             "index": self.index,
             "shards": self.shards,
             "pid": os.getpid(),
@@ -311,11 +330,13 @@ class _Shard:
                 self.turns[link] = number + 1
             self.turned.notify_all()
 
-    async def run(
-        self, link: str, number: int, reset: bool, ops: list[Op]
-    ) -> list[tuple[int, Any]]:
-        """Apply a batch of calls, in order, after the link's earlier batches; one outcome
-        per call."""
+    async def run(self, protocol: int, *batch: Any) -> list[tuple[int, Any]]:
+        """Apply a batch of calls (``link, number, reset, ops``), in order, after the
+        link's earlier batches; one outcome per call."""
+        ops: list[Op] = batch[-1] if batch and isinstance(batch[-1], list) else []
+        if protocol != PROTOCOL or len(batch) != 4:
+            return [(FAILED, _mismatch(self.index, protocol))] * len(ops)
+        link, number, reset, _ = batch
         if self.error is not None or self.sessions is None:
             return [(FAILED, self.error)] * len(ops)
         await self._turn(link, number, reset)
@@ -490,7 +511,7 @@ class _Link:
         self, ops: list[Op], futs: list[SessionFuture[Any]], number: int, reset: bool
     ) -> None:
         try:
-            ref = self.actor.run.remote(self.id, number, reset, ops)
+            ref = self.actor.run.remote(PROTOCOL, self.id, number, reset, ops)
         except Exception as exc:  # Ray refused the call (shut down, not connected)
             self._finished(ops, futs, exc, lost=False)
             return
@@ -502,6 +523,8 @@ class _Link:
         # In Ray's callback thread. The next batch goes first, then this one is answered.
         try:
             outcomes = answer.result()
+            if not isinstance(outcomes, list) or len(outcomes) != len(ops):
+                raise _mismatch(self.index, None)
         except Exception as exc:
             self._finished(ops, futs, exc, lost=True)
             return
@@ -914,6 +937,12 @@ class RaySessions:
                 _kill(actors)
                 raise ClusterError(f"shard {i} failed to start: {short_repr(exc)}") from None
         for info in infos:
+            if info.get("protocol") != PROTOCOL:
+                raise ClusterError(
+                    f"the shards named {self.name!r} run nous_actor "
+                    f"{info.get('version', 'of another protocol')}, this driver {__version__}: "
+                    "run one version of nous_actor on every node"
+                )
             if info["shards"] != self.shards:
                 raise ClusterError(
                     f"the shards named {self.name!r} run as {info['shards']} shards, not "
