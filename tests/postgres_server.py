@@ -96,9 +96,10 @@ class Server:
         return f"test_{uuid.uuid4().hex[:12]}"
 
     def terminate(self, application_name: str | None = None, pid: int | None = None) -> int:
-        """``pg_terminate_backend`` on the backends matching; how many were ended."""
+        """``pg_terminate_backend`` on the backends matching; how many were ended. Waits
+        (at most 10 s each) until they are gone, so their locks are released on return."""
         rows = self.sql(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
             "WHERE pid <> pg_backend_pid() AND (%s::int IS NULL OR pid = %s::int) "
             "AND (%s::text IS NULL OR application_name = %s::text)",
             (pid, pid, application_name, application_name),
