@@ -6,6 +6,16 @@
 #                            prints, for eval, "export NOUS_ACTOR_TEST_RAY_ADDRESS=..."
 #                            (and _DIR) plus the Ray settings every driver needs (below)
 #   .ci/ray.sh stop DIR      stop that cluster's processes, and only those; remove DIR
+#   .ci/ray.sh add-node DIR ADDRESS [RESOURCES]
+#                            start another node (on this machine, loopback only) of the
+#                            cluster at ADDRESS, its state and logs in DIR; RESOURCES:
+#                            custom resources as JSON, e.g. '{"node_b": 1}'; no CPUs
+#                            unless NOUS_ACTOR_TEST_RAY_NODE_CPUS says. Needs the
+#                            cluster's settings in the environment (what "start"
+#                            printed). Prints "export NOUS_ACTOR_TEST_RAY_NODE_ID=..."
+#                            (and _DIR). "stop DIR" stops that node alone.
+#   .ci/ray.sh kill DIR      SIGKILL every process of DIR's node(s) at once, and wait
+#                            until they are gone (a node that dies); DIR is kept
 #
 # The Ray CLI is $RAY, or else the project's virtualenv (.venv/bin/ray), or else `ray` on
 # PATH. Every wait is bounded.
@@ -62,15 +72,7 @@ start() {
     fi
     mkdir -p "$dir"
     dir="$(cd "$dir" && pwd)"
-    case "$dir" in
-        *[!A-Za-z0-9/._-]*)
-            echo "ray.sh: use a folder whose path has only letters, digits and /._-" >&2
-            return 1 ;;
-    esac
-    if [ "${#dir}" -gt 40 ]; then
-        echo "ray.sh: $dir is too long for Ray's socket paths; use e.g. /tmp/nray.XXXXXX" >&2
-        return 1
-    fi
+    check_dir "$dir" || return 1
     chmod 700 "$dir"
     settings "$dir"
     (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$dir/auth_token")
@@ -207,8 +209,113 @@ stop() {
     rm -rf "$dir"
 }
 
+check_dir() {  # check_dir DIR: a usable folder for Ray's state (see "start")
+    case "$1" in
+        *[!A-Za-z0-9/._-]*)
+            echo "ray.sh: use a folder whose path has only letters, digits and /._-" >&2
+            return 1 ;;
+    esac
+    if [ "${#1}" -gt 40 ]; then
+        echo "ray.sh: $1 is too long for Ray's socket paths; use e.g. /tmp/nray.XXXXXX" >&2
+        return 1
+    fi
+}
+
+python_cli() {  # the interpreter of the Ray CLI (or $PYTHON)
+    local ray line
+    if [ -n "${PYTHON:-}" ]; then
+        echo "$PYTHON"
+        return
+    fi
+    ray="$(ray_cli)" || return 1
+    line="$(head -n 1 "$ray")"
+    case "$line" in
+        "#!/usr/bin/env "*python*) echo "${line#\#!/usr/bin/env }" ;;
+        "#!"*python*) echo "${line#\#!}" ;;
+        *) echo python3 ;;
+    esac
+}
+
+# A node joining a cluster on this machine. Not "ray start --address": the CLI refuses to
+# add a node in the single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), and outside
+# it rewrites 127.0.0.1 to the machine's outward IP. So this starts the node as "ray start"
+# does inside (and as Ray's own cluster_utils does for several nodes on one machine): a
+# ray._private.node.Node, its processes left running when this script exits.
+# argv: DIR ADDRESS RESOURCES(JSON) CPUS OBJECT_STORE_BYTES; prints the node id.
+NODE_LAUNCHER='
+import json, sys
+from ray._private.authentication.authentication_token_setup import (
+    ensure_token_if_auth_enabled,
+)
+from ray._private.node import Node
+from ray._private.parameter import RayParams
+
+folder, address, resources, cpus, store = sys.argv[1:]
+ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+params = RayParams(
+    gcs_address=address,
+    node_ip_address="127.0.0.1",
+    node_name=folder,
+    temp_dir=folder,
+    num_cpus=int(cpus),
+    resources=json.loads(resources),
+    object_store_memory=int(store),
+    # Every port picked free: the head and its workers run on this machine too.
+    node_manager_port=0,
+    object_manager_port=0,
+    min_worker_port=0,
+    max_worker_port=0,
+    dashboard_agent_listen_port=0,
+)
+node = Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False, connect_only=False)
+print(node.node_id, flush=True)
+'
+
+add_node() {
+    local usage="usage: ray.sh add-node DIR ADDRESS [RESOURCES]"
+    local dir="${1:?$usage}" address="${2:?$usage}" resources="${3:-}" python node_id
+    python="$(python_cli)" || return 1
+    case "$address" in
+        127.0.0.1:*) ;;
+        *) echo "ray.sh: add-node joins a cluster on loopback, not $address" >&2; return 1 ;;
+    esac
+    if [ "${RAY_AUTH_MODE:-}" = token ] && [ ! -s "${RAY_AUTH_TOKEN_PATH:-}" ]; then
+        echo "ray.sh: RAY_AUTH_TOKEN_PATH names no token (export what 'start' printed)" >&2
+        return 1
+    fi
+    mkdir -p "$dir"
+    dir="$(cd "$dir" && pwd)"
+    check_dir "$dir" || return 1
+    chmod 700 "$dir"
+    export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
+    if ! node_id="$(timeout 120 "$python" -c "$NODE_LAUNCHER" "$dir" "$address" \
+        "${resources:-"{}"}" "${NOUS_ACTOR_TEST_RAY_NODE_CPUS:-0}" \
+        "${NOUS_ACTOR_TEST_RAY_NODE_OBJECT_STORE:-100000000}" 2>"$dir/start.log")"; then
+        cat "$dir/start.log" >&2
+        stop "$dir" >&2 || true
+        return 1
+    fi
+    echo "export NOUS_ACTOR_TEST_RAY_NODE_ID='${node_id##*$'\n'}'"
+    echo "export NOUS_ACTOR_TEST_RAY_NODE_DIR='$dir'"
+}
+
+kill_all() {
+    local dir="${1:?usage: ray.sh kill DIR}" pids
+    dir="$(cd "$dir" 2>/dev/null && pwd || echo "$dir")"
+    mapfile -t pids < <(members "$dir")
+    signal KILL "${pids[@]}"
+    if ! wait_gone 100 "${pids[@]}"; then
+        echo "ray.sh: processes of $dir outlived SIGKILL: $(alive "${pids[@]}")" >&2
+        return 1
+    fi
+    echo "${#pids[@]}"
+}
+
 case "${1:-}" in
     start) shift; start "$@" ;;
     stop) shift; stop "$@" ;;
-    *) echo "usage: $0 start [DIR] | stop DIR" >&2; exit 2 ;;
+    add-node) shift; add_node "$@" ;;
+    kill) shift; kill_all "$@" ;;
+    *) echo "usage: $0 start [DIR] | stop DIR | add-node DIR ADDRESS [RESOURCES] | kill DIR" >&2
+       exit 2 ;;
 esac

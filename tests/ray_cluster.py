@@ -13,6 +13,9 @@ Fixtures:
 * ``ray_scope`` (per test): a `RayScope`, a namespace no other test uses; every named
   actor left in it, and every driver process it started, is killed afterwards.
 
+``add_node`` (of either) starts another node of the cluster on this machine, a
+`RayNode` (``.ci/ray.sh add-node``), to be killed (`RayNode.kill`) or stopped.
+
 Ray reads its settings (``RAY_AUTH_MODE``, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``) from the
 environment when it is imported, so this module sets them when it is imported, that is
 when tests/conftest.py loads, before any test module imports ray; see .ci/ray.sh for what
@@ -22,6 +25,7 @@ they do. Driver processes inherit them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import shlex
@@ -30,7 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +166,112 @@ class Driver:
                     stream.close()
 
 
+def _processes_under(session: str) -> dict[int, str]:
+    """The processes of a node's session folder ``session``, pid -> name (see
+    `RayCluster.processes`)."""
+    found: dict[int, str] = {}
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            stat = (entry / "stat").read_text()
+            parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+            if pid == os.getpid():
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            outputs = [os.readlink(entry / "fd" / n) for n in ("1", "2")]
+        except (OSError, ValueError, IndexError):
+            continue
+        if session in cmdline or any(o.startswith(session) for o in outputs):
+            found[pid] = (entry / "comm").read_text().strip()
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if pid not in found and parent in found:
+                with contextlib.suppress(OSError):
+                    found[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+                    grew = True
+    return found
+
+
+def _running(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie counts as gone)."""
+    left = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            left.append(pid)
+    return left
+
+
+class RayNode:
+    """Another node of the test cluster, on this machine: `RayCluster.add_node`.
+
+    Its own raylet, object store, agents and workers, with their state and logs in
+    its own folder; on loopback, like the head. `kill` is its sudden death, `stop`
+    its orderly end (and the removal of its folder); both may be called again.
+    """
+
+    def __init__(self, cluster: RayCluster, folder: Path, node_id: str) -> None:
+        self.cluster = cluster
+        self.folder = folder
+        self.node_id = node_id
+        """Ray's id of the node (hex), as in ``ray.nodes()`` and ``get_node_id()``."""
+        self.killed_at: float | None = None
+        """``time.monotonic()`` when `kill` had signalled every process."""
+
+    def processes(self) -> dict[int, str]:
+        """The node's processes, pid -> name (``raylet``, ``ray::...``), found as
+        `RayCluster.processes` finds the head's."""
+        return _processes_under(f"{self.folder}/session_")
+
+    def alive(self) -> bool:
+        """Whether the cluster (its GCS) counts the node as alive."""
+        import ray
+
+        return any(n["NodeID"] == self.node_id and n["Alive"] for n in ray.nodes())
+
+    def kill(self, timeout: float = 30.0) -> float:
+        """SIGKILL every process of the node at once (raylet, object store, agents,
+        workers), as when its machine dies; waits until they are gone (at most
+        ``timeout`` seconds). The cluster finds out by itself, through its health checks.
+        Returns `killed_at`."""
+        pids = list(self.processes())
+        if not pids:
+            raise AssertionError(f"node {self.node_id[:12]} has no processes to kill")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.killed_at = time.monotonic()
+        deadline = self.killed_at + timeout
+        while left := _running(pids):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"processes {left} of the node outlived SIGKILL")
+            time.sleep(0.01)
+        return self.killed_at
+
+    def stop(self) -> None:
+        """Stop the node's processes (``.ci/ray.sh stop`` on its folder) and remove it."""
+        if self in self.cluster.nodes:
+            self.cluster.nodes.remove(self)
+        subprocess.run([str(SCRIPT), "stop", str(self.folder)], timeout=120, check=False)
+
+    def __enter__(self) -> RayNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<RayNode {self.node_id[:12]} in {self.folder}>"
+
+
 # -- the cluster --------------------------------------------------------------------------------
 
 
@@ -176,6 +286,8 @@ class RayCluster:
     namespace: str
     """The test process's own namespace (unique per test session)."""
     drivers: list[Driver] = field(default_factory=list)
+    nodes: list[RayNode] = field(default_factory=list)
+    """The nodes `add_node` started and that are not stopped yet."""
 
     def driver_env(self, namespace: str | None = None, **extra: str) -> dict[str, str]:
         """The environment of a driver process: this one's, plus ``RAY_ADDRESS`` (so that a
@@ -250,38 +362,57 @@ class RayCluster:
         folder, those whose stdout or stderr goes to a log in it (workers, agents), and
         their descendants. Drivers (this process too) are not among them.
         """
-        session = str(self.session_dir())
-        found: dict[int, str] = {}
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            try:
-                stat = (entry / "stat").read_text()
-                parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
-                if pid == os.getpid():
-                    continue
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                outputs = [os.readlink(entry / "fd" / n) for n in ("1", "2")]
-            except (OSError, ValueError, IndexError):
-                continue
-            if session in cmdline or any(o.startswith(session) for o in outputs):
-                found[pid] = (entry / "comm").read_text().strip()
-        grew = True
-        while grew:
-            grew = False
-            for pid, parent in parents.items():
-                if pid not in found and parent in found:
-                    with contextlib.suppress(OSError):
-                        found[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
-                        grew = True
-        return found
+        return _processes_under(str(self.session_dir()))
 
     def kill_drivers(self) -> None:
         for driver in self.drivers:
             driver.kill()
         self.drivers.clear()
+
+    def add_node(
+        self,
+        resources: dict[str, float] | None = None,
+        num_cpus: int = 0,
+        timeout: float = 120.0,
+    ) -> RayNode:
+        """Start another node of this cluster on this machine (``.ci/ray.sh add-node``):
+        ``num_cpus`` CPUs and the custom ``resources`` (e.g. ``{"node_b": 1}``), its
+        folder of its own. Returns once the cluster counts it alive (at most
+        ``timeout`` seconds). It is stopped at the end of the test session at the latest;
+        `RayScope.add_node` stops it after the test."""
+        folder = Path(f"/tmp/nray-{uuid.uuid4().hex[:8]}")  # short: Ray's sockets
+        env = {
+            **os.environ,
+            "PYTHON": sys.executable,  # the Ray of this interpreter
+            "NOUS_ACTOR_TEST_RAY_NODE_CPUS": str(num_cpus),
+        }
+        deadline = time.monotonic() + timeout
+        try:
+            out = subprocess.run(
+                [str(SCRIPT), "add-node", str(folder), self.address, json.dumps(resources or {})],
+                check=True,
+                timeout=timeout,
+                capture_output=True,
+                text=True,
+                env=env,
+            ).stdout
+        except (subprocess.SubprocessError, OSError) as exc:
+            subprocess.run([str(SCRIPT), "stop", str(folder)], timeout=120, check=False)
+            detail = getattr(exc, "stderr", "") or ""
+            raise AssertionError(f"could not add a node: {exc} {detail}".strip()) from None
+        node = RayNode(self, folder, _parse_exports(out)["NOUS_ACTOR_TEST_RAY_NODE_ID"])
+        self.nodes.append(node)
+        while not node.alive():
+            if time.monotonic() > deadline:
+                node.stop()
+                raise AssertionError(f"{node} was not alive within {timeout} s")
+            time.sleep(0.05)
+        return node
+
+    def stop_nodes(self) -> None:
+        """Stop every node `add_node` started (the head stays)."""
+        for node in list(self.nodes):
+            node.stop()
 
 
 @dataclass
@@ -291,6 +422,7 @@ class RayScope:
     cluster: RayCluster
     namespace: str
     drivers: list[Driver] = field(default_factory=list)
+    nodes: list[RayNode] = field(default_factory=list)
 
     def name(self, label: str) -> str:
         """An actor name for this test (unique, since the namespace is)."""
@@ -324,10 +456,20 @@ class RayScope:
             if a["namespace"] == self.namespace
         ]
 
+    def add_node(self, **kwargs: Any) -> RayNode:
+        """`RayCluster.add_node`; the node is stopped after the test."""
+        node = self.cluster.add_node(**kwargs)
+        self.nodes.append(node)
+        return node
+
     def close(self) -> None:
-        """Kill this test's drivers, then every named actor left in its namespace."""
+        """Kill this test's drivers, stop its nodes, then kill every named actor left in
+        its namespace."""
         import ray
 
+        for node in self.nodes:
+            node.stop()
+        self.nodes.clear()
         for driver in self.drivers:
             driver.kill()
             with contextlib.suppress(ValueError):
@@ -413,6 +555,7 @@ def ray_cluster() -> Iterator[RayCluster]:
             yield cluster
         finally:
             cluster.kill_drivers()
+            cluster.stop_nodes()
             ray.shutdown()
     finally:
         if own is not None:
