@@ -816,7 +816,8 @@ class RaySessions:
             largest batches, the cheapest when CPUs are busy; more hide network
             latency between nodes.
         actor_options: more Ray options for the shard actors (resources,
-            ``scheduling_strategy``; default ``num_cpus=0``, spread over nodes).
+            ``scheduling_strategy``; default ``num_cpus=0``, 1 MiB of ``memory``,
+            spread over nodes).
 
     Use it as a context manager (``with``, or ``async with``): leaving the
     block calls `close` (``aclose``).
@@ -894,6 +895,9 @@ class RaySessions:
             "max_restarts": -1,
             "max_task_retries": 0,
             "num_cpus": 0,
+            # Ray places an actor that asks for no resource on a random node whatever
+            # its strategy: a token of memory makes SPREAD (and soft affinity) apply.
+            "memory": 1 << 20,
             "scheduling_strategy": "SPREAD",
         }
         if self.name is not None:
