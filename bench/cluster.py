@@ -58,6 +58,7 @@ IDLE_S: Final = 0.3
 """Quiet time before each kill: the shard is idle when its worker dies."""
 PLACEMENT: Final[dict[str, Any]] = {
     "num_cpus": 0,
+    "memory": 1 << 20,
     "scheduling_strategy": "SPREAD",
     "max_restarts": -1,
     "max_task_retries": 0,
