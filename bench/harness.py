@@ -209,6 +209,20 @@ class Benchmark:
         return self.name.rpartition(".")[2]
 
 
+def run_module(benchmarks: Sequence[Benchmark], argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.<module> [--quick]``: run one module's benchmarks alone and print
+    their rows and notes."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    cfg = Config(quick="--quick" in args)
+    for sec in (b.run(cfg) for b in benchmarks):
+        for row in sec.rows:
+            print(f"{row.benchmark:72} {row.ours:28} {row.baseline:24} {row.ratio:20} "
+                  f"{row.verdict}")  # fmt: skip
+        for note in sec.notes:
+            print(f"  note: {note}")
+    return 0
+
+
 @dataclass(frozen=True)
 class Stats:
     """Summary of repeated samples (nanoseconds, bytes or rates: any one unit)."""

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from bench import harness as h
 
-__all__ = ["BENCHMARKS", "run_all", "server"]
+__all__ = ["BENCHMARKS", "main", "server"]
 
 RATE_GOAL: Final = 10_000.0
 PEER_GOAL: Final = 5.0
@@ -507,22 +507,9 @@ BENCHMARKS: Final[tuple[h.Benchmark, ...]] = (
 )
 
 
-def run_all(cfg: h.Config | None = None) -> list[h.Section]:
-    """Run every benchmark of this module; their sections, in order."""
-    cfg = cfg or h.Config()
-    return [b.run(cfg) for b in BENCHMARKS]
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.postgres [--quick]``: run this module alone and print its rows."""
-    args = sys.argv[1:] if argv is None else argv
-    for sec in run_all(h.Config(quick="--quick" in args)):
-        for row in sec.rows:
-            print(f"{row.benchmark:72} {row.ours:28} {row.baseline:24} {row.ratio:20} "
-                  f"{row.verdict}")  # fmt: skip
-        for note in sec.notes:
-            print(f"  note: {note}")
-    return 0
+    return h.run_module(BENCHMARKS, argv)
 
 
 if __name__ == "__main__":
