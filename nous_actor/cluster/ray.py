@@ -75,10 +75,10 @@ from nous_actor.errors import (
 )
 from nous_actor.sessions.actor import Handler, SessionActor, _Compaction
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
-from nous_actor.sessions.handle import Session, SessionHandle, _check_handle_args, _check_seq
+from nous_actor.sessions.handle import Session, SessionHandle, _check_handle_args
 from nous_actor.sessions.registry import Sessions
 from nous_actor.store.base import Store
-from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
+from nous_actor.store.subscription import Subscription
 
 __all__ = ["RaySession", "RaySessions", "shard_of"]
 
@@ -684,34 +684,19 @@ class RaySession(SessionHandle):
             return self._failed(NousActorError(f"a RaySession cannot send {name!r}"))
         return self._send(CALL, name, args)
 
-    def subscribe(
-        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
-    ) -> Subscription:
-        """Subscribe to every event with ``seq >= from_seq``: catch-up, then live, exactly
-        once and in order, across the process boundary (see `Subscription`).
-
-        Waits (at most ``timeout``, default the handle's bound) until the session
-        has registered the subscriber in its shard.
-
-        Raises:
-            TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
-            SessionStopped: the session is stopped, or its shard was lost.
-            CallTimeout: not registered in time.
-        """
-        _check_seq(from_seq, "subscribe(from_seq)")
-        sub = Subscription(self.session_id, from_seq=from_seq, buffer=buffer, timeout=self.timeout)
+    def _register(self, sub: Subscription, timeout: float) -> None:
+        """The shard holds the session's subscriber; ``sub`` is fed from it by long polls."""
         if self._link.closed is not None:
             raise SessionStopped(self.session_id, self._link.closed)
-        bound = self.timeout if timeout is None else timeout
         actor = self._link.actor
         try:
-            ref = actor.subscribe.remote(self.session_id, from_seq, buffer, bound)
-            state, value = ray.get(ref, timeout=bound)
+            ref = actor.subscribe.remote(self.session_id, sub.from_seq, sub.buffer, timeout)
+            state, value = ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             # Registered late, if at all: let the shard drop that subscriber.
             ref.future().add_done_callback(partial(_drop_late, actor))
             raise CallTimeout(
-                self.session_id, f"the subscription was not registered within {bound:g} s"
+                self.session_id, f"the subscription was not registered within {timeout:g} s"
             ) from None
         except Exception as exc:
             raise _lost(self.session_id, self._link.index, exc) from None
@@ -722,7 +707,6 @@ class RaySession(SessionHandle):
         feed = _Feed(self._link, self.session_id, sub, token)
         sub._on_close = feed.close
         feed.poll()
-        return sub
 
     def is_alive(self) -> bool:
         """Whether the session is running in its shard now (a ``False`` is not final:

@@ -339,7 +339,20 @@ class SessionHandle:
         Raises:
             TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
             SessionStopped: the session is stopped.
+            CallTimeout: not registered in time.
         """
+        _check_seq(from_seq, "subscribe(from_seq)")
+        sub = Subscription(self.session_id, from_seq=from_seq, buffer=buffer, timeout=self.timeout)
+        try:
+            self._register(sub, self.timeout if timeout is None else timeout)
+        except BaseException:
+            sub.close()  # a late registration must not leave a subscriber nobody reads
+            raise
+        return sub
+
+    def _register(self, sub: Subscription, timeout: float) -> None:
+        """Have the session feed ``sub`` (catch-up from ``sub.from_seq``, then live),
+        waiting at most ``timeout`` until it is registered."""
         raise NotImplementedError
 
     async def asubscribe(
@@ -538,31 +551,9 @@ class Session(SessionHandle):
             fut._fail(SessionStopped(self.session_id, "the session stopped before this call"))
         return fut
 
-    def subscribe(
-        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
-    ) -> Subscription:
-        """Subscribe to every event with ``seq >= from_seq``: catch-up, then live.
-
-        Waits (at most ``timeout``, default the handle's bound) until the session
-        has registered the subscriber. See `Subscription`.
-
-        Raises:
-            TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
-            SessionStopped: the session is stopped.
-        """
-        _check_seq(from_seq, "subscribe(from_seq)")
-        sub = Subscription(
-            self.session_id,
-            from_seq=from_seq,
-            buffer=buffer,
-            on_close=self._unsubscribe,
-            timeout=self.timeout,
-        )
-        try:
-            return self._call(SessionActor.h_subscribe, sub, from_seq).get(timeout=timeout)  # type: ignore[no-any-return]
-        except BaseException:
-            sub.close()  # a late registration must not leave a subscriber nobody reads
-            raise
+    def _register(self, sub: Subscription, timeout: float) -> None:
+        sub._on_close = self._unsubscribe
+        self._call(SessionActor.h_subscribe, sub, sub.from_seq).get(timeout=timeout)
 
     def _unsubscribe(self, sub: Subscription) -> None:
         self._call(SessionActor.h_unsubscribe, sub)
