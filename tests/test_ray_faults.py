@@ -28,6 +28,7 @@ ray = pytest.importorskip("ray") if not os.environ.get("CI") else __import__("ra
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 
 from nous_actor import (  # noqa: E402
+    ClusterError,
     ConflictError,
     Session,
     SessionCrashed,
@@ -245,35 +246,27 @@ def test_a_driver_that_dies_leaves_detached_shards_serving(
             driver.kill()  # SIGKILL: the driver gets no chance to clean up
             driver.wait(30)
     pids = json.loads(line)
-    sessions = RaySessions(
-        partial(PostgresStore, pg_server.dsn, schema=schema),
-        shards=2,
-        name=config["name"],
-        namespace=config["namespace"],
-        detached=True,
-    )
+
+    def reach(shards: int = 2) -> RaySessions:
+        """The shards of that name, as another driver reaches them."""
+        return RaySessions(
+            partial(PostgresStore, pg_server.dsn, schema=schema),
+            shards=shards,
+            name=config["name"],
+            namespace=config["namespace"],
+            detached=True,
+        )
+
+    sessions = reach()
     try:
         assert [s["pid"] for s in sessions.shard_info()] == pids  # the same processes
         chat = sessions.open("kept")
         assert [m.content for m in chat.derive_messages().get()] == [str(i) for i in range(20)]
         assert chat.append("user_message", {"content": "20"}).get().seq == 20
         sessions.close()  # detached: close leaves them serving
-        again = RaySessions(
-            partial(PostgresStore, pg_server.dsn, schema=schema),
-            shards=2,
-            name=config["name"],
-            namespace=config["namespace"],
-            detached=True,
-        )
-        assert again.open("kept").count().get() == 21
-        with pytest.raises(Exception, match="run as 2 shards"):
-            RaySessions(
-                partial(PostgresStore, pg_server.dsn, schema=schema),
-                shards=3,
-                name=config["name"],
-                namespace=config["namespace"],
-                detached=True,
-            )
+        assert reach().open("kept").count().get() == 21
+        with pytest.raises(ClusterError, match="run as 2 shards"):
+            reach(shards=3)
     finally:
         sessions.shutdown()
 

@@ -115,9 +115,16 @@ _WAIT = 3  # inside a shard only: (_WAIT, a future to await before answering)
 
 _CALLS: Final[dict[str, Handler]] = {
     name: getattr(SessionActor, name)
-    for name in ("h_append", "h_append_many", "h_append_at", "h_snapshot", "h_fork", "h_read")
+    for name in (
+        "h_append",
+        "h_append_many",
+        "h_append_at",
+        "h_snapshot",
+        "h_fork",
+        "h_read",
+        "h_log",
+    )
 }
-_CALLS_NO_ARGS: Final = {"h_log": SessionActor.h_log}
 _READS: Final = frozenset(
     {"derive_messages", "derive_indexed", "surface", "events", "since", "count", "as_of"}
 )
@@ -276,12 +283,9 @@ class _Shard:
             return NOW, None
         if kind == CALL:
             handler = _CALLS.get(name)
-            if handler is not None and (name != "h_read" or (args[:1] and args[0] in _READS)):
-                return _WAIT, h._call(handler, *args)
-            handler = _CALLS_NO_ARGS.get(name)
-            if handler is not None and not args:
-                return _WAIT, h._call(handler)
-            raise NousActorError(f"a shard runs no call {name!r}")
+            if handler is None or (name == "h_read" and not (args[:1] and args[0] in _READS)):
+                raise NousActorError(f"a shard runs no call {name!r}")
+            return _WAIT, h._call(handler, *args)
         if kind == COMPACT:
             blob, at, force, cid, explicit = args
             try:
@@ -680,7 +684,7 @@ class RaySession(SessionHandle):
                 )
             return self._send(COMPACT, "", (blob, req.time, req.force, req.cid, req.explicit))
         name = getattr(handler, "__name__", "")
-        if name not in _CALLS and name not in _CALLS_NO_ARGS:
+        if name not in _CALLS:
             return self._failed(NousActorError(f"a RaySession cannot send {name!r}"))
         return self._send(CALL, name, args)
 
