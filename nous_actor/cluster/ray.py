@@ -76,7 +76,7 @@ from nous_actor.errors import (
 from nous_actor.sessions.actor import Handler, SessionActor, _Compaction
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle, _check_handle_args
-from nous_actor.sessions.registry import Sessions
+from nous_actor.sessions.registry import Sessions, check_capacity
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
 
@@ -848,16 +848,13 @@ class RaySessions:
         _check_handle_args("shards", timeout)
         if not 0 < start_timeout < float("inf"):
             raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
-        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
-            raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
+        check_capacity(max_sessions, idle_timeout)
         if (
             isinstance(max_in_flight, bool)
             or not isinstance(max_in_flight, int)
             or not 1 <= max_in_flight <= 64
         ):
             raise ValueError(f"max_in_flight must be an int in [1, 64], got {max_in_flight!r}")
-        if idle_timeout is not None and not idle_timeout > 0:
-            raise ValueError(f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}")
         self.shards = shards
         self.name = name
         self.namespace = namespace

@@ -69,6 +69,15 @@ GiveUp = Literal["escalate", "log"]
 logger = get_logger(__name__)
 
 
+def check_capacity(max_sessions: Any, idle_timeout: Any) -> None:
+    """Raise ``ValueError`` unless ``max_sessions`` is an int >= 1 and ``idle_timeout``
+    is ``None`` or a number of seconds > 0 (a registry's capacity settings)."""
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+        raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ValueError(f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}")
+
+
 class Sessions:
     """A registry of supervised sessions on one store (a context manager).
 
@@ -108,10 +117,7 @@ class Sessions:
         scheduler: Scheduler = _timer,
         start: bool = True,
     ) -> None:
-        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
-            raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
-        if idle_timeout is not None and not idle_timeout > 0:
-            raise ValueError(f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}")
+        check_capacity(max_sessions, idle_timeout)
         if on_give_up not in (None, "escalate", "log"):
             raise ValueError(f"on_give_up must be 'escalate', 'log' or None, got {on_give_up!r}")
         RestartPolicy(max_restarts, max_seconds)  # validates
