@@ -462,15 +462,33 @@ _openai_calls = st.lists(
 )
 
 
+_custom_calls = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": _text,
+            "type": st.just("custom"),
+            "custom": st.fixed_dictionaries({"name": _text, "input": _text}),
+        }
+    ),
+    min_size=1,
+    max_size=2,
+)
+
+
 @st.composite
 def openai_messages(draw: st.DrawFn) -> dict[str, Any]:
-    """Well-formed OpenAI chat-completions message dicts, with optional provider extras."""
-    role = draw(st.sampled_from(["system", "user", "assistant", "tool"]))
+    """Well-formed OpenAI chat-completions message dicts (every role, developer included;
+    function and custom tool calls), with optional provider extras."""
+    role = draw(st.sampled_from(["system", "developer", "user", "assistant", "tool"]))
     d: dict[str, Any] = {"role": role}
     if role == "assistant":
         d["content"] = draw(st.none() | _text | _parts)
         if draw(st.booleans()):
-            d["tool_calls"] = draw(_openai_calls)
+            d["tool_calls"] = draw(
+                st.lists(_openai_calls | _custom_calls, min_size=1, max_size=2).map(
+                    lambda groups: [call for group in groups for call in group]
+                )
+            )
         if draw(st.booleans()):
             d["reasoning_content"] = draw(_text)
     else:
@@ -531,7 +549,10 @@ MALFORMED: list[tuple[Any, str]] = [
     ({"role": "assistant", "tool_calls": "ls"}, r"'tool_calls' must be a list, got str"),
     ({"role": "assistant", "tool_calls": ["ls"]}, r"'tool_calls'\[0\] must be a dict, got str"),
     (_with_call(id=None), r"'tool_calls'\[0\]\['id'\] must be a str, got None"),
-    (_with_call(type="code"), r"'tool_calls'\[0\]\['type'\] must be 'function', got 'code'"),
+    (
+        _with_call(type="code"),
+        r"'tool_calls'\[0\]\['type'\] must be 'function' or 'custom', got 'code'",
+    ),
     (_with_call(function="ls"), r"'tool_calls'\[0\]\['function'\] must be a dict"),
     (_with_fn(name=None), r"'tool_calls'\[0\]\['function'\]\['name'\] must be a str"),
     (_with_fn(arguments=[1]), r"'tool_calls'\[0\]\['function'\]\['arguments'\] must be a JSON"),
@@ -636,6 +657,82 @@ def test_tool_call_id_on_another_role_is_sent_not_dropped() -> None:
     assert Message.user("x", tool_call_id="c1").to_openai()["tool_call_id"] == "c1"
 
 
+# -- the chat-completions shapes in current use: developer, custom tool calls ---------------
+
+DEVELOPER = {"role": "developer", "content": "Answer in French."}
+SHELL: dict[str, Any] = {
+    "id": "call_9",
+    "type": "custom",
+    "custom": {"name": "shell", "input": "ls -la /tmp"},
+}
+
+
+def test_a_developer_message_is_a_system_message_that_remembers_its_role() -> None:
+    """from_openai takes role "developer" as a system message with metadata["openai_role"]."""
+    m = Message.from_openai(DEVELOPER, created_at=T0)
+    assert m == Message.system(
+        "Answer in French.", metadata={"openai_role": "developer"}, created_at=T0
+    )
+
+
+def test_a_developer_message_is_sent_as_developer_without_the_marker() -> None:
+    """to_openai gives back role "developer" and does not send metadata["openai_role"]."""
+    with_extra = {**DEVELOPER, "name": "ops", "x_vendor": 1}
+    assert Message.from_openai(with_extra).to_openai() == with_extra
+    plain = Message.system("s", metadata={"openai_role": "system"}).to_openai()
+    assert plain == {"role": "system", "content": "s"}
+
+
+def test_the_role_enum_has_no_developer_and_says_how_to_make_one() -> None:
+    """Message("developer") stays refused, and the error says what to pass instead."""
+    assert "developer" not in {r.value for r in Role}
+    with pytest.raises(ValueError, match=r"metadata=\{'openai_role': 'developer'\}"):
+        Message("developer", "x")
+
+
+def test_a_custom_tool_call_is_kept_and_sent_as_given() -> None:
+    """An assistant's custom tool call is held as it came and sent back unchanged."""
+    d = {"role": "assistant", "content": None, "tool_calls": [SHELL, OPENAI_CALL]}
+    m = Message.from_openai(d)
+    assert m.tool_calls == [SHELL, CALL]
+    assert m.to_openai() == d
+    assert tool_call_parts(SHELL) == ("call_9", "shell", "ls -la /tmp")
+
+
+def test_developer_and_custom_calls_go_through_append_message() -> None:
+    """Log.append_message takes both shapes; the derived surface sends them back as given."""
+    reply = {"role": "assistant", "content": None, "tool_calls": [SHELL]}
+    result = {"role": "tool", "content": "a.txt", "tool_call_id": "call_9"}
+    log = Log().append_message(DEVELOPER).append_message(reply).append_message(result)
+    assert [e.type.value for e in log.events()] == [
+        "system_message",
+        "assistant_message",
+        "tool_result",
+    ]
+    assert Message.to_openai_list(log.derive_messages()) == [DEVELOPER, reply, result]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        ({**SHELL, "custom": None}, r"'tool_calls'\[0\]\['custom'\] must be an object"),
+        ({**SHELL, "custom": {"input": "ls"}}, r"\['custom'\]\['name'\] must be a str, got None"),
+        (
+            {**SHELL, "custom": {"name": "sh", "input": 1}},
+            r"\['custom'\]\['input'\] must be a str",
+        ),
+        ({**SHELL, "id": 7}, r"'tool_calls'\[0\]\['id'\] must be a str, got 7"),
+    ],
+    ids=["no_custom", "no_name", "int_input", "int_id"],
+)
+def test_a_malformed_custom_call_is_a_value_error_naming_the_field(
+    call: dict[str, Any], match: str
+) -> None:
+    """from_openai refuses a custom call without a str id, name or input, naming the field."""
+    with pytest.raises(ValueError, match=match):
+        Message.from_openai({"role": "assistant", "tool_calls": [call]})
+
+
 UNSENDABLE: list[tuple[str, Callable[[], Message], str, str]] = [
     # (id, the message, the field named, text of the error)
     (
@@ -700,9 +797,41 @@ UNSENDABLE: list[tuple[str, Callable[[], Message], str, str]] = [
     ),
     (
         "call_of_another_type",
-        lambda: Message.assistant(tool_calls=[{**CALL, "type": "custom"}]),
+        lambda: Message.assistant(tool_calls=[{**CALL, "type": "mcp"}]),
         "tool_calls[0]['type']",
-        "is 'custom', and only 'function' calls can be sent",
+        "is 'mcp', and only 'function' and 'custom' calls can be sent",
+    ),
+    (
+        "custom_call_without_custom",
+        lambda: Message.assistant(tool_calls=[{**CALL, "type": "custom"}]),
+        "tool_calls[0]['custom']",
+        "tool_calls[0]['custom'] must be an object with 'name' and 'input', got None",
+    ),
+    (
+        "custom_call_without_input",
+        lambda: Message.assistant(
+            tool_calls=[{"id": "c1", "type": "custom", "custom": {"name": "sh"}}]
+        ),
+        "tool_calls[0]['custom']['input']",
+        "tool_calls[0]['custom']['input'] must be a str, got None",
+    ),
+    (
+        "custom_call_without_id",
+        lambda: Message.assistant(tool_calls=[{"type": "custom", "custom": SHELL["custom"]}]),
+        "tool_calls[0]['id']",
+        "tool_calls[0]['id'] must be a str, got None",
+    ),
+    (
+        "openai_role_on_another_role",
+        lambda: Message.user("x", metadata={"openai_role": "developer"}),
+        "metadata['openai_role']",
+        "metadata['openai_role'] is 'developer'; only 'developer' on a system message",
+    ),
+    (
+        "openai_role_unknown",
+        lambda: Message.system("x", metadata={"openai_role": "critic"}),
+        "metadata['openai_role']",
+        "metadata['openai_role'] is 'critic'",
     ),
     (
         "call_in_both_shapes",

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from nous_actor.core._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze, short_repr, thaw
 
@@ -31,7 +31,8 @@ _OPENAI_KEYS = frozenset(
 _CALL_HELP = (
     'a tool call is {"id", "name", "arguments"} or OpenAI\'s {"id", "type": "function", '
     '"function": {"name", "arguments"}}, with a str id and name and the arguments as a '
-    "JSON string or object"
+    'JSON string or object; or OpenAI\'s custom call {"id", "type": "custom", "custom": '
+    '{"name", "input"}} with str id, name and input'
 )
 
 
@@ -62,6 +63,14 @@ class UnsendableMessage(ValueError):
 
 OPENAI_EXTRA = "openai_extra"
 """Metadata key under which `Message.from_openai` keeps provider keys it does not map."""
+
+OPENAI_ROLE = "openai_role"
+"""Metadata key under which a message keeps the OpenAI role it came with when that role
+is not one of `Role`: ``"developer"`` on a ``system`` message (`Message.from_openai`
+sets it; `Message.to_openai` sends ``"role": "developer"`` again)."""
+
+DEVELOPER = "developer"
+"""OpenAI's ``developer`` role: a ``system`` message that remembers it (`OPENAI_ROLE`)."""
 
 
 def _utcnow() -> datetime:
@@ -137,8 +146,14 @@ class Message:
         try:
             role = Role(self.role)
         except ValueError:
+            hint = (
+                f"; OpenAI's {DEVELOPER!r} role is a system message with "
+                f"metadata={{{OPENAI_ROLE!r}: {DEVELOPER!r}}} (Message.from_openai makes one)"
+                if self.role == DEVELOPER
+                else ""
+            )
             raise ValueError(
-                f"Message.role must be one of {_ROLES} (or Role.*), got {self.role!r}"
+                f"Message.role must be one of {_ROLES} (or Role.*), got {self.role!r}{hint}"
             ) from None
         set_(self, "role", role)
         content = self.content
@@ -225,22 +240,33 @@ class Message:
         "arguments"}`` or OpenAI's ``{"id", "type": "function", "function":
         {"name", "arguments"}}``; both are sent in OpenAI's, with ``arguments``
         as a JSON string (an object is ``json.dumps``-ed) and any other keys of
-        the call kept. ``name``, ``tool_call_id`` and ``reasoning_content`` are
-        sent when set; ``metadata`` and ``created_at`` are not, except the
-        provider keys `from_openai` kept under ``metadata["openai_extra"]``,
-        which are put back.
+        the call kept. A custom tool call (``{"id", "type": "custom",
+        "custom": {"name", "input"}}``) is sent exactly as it is held.
+        ``name``, ``tool_call_id`` and ``reasoning_content`` are sent when set;
+        ``metadata`` and ``created_at`` are not, except the provider keys
+        `from_openai` kept under ``metadata["openai_extra"]``, which are put
+        back, and ``metadata["openai_role"]``: a ``system`` message with
+        ``"developer"`` there is sent as ``"role": "developer"`` (the key
+        itself is not sent).
 
         >>> Message.tool("42", "c1").to_openai()
         {'role': 'tool', 'content': '42', 'tool_call_id': 'c1'}
+        >>> Message.system("be brief", metadata={"openai_role": "developer"}).to_openai()
+        {'role': 'developer', 'content': 'be brief'}
 
         Raises:
             UnsendableMessage: something cannot be sent as it is (a tool call
                 without a str ``id`` or ``name`` or without ``arguments``, a
-                ``tool`` message without ``tool_call_id``, ``content`` that is
-                not a str, a list or ``None``, ...); the message names the field.
-                Nothing is ever sent as a guessed ``null`` or ``"{}"``.
+                custom call without a str ``custom['name']`` or
+                ``custom['input']``, a call of another ``type``, a ``tool``
+                message without ``tool_call_id``, ``content`` that is not a
+                str, a list or ``None``, a ``metadata['openai_role']`` other
+                than ``"developer"`` on a system message or the message's own
+                role, ...); the message names the field. Nothing is ever sent
+                as a guessed ``null`` or ``"{}"``.
         """
         role = self.role.value
+        sent_role = _openai_role(role, self.metadata)
         content = self.content
         if content is not None and not isinstance(content, (str, list)):
             raise UnsendableMessage(
@@ -248,7 +274,7 @@ class Message:
                 "content",
                 f"is a {type(content).__name__}; send a str, a list of content parts or None",
             )
-        out: dict[str, Any] = {"role": role, "content": _plain(content)}
+        out: dict[str, Any] = {"role": sent_role, "content": _plain(content)}
         for field in ("name", "tool_call_id"):
             value = getattr(self, field)
             if value is not None:
@@ -322,12 +348,17 @@ class Message:
         Keys that have no Message field (``refusal``, ``audio``, ...) are kept
         under ``metadata["openai_extra"]`` so `to_openai` can put them back.
         ``reasoning_content`` (as some providers send it) is mapped to its field.
+        A ``developer`` message becomes a ``system`` message with
+        ``metadata["openai_role"] = "developer"`` (`Role` has no developer),
+        which `to_openai` sends as ``developer`` again.
 
-        Tool calls may come in either shape. Both become the flat ``{"id",
-        "name", "arguments", ...}``, keeping every other key of the call; a
-        call whose ``function`` holds keys besides ``name`` and ``arguments``
-        is kept in OpenAI's shape instead, so nothing is lost. Either way
-        ``from_openai(d).to_openai()`` gives back ``d``'s calls.
+        Function tool calls may come in either shape. Both become the flat
+        ``{"id", "name", "arguments", ...}``, keeping every other key of the
+        call; a call whose ``function`` holds keys besides ``name`` and
+        ``arguments`` is kept in OpenAI's shape instead, so nothing is lost. A
+        custom tool call (``{"id", "type": "custom", "custom": {"name",
+        "input"}}``) is kept exactly as given. Either way
+        ``from_openai(d).to_openai() == d``'s calls.
 
         >>> m = Message.from_openai({"role": "assistant", "content": None, "tool_calls": [
         ...     {"id": "c1", "type": "function",
@@ -341,8 +372,8 @@ class Message:
         if not isinstance(message, Mapping):
             raise ValueError(f"an OpenAI message must be a dict, got {type(message).__name__}")
         role = message.get("role")
-        if not isinstance(role, str) or role not in _ROLE_VALUES:
-            raise ValueError(f"'role' must be one of {_ROLES}, got {role!r}")
+        if not isinstance(role, str) or (role not in _ROLE_VALUES and role != DEVELOPER):
+            raise ValueError(f"'role' must be one of {_ROLES} or {DEVELOPER!r}, got {role!r}")
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise ValueError(
@@ -362,6 +393,10 @@ class Message:
             raise ValueError(f"'tool_calls' must be a list, got {type(raw_calls).__name__}")
         calls = [_call_from_openai(c, i) for i, c in enumerate(raw_calls)]
         extra = {k: v for k, v in message.items() if k not in _OPENAI_KEYS}
+        metadata: dict[str, Any] = {OPENAI_EXTRA: extra} if extra else {}
+        if role == DEVELOPER:
+            role = Role.SYSTEM.value
+            metadata[OPENAI_ROLE] = DEVELOPER
         try:
             return cls(
                 role,
@@ -370,7 +405,7 @@ class Message:
                 tool_calls=calls,
                 tool_call_id=message.get("tool_call_id"),
                 name=message.get("name"),
-                metadata={OPENAI_EXTRA: extra} if extra else EMPTY_DICT,
+                metadata=metadata or EMPTY_DICT,
                 created_at=_utcnow() if created_at is None else created_at,
             )
         except TypeError as exc:
@@ -402,6 +437,9 @@ _MISSING: Any = object()
 def tool_call_parts(call: object) -> tuple[Any, Any, Any]:
     """``(id, name, arguments)`` of a tool call in either shape (flat or OpenAI's).
 
+    For a custom call (``{"id", "type": "custom", "custom": {"name", "input"}}``)
+    the arguments are its ``input``.
+
     A part that is missing is ``None``; nothing is checked (see
     `Message.to_openai` for that), so this never raises for a mapping.
 
@@ -413,6 +451,9 @@ def tool_call_parts(call: object) -> tuple[Any, Any, Any]:
     """
     if not isinstance(call, Mapping):
         return None, None, None
+    custom = call.get("custom")
+    if call.get("type") == "custom" and isinstance(custom, Mapping):
+        return call.get("id"), custom.get("name"), custom.get("input")
     fn = call.get("function")
     if isinstance(fn, Mapping) and "name" not in call and "arguments" not in call:
         return call.get("id"), fn.get("name"), fn.get("arguments")
@@ -428,8 +469,16 @@ def _call_to_openai(role: str, i: int, call: object) -> dict[str, Any]:
     if not isinstance(call, Mapping):
         raise fail("", f"is a {type(call).__name__}, not a JSON object")
     kind = call.get("type", "function")
+    if kind == "custom":
+        problem = _custom_call_problem(call)
+        if problem is not None:
+            raise fail(*problem)
+        return cast(dict[str, Any], _plain(call))
     if kind != "function":
-        raise fail("['type']", f"is {short_repr(kind)}, and only 'function' calls can be sent")
+        raise fail(
+            "['type']",
+            f"is {short_repr(kind)}, and only 'function' and 'custom' calls can be sent",
+        )
     if "function" in call:
         if "name" in call or "arguments" in call:
             raise fail(
@@ -471,6 +520,36 @@ def _call_to_openai(role: str, i: int, call: object) -> dict[str, Any]:
     }
 
 
+def _custom_call_problem(call: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What is wrong with a custom tool call, as ``(field, detail)``, or None."""
+    if not isinstance(call.get("id"), str):
+        return "['id']", f"must be a str, got {short_repr(call.get('id'))}"
+    custom = call.get("custom")
+    if not isinstance(custom, Mapping):
+        return "['custom']", (
+            f"must be an object with 'name' and 'input', got {short_repr(custom)}"
+        )
+    for key in ("name", "input"):
+        if not isinstance(custom.get(key), str):
+            return f"['custom'][{key!r}]", f"must be a str, got {short_repr(custom.get(key))}"
+    return None
+
+
+def _openai_role(role: str, metadata: Any) -> str:
+    """The role `Message.to_openai` sends: ``developer`` for a system message marked so."""
+    wanted = metadata.get(OPENAI_ROLE) if isinstance(metadata, Mapping) else None
+    if wanted is None or wanted == role:
+        return role
+    if wanted == DEVELOPER and role == Role.SYSTEM.value:
+        return DEVELOPER
+    raise UnsendableMessage(
+        role,
+        f"metadata[{OPENAI_ROLE!r}]",
+        f"is {short_repr(wanted)}; only {DEVELOPER!r} on a system message (or the "
+        "message's own role) can be sent: change the role, or remove the key",
+    )
+
+
 def _call_from_openai(call: Any, i: int) -> dict[str, Any]:
     where = f"'tool_calls'[{i}]"
     if not isinstance(call, Mapping):
@@ -478,8 +557,13 @@ def _call_from_openai(call: Any, i: int) -> dict[str, Any]:
     if not isinstance(call.get("id"), str):
         raise ValueError(f"{where}['id'] must be a str, got {short_repr(call.get('id'))}")
     kind = call.get("type", "function")
+    if kind == "custom":
+        problem = _custom_call_problem(call)
+        if problem is not None:
+            raise ValueError(f"{where}{problem[0]} {problem[1]}")
+        return dict(call)  # kept as given
     if kind != "function":
-        raise ValueError(f"{where}['type'] must be 'function', got {short_repr(kind)}")
+        raise ValueError(f"{where}['type'] must be 'function' or 'custom', got {short_repr(kind)}")
     if "function" in call:
         if "name" in call or "arguments" in call:
             raise ValueError(
