@@ -399,6 +399,84 @@ def test_drop_and_delete_are_fenced_too(pg_stores: Stores) -> None:
     assert [e.seq for e in b.load("s")] == [0, 1]
 
 
+def test_a_dead_holders_session_can_be_deleted_at_once(pg_stores: Stores) -> None:
+    """Delete, like claim, treats a live lease whose holder's connection is gone as free:
+    the session and its claim are deleted, and the dead writer is fenced."""
+    a = pg_stores(lease=30, holder="doomed")
+    b = pg_stores(lease=30)
+    a.claim("s")
+    assert a.write({"s": [ev(0), ev(1)]}) == {}
+    conn = a._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    b.delete("s")
+    assert b.load("s") == []
+    assert b.holder_of("s") is None
+    assert isinstance(a.write({"s": [ev(2)]})["s"], FencedError)
+
+
+def test_a_session_whose_holder_process_was_killed_can_be_deleted(
+    pg_stores: Stores, pg_workers: Any
+) -> None:
+    """A holder in another process killed with SIGKILL: delete succeeds once the server
+    has dropped its connection, without waiting for the lease."""
+    worker = pg_workers(lease=60)
+    assert worker.ask(op="claim", sid="s") == {"ok": True}
+    assert worker.ask(op="write", sid="s", seqs=[0, 1], tag="w") == {"refused": {}}
+    store = pg_stores(lease=60)
+    with pytest.raises(ConflictError, match="another writer holds"):
+        store.delete("s")
+    worker.kill()
+    _wait_until_the_session_lock_is_free(pg_stores, store, "s")
+    store.delete("s")
+    assert store.load("s") == []
+    assert store.holder_of("s") is None
+    store.claim("s")
+    claim = store._leases.get("s")
+    assert claim is not None
+    assert claim.locked
+
+
+def _wait_until_the_session_lock_is_free(stores: Stores, store: Any, sid: str) -> None:
+    """Block (at most 10 s) until no connection holds the session's advisory lock: the
+    server has seen its holder's connection close."""
+    with stores.server.connect() as conn:
+        conn.execute("SET lock_timeout = '10s'")
+        key = "hashtextextended(%s || %s, 0)"
+        conn.execute(f"SELECT pg_advisory_lock({key})", (store._leases.key_prefix, sid))
+        conn.execute(f"SELECT pg_advisory_unlock({key})", (store._leases.key_prefix, sid))
+
+
+def test_without_dead_holder_detection_delete_keeps_a_live_lease(pg_stores: Stores) -> None:
+    """With detect_dead_holders=False, delete, like claim, waits for the lease to expire."""
+    a = pg_stores(lease=30)
+    b = pg_stores(lease=30, detect_dead_holders=False)
+    a.claim("s")
+    a.write({"s": [ev(0)]})
+    conn = a._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    with pytest.raises(ConflictError, match="another writer holds"):
+        b.delete("s")
+    assert [e.seq for e in b.load("s")] == [0]
+
+
+def test_delete_leaves_no_lock_on_the_deleting_connection(pg_stores: Stores) -> None:
+    """The lock delete takes to test a holder's death ends with its transaction: a claim
+    made afterwards through another store holds the session's lock (so its own death
+    would be seen)."""
+    a, b, c = pg_stores(lease=30), pg_stores(lease=30), pg_stores(lease=30)
+    a.claim("s")
+    conn = a._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    b.delete("s")
+    c.claim("s")
+    claim = c._leases.get("s")
+    assert claim is not None
+    assert claim.locked
+
+
 def test_close_releases_the_stores_claims(pg_stores: Stores) -> None:
     """Closing a store gives its claims up, so another store claims them at once."""
     a = pg_stores(detect_dead_holders=False)

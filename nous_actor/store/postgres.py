@@ -776,10 +776,14 @@ class PostgresStore(ClosingStore):
         )
 
     def delete(self, session_id: str) -> None:
-        """Delete every event of `session_id` and its claim (this store's, or a lapsed one).
+        """Delete every event of `session_id` and its claim (this store's, or one `claim`
+        would take over: a lapsed lease, or one whose holder's connection is gone).
+
+        A holder is found dead exactly as `claim` finds it (the same check): its
+        process died, so the server dropped its connection and the session's lock.
 
         Raises:
-            ConflictError: another writer holds a live lease on the session
+            ConflictError: another live writer holds a lease on the session
                 (nothing is deleted).
             StoreError: the store failed.
         """
@@ -791,14 +795,14 @@ class PostgresStore(ClosingStore):
 
         def work(conn: psycopg.Connection[Any]) -> None:
             with self._transaction(conn):
-                row = conn.execute(
-                    f"SELECT epoch, holder, lease_until, lease_until > clock_timestamp() "
-                    f"FROM {claims} WHERE session_id = %s FOR UPDATE",
-                    (session_id,),
-                ).fetchone()
-                if row is not None and row[3] and row[0] != mine:
-                    raise _held_elsewhere(
-                        session_id, row[1], row[2], "cannot delete a session another writer holds"
+                row = self._leases.claim_row(conn, session_id)
+                if row is not None and row.epoch != mine:
+                    self._leases.may_take_over(
+                        conn,
+                        session_id,
+                        row,
+                        "cannot delete a session another writer holds",
+                        until_commit=True,
                     )
                 conn.execute(f"DELETE FROM {events} WHERE session_id = %s", (session_id,))
                 conn.execute(f"DELETE FROM {claims} WHERE session_id = %s", (session_id,))
@@ -1265,6 +1269,18 @@ class _Write:
 # -- claims and leases ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _ClaimRow:
+    """A session's row in the claims table, as `_Leases.claim_row` reads it."""
+
+    epoch: int
+    token: str
+    holder: str
+    until: object  # lease_until, as the server's text
+    live: bool  # lease_until > clock_timestamp(), by the database's clock
+    locked: bool  # its holder took the session's advisory lock (so a free lock means it died)
+
+
 class _Leases:
     """The claims of one store: its lease connection, and the thread that renews them.
 
@@ -1401,12 +1417,7 @@ class _Leases:
         try:
             conn.execute(f"SET LOCAL lock_timeout = {self.claim_wait_ms}")
             for _ in range(3):
-                row = conn.execute(
-                    f"SELECT epoch, token, holder, lease_until, "
-                    f"lease_until > clock_timestamp(), locked FROM {table} "
-                    "WHERE session_id = %s FOR UPDATE",
-                    (sid,),
-                ).fetchone()
+                row = self.claim_row(conn, sid)
                 if row is None:
                     new = conn.execute(
                         f"INSERT INTO {table} (session_id, epoch, token, holder, claimed_at, "
@@ -1419,27 +1430,24 @@ class _Leases:
                         continue  # another claimer inserted it meanwhile: look again
                     epoch = int(new[0])
                     break
-                if row[1] == token:  # our own claim, committed by an attempt whose answer was lost
-                    epoch = int(row[0])
+                if (
+                    row.token == token
+                ):  # our own claim, committed by an attempt whose answer was lost
+                    epoch = row.epoch
                     conn.execute(
                         f"UPDATE {table} SET locked = %s WHERE session_id = %s", (lock(), sid)
                     )
                     break
-                if row[4]:  # a live lease: is its holder's connection still there?
-                    if not (row[5] and lock()):
-                        raise _held_elsewhere(
-                            sid, row[2], row[3], "already has a live writer elsewhere"
-                        )
-                    reason = "holder_connection_gone"
-                else:
-                    lock()
-                    reason = "lease_expired"
+                reason = self.may_take_over(
+                    conn, sid, row, "already has a live writer elsewhere", lock=lock
+                )
+                lock()  # the new claim holds the session's lock (taken above if its holder died)
                 logger.warning(
                     "store.claim_taken_over",
                     session_id=sid,
                     reason=reason,
-                    holder=str(row[2]),
-                    epoch=int(row[0]),
+                    holder=row.holder,
+                    epoch=row.epoch,
                 )
                 new = conn.execute(
                     f"UPDATE {table} SET epoch = nextval(%s::regclass), token = %s, "
@@ -1464,12 +1472,66 @@ class _Leases:
             raise
         return epoch, locked
 
-    def _try_lock(self, conn: psycopg.Connection[Any], sid: str) -> bool:
-        """Take the session's advisory lock (session-level: it outlives the transaction)."""
-        row = conn.execute(
-            f"SELECT pg_try_advisory_lock({self._key()})", (self.key_prefix, sid)
-        ).fetchone()
+    def _try_lock(
+        self, conn: psycopg.Connection[Any], sid: str, *, until_commit: bool = False
+    ) -> bool:
+        """Take the session's advisory lock if it is free: session-level (it outlives the
+        transaction, until unlocked), or with ``until_commit`` only until the transaction ends.
+        """
+        take = "pg_try_advisory_xact_lock" if until_commit else "pg_try_advisory_lock"
+        row = conn.execute(f"SELECT {take}({self._key()})", (self.key_prefix, sid)).fetchone()
         return bool(row and row[0])
+
+    # -- whether a claim may be taken over: one check, for claim and delete ---------------------
+
+    def claim_row(self, conn: psycopg.Connection[Any], sid: str) -> _ClaimRow | None:
+        """Inside the caller's transaction: the session's claim row, locked ``FOR UPDATE``
+        (so no other claim, renewal or delete changes it until the transaction ends), or
+        `None` if nobody claims the session."""
+        row = conn.execute(
+            "SELECT epoch, token, holder, lease_until, lease_until > clock_timestamp(), "
+            f"locked FROM {self.claims_table} WHERE session_id = %s FOR UPDATE",
+            (sid,),
+        ).fetchone()
+        if row is None:
+            return None
+        return _ClaimRow(int(row[0]), str(row[1]), str(row[2]), row[3], bool(row[4]), bool(row[5]))
+
+    def may_take_over(
+        self,
+        conn: psycopg.Connection[Any],
+        sid: str,
+        row: _ClaimRow,
+        refusal: str,
+        *,
+        lock: Callable[[], bool] | None = None,
+        until_commit: bool = False,
+    ) -> str:
+        """Whether another writer's claim ``row`` (from `claim_row`, in the same
+        transaction) may be taken over or removed; returns why it may:
+        ``"lease_expired"`` (by the database's clock) or ``"holder_connection_gone"``.
+
+        A live lease's holder is dead when its row records that it holds the
+        session's advisory lock and this connection can take that lock now: the
+        server drops a connection's locks when its process dies, while a paused or
+        partitioned holder keeps its own. Never so with dead-holder detection off.
+        The lock is taken by ``lock`` (a claim's, which keeps it), or else until
+        the transaction ends (``until_commit``) or until unlocked.
+
+        Raises:
+            ConflictError: the lease is live and its holder's connection is not known
+                to be gone (the message starts with ``refusal`` and names the holder).
+        """
+        if not row.live:
+            return "lease_expired"
+        if row.locked and self.detect_dead:
+            if lock is not None:
+                gone = lock()
+            else:
+                gone = self._try_lock(conn, sid, until_commit=until_commit)
+            if gone:
+                return "holder_connection_gone"
+        raise _held_elsewhere(sid, row.holder, row.until, refusal)
 
     def release(self, session_id: str, token: str) -> None:
         with self.mutex:
