@@ -367,10 +367,11 @@ class Log:
         """A new log with ``message`` as one surface event; the type follows the role.
 
         ``message`` is a `Message` or an OpenAI chat-completions message dict
-        (tool calls in either shape). Its fields are stored as `Log.seed`
-        stores them, so ``derive_messages()[-1] == message`` (for a dict:
-        ``== Message.from_openai(message)``); the event time is the message's
-        ``created_at``.
+        (tool calls in any shape, the ``developer`` role included); the event
+        is `message_event`'s: a `Message` is stored as `Log.seed` stores it,
+        at its ``created_at``, and a dict with only the keys it has, at the
+        current time. Either way ``derive_messages()[-1] == message`` (for a
+        dict: ``== Message.from_openai(message)`` made at the event's time).
 
         Raises:
             ValueError: a dict that is not an OpenAI message (the message names
@@ -378,8 +379,8 @@ class Log:
             TypeError: neither a `Message` nor a mapping.
             InvalidEvent: the message holds what JSON cannot carry.
         """
-        m = as_message(message)
-        return self.append(EVENT_TYPE_OF[m.role], _seed_data(m), m.created_at)
+        etype, data, time = message_event(message)
+        return self.append(etype, data, time)
 
     @classmethod
     def seed(cls, messages: Iterable[Message]) -> Log:
@@ -556,6 +557,43 @@ class Log:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (self._count, self.events()))
+
+
+_DICT_FIELDS: Final = ("content", "reasoning_content", "tool_calls", "tool_call_id", "name")
+
+
+def message_event(
+    message: Message | Mapping[str, Any],
+) -> tuple[EventType, dict[str, Any], datetime | None]:
+    """The event that keeps ``message``: ``(type, data, time)``, for ``append``.
+
+    The type follows the role (``system`` → ``system_message``, ...).
+
+    * A `Message`: ``data`` is its §3 seed shape (as `Log.seed` stores it:
+      ``content``, ``metadata``, ``name``, and per role ``tool_calls``,
+      ``reasoning_content`` when set, ``tool_call_id``); ``time`` is its
+      ``created_at``.
+    * An OpenAI chat-completions dict: ``data`` holds only the keys the dict
+      has (as `Message.from_openai` reads them: function calls flat, custom
+      calls as given), plus ``metadata`` when `Message.from_openai` puts
+      something there (provider keys under ``openai_extra``, the ``developer``
+      role under ``openai_role``); no ``"metadata": {}`` or ``"name": None``
+      the dict never had. ``time`` is ``None``: the time of the append.
+
+    Either way the event projects back to the message: for a dict,
+    ``Message.from_openai(message, created_at=event.time)``.
+
+    Raises:
+        ValueError: a malformed dict (the message names the field).
+        TypeError: neither a `Message` nor a mapping.
+    """
+    if isinstance(message, Message):
+        return EVENT_TYPE_OF[message.role], _seed_data(message), message.created_at
+    m = as_message(message)
+    data = {k: getattr(m, k) for k in _DICT_FIELDS if k in message}
+    if m.metadata:
+        data["metadata"] = m.metadata
+    return EVENT_TYPE_OF[m.role], data, None
 
 
 def as_message(message: Message | Mapping[str, Any]) -> Message:
