@@ -34,7 +34,7 @@ from agents import (
     set_tracing_disabled,
 )
 from agents.memory import Session as AgentsSession
-from agents.memory import SessionSettings
+from agents.memory import SessionSettings, SQLiteSession
 from agents.models.interface import Model
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -66,6 +66,7 @@ from nous_actor.integrations.openai_agents import (
     ITEM_KEY,
     OP_KEY,
     NousSession,
+    NousSessionClosed,
     _Mutex,
     event_for_item,
     items_from_messages,
@@ -698,7 +699,8 @@ def test_a_value_json_cannot_carry_is_refused_and_nothing_is_stored(
 
 
 def test_calls_after_close_raise_session_stopped(sessions: Sessions) -> None:
-    """Every call on a closed NousSession raises SessionStopped; the registry stays open."""
+    """Every call on a closed NousSession raises NousSessionClosed (a SessionStopped); the
+    registry stays open."""
 
     async def main() -> None:
         nous = NousSession("closed", sessions)
@@ -710,11 +712,52 @@ def test_calls_after_close_raise_session_stopped(sessions: Sessions) -> None:
             nous.pop_item(),
             nous.clear_session(),
         ):
-            with pytest.raises(SessionStopped, match="this NousSession is closed"):
+            with pytest.raises(NousSessionClosed, match="this NousSession is closed"):
                 await call
         assert await NousSession("closed", sessions).get_items() == [user("x")]
 
     run(main())
+
+
+def test_a_call_on_a_closed_session_is_a_runtime_error_as_in_the_sdk(sessions: Sessions) -> None:
+    """The SDK's own sessions raise RuntimeError once closed: so does NousSession, with an
+    error that is also a SessionStopped (NousSessionClosed)."""
+
+    async def main() -> None:
+        nous = NousSession("closed-sdk", sessions)
+        nous.close()
+        for call in (
+            nous.get_items(),
+            nous.add_items([user("y")]),
+            nous.pop_item(),
+            nous.clear_session(),
+            nous.open(),
+        ):
+            with pytest.raises(RuntimeError, match="closed") as info:
+                await call
+            assert isinstance(info.value, NousSessionClosed)
+            assert isinstance(info.value, SessionStopped)
+            assert info.value.session_id == "closed-sdk"
+
+    run(main())
+
+
+def test_an_unknown_session_setting_is_a_type_error_as_in_the_sdk(tmp_path: Path) -> None:
+    """session_settings={"limitt": 1} is refused with the SDK's own TypeError wording, by the
+    constructor and by NousSession.sqlite (which then opens no file)."""
+    with pytest.raises(TypeError, match="Unknown session settings: limitt") as sdk:
+        SQLiteSession("x", session_settings={"limitt": 1})
+    with (
+        Sessions() as registry,
+        pytest.raises(TypeError, match="Unknown session settings: limitt") as ours,
+    ):
+        NousSession("x", registry, session_settings={"limitt": 1})
+    assert str(ours.value).startswith(str(sdk.value))
+    assert "SessionSettings takes limit" in str(ours.value)
+    path = tmp_path / "chat.db"
+    with pytest.raises(TypeError, match="Unknown session settings: limitt"):
+        NousSession.sqlite("x", path, session_settings={"limitt": 1})
+    assert not path.exists()
 
 
 def test_constructor_checks_its_arguments() -> None:

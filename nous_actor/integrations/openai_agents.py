@@ -47,6 +47,7 @@ items of their chat content.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import weakref
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 try:
     from agents.items import TResponseInputItem
     from agents.memory import SessionSettings
+    from agents.memory.session_settings import coerce_session_settings
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise ImportError(
         "nous_actor.integrations.openai_agents needs the OpenAI Agents SDK; "
@@ -84,6 +86,7 @@ __all__ = [
     "ITEM_KEY",
     "OP_KEY",
     "NousSession",
+    "NousSessionClosed",
     "event_for_item",
     "items_from_messages",
     "items_of_message",
@@ -108,6 +111,17 @@ MAX_ATTEMPTS: Final = 5
 _TEXT_PARTS: Final = frozenset({"text", "input_text", "output_text"})
 
 Pending = list[tuple[EventType, dict[str, Any]]]
+
+
+class NousSessionClosed(SessionStopped, RuntimeError):
+    """A call on a `NousSession` after its `close()`.
+
+    A `SessionStopped` like every stopped call of this library, and a
+    `RuntimeError` like a call on a closed session of the SDK's own
+    (`SQLiteSession` raises ``RuntimeError("SQLiteSession is closed")``), so
+    code written for either catches it. Nothing was applied: make a new
+    `NousSession` to go on.
+    """
 
 
 # -- items -> events ------------------------------------------------------------------------
@@ -512,8 +526,12 @@ class NousSession:
             `limit` is the default of `get_items`.
 
     Raises:
-        ValueError, TypeError: `session_id` is not a valid id, or `sessions`
-            is not a `nous_actor.Sessions`.
+        TypeError: `session_id` is not a str; `sessions` is not a
+            `nous_actor.Sessions`; `session_settings` is not a
+            `SessionSettings`, a dict or None, or holds a key `SessionSettings`
+            does not have (``Unknown session settings: limitt``, as the SDK
+            says).
+        ValueError: `session_id` is not a valid id.
     """
 
     session_id: str
@@ -532,8 +550,8 @@ class NousSession:
                 "NousSession takes a nous_actor.Sessions registry, got "
                 f"{type(sessions).__name__}; or use NousSession.sqlite(session_id, path)"
             )
-        self.sessions = sessions
         self.session_settings = _settings(session_settings)
+        self.sessions = sessions
         self._shared = _shared_for(sessions, self.session_id)
         self._handle: Session | None = None
         self._owned: _Owned | None = None
@@ -557,14 +575,17 @@ class NousSession:
         `Sessions` yourself and pass it to `NousSession(...)`.
 
         Raises:
-            ValueError, TypeError: `session_id` is not a valid id.
+            TypeError: `session_id` is not a str, or `session_settings` is not
+                what `NousSession` takes (checked before the file is opened).
+            ValueError: `session_id` is not a valid id.
             StoreError: the file cannot be opened as a store (for instance,
                 another application's database, which is left unchanged).
         """
         check_session_id(session_id)
+        settings = _settings(session_settings)
         owned = _acquire_registry(path)
         try:
-            session = cls(session_id, owned.sessions, session_settings=session_settings)
+            session = cls(session_id, owned.sessions, session_settings=settings)
         except BaseException:
             _release_registry(owned)
             raise
@@ -572,7 +593,7 @@ class NousSession:
         return session
 
     def close(self) -> None:
-        """Stop using this object; later calls raise `SessionStopped`.
+        """Stop using this object; later calls raise `NousSessionClosed`.
 
         For `NousSession.sqlite`, the last one of a file closes its registry
         (stopping its sessions; blocks until they stopped) and its store. A
@@ -601,8 +622,9 @@ class NousSession:
 
         Raises:
             TypeError: `limit` is not an int or `None`.
-            SessionStopped: this object is closed, the registry is closed, or
-                it gave the session up.
+            NousSessionClosed: this object is closed (a `SessionStopped` and a
+                `RuntimeError`, as the SDK's own sessions raise).
+            SessionStopped: the registry is closed, or it gave the session up.
             CallTimeout: no answer within the registry's `timeout`.
         """
         if limit is None and self.session_settings is not None:
@@ -652,8 +674,9 @@ class NousSession:
                 bytes, NaN, a non-str key, ...; reason
                 `unserializable_event_data`, the message names the path, e.g.
                 `items[2]['content']`); nothing was stored.
-            SessionStopped: this object or the registry is closed, or the
-                registry gave the session up.
+            NousSessionClosed: this object is closed (a `SessionStopped` and a
+                `RuntimeError`, as the SDK's own sessions raise).
+            SessionStopped: the registry is closed, or it gave the session up.
             StoreError: the store failed; the items not acknowledged may or
                 may not be stored.
             CallTimeout: no answer within the registry's `timeout`.
@@ -696,8 +719,9 @@ class NousSession:
         last tool call.
 
         Raises:
-            SessionStopped: this object or the registry is closed, or the
-                registry gave the session up.
+            NousSessionClosed: this object is closed (a `SessionStopped` and a
+                `RuntimeError`, as the SDK's own sessions raise).
+            SessionStopped: the registry is closed, or it gave the session up.
             StoreError: the store failed; the pop may or may not be stored.
             CallTimeout: no answer within the registry's `timeout`.
             RuntimeError: the surface holds events of other code that share
@@ -729,8 +753,9 @@ class NousSession:
         only what was added after the clear.
 
         Raises:
-            SessionStopped: this object or the registry is closed, or the
-                registry gave the session up.
+            NousSessionClosed: this object is closed (a `SessionStopped` and a
+                `RuntimeError`, as the SDK's own sessions raise).
+            SessionStopped: the registry is closed, or it gave the session up.
             StoreError: the store failed; the clear may or may not be stored.
             CallTimeout: no answer within the registry's `timeout`.
         """
@@ -757,8 +782,9 @@ class NousSession:
         Opens (or reopens) the session in a worker thread if it is not running.
 
         Raises:
-            SessionStopped: this object or the registry is closed, or the
-                registry gave the session up.
+            NousSessionClosed: this object is closed (a `SessionStopped` and a
+                `RuntimeError`, as the SDK's own sessions raise).
+            SessionStopped: the registry is closed, or it gave the session up.
             TooManySessions, ConflictError, StoreError: as `Sessions.open`.
         """
         self._check_open()
@@ -772,7 +798,9 @@ class NousSession:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionStopped(self.session_id, "this NousSession is closed")
+            raise NousSessionClosed(
+                self.session_id, "this NousSession is closed; make a new one to go on"
+            )
 
     async def _mutate(self, body: Callable[[], Awaitable[T]]) -> T:
         """Run `body` holding the session's lock; once started, it finishes even if the
@@ -956,16 +984,27 @@ def _prepare(items: object) -> Pending:
 
 
 def _settings(value: SessionSettings | Mapping[str, Any] | None) -> SessionSettings:
+    """The checked settings: unknown keys refused, as the SDK's `coerce_session_settings`
+    refuses them."""
     if value is None:
-        return SessionSettings()
-    if isinstance(value, SessionSettings):
-        return value
-    if isinstance(value, Mapping):
-        return SessionSettings(**value)
-    raise TypeError(
-        f"session_settings must be an agents SessionSettings, a dict or None, "
-        f"got {type(value).__name__}"
-    )
+        settings = SessionSettings()
+    elif isinstance(value, SessionSettings):
+        settings = value
+    elif isinstance(value, Mapping):
+        known = {f.name for f in dataclasses.fields(SessionSettings) if f.init}
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise TypeError(
+                f"Unknown session settings: {', '.join(unknown)}; SessionSettings takes "
+                f"{', '.join(sorted(known))}"
+            )
+        settings = coerce_session_settings(dict(value))
+    else:
+        raise TypeError(
+            f"session_settings must be an agents SessionSettings, a dict or None, "
+            f"got {type(value).__name__}"
+        )
+    return settings
 
 
 if TYPE_CHECKING:  # mypy checks that NousSession is a Session of the SDK
