@@ -760,12 +760,105 @@ def test_an_unknown_session_setting_is_a_type_error_as_in_the_sdk(tmp_path: Path
     assert not path.exists()
 
 
-def test_constructor_checks_its_arguments() -> None:
-    """A bad session id or a registry that is not a Sessions is refused at once."""
-    with pytest.raises(ValueError, match="session id"):
-        NousSession(" padded ", Sessions())
-    with pytest.raises(TypeError, match=r"NousSession takes a nous_actor\.Sessions"):
-        NousSession("x", "chat.db")  # type: ignore[arg-type]
+BAD_ARGUMENTS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("id_not_a_str", {"session_id": 7}, TypeError, "session_id must be a str, got int"),
+    ("id_padded", {"session_id": " padded "}, ValueError, "leading or trailing whitespace"),
+    ("id_empty", {"session_id": ""}, ValueError, "it is empty"),
+    (
+        "registry_a_path",
+        {"sessions": "chat.db"},
+        TypeError,
+        r"NousSession takes a nous_actor\.Sessions registry, got str; or use "
+        r"NousSession\.sqlite\(session_id, path\)",
+    ),
+    (
+        "registry_a_store",
+        {"sessions": MemoryStore()},
+        TypeError,
+        r"NousSession takes a nous_actor\.Sessions registry, got MemoryStore",
+    ),
+    (
+        "settings_an_int",
+        {"session_settings": 5},
+        TypeError,
+        "session_settings must be an agents SessionSettings, a dict or None, got int",
+    ),
+    (
+        "limit_zero",
+        {"session_settings": {"limit": 0}},
+        ValueError,
+        "limit must be at least 1, got 0; give None for every item",
+    ),
+    (
+        "limit_negative",
+        {"session_settings": SessionSettings(limit=-1)},
+        ValueError,
+        "limit must be at least 1, got -1",
+    ),
+    (
+        "limit_a_str",
+        {"session_settings": {"limit": "2"}},
+        TypeError,
+        "limit must be an int .* or None .*, got str",
+    ),
+    (
+        "limit_a_bool",
+        {"session_settings": {"limit": True}},
+        TypeError,
+        "limit must be an int .*, got bool",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [b[1:] for b in BAD_ARGUMENTS],
+    ids=[b[0] for b in BAD_ARGUMENTS],
+)
+def test_constructor_checks_every_argument(
+    change: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """Each argument of NousSession(...) is checked when it is made, with a typed error that
+    says what to pass."""
+    with Sessions() as registry:
+        args: dict[str, Any] = {"session_id": "x", "sessions": registry, **change}
+        with pytest.raises(error, match=match):
+            NousSession(args.pop("session_id"), args.pop("sessions"), **args)
+
+
+SQLITE_BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("id_not_a_str", {"session_id": None}, TypeError, "session_id must be a str, got NoneType"),
+    ("id_padded", {"session_id": "x\n"}, ValueError, "leading or trailing whitespace"),
+    (
+        "path_an_int",
+        {"path": 3},
+        TypeError,
+        r"takes the SQLite file as a str or a pathlib\.Path \(or ':memory:'\), got int",
+    ),
+    ("path_empty", {"path": ""}, ValueError, "got an empty path; give the SQLite file"),
+    (
+        "settings_unknown",
+        {"session_settings": {"limit": 1, "order": "desc"}},
+        TypeError,
+        "Unknown session settings: order",
+    ),
+    ("limit_zero", {"session_settings": {"limit": 0}}, ValueError, "at least 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"), [b[1:] for b in SQLITE_BAD], ids=[b[0] for b in SQLITE_BAD]
+)
+def test_sqlite_factory_checks_every_argument_before_opening_the_file(
+    tmp_path: Path, change: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """Each argument of NousSession.sqlite(...) is checked with a typed error that says what
+    to pass, and a refused call opens no file."""
+    path = tmp_path / "chat.db"
+    args: dict[str, Any] = {"session_id": "x", "path": path, **change}
+    with pytest.raises(error, match=match):
+        NousSession.sqlite(args.pop("session_id"), args.pop("path"), **args)
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- durability and crashes --------------------------------------------------------------------

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import threading
 import weakref
 from collections import deque
@@ -525,13 +526,16 @@ class NousSession:
         session_settings: the SDK's `SessionSettings` (or a dict of them); its
             `limit` is the default of `get_items`.
 
+    Every argument is checked here, before anything is opened.
+
     Raises:
         TypeError: `session_id` is not a str; `sessions` is not a
             `nous_actor.Sessions`; `session_settings` is not a
-            `SessionSettings`, a dict or None, or holds a key `SessionSettings`
+            `SessionSettings`, a dict or None, holds a key `SessionSettings`
             does not have (``Unknown session settings: limitt``, as the SDK
-            says).
-        ValueError: `session_id` is not a valid id.
+            says), or a `limit` that is not an int or None.
+        ValueError: `session_id` is not a valid id, or the settings' `limit`
+            is below 1 (give None for every item).
     """
 
     session_id: str
@@ -574,15 +578,28 @@ class NousSession:
         To choose the registry's settings, or run many sessions, open a
         `Sessions` yourself and pass it to `NousSession(...)`.
 
+        Every argument is checked before the file is opened.
+
         Raises:
-            TypeError: `session_id` is not a str, or `session_settings` is not
-                what `NousSession` takes (checked before the file is opened).
-            ValueError: `session_id` is not a valid id.
+            TypeError: `session_id` is not a str, `path` is not a str or a
+                path, or `session_settings` is not what `NousSession` takes.
+            ValueError: `session_id` is not a valid id, `path` is empty, or
+                the settings' `limit` is below 1.
             StoreError: the file cannot be opened as a store (for instance,
                 another application's database, which is left unchanged).
         """
         check_session_id(session_id)
         settings = _settings(session_settings)
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"NousSession.sqlite takes the SQLite file as a str or a pathlib.Path "
+                f"(or ':memory:'), got {type(path).__name__}"
+            )
+        if not str(path):
+            raise ValueError(
+                "NousSession.sqlite got an empty path; give the SQLite file, e.g. "
+                "'chat.db', or ':memory:' for a store in memory"
+            )
         owned = _acquire_registry(path)
         try:
             session = cls(session_id, owned.sessions, session_settings=settings)
@@ -984,8 +1001,8 @@ def _prepare(items: object) -> Pending:
 
 
 def _settings(value: SessionSettings | Mapping[str, Any] | None) -> SessionSettings:
-    """The checked settings: unknown keys refused, as the SDK's `coerce_session_settings`
-    refuses them."""
+    """The checked settings: unknown keys and bad limits refused, as the SDK's
+    `coerce_session_settings` refuses them (and more strictly for `limit`)."""
     if value is None:
         settings = SessionSettings()
     elif isinstance(value, SessionSettings):
@@ -998,13 +1015,30 @@ def _settings(value: SessionSettings | Mapping[str, Any] | None) -> SessionSetti
                 f"Unknown session settings: {', '.join(unknown)}; SessionSettings takes "
                 f"{', '.join(sorted(known))}"
             )
+        _check_limit(value.get("limit"))
         settings = coerce_session_settings(dict(value))
     else:
         raise TypeError(
             f"session_settings must be an agents SessionSettings, a dict or None, "
             f"got {type(value).__name__}"
         )
+    _check_limit(settings.limit)
     return settings
+
+
+def _check_limit(limit: object) -> None:
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(
+            f"session_settings limit must be an int (how many of the latest items "
+            f"get_items returns) or None (every item), got {type(limit).__name__}"
+        )
+    if limit < 1:
+        raise ValueError(
+            f"session_settings limit must be at least 1, got {limit}; give None for every "
+            "item (get_items(limit=0) still gives none for one call)"
+        )
 
 
 if TYPE_CHECKING:  # mypy checks that NousSession is a Session of the SDK
