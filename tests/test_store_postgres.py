@@ -192,8 +192,8 @@ def _dbname(server: Server) -> str:
 
 
 def test_bad_arguments_are_value_errors() -> None:
-    """A schema name PostgreSQL would truncate, or a lease of 0, is refused before connecting."""
-    with pytest.raises(ValueError, match="1 to 63 bytes"):
+    """A schema name too long for its channel, or a lease of 0, is refused before connecting."""
+    with pytest.raises(ValueError, match="1 to 52 bytes"):
         PostgresStore("dbname=x", schema="s" * 64)
     with pytest.raises(ValueError, match="lease"):
         PostgresStore("dbname=x", lease=0)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import socket
 import threading
@@ -73,7 +74,13 @@ from nous_actor.core.codec import CodecError, encode_data, event_from_row
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, FencedError, StoreError
-from nous_actor.store.base import ClosingStore, SessionInfo, valid_store_id
+from nous_actor.store.base import (
+    ClosingStore,
+    SessionInfo,
+    check_flag,
+    check_seconds,
+    valid_store_id,
+)
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["FencedError", "PostgresStore", "PostgresWatch"]
@@ -115,11 +122,72 @@ _RENEW_FRACTION: Final = 1 / 3  # renew this far into a lease
 _FAIL_CLOSED_FRACTION: Final = 2 / 3  # refuse writes this long after the last renewal began
 _IDLE_CHECK_S: Final = 5.0  # the listener checks an idle connection this often
 
+_MAX_SCHEMA_BYTES: Final = 63 - len("nous_actor:")  # the channel name must fit 63 bytes
+_SCHEMA_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MIN_LEASE_S: Final = 0.1  # renewed every lease / 3: a round trip to the server each time
+_MAX_LEASE_S: Final = 86_400  # a paused writer keeps its sessions at most a day
+_MAX_TIMEOUT_S: Final = 2_147_483  # lock_timeout is a 32-bit count of milliseconds
+
 # Connection-level errors a retry on a new connection may cure (the server's own codes).
 _TRANSIENT_SQLSTATES: Final = frozenset(
     {"57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004"}
 )
 _PERMANENT_CONNECT_SQLSTATES: Final = frozenset({"28000", "28P01", "3D000", "42501"})
+
+
+# -- checking the constructor's arguments ----------------------------------------------------
+
+
+def _check_schema(schema: object) -> None:
+    """Refuse a schema name this store cannot use (see `PostgresStore` for the rule).
+
+    Raises:
+        TypeError: not a str.
+        ValueError: not 1 to 52 ASCII letters, digits and ``_`` (not starting with a
+            digit), or starting with ``pg_``.
+    """
+    if not isinstance(schema, str):
+        raise TypeError(f"schema must be a str, got {type(schema).__name__}")
+    size = len(schema.encode("utf-8", "surrogatepass"))
+    if not 0 < size <= _MAX_SCHEMA_BYTES:
+        raise ValueError(
+            f"schema must be 1 to {_MAX_SCHEMA_BYTES} bytes long (the store's change feed "
+            f"is the channel 'nous_actor:<schema>', and PostgreSQL names hold 63 bytes), "
+            f"got {size} bytes: {schema!r}"
+        )
+    if not schema.isascii() or not _SCHEMA_NAME.fullmatch(schema):
+        raise ValueError(
+            "schema must be a plain SQL name: ASCII letters, digits and _, not starting "
+            f"with a digit (e.g. 'nous_actor' or 'agents_2'), got {schema!r}"
+        )
+    if schema.startswith("pg_"):
+        raise ValueError(
+            "schema must not start with pg_ (the prefix pg_ is reserved for PostgreSQL's "
+            f"own schemas), got {schema!r}"
+        )
+
+
+def _check_holder(holder: object) -> None:
+    """Refuse a holder name that cannot be stored or shown.
+
+    Raises:
+        TypeError: not ``None`` or a str.
+        ValueError: empty or blank, or holding a NUL character (PostgreSQL text cannot).
+    """
+    if holder is None:
+        return
+    if not isinstance(holder, str):
+        raise TypeError(
+            "holder must be None or a str naming this process to others (e.g. "
+            f"'worker-a:8080'), got {type(holder).__name__}"
+        )
+    if not holder.strip():
+        raise ValueError(
+            "holder must not be empty: name this process (e.g. 'worker-a:8080'), or pass "
+            "None for '<host> pid <pid>'"
+        )
+    if "\x00" in holder:
+        raise ValueError(f"holder must not hold a NUL character, got {holder!r}")
 
 
 # -- naming the server without its password ------------------------------------------------
@@ -419,13 +487,15 @@ class PostgresStore(ClosingStore):
 
     Args:
         dsn: a libpq connection string or URI (``postgresql://user@host/db``).
-        schema: the schema holding every table (created if missing or empty).
-            Tests can isolate in a schema each.
-        lease: seconds a claim's lease lasts; renewed every ``lease / 3`` s.
-            A writer whose process dies is taken over at once; one that
-            stops answering (paused, partitioned) after at most ``lease`` s.
+        schema: the schema holding every table (created if missing or empty):
+            ASCII letters, digits and ``_``, at most 52 bytes. Tests can
+            isolate in a schema each.
+        lease: seconds a claim's lease lasts (0.1 to 86400); renewed every
+            ``lease / 3`` s. A writer whose process dies is taken over at once;
+            one that stops answering (paused, partitioned) after at most
+            ``lease`` s.
         timeout: seconds a call may spend reconnecting and retrying before
-            it fails with `StoreError`; also bounds lock waits.
+            it fails with `StoreError` (0.001 to 2147483); also bounds lock waits.
         create: make the schema and tables if missing. With ``create=False``
             a schema without a store is refused with `StoreError` (nothing made).
         holder: how this process is named to others in a `ConflictError`
@@ -434,13 +504,24 @@ class PostgresStore(ClosingStore):
             connection is gone (see the module docs). Turn off behind a
             transaction-pooling proxy.
 
+    Every argument is checked before anything is opened: a refused argument
+    connects to nothing and starts no thread.
+
     Raises:
+        TypeError: ``dsn`` or ``schema`` is not a str; ``lease`` or ``timeout``
+            is not an int or a float; ``holder`` is not ``None`` or a str;
+            ``create`` or ``detect_dead_holders`` is not a bool.
+        ValueError: ``schema`` is not a plain name (ASCII letters, digits and
+            ``_``, not starting with a digit or with the reserved ``pg_``) of 1
+            to 52 bytes (its change feed's channel, ``nous_actor:<schema>``,
+            must fit PostgreSQL's 63-byte names); ``lease`` is not from 0.1 to
+            86400 s; ``timeout`` is not from 0.001 s (lock waits are counted in
+            whole milliseconds; 0 would mean no limit) to 2147483 s (a 32-bit
+            count of milliseconds); ``holder`` is empty or holds a NUL character.
         StoreError: the DSN is invalid, the server cannot be reached, the role
             lacks the rights to create or read the schema, the schema holds
             another application's tables or a store of a newer version, or
             (with ``create=False``) there is no store in it. Nothing is changed.
-        ValueError: ``schema`` is not 1 to 63 bytes, or ``lease``/``timeout``
-            are not positive.
     """
 
     def __init__(
@@ -455,21 +536,18 @@ class PostgresStore(ClosingStore):
         detect_dead_holders: bool = True,
     ) -> None:
         if not isinstance(dsn, str):
-            raise TypeError(f"dsn must be a str, got {type(dsn).__name__}")
-        if not isinstance(schema, str) or not 0 < len(schema.encode("utf-8")) <= 63:
-            raise ValueError(
-                f"schema must be a name of 1 to 63 bytes (PostgreSQL truncates longer "
-                f"names), got {schema!r}"
+            raise TypeError(
+                "dsn must be a str (a libpq connection string such as 'host=/run/postgresql "
+                f"dbname=agents', or a URI such as postgresql://user@host/db), got "
+                f"{type(dsn).__name__}"
             )
-        if "\x00" in schema:
-            raise ValueError("schema must not hold a NUL character")
-        for what, value in (("lease", lease), ("timeout", timeout)):
-            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-                raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+        _check_schema(schema)
+        self.lease = check_seconds(lease, "lease", _MIN_LEASE_S, _MAX_LEASE_S)
+        self.timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S)
+        check_flag(create, "create")
+        _check_holder(holder)
+        self.detect_dead_holders = check_flag(detect_dead_holders, "detect_dead_holders")
         self.schema = schema
-        self.lease = float(lease)
-        self.timeout = float(timeout)
-        self.detect_dead_holders = detect_dead_holders
         self.holder = holder or f"{socket.gethostname()} pid {os.getpid()}"
         # Kill a transaction of ours left idle by a paused process (it holds a claim
         # row's lock); a takeover waits for at most that long, plus a margin.

@@ -31,7 +31,13 @@ from typing import Any, Final, Literal
 from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import ClosingStore, SessionInfo, valid_store_id
+from nous_actor.store.base import (
+    ClosingStore,
+    SessionInfo,
+    check_flag,
+    check_seconds,
+    valid_store_id,
+)
 
 __all__ = ["SQLiteStore"]
 
@@ -114,6 +120,38 @@ def _ours_or_blank(header: bytes) -> bool:
     app_id = int.from_bytes(header[68:72], "big")
     schema_cells = int.from_bytes(header[103:105], "big")
     return user_version == 0 and app_id == 0 and header[100] == 0x0D and schema_cells == 0
+
+
+_MAX_TIMEOUT_S: Final = 2_147_483
+"""The longest `timeout`: SQLite's busy timeout is a 32-bit count of milliseconds."""
+
+
+def _check_path(path: object) -> str:
+    """``path`` as a str, if it names a file (or is ``":memory:"``).
+
+    Raises:
+        TypeError: not a str or an `os.PathLike` of str (bytes paths are refused).
+        ValueError: empty, or holding a NUL character.
+    """
+    if isinstance(path, os.PathLike):
+        text = os.fspath(path)
+        if not isinstance(text, str):
+            raise TypeError(
+                "path must be a str or an os.PathLike of str, not bytes: decode it "
+                "(os.fsdecode) or give a pathlib.Path"
+            )
+    elif isinstance(path, str):
+        text = path
+    else:
+        raise TypeError(
+            "path must be a str or an os.PathLike (e.g. a pathlib.Path) naming the database "
+            f"file, or ':memory:', got {type(path).__name__}"
+        )
+    if not text:
+        raise ValueError("path must not be empty: give a database file path, or ':memory:'")
+    if "\x00" in text:
+        raise ValueError(f"path must not hold a NUL character, got {text!r}")
+    return text
 
 
 def _pid_alive(pid: int) -> bool:
@@ -231,13 +269,22 @@ class SQLiteStore(ClosingStore):
     Args:
         path: the database file, or `":memory:"`.
         durability: `"full"` (default) or `"normal"`; see the module docs.
-        timeout: seconds to wait for another process's write lock.
+        timeout: seconds to wait for another process's write lock (0.001 to 2147483).
         create: make a new store where there is none (the default). With
             `create=False` a missing path, a 0-byte file or an empty SQLite
             database raises `StoreError` and is left as it is (no file is
             made): use it to open stores that must already exist.
 
+    Every argument is checked before anything is opened: a refused argument
+    makes no file and holds nothing.
+
     Raises:
+        TypeError: `path` is not a str or an `os.PathLike` of str; `durability`
+            is not a str; `timeout` is not an int or a float; `create` is not a bool.
+        ValueError: `path` is empty or holds a NUL character; `durability` is
+            not `"full"` or `"normal"`; `timeout` is not from 0.001 (SQLite waits in
+            whole milliseconds) to 2147483 seconds (its wait is a 32-bit count
+            of milliseconds).
         StoreError: the file cannot be opened, is not a nous_actor store, or
             (with `create=False`) holds no store yet.
     """
@@ -250,9 +297,16 @@ class SQLiteStore(ClosingStore):
         timeout: float = 5.0,
         create: bool = True,
     ) -> None:
+        path = _check_path(path)
+        if not isinstance(durability, str):
+            raise TypeError(
+                f"durability must be 'full' or 'normal' (a str), got {type(durability).__name__}"
+            )
         if durability not in ("full", "normal"):
             raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
-        self.path = str(path) if str(path) == ":memory:" else str(Path(path))
+        timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S)
+        check_flag(create, "create")
+        self.path = path if path == ":memory:" else str(Path(path))
         self.durability = durability
         self._lock = threading.Lock()
         self._closed = False
