@@ -360,20 +360,51 @@ def test_over_budget_without_a_summariser_says_what_to_pass() -> None:
         Compactor(budget=1, keep_recent=2).compact(chat(*SEED))
 
 
+COMPACTOR_BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("budget-negative", {"budget": -1}, ValueError, r"budget must be an int >= 0"),
+    ("budget-float", {"budget": 1.5}, TypeError, r"budget must be an int .* got float"),
+    ("budget-str", {"budget": "100"}, TypeError, r"budget must be an int .* got str"),
+    ("budget-bool", {"budget": True}, TypeError, r"budget must be an int .* got bool"),
+    ("keep-negative", {"keep_recent": -1}, ValueError, r"keep_recent must be an int >= 0"),
+    ("keep-float", {"keep_recent": 2.0}, TypeError, r"keep_recent must be an int"),
+    ("keep-none", {"keep_recent": None}, TypeError, r"keep_recent must be an int"),
+    ("prune-negative", {"prune_over": -5}, ValueError, r"prune_over must be None or an int >="),
+    ("prune-str", {"prune_over": "1000"}, TypeError, r"prune_over must be None or an int"),
+    ("prune-float", {"prune_over": 10.5}, TypeError, r"prune_over must be None or an int"),
+    ("prune-bool", {"prune_over": False}, TypeError, r"prune_over must be None or an int"),
+    ("summarise-str", {"summarise": "gpt"}, TypeError, r"summarise must be None, a callable"),
+    ("summarise-int", {"summarise": 3}, TypeError, r"summarise must be None, a callable"),
+    ("estimate-none", {"estimate": None}, TypeError, r"estimate must be a callable"),
+    ("estimate-int", {"estimate": 4}, TypeError, r"estimate must be a callable"),
+    ("pruned-text-str", {"pruned_text": "[pruned]"}, TypeError, r"pruned_text must be a call"),
+    ("snapshot-str", {"snapshot": "yes"}, TypeError, r"snapshot must be True or False"),
+    ("snapshot-int", {"snapshot": 1}, TypeError, r"snapshot must be True or False"),
+]
+
+
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"budget": -1},
-        {"budget": True},
-        {"budget": 1, "keep_recent": -1},
-        {"budget": 1, "prune_over": -5},
-    ],
-    ids=["negative-budget", "bool-budget", "negative-keep", "negative-prune-over"],
+    ("kwargs", "error", "match"),
+    [case[1:] for case in COMPACTOR_BAD],
+    ids=[case[0] for case in COMPACTOR_BAD],
 )
-def test_bad_settings_are_refused_at_construction(kwargs: dict[str, Any]) -> None:
-    """Negative or non-int settings raise ValueError when the Compactor is made."""
-    with pytest.raises(ValueError, match=">= 0"):
-        Compactor(**kwargs)
+def test_compactor_refuses_a_bad_argument(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """A bad Compactor setting raises a typed error naming what to pass, when it is made."""
+    args = {"budget": 100, **kwargs}
+    with pytest.raises(error, match=match):
+        Compactor(**args)
+
+
+def test_compactor_accepts_the_edges_of_each_range() -> None:
+    """Zero budget, keep_recent and prune_over, no pruning, an async summariser."""
+
+    async def summarise(messages: Any) -> str:
+        return "s"
+
+    c = Compactor(budget=0, keep_recent=0, prune_over=0, summarise=summarise, snapshot=True)
+    assert (c.budget, c.keep_recent, c.prune_over, c.snapshot) == (0, 0, 0, True)
+    assert Compactor(budget=1, prune_over=None).prune_over is None
 
 
 # -- the record and audit --------------------------------------------------------------

@@ -85,6 +85,19 @@ def estimate_tokens(messages: Sequence[Message]) -> int:
     return chars // 4 + 4 * len(messages)
 
 
+def _check_count(value: object, what: str, wanted: str) -> None:
+    """Refuse a setting that is not an int >= 0 (`wanted` says what to pass).
+
+    Raises:
+        TypeError: not an int (a bool is refused too).
+        ValueError: negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be {wanted}, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must be {wanted}, got {value!r}")
+
+
 def _default_pruned(message: Message, tokens: int) -> str:
     return f"[tool result pruned by compaction: about {tokens} tokens]"
 
@@ -199,6 +212,10 @@ class Compactor:
         estimate: the token estimator (default `estimate_tokens`).
         pruned_text: the content of a pruned tool result.
         snapshot: drop the shadowed events afterwards.
+
+    Raises:
+        TypeError: a setting has the wrong type (see `__post_init__`).
+        ValueError: ``budget``, ``keep_recent`` or ``prune_over`` is negative.
     """
 
     budget: int
@@ -210,18 +227,37 @@ class Compactor:
     snapshot: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
-            raise ValueError(f"budget must be an int >= 0 (tokens), got {self.budget!r}")
-        if isinstance(self.keep_recent, bool) or not isinstance(self.keep_recent, int):
-            raise ValueError(f"keep_recent must be an int >= 0, got {self.keep_recent!r}")
-        if self.keep_recent < 0:
-            raise ValueError(f"keep_recent must be an int >= 0, got {self.keep_recent!r}")
-        if self.prune_over is not None and self.prune_over < 0:
-            raise ValueError(f"prune_over must be None or >= 0, got {self.prune_over!r}")
+        """Check every setting when the compactor is made.
+
+        Raises:
+            TypeError: ``budget`` or ``keep_recent`` is not an int, ``prune_over``
+                not ``None`` or an int (a bool is refused for each); ``summarise``
+                is not ``None`` or a callable; ``estimate`` or ``pruned_text`` is
+                not callable; ``snapshot`` is not a bool.
+            ValueError: ``budget``, ``keep_recent`` or ``prune_over`` is negative.
+        """
+        _check_count(self.budget, "budget", "an int >= 0 (tokens)")
+        _check_count(self.keep_recent, "keep_recent", "an int >= 0 (messages)")
+        if self.prune_over is not None:
+            _check_count(self.prune_over, "prune_over", "None or an int >= 0 (tokens)")
         if self.summarise is not None and not callable(self.summarise):
-            raise ValueError(
-                f"summarise must be a callable or a coroutine function, got {self.summarise!r}"
+            raise TypeError(
+                "summarise must be None, a callable or a coroutine function taking the "
+                f"messages and returning the summary text, got {short_repr(self.summarise)}"
             )
+        if not callable(self.estimate):
+            raise TypeError(
+                "estimate must be a callable taking messages and returning their size in "
+                f"tokens (e.g. estimate_tokens), got {short_repr(self.estimate)}"
+            )
+        if not callable(self.pruned_text):
+            raise TypeError(
+                "pruned_text must be a callable taking the pruned message and its size in "
+                "tokens and returning the text put in its place, got "
+                f"{short_repr(self.pruned_text)}"
+            )
+        if not isinstance(self.snapshot, bool):
+            raise TypeError(f"snapshot must be True or False, got {type(self.snapshot).__name__}")
 
     # -- the three steps -------------------------------------------------------------
 
