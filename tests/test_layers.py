@@ -18,10 +18,17 @@ LEAVES = {"nous_actor", "nous_actor.errors", "nous_actor._log", "nous_actor._ver
 # layer -> the layers (of nous_actor) and third-party packages it may import
 ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "core": ({"core"}, {"structlog"}),
-    "store": ({"core", "store"}, {"structlog", "psycopg"}),
-    "supervision": ({"core", "supervision"}, {"structlog", "pykka"}),
-    "sessions": ({"core", "store", "supervision", "sessions"}, {"structlog", "pykka"}),
-    "cluster": ({"core", "store", "supervision", "sessions", "cluster"}, {"structlog", "ray"}),
+    "runtime": ({"runtime"}, {"structlog", "pykka"}),
+    "store": ({"core", "runtime", "store"}, {"structlog", "psycopg"}),
+    "supervision": ({"core", "runtime", "supervision"}, {"structlog", "pykka"}),
+    "sessions": (
+        {"core", "runtime", "store", "supervision", "sessions"},
+        {"structlog", "pykka"},
+    ),
+    "cluster": (
+        {"core", "runtime", "store", "supervision", "sessions", "cluster"},
+        {"structlog", "ray"},
+    ),
 }
 
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
@@ -52,15 +52,19 @@ from nous_actor.core.event import (
 from nous_actor.core.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.errors import (
     ConflictError,
+    FencedError,
     SessionCrashed,
     SessionStopped,
     StoreError,
 )
+from nous_actor.runtime.dispatcher import Dispatcher, Workers
+from nous_actor.runtime.exit import at_exit
+from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer, committer_for
 from nous_actor.store.subscription import Subscription
-from nous_actor.supervision import SupervisedActor
+from nous_actor.supervision import DispatchedSupervisedActor
 
 __all__ = ["MAX_COMPACTION_RETRIES", "SessionActor"]
 
@@ -78,6 +82,10 @@ was being written overlaps it, before it fails with ``CompactionError``."""
 
 EventParts = tuple[EventType, datetime, Any, Any]
 """An event checked and frozen in the caller's thread, waiting for its seq."""
+
+READERS: Final = Workers(8, name="nous-reader")
+"""Where sessions are recovered from their stores (claim, load, fold): never on a
+dispatcher thread, at most this many at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +112,7 @@ class _Envelope:
         self.reply_to = None
 
 
-class SessionActor(SupervisedActor):
+class SessionActor(DispatchedSupervisedActor):
     """The actor that owns one session's log. Use it through `Session`.
 
     Every message is ``(handler, args, future)``: the actor runs
@@ -116,14 +124,12 @@ class SessionActor(SupervisedActor):
     is committed. Reads and snapshots wait until every append made before
     them is committed, so a caller always reads its own acknowledged writes
     and never an event the store does not hold.
-    """
 
-    @staticmethod
-    def _create_actor_inbox() -> Any:
-        # Pykka's inbox is a queue.Queue (a Python-level lock and condition per
-        # put/get); SimpleQueue has the same put/get/empty in C, which matters
-        # when many callers pipeline appends into one session.
-        return queue.SimpleQueue()
+    It runs on a shared `Dispatcher` (``dispatcher``, default: the process's)
+    or, with ``pinned=True``, on a thread of its own. Nothing it runs blocks:
+    the store is read by the `READERS` pool at start (calls made meanwhile wait
+    for the recovered log) and written by the store's committer.
+    """
 
     def __init__(
         self,
@@ -133,8 +139,13 @@ class SessionActor(SupervisedActor):
         ready: SessionFuture[None] | None = None,
         *,
         crash_on_store_failure: bool = False,
+        dispatcher: Dispatcher | None = None,
+        pinned: bool = False,
     ) -> None:
         super().__init__()
+        if dispatcher is not None:
+            self._use_dispatcher = dispatcher
+        self._pin = pinned
         self.crash_on_store_failure = crash_on_store_failure
         self.session_id = session_id
         self.log = Log() if log is None else log
@@ -158,40 +169,89 @@ class SessionActor(SupervisedActor):
         self._wake_sent = False
         self._store_ops = 0  # submitted to the committer and not yet done
         self._shutting = False
+        self._feed_error: SessionStopped | None = None  # how the feeds end, once stopped
         self._compacting: dict[str, SessionFuture[Any] | None] = {}  # summary being written
         self._compaction_ids: dict[str, int] | None = None  # id -> record seq, built on use
+        self._loading = False  # the store is being read: calls wait in ``parked``
+        # Subscribers of a stopped session that still wait for its appends in flight.
+        self._closing_subs: list[Subscription] = []
         # Set once this session has let go of the store (its last append in flight
         # landed): a successor waits for it before it claims the session.
-        self.released = threading.Event()
+        self.released = Flag()
         setattr(self.actor_ref, "released", self.released)  # noqa: B010
 
     def on_start(self) -> None:
-        try:
-            if self.store is not None:
-                self.claim_token = self.store.claim(self.session_id)
-                self.committer = committer_for(self.store)
-                self.committer.reset(self.session_id)
-                log = Log.restore(self.store.load(self.session_id))
-                self.log = log
-                if log.count():
-                    logger.info(
-                        "session.recovered",
-                        session_id=self.session_id,
-                        reason="loaded_from_store",
-                        events=len(log.events()),
-                        count=log.count(),
-                    )
-            # Fold once (messages are projected on the first read) so that every
-            # later append keeps the surface current.
-            self.log._folded()
-            self.next_seq = self.log.count()
-        except BaseException as exc:
-            self._die(exc, "session.start_failed")
-            if self._ready is not None:
-                self._ready._fail(exc)
+        if self.store is None:
+            self._adopted(self.log)
             return
+        # Claim and read the store off the dispatcher; the log arrives as h_adopt.
+        self._loading = True
+        with self._done_lock:
+            self._store_ops += 1  # a stop meanwhile keeps the claim until this is back
+        store, session_id, inbox = self.store, self.session_id, self.actor_inbox
+
+        def recover() -> None:
+            token: str | None = None
+            try:
+                token = store.claim(session_id)
+                t0 = time.perf_counter()
+                log = Log.restore(store.load(session_id))
+                log._folded()
+                result: tuple[Any, ...] = (token, log, None, time.perf_counter() - t0)
+            except BaseException as exc:
+                if token is not None:
+                    _release(store, session_id, token)
+                result = (None, None, exc, 0.0)
+            inbox.put(_Envelope((SessionActor.h_adopt, result, None)))
+
+        READERS.submit(recover)
+
+    def h_adopt(
+        self, token: str | None, log: Log | None, exc: BaseException | None, took: float
+    ) -> None:
+        """The store was read (by `READERS`): take the claim and the log, or fail to start."""
+        self._loading = False
+        self._store_op_done()
+        if exc is not None:
+            self._start_failed(exc)
+            return
+        assert self.store is not None
+        assert log is not None
+        self.claim_token = token
+        self.committer = committer_for(self.store)
+        self.committer.reset(self.session_id)
+        if log.count():
+            logger.info(
+                "session.recovered",
+                session_id=self.session_id,
+                reason="loaded_from_store",
+                events=len(log.events()),
+                count=log.count(),
+                seconds=round(took, 6),
+            )
+        self._adopted(log)
+        self.h_committed()  # the calls that waited for the log
+
+    def _adopted(self, log: Log) -> None:
+        # Fold once (messages are projected on the first read) so that every
+        # later append keeps the surface current.
+        log._folded()
+        self.log = log
+        self.next_seq = log.count()
         if self._ready is not None:
             self._ready._resolve(None)
+
+    def _start_failed(self, exc: BaseException) -> None:
+        # A refusal the caller is told of (another writer holds it) is not an error
+        # of this process: logged quietly. Anything else is.
+        self._die(exc, "session.start_failed", quiet=isinstance(exc, ConflictError))
+        if self._ready is not None:
+            self._ready._fail(exc)
+
+    def _actor_loop_teardown(self) -> None:
+        # Also for calls that land after the session stopped: each is answered.
+        self._drain(SessionStopped(self.session_id, "the session stopped before this call"))
+        super()._actor_loop_teardown()
 
     def _handle_receive(self, message: Any) -> Any:
         # Our calls first, before Pykka's chain of isinstance checks.
@@ -215,8 +275,10 @@ class SessionActor(SupervisedActor):
         # Calls run in arrival order. One that must see every earlier append
         # (a read, snapshot, compact, fork) waits for their commits, and every
         # call after it waits behind it.
-        if handler is not SessionActor.h_committed and (
-            self.parked or (self.inflight and handler in _WAIT_FOR_COMMITS)
+        if handler is SessionActor.h_adopt:
+            self._run(handler, args, fut)
+        elif handler is not SessionActor.h_committed and (
+            self.parked or self._loading or (self.inflight and handler in _WAIT_FOR_COMMITS)
         ):
             self.parked.append((handler, args, fut))
         else:
@@ -256,14 +318,16 @@ class SessionActor(SupervisedActor):
     def on_stop(self) -> None:
         self._shut(SessionStopped(self.session_id, "the session stopped before this call"), None)
 
-    def _die(self, exc: BaseException, event: str = "session.crashed") -> None:
+    def _die(
+        self, exc: BaseException, event: str = "session.crashed", quiet: bool = False
+    ) -> None:
         self.crash = exc
         if self.exit_reason is None:
             self.exit_reason = exc
         pykka.ActorRegistry.unregister(self.actor_ref)
         self.actor_stopped.set()
         try:
-            logger.error(
+            (logger.info if quiet else logger.error)(
                 event,
                 session_id=self.session_id,
                 reason=type(exc).__name__,
@@ -290,14 +354,24 @@ class SessionActor(SupervisedActor):
             if fut is not None:
                 fut._fail(err)
         self._compacting.clear()
-        for sub in self.subscribers:
-            sub._finish(feed_error)
-        self.subscribers.clear()
         # Keep the writer claim until the work still with the committer (appends,
         # snapshot drops) is done: a successor must not recover the store first.
+        # Subscribers get every append that commits meanwhile, then their end.
+        subs, self.subscribers = self.subscribers, []
         with self._done_lock:
             self._shutting = True
+            self._feed_error = feed_error
             idle = self._store_ops == 0
+            done, self._done = self._done, []
+            for events, failed in done:
+                if failed is None:
+                    for ev in events:
+                        subs = [s for s in subs if s._push(ev)]
+            if not idle:
+                self._closing_subs = subs
+                subs = []
+        for sub in subs:
+            sub._finish(feed_error)
         if idle:
             self._release_claim()
 
@@ -309,7 +383,16 @@ class SessionActor(SupervisedActor):
             self._store_ops -= 1
             last = self._shutting and self._store_ops == 0
         if last:
-            self._release_claim()
+            self._last_op_done()
+
+    def _last_op_done(self) -> None:
+        """The stopped session's last store operation is done: end the feeds that
+        waited for it and give up the claim."""
+        with self._done_lock:
+            subs, self._closing_subs = self._closing_subs, []
+        for sub in subs:
+            sub._finish(self._feed_error)
+        self._release_claim()
 
     def _release_claim(self) -> None:
         try:
@@ -333,7 +416,14 @@ class SessionActor(SupervisedActor):
         while not inbox.empty():
             envelope = inbox.get()
             msg = envelope.message
-            if type(msg) is tuple and len(msg) == 3 and isinstance(msg[2], SessionFuture):
+            if type(msg) is tuple and len(msg) == 3 and msg[0] is SessionActor.h_adopt:
+                # The store was read for a session that stopped meanwhile: let go of it.
+                token = msg[1][0]
+                if token is not None and self.store is not None:
+                    _release(self.store, self.session_id, token)
+                self._loading = False
+                self._store_op_done()
+            elif type(msg) is tuple and len(msg) == 3 and isinstance(msg[2], SessionFuture):
                 msg[2]._fail(err)
             elif envelope.reply_to is not None:
                 try:
@@ -376,15 +466,23 @@ class SessionActor(SupervisedActor):
         # 3. acknowledge; 4. wake the actor only if something waits for the
         #    commit (a parked read, a subscriber) or the write failed.
         with self._done_lock:
-            self._done.append((events, err))
             self._store_ops -= 1
             last = self._shutting and self._store_ops == 0
-            wake = (self._want_wake or err is not None) and not self._wake_sent
-            if wake:
-                self._wake_sent = True
+            if self._shutting:  # stopped: nobody applies it; its feeds still get it
+                wake = False
+                if err is None and self._closing_subs:
+                    subs = self._closing_subs
+                    for ev in events:
+                        subs = [s for s in subs if s._push(ev)]
+                    self._closing_subs = subs
+            else:
+                self._done.append((events, err))
+                wake = (self._want_wake or err is not None) and not self._wake_sent
+                if wake:
+                    self._wake_sent = True
         try:
             if last:
-                self._release_claim()
+                self._last_op_done()
             if fut is not None:
                 if err is None:
                     fut._resolve(result)
@@ -420,10 +518,22 @@ class SessionActor(SupervisedActor):
             if err is not None and self.failed is None:
                 self.failed = err
                 self.next_seq = self.log.count()
+                if isinstance(err, FencedError):  # not a crash: another writer took over
+                    self._fenced(err)
+                    return False
                 if self.crash_on_store_failure:  # a supervisor restarts it from the store
                     self._die(err)
                     return False
         return True
+
+    def _fenced(self, err: FencedError) -> None:
+        """Another writer holds the session now: stop once, normally (no restart); the
+        next call through a registry reopens it if the store allows."""
+        logger.warning(
+            "session.fenced", session_id=self.session_id, reason="fenced", error=_safe_str(err)
+        )
+        self.claim_token = None  # the claim is someone else's now: nothing to release
+        self._stop()
 
     def h_committed(self) -> None:
         if self._done and not self._absorb():
@@ -696,6 +806,10 @@ class SessionActor(SupervisedActor):
     def h_ping(self) -> None:
         return None
 
+    def h_flush(self) -> None:
+        """Answered once every append made before it is committed (a barrier)."""
+        return None
+
 
 # Calls that must see every append made before them (they wait for its commit).
 _WAIT_FOR_COMMITS: Final = frozenset(
@@ -707,8 +821,45 @@ _WAIT_FOR_COMMITS: Final = frozenset(
         SessionActor.h_compact_summary,
         SessionActor.h_compact_done,
         SessionActor.h_fork,
+        SessionActor.h_flush,
     }
 )
+
+
+def _release(store: Store, session_id: str, token: str) -> None:
+    try:
+        store.release(session_id, token)
+    except Exception as exc:
+        logger.warning(
+            "session.release_failed",
+            session_id=session_id,
+            reason=type(exc).__name__,
+            error=_safe_str(exc),
+        )
+
+
+def _flush_at_exit(deadline: float) -> None:
+    """Every append whose call had returned is committed before the process goes."""
+    futures: list[SessionFuture[Any]] = []
+    for ref in pykka.ActorRegistry.get_by_class(SessionActor):
+        actor: SessionActor = ref._actor  # type: ignore[attr-defined]
+        if actor.committer is None and not actor._loading:
+            continue  # no store: nothing to make durable
+        fut: SessionFuture[Any] = SessionFuture(actor.session_id, FLUSH_TIMEOUT)
+        try:
+            ref.actor_inbox.put(_Envelope((SessionActor.h_flush, (), fut)))  # type: ignore[arg-type]
+        except Exception:
+            continue
+        futures.append(fut)
+    for fut in futures:
+        try:
+            fut.get(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:
+            continue
+
+
+FLUSH_TIMEOUT: Final = 2.0
+at_exit(_flush_at_exit)
 
 
 def _compaction_id_of(ev: Event) -> str | None:

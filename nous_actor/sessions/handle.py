@@ -40,6 +40,7 @@ from nous_actor.errors import (
     NousActorError,
     SessionStopped,
 )
+from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import (
     EventParts,
     Handler,
@@ -69,6 +70,21 @@ def _check_seq(seq: object, what: str) -> None:
         raise TypeError(f"{what} takes an int seq, got {type(seq).__name__}")
     if seq < 0:
         raise ValueError(f"{what} takes a seq >= 0, got {seq}")
+
+
+def check_placement(dispatcher: object, pinned: object) -> None:
+    """Raise ``TypeError`` unless ``dispatcher`` is ``None`` or a `Dispatcher` and
+    ``pinned`` a bool (and not both: a pinned session has a thread of its own)."""
+    if dispatcher is not None and not isinstance(dispatcher, Dispatcher):
+        raise TypeError(
+            f"dispatcher must be a nous_actor.Dispatcher or None, got {type(dispatcher).__name__}"
+        )
+    if not isinstance(pinned, bool):
+        raise TypeError(f"pinned must be True or False, got {pinned!r}")
+    if pinned and dispatcher is not None:
+        raise ValueError(
+            "pass dispatcher= or pinned=True, not both (a pinned session has a thread of its own)"
+        )
 
 
 def _check_handle_args(session_id: object, timeout: object) -> None:
@@ -429,6 +445,8 @@ class Session(SessionHandle):
         *,
         store: Store | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        dispatcher: Dispatcher | None = None,
+        pinned: bool = False,
     ) -> Session:
         """Start a standalone session and return its handle once it is running.
 
@@ -440,12 +458,16 @@ class Session(SessionHandle):
         A standalone session is not restarted: once stopped, its calls fail with
         `nous_actor.SessionStopped`.
 
+        The session runs on ``dispatcher`` (default: the process's shared
+        `nous_actor.Dispatcher`), or with ``pinned=True`` on a thread of its own.
+
         Raises:
             ValueError, TypeError: bad arguments (nothing is started).
             ConflictError: another live writer holds the session in ``store``.
             StoreError: the store failed while recovering the session.
         """
         _check_handle_args(session_id, timeout)
+        check_placement(dispatcher, pinned)
         if log is not None and not isinstance(log, Log):
             raise TypeError(f"log must be a nous_actor.Log, got {type(log).__name__}")
         if store is not None:
@@ -458,7 +480,9 @@ class Session(SessionHandle):
                     f"store must implement nous_actor.store.Store, got {type(store).__name__}"
                 )
         ready: SessionFuture[None] = SessionFuture(session_id, timeout)
-        ref = SessionActor.start(session_id, log, store, ready)
+        ref = SessionActor.start(
+            session_id, log, store, ready, dispatcher=dispatcher, pinned=pinned
+        )
         try:
             ready.get()
         except BaseException:

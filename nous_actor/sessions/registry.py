@@ -40,9 +40,10 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import SessionStopped, TooManySessions
+from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import SessionActor, _safe_str
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
-from nous_actor.sessions.handle import Session, _off_loop
+from nous_actor.sessions.handle import Session, _off_loop, check_placement
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
@@ -97,6 +98,9 @@ class Sessions:
         backoff: the wait before a restart (``None``: at once).
         timeout: the handles' default bound on every wait.
         clock, scheduler: injectable for tests.
+        dispatcher: where the sessions run (default: the process's shared
+            `nous_actor.Dispatcher`; the number of threads never grows with the
+            number of sessions).
         start: start the registry now, on its own (the default). With
             ``start=False`` it starts when a parent `Supervisor` starts the
             `child_spec`, and again each time the parent restarts it.
@@ -116,8 +120,10 @@ class Sessions:
         clock: Clock = time.monotonic,
         scheduler: Scheduler = _timer,
         start: bool = True,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         check_capacity(max_sessions, idle_timeout)
+        check_placement(dispatcher, False)
         if on_give_up not in (None, "escalate", "log"):
             raise ValueError(f"on_give_up must be 'escalate', 'log' or None, got {on_give_up!r}")
         RestartPolicy(max_restarts, max_seconds)  # validates
@@ -131,6 +137,7 @@ class Sessions:
         self.timeout = timeout
         self.clock = clock
         self.scheduler = scheduler
+        self.dispatcher = dispatcher
         self._ref: pykka.ActorRef[RegistryActor] | None = None
         self._ref_changed = threading.Condition()
         self._supervised = not start
@@ -487,23 +494,23 @@ class RegistryActor(SupervisedActor):
         ready: SessionFuture[None] = SessionFuture(session_id, facade.timeout)
         me = self.actor_ref
 
-        expected = self.expected
-
-        def monitor(exit: Exit) -> None:  # in the exiting session's thread, its last act
-            # A crash is handled before the session's thread ends (so whoever saw
-            # it end sees the registry's answer); a stop the registry asked for is
-            # only reported (the registry may be waiting for this very thread).
+        def monitor(exit: Exit) -> None:  # the exiting session's last act; never blocks
+            # Told before the session's ``finished`` is set: whoever saw it end and
+            # then asks the registry anything is answered after this exit is handled
+            # (one inbox, in order).
             try:
-                if exit.urn in expected:
-                    me.tell(("exit", session_id, exit))
-                else:
-                    me.ask(("exit", session_id, exit), timeout=facade.timeout)
-            except (pykka.ActorDeadError, pykka.Timeout):
+                me.tell(("exit", session_id, exit))
+            except pykka.ActorDeadError:
                 pass
 
         ref = start_monitored(
             lambda: SessionActor.start(
-                session_id, None, facade.store, ready, crash_on_store_failure=True
+                session_id,
+                None,
+                facade.store,
+                ready,
+                crash_on_store_failure=True,
+                dispatcher=facade.dispatcher,
             ),
             monitor,
         )

@@ -8,6 +8,7 @@ and its `Exit`; `supervisor` holds `Supervisor`, `ChildSpec` and the
 from nous_actor.supervision.actor import (
     ActorCrashed,
     Clock,
+    DispatchedSupervisedActor,
     Exit,
     Monitor,
     RestartIntensityExceeded,
@@ -31,6 +32,7 @@ __all__ = [
     "Backoff",
     "ChildSpec",
     "Clock",
+    "DispatchedSupervisedActor",
     "Exit",
     "Monitor",
     "RestartIntensity",

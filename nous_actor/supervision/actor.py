@@ -38,7 +38,6 @@ Pykka's name ``_stop`` must not be shadowed by a subclass (it is how
 from __future__ import annotations
 
 import contextvars
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,8 +47,17 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import NousActorError
+from nous_actor.runtime.dispatcher import DispatchedActor
+from nous_actor.runtime.flag import Flag
 
-__all__ = ["ActorCrashed", "Exit", "Monitor", "SupervisedActor", "start_monitored"]
+__all__ = [
+    "ActorCrashed",
+    "DispatchedSupervisedActor",
+    "Exit",
+    "Monitor",
+    "SupervisedActor",
+    "start_monitored",
+]
 
 logger = get_logger(__name__)
 
@@ -97,8 +105,8 @@ def start_monitored(
         _next_monitor.reset(token)
 
 
-class SupervisedActor(pykka.ThreadingActor):
-    """A Pykka actor a `Supervisor` can watch.
+class _Supervised(pykka.Actor):
+    """What a `Supervisor` needs of an actor, whatever runs it (a thread or a dispatcher).
 
     Its exit (a normal stop, or a crash: an exception in a tell or in
     ``on_start``, a ``BaseException`` anywhere) is reported to the monitor
@@ -110,13 +118,13 @@ class SupervisedActor(pykka.ThreadingActor):
         self._monitor = _next_monitor.get()
         _next_monitor.set(None)  # only the first actor created by start() is the child
         self.exit_reason: BaseException | None = None
-        # Set when the actor's thread is done (after Pykka's last look at the inbox):
-        # the one signal that an actor has really stopped. Reachable from its ref.
-        self.finished = threading.Event()
+        # Set when the actor is done (after its last look at the inbox): the one
+        # signal that an actor has really stopped. Reachable from its ref.
+        self.finished = Flag()
         setattr(self.actor_ref, "finished", self.finished)  # noqa: B010
         # Set once on_start has returned (or failed): a supervisor starts its
         # children one after the other, each done starting before the next.
-        self.started = threading.Event()
+        self.started = Flag()
         setattr(self.actor_ref, "started", self.started)  # noqa: B010
 
     def _actor_loop_setup(self) -> None:
@@ -140,7 +148,7 @@ class SupervisedActor(pykka.ThreadingActor):
             ) from exc
 
     def _cleanup(self) -> None:
-        """Hook run in the actor's thread when it has stopped, however it stopped."""
+        """Hook run by the actor when it has stopped, however it stopped."""
 
     def _handle_failure(self, exc_type: Any, exc_value: Any, tb: Any) -> None:
         if self.exit_reason is None and exc_value is not None:
@@ -148,28 +156,54 @@ class SupervisedActor(pykka.ThreadingActor):
         super()._handle_failure(exc_type, exc_value, tb)
 
     def _crash(self, exc: BaseException) -> None:
-        """Stop this actor now, as crashed by ``exc`` (call from the actor's thread)."""
+        """Stop this actor now, as crashed by ``exc`` (call from the actor's own turn)."""
         if self.exit_reason is None:
             self.exit_reason = exc
         pykka.ActorRegistry.unregister(self.actor_ref)
         self.actor_stopped.set()
 
+    def _report_exit(self) -> None:
+        """Clean up, report the exit to the monitor, then set ``finished`` (runs once)."""
+        try:
+            self._cleanup()
+            monitor, self._monitor = self._monitor, None
+            if monitor is not None:
+                try:
+                    monitor(Exit(self.actor_urn, self.exit_reason))
+                except Exception as exc:  # a broken monitor must not hide the exit
+                    logger.error(
+                        "actor.monitor_failed",
+                        urn=self.actor_urn,
+                        reason=type(exc).__name__,
+                        error=short_repr(exc),
+                    )
+        finally:
+            self.finished.set()  # the very last thing: the exit has been reported
+
+
+class SupervisedActor(_Supervised, pykka.ThreadingActor):
+    """A Pykka actor a `Supervisor` can watch, on a thread of its own (its handlers
+    may block).
+
+    Its exit (a normal stop, or a crash: an exception in a tell or in
+    ``on_start``, a ``BaseException`` anywhere) is reported to the monitor
+    given by `start_monitored`. A ``BaseException`` stops only this actor.
+    Its thread is a daemon thread: it never keeps the program from exiting
+    (set ``use_daemon_thread = False`` on a subclass that must finish first).
+    """
+
+    use_daemon_thread = True
+
     def _actor_loop(self) -> None:
         try:
             super()._actor_loop()
         finally:
-            try:
-                self._cleanup()
-                monitor, self._monitor = self._monitor, None
-                if monitor is not None:
-                    try:
-                        monitor(Exit(self.actor_urn, self.exit_reason))
-                    except Exception as exc:  # a broken monitor must not hide the exit
-                        logger.error(
-                            "actor.monitor_failed",
-                            urn=self.actor_urn,
-                            reason=type(exc).__name__,
-                            error=short_repr(exc),
-                        )
-            finally:
-                self.finished.set()  # the very last thing: the exit has been reported
+            self._report_exit()
+
+
+class DispatchedSupervisedActor(_Supervised, DispatchedActor):
+    """A `SupervisedActor` that runs on a shared `Dispatcher` instead of a thread of its
+    own: its handlers must never block (see `nous_actor.runtime.dispatcher`)."""
+
+    def _actor_ended(self) -> None:
+        self._report_exit()

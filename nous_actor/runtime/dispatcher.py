@@ -1,0 +1,403 @@
+"""Actors on a shared dispatcher: the runtime's threads scale with the cores, not the actors.
+
+Pykka runs every `pykka.ThreadingActor` on a thread of its own, blocked on
+its inbox. A `DispatchedActor` has no thread: a `Dispatcher` (a small pool
+of threads, Akka's dispatcher, Erlang's schedulers) runs it when it has
+messages, a turn of at most ``throughput`` messages at a time, then moves on
+to the next runnable actor.
+
+Built through the three hooks Pykka documents for implementors of new actor
+types (`_create_actor_inbox`, `_create_future`, `_start_actor_loop`); Pykka's
+own `_actor_loop_setup`, `_handle_receive`, stop message and
+`_actor_loop_teardown` are reused, so refs, ``ask``/``tell``, proxies, futures
+and the `pykka.ActorRegistry` work as on a `pykka.ThreadingActor`.
+
+Guarantees:
+
+* An actor is never run by two threads at once; the effects of one message
+  are visible to the next, on whichever thread runs it.
+* Messages from one sender are handled in the order sent.
+* An actor handles at most ``throughput`` messages per turn before the
+  others get theirs (fairness); a dispatcher thread parks only when no actor
+  is runnable.
+* Every ask is answered: one queued when the actor stops, or landing after
+  it stopped (Pykka's stop race, which a thread per actor cannot close), is
+  answered with `pykka.ActorDeadError`.
+* The dispatcher's threads are daemon threads: they never keep a program
+  from exiting (see `nous_actor.runtime.exit` for what is flushed then).
+
+A handler that blocks holds a dispatcher thread: never wait inside a handler
+for another actor on the same dispatcher (with one thread it deadlocks). Run
+blocking work on `Workers` and send the result back as a message; an actor
+that must block asks for a thread of its own (``pinned=True``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+from _thread import allocate_lock
+from collections import deque
+from collections.abc import Callable
+from itertools import count
+from typing import Any, ClassVar, Final
+
+import pykka
+from pykka import ActorDeadError, ActorRegistry, messages
+
+from nous_actor._log import get_logger
+from nous_actor.runtime.flag import Flag
+
+__all__ = [
+    "DEFAULT_THROUGHPUT",
+    "DispatchedActor",
+    "Dispatcher",
+    "Workers",
+    "default_dispatcher",
+    "default_threads",
+]
+
+logger = get_logger(__name__)
+
+DEFAULT_THROUGHPUT: Final = 64
+"""Messages an actor handles per turn before another runnable actor gets the thread."""
+
+_counter = count()
+
+
+def default_threads() -> int:
+    """The default size of a dispatcher: the cores, at least 1 and at most 4 (the GIL
+    lets one thread run Python at a time; more only help while others wait)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _check_size(name: str, value: Any, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+class Dispatcher:
+    """A pool of daemon threads that run `DispatchedActor` turns.
+
+    Args:
+        threads: how many threads (default `default_threads`); started on first use.
+        throughput: messages an actor handles per turn before yielding the thread.
+        name: the threads' name prefix.
+
+    Raises:
+        ValueError: ``threads`` or ``throughput`` is not an int >= 1.
+    """
+
+    def __init__(
+        self,
+        threads: int | None = None,
+        *,
+        throughput: int = DEFAULT_THROUGHPUT,
+        name: str = "nous-dispatch",
+    ) -> None:
+        self.size = _check_size("threads", default_threads() if threads is None else threads)
+        self.throughput = _check_size("throughput", throughput)
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        self.name = name
+        self._runq: queue.SimpleQueue[DispatchedActor | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._start_lock = allocate_lock()
+        self._closed = False
+        self.parks = 0
+        """How often a thread found no runnable actor and parked (its wake-ups)."""
+        self.turns = 0
+        """How many actor turns ran."""
+
+    # -- scheduling (any thread) -------------------------------------------------------------
+
+    def _schedule(self, actor: DispatchedActor) -> None:
+        if not self._threads:
+            self._start_threads()
+        self._runq.put(actor)
+
+    def _start_threads(self) -> None:
+        with self._start_lock:
+            if self._threads or self._closed:
+                return
+            n = next(_counter)
+            threads = [
+                threading.Thread(target=self._work, name=f"{self.name}-{n}.{i}", daemon=True)
+                for i in range(self.size)
+            ]
+            for t in threads:
+                t.start()
+            self._threads = threads
+
+    def threads(self) -> list[threading.Thread]:
+        """The dispatcher's threads (none before its first actor ran)."""
+        return list(self._threads)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the threads once the actors queued now have run their turn; later
+        actors on this dispatcher never run (stop them first)."""
+        with self._start_lock:
+            self._closed = True
+            threads = self._threads
+        for _ in threads:
+            self._runq.put(None)
+        me = threading.current_thread()
+        for t in threads:
+            if t is not me:
+                t.join(timeout)
+
+    # -- the threads -------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        runq = self._runq
+        quota = self.throughput
+        while True:
+            try:
+                actor = runq.get_nowait()
+            except queue.Empty:
+                self.parks += 1
+                actor = runq.get()
+            if actor is None:
+                return
+            self.turns += 1
+            try:
+                actor._turn(quota)
+            except BaseException as exc:  # a turn never takes a dispatcher thread down
+                try:
+                    logger.error(
+                        "dispatcher.turn_failed",
+                        actor=str(actor),
+                        reason=type(exc).__name__,
+                        error=repr(exc)[:200],
+                    )
+                except BaseException:
+                    pass
+            inbox = actor.actor_inbox
+            inbox._token.release()
+            if inbox._q and inbox._token.acquire(False):
+                runq.put(actor)
+
+    def __repr__(self) -> str:
+        return f"<Dispatcher {self.name} threads={self.size} throughput={self.throughput}>"
+
+
+_default: list[Dispatcher] = []
+_default_lock = allocate_lock()
+
+
+def default_dispatcher() -> Dispatcher:
+    """The process-wide dispatcher that actors run on unless told otherwise."""
+    if _default:
+        return _default[0]
+    with _default_lock:
+        if not _default:
+            _default.append(Dispatcher())
+        return _default[0]
+
+
+class _Inbox:
+    """A dispatched actor's inbox: a queue plus the token that says the actor is
+    scheduled (held from the moment it is put on the run queue until its turn ends)."""
+
+    __slots__ = ("_actor", "_q", "_token")
+
+    def __init__(self) -> None:
+        self._q: deque[Any] = deque()
+        self._token = allocate_lock()
+        self._token.acquire()  # held until the actor is bound and started
+        self._actor: DispatchedActor | None = None
+
+    def put(self, envelope: Any, /) -> None:
+        self._q.append(envelope)
+        if self._token.acquire(False):
+            actor = self._actor
+            assert actor is not None
+            actor._dispatcher._schedule(actor)
+
+    def get(self) -> Any:
+        """The oldest envelope (the inbox must not be empty: this never blocks)."""
+        return self._q.popleft()
+
+    def empty(self) -> bool:
+        return not self._q
+
+    def qsize(self) -> int:
+        return len(self._q)
+
+
+class DispatchedActor(pykka.Actor):
+    """A Pykka actor that runs on a `Dispatcher` instead of a thread of its own.
+
+    Use it as a `pykka.ThreadingActor`: subclass it, ``start()`` it, talk to it
+    through its ref or a proxy. It runs on `default_dispatcher` unless its
+    class (or the instance, before ``start`` returns) names another in
+    ``dispatcher``; ``pinned = True`` gives each actor a dispatcher of one
+    thread of its own (for an actor whose handlers block), which ends with it.
+    """
+
+    dispatcher: ClassVar[Dispatcher | None] = None
+    pinned: ClassVar[bool] = False
+    actor_inbox: _Inbox
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        return _Inbox()
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return pykka.ThreadingFuture()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.actor_stopped = Flag()  # type: ignore[assignment]
+        self._actor_ref.actor_stopped = self.actor_stopped
+        self._began = False
+        self._ended = False
+        self._dispatcher: Dispatcher = _NOT_BOUND
+        # A subclass may change these in its __init__ (e.g. from its arguments).
+        self._use_dispatcher: Dispatcher | None = type(self).dispatcher
+        self._pin = type(self).pinned
+
+    def _bind_dispatcher(self) -> Dispatcher:
+        if self._pin:
+            return Dispatcher(1, name=f"nous-pinned-{type(self).__name__}")
+        chosen = self._use_dispatcher
+        return chosen if chosen is not None else default_dispatcher()
+
+    def _start_actor_loop(self) -> None:
+        inbox = self.actor_inbox
+        self._dispatcher = self._bind_dispatcher()
+        inbox._actor = self
+        # The token is held since the inbox was made: the first turn (on_start) is ours.
+        self._dispatcher._schedule(self)
+
+    # -- a turn, on a dispatcher thread ------------------------------------------------------
+
+    def _turn(self, quota: int) -> None:
+        if not self._began:
+            self._began = True
+            self._actor_loop_setup()
+        stopped = self.actor_stopped
+        q = self.actor_inbox._q
+        while quota and q and not stopped.is_set():
+            quota -= 1
+            self._receive_one(q.popleft())
+        if stopped.is_set():
+            self._actor_loop_teardown()
+            if not self._ended:
+                self._ended = True
+                try:
+                    self._actor_ended()
+                finally:
+                    if self._pin:  # its thread ends with it
+                        self._dispatcher.close(timeout=0)
+
+    def _receive_one(self, envelope: Any) -> None:
+        """Pykka's ``_actor_loop_running``, for one envelope."""
+        try:
+            response = self._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:
+                    self._handle_failure(*sys.exc_info())
+        except BaseException:
+            self._stop()
+            ActorRegistry.stop_all()
+
+    def _actor_loop_teardown(self) -> None:
+        """Answer every queued ask (a stop request with ``None``), as Pykka does;
+        also for envelopes that land after the actor stopped."""
+        inbox = self.actor_inbox
+        while not inbox.empty():
+            envelope = inbox.get()
+            if envelope.reply_to is None:
+                continue
+            try:
+                if isinstance(envelope.message, messages._ActorStop):
+                    envelope.reply_to.set(None)
+                else:
+                    envelope.reply_to.set_exception(
+                        exc_info=(
+                            ActorDeadError,
+                            ActorDeadError(
+                                f"{self.actor_ref} stopped before handling the message"
+                            ),
+                            None,
+                        )
+                    )
+            except queue.Full:  # answered already
+                pass
+
+    def _actor_ended(self) -> None:
+        """Hook: the actor has stopped and its inbox is answered (runs once)."""
+
+
+class _NotBound(Dispatcher):
+    """Placeholder before ``start``: scheduling on it is a bug."""
+
+    def __init__(self) -> None:  # no threads, no queue
+        pass
+
+    def _schedule(self, actor: DispatchedActor) -> None:  # pragma: no cover
+        raise RuntimeError("the actor is not started")
+
+
+_NOT_BOUND: Final[Dispatcher] = _NotBound()
+
+
+class Workers:
+    """A bounded pool of daemon threads for blocking work (store reads, user callbacks):
+    what must never run on a dispatcher thread. Threads start on demand, up to ``size``,
+    and end after ``idle`` seconds without work."""
+
+    def __init__(self, size: int, *, name: str = "nous-worker", idle: float = 5.0) -> None:
+        self.size = _check_size("size", size)
+        self.name = name
+        self.idle = idle
+        self._q: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = allocate_lock()
+        self._threads = 0
+        self._waiting = 0  # threads blocked for the next task
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on a worker thread; what it raises is logged, never passed on."""
+        self._q.put(fn)
+        with self._lock:
+            if self._waiting or self._threads >= self.size:
+                return
+            self._threads += 1
+            n = self._threads
+        threading.Thread(target=self._work, name=f"{self.name}-{n}", daemon=True).start()
+
+    def _work(self) -> None:
+        q = self._q
+        while True:
+            with self._lock:
+                self._waiting += 1
+            try:
+                fn = q.get(timeout=self.idle)
+            except queue.Empty:
+                with self._lock:
+                    self._waiting -= 1
+                    if q.empty():
+                        self._threads -= 1
+                        return
+                continue
+            with self._lock:
+                self._waiting -= 1
+            try:
+                fn()
+            except BaseException as exc:
+                logger.error(
+                    "worker.task_failed", reason=type(exc).__name__, error=repr(exc)[:200]
+                )
