@@ -50,7 +50,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -754,20 +754,31 @@ def _drop_late(actor: Any, answer: Future[Any]) -> None:
             pass
 
 
+def _where(address: str | None) -> tuple[str, int] | None:
+    """The host and port of a Ray ``address`` (``None`` for ``auto``, ``local`` or none).
+
+    Raises:
+        ClusterError: the address cannot be read.
+    """
+    if address is None or address in ("auto", "local"):
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterError(
+            f"cannot read the Ray address {address!r}: give 'host:port' (the head "
+            "node's address that `ray start --head` printed), 'ray://host:port' or 'auto'"
+        )
+    return host.strip("[]"), int(port)
+
+
 def _connect(address: str | None, timeout: float) -> None:
     """Connect this process to Ray unless it is already; a clear error, never a hang."""
     if ray.is_initialized():
         return
-    if address is not None and address not in ("auto", "local"):
-        where = address.removeprefix("ray://")
-        host, _, port = where.rpartition(":")
-        if not host or not port.isdigit():
-            raise ClusterError(
-                f"cannot read the Ray address {address!r}: give 'host:port' (the head "
-                "node's address that `ray start --head` printed), 'ray://host:port' or 'auto'"
-            )
+    where = _where(address)
+    if where is not None:
         try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+            socket.create_connection(where, timeout=timeout).close()
         except OSError as exc:
             raise ClusterError(
                 f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); start one "
@@ -777,6 +788,59 @@ def _connect(address: str | None, timeout: float) -> None:
         ray.init(address=address, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"could not connect to Ray at {address!r}: {exc}") from None
+
+
+_OWN_OPTIONS: Final = {
+    "name": "name=",
+    "namespace": "namespace=",
+    "lifetime": "detached=True",
+    "get_if_exists": "name= (shards of that name that run already are reached, not started)",
+}
+"""Ray actor options that `RaySessions` sets from its own arguments: which argument."""
+
+
+def _shard_options(remote: Any, actor_options: object) -> dict[str, Any]:
+    """The Ray options of the shard actors: ours updated with ``actor_options``, checked by
+    Ray (which needs no connection for that), so that a bad one is refused before
+    anything starts.
+
+    Raises:
+        TypeError: ``actor_options`` is not a mapping of option names, or Ray refuses
+            the type of a value.
+        ValueError: an option Ray does not know, a bad value, or one that an argument of
+            `RaySessions` sets (the message names the argument).
+    """
+    if actor_options is None:
+        actor_options = {}
+    if not isinstance(actor_options, Mapping):
+        raise TypeError(
+            "actor_options must be a mapping of Ray actor options, e.g. "
+            f"{{'resources': {{'gpu_node': 1}}}}, or None; got {type(actor_options).__name__}"
+        )
+    for key in actor_options:
+        if not isinstance(key, str):
+            raise TypeError(f"actor_options keys must be Ray option names (str), got {key!r}")
+        if key in _OWN_OPTIONS:
+            raise ValueError(
+                f"actor_options may not set {key!r}: pass {_OWN_OPTIONS[key]} to RaySessions"
+            )
+    base: dict[str, Any] = {
+        "max_restarts": -1,
+        "max_task_retries": 0,
+        "num_cpus": 0,
+        # Ray places an actor that asks for no resource on a random node whatever
+        # its strategy: a token of memory makes SPREAD (and soft affinity) apply.
+        "memory": 1 << 20,
+        "scheduling_strategy": "SPREAD",
+        **actor_options,
+    }
+    try:
+        remote.options(**base)
+    except TypeError as exc:
+        raise TypeError(f"actor_options: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"actor_options: {exc}") from None
+    return base
 
 
 class RaySessions:
@@ -805,17 +869,22 @@ class RaySessions:
             latency between nodes.
         actor_options: more Ray options for the shard actors (resources,
             ``scheduling_strategy``; default ``num_cpus=0``, 1 MiB of ``memory``,
-            spread over nodes).
+            spread over nodes); not ``name``, ``namespace``, ``lifetime`` or
+            ``get_if_exists``, which the arguments above set.
 
     Use it as a context manager (``with``, or ``async with``): leaving the
     block calls `close` (``aclose``).
 
+    Every argument is checked before anything starts (or connects to Ray).
+
     Raises:
-        ClusterError: Ray cannot be reached, the shards did not start in time, or
-            shards of that ``name`` run with another number of shards.
+        ClusterError: Ray cannot be reached, or the address cannot be read; the
+            shards did not start in time, or shards of that ``name`` run with
+            another number of shards.
         StoreError: a shard could not open its store (the shards are stopped).
-        TypeError: ``store_factory`` cannot be pickled, or makes no store.
-        ValueError: bad arguments (nothing is started).
+        TypeError: an argument of the wrong type (nothing is started);
+            ``store_factory`` cannot be pickled, or makes no store.
+        ValueError: an argument out of range (nothing is started).
     """
 
     def __init__(
@@ -832,7 +901,7 @@ class RaySessions:
         max_sessions: int = 10_000,
         idle_timeout: float | None = None,
         max_in_flight: int = DEFAULT_IN_FLIGHT,
-        actor_options: dict[str, Any] | None = None,
+        actor_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not callable(store_factory):
             raise TypeError(
@@ -841,13 +910,30 @@ class RaySessions:
             )
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValueError(f"shards must be an int >= 1, got {shards!r}")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise ValueError(f"name must be a non-empty str or None, got {name!r}")
+        for arg, value in (("name", name), ("namespace", namespace)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{arg} must be a str or None, got {type(value).__name__}")
+            if value is not None and not value.strip():
+                raise ValueError(f"{arg} must be a non-empty str or None, got {value!r}")
+        if not isinstance(detached, bool):
+            raise TypeError(f"detached must be True or False, got {detached!r}")
         if detached and name is None:
             raise ValueError("detached shards need a name= (to be found again by later drivers)")
+        if address is not None and not isinstance(address, str):
+            raise TypeError(
+                "address must be a str ('host:port', 'ray://host:port' or 'auto') or None, "
+                f"got {type(address).__name__}"
+            )
+        _where(address)
         _check_handle_args("shards", timeout)
-        if not 0 < start_timeout < float("inf"):
-            raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
+        if (
+            isinstance(start_timeout, bool)
+            or not isinstance(start_timeout, (int, float))
+            or not 0 < start_timeout < float("inf")
+        ):
+            raise ValueError(
+                f"start_timeout must be a finite number of seconds > 0, got {start_timeout!r}"
+            )
         check_capacity(max_sessions, idle_timeout)
         if (
             isinstance(max_in_flight, bool)
@@ -855,6 +941,8 @@ class RaySessions:
             or not 1 <= max_in_flight <= 64
         ):
             raise ValueError(f"max_in_flight must be an int in [1, 64], got {max_in_flight!r}")
+        remote = ray.remote(_Shard)
+        base = _shard_options(remote, actor_options)
         self.shards = shards
         self.name = name
         self.namespace = namespace
@@ -863,35 +951,24 @@ class RaySessions:
         self._closed = False
         options = {"max_sessions": max_sessions, "idle_timeout": idle_timeout, "timeout": timeout}
         _connect(address, min(start_timeout, 5.0))
-        self._actors = self._start_shards(
-            store_factory, options, actor_options or {}, start_timeout
-        )
+        self._actors = self._start_shards(remote, base, store_factory, options, start_timeout)
         self._links = [_Link(a, i, max_in_flight) for i, a in enumerate(self._actors)]
 
     def _start_shards(
         self,
+        remote: Any,
+        base: dict[str, Any],
         store_factory: Callable[[], Store],
         options: dict[str, Any],
-        actor_options: dict[str, Any],
         start_timeout: float,
     ) -> list[Any]:
-        remote = ray.remote(_Shard)
-        base: dict[str, Any] = {
-            "max_restarts": -1,
-            "max_task_retries": 0,
-            "num_cpus": 0,
-            # Ray places an actor that asks for no resource on a random node whatever
-            # its strategy: a token of memory makes SPREAD (and soft affinity) apply.
-            "memory": 1 << 20,
-            "scheduling_strategy": "SPREAD",
-        }
+        base = dict(base)
         if self.name is not None:
             base["get_if_exists"] = True
             if self.namespace is not None:
                 base["namespace"] = self.namespace
         if self.detached:
             base["lifetime"] = "detached"
-        base.update(actor_options)
         actors: list[Any] = []
         try:
             for i in range(self.shards):
