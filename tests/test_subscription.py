@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,8 @@ from nous_actor import (
     SubscriptionLagged,
 )
 from nous_actor.sessions.actor import SessionActor
+from nous_actor.store import MemoryStore, SQLiteStore, Store
+from nous_actor.testing import DelegatingStore
 
 BOUND = 10.0
 
@@ -31,6 +35,10 @@ def chat() -> Iterator[Session]:
 def _append(s: Session, n: int, start: int = 0) -> None:
     for f in [s.append("user_message", {"content": str(start + i)}) for i in range(n)]:
         f.get()
+
+
+def _crash_now(actor: SessionActor) -> None:
+    raise KeyboardInterrupt("injected")  # a BaseException: the session dies
 
 
 def _take(sub: Subscription, n: int) -> list[int]:
@@ -252,3 +260,51 @@ def test_async_iteration_does_not_block_the_loop(chat: Session) -> None:
     seen, ticks = asyncio.run(asyncio.wait_for(main(), BOUND))
     assert seen == [0, 1, 2, 3, 4]
     assert ticks > 5
+
+
+def _slow_store(kind: str, tmp_path: Path) -> Store:
+    """A store whose writes take a moment, so that a stop finds commits still in flight."""
+    inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+    gate = threading.Event()
+
+    class Slow(DelegatingStore):
+        def write(self, batches: Any) -> Any:
+            gate.wait(0.01)  # a slow disk: never set, only a bound
+            return super().write(batches)
+
+    return Slow(inner)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_every_acknowledged_event_reaches_the_subscriber_before_a_stop_ends_it(
+    kind: str, tmp_path: Path
+) -> None:
+    """Thirty pipelined appends, then stop(): the feed gets all thirty, then ends normally."""
+    s = Session.start("sub-stop", store=_slow_store(kind, tmp_path), timeout=BOUND)
+    sub = s.subscribe(0)
+    futures = [s.append("user_message", {"content": str(i)}) for i in range(30)]
+    s.stop(timeout=BOUND)
+    assert [f.get().seq for f in futures] == list(range(30))  # all acknowledged
+    assert [ev.seq for ev in sub] == list(range(30))  # ... and all delivered, then the end
+
+
+def test_a_crash_with_commits_in_flight_delivers_them_then_the_error(tmp_path: Path) -> None:
+    """A crash after pipelined appends: each acknowledged event is delivered, then the error."""
+    s = Session.start("sub-crash", store=_slow_store("sqlite", tmp_path), timeout=BOUND)
+    sub = s.subscribe(0)
+    futures = [s.append("user_message", {"content": str(i)}) for i in range(20)]
+    s._call(_crash_now)
+    acked = []
+    for f in futures:
+        try:
+            acked.append(f.get().seq)
+        except SessionStopped:
+            pass
+    got: list[int] = []
+
+    def read_all() -> None:
+        got.extend(ev.seq for ev in sub)
+
+    with pytest.raises(SessionCrashed):
+        read_all()
+    assert got == acked

@@ -842,8 +842,8 @@ def _flush_at_exit(deadline: float) -> None:
     """Every append whose call had returned is committed before the process goes."""
     futures: list[SessionFuture[Any]] = []
     for ref in pykka.ActorRegistry.get_by_class(SessionActor):
-        actor: SessionActor = ref._actor  # type: ignore[attr-defined]
-        if actor.committer is None and not actor._loading:
+        actor = ref.actor_inbox._actor  # type: ignore[attr-defined]
+        if not isinstance(actor, SessionActor) or (actor.committer is None and not actor._loading):
             continue  # no store: nothing to make durable
         fut: SessionFuture[Any] = SessionFuture(actor.session_id, FLUSH_TIMEOUT)
         try:
