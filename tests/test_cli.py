@@ -14,7 +14,7 @@ from typing import NoReturn
 import pytest
 
 from nous_actor import Log, Session, SQLiteStore
-from nous_actor.cli import main
+from nous_actor.cli import command, main
 from nous_actor.core import codec
 
 TIMEOUT = 120
@@ -569,3 +569,51 @@ def test_version_prints_the_package_version() -> None:
     )
     assert done.returncode == 0
     assert done.stdout.strip() == f"nous-actor {__version__}"
+
+
+# -- FILE or DSN: what names a PostgreSQL server -------------------------------------------
+
+EXPORT_V1 = '[{"role": "user", "content": "hi"}]'
+
+
+@pytest.mark.parametrize(
+    ("db", "is_dsn"),
+    [
+        ("postgresql://me@db/agents", True),
+        ("postgres:///agents?host=/run/postgresql", True),
+        ("host=/run/postgresql dbname=agents", True),
+        ("dbname=agents", True),
+        ("host = db  port=5433 user='a b' password=p\\ q sslmode=require", True),
+        ("chat.db", False),
+        ("a=b.db", False),
+        ("./host=x", False),
+        ("host=x junk", False),
+        ("host=x dbnme=y", False),
+    ],
+)
+def test_a_dsn_is_a_uri_or_libpq_key_value_pairs(db: str, is_dsn: bool) -> None:
+    """FILE|DSN: a postgresql:// URI or key/value pairs of libpq keywords name a server;
+    anything else (./host=x included) is a file."""
+    assert command._is_dsn(db) is is_dsn
+
+
+def test_a_misspelt_key_value_dsn_is_refused_and_no_file_is_made(tmp_path: Path) -> None:
+    """'host=... dbnme=...' names the keyword libpq does not know and says how to name such
+    a file, instead of making a SQLite file called that."""
+    out = run("import", "host=db dbnme=agents", "chat", stdin=EXPORT_V1, cwd=tmp_path)
+    assert out.returncode == 1
+    assert "'dbnme' is not a libpq keyword" in out.stderr
+    assert "'./host=db dbnme=agents' for a SQLite file" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_whose_name_reads_as_a_dsn_is_named_with_a_dot_slash(tmp_path: Path) -> None:
+    """./dbname=x is a SQLite file in the current folder."""
+    out = run("import", "./dbname=x", "chat", stdin=EXPORT_V1, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "dbname=x").is_file()
+    store = SQLiteStore(tmp_path / "dbname=x", create=False)
+    try:
+        assert store.sessions() == ["chat"]
+    finally:
+        store.close()

@@ -168,3 +168,57 @@ def test_demo_store_choice_and_dsn_must_agree() -> None:
     both = run("demo", "--store", "sqlite", "--dsn", "postgresql:///x")
     assert both.returncode == 1
     assert "--store sqlite takes a file" in both.stderr
+
+
+# -- a libpq key/value DSN is a DSN too ----------------------------------------------------
+
+
+def _key_value(dsn: str) -> str:
+    """The same server as ``dsn``, written as libpq key/value pairs (host=... dbname=...)."""
+    return str(psycopg.conninfo.make_conninfo("", **psycopg.conninfo.conninfo_to_dict(dsn)))
+
+
+def test_every_command_takes_a_key_value_dsn(pg_stores: Stores, tmp_path: Path) -> None:
+    """import, sessions, show, export, audit, fork and snapshot take 'host=... dbname=...'
+    as PostgresStore does, and make no SQLite file of that name."""
+    kv, schema = _key_value(pg_stores.dsn), pg_stores.schema
+    assert "=" in kv
+    assert not kv.startswith("postgres")
+    out = run("import", kv, "chat", "--schema", schema, stdin=EXPORT, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    listed = run("sessions", kv, "--schema", schema, "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [row["session_id"] for row in json.loads(listed.stdout)] == ["chat"]
+    shown = run("show", kv, "chat", "--schema", schema, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "hello" in shown.stdout
+    assert run("export", kv, "chat", "--schema", schema, cwd=tmp_path).stdout == EXPORT
+    audit = run("audit", kv, "chat", "1", "--schema", schema, "--json", cwd=tmp_path)
+    assert audit.returncode == 0, audit.stderr
+    forked = run("fork", kv, "chat", "copy", "--through", "1", "--schema", schema, cwd=tmp_path)
+    assert forked.returncode == 0, forked.stderr
+    snap = run("snapshot", kv, "copy", "--schema", schema, cwd=tmp_path)
+    assert snap.returncode == 0, snap.stderr
+    assert sorted(pg_stores().sessions()) == ["chat", "copy"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_takes_a_key_value_dsn_as_its_db(pg_stores: Stores, tmp_path: Path) -> None:
+    """demo --db 'host=... dbname=...' runs on the server, as --dsn does."""
+    kv, schema = _key_value(pg_stores.dsn), pg_stores.schema
+    args = ("--agents", "2", "--turns", "2", "--crash-rate", "0", "--json")
+    out = run("demo", "--db", kv, "--schema", schema, *args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["ok"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"nous-demo-{schema}.log"]
+
+
+def test_a_key_value_dsn_that_reaches_no_server_is_a_connection_error(tmp_path: Path) -> None:
+    """A key/value DSN is tried as a server (one line, exit 1), never made a SQLite file."""
+    dsn = "host=/nonexistent-folder dbname=x connect_timeout=2"
+    for args, stdin in ((("sessions", dsn), None), (("import", dsn, "chat"), EXPORT)):
+        out = run(*args, stdin=stdin, cwd=tmp_path)
+        assert out.returncode == 1
+        assert out.stderr.startswith("nous-actor: StoreError: could not connect"), out.stderr
+        assert out.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

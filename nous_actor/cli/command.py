@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -132,10 +133,108 @@ _DSN_PREFIXES = ("postgresql://", "postgres://")
 DEFAULT_SCHEMA = "nous_actor"
 DEMO_SCHEMA = "nous_actor_demo"
 
+# The keywords of a libpq connection string (PostgreSQL 18's list, deprecated ones included).
+LIBPQ_KEYWORDS = frozenset(
+    {
+        "application_name",
+        "channel_binding",
+        "client_encoding",
+        "connect_timeout",
+        "dbname",
+        "fallback_application_name",
+        "gssdelegation",
+        "gssencmode",
+        "gsslib",
+        "host",
+        "hostaddr",
+        "keepalives",
+        "keepalives_count",
+        "keepalives_idle",
+        "keepalives_interval",
+        "krbsrvname",
+        "load_balance_hosts",
+        "max_protocol_version",
+        "min_protocol_version",
+        "oauth_client_id",
+        "oauth_client_secret",
+        "oauth_issuer",
+        "oauth_scope",
+        "options",
+        "passfile",
+        "password",
+        "port",
+        "replication",
+        "require_auth",
+        "requirepeer",
+        "requiressl",
+        "scram_client_key",
+        "scram_server_key",
+        "service",
+        "ssl_max_protocol_version",
+        "ssl_min_protocol_version",
+        "sslcert",
+        "sslcertmode",
+        "sslcompression",
+        "sslcrl",
+        "sslcrldir",
+        "sslkey",
+        "sslkeylogfile",
+        "sslmode",
+        "sslnegotiation",
+        "sslpassword",
+        "sslrootcert",
+        "sslsni",
+        "target_session_attrs",
+        "tcp_user_timeout",
+        "user",
+    }
+)
+# One ``keyword = value`` pair of a libpq key/value connection string: the value is
+# single-quoted or runs to the next whitespace; a backslash escapes the next character.
+_CONNINFO_PAIR = re.compile(
+    r"""\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)(?=\s|$)""",
+    re.DOTALL,
+)
+
+
+def _conninfo_keywords(db: str) -> list[str] | None:
+    """The keywords of ``db`` read as ``keyword=value`` pairs, or None if it is not such."""
+    keywords: list[str] = []
+    pos, end = 0, len(db.rstrip())
+    while pos < end:
+        match = _CONNINFO_PAIR.match(db, pos)
+        if match is None:
+            return None
+        keywords.append(match.group(1))
+        pos = match.end()
+    return keywords or None
+
 
 def _is_dsn(db: str) -> bool:
-    """Whether ``db`` names a PostgreSQL server (a ``postgresql://`` URI), not a file."""
-    return db.startswith(_DSN_PREFIXES)
+    """Whether ``db`` names a PostgreSQL server, not a file: a ``postgresql://`` (or
+    ``postgres://``) URI, or a libpq key/value string (``host=... dbname=...``) whose
+    every keyword is one libpq knows. ``./host=x`` is a file."""
+    if db.startswith(_DSN_PREFIXES):
+        return True
+    keywords = _conninfo_keywords(db)
+    return keywords is not None and all(k in LIBPQ_KEYWORDS for k in keywords)
+
+
+def _not_quite_a_dsn(db: str) -> str | None:
+    """Why ``db`` is refused: key/value pairs that name libpq keywords but also some that
+    are not (a typo would otherwise make a SQLite file of that name). None otherwise."""
+    keywords = _conninfo_keywords(db)
+    if keywords is None or not any(k in LIBPQ_KEYWORDS for k in keywords):
+        return None
+    unknown = sorted({k for k in keywords if k not in LIBPQ_KEYWORDS})
+    if not unknown:
+        return None
+    return (
+        f"{db!r} reads as a PostgreSQL key/value DSN, but {', '.join(map(repr, unknown))} "
+        f"{'is not a libpq keyword' if len(unknown) == 1 else 'are not libpq keywords'} "
+        "(host, port, dbname, user, password, sslmode, ...); fix the DSN, or give "
+        f"{'./' + db!r} for a SQLite file of that name"
+    )
 
 
 def _open_postgres(dsn: str, schema: str, *, create: bool) -> Store:
@@ -166,6 +265,9 @@ def _not_a_file(db: str) -> str | None:
     """Why ``db`` cannot be a database file, or None if it can (it may not exist yet)."""
     if _is_dsn(db):
         return None
+    almost = _not_quite_a_dsn(db)
+    if almost is not None:
+        return almost
     path = Path(db)
     if path.is_dir():
         return f"{db!r} is a directory, not a database file; give the path of a file in it"
@@ -177,7 +279,7 @@ def _not_a_file(db: str) -> str | None:
 
 
 def _open_existing(db: str, schema: str = DEFAULT_SCHEMA) -> Store:
-    """The store at ``db`` (a file, or a ``postgresql://`` DSN and a schema), never made here."""
+    """The store at ``db`` (a file, or a DSN, URI or key/value, and a schema), never made here."""
     if _is_dsn(db):
         return _open_postgres(db, schema, create=False)
     why = _not_a_file(db)
@@ -302,7 +404,10 @@ def _demo_dsn(args: argparse.Namespace) -> str | None:
     if args.store == "sqlite" and dsn is not None:
         _fail("--store sqlite takes a file (--db FILE), not a DSN; or use --store postgres")
     if args.store == "postgres" and dsn is None:
-        _fail("--store postgres needs the server: --dsn postgresql://user@host/dbname")
+        _fail(
+            "--store postgres needs the server: --dsn postgresql://user@host/dbname "
+            "(or --dsn 'host=HOST dbname=DB user=USER')"
+        )
     return dsn
 
 
@@ -630,7 +735,8 @@ def _parser() -> argparse.ArgumentParser:
         "--db",
         default="nous-demo.db",
         help="database file (default: nous-demo.db); only a database an earlier demo made "
-        "is replaced; a postgresql:// DSN here is the same as --dsn",
+        "is replaced; a PostgreSQL DSN here (postgresql://... or 'host=... dbname=...') is "
+        "the same as --dsn",
     )
     d.add_argument(
         "--store",
@@ -639,7 +745,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--dsn",
-        help="the PostgreSQL server for --store postgres, e.g. postgresql://user@host/db",
+        help="the PostgreSQL server for --store postgres: a URI, e.g. "
+        "postgresql://user@host/db, or libpq key/value pairs, e.g. 'host=/run/postgresql "
+        "dbname=agents'",
     )
     d.add_argument(
         "--schema",
@@ -714,7 +822,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _db_argument(sp: argparse.ArgumentParser) -> None:
     """The store a command reads: a SQLite file, or a PostgreSQL DSN and its schema."""
-    sp.add_argument("db", help="a SQLite file, or a postgresql:// DSN")
+    sp.add_argument(
+        "db",
+        metavar="FILE|DSN",
+        help="a SQLite file, or a PostgreSQL DSN: postgresql://user@host/dbname, or "
+        "libpq key/value pairs such as 'host=/run/postgresql dbname=agents' (a file "
+        "whose name reads as such pairs: ./host=...)",
+    )
     sp.add_argument(
         "--schema",
         default=DEFAULT_SCHEMA,
