@@ -1,4 +1,5 @@
-"""Sessions on Ray, hardened: which constructor arguments are refused.
+"""Sessions on Ray, hardened: what a wrong address does, and which constructor arguments
+are refused.
 
 On the real local cluster of tests/ray_cluster.py; clients that must not be connected to
 Ray yet run as real processes.
@@ -6,10 +7,14 @@ Ray yet run as real processes.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,6 +28,118 @@ from nous_actor import ClusterError, MemoryStore  # noqa: E402
 from nous_actor.cluster.ray import RaySessions  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- an address where no Ray cluster listens -------------------------------------------------
+
+CONNECT = """
+import sys, time
+from nous_actor import ClusterError, MemoryStore
+from nous_actor.cluster.ray import RaySessions
+
+started = time.monotonic()
+try:
+    sessions = RaySessions(MemoryStore, shards=1, address=sys.argv[1], start_timeout=3)
+except ClusterError as exc:
+    print(f"ClusterError after {time.monotonic() - started:.2f} s: {exc}", flush=True)
+else:
+    sessions.open("probe").append("user_message", {"content": "hi"}).get()
+    print(f"connected after {time.monotonic() - started:.2f} s", flush=True)
+    sessions.close()
+"""
+
+
+def _connect_from_a_new_process(address: str, env: dict[str, str] | None = None) -> str:
+    """What a process not connected to Ray yet prints after RaySessions(address=...), with
+    start_timeout=3; it must be done within 60 s (else it hangs)."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", CONNECT, address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"RaySessions(address={address!r}) hung for 60 s") from None
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+class _Silent:
+    """A TCP listener on loopback that accepts every connection and never says a word."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.conns:
+            conn.close()
+        self.thread.join(10)
+
+
+class _Http:
+    """A tiny HTTP/1 server on loopback (as a dashboard's port would be)."""
+
+    def __init__(self) -> None:
+        self.server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler
+        )
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize(
+    ("listener", "says"),
+    [
+        (_Silent, "accepts connections but did not answer within 3 s"),
+        (_Http, "like an HTTP/1 server"),
+    ],
+    ids=["silent", "http"],
+)
+def test_an_address_where_something_else_listens_is_a_cluster_error_within_start_timeout(
+    listener: type[_Silent | _Http], says: str
+) -> None:
+    """A listener that never answers, or an HTTP server: a ClusterError naming the address,
+    what answered and what to pass, within start_timeout, never a hang."""
+    server = listener()
+    try:
+        out = _connect_from_a_new_process(server.address)
+    finally:
+        server.close()
+    found = re.match(r"ClusterError after ([0-9.]+) s: (.*)", out, re.S)
+    assert found, out
+    assert float(found.group(1)) < 6.0, out  # start_timeout (3 s), and Ray's import
+    assert server.address in found.group(2), out
+    assert says in found.group(2), out
+    assert "`ray start --head` printed" in found.group(2), out
+
+
+def test_the_address_of_a_running_cluster_still_connects(ray_cluster: RayCluster) -> None:
+    """The probe of an address lets a real Ray cluster's GCS through."""
+    out = _connect_from_a_new_process(ray_cluster.address, env=ray_cluster.driver_env())
+    assert out.startswith("connected after"), out
 
 
 # -- constructor arguments --------------------------------------------------------------------

@@ -754,6 +754,10 @@ def _drop_late(actor: Any, answer: Future[Any]) -> None:
             pass
 
 
+_H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""What an HTTP/2 client sends first: the connection preface, then empty SETTINGS."""
+
+
 def _where(address: str | None) -> tuple[str, int] | None:
     """The host and port of a Ray ``address`` (``None`` for ``auto``, ``local`` or none).
 
@@ -771,19 +775,74 @@ def _where(address: str | None) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _probe(address: str, host: str, port: int, timeout: float) -> None:
+    """Check, within ``timeout`` seconds, that what listens at ``address`` speaks gRPC as
+    Ray's GCS and Ray Client server do: it answers an HTTP/2 preface with its SETTINGS.
+    (``ray.init`` waits without bound on a listener that never answers.)
+
+    Raises:
+        ClusterError: nothing listens there, or what listens is not a Ray cluster.
+    """
+    fix = (
+        "give the address of the head node that `ray start --head` printed "
+        "(its GCS, port 6379 by default), or 'ray://host:port' for a Ray Client server"
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        conn = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise ClusterError(
+            f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); start one "
+            "with `ray start --head`, or pass the address it printed"
+        ) from None
+    head = b""
+    with conn:
+        try:
+            conn.sendall(_H2_PREFACE)
+            while len(head) < 9:
+                conn.settimeout(max(deadline - time.monotonic(), 0.001))
+                chunk = conn.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except TimeoutError:
+            raise ClusterError(
+                f"something at {address!r} accepts connections but did not answer within "
+                f"{timeout:g} s, so it is not a Ray cluster (its GCS answers at once): {fix}"
+            ) from None
+        except OSError:
+            pass  # it closed the connection: judged by what it said before
+    if len(head) == 9 and head[3] == 4 and not head[4] & 1 and not any(head[5:9]):
+        return  # an HTTP/2 SETTINGS frame on stream 0: a gRPC server
+    if head.startswith(b"HTTP/") or head.lstrip().startswith(b"<"):
+        what = f"it answered {head.decode('ascii', 'replace')!r}..., like an HTTP/1 server"
+    elif head:
+        what = "it does not speak gRPC (HTTP/2)"
+    else:
+        what = "it closed the connection without answering"
+    raise ClusterError(f"what listens at {address!r} is not a Ray cluster: {what}; {fix}")
+
+
 def _connect(address: str | None, timeout: float) -> None:
-    """Connect this process to Ray unless it is already; a clear error, never a hang."""
+    """Connect this process to Ray unless it is already: a `ClusterError` within about
+    ``timeout`` seconds, never a hang, for an address (``address``, or ``RAY_ADDRESS``
+    when it is ``None``) where no Ray cluster listens."""
     if ray.is_initialized():
         return
-    where = _where(address)
-    if where is not None:
-        try:
-            socket.create_connection(where, timeout=timeout).close()
-        except OSError as exc:
-            raise ClusterError(
-                f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); start one "
-                "with `ray start --head`, or pass the address it printed"
-            ) from None
+    target = address if address is not None else os.environ.get("RAY_ADDRESS") or None
+    where = _where(target)
+    if where is not None and target is not None:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            # TLS comes first there: an HTTP/2 preface in clear proves nothing.
+            try:
+                socket.create_connection(where, timeout=timeout).close()
+            except OSError as exc:
+                raise ClusterError(
+                    f"no Ray cluster answers at {target!r} ({exc.strerror or exc}); start "
+                    "one with `ray start --head`, or pass the address it printed"
+                ) from None
+        else:
+            _probe(target, *where, timeout)
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -878,7 +937,8 @@ class RaySessions:
     Every argument is checked before anything starts (or connects to Ray).
 
     Raises:
-        ClusterError: Ray cannot be reached, or the address cannot be read; the
+        ClusterError: Ray cannot be reached (within ``start_timeout``, at most 5 s,
+            whatever listens at ``address``), or the address cannot be read; the
             shards did not start in time, or shards of that ``name`` run with
             another number of shards.
         StoreError: a shard could not open its store (the shards are stopped).
