@@ -15,8 +15,11 @@ $(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	touch $(STAMP)
 
-# The peers we compare against are installed only for the benchmarks.
+# The peers we compare against (the bench extra: eventsourcing, matplotlib, SQLAlchemy,
+# asyncpg, ...) are installed for the benchmarks, and for `typecheck` (so for `test`),
+# since `mypy --strict` checks bench/ against the peers it imports.
 $(BENCH_STAMP): $(STAMP)
+	@echo "make: installing the bench extra into $(VENV): the peers bench/ is type-checked against"
 	$(BIN)/python -m pip install --quiet -e '.[test,docs,bench]'
 	touch $(BENCH_STAMP)
 
