@@ -1,8 +1,8 @@
-"""Sessions on Ray, hardened: what a wrong address does, and which constructor arguments
-are refused.
+"""Sessions on Ray, hardened: whose shards a driver stops, what an error promises, what a
+wrong address does, and which constructor arguments are refused.
 
-On the real local cluster of tests/ray_cluster.py; clients that must not be connected to
-Ray yet run as real processes.
+On the real local cluster of tests/ray_cluster.py; drivers and clients that must not be
+connected to Ray yet run as real processes.
 """
 
 from __future__ import annotations
@@ -11,23 +11,203 @@ import http.server
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
-    from ray_cluster import RayCluster
+    from postgres_server import Server
+    from ray_cluster import RayCluster, RayScope
 
 ray = pytest.importorskip("ray") if not os.environ.get("CI") else __import__("ray")
+psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 
-from nous_actor import ClusterError, MemoryStore  # noqa: E402
+from nous_actor import (  # noqa: E402
+    ClusterError,
+    MemoryStore,
+    SessionCrashed,
+    SessionStopped,
+)
 from nous_actor.cluster.ray import RaySessions  # noqa: E402
+from nous_actor.store.postgres import PostgresStore  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def schema(pg_server: Server) -> Iterator[str]:
+    name = pg_server.fresh_schema()
+    yield name
+    pg_server.drop_schema(name)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.01)
+
+
+def _first_failure(call: Callable[[], Any], timeout: float) -> Exception:
+    """What ``call`` raises once it fails (it is repeated until then, for at most
+    ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            call()
+        except Exception as exc:
+            return exc
+    raise AssertionError(f"the call kept succeeding for {timeout} s")
+
+
+# -- close() stops only the shards it created -----------------------------------------------
+
+SECOND_DRIVER = """
+import functools, json, os
+from nous_actor.store.postgres import PostgresStore
+from nous_actor.cluster.ray import RaySessions
+
+config = json.loads(os.environ["HARDENING_CONFIG"])
+sessions = RaySessions(
+    functools.partial(PostgresStore, config["dsn"], schema=config["schema"]),
+    shards=2, name=config["name"], namespace=config["namespace"], timeout=30,
+)
+print(json.dumps([info["pid"] for info in sessions.shard_info()]), flush=True)
+sessions.open(config["sid"]).append("user_message", {"content": "second"}).get()
+sessions.close()
+"""
+
+
+@pytest.mark.parametrize("detached", [True, False], ids=["detached", "not-detached"])
+def test_a_driver_that_reached_running_shards_by_name_leaves_them_serving_on_close(
+    ray_scope: RayScope, pg_server: Server, schema: str, detached: bool
+) -> None:
+    """A second driver reaches the first driver's named shards, uses them and closes:
+    the shards keep serving the first driver, which alone stops them on its close."""
+    name = ray_scope.name("shards")
+    factory = partial(PostgresStore, pg_server.dsn, schema=schema)
+    first = RaySessions(
+        factory, shards=2, name=name, namespace=ray_scope.namespace, detached=detached, timeout=30
+    )
+    try:
+        chat = first.open("chat")
+        chat.append("user_message", {"content": "first"}).get()
+        pids = [info["pid"] for info in first.shard_info()]
+        config = {
+            "dsn": pg_server.dsn,
+            "schema": schema,
+            "name": name,
+            "namespace": ray_scope.namespace,
+            "sid": "chat",
+        }
+        done = ray_scope.run_driver(
+            SECOND_DRIVER, timeout=120, env={"HARDENING_CONFIG": json.dumps(config)}
+        )
+        assert json.loads(done.stdout.splitlines()[0]) == pids  # reached, not started anew
+        assert chat.append("user_message", {"content": "after"}).get(timeout=30).seq == 2
+        assert [m.content for m in chat.derive_messages().get()] == ["first", "second", "after"]
+        assert [info["pid"] for info in first.shard_info()] == pids
+        first.close()
+        if detached:
+            assert sorted(ray_scope.named_actors()) == [f"{name}.0", f"{name}.1"]
+        else:  # its creator's close stops them
+            _wait_for(lambda: not ray_scope.named_actors(), 30, "the shards stopped")
+    finally:
+        first.shutdown()
+
+
+def test_a_failed_start_stops_only_the_shards_it_created(ray_scope: RayScope) -> None:
+    """Of two named shards, one runs and one was stopped for good; a second RaySessions
+    reaches the first and creates the other, which cannot start (no node has the
+    resource it asks for). Its ClusterError stops the shard it created, not the other."""
+    name = ray_scope.name("shards")
+    first = RaySessions(MemoryStore, shards=2, name=name, namespace=ray_scope.namespace)
+    try:
+        chat = first.open(next(f"s-{n}" for n in range(100) if first.shard_of(f"s-{n}") == 0))
+        chat.append("user_message", {"content": "one"}).get()
+        ray.kill(first.shard_actor(1), no_restart=True)
+        _wait_for(lambda: ray_scope.named_actors() == [f"{name}.0"], 30, "shard 1 gone")
+        with pytest.raises(ClusterError, match="1 of 2 shards did not start within 2 s"):
+            RaySessions(
+                MemoryStore,
+                shards=2,
+                name=name,
+                namespace=ray_scope.namespace,
+                start_timeout=2,
+                actor_options={"resources": {"no-node-has-this": 1}},
+            )
+        assert chat.append("user_message", {"content": "two"}).get(timeout=30).seq == 1
+        _wait_for(lambda: ray_scope.named_actors() == [f"{name}.0"], 30, "the new shard 1 gone")
+    finally:
+        first.shutdown()
+
+
+# -- what an error says about a restart ------------------------------------------------------
+
+
+def test_a_shard_stopped_for_good_fails_calls_without_promising_a_restart(
+    ray_cluster: RayCluster,
+) -> None:
+    """A shard killed with no_restart: its calls fail with SessionCrashed saying that Ray
+    will not restart it and what to do, and so do later calls."""
+    sessions = RaySessions(MemoryStore, shards=1, timeout=30)
+    try:
+        chat = sessions.open("doomed")
+        chat.append("user_message", {"content": "one"}).get()
+        ray.kill(sessions.shard_actor(0), no_restart=True)
+        error = _first_failure(lambda: chat.count().get(timeout=30), 30)
+        assert isinstance(error, SessionCrashed), repr(error)
+        message = str(error)
+        assert "Ray will not restart it" in message, message
+        assert "killed by `ray.kill`" in message, message
+        assert "make a new RaySessions" in message, message
+        assert "later calls reach" not in message, message
+        assert "restarting" not in message, message
+        with pytest.raises(SessionCrashed, match="Ray will not restart it"):
+            chat.append("user_message", {"content": "two"}).get(timeout=30)
+        with pytest.raises(SessionStopped, match="Ray will not restart it"):
+            sessions.shard_info()
+    finally:
+        sessions.shutdown()
+
+
+def test_a_shard_whose_worker_dies_is_restarted_as_its_errors_promise(
+    ray_cluster: RayCluster,
+) -> None:
+    """The shard's worker is SIGKILLed: every failed call says that Ray is restarting the
+    shard, and a later call through the same handle reaches the restarted shard."""
+    sessions = RaySessions(MemoryStore, shards=1, timeout=30)
+    try:
+        chat = sessions.open("phoenix")
+        chat.append("user_message", {"content": "one"}).get()
+        old_pid = sessions.shard_info()[0]["pid"]
+        os.kill(old_pid, signal.SIGKILL)
+        failures: list[Exception] = []
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, f"no call answered within 60 s: {failures}"
+            try:
+                chat.count().get(timeout=30)
+            except SessionStopped as exc:
+                failures.append(exc)
+                continue
+            if sessions.shard_info()[0]["pid"] != old_pid:
+                break
+        for exc in failures:
+            assert isinstance(exc, SessionCrashed), repr(exc)
+            assert "Ray is restarting the shard" in str(exc), str(exc)
+            assert "will not restart" not in str(exc), str(exc)
+    finally:
+        sessions.shutdown()
 
 
 # -- an address where no Ray cluster listens -------------------------------------------------

@@ -35,7 +35,9 @@ write it::
   by Ray, and its sessions recover from the store on their next call. Calls in
   flight at that moment fail with `nous_actor.SessionCrashed` (they may or
   may not have been applied; an acknowledged append is never lost); later
-  calls reach the restarted shard through the same handles.
+  calls reach the restarted shard through the same handles. A shard stopped
+  for good (`RaySessions.shutdown`, ``ray.kill(no_restart=True)``) is not
+  restarted: its calls fail with `nous_actor.SessionCrashed` saying so.
 """
 
 from __future__ import annotations
@@ -168,14 +170,37 @@ def _mismatch(index: int, protocol: object) -> ClusterError:
     return ClusterError(f"{what}: run one version of nous_actor on every node")
 
 
+def _gone(exc: BaseException) -> str | None:
+    """Why the shard is dead for good, when ``exc`` (a failed Ray call to it) says that Ray
+    will not restart it (``ray.kill(no_restart=True)``, a driver's `RaySessions.close` or
+    `RaySessions.shutdown`, its owner's exit, no restarts left); ``None`` otherwise.
+
+    Ray tells the two apart: ``ActorDiedError`` once the actor is dead for good,
+    ``ActorUnavailableError`` while it is being restarted.
+    """
+    if not isinstance(exc, ray.exceptions.ActorDiedError):
+        return None
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1].rstrip(".") if lines else type(exc).__name__
+
+
 def _lost(session_id: str, index: int, exc: BaseException) -> Exception:
-    """What a call gets when its Ray call failed as a whole."""
+    """What a call gets when its Ray call failed as a whole. A restart is promised only
+    when Ray is restarting the shard."""
     if isinstance(exc, ray.exceptions.RayActorError):
+        why = _gone(exc)
+        if why is not None:
+            return SessionCrashed(
+                session_id,
+                f"its shard {index} is dead and Ray will not restart it ({why}); the call "
+                "may or may not have been applied; calls through this RaySessions cannot "
+                "reach that shard again: make a new RaySessions to start it again",
+            )
         return SessionCrashed(
             session_id,
             f"its shard {index} was lost with this call in flight ({type(exc).__name__}); "
-            "the call may or may not have been applied; later calls reach the shard "
-            "once Ray has restarted it",
+            "the call may or may not have been applied; Ray is restarting the shard, and "
+            "later calls reach it once it runs again",
         )
     return NousActorError(
         f"session {session_id!r}: the call to its shard {index} failed: "
@@ -650,7 +675,11 @@ class RaySession(SessionHandle):
     * Calls in flight when the shard is lost fail with
       `nous_actor.SessionCrashed` (they may or may not have been applied);
       later calls reach the restarted shard. A subscription ends with that
-      error too: subscribe again from the next seq you need.
+      error too: subscribe again from the next seq you need. A shard stopped
+      for good (by `RaySessions.shutdown`, ``ray.kill(no_restart=True)``, or
+      the exit of the driver that created it without ``detached``) is not
+      restarted, and every call fails with a `nous_actor.SessionCrashed` that
+      says so.
 
     Get one from `RaySessions.open` (or ``aopen``). A handle belongs to the
     process that opened it; open the session id again in another process.
@@ -913,7 +942,9 @@ class RaySessions:
             one machine.
         shards: how many shard actors host the sessions.
         name: name the shard actors ``"{name}.{i}"`` (in ``namespace``), so
-            that another driver with the same name reaches the same shards.
+            that another driver with the same name reaches the same shards: a
+            shard of that name that runs already is reached, not started again
+            (and `close` leaves it running).
         namespace: the Ray namespace of named shards (default: the driver's).
         detached: keep the shards running when this driver exits (needs
             ``name``); `close` then leaves them serving and `shutdown` stops them.
@@ -940,8 +971,9 @@ class RaySessions:
         ClusterError: Ray cannot be reached (within ``start_timeout``, at most 5 s,
             whatever listens at ``address``), or the address cannot be read; the
             shards did not start in time, or shards of that ``name`` run with
-            another number of shards.
-        StoreError: a shard could not open its store (the shards are stopped).
+            another number of shards. The shards this call created are stopped.
+        StoreError: a shard could not open its store (the shards this call created
+            are stopped).
         TypeError: an argument of the wrong type (nothing is started);
             ``store_factory`` cannot be pickled, or makes no store.
         ValueError: an argument out of range (nothing is started).
@@ -1011,8 +1043,28 @@ class RaySessions:
         self._closed = False
         options = {"max_sessions": max_sessions, "idle_timeout": idle_timeout, "timeout": timeout}
         _connect(address, min(start_timeout, 5.0))
-        self._actors = self._start_shards(remote, base, store_factory, options, start_timeout)
+        self._actors, self._created = self._start_shards(
+            remote, base, store_factory, options, start_timeout
+        )
         self._links = [_Link(a, i, max_in_flight) for i, a in enumerate(self._actors)]
+
+    def _get_or_create(
+        self, remote: Any, opts: dict[str, Any], args: tuple[Any, ...]
+    ) -> tuple[Any, bool]:
+        """The shard actor for ``opts``, and whether this call created it: a named shard
+        that runs already is reached, not created (what Ray's ``get_if_exists`` does, but
+        knowing which of the two happened)."""
+        name = opts.get("name")
+        if name is None:
+            return remote.options(**opts).remote(*args), True
+        try:
+            return ray.get_actor(name, namespace=self.namespace), False
+        except ValueError:  # no live actor of that name: create it
+            pass
+        try:
+            return remote.options(**opts).remote(*args), True
+        except ray.exceptions.ActorAlreadyExistsError:  # another driver was faster
+            return ray.get_actor(name, namespace=self.namespace), False
 
     def _start_shards(
         self,
@@ -1021,64 +1073,75 @@ class RaySessions:
         store_factory: Callable[[], Store],
         options: dict[str, Any],
         start_timeout: float,
-    ) -> list[Any]:
-        base = dict(base)
-        if self.name is not None:
-            base["get_if_exists"] = True
-            if self.namespace is not None:
-                base["namespace"] = self.namespace
-        if self.detached:
-            base["lifetime"] = "detached"
+    ) -> tuple[list[Any], list[bool]]:
+        """Create the shards, or reach those of ``name`` that run already, and wait until
+        each answers: each shard, and whether this object created it. If start-up fails,
+        the shards created here are killed, and only those."""
         actors: list[Any] = []
+        created: list[bool] = []
+
+        def fail(error: Exception) -> Exception:
+            _kill([a for a, new in zip(actors, created, strict=True) if new])
+            return error
+
         try:
             for i in range(self.shards):
                 opts = dict(base)
                 if self.name is not None:
                     opts["name"] = f"{self.name}.{i}"
-                actors.append(
-                    remote.options(**opts).remote(store_factory, i, self.shards, options)
+                    if self.namespace is not None:
+                        opts["namespace"] = self.namespace
+                if self.detached:
+                    opts["lifetime"] = "detached"
+                actor, new = self._get_or_create(
+                    remote, opts, (store_factory, i, self.shards, options)
                 )
+                actors.append(actor)
+                created.append(new)
         except Exception as exc:
-            _kill(actors)
             if isinstance(exc, (TypeError, pickle.PicklingError)):
-                raise TypeError(
-                    f"store_factory must be picklable (it runs in each shard): {exc}"
+                raise fail(
+                    TypeError(f"store_factory must be picklable (it runs in each shard): {exc}")
                 ) from None
-            raise ClusterError(f"could not start the shards on Ray: {exc}") from None
+            raise fail(ClusterError(f"could not start the shards on Ray: {exc}")) from None
         refs = [a.ready.remote() for a in actors]
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=start_timeout)
         if pending:
-            _kill(actors)
-            raise ClusterError(
-                f"{len(pending)} of {self.shards} shards did not start within "
-                f"{start_timeout:g} s: check `ray status` for free resources, and that "
-                "nous_actor (with the extras its store needs) is installed wherever "
-                "Ray runs workers"
+            raise fail(
+                ClusterError(
+                    f"{len(pending)} of {self.shards} shards did not start within "
+                    f"{start_timeout:g} s: check `ray status` for free resources, and that "
+                    "nous_actor (with the extras its store needs) is installed wherever "
+                    "Ray runs workers"
+                )
             )
         infos: list[dict[str, Any]] = []
         for i, ref in enumerate(refs):
             try:
                 infos.append(ray.get(ref))
             except Exception as exc:
-                _kill(actors)
-                raise ClusterError(f"shard {i} failed to start: {short_repr(exc)}") from None
+                raise fail(ClusterError(f"shard {i} failed to start: {short_repr(exc)}")) from None
         for info in infos:
             if info.get("protocol") != PROTOCOL:
-                raise ClusterError(
-                    f"the shards named {self.name!r} run nous_actor "
-                    f"{info.get('version', 'of another protocol')}, this driver {__version__}: "
-                    "run one version of nous_actor on every node"
+                raise fail(
+                    ClusterError(
+                        f"the shards named {self.name!r} run nous_actor "
+                        f"{info.get('version', 'of another protocol')}, this driver "
+                        f"{__version__}: run one version of nous_actor on every node"
+                    )
                 )
             if info["shards"] != self.shards:
-                raise ClusterError(
-                    f"the shards named {self.name!r} run as {info['shards']} shards, not "
-                    f"{self.shards}: open them with shards={info['shards']}, or use another name"
+                raise fail(
+                    ClusterError(
+                        f"the shards named {self.name!r} run as {info['shards']} shards, not "
+                        f"{self.shards}: open them with shards={info['shards']}, or use "
+                        "another name"
+                    )
                 )
         for info in infos:
             if info["error"] is not None:
-                _kill(actors)
-                raise info["error"]
-        return actors
+                raise fail(info["error"])
+        return actors, created
 
     # -- the user's side -------------------------------------------------------------------
 
@@ -1147,8 +1210,15 @@ class RaySessions:
         except ray.exceptions.GetTimeoutError:
             raise CallTimeout("*", f"not every shard answered within {self.timeout:g} s") from None
         except ray.exceptions.RayActorError as exc:
+            why = _gone(exc)
+            if why is not None:
+                raise SessionStopped(
+                    "*",
+                    f"a shard is dead and Ray will not restart it ({why}): make a new "
+                    "RaySessions to start it again",
+                ) from None
             raise SessionStopped(
-                "*", f"a shard is not running ({type(exc).__name__}); try again"
+                "*", f"a shard is being restarted by Ray ({type(exc).__name__}); try again"
             ) from None
 
     def shard_actor(self, index: int) -> Any:
@@ -1168,22 +1238,28 @@ class RaySessions:
     def close(self, timeout: float = 10.0) -> None:
         """Stop using the shards: the handles' calls fail with `nous_actor.SessionStopped`.
 
-        Shards this object started without ``detached`` are stopped too (every
-        session first, each within ``timeout``). Detached shards keep serving
-        other drivers; `shutdown` stops them.
+        Shards this object created, without ``detached``, are stopped too (every
+        session first, each within ``timeout``), and only those: shards of ``name``
+        that ran already when it was made (another driver's, or another
+        `RaySessions` object's) keep serving, as do detached shards; `shutdown`
+        stops them.
         """
         if self._closed:
             return
         self._closed = True
         self._unlink("the registry is closed")
         if not self.detached:
-            self._stop_shards(timeout)
+            self._stop_shards(
+                timeout, [a for a, new in zip(self._actors, self._created, strict=True) if new]
+            )
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop every session and the shard actors, detached or not (for every driver)."""
+        """Stop every session and every shard actor, detached or not, created by this object
+        or reached by name: for every driver (their calls then fail with
+        `nous_actor.SessionCrashed`, saying that Ray will not restart the shard)."""
         self._closed = True
         self._unlink("the registry was shut down")
-        self._stop_shards(timeout)
+        self._stop_shards(timeout, self._actors)
 
     async def aclose(self, timeout: float = 10.0) -> None:
         """`close` for asyncio code: awaited without blocking the loop."""
@@ -1193,12 +1269,14 @@ class RaySessions:
         for link in self._links:
             link.closed = why
 
-    def _stop_shards(self, timeout: float) -> None:
-        refs = [a.close.remote(timeout) for a in self._actors]
+    def _stop_shards(self, timeout: float, actors: list[Any]) -> None:
+        if not actors:
+            return
+        refs = [a.close.remote(timeout) for a in actors]
         try:
             ray.wait(refs, num_returns=len(refs), timeout=timeout + self.timeout)
         finally:
-            _kill(self._actors)
+            _kill(actors)
 
     def __enter__(self) -> RaySessions:
         return self
