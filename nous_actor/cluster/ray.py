@@ -974,9 +974,12 @@ class RaySessions:
             another number of shards. The shards this call created are stopped.
         StoreError: a shard could not open its store (the shards this call created
             are stopped).
-        TypeError: an argument of the wrong type (nothing is started);
-            ``store_factory`` cannot be pickled, or makes no store.
-        ValueError: an argument out of range (nothing is started).
+        TypeError: ``store_factory``, ``name``, ``namespace``, ``detached``,
+            ``address`` or ``actor_options`` of the wrong type (nothing is
+            started); ``store_factory`` cannot be pickled, or makes no store.
+        ValueError: a count or a number of seconds that is not one (``shards="4"``)
+            or out of range, an empty ``name``, an ``actor_options`` key that an
+            argument sets or that Ray refuses (nothing is started).
     """
 
     def __init__(
