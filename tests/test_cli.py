@@ -326,13 +326,15 @@ def test_a_directory_is_not_a_database(tmp_path: Path, args: tuple[str, ...]) ->
 
 
 def test_show_events_prints_tool_calls(tmp_path: Path) -> None:
-    """An assistant tool call shows its calls in every view, never ``null``."""
+    """An assistant tool call shows its calls in every view, never ``null``; a custom call
+    shows its name and input."""
     db = tmp_path / "t.db"
     call = {"id": "c1", "name": "grep", "arguments": '{"q": "leak"}'}
+    custom = {"id": "c2", "type": "custom", "custom": {"name": "shell", "input": "ls"}}
     log = (
         Log()
         .append("user_message", {"content": "find the leak"})
-        .append("assistant_message", {"content": None, "tool_calls": [call]})
+        .append("assistant_message", {"content": None, "tool_calls": [call, custom]})
         .append("tool_result", {"content": "3 matches", "tool_call_id": "c1"})
     )
     with SQLiteStore(db) as store:
@@ -341,7 +343,7 @@ def test_show_events_prints_tool_calls(tmp_path: Path) -> None:
         out = run("show", str(db), "s", *view)
         assert out.returncode == 0, out.stderr
         row = next(line for line in out.stdout.splitlines() if line.startswith("1 "))
-        assert 'grep({"q": "leak"})' in row
+        assert 'grep({"q": "leak"}), shell(ls)' in row
         assert "null" not in row
 
 

@@ -31,6 +31,7 @@ from nous_actor.core.codec import CodecError, event_to_dict, loads, message_to_d
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.log import Log
+from nous_actor.core.message import tool_call_parts
 from nous_actor.errors import NousActorError, StoreError
 from nous_actor.store import SessionInfo, Store, export_session, import_session, list_sessions
 from nous_actor.store.sqlite import SQLiteStore
@@ -349,16 +350,16 @@ def _short(value: Any, width: int = 60) -> str:
 
 
 def _calls_text(calls: Any) -> str:
-    """Tool calls as ``-> name(arguments)``, in either shape (flat or OpenAI's)."""
+    """Tool calls as ``-> name(arguments)``, in any shape (flat, OpenAI's, custom: its input)."""
     parts = []
     for call in calls if isinstance(calls, list | tuple) else [calls]:
         if not isinstance(call, Mapping):
             parts.append(_json_text(call))
             continue
-        fn = call.get("function")
-        fn = fn if isinstance(fn, Mapping) else call
-        args = fn.get("arguments")
-        parts.append(f"{fn.get('name', '?')}({'' if args is None else _json_text(args)})")
+        _, name, args = tool_call_parts(call)
+        parts.append(
+            f"{'?' if name is None else name}({'' if args is None else _json_text(args)})"
+        )
     return "-> " + ", ".join(parts)
 
 
