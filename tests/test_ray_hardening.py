@@ -267,10 +267,12 @@ class _Silent:
             self.conns.append(conn)
 
     def close(self) -> None:
+        self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
         self.server.close()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
         for conn in self.conns:
             conn.close()
-        self.thread.join(10)
 
 
 class _Http:
