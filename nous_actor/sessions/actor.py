@@ -66,7 +66,7 @@ from nous_actor.store.committer import Committer, committer_for
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import DispatchedSupervisedActor
 
-__all__ = ["MAX_COMPACTION_RETRIES", "SessionActor"]
+__all__ = ["MAX_COMPACTION_RETRIES", "SessionActor", "SummarySlot", "summary_slot"]
 
 logger = get_logger(__name__)
 
@@ -99,6 +99,123 @@ class _Compaction:
     explicit: bool  # the caller chose the id (so it may be in the log already)
     loop: asyncio.AbstractEventLoop | None  # the caller's loop, for a coroutine summariser
     attempt: int = 0
+    slot: SummarySlot | None = None  # its place on that loop, taken at the call
+
+
+_LOOP_ENDED = (
+    "the event loop that was to run the coroutine summariser ended before the summary ran; "
+    "log unchanged (await the compaction before the loop ends)"
+)
+
+
+class SummarySlot:
+    """A coroutine summariser's place on the caller's event loop, taken at the call.
+
+    A task on that loop waits for the summary's input from the session. If the
+    loop ends first (``asyncio.run`` returning cancels its tasks; a closed loop
+    refuses new work), the compaction fails at once with `CompactionError`
+    instead of waiting out its bound for a summary that can never run.
+    """
+
+    __slots__ = ("_job", "_lock", "_lost", "_pending", "_used", "loop", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._lost = False  # the task ended without work: the loop is ending
+        self._used = False  # work was submitted (or released)
+        self._pending: Any = None  # submitted, not yet handed to the task
+        self._job: asyncio.Future[Any] = loop.create_future()
+        self.task = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            job = await self._job
+        except asyncio.CancelledError:  # the loop ends before the work reached the task
+            with self._lock:
+                self._lost = True
+                job, self._pending = self._pending, None
+            if job is None and self._job.done() and not self._job.cancelled():
+                job = self._job.result()  # handed over, but the task never resumed
+            if job is not None:
+                job[2](None, CompactionError(_LOOP_ENDED))
+            return
+        if job is None:  # no summary needed
+            return
+        compactor, summary_input, deliver = job
+        try:
+            summary = await run_summariser(compactor, summary_input)
+        except asyncio.CancelledError:  # the loop ends while the summary is written
+            deliver(None, CompactionError(_LOOP_ENDED))
+        except BaseException as exc:
+            deliver(None, exc)
+        else:
+            deliver(summary, None)
+
+    def submit(self, compactor: Compactor, summary_input: Any, deliver: Deliver) -> bool:
+        """Have the summary written on the loop (any thread); ``False`` if this slot was
+        used already. If the loop ended, or ends before the task took the work,
+        ``deliver`` is told so at once."""
+        job = (compactor, summary_input, deliver)
+        with self._lock:
+            if self._used:
+                return False
+            self._used = True
+            lost = self._lost
+            if not lost:
+                self._pending = job
+        if lost:
+            deliver(None, CompactionError(_LOOP_ENDED))
+            return True
+        try:
+            self.loop.call_soon_threadsafe(self._hand_over)
+        except RuntimeError:  # the loop is closed
+            with self._lock:
+                job, self._pending = self._pending, None
+            if job is not None:
+                deliver(None, CompactionError(_LOOP_ENDED))
+        return True
+
+    def _hand_over(self) -> None:
+        with self._lock:
+            job, self._pending = self._pending, None
+        if job is None:  # the task ended meanwhile and answered it
+            return
+        if self._job.done():
+            job[2](None, CompactionError(_LOOP_ENDED))
+        else:
+            self._job.set_result(job)
+
+    def release(self) -> None:
+        """No summary is needed: let the task end (any thread)."""
+        with self._lock:
+            if self._used:
+                return
+            self._used = True
+        try:
+            self.loop.call_soon_threadsafe(_set_if_pending, self._job)
+        except RuntimeError:
+            pass
+
+
+def _set_if_pending(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def summary_slot(compactor: Compactor) -> SummarySlot | None:
+    """A `SummarySlot` on the running event loop if ``compactor`` summarises with a
+    coroutine function and this is called from a loop, else ``None``."""
+    if not _is_async(compactor.summarise):
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return SummarySlot(loop)
+
+
+Deliver = Callable[[Any, "BaseException | None"], None]
 
 
 class _Envelope:
@@ -598,6 +715,13 @@ class SessionActor(DispatchedSupervisedActor):
     # -- compaction: planned here, summarised elsewhere, committed here ---------------------
 
     def h_compact(self, req: _Compaction) -> Any:
+        try:
+            return self._compact(req)
+        finally:
+            if req.slot is not None:  # no summary asked of it (a no-op once it was)
+                req.slot.release()
+
+    def _compact(self, req: _Compaction) -> Any:
         self._check_writable()
         known = self._known_compaction(req)
         if known is not None:
@@ -632,6 +756,9 @@ class SessionActor(DispatchedSupervisedActor):
                 if fut is not None:  # the session stopped while the summary was written
                     fut._fail(SessionStopped(self.session_id, "the session stopped"))
 
+        slot = req.slot
+        if slot is not None and slot.submit(req.compactor, plan.summary_input, deliver):
+            return
         loop = req.loop
         if loop is not None and _is_async(req.compactor.summarise) and not loop.is_closed():
             coro = run_summariser(req.compactor, plan.summary_input)  # only makes the coroutine

@@ -48,6 +48,7 @@ class SessionFuture(pykka.Future[T]):
         "_get_hook",
         "_get_hook_result",
         "_lock",
+        "_needs_loop",
         "_ready",
         "_session_id",
         "_state",
@@ -67,6 +68,9 @@ class SessionFuture(pykka.Future[T]):
         self._ready.acquire()
         self._callbacks: list[Callable[[], None]] | None = None
         self._tb: Any = None
+        # The event loop that must run for this future to be answered (a coroutine
+        # summariser's): a blocking get() from inside it would wait out its bound.
+        self._needs_loop: asyncio.AbstractEventLoop | None = None
 
     # -- answering (the actor thread, or the handle in Pykka's stop race) ------------------
 
@@ -141,11 +145,19 @@ class SessionFuture(pykka.Future[T]):
 
         Raises:
             CallTimeout: no answer in time (the call may still be applied).
+            RuntimeError: called from inside the event loop that must run this
+                future's coroutine summariser (``await`` it instead).
             Exception: whatever the call raised (e.g. ``InvalidEvent``, ``SessionStopped``).
         """
         if self._get_hook is not None:
             return super().get(timeout=timeout)
         if self._state == _PENDING:
+            if self._needs_loop is not None and asyncio._get_running_loop() is self._needs_loop:
+                raise RuntimeError(
+                    f"get() on session {self._session_id!r} blocks the event loop that must "
+                    "run its coroutine summariser, so it could never be answered: "
+                    "'await' the future instead"
+                )
             bound = self._timeout if timeout is None else timeout
             if not self._ready.acquire(True, min(max(bound, 0), threading.TIMEOUT_MAX)):
                 raise CallTimeout(

@@ -47,6 +47,7 @@ from nous_actor.sessions.actor import (
     SessionActor,
     _Compaction,
     _Envelope,
+    summary_slot,
 )
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.store.base import Store
@@ -277,16 +278,20 @@ class SessionHandle:
                 check_event(0, "step_end", time, None)
             except InvalidEvent as exc:
                 return self._failed(exc)
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        return self._call(
-            SessionActor.h_compact,
-            _Compaction(
-                compactor, time, force, compaction_id or new_compaction_id(), explicit, loop
-            ),
+        slot = summary_slot(compactor)
+        req = _Compaction(
+            compactor,
+            time,
+            force,
+            compaction_id or new_compaction_id(),
+            explicit,
+            None if slot is None else slot.loop,
+            slot=slot,
         )
+        fut = self._call(SessionActor.h_compact, req)
+        if slot is not None:
+            fut._needs_loop = slot.loop  # a blocking get() from that loop would never end
+        return fut
 
     def fork(self, through_seq: int, new_id: str | None = None) -> SessionFuture[Log]:
         """The prefix through ``through_seq`` as a new log, seqs preserved.

@@ -1,0 +1,89 @@
+"""A coroutine summariser and the event loop it runs on (DESIGN.md 7, 4).
+
+A coroutine summariser called from asyncio runs on the caller's loop. If that
+loop ends before the summary ran, the compaction fails at once with
+``CompactionError`` and the log is unchanged; a blocking ``get()`` from inside
+that very loop raises at once, saying to ``await`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from nous_actor import CompactionError, Compactor, Session, SessionFuture
+
+BOUND = 10.0
+
+
+async def summarise(messages: object) -> str:
+    await asyncio.sleep(0)
+    return "summary"
+
+
+@pytest.fixture
+def chat() -> Iterator[Session]:
+    s = Session.start("loop-chat", timeout=BOUND)
+    for i in range(8):
+        s.append("user_message", {"content": f"message {i} " * 20}).get()
+    yield s
+    s.stop()
+
+
+def _compactor() -> Compactor:
+    return Compactor(budget=1, keep_recent=2, summarise=summarise)
+
+
+def test_a_loop_that_ends_before_the_summary_fails_the_compaction_at_once(chat: Session) -> None:
+    """compact() inside asyncio.run() that returns before awaiting: CompactionError, fast."""
+    before = chat.count().get()
+    futures: list[SessionFuture[object]] = []
+
+    async def main() -> None:
+        futures.append(chat.compact(_compactor()))  # never awaited
+
+    asyncio.run(main())
+    started = time.monotonic()
+    with pytest.raises(CompactionError, match="event loop .* ended before the summary ran"):
+        futures[0].get(timeout=BOUND)
+    assert time.monotonic() - started < BOUND / 2  # at once, not after the bound
+    assert chat.count().get() == before  # the log is unchanged
+
+
+def test_a_blocking_get_inside_the_summary_loop_says_to_await(chat: Session) -> None:
+    """get() from the loop that must run the summary raises at once; await then works."""
+
+    async def main() -> object:
+        fut = chat.compact(_compactor())
+        with pytest.raises(RuntimeError, match="'await' the future instead"):
+            fut.get(timeout=BOUND)
+        return await fut
+
+    result = asyncio.run(main())
+    assert result.summary_seq is not None  # type: ignore[attr-defined]
+    assert chat.derive_messages().get()[0].content == "summary"
+
+
+def test_an_awaited_coroutine_summary_applies(chat: Session) -> None:
+    """The ordinary case still works: awaited on the loop, the summary replaces the range."""
+
+    async def main() -> None:
+        await chat.compact(_compactor())
+
+    asyncio.run(main())
+    assert chat.derive_messages().get()[0].content == "summary"
+
+
+def test_no_summary_needed_leaves_no_task_behind(chat: Session) -> None:
+    """A compaction that needs no summary ends its waiting task on the loop."""
+
+    async def main() -> int:
+        c = Compactor(budget=10**9, keep_recent=2, summarise=summarise)
+        await chat.compact(c)
+        await asyncio.sleep(0)  # let the released task finish its last step
+        return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
+
+    assert asyncio.run(main()) == 0
