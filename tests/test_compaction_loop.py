@@ -47,7 +47,7 @@ def test_a_loop_that_ends_before_the_summary_fails_the_compaction_at_once(chat: 
 
     asyncio.run(main())
     started = time.monotonic()
-    with pytest.raises(CompactionError, match="event loop .* ended before the summary ran"):
+    with pytest.raises(CompactionError, match=r"event loop .* ended before the summary ran"):
         futures[0].get(timeout=BOUND)
     assert time.monotonic() - started < BOUND / 2  # at once, not after the bound
     assert chat.count().get() == before  # the log is unchanged

@@ -11,6 +11,7 @@ import pykka
 import pytest
 
 from nous_actor import CallTimeout, InvalidEvent, Session, SessionFuture
+from nous_actor.runtime import DispatchedActor
 from nous_actor.sessions.actor import SessionActor
 
 BOUND = 10.0
@@ -161,6 +162,8 @@ def test_many_concurrent_awaits() -> None:
     s.stop()
 
 
-def test_session_actor_is_a_pykka_threading_actor() -> None:
-    """The session runs on a Pykka ThreadingActor."""
-    assert issubclass(SessionActor, pykka.ThreadingActor)
+def test_session_actor_is_a_pykka_actor_on_a_dispatcher() -> None:
+    """The session is a Pykka actor, run by a shared dispatcher (no thread of its own)."""
+    assert issubclass(SessionActor, pykka.Actor)
+    assert issubclass(SessionActor, DispatchedActor)
+    assert not issubclass(SessionActor, pykka.ThreadingActor)
