@@ -32,6 +32,7 @@ from nous_actor.errors import (
     SubscriptionLagged,
     TooManySessions,
 )
+from nous_actor.runtime import DispatchedActor, Dispatcher
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle
@@ -41,6 +42,7 @@ from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import (
     Backoff,
     ChildSpec,
+    DispatchedSupervisedActor,
     RestartIntensityExceeded,
     RestartPolicy,
     SupervisedActor,
@@ -57,6 +59,9 @@ __all__ = [
     "CompactionResult",
     "Compactor",
     "ConflictError",
+    "DispatchedActor",
+    "DispatchedSupervisedActor",
+    "Dispatcher",
     "Event",
     "EventType",
     "FencedError",

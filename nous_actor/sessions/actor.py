@@ -361,7 +361,16 @@ class SessionActor(DispatchedSupervisedActor):
     def _start_failed(self, exc: BaseException) -> None:
         # A refusal the caller is told of (another writer holds it) is not an error
         # of this process: logged quietly. Anything else is.
-        self._die(exc, "session.start_failed", quiet=isinstance(exc, ConflictError))
+        if isinstance(exc, ConflictError):
+            logger.info(
+                "session.start_refused",
+                session_id=self.session_id,
+                reason=type(exc).__name__,
+                error=_safe_str(exc),
+            )
+            self._die(exc, log=False)
+        else:
+            self._die(exc, "session.start_failed")
         if self._ready is not None:
             self._ready._fail(exc)
 
@@ -435,21 +444,20 @@ class SessionActor(DispatchedSupervisedActor):
     def on_stop(self) -> None:
         self._shut(SessionStopped(self.session_id, "the session stopped before this call"), None)
 
-    def _die(
-        self, exc: BaseException, event: str = "session.crashed", quiet: bool = False
-    ) -> None:
+    def _die(self, exc: BaseException, event: str = "session.crashed", log: bool = True) -> None:
         self.crash = exc
         if self.exit_reason is None:
             self.exit_reason = exc
         pykka.ActorRegistry.unregister(self.actor_ref)
         self.actor_stopped.set()
         try:
-            (logger.info if quiet else logger.error)(
-                event,
-                session_id=self.session_id,
-                reason=type(exc).__name__,
-                error=_safe_str(exc),
-            )
+            if log:
+                logger.error(
+                    event,
+                    session_id=self.session_id,
+                    reason=type(exc).__name__,
+                    error=_safe_str(exc),
+                )
         except Exception:  # logging must not keep the calls from being answered
             pass
         self._shut(
@@ -649,7 +657,8 @@ class SessionActor(DispatchedSupervisedActor):
         logger.warning(
             "session.fenced", session_id=self.session_id, reason="fenced", error=_safe_str(err)
         )
-        self.claim_token = None  # the claim is someone else's now: nothing to release
+        # Its claim is released as on any stop: a store ignores the release of a
+        # claim that another writer holds now (the token is not theirs).
         self._stop()
 
     def h_committed(self) -> None:

@@ -25,7 +25,6 @@ from nous_actor.core.compaction import (
     new_compaction_id,
 )
 from nous_actor.core.event import (
-    EVENT_TYPE_OF,
     Event,
     EventType,
     InvalidEvent,
@@ -33,7 +32,7 @@ from nous_actor.core.event import (
     type_text,
 )
 from nous_actor.core.ids import check_session_id
-from nous_actor.core.log import Log, _seed_data, _utcnow, as_message
+from nous_actor.core.log import Log, _utcnow, message_event
 from nous_actor.core.message import Message
 from nous_actor.errors import (
     CallTimeout,
@@ -188,10 +187,10 @@ class SessionHandle:
             InvalidEvent: the message holds what JSON cannot carry.
         """
         try:
-            m = as_message(message)
+            etype, data, time = message_event(message)
         except (TypeError, ValueError) as exc:
             return self._failed(exc)
-        return self.append(EVENT_TYPE_OF[m.role], _seed_data(m), m.created_at)
+        return self.append(etype, data, time)
 
     def append_or_log(
         self, type: EventType | str, data: Any = None, time: datetime | None = None

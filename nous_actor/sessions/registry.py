@@ -38,6 +38,7 @@ from typing import Any, Literal
 import pykka
 
 from nous_actor._log import get_logger
+from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import SessionStopped, TooManySessions
 from nous_actor.runtime.dispatcher import Dispatcher
@@ -72,11 +73,16 @@ logger = get_logger(__name__)
 
 def check_capacity(max_sessions: Any, idle_timeout: Any) -> None:
     """Raise ``ValueError`` unless ``max_sessions`` is an int >= 1 and ``idle_timeout``
-    is ``None`` or a number of seconds > 0 (a registry's capacity settings)."""
+    is ``None`` or a finite number of seconds > 0 (a registry's capacity settings)."""
     if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
         raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
-    if idle_timeout is not None and not idle_timeout > 0:
-        raise ValueError(f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}")
+    if idle_timeout is not None:
+        try:
+            check_seconds(idle_timeout, "idle_timeout")
+        except TypeError:
+            raise ValueError(
+                f"idle_timeout must be None or a number of seconds > 0, got {idle_timeout!r}"
+            ) from None
 
 
 class Sessions:
@@ -122,11 +128,19 @@ class Sessions:
         start: bool = True,
         dispatcher: Dispatcher | None = None,
     ) -> None:
+        if store is not None and not isinstance(store, Store):
+            raise TypeError(
+                f"store must be a nous_actor store (MemoryStore, SQLiteStore(path), "
+                f"PostgresStore(dsn) or your own Store), got {type(store).__name__}"
+                + (": pass SQLiteStore(path) for a file" if isinstance(store, str) else "")
+            )
         check_capacity(max_sessions, idle_timeout)
         check_placement(dispatcher, False)
         if on_give_up not in (None, "escalate", "log"):
             raise ValueError(f"on_give_up must be 'escalate', 'log' or None, got {on_give_up!r}")
-        RestartPolicy(max_restarts, max_seconds)  # validates
+        RestartPolicy(max_restarts, max_seconds, backoff, clock, scheduler)  # validates
+        check_seconds(timeout, "timeout")
+        check_flag(start, "start")
         self.store: Store = MemoryStore() if store is None else store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout

@@ -14,6 +14,7 @@ import pykka
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import safe_str
+from nous_actor.core.args import check_callable, check_count, check_seconds
 from nous_actor.supervision.actor import (
     Clock,
     Exit,
@@ -42,6 +43,10 @@ class Backoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
+        check_seconds(self.min, "Backoff min", low_open=False)
+        check_seconds(self.max, "Backoff max", low_open=False)
+        if isinstance(self.jitter, bool) or not isinstance(self.jitter, int | float):
+            raise TypeError(f"Backoff jitter must be a number from 0 to 1, got {self.jitter!r}")
         if not (0 <= self.min <= self.max) or not 0 <= self.jitter <= 1:
             raise ValueError(f"Backoff needs 0 <= min <= max and 0 <= jitter <= 1, got {self!r}")
 
@@ -63,8 +68,9 @@ class RestartIntensity:
     times: deque[float] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0 or self.max_seconds <= 0:
-            raise ValueError("max_restarts must be >= 0 and max_seconds > 0")
+        check_count(self.max_restarts, "max_restarts")
+        check_seconds(self.max_seconds, "max_seconds")
+        check_callable(self.clock, "clock", "clock() -> seconds")
 
     def allow(self) -> bool:
         """Record a restart; ``False`` if it exceeds the intensity (then it is not recorded)."""
@@ -101,7 +107,13 @@ class RestartPolicy:
         clock: Clock = time.monotonic,
         scheduler: Scheduler | None = None,
     ) -> None:
-        RestartIntensity(max_restarts, max_seconds)  # validates
+        RestartIntensity(max_restarts, max_seconds, clock)  # validates
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(
+                f"backoff must be a nous_actor.Backoff or None, got {type(backoff).__name__}"
+            )
+        if scheduler is not None:
+            check_callable(scheduler, "scheduler", "scheduler(delay, fn)")
         self.max_restarts = max_restarts
         self.max_seconds = max_seconds
         self.backoff = backoff
@@ -152,6 +164,10 @@ class ChildSpec:
     shutdown_timeout: float = 5.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise TypeError(f"a child's id must be a non-empty str, got {self.id!r}")
+        check_callable(self.start, "a child's start", "start() -> ActorRef")
+        check_seconds(self.shutdown_timeout, "shutdown_timeout")
         if self.restart not in ("permanent", "transient", "temporary"):
             raise ValueError(
                 f"restart must be 'permanent', 'transient' or 'temporary', got {self.restart!r}"
@@ -201,6 +217,15 @@ class Supervisor(SupervisedActor):
         name: str = "supervisor",
     ) -> None:
         super().__init__()
+        if isinstance(children, str | bytes) or not isinstance(children, Sequence):
+            raise TypeError(
+                f"children must be a sequence of ChildSpec, got {type(children).__name__}"
+            )
+        for i, child in enumerate(children):
+            if not isinstance(child, ChildSpec):
+                raise TypeError(f"children[{i}] must be a ChildSpec, got {type(child).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
         if strategy not in ("one_for_one", "one_for_all", "rest_for_one"):
             raise ValueError(
                 f"strategy must be 'one_for_one', 'one_for_all' or 'rest_for_one', "

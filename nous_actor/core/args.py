@@ -1,0 +1,71 @@
+"""Checks of constructor arguments, shared by every layer: each error says what to pass.
+
+A public constructor checks every argument when it is made, before it opens,
+starts or claims anything, so a bad argument never leaves a half-made object.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["check_callable", "check_count", "check_flag", "check_seconds"]
+
+
+def check_seconds(
+    value: object, what: str, low: float = 0.0, high: float = math.inf, *, low_open: bool = True
+) -> float:
+    """``value`` as a float, if it is a finite number of seconds above ``low`` (or from it,
+    with ``low_open=False``) and at most ``high``.
+
+    Raises:
+        TypeError: ``value`` is not an int or a float (a bool is refused too).
+        ValueError: ``value`` is NaN, infinite, or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"{what} must be a number of seconds (an int or a float), got {type(value).__name__}"
+        )
+    above = value > low if low_open else value >= low
+    if not (above and value <= high and math.isfinite(value)):
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        top = "" if high == math.inf else f" and <= {high:g}"
+        raise ValueError(f"{what} must be a finite number of seconds {bound}{top}, got {value!r}")
+    return float(value)
+
+
+def check_count(value: object, what: str, low: int = 0) -> int:
+    """``value`` if it is an int >= ``low``.
+
+    Raises:
+        TypeError: not an int (a bool is refused too).
+        ValueError: below ``low``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int >= {low}, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{what} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def check_flag(value: object, what: str) -> bool:
+    """``value`` if it is a bool.
+
+    Raises:
+        TypeError: not ``True`` or ``False`` (``0``, ``1`` and ``"yes"`` are refused).
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, got {type(value).__name__}")
+    return value
+
+
+def check_callable(value: Any, what: str, shape: str = "") -> Any:
+    """``value`` if it can be called.
+
+    Raises:
+        TypeError: it cannot (the message shows how it is called, ``shape``).
+    """
+    if not callable(value):
+        how = f" ({shape})" if shape else ""
+        raise TypeError(f"{what} must be callable{how}, got {type(value).__name__}")
+    return value
