@@ -26,9 +26,9 @@ from typing import (
 )
 
 import pytest
-from nous_actor.runtime import DispatchedActor, Dispatcher, default_dispatcher
 from pykka import ActorRegistry, ThreadingFuture
 
+from nous_actor.runtime import DispatchedActor, Dispatcher, default_dispatcher
 from pykka_port.log_handler import PykkaTestLogHandler
 from pykka_port.types import Events, Runtime
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nous_actor.runtime import Dispatcher
     from pykka import Actor, Future
+
+    from nous_actor.runtime import Dispatcher
 
 
 class Event(Protocol):
