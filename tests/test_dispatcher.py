@@ -96,7 +96,7 @@ class Probe(DispatchedActor):
                 self.out_of_order.append((sender, last, n))
             self.last[sender] = n
             handled = self.handled
-            for _ in range(20):  # a little work between the read and the write
+            for _ in range(100):  # a little work between the read and the write
                 pass
             self.handled = handled + 1
         finally:
