@@ -97,16 +97,16 @@ def _raise(exc: BaseException) -> Callable[[], None]:
 
 
 def _start(session_id: str, timeout: float = BOUND) -> tuple[Session, threading.Thread]:
-    """Start a session and return it with its actor thread (to join on its death)."""
+    """Start a pinned session and return it with its thread (to join on its death)."""
     before = set(threading.enumerate())
-    s = Session.start(session_id, timeout=timeout)
+    s = Session.start(session_id, timeout=timeout, pinned=True)
     (thread,) = _new_actor_threads(before)
     return s, thread
 
 
 def _new_actor_threads(before: set[threading.Thread]) -> list[threading.Thread]:
     return [
-        t for t in threading.enumerate() if t not in before and t.name.startswith("SessionActor-")
+        t for t in threading.enumerate() if t not in before and t.name.startswith("nous-pinned-SessionActor")
     ]
 
 
@@ -762,8 +762,8 @@ def test_a_handle_after_stop_all_fails_promptly_everywhere() -> None:
 
 
 def test_many_sessions_leave_no_thread_behind() -> None:
-    """Starting, using, crashing and stopping many sessions returns the thread count to its
-    baseline."""
+    """Starting, using, crashing and stopping many pinned sessions (a thread each) returns
+    the thread count to its baseline."""
     before = set(threading.enumerate())
     baseline = threading.active_count()
 
@@ -772,7 +772,7 @@ def test_many_sessions_leave_no_thread_behind() -> None:
 
     with capture_logs():
         for i in range(40):
-            s = Session.start(f"leak-{i}", timeout=BOUND)
+            s = Session.start(f"leak-{i}", timeout=BOUND, pinned=True)
             sub = s.subscribe(0)
             s.append("user_message", _user(i)).get()
             assert asyncio.run(await_count(s)) == 1

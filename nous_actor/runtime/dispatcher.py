@@ -310,9 +310,14 @@ class DispatchedActor(pykka.Actor):
                     self.on_failure(*sys.exc_info())
                 except Exception:
                     self._handle_failure(*sys.exc_info())
-        except BaseException:
+        except BaseException as exc:
+            # Pykka stops every actor on a BaseException. Not from this thread: the
+            # stops need a dispatcher thread to run (with one thread they never would).
+            logger.debug("actor.base_exception", actor=str(self), reason=type(exc).__name__)
             self._stop()
-            ActorRegistry.stop_all()
+            threading.Thread(
+                target=ActorRegistry.stop_all, name="nous-stop-all", daemon=True
+            ).start()
 
     def _actor_loop_teardown(self) -> None:
         """Answer every queued ask (a stop request with ``None``), as Pykka does;

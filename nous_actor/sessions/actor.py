@@ -360,7 +360,9 @@ class SessionActor(DispatchedSupervisedActor):
 
     def _start_failed(self, exc: BaseException) -> None:
         # A refusal the caller is told of (another writer holds it) is not an error
-        # of this process: logged quietly. Anything else is.
+        # of this process: logged quietly. Anything else is. The openers are told
+        # after the session is marked stopped (a retry starts a fresh one).
+        ready, self._ready = self._ready, None
         if isinstance(exc, ConflictError):
             logger.info(
                 "session.start_refused",
@@ -371,8 +373,8 @@ class SessionActor(DispatchedSupervisedActor):
             self._die(exc, log=False)
         else:
             self._die(exc, "session.start_failed")
-        if self._ready is not None:
-            self._ready._fail(exc)
+        if ready is not None:
+            ready._fail(exc)
 
     def _actor_loop_teardown(self) -> None:
         # Also for calls that land after the session stopped: each is answered.
@@ -471,6 +473,8 @@ class SessionActor(DispatchedSupervisedActor):
     def _shut(self, err: SessionStopped, feed_error: SessionStopped | None) -> None:
         """Answer everything still waiting and let go of the store (after ``actor_stopped``)."""
         self._drain(err)
+        if self._ready is not None:  # stopped while recovering: its openers are told
+            self._ready._fail(err)
         while self.parked:
             fut = self.parked.popleft()[2]
             if fut is not None:

@@ -138,6 +138,10 @@ class SessionFuture(pykka.Future[T]):
         """Whether the future has been answered."""
         return self._state != _PENDING
 
+    def failed(self) -> bool:
+        """Whether the future has been answered with an error."""
+        return self._state == _ERROR
+
     # -- waiting ---------------------------------------------------------------------------
 
     def get(self, *, timeout: float | None = None) -> T:

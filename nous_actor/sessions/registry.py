@@ -79,9 +79,9 @@ def check_capacity(max_sessions: Any, idle_timeout: Any) -> None:
     if idle_timeout is not None:
         try:
             check_seconds(idle_timeout, "idle_timeout")
-        except TypeError:
+        except (TypeError, ValueError):
             raise ValueError(
-                f"idle_timeout must be None or a number of seconds > 0, got {idle_timeout!r}"
+                f"idle_timeout must be None or > 0 seconds, got {idle_timeout!r}"
             ) from None
 
 
@@ -253,19 +253,38 @@ class Sessions:
             SessionStopped: the registry is closed (or not running).
         """
         check_session_id(session_id)
-        self._ask(("open", session_id), session_id)
+        _, ready = self._ask(("open", session_id), session_id)
+        if ready is not None:  # recovering: wait here, not in the registry
+            ready.get()
+        return self._handle(session_id)
+
+    async def aopen(self, session_id: str) -> Session:
+        """`open` for asyncio code: the start (and recovery from the store) is awaited
+        without blocking the loop, and without a thread per call: many sessions
+        opened at once recover concurrently. Raises as `open` does."""
+        check_session_id(session_id)
+        answer: SessionFuture[Any] = SessionFuture(session_id, self.timeout)
+        ref = self._current(session_id)
+        try:
+            ref.tell(("reply", answer, "open", session_id))
+        except pykka.ActorDeadError:
+            raise SessionStopped(
+                session_id,
+                "the registry is not running (its supervisor restarts it, or it was stopped); "
+                "try again",
+            ) from None
+        _, ready = await answer
+        if ready is not None:
+            await ready
+        return self._handle(session_id)
+
+    def _handle(self, session_id: str) -> Session:
         return Session(
             session_id,
             partial(self._resolve, session_id),
             timeout=self.timeout,
             touch=partial(self._touch, session_id),
         )
-
-    async def aopen(self, session_id: str) -> Session:
-        """`open` for asyncio code: the start (and recovery from the store) is awaited
-        without blocking the loop. Raises as `open` does."""
-        check_session_id(session_id)
-        return await _off_loop(partial(self.open, session_id))
 
     async def aclose(self, timeout: float = 10.0) -> None:
         """`close` for asyncio code: awaited without blocking the loop."""
@@ -329,7 +348,10 @@ class Sessions:
         self._last_used[session_id] = self.clock()
 
     def _resolve(self, session_id: str) -> pykka.ActorRef[Any]:
-        return self._ask(("resolve", session_id), session_id)  # type: ignore[no-any-return]
+        ref, ready = self._ask(("resolve", session_id), session_id)
+        if ready is not None:  # (re)starting: its calls would wait for the log anyway
+            ready.get()
+        return ref  # type: ignore[no-any-return]
 
     def _reap(self) -> None:
         assert self.idle_timeout is not None
@@ -344,6 +366,17 @@ class Sessions:
                     reason=type(exc).__name__,
                     error=_safe_str(exc),
                 )
+
+
+Started = tuple[pykka.ActorRef[Any], "SessionFuture[None] | None"]
+"""A session's actor, and the future of its recovery while it still recovers."""
+
+
+def _tell_started(registry: pykka.ActorRef[Any], session_id: str, urn: str) -> None:
+    try:
+        registry.tell(("started", session_id, urn))
+    except pykka.ActorDeadError:
+        pass
 
 
 class RegistryActor(SupervisedActor):
@@ -370,6 +403,9 @@ class RegistryActor(SupervisedActor):
         self.gave_up: dict[str, str] = {}
         self.expected: set[str] = set()  # urns of sessions stopped on purpose
         self.previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
+        # Sessions recovering from the store, by urn: (id, ready). Opens wait for
+        # ``ready`` themselves, never in this actor: many sessions recover at once.
+        self.starting: dict[str, tuple[str, SessionFuture[None]]] = {}
         self.closed = False
 
     # -- life --------------------------------------------------------------------------------
@@ -398,12 +434,36 @@ class RegistryActor(SupervisedActor):
             return super().on_receive(message)
         return handler(*args)
 
-    def m_open(self, session_id: str) -> None:
+    def m_reply(self, answer: SessionFuture[Any], kind: str, *args: Any) -> None:
+        """Run message ``kind`` and answer ``answer`` (which asyncio can await)."""
+        try:
+            answer._resolve(getattr(self, f"m_{kind}")(*args))
+        except Exception as exc:
+            answer._fail(exc)
+
+    def m_open(self, session_id: str) -> Started:
         if self.gave_up.pop(session_id, None) is not None:
             self.policy.forget(session_id)  # a fresh chance, asked for by name
-        self.m_resolve(session_id)
+        return self.m_resolve(session_id)
 
-    def m_resolve(self, session_id: str) -> pykka.ActorRef[Any]:
+    def m_started(self, session_id: str, urn: str) -> None:
+        """A session's recovery finished (its ``ready`` is answered)."""
+        entry = self.starting.pop(urn, None)
+        if entry is None or self.closed:
+            return
+        if entry[1].failed():
+            self._failed_start(session_id, urn)
+
+    def _failed_start(self, session_id: str, urn: str) -> None:
+        """The actor ``urn`` of ``session_id`` failed to start: it is not live, and its
+        exit is not a crash (the failure went to whoever started it)."""
+        ref = self.live.get(session_id)
+        if ref is not None and ref.actor_urn == urn:
+            del self.live[session_id]
+            self.previous[session_id] = ref
+        self.expected.add(urn)
+
+    def m_resolve(self, session_id: str) -> Started:
         if self.closed:
             raise SessionStopped(session_id, "the registry is closed")
         reason = self.gave_up.get(session_id)
@@ -415,7 +475,8 @@ class RegistryActor(SupervisedActor):
             )
         ref = self.live.get(session_id)
         if ref is not None and ref.is_alive():
-            return ref
+            entry = self.starting.get(ref.actor_urn)
+            return ref, None if entry is None else entry[1]
         return self._start_session(session_id)
 
     def m_live(self) -> list[str]:
@@ -469,9 +530,18 @@ class RegistryActor(SupervisedActor):
         ref = self.live.get(session_id)
         if ref is not None and ref.is_alive():
             return  # a caller reopened it meanwhile
+        # A restart (rare) waits for its recovery here, on the registry's own thread
+        # (the reading is done by the reader pool): its outcome decides what is next.
         try:
-            self._start_session(session_id)
+            ref, ready = self._start_session(session_id, restarted=True)
+        except Exception as exc:  # e.g. the previous actor still holds the store
+            self._crashed(session_id, f"restart failed: {type(exc).__name__}: {_safe_str(exc)}")
+            return
+        try:
+            assert ready is not None
+            ready.get()
         except Exception as exc:  # e.g. the store failed on load: a crash too
+            self._failed_start(session_id, ref.actor_urn)
             self._crashed(session_id, f"restart failed: {type(exc).__name__}: {_safe_str(exc)}")
             return
         logger.info(
@@ -483,7 +553,10 @@ class RegistryActor(SupervisedActor):
 
     # -- the work ------------------------------------------------------------------------------
 
-    def _start_session(self, session_id: str) -> pykka.ActorRef[Any]:
+    def _start_session(self, session_id: str, restarted: bool = False) -> Started:
+        """Start ``session_id``'s actor; it recovers from the store off this actor, and
+        the caller waits for the ``ready`` returned (`m_started` sees how an open ended;
+        a restart is waited for by `m_restart`)."""
         facade = self.facade
         live = sum(1 for r in self.live.values() if r.is_alive())
         if session_id not in self.live and live >= facade.max_sessions:
@@ -530,15 +603,12 @@ class RegistryActor(SupervisedActor):
         )
         self.live[session_id] = ref
         facade._last_used[session_id] = facade.clock()
-        try:
-            ready.get()
-        except BaseException:
-            if self.live.get(session_id) is ref:
-                del self.live[session_id]
-            self.expected.add(ref.actor_urn)  # counted by whoever called us, not again
-            self.previous[session_id] = ref
-            raise
-        return ref
+        if restarted:
+            return ref, ready
+        urn = ref.actor_urn
+        self.starting[urn] = (session_id, ready)
+        ready.add_done_callback(partial(_tell_started, me, session_id, urn))
+        return ref, ready
 
     def _stop_session(self, session_id: str, why: str, timeout: float | None = None) -> None:
         ref = self.live.pop(session_id, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -14,7 +15,7 @@ import pykka
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import safe_str
-from nous_actor.core.args import check_callable, check_count, check_seconds
+from nous_actor.core.args import check_callable, check_seconds
 from nous_actor.supervision.actor import (
     Clock,
     Exit,
@@ -43,11 +44,15 @@ class Backoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        check_seconds(self.min, "Backoff min", low_open=False)
-        check_seconds(self.max, "Backoff max", low_open=False)
-        if isinstance(self.jitter, bool) or not isinstance(self.jitter, int | float):
-            raise TypeError(f"Backoff jitter must be a number from 0 to 1, got {self.jitter!r}")
-        if not (0 <= self.min <= self.max) or not 0 <= self.jitter <= 1:
+        for name in ("min", "max", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"Backoff {name} must be a number, got {value!r}")
+        if (
+            not math.isfinite(self.max)
+            or not (0 <= self.min <= self.max)
+            or not 0 <= self.jitter <= 1
+        ):
             raise ValueError(f"Backoff needs 0 <= min <= max and 0 <= jitter <= 1, got {self!r}")
 
     def delay(self, n: int, rng: random.Random | None = None) -> float:
@@ -68,8 +73,17 @@ class RestartIntensity:
     times: deque[float] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
-        check_count(self.max_restarts, "max_restarts")
-        check_seconds(self.max_seconds, "max_seconds")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int):
+            raise TypeError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
+        if isinstance(self.max_seconds, bool) or not isinstance(self.max_seconds, int | float):
+            raise TypeError(
+                f"max_seconds must be a number of seconds > 0, got {self.max_seconds!r}"
+            )
+        if self.max_restarts < 0 or not 0 < self.max_seconds < math.inf:
+            raise ValueError(
+                "max_restarts must be >= 0 and max_seconds > 0 (and finite), "
+                f"got {self.max_restarts!r} and {self.max_seconds!r}"
+            )
         check_callable(self.clock, "clock", "clock() -> seconds")
 
     def allow(self) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from pykka import ActorRegistry
 
 from nous_actor.runtime import DispatchedActor, Dispatcher
@@ -23,17 +22,9 @@ class Raiser(DispatchedActor):
         return message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DispatchedActor bug: on a BaseException its handler calls "
-        "ActorRegistry.stop_all() (block=True, no timeout) on the dispatcher thread; "
-        "with one thread the other actors' stop requests can never run, the thread "
-        "blocks for good and the other actors stay alive"
-    ),
-)
 def test_other_actors_on_a_one_thread_dispatcher_are_stopped_on_base_exception() -> None:
-    # A dispatcher of its own: with the bug its only thread stays blocked.
+    """Another actor on the same one-thread dispatcher is stopped too (the stop of every
+    actor runs off the dispatcher thread, which would otherwise wait for itself)."""
     dispatcher = Dispatcher(1, name="pykka-port-base-exception")
 
     class OneThreadRaiser(Raiser):
