@@ -106,7 +106,9 @@ def _start(session_id: str, timeout: float = BOUND) -> tuple[Session, threading.
 
 def _new_actor_threads(before: set[threading.Thread]) -> list[threading.Thread]:
     return [
-        t for t in threading.enumerate() if t not in before and t.name.startswith("nous-pinned-SessionActor")
+        t
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith("nous-pinned-SessionActor")
     ]
 
 
