@@ -79,27 +79,38 @@ JOIN_TIMEOUT: Final = 300.0
 
 GOALS: Final[dict[str, str]] = {
     "G1": "session append round trip (memory) <= 1.2x a bare Pykka ask to a no-op actor",
-    "G2": "pipelined appends to one in-memory session >= 100k events/s",
+    "G2": "pipelined appends to one in-memory session, 100k appends >= 150k events/s",
     "G3": "durable 100 sessions x 100 events, SQLite file, durability full, acked after "
     "commit, each caller shape (pipelined; a thread per session; one asyncio loop with 100 "
-    "coroutines): >= 20k events/s and >= 5x (asyncio: >= 10x) eventsourcing's SQLite "
-    "recorder and the Agents SDK SQLiteSession",
-    "G4": "sessions sweep 1, 10, 100, 1000 (durable): throughput at 1000 >= 0.9x that at 100",
+    "coroutines): pipelined and asyncio >= 30k events/s, threads >= 25k; each >= 10x "
+    "eventsourcing's SQLite recorder and the Agents SDK SQLiteSession on the same work",
+    "G4": "100, 1,000, 10,000 live sessions in one process, asyncio callers, durable (SQLite): "
+    "throughput at 10,000 >= 0.9x that at 100",
     "G5": "a long session, 100k events, a compaction every 100: events/s over the last 30% "
-    ">= 0.8x the first 30%; compact + next derive latency flat (last/first window <= 1.5x)",
+    ">= 0.8x the first 30% (in memory and on SQLite); compact + next derive latency flat "
+    "(last/first window <= 1.5x)",
     "G6": "derive_messages after one append on a 100k-event materialized log: <= 1 ms and "
     "flat on a compacted log; <= 3x a bare copy of a list that long uncompacted",
     "G7": "full fold, 100k events with 1k replaces >= 20x the O(n*r) reference fold",
-    "G8": "recovery of a 100k-event session from SQLite <= 1 s and <= 2x a bare SELECT + "
-    "json.loads of the same rows",
+    "G8": "recovery of a 100k-event session from SQLite, GC on: <= 0.5 s and <= 1.5x a bare "
+    "SELECT + decoding the same rows with the library's own JSON decoder (stdlib json.loads "
+    "reported beside it)",
     "G9": "a summariser that takes 2 s: the session's other calls answered in <= 10 ms meanwhile",
     "G10": "memory per stored small event in a live session <= 1.3x a plain list of dicts",
-    # G11 is kept for the PostgreSQL line (see bench.postgres).
+    "G11": "durable 100 sessions x 100 events on PostgresStore (local server), acked after "
+    "commit: >= 20k events/s",
     "G12": "sessions on Ray, 4 shards on PostgresStore, 100 sessions x 100 appends from one "
     "asyncio loop (a coroutine per session awaiting each append): cost per append <= 1.5x "
     "a bare no-op Ray actor call awaited the same way",
     "G13": "a shard of sessions on Ray killed while idle (SIGKILL of its worker; ray.kill "
     "with restart): its sessions' first call answered <= 3 s after the kill",
+    "G14": "100, 1,000, 10,000 live sessions in one process (asyncio callers, durable "
+    "SQLite): threads in the process <= 64 whatever the count",
+    "G15": "a live idle session <= 4 KB of memory beyond its events",
+    "G16": "opening 10,000 stored sessions (10 events each, SQLite) at once from asyncio "
+    "<= 2 s (sessions open in parallel, not one after another)",
+    "G17": "a program that ends without closing its registry exits <= 1 s after its last "
+    "line; nothing acknowledged lost",
 }
 """The DESIGN.md §8 goals the suite judges, by id, in the order of the brief."""
 

@@ -41,7 +41,7 @@ from nous_actor import Log, Message, Session
 __all__ = ["BENCHMARKS"]
 
 ROUND_TRIP_GOAL: Final = 1.2
-PIPELINED_GOAL: Final = 100_000.0
+PIPELINED_GOAL: Final = 150_000.0
 THREADS: Final = 8
 JOIN_TIMEOUT: Final = h.JOIN_TIMEOUT
 
