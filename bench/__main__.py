@@ -24,11 +24,19 @@ from typing import Any, Final
 
 import structlog
 
-from bench import cluster, core, durable, lifetime, plot, postgres, session
+from bench import cluster, core, durable, lifetime, plot, postgres, runtime, session
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
 
-MODULES: Final[tuple[ModuleType, ...]] = (core, session, durable, lifetime, postgres, cluster)
+MODULES: Final[tuple[ModuleType, ...]] = (
+    core,
+    session,
+    durable,
+    runtime,
+    lifetime,
+    postgres,
+    cluster,
+)
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
 
@@ -41,7 +49,8 @@ def registered() -> list[Benchmark]:
 
 
 def select(benchmarks: Sequence[Benchmark], only: Sequence[str]) -> list[Benchmark]:
-    """The benchmarks named in ``only`` (full ``core.fold`` or short ``fold``), else all.
+    """The benchmarks named in ``only`` (full ``core.fold``, short ``fold``, or a whole
+    module ``core``), else all.
 
     Raises:
         SystemExit: a name matches nothing; the message lists the valid names.
@@ -49,8 +58,8 @@ def select(benchmarks: Sequence[Benchmark], only: Sequence[str]) -> list[Benchma
     if not only:
         return list(benchmarks)
     wanted = {n for item in only for n in item.split(",") if n}
-    chosen = [b for b in benchmarks if b.name in wanted or b.short in wanted]
-    unknown = wanted - {b.name for b in chosen} - {b.short for b in chosen}
+    chosen = [b for b in benchmarks if {b.name, b.short, b.module} & wanted]
+    unknown = wanted - {n for b in chosen for n in (b.name, b.short, b.module)}
     if unknown:
         names = ", ".join(b.name for b in benchmarks)
         raise SystemExit(f"bench: unknown benchmark(s) {', '.join(sorted(unknown))}; use {names}")
@@ -91,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME",
-        help="run only this benchmark (repeatable or comma-separated); see --list",
+        help="run only this benchmark or module (repeatable or comma-separated); see --list",
     )
     parser.add_argument(
         "--json",

@@ -219,6 +219,11 @@ class Benchmark:
         """The name without its module prefix."""
         return self.name.rpartition(".")[2]
 
+    @property
+    def module(self) -> str:
+        """The module prefix of the name (``--only`` takes it for the whole module)."""
+        return self.name.partition(".")[0]
+
 
 def run_module(benchmarks: Sequence[Benchmark], argv: Sequence[str] | None = None) -> int:
     """``python -m bench.<module> [--quick]``: run one module's benchmarks alone and print
