@@ -463,13 +463,6 @@ def test_an_ask_landing_after_a_dispatched_actor_stopped_is_answered(
         _late_ask(ref, "late").get(timeout=BOUND)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a pinned actor's dispatcher is closed when it stops (close(timeout=0)): an envelope "
-        "landing afterwards is put on a run queue no thread reads, so the ask is never answered"
-    ),
-)
 def test_an_ask_landing_after_a_pinned_actor_stopped_is_answered() -> None:
     """An ask whose envelope lands after a pinned actor stopped fails with ActorDeadError."""
     ref = Echo.start(pinned=True)

@@ -39,7 +39,6 @@ import queue
 import sys
 import threading
 from _thread import allocate_lock
-from collections import deque
 from collections.abc import Callable
 from itertools import count
 from typing import Any, ClassVar, Final
@@ -115,6 +114,15 @@ class Dispatcher:
     # -- scheduling (any thread) -------------------------------------------------------------
 
     def _schedule(self, actor: DispatchedActor) -> None:
+        if self._closed and actor.actor_stopped.is_set():
+            # No thread reads the run queue any more (a pinned actor's, after it
+            # stopped): what landed is answered here, in the sender's thread.
+            inbox = actor.actor_inbox
+            actor._actor_loop_teardown()
+            inbox._token.release()
+            if not inbox._q.empty() and inbox._token.acquire(False):
+                self._schedule(actor)
+            return
         if not self._threads:
             self._start_threads()
         self._runq.put(actor)
@@ -177,8 +185,8 @@ class Dispatcher:
                     pass
             inbox = actor.actor_inbox
             inbox._token.release()
-            if inbox._q and inbox._token.acquire(False):
-                runq.put(actor)
+            if not inbox._q.empty() and inbox._token.acquire(False):
+                self._schedule(actor)
 
     def __repr__(self) -> str:
         return f"<Dispatcher {self.name} threads={self.size} throughput={self.throughput}>"
@@ -205,13 +213,13 @@ class _Inbox:
     __slots__ = ("_actor", "_q", "_token")
 
     def __init__(self) -> None:
-        self._q: deque[Any] = deque()
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()  # put/get in C; 1/4 a deque
         self._token = allocate_lock()
         self._token.acquire()  # held until the actor is bound and started
         self._actor: DispatchedActor | None = None
 
     def put(self, envelope: Any, /) -> None:
-        self._q.append(envelope)
+        self._q.put(envelope)
         if self._token.acquire(False):
             actor = self._actor
             assert actor is not None
@@ -219,13 +227,13 @@ class _Inbox:
 
     def get(self) -> Any:
         """The oldest envelope (the inbox must not be empty: this never blocks)."""
-        return self._q.popleft()
+        return self._q.get_nowait()
 
     def empty(self) -> bool:
-        return not self._q
+        return self._q.empty()
 
     def qsize(self) -> int:
-        return len(self._q)
+        return self._q.qsize()
 
 
 class DispatchedActor(pykka.Actor):
@@ -282,9 +290,10 @@ class DispatchedActor(pykka.Actor):
             self._actor_loop_setup()
         stopped = self.actor_stopped
         q = self.actor_inbox._q
-        while quota and q and not stopped.is_set():
+        empty, get = q.empty, q.get_nowait
+        while quota and not empty() and not stopped.is_set():
             quota -= 1
-            self._receive_one(q.popleft())
+            self._receive_one(get())
         if stopped.is_set():
             self._actor_loop_teardown()
             if not self._ended:

@@ -75,6 +75,7 @@ Handler = Callable[..., Any]
 
 
 _DEFER: Any = object()  # a handler's result meaning "the future is answered later"
+_NONE: Any = deque(maxlen=0)  # "no parked call": shared by every session until one parks
 
 MAX_COMPACTION_RETRIES: Final = 2
 """How often a compaction is planned again when a replace appended while its summary
@@ -248,6 +249,36 @@ class SessionActor(DispatchedSupervisedActor):
     for the recovered log) and written by the store's committer.
     """
 
+    # Slots: an idle session stays small (an instance dict of 40 keys is not shared).
+    __slots__ = (
+        "_closing_subs",
+        "_compacting",
+        "_compaction_ids",
+        "_done",
+        "_done_lock",
+        "_feed_error",
+        "_fut",
+        "_loading",
+        "_ready",
+        "_shutting",
+        "_store_ops",
+        "_wake_sent",
+        "_want_wake",
+        "claim_token",
+        "committer",
+        "crash",
+        "crash_on_store_failure",
+        "failed",
+        "inflight",
+        "log",
+        "next_seq",
+        "parked",
+        "released",
+        "session_id",
+        "store",
+        "subscribers",
+    )
+
     def __init__(
         self,
         session_id: str,
@@ -270,8 +301,10 @@ class SessionActor(DispatchedSupervisedActor):
         self.committer: Committer | None = None
         self.claim_token: str | None = None
         self.next_seq = self.log.count()
-        self.inflight: deque[Event] = deque()  # submitted to the store, not yet applied
-        self.parked: deque[tuple[Handler, tuple[Any, ...], SessionFuture[Any] | None]] = deque()
+        self.inflight: deque[Event] = _NONE  # submitted to the store, not yet applied
+        # Calls waiting for earlier commits (or the recovered log); made when first
+        # needed (most sessions never park a call: an idle session stays small).
+        self.parked: deque[tuple[Handler, tuple[Any, ...], SessionFuture[Any] | None]] = _NONE
         self.failed: StoreError | None = None
         self.subscribers: list[Subscription] = []
         self.crash: BaseException | None = None
@@ -291,7 +324,7 @@ class SessionActor(DispatchedSupervisedActor):
         self._compaction_ids: dict[str, int] | None = None  # id -> record seq, built on use
         self._loading = False  # the store is being read: calls wait in ``parked``
         # Subscribers of a stopped session that still wait for its appends in flight.
-        self._closing_subs: list[Subscription] = []
+        self._closing_subs: list[Subscription] = []  # (a fresh list only when stopping)
         # Set once this session has let go of the store (its last append in flight
         # landed): a successor waits for it before it claims the session.
         self.released = Flag()
@@ -355,8 +388,9 @@ class SessionActor(DispatchedSupervisedActor):
         log._folded()
         self.log = log
         self.next_seq = log.count()
-        if self._ready is not None:
-            self._ready._resolve(None)
+        ready, self._ready = self._ready, None  # answered: not kept by an idle session
+        if ready is not None:
+            ready._resolve(None)
 
     def _start_failed(self, exc: BaseException) -> None:
         # A refusal the caller is told of (another writer holds it) is not an error
@@ -408,12 +442,18 @@ class SessionActor(DispatchedSupervisedActor):
         elif handler is not SessionActor.h_committed and (
             self.parked or self._loading or (self.inflight and handler in _WAIT_FOR_COMMITS)
         ):
-            self.parked.append((handler, args, fut))
+            self._park().append((handler, args, fut))
         else:
             self._run(handler, args, fut)
         if bool(self.parked or self.subscribers) is not self._want_wake:
             self._sync_wake()
         return None
+
+    def _park(self) -> deque[tuple[Handler, tuple[Any, ...], SessionFuture[Any] | None]]:
+        parked = self.parked
+        if parked is _NONE:
+            parked = self.parked = deque()
+        return parked
 
     def _sync_wake(self) -> None:
         """Tell the committer whether to wake this actor on commit (someone waits)."""
@@ -572,7 +612,10 @@ class SessionActor(DispatchedSupervisedActor):
             for ev in events:
                 self._apply(ev)
             return result
-        self.inflight.extend(events)
+        inflight = self.inflight
+        if inflight is _NONE:
+            inflight = self.inflight = deque()
+        inflight.extend(events)
         with self._done_lock:
             self._store_ops += 1
         committer.submit(
@@ -653,6 +696,8 @@ class SessionActor(DispatchedSupervisedActor):
                 if self.crash_on_store_failure:  # a supervisor restarts it from the store
                     self._die(err)
                     return False
+        if not self.inflight:
+            self.inflight = _NONE  # an idle session keeps no queue
         return True
 
     def _fenced(self, err: FencedError) -> None:
@@ -843,7 +888,7 @@ class SessionActor(DispatchedSupervisedActor):
         fut, self._fut = self._fut, None  # answered once applied, not once committed
         self._submit(events, None)
         if self.inflight:
-            self.parked.append((SessionActor.h_compact_done, (result, req.compactor), fut))
+            self._park().append((SessionActor.h_compact_done, (result, req.compactor), fut))
             return _DEFER
         return self.h_compact_done(result, req.compactor)
 
@@ -854,7 +899,7 @@ class SessionActor(DispatchedSupervisedActor):
                 "the compaction was not stored", session_id=self.session_id
             )
         if compactor.snapshot:  # runs next, before any later call
-            self.parked.appendleft((SessionActor.h_snapshot, (), None))
+            self._park().appendleft((SessionActor.h_snapshot, (), None))
             self.actor_ref.tell((SessionActor.h_committed, (), None))
         out = dataclasses.replace(result, log=self.log._view())
         log_compacted(out, session_id=self.session_id)

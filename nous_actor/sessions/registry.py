@@ -48,6 +48,7 @@ from nous_actor.sessions.handle import Session, _off_loop, check_placement
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
+    HANDLED_LATER,
     Backoff,
     ChildSpec,
     Clock,
@@ -503,6 +504,27 @@ class RegistryActor(SupervisedActor):
         self._stop_all("registry closed", timeout)
 
     def m_exit(self, session_id: str, exit: Exit) -> None:
+        try:
+            self._exited(session_id, exit)
+        finally:
+            if exit.finished is not None:  # handled: now the session counts as finished
+                exit.finished.set()
+
+    def _actor_loop_teardown(self) -> None:
+        # Exits that will never be handled: their sessions are finished all the same.
+        inbox = self.actor_inbox
+        kept = []
+        while not inbox.empty():
+            envelope = inbox.get()
+            msg = envelope.message
+            if type(msg) is tuple and msg and msg[0] == "exit" and msg[2].finished is not None:
+                msg[2].finished.set()
+            kept.append(envelope)
+        for envelope in kept:
+            inbox.put(envelope)
+        super()._actor_loop_teardown()
+
+    def _exited(self, session_id: str, exit: Exit) -> None:
         if exit.urn in self.expected:
             self.expected.discard(exit.urn)
             return  # stopped on purpose
@@ -581,14 +603,14 @@ class RegistryActor(SupervisedActor):
         ready: SessionFuture[None] = SessionFuture(session_id, facade.timeout)
         me = self.actor_ref
 
-        def monitor(exit: Exit) -> None:  # the exiting session's last act; never blocks
-            # Told before the session's ``finished`` is set: whoever saw it end and
-            # then asks the registry anything is answered after this exit is handled
-            # (one inbox, in order).
+        def monitor(exit: Exit) -> Any:  # the exiting session's last act; never blocks
+            # The registry sets the session's ``finished`` once it handled the exit:
+            # whoever saw the session end sees the registry's answer to it.
             try:
                 me.tell(("exit", session_id, exit))
             except pykka.ActorDeadError:
-                pass
+                return None  # nobody to answer: finished now
+            return HANDLED_LATER
 
         ref = start_monitored(
             lambda: SessionActor.start(

@@ -6,6 +6,7 @@ and its `Exit`; `supervisor` holds `Supervisor`, `ChildSpec` and the
 """
 
 from nous_actor.supervision.actor import (
+    HANDLED_LATER,
     ActorCrashed,
     Clock,
     DispatchedSupervisedActor,
@@ -28,6 +29,7 @@ from nous_actor.supervision.supervisor import (
 )
 
 __all__ = [
+    "HANDLED_LATER",
     "ActorCrashed",
     "Backoff",
     "ChildSpec",

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pykka
@@ -56,6 +56,7 @@ from nous_actor.runtime.dispatcher import DispatchedActor
 from nous_actor.runtime.flag import Flag
 
 __all__ = [
+    "HANDLED_LATER",
     "ActorCrashed",
     "DispatchedSupervisedActor",
     "Exit",
@@ -86,13 +87,20 @@ class Exit:
 
     urn: str
     reason: BaseException | None
+    # The actor's ``finished``, for a monitor that returns `HANDLED_LATER` to set.
+    finished: Flag | None = field(default=None, compare=False, repr=False)
 
     @property
     def normal(self) -> bool:
         return self.reason is None
 
 
-Monitor = Callable[[Exit], None]
+HANDLED_LATER: Any = object()
+"""What a monitor returns when it passed the exit on and will set the actor's
+``finished`` itself once the exit is handled (so whoever waits for ``finished``
+sees the supervisor's answer to it, and no thread ever blocks for that)."""
+
+Monitor = Callable[[Exit], Any]
 _next_monitor: contextvars.ContextVar[Monitor | None] = contextvars.ContextVar(
     "nous_actor_next_monitor", default=None
 )
@@ -169,12 +177,16 @@ class _Supervised(pykka.Actor):
 
     def _report_exit(self) -> None:
         """Clean up, report the exit to the monitor, then set ``finished`` (runs once)."""
+        later = False
         try:
             self._cleanup()
             monitor, self._monitor = self._monitor, None
             if monitor is not None:
                 try:
-                    monitor(Exit(self.actor_urn, self.exit_reason))
+                    later = (
+                        monitor(Exit(self.actor_urn, self.exit_reason, self.finished))
+                        is HANDLED_LATER
+                    )
                 except Exception as exc:  # a broken monitor must not hide the exit
                     logger.error(
                         "actor.monitor_failed",
@@ -183,7 +195,8 @@ class _Supervised(pykka.Actor):
                         error=short_repr(exc),
                     )
         finally:
-            self.finished.set()  # the very last thing: the exit has been reported
+            if not later:
+                self.finished.set()  # the very last thing: the exit has been reported
 
 
 class SupervisedActor(_Supervised, pykka.ThreadingActor):
