@@ -572,15 +572,6 @@ def test_a_pinned_session_has_a_thread_of_its_own_that_ends_when_it_stops() -> N
     shared.stop(timeout=BOUND)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "SessionActor._run answers the crashing call (SessionCrashed) before _die marks the "
-        "actor stopped: a call made by a caller that has seen SessionCrashed can still land in "
-        "the dying actor's inbox and be drained with SessionStopped instead of reaching the "
-        "restarted session"
-    ),
-)
 def test_a_call_made_after_a_crash_was_reported_reaches_the_restarted_session(
     dispatchers: Callable[..., Dispatcher],
 ) -> None:

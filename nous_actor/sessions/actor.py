@@ -476,9 +476,11 @@ class SessionActor(DispatchedSupervisedActor):
             if fut is not None:
                 fut._fail(exc)
         except BaseException as exc:  # contain it: only this session stops
-            if fut is not None:  # first: this call crashed it (it did not miss it)
-                fut._fail(_crashed(self.session_id, exc))
+            # Stopped first, then this call is told it crashed it: a caller who saw
+            # SessionCrashed and calls again reaches the restarted session, never this one.
             self._die(exc)
+            if fut is not None:
+                fut._fail(_crashed(self.session_id, exc))
         else:
             if fut is not None and result is not _DEFER:
                 fut._resolve(result)

@@ -571,12 +571,10 @@ class Session(SessionHandle):
         if stopped.is_set():
             fut._fail(SessionStopped(self.session_id, "the session is stopped"))
             return fut
+        # Pykka's stop race (the actor stopped between the check above and the put)
+        # is closed by the dispatcher: a put after the stop runs the actor's
+        # teardown, which answers the call with SessionStopped.
         ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
-        # Pykka's stop race: the actor may have stopped between the liveness
-        # check and the put, after its last look at the inbox. If it is dead
-        # now, nobody will answer: answer ourselves (a no-op if it did answer).
-        if stopped.is_set():
-            fut._fail(SessionStopped(self.session_id, "the session stopped before this call"))
         return fut
 
     def _register(self, sub: Subscription, timeout: float) -> None:
