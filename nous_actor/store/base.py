@@ -166,18 +166,6 @@ def check_seconds(value: object, what: str, low: float, high: float) -> float:
     return float(value)
 
 
-def check_flag(value: object, what: str) -> bool:
-    """``value`` if it is a bool (a store's constructor checks its switches with this).
-
-    Raises:
-        TypeError: ``value`` is not ``True`` or ``False`` (``0``, ``1`` and ``"yes"`` are
-            refused: pass a bool).
-    """
-    if not isinstance(value, bool):
-        raise TypeError(f"{what} must be True or False, got {type(value).__name__}")
-    return value
-
-
 def valid_store_id(session_id: str) -> str:
     """``session_id`` if it follows the id rule (`nous_actor.core.ids`), for a store's
     entry points, which refuse with `StoreError`, as the contract says.

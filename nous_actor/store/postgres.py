@@ -70,6 +70,7 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from nous_actor._log import get_logger
+from nous_actor.core.args import check_flag
 from nous_actor.core.codec import CodecError, encode_data, event_from_row
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
@@ -77,7 +78,6 @@ from nous_actor.errors import ConflictError, FencedError, StoreError
 from nous_actor.store.base import (
     ClosingStore,
     SessionInfo,
-    check_flag,
     check_seconds,
     valid_store_id,
 )

@@ -28,13 +28,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from nous_actor.core.args import check_flag
 from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import (
     ClosingStore,
     SessionInfo,
-    check_flag,
     check_seconds,
     valid_store_id,
 )
