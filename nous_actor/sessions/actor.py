@@ -57,10 +57,11 @@ from nous_actor.errors import (
     SessionStopped,
     StoreError,
 )
-from nous_actor.runtime.dispatcher import Dispatcher, Workers
+from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.runtime.exit import at_exit
 from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.recovery import recover, release
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer, committer_for
 from nous_actor.store.subscription import Subscription
@@ -83,10 +84,6 @@ was being written overlaps it, before it fails with ``CompactionError``."""
 
 EventParts = tuple[EventType, datetime, Any, Any]
 """An event checked and frozen in the caller's thread, waiting for its seq."""
-
-READERS: Final = Workers(8, name="nous-reader")
-"""Where sessions are recovered from their stores (claim, load, fold): never on a
-dispatcher thread, at most this many at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +242,7 @@ class SessionActor(DispatchedSupervisedActor):
 
     It runs on a shared `Dispatcher` (``dispatcher``, default: the process's)
     or, with ``pinned=True``, on a thread of its own. Nothing it runs blocks:
-    the store is read by the `READERS` pool at start (calls made meanwhile wait
+    the store is read by the `recovery.READERS` pool at start (calls made meanwhile wait
     for the recovered log) and written by the store's committer.
     """
 
@@ -338,23 +335,12 @@ class SessionActor(DispatchedSupervisedActor):
         self._loading = True
         with self._done_lock:
             self._store_ops += 1  # a stop meanwhile keeps the claim until this is back
-        store, session_id, inbox = self.store, self.session_id, self.actor_inbox
-
-        def recover() -> None:
-            token: str | None = None
-            try:
-                token = store.claim(session_id)
-                t0 = time.perf_counter()
-                log = Log.restore(store.load(session_id))
-                log._folded()
-                result: tuple[Any, ...] = (token, log, None, time.perf_counter() - t0)
-            except BaseException as exc:
-                if token is not None:
-                    _release(store, session_id, token)
-                result = (None, None, exc, 0.0)
-            inbox.put(_Envelope((SessionActor.h_adopt, result, None)))
-
-        READERS.submit(recover)
+        inbox = self.actor_inbox
+        recover(
+            self.store,
+            self.session_id,
+            lambda result: inbox.put(_Envelope((SessionActor.h_adopt, result, None))),
+        )
 
     def h_adopt(
         self, token: str | None, log: Log | None, exc: BaseException | None, took: float
@@ -591,7 +577,7 @@ class SessionActor(DispatchedSupervisedActor):
                 # The store was read for a session that stopped meanwhile: let go of it.
                 token = msg[1][0]
                 if token is not None and self.store is not None:
-                    _release(self.store, self.session_id, token)
+                    release(self.store, self.session_id, token)
                 self._loading = False
                 self._store_op_done()
             elif type(msg) is tuple and len(msg) == 3 and isinstance(msg[2], SessionFuture):
@@ -1011,18 +997,6 @@ _WAIT_FOR_COMMITS: Final = frozenset(
         SessionActor.h_flush,
     }
 )
-
-
-def _release(store: Store, session_id: str, token: str) -> None:
-    try:
-        store.release(session_id, token)
-    except Exception as exc:
-        logger.warning(
-            "session.release_failed",
-            session_id=session_id,
-            reason=type(exc).__name__,
-            error=_safe_str(exc),
-        )
 
 
 def _flush_at_exit(deadline: float) -> None:

@@ -180,6 +180,17 @@ def _pid_alive(pid: int) -> bool:
     return not (fields and fields[0] in (b"Z", b"X", b"x"))
 
 
+def _holder_alive(holder_pid: int, holder_token: str, pid: int) -> bool:
+    """Whether the claim row (``holder_pid``, ``holder_token``) still has a live writer:
+    a token of this process that was not released, or another process that has not ended.
+    Call it under ``_live_lock``."""
+    return holder_token in _live_tokens if holder_pid == pid else _pid_alive(holder_pid)
+
+
+_IN_CHUNK: Final = 500
+"""Ids bound in one ``IN (...)`` (far below SQLite's bound on parameters)."""
+
+
 class _Layout:
     """What a SQLite file holds, read in one read transaction without writing anything."""
 
@@ -617,41 +628,109 @@ class SQLiteStore(ClosingStore):
             ConflictError: a live writer holds the session, in this process or another.
             StoreError: `session_id` is not valid (see `nous_actor.core.ids`), or the store failed.
         """
-        session_id = self._valid_id(session_id)
-        token = uuid.uuid4().hex
+        (got,) = self.claim_many([session_id])
+        if isinstance(got, ConflictError):
+            raise got
+        return got
+
+    # -- batches (optional methods: the sessions layer uses them when a store has them) ---
+
+    def claim_many(self, session_ids: Sequence[str]) -> list[str | ConflictError]:
+        """`claim` each of `session_ids` in one transaction: for each id, in order, its
+        token or the `ConflictError` that refused it (an id given twice is refused the
+        second time: its first claim holds it).
+
+        Raises:
+            StoreError: nothing was claimed: an id is not valid (see `nous_actor.core.ids`),
+                or the store failed.
+        """
+        ids = [self._valid_id(sid) for sid in session_ids]
+        out: list[str | ConflictError] = []
+        if not ids:
+            return out
         pid = os.getpid()
+        since = datetime.now(UTC).isoformat()
+        taken: list[str] = []
+        only = ids[0] if len(ids) == 1 else None
         try:
-            with self._transaction(session_id, "claim the session") as conn, _live_lock:
-                row = conn.execute(
-                    "SELECT pid, token FROM writers WHERE session_id = ?", (session_id,)
-                ).fetchone()
-                if row is not None:
-                    holder_pid, holder_token = row
-                    alive = (
-                        holder_token in _live_tokens
-                        if holder_pid == pid
-                        else _pid_alive(holder_pid)
-                    )
-                    if alive:
-                        where = "this process" if holder_pid == pid else f"process {holder_pid}"
-                        raise ConflictError(
-                            f"already has a live writer in {where}; use that session's "
-                            "handle, or stop it first",
-                            session_id=session_id,
+            with self._transaction(only, "claim the session") as conn, _live_lock:
+                held: dict[str, tuple[int, str]] = {}
+                for lo in range(0, len(ids), _IN_CHUNK):
+                    chunk = ids[lo : lo + _IN_CHUNK]
+                    held.update(
+                        (sid, (holder_pid, holder_token))
+                        for sid, holder_pid, holder_token in conn.execute(
+                            "SELECT session_id, pid, token FROM writers WHERE session_id IN "
+                            f"({','.join('?' * len(chunk))})",
+                            chunk,
                         )
-                conn.execute(
+                    )
+                rows: list[tuple[str, int, str, str]] = []
+                for sid in ids:
+                    holder = held.get(sid)
+                    if holder is not None and _holder_alive(*holder, pid):
+                        where = "this process" if holder[0] == pid else f"process {holder[0]}"
+                        out.append(
+                            ConflictError(
+                                f"already has a live writer in {where}; use that session's "
+                                "handle, or stop it first",
+                                session_id=sid,
+                            )
+                        )
+                        continue
+                    token = uuid.uuid4().hex
+                    # Under _live_lock and before COMMIT: another store object of this
+                    # process that reads the row next also finds the token live.
+                    _live_tokens.add(token)
+                    taken.append(token)
+                    held[sid] = (pid, token)
+                    rows.append((sid, pid, token, since))
+                    out.append(token)
+                conn.executemany(
                     "INSERT OR REPLACE INTO writers (session_id, pid, token, since) "
                     "VALUES (?, ?, ?, ?)",
-                    (session_id, pid, token, datetime.now(UTC).isoformat()),
+                    rows,
                 )
-                # Under _live_lock and before COMMIT: another store object of this
-                # process that reads the row next also finds the token live.
-                _live_tokens.add(token)
         except BaseException:
             with _live_lock:
-                _live_tokens.discard(token)
+                _live_tokens.difference_update(taken)
             raise
-        return token
+        return out
+
+    def load_many(self, session_ids: Sequence[str]) -> dict[str, list[Event] | StoreError]:
+        """`load` each of `session_ids` in one read: each id maps to its events in seq
+        order, or to the `StoreError` that says why that session alone could not be
+        read (a malformed row fails its own session, never the others).
+
+        Raises:
+            StoreError: nothing was read: an id is not valid, or the store failed.
+        """
+        ids = list(dict.fromkeys(self._valid_id(sid) for sid in session_ids))
+        rows: list[tuple[str, int, str, str, str | bytes]] = []
+        with self._locked(None, "load the sessions") as conn:
+            for lo in range(0, len(ids), _IN_CHUNK):
+                chunk = ids[lo : lo + _IN_CHUNK]
+                rows += conn.execute(
+                    "SELECT session_id, seq, type, time, data FROM events WHERE session_id IN "
+                    f"({','.join('?' * len(chunk))}) ORDER BY session_id, seq",
+                    chunk,
+                ).fetchall()
+        out: dict[str, list[Event] | StoreError] = {sid: [] for sid in ids}
+        events: list[Event] = []
+        current: str | None = None
+        for sid, seq, type_, time_, data in rows:
+            if sid != current:
+                current, events = sid, []
+                out[sid] = events
+            elif not isinstance(out[sid], list):
+                continue  # a row of this session was malformed already
+            try:
+                events.append(event_from_row(seq, type_, time_, data))
+            except CodecError as exc:
+                out[sid] = StoreError(
+                    f"stored event is malformed in {self.path}: {exc}", session_id=sid
+                )
+        return out
 
     def release(self, session_id: str, token: str) -> None:
         with _live_lock:
