@@ -10,7 +10,8 @@ mutating method raises `TypeError` and says how to make a changed copy.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 __all__ = [
@@ -22,6 +23,38 @@ __all__ = [
     "short_repr",
     "thaw",
 ]
+
+
+def _keep_tracked(value: object) -> None:
+    """Where the collector cannot be told (not CPython): leave ``value`` tracked."""
+
+
+def _gc_untracker() -> Callable[[object], None]:
+    """CPython's ``PyObject_GC_UnTrack``, or a no-op where it cannot be called.
+
+    Frozen values, events and the messages projected from them are trees of
+    immutable values: nothing in them can ever point back at them, so they
+    cannot be part of a reference cycle, and refcounting alone frees them. The
+    cyclic collector would still visit every one of them at each full
+    collection (a long session holds hundreds of thousands); untracked, it
+    never does. CPython untracks an exact ``tuple`` or ``dict`` of atoms the
+    same way; it cannot see that a frozen subclass is as safe.
+    """
+    if sys.implementation.name != "cpython":
+        return _keep_tracked
+    try:
+        import ctypes
+
+        fn = ctypes.pythonapi.PyObject_GC_UnTrack
+    except (ImportError, AttributeError, OSError):  # a build without ctypes
+        return _keep_tracked
+    fn.argtypes = [ctypes.py_object]
+    fn.restype = None
+    return fn
+
+
+untrack: Callable[[object], None] = _gc_untracker()
+"""Take a value that can never be on a reference cycle out of the cyclic collector."""
 
 
 def _refuse_dict(self: object, *args: object, **kwargs: object) -> NoReturn:
@@ -63,6 +96,7 @@ class FrozenDict(dict[str, Any]):
         except Exception as exc:
             raise NotJSON("FrozenDict", _unreadable(args[0] if args else kwargs, exc)) from exc
         dict.update(self, freeze(plain, "FrozenDict"))
+        untrack(self)
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -108,6 +142,7 @@ class FrozenList(list[Any]):
         except Exception as exc:
             raise NotJSON("FrozenList", _unreadable(iterable, exc)) from exc
         list.extend(self, freeze(plain, "FrozenList"))
+        untrack(self)
         return self
 
     def __init__(self, iterable: Iterable[Any] = ()) -> None:
@@ -143,6 +178,7 @@ def _dict_of(items: dict[str, Any]) -> FrozenDict:
     """A FrozenDict over already frozen values (no second walk)."""
     fd = dict.__new__(FrozenDict)
     dict.update(fd, items)
+    untrack(fd)
     return fd
 
 
@@ -150,6 +186,7 @@ def _list_from(items: list[Any]) -> FrozenList:
     """A FrozenList over already frozen values (no second walk)."""
     fl = list.__new__(FrozenList)
     list.extend(fl, items)
+    untrack(fl)
     return fl
 
 

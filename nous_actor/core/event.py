@@ -16,6 +16,7 @@ from nous_actor.core._frozen import (
     describe_error,
     freeze,
     short_repr,
+    untrack,
 )
 from nous_actor.core.message import Message, Role, trusted_message
 
@@ -127,6 +128,7 @@ class Replace:
             _invalid_op(f"stop {stop} < start {start}")
         object.__setattr__(self, "start", start)
         object.__setattr__(self, "stop", stop)
+        untrack(self)
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("Replace is immutable")
@@ -453,6 +455,7 @@ def _init(
     _set(ev, "_op", op)
     _set(ev, "_pos", seq if op is None else op.start)
     _set(ev, "_msg", None)
+    untrack(ev)
 
 
 def project(ev: Event) -> Message:
@@ -472,5 +475,6 @@ def project(ev: Event) -> Message:
             EMPTY_DICT if meta is None else meta,
             ev.time,
         )
+        untrack(m)
         _set(ev, "_msg", m)
     return m
