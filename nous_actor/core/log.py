@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from operator import attrgetter
 from typing import Any, Final
 
 from nous_actor._log import get_logger
+from nous_actor.core.clock import utcnow
 from nous_actor.core.event import (
     EVENT_TYPE_OF,
     SURFACE_TYPES,
@@ -176,8 +177,7 @@ def _full_fold(events: Sequence[Event], n: int) -> _Fold:
     )
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
+_utcnow = utcnow  # the wall clock, or a simulation's (nous_actor.core.clock)
 
 
 class Log:

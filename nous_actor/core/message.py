@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, cast
 
 from nous_actor.core._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze, short_repr, thaw
+from nous_actor.core.clock import utcnow
 
 __all__ = ["Message", "Role", "UnsendableMessage", "tool_call_parts"]
 
@@ -73,8 +74,7 @@ DEVELOPER = "developer"
 """OpenAI's ``developer`` role: a ``system`` message that remembers it (`OPENAI_ROLE`)."""
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
+_utcnow = utcnow  # the wall clock, or a simulation's (nous_actor.core.clock)
 
 
 def _to_utc(value: datetime) -> datetime:

@@ -40,6 +40,7 @@ import sys
 import threading
 from _thread import allocate_lock
 from collections.abc import Callable
+from functools import partial
 from itertools import count
 from typing import Any, ClassVar, Final
 
@@ -47,6 +48,7 @@ import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 
 from nous_actor._log import get_logger
+from nous_actor.runtime import scheduling
 from nous_actor.runtime.flag import Flag
 
 __all__ = [
@@ -256,7 +258,8 @@ class DispatchedActor(pykka.Actor):
 
     @staticmethod
     def _create_future() -> pykka.Future[Any]:
-        return pykka.ThreadingFuture()
+        host = scheduling.host
+        return pykka.ThreadingFuture() if host is None else host.future()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -270,6 +273,9 @@ class DispatchedActor(pykka.Actor):
         self._pin = type(self).pinned
 
     def _bind_dispatcher(self) -> Dispatcher:
+        host = scheduling.host
+        if host is not None:  # a simulation runs every actor, pinned ones too
+            return host.dispatcher  # type: ignore[no-any-return]
         if self._pin:
             return Dispatcher(1, name=f"nous-pinned-{type(self).__name__}")
         chosen = self._use_dispatcher
@@ -324,9 +330,7 @@ class DispatchedActor(pykka.Actor):
             # stops need a dispatcher thread to run (with one thread they never would).
             logger.debug("actor.base_exception", actor=str(self), reason=type(exc).__name__)
             self._stop()
-            threading.Thread(
-                target=ActorRegistry.stop_all, name="nous-stop-all", daemon=True
-            ).start()
+            scheduling.spawn(_stop_all, "nous-stop-all")
 
     def _actor_loop_teardown(self) -> None:
         """Answer every queued ask (a stop request with ``None``), as Pykka does;
@@ -385,6 +389,10 @@ class Workers:
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on a worker thread; what it raises is logged, never passed on."""
+        host = scheduling.host
+        if host is not None:  # a task of the simulation
+            host.spawn(partial(_run_logged, fn), self.name)
+            return
         self._q.put(fn)
         with self._lock:
             if self._waiting or self._threads >= self.size:
@@ -409,9 +417,15 @@ class Workers:
                 continue
             with self._lock:
                 self._waiting -= 1
-            try:
-                fn()
-            except BaseException as exc:
-                logger.error(
-                    "worker.task_failed", reason=type(exc).__name__, error=repr(exc)[:200]
-                )
+            _run_logged(fn)
+
+
+def _stop_all() -> None:
+    ActorRegistry.stop_all()
+
+
+def _run_logged(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except BaseException as exc:
+        logger.error("worker.task_failed", reason=type(exc).__name__, error=repr(exc)[:200])

@@ -12,6 +12,8 @@ import threading
 from _thread import allocate_lock
 from typing import Any
 
+from nous_actor.runtime import scheduling
+
 __all__ = ["Flag"]
 
 _guard = allocate_lock()  # one for every flag: held only to add, remove or wake waiters
@@ -49,6 +51,9 @@ class Flag:
         whether it is set."""
         if self._set:
             return True
+        host = scheduling.host
+        if host is not None:  # a simulation: run its other tasks meanwhile
+            return host.wait(self.is_set, timeout)
         lock = allocate_lock()
         lock.acquire()
         with _guard:

@@ -57,6 +57,7 @@ from nous_actor.errors import (
     SessionStopped,
     StoreError,
 )
+from nous_actor.runtime import scheduling
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.runtime.exit import at_exit
 from nous_actor.runtime.flag import Flag
@@ -834,7 +835,7 @@ class SessionActor(DispatchedSupervisedActor):
                 deliver(out, None)
 
         name = f"nous-summarise-{self.session_id}"
-        threading.Thread(target=work, name=name, daemon=True).start()
+        scheduling.spawn(work, name)  # a thread (a task, in a simulation)
 
     def h_compact_summary(
         self, req: _Compaction, plan: Plan, summary: Any, exc: BaseException | None

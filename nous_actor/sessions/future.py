@@ -17,6 +17,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import CallTimeout
+from nous_actor.runtime import scheduling
 
 __all__ = ["DEFAULT_TIMEOUT", "SessionFuture"]
 
@@ -163,7 +164,12 @@ class SessionFuture(pykka.Future[T]):
                     "'await' the future instead"
                 )
             bound = self._timeout if timeout is None else timeout
-            if not self._ready.acquire(True, min(max(bound, 0), threading.TIMEOUT_MAX)):
+            wait = bound
+            host = scheduling.host
+            if host is not None:  # a simulation: run its tasks meanwhile (virtual time)
+                host.wait(self.done, bound)
+                wait = 0
+            if not self._ready.acquire(True, min(max(wait, 0), threading.TIMEOUT_MAX)):
                 raise CallTimeout(
                     self._session_id, f"no answer within {bound:g} s; the call may still apply"
                 )

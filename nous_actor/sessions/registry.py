@@ -41,6 +41,7 @@ from nous_actor._log import get_logger
 from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import SessionStopped, TooManySessions
+from nous_actor.runtime import scheduling
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import SessionActor, _safe_str
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
@@ -142,6 +143,8 @@ class Sessions:
         RestartPolicy(max_restarts, max_seconds, backoff, clock, scheduler)  # validates
         check_seconds(timeout, "timeout")
         check_flag(start, "start")
+        if clock is time.monotonic and scheduling.host is not None:
+            clock = scheduling.host.now  # a simulation's virtual clock
         self.store: Store = MemoryStore() if store is None else store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
@@ -163,8 +166,11 @@ class Sessions:
         if start:
             self._start_actor()
         if idle_timeout is not None:
-            t = threading.Thread(target=self._reap, name="nous-passivator", daemon=True)
-            t.start()
+            if scheduling.host is None:
+                t = threading.Thread(target=self._reap, name="nous-passivator", daemon=True)
+                t.start()
+            else:  # a simulation: a timer on its virtual clock, armed again each time
+                self._reap_later()
 
     # -- supervision -----------------------------------------------------------------------
 
@@ -357,16 +363,29 @@ class Sessions:
     def _reap(self) -> None:
         assert self.idle_timeout is not None
         while not self._reaper_stop.wait(self.idle_timeout / 2):
-            try:
-                self.passivate_idle()
-            except SessionStopped:
-                continue  # restarting, or closed (then the loop ends)
-            except Exception as exc:  # keep reaping
-                logger.error(
-                    "session.passivation_failed",
-                    reason=type(exc).__name__,
-                    error=_safe_str(exc),
-                )
+            self._reap_once()
+
+    def _reap_once(self) -> None:
+        try:
+            self.passivate_idle()
+        except SessionStopped:
+            pass  # restarting, or closed (then the reaping ends)
+        except Exception as exc:  # keep reaping
+            logger.error(
+                "session.passivation_failed",
+                reason=type(exc).__name__,
+                error=_safe_str(exc),
+            )
+
+    def _reap_later(self) -> None:
+        assert self.idle_timeout is not None
+
+        def tick() -> None:
+            if not self._reaper_stop.is_set():
+                self._reap_once()
+                self._reap_later()
+
+        scheduling.call_later(self.idle_timeout / 2, tick, "nous-passivator")
 
 
 Started = tuple[pykka.ActorRef[Any], "SessionFuture[None] | None"]
@@ -683,11 +702,14 @@ class RegistryActor(SupervisedActor):
             def fire() -> None:
                 # Done when this returns (a test's scheduler relies on it): in this
                 # actor's thread directly, from any other by an ask.
-                if threading.get_ident() == home:
+                if threading.get_ident() == home and scheduling.host is None:
                     self.m_restart(session_id, reason)
                     return
                 try:
-                    me.ask(("restart", session_id, reason), timeout=self.facade.timeout)
+                    if scheduling.host is not None:  # a simulation's timer task: no wait
+                        me.tell(("restart", session_id, reason))
+                    else:
+                        me.ask(("restart", session_id, reason), timeout=self.facade.timeout)
                 except (pykka.ActorDeadError, pykka.Timeout):
                     pass
 

@@ -19,6 +19,7 @@ from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
+from nous_actor.runtime import scheduling
 from nous_actor.store.base import Store
 
 __all__ = ["Committer", "committer_for"]
@@ -70,10 +71,15 @@ class Committer:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._failed: dict[str, StoreError] = {}
         self._failed_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="nous-committer", daemon=True)
-        self._thread.start()
         self.commits = 0
         self.items = 0
+        self._thread: threading.Thread | None = None
+        host = scheduling.host
+        if host is not None:  # a simulation: each batch it writes is a step of a task
+            self._queue = host.committer_queue(self)
+            return
+        self._thread = threading.Thread(target=self._run, name="nous-committer", daemon=True)
+        self._thread.start()
 
     def submit(self, session_id: str, events: Sequence[Event], notify: Notify) -> None:
         """Queue ``events`` of one session for the next transaction."""
@@ -91,7 +97,8 @@ class Committer:
     def close(self, timeout: float = 10.0) -> None:
         """Finish what is queued, then stop the thread."""
         self._queue.put(None)
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:
@@ -114,15 +121,19 @@ class Committer:
                     stop = True
                     break
                 batch.append(item)
-            try:
-                self._commit(batch)
-            except BaseException as exc:  # never let the writer thread die silently
-                logger.error("store.committer_failed", reason=type(exc).__name__, error=str(exc))
-                err = StoreError(f"the store's writer failed: {type(exc).__name__}: {exc}")
-                for item in batch:
-                    _notify(item, err)
+            self._write(batch)
             if stop:
                 return
+
+    def _write(self, batch: list[_Item]) -> None:
+        """Commit one batch and answer its items (never raises: the writer lives on)."""
+        try:
+            self._commit(batch)
+        except BaseException as exc:  # never let the writer thread die silently
+            logger.error("store.committer_failed", reason=type(exc).__name__, error=str(exc))
+            err = StoreError(f"the store's writer failed: {type(exc).__name__}: {exc}")
+            for item in batch:
+                _notify(item, err)
 
     def _commit(self, batch: list[_Item]) -> None:
         writes: dict[str, list[Event]] = {}

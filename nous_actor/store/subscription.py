@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout, SessionStopped, SubscriptionLagged
+from nous_actor.runtime import scheduling
 
 __all__ = ["Subscription"]
 
@@ -123,6 +124,10 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
         if timeout is None:
             timeout = self.timeout
         deadline = time.monotonic() + timeout
+        host = scheduling.host
+        if host is not None and not self._items:  # a simulation: run its tasks meanwhile
+            host.wait(self._readable, timeout)
+            deadline = time.monotonic()  # virtual time has passed: no second wait
         with self._cond:
             while not self._items:
                 if self._ended:
@@ -159,7 +164,15 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
     def __iter__(self) -> Subscription:
         return self
 
+    def _readable(self) -> bool:
+        return bool(self._items) or self._ended
+
     def __next__(self) -> Event:
+        host = scheduling.host
+        if host is not None and not self._items:  # a simulation: run its tasks meanwhile
+            host.wait(self._readable, self.timeout)
+            if not self._readable():
+                raise CallTimeout(self.session_id, f"no event within {self.timeout:g} s")
         with self._cond:
             while not self._items:
                 if self._ended:

@@ -52,6 +52,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import NousActorError
+from nous_actor.runtime import scheduling
 from nous_actor.runtime.dispatcher import DispatchedActor
 from nous_actor.runtime.flag import Flag
 
@@ -211,6 +212,18 @@ class SupervisedActor(_Supervised, pykka.ThreadingActor):
     """
 
     use_daemon_thread = True
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        host = scheduling.host
+        return pykka.ThreadingFuture() if host is None else host.future()
+
+    def _start_actor_loop(self) -> None:
+        host = scheduling.host
+        if host is None:
+            super()._start_actor_loop()
+        else:  # a simulation runs it as a task, one message per step
+            host.adopt(self)
 
     def _actor_loop(self) -> None:
         try:

@@ -16,6 +16,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import safe_str
 from nous_actor.core.args import check_callable, check_seconds
+from nous_actor.runtime import scheduling
 from nous_actor.supervision.actor import (
     Clock,
     Exit,
@@ -131,6 +132,8 @@ class RestartPolicy:
         self.max_restarts = max_restarts
         self.max_seconds = max_seconds
         self.backoff = backoff
+        if clock is time.monotonic and scheduling.host is not None:
+            clock = scheduling.host.now  # a simulation's virtual clock
         self.clock = clock
         self.scheduler: Scheduler = _timer if scheduler is None else scheduler
         self._windows: dict[object, RestartIntensity] = {}
@@ -189,9 +192,7 @@ class ChildSpec:
 
 
 def _timer(delay: float, fn: Callable[[], None]) -> None:
-    t = threading.Timer(delay, fn)
-    t.daemon = True
-    t.start()
+    scheduling.call_later(delay, fn, "nous-restart")
 
 
 class Supervisor(SupervisedActor):
