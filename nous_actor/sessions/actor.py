@@ -984,6 +984,33 @@ class SessionActor(DispatchedSupervisedActor):
         """Answered once every append made before it is committed (a barrier)."""
         return None
 
+    def busy(self) -> str | None:
+        """Why this session cannot be handed to another process now (``None``: it is
+        idle: nothing in flight, nothing waiting, no compaction being written)."""
+        if self._loading:
+            return "recovering"
+        if self.inflight or self._store_ops:
+            return "a commit is in flight"
+        if self.parked:
+            return "calls are waiting"
+        if self._compacting:
+            return "a compaction is being written"
+        return None
+
+    def h_handoff(self) -> bool:
+        """Another process asked for this session: if it is idle, stop now (normally:
+        no restart), letting go of the claim; ``False`` if it is busy (ask again later).
+
+        Calls already queued behind this one are answered with `SessionStopped`
+        (not applied); a handle's next call reopens the session through its
+        registry, which may ask for it back."""
+        why = self.busy()
+        if why is not None:
+            return False
+        logger.info("session.handed_over", session_id=self.session_id, reason="asked")
+        self._stop()
+        return True
+
 
 # Calls that must see every append made before them (they wait for its commit).
 _WAIT_FOR_COMMITS: Final = frozenset(

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 
+from nous_actor.core.args import check_seconds
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import SessionInfo, valid_store_id
+from nous_actor.store.subscription import Subscription
 
 __all__ = ["MemoryStore"]
 
@@ -22,10 +25,18 @@ class MemoryStore:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition(threading.Lock())
         self._events: dict[str, dict[int, Event]] = {}
         self._claims: dict[str, str] = {}
         self._closed = False
+        self._version = 0  # counts every change (wait_changed)
+        self._asked: dict[str, tuple[str, float]] = {}  # id -> (claim asked of, until)
+        self._watches: dict[str, list[_MemoryWatch]] = {}
+
+    def _changed(self) -> None:
+        """Under the lock: something changed (wake `wait_changed`)."""
+        self._version += 1
+        self._lock.notify_all()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -58,6 +69,9 @@ class MemoryStore:
                     )
                     continue
                 self._events.setdefault(sid, {}).update((ev.seq, ev) for ev in events)
+                for w in self._watches.get(sid, ()):
+                    w._offer(sorted(events, key=lambda ev: ev.seq))
+            self._changed()
         return refused
 
     def drop(self, session_id: str, seqs: Sequence[int]) -> None:
@@ -67,6 +81,7 @@ class MemoryStore:
             if stored is not None:
                 for s in seqs:
                     stored.pop(s, None)
+            self._changed()
 
     def sessions(self) -> list[str]:
         with self._lock:
@@ -78,6 +93,7 @@ class MemoryStore:
             self._check_open()
             self._events.pop(session_id, None)
             self._claims.pop(session_id, None)
+            self._changed()
 
     def claim(self, session_id: str) -> str:
         session_id = self._valid_id(session_id)
@@ -91,12 +107,14 @@ class MemoryStore:
                 )
             token = uuid.uuid4().hex
             self._claims[session_id] = token
+            self._changed()
             return token
 
     def release(self, session_id: str, token: str) -> None:
         with self._lock:
             if self._claims.get(session_id) == token:
                 del self._claims[session_id]
+                self._changed()
 
     def index(self) -> list[SessionInfo]:
         """Every stored session's size, next seq and latest time, sorted by id.
@@ -114,9 +132,126 @@ class MemoryStore:
                 if evs
             ]
 
+    # -- sharing (see nous_actor.store.shared) -------------------------------------------
+
+    def load_since(self, session_id: str, from_seq: int) -> list[Event]:
+        """The stored events of `session_id` with ``seq >= from_seq``, in seq order.
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+        """
+        session_id = self._valid_id(session_id)
+        with self._lock:
+            self._check_open()
+            stored = self._events.get(session_id, {})
+            return [stored[k] for k in sorted(stored) if k >= from_seq]
+
+    def watch(
+        self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0
+    ) -> Subscription:
+        """Every stored event of `session_id` with ``seq >= from_seq``, then each one as
+        it is written, exactly once, in seq order (never cut off: the events are in
+        memory anyway).
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+        """
+        session_id = self._valid_id(session_id)
+        w = _MemoryWatch(self, session_id, from_seq, buffer, timeout)
+        with self._lock:
+            self._check_open()
+            stored = self._events.get(session_id, {})
+            w._offer([stored[k] for k in sorted(stored) if k >= from_seq])
+            self._watches.setdefault(session_id, []).append(w)
+        return w
+
+    def _unwatch(self, sub: Subscription) -> None:
+        with self._lock:
+            ws = self._watches.get(sub.session_id, [])
+            if sub in ws:
+                ws.remove(sub)
+            if not ws:
+                self._watches.pop(sub.session_id, None)
+
+    def holder(self, session_id: str) -> str | None:
+        """``"this process"`` if `session_id` is claimed in this store, else `None`."""
+        session_id = self._valid_id(session_id)
+        with self._lock:
+            self._check_open()
+            return "this process" if session_id in self._claims else None
+
+    def ask_handoff(self, session_id: str, seconds: float) -> None:
+        """Ask the current holder of `session_id` to hand it over, for `seconds`
+        (a request made while nobody holds it asks nobody).
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+        """
+        session_id = self._valid_id(session_id)
+        seconds = check_seconds(seconds, "seconds")
+        with self._lock:
+            self._check_open()
+            token = self._claims.get(session_id)
+            if token is not None:
+                self._asked[session_id] = (token, time.monotonic() + seconds)
+                self._changed()
+
+    def handoff_requests(self) -> list[str]:
+        """The claimed sessions someone asked for while the current claim held them."""
+        now = time.monotonic()
+        with self._lock:
+            self._check_open()
+            return sorted(
+                sid
+                for sid, (token, until) in self._asked.items()
+                if until > now and self._claims.get(sid) == token
+            )
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        """Wait at most `timeout` s for a change after counter `after`; the counter now."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self._lock:
+            while self._version <= after and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(left)
+            self._check_open()
+            return self._version
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            watches = [w for ws in self._watches.values() for w in ws]
+            self._watches.clear()
+            self._lock.notify_all()
+        for w in watches:
+            w._finish(StoreError("the store was closed; the watch has ended"))
 
     def __repr__(self) -> str:
         return f"<MemoryStore sessions={len(self._events)}>"
+
+
+class _MemoryWatch(Subscription):
+    """A `MemoryStore` watch: the store hands it each write as it happens."""
+
+    def __init__(
+        self, store: MemoryStore, session_id: str, from_seq: int, buffer: int, timeout: float
+    ) -> None:
+        super().__init__(
+            session_id, from_seq=from_seq, buffer=buffer, timeout=timeout, on_close=store._unwatch
+        )
+        self.next_seq = from_seq
+
+    def _offer(self, events: Sequence[Event]) -> None:
+        """Under the store's lock: take the events not delivered yet, in seq order."""
+        fresh = [ev for ev in events if ev.seq >= self.next_seq]
+        if not fresh:
+            return
+        self.next_seq = fresh[-1].seq + 1
+        with self._cond:
+            if self._ended:
+                return
+            self._items.extend(fresh)
+            self._cond.notify_all()
+            self._wake_async()

@@ -1,0 +1,152 @@
+"""Hand-off between processes: a registry asks another process for a session it holds,
+and hands over the sessions others ask it for.
+
+Both sides work through the store's optional methods (`nous_actor.store.shared`):
+
+* **Asking** (`acquire`, behind ``Sessions.open(id, wait=...)``): while another
+  live process holds the session, leave a request for it in the store
+  (``ask_handoff``), wait for the store to change (``wait_changed``: on SQLite
+  the file is followed, on PostgreSQL a ``NOTIFY`` wakes the waiter), and open
+  the session as soon as its holder has let go. The claim decides who writes
+  (on PostgreSQL, the lease and its fencing): nothing here can make two writers.
+* **Handing over** (`HandOver`, one thread per registry, started with its first
+  session): whenever the store changes, read which of this registry's sessions
+  others asked for (``handoff_requests``) and ask each of them to stop if it is
+  idle: nothing in flight, nothing waiting (`SessionActor.h_handoff`). A busy
+  session is asked again at the store's next change, so it goes as soon as its
+  last commit lands.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from nous_actor._log import get_logger
+from nous_actor.errors import ConflictError, NousActorError, SessionStopped, StoreError
+from nous_actor.sessions.actor import SessionActor, _Envelope
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.store import shared
+
+if TYPE_CHECKING:
+    from nous_actor.sessions.handle import Session
+    from nous_actor.sessions.registry import Sessions
+
+__all__ = ["HandOver", "acquire"]
+
+logger = get_logger(__name__)
+
+REASK: Final = 0.5
+"""An asker asks the same holder again this often (a request made just before the
+holder re-claimed the session does not count for it)."""
+
+RETRY_OPEN: Final = 0.25
+"""An asker tries to open the session at least this often, whatever the store says
+about its holder (a PostgreSQL holder whose process died still has a lease)."""
+
+IDLE_PAUSE: Final = 0.002
+"""The least time between two looks at the requests by a holder (caps how often a busy
+store wakes the hand-over thread)."""
+
+
+def acquire(
+    facade: Sessions, session_id: str, wait: float, open_now: Callable[[], Session]
+) -> Session:
+    """Open ``session_id`` with ``open_now``, asking its live holder for it and waiting
+    at most ``wait`` seconds for it to let go.
+
+    Raises:
+        ConflictError: the holder kept the session for ``wait`` seconds (the message
+            and ``holder`` name it).
+        Whatever ``open_now`` raises, other than `ConflictError`.
+    """
+    store = facade.store
+    deadline = time.monotonic() + wait
+    version = shared.wait_changed(store, -1, 0.0)
+    asked: tuple[str | None, float] | None = None
+    last_try = time.monotonic()
+    last: ConflictError | None = None
+    while True:
+        try:
+            return open_now()
+        except ConflictError as exc:
+            last = exc
+            last_try = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                who = shared.holder(store, session_id) or last.holder
+                raise ConflictError(
+                    f"is still held by {who or 'another live writer'} after waiting "
+                    f"{wait:g} s for a hand-off (it stays busy: an open turn, or calls "
+                    "in flight); retry later, or route the request to that process",
+                    session_id=session_id,
+                    holder=who or last.holder,
+                    lease_until=last.lease_until,
+                ) from last
+            who = shared.holder(store, session_id)
+            if who is None or now - last_try >= RETRY_OPEN:
+                break  # let go (or perhaps dead): try to open it
+            if asked is None or asked[0] != who or now - asked[1] >= REASK:
+                shared.ask_handoff(store, session_id, max(deadline - now, 0.001))
+                asked = (who, now)
+            version = shared.wait_changed(store, version, min(deadline - now, RETRY_OPEN, REASK))
+
+
+class HandOver:
+    """The hand-over side of one registry: a thread that hands its sessions to the
+    processes that ask for them (see the module docs). Started on demand, ended by
+    `stop` (or when the registry is collected)."""
+
+    def __init__(self, facade: Sessions) -> None:
+        self._facade = facade
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.handed = 0  # sessions handed over (for tests and the benchmark)
+
+    def start(self) -> None:
+        """Start the thread unless it runs (or the store carries no requests)."""
+        if self._thread is not None or not shared.supports_handoff(self._facade.store):
+            return
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="nous-handover", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        facade = self._facade
+        store = facade.store
+        version = -1
+        while not self._stop.is_set() and not facade._closed:
+            try:
+                version = shared.wait_changed(store, version, 0.25)
+                asked = shared.handoff_requests(store)
+            except StoreError:
+                return  # the store closed (or failed): there is nothing to hand over
+            for session_id in asked:
+                if self._stop.is_set():
+                    return
+                self._offer(session_id)
+            self._stop.wait(IDLE_PAUSE)
+
+    def _offer(self, session_id: str) -> None:
+        """Ask the live actor of ``session_id`` in this registry, if any, to hand over."""
+        ref = self._facade._live_ref(session_id)
+        if ref is None:
+            return
+        fut: SessionFuture[Any] = SessionFuture(session_id, self._facade.timeout)
+        try:
+            ref.actor_inbox.put(_Envelope((SessionActor.h_handoff, (), fut)))  # type: ignore[arg-type]
+            handed = fut.get()
+        except (NousActorError, SessionStopped):
+            return  # stopped meanwhile (or slow): nothing to hand over now
+        if handed:
+            self.handed += 1
