@@ -40,12 +40,14 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
-from nous_actor.errors import SessionStopped, TooManySessions
+from nous_actor.errors import ConflictError, SessionStopped, TooManySessions
 from nous_actor.runtime import scheduling
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import SessionActor, _safe_str
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import Session, _off_loop, check_placement
+from nous_actor.sessions.handoff import HandOver, acquire
+from nous_actor.sessions.reader import SessionReader
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
@@ -112,6 +114,15 @@ class Sessions:
         start: start the registry now, on its own (the default). With
             ``start=False`` it starts when a parent `Supervisor` starts the
             `child_spec`, and again each time the parent restarts it.
+        handoff_wait: how long `open` (and a handle reopening a session) waits
+            by default for another process that holds the session to hand it
+            over (``None``, the default: not at all, `ConflictError` at once).
+            See `open`.
+
+    Whatever ``handoff_wait`` says, a registry hands over the sessions other
+    processes ask for (``open(id, wait=...)`` there) as soon as each is idle,
+    on a store that carries hand-off requests (`SQLiteStore`, `PostgresStore`,
+    `MemoryStore`).
     """
 
     def __init__(
@@ -129,6 +140,7 @@ class Sessions:
         scheduler: Scheduler = _timer,
         start: bool = True,
         dispatcher: Dispatcher | None = None,
+        handoff_wait: float | None = None,
     ) -> None:
         if store is not None and not isinstance(store, Store):
             raise TypeError(
@@ -143,6 +155,8 @@ class Sessions:
         RestartPolicy(max_restarts, max_seconds, backoff, clock, scheduler)  # validates
         check_seconds(timeout, "timeout")
         check_flag(start, "start")
+        if handoff_wait is not None:
+            handoff_wait = check_seconds(handoff_wait, "handoff_wait", low_open=False)
         if clock is time.monotonic and scheduling.host is not None:
             clock = scheduling.host.now  # a simulation's virtual clock
         self.store: Store = MemoryStore() if store is None else store
@@ -156,6 +170,8 @@ class Sessions:
         self.clock = clock
         self.scheduler = scheduler
         self.dispatcher = dispatcher
+        self.handoff_wait = handoff_wait
+        self._handover = HandOver(self)
         self._ref: pykka.ActorRef[RegistryActor] | None = None
         self._ref_changed = threading.Condition()
         self._supervised = not start
@@ -246,30 +262,88 @@ class Sessions:
 
     # -- the user's side -------------------------------------------------------------------
 
-    def open(self, session_id: str) -> Session:
+    def open(self, session_id: str, *, wait: float | None = None) -> Session:
         """Start or find ``session_id`` and return a handle that survives its restarts.
 
         Opening a session the registry gave up on tries it again (a fresh
         restart intensity).
 
+        **Hand-off.** When another live process holds the session (a web
+        worker that served its previous request), ``wait`` seconds (default:
+        the registry's ``handoff_wait``; ``None`` or 0: not at all) asks that
+        process for it: the holder hands it over as soon as it is idle (nothing
+        in flight, no call waiting) by passivating it and releasing its
+        claim, and this registry then takes it and recovers it from the
+        store. Nothing acknowledged is lost, however often a session moves;
+        the store's claim (on PostgreSQL its lease and fencing) decides who
+        writes. Without ``wait``, `ConflictError` at once, as before.
+
         Raises:
-            ValueError, TypeError: ``session_id`` is not a valid id (see `nous_actor.core.ids`).
+            ValueError, TypeError: ``session_id`` is not a valid id (see
+                `nous_actor.core.ids`), or ``wait`` is not a number of seconds >= 0.
             TooManySessions: ``max_sessions`` sessions are live.
-            ConflictError: another live writer holds the session in the store.
+            ConflictError: another live writer holds the session in the store (and
+                kept it for ``wait`` seconds); ``holder`` names it where the store knows.
             StoreError: the store failed while recovering the session.
             SessionStopped: the registry is closed (or not running).
         """
         check_session_id(session_id)
+        wait = self._wait(wait)
+        if not wait:
+            return self._open_now(session_id)
+        try:
+            return self._open_now(session_id)
+        except ConflictError:
+            return acquire(self, session_id, wait, partial(self._open_now, session_id))
+
+    def _wait(self, wait: object) -> float:
+        """``wait`` (or the registry's default) as seconds to wait for a hand-off."""
+        if wait is None:
+            return self.handoff_wait or 0.0
+        return check_seconds(wait, "wait", low_open=False)
+
+    def _open_now(self, session_id: str) -> Session:
         ref, ready = self._ask(("open", session_id), session_id)
         if ready is not None:  # recovering: wait here, not in the registry
             ready.get()
+        self._handover.start()
         return self._handle(session_id, ref)
 
-    async def aopen(self, session_id: str) -> Session:
+    def read(self, session_id: str) -> SessionReader:
+        """A read-only view of ``session_id`` that never takes the session: what it
+        reads is the committed history in the store, from any process, whoever
+        holds the session (this registry, another process, or nobody).
+
+        Its methods are the handle's reads (``derive_messages``, ``events``,
+        ``since``, ``as_of``, ``log``, ``subscribe``...), each returning a
+        future; see `nous_actor.SessionReader`.
+
+        Raises:
+            ValueError, TypeError: ``session_id`` is not a valid id.
+            SessionStopped: the registry is closed.
+        """
+        check_session_id(session_id)
+        if self._closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        return SessionReader(session_id, self.store, timeout=self.timeout)
+
+    async def aopen(self, session_id: str, *, wait: float | None = None) -> Session:
         """`open` for asyncio code: the start (and recovery from the store) is awaited
         without blocking the loop, and without a thread per call: many sessions
-        opened at once recover concurrently. Raises as `open` does."""
+        opened at once recover concurrently. A wait for a hand-off runs off the
+        loop. Raises as `open` does."""
         check_session_id(session_id)
+        wait = self._wait(wait)
+        try:
+            return await self._aopen_now(session_id)
+        except ConflictError:
+            if not wait:
+                raise
+        return await _off_loop(
+            partial(acquire, self, session_id, wait, partial(self._open_now, session_id))
+        )
+
+    async def _aopen_now(self, session_id: str) -> Session:
         answer: SessionFuture[Any] = SessionFuture(session_id, self.timeout)
         ref = self._current(session_id)
         try:
@@ -283,6 +357,7 @@ class Sessions:
         ref, ready = await answer
         if ready is not None:
             await ready
+        self._handover.start()
         return self._handle(session_id, ref)
 
     def _handle(
@@ -334,6 +409,7 @@ class Sessions:
         if self._closed:
             return
         self._reaper_stop.set()
+        self._handover.stop()
         ref = self._ref
         if ref is not None and ref.is_alive():
             try:
@@ -361,10 +437,29 @@ class Sessions:
         self._last_used[session_id] = self.clock()
 
     def _resolve(self, session_id: str) -> pykka.ActorRef[Any]:
+        try:
+            return self._resolve_now(session_id)
+        except ConflictError:
+            if not self.handoff_wait:
+                raise
+        # Handed to another process meanwhile: ask for it back, as open() would.
+        acquire(self, session_id, self.handoff_wait, partial(self._open_now, session_id))
+        return self._resolve_now(session_id)
+
+    def _resolve_now(self, session_id: str) -> pykka.ActorRef[Any]:
         ref, ready = self._ask(("resolve", session_id), session_id)
         if ready is not None:  # (re)starting: its calls would wait for the log anyway
             ready.get()
         return ref  # type: ignore[no-any-return]
+
+    def _live_ref(self, session_id: str) -> pykka.ActorRef[Any] | None:
+        """The running actor of ``session_id`` in this registry, or ``None``."""
+        if self._closed:
+            return None
+        try:
+            return self._ask(("live_ref", session_id), session_id)  # type: ignore[no-any-return]
+        except SessionStopped:
+            return None
 
     def _reap(self) -> None:
         assert self.idle_timeout is not None
@@ -504,6 +599,15 @@ class RegistryActor(SupervisedActor):
             entry = self.starting.get(ref.actor_urn)
             return ref, None if entry is None else entry[1]
         return self._start_session(session_id)
+
+    def m_live_ref(self, session_id: str) -> pykka.ActorRef[Any] | None:
+        ref = self.live.get(session_id)
+        if ref is None or not ref.is_alive():
+            return None
+        entry = self.starting.get(ref.actor_urn)
+        if entry is not None and not entry[1].done():
+            return None  # still recovering: nothing to hand over yet
+        return ref
 
     def m_live(self) -> list[str]:
         return sorted(sid for sid, ref in self.live.items() if ref.is_alive())
