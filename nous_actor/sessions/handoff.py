@@ -77,7 +77,7 @@ def acquire(
         while True:
             now = time.monotonic()
             if now >= deadline:
-                who = shared.holder(store, session_id) or last.holder
+                who = shared.held_by(store, session_id) or last.holder
                 raise ConflictError(
                     f"is still held by {who or 'another live writer'} after waiting "
                     f"{wait:g} s for a hand-off (it stays busy: an open turn, or calls "
@@ -86,7 +86,7 @@ def acquire(
                     holder=who or last.holder,
                     lease_until=last.lease_until,
                 ) from last
-            who = shared.holder(store, session_id)
+            who = shared.held_by(store, session_id)
             if who is None or now - last_try >= RETRY_OPEN:
                 break  # let go (or perhaps dead): try to open it
             if asked is None or asked[0] != who or now - asked[1] >= REASK:

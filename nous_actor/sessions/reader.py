@@ -140,10 +140,10 @@ class SessionReader:
         seq = _check_seq(seq, "as_of(seq)")
         return self._read(lambda: self._load().as_of(seq))
 
-    def holder(self) -> SessionFuture[str | None]:
+    def held_by(self) -> SessionFuture[str | None]:
         """Who holds the session now (e.g. ``"process 4242"``), or ``None`` if nobody
         does (or the store cannot tell)."""
-        return self._read(lambda: shared.holder(self.store, self.session_id))
+        return self._read(lambda: shared.held_by(self.store, self.session_id))
 
     def subscribe(
         self, from_seq: int = 0, *, buffer: int = 1000, timeout: float | None = None

@@ -173,7 +173,7 @@ class MemoryStore:
             if not ws:
                 self._watches.pop(sub.session_id, None)
 
-    def holder(self, session_id: str) -> str | None:
+    def held_by(self, session_id: str) -> str | None:
         """``"this process"`` if `session_id` is claimed in this store, else `None`."""
         session_id = self._valid_id(session_id)
         with self._lock:

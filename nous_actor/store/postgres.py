@@ -50,6 +50,7 @@ see docs/persistence.md). Times are ``timestamptz`` (microseconds, UTC).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import select
@@ -575,6 +576,7 @@ class PostgresStore(ClosingStore):
         self._leases = _Leases(self)
         self._listeners: list[_Listener] = []  # at most one, made on the first watch
         self._listener_lock = threading.Lock()
+        self._leases.on_change = functools.partial(_claim_changed, self._listeners)
         # A store nobody uses any more stops its threads and closes its connections
         # (its claims then lapse, and dead-holder detection frees them at once).
         self._finalizer = weakref.finalize(
@@ -993,12 +995,87 @@ class PostgresStore(ClosingStore):
         session_id = self._valid_id(session_id)
         if not isinstance(from_seq, int) or isinstance(from_seq, bool) or from_seq < 0:
             raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
+        return self._listener().add(session_id, from_seq, buffer, timeout)
+
+    def _listener(self) -> _Listener:
         with self._listener_lock:
             self._check_open()
             if not self._listeners:
                 self._listeners.append(_Listener(self))
-            listener = self._listeners[0]
-        return listener.add(session_id, from_seq, buffer, timeout)
+            return self._listeners[0]
+
+    # -- sharing with other processes (see nous_actor.store.shared) --------------------------
+
+    def load_since(self, session_id: str, from_seq: int) -> list[Event]:
+        """The stored events of `session_id` with ``seq >= from_seq``, in seq order, read
+        without a claim.
+
+        Raises:
+            StoreError: the store is closed or failed, or a stored event is malformed.
+        """
+        self._check_open()
+        if not self._storable(session_id):
+            return []
+        query = (
+            f"SELECT seq, type, time, data FROM {self._sql.events} "
+            "WHERE session_id = %s AND seq >= %s ORDER BY seq"
+        )
+
+        def work(conn: psycopg.Connection[Any]) -> list[Event]:
+            rows = conn.execute(query, (session_id, min(from_seq, _MAX_SEQ))).fetchall()
+            return [event_from_row(*row) for row in rows]
+
+        return self._call(self._main, session_id, "load the session", work)
+
+    def held_by(self, session_id: str) -> str | None:
+        """The name of the process holding a live lease on `session_id`, or `None`.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        held = self.holder_of(session_id)
+        return None if held is None else held[0]
+
+    def ask_handoff(self, session_id: str, seconds: float) -> None:
+        """Ask the live holder of `session_id` to hand it over (a ``NOTIFY`` its
+        listener hears; a holder that was not listening yet is asked again by the
+        asker). ``seconds`` is how long the asker waits (the request itself is not stored).
+
+        Raises:
+            StoreError: the id is not valid, or the store failed.
+        """
+        self._check_open()
+        session_id = self._valid_id(session_id)
+        check_seconds(seconds, "seconds", 0.0, _MAX_TIMEOUT_S)
+        self._call(
+            self._main,
+            session_id,
+            "ask for the session",
+            lambda conn: conn.execute(
+                "SELECT pg_notify(%s, 'handoff ' || %s)", (self._sql.channel, session_id)
+            ),
+        )
+
+    def handoff_requests(self) -> list[str]:
+        """The sessions this store holds that another process asked for since it claimed
+        them. Listening starts with the first call (or `wait_changed`, or `watch`).
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        listener = self._listener()
+        with listener.mutex:
+            asked = sorted(listener.asked)
+        return [sid for sid in asked if self._leases.holds(sid)]
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        """Wait at most `timeout` s for a notification (a commit, a release, a request)
+        after the counter `after`; returns the counter now.
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        return self._listener().wait_changed(after, timeout)
 
     def close(self) -> None:
         """Release this store's claims, end its watches, close its connections.
@@ -1377,6 +1454,8 @@ class _Leases:
         self.claims_table = store._sql.claims
         self.epochs_name = store._sql.epochs
         self.key_prefix = f"{store.schema}\x1f"
+        self.channel = store._sql.channel
+        self.on_change: Callable[[str], None] = lambda sid: None  # a claim began or ended
         self.closing = store._closing
         self.mutex = threading.Lock()
         self.claims: dict[str, _Claim] = {}
@@ -1391,6 +1470,12 @@ class _Leases:
     def get(self, session_id: str) -> _Claim | None:
         with self.mutex:
             return self.claims.get(session_id)
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this store holds a claim on ``session_id`` that is not known lost."""
+        with self.mutex:
+            c = self.claims.get(session_id)
+            return c is not None and c.lost is None
 
     def epoch_of(self, session_id: str) -> int | None:
         with self.mutex:
@@ -1466,6 +1551,7 @@ class _Leases:
                 self.claims[session_id] = _Claim(
                     token, epoch, started + self.lease * _FAIL_CLOSED_FRACTION, locked
                 )
+            self.on_change(session_id)
         finally:
             with self.mutex:
                 self.pending.discard(session_id)
@@ -1620,11 +1706,16 @@ class _Leases:
                 claim = None
         if claim is None:
             return
+        self.on_change(session_id)
         table = self.claims_table
 
         def work(conn: psycopg.Connection[Any]) -> None:
+            # The release commits with its notice: an asker waiting for the session
+            # (open(id, wait=...)) tries it at once.
             conn.execute(
-                f"DELETE FROM {table} WHERE session_id = %s AND token = %s", (session_id, token)
+                f"WITH gone AS (DELETE FROM {table} WHERE session_id = %s AND token = %s "
+                "RETURNING session_id) SELECT pg_notify(%s, 'released ' || session_id) FROM gone",
+                (session_id, token, self.channel),
             )
             if claim.locked:
                 claim.locked = False
@@ -1819,6 +1910,12 @@ class _Listener:
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
         self.ended: StoreError | None = None
+        # Change counter (every notification, every reconnect) for wait_changed, and the
+        # sessions this store holds that another process asked for (ask_handoff).
+        self.changed = threading.Condition(self.mutex)
+        self.version = 0
+        self.asked: set[str] = set()
+        self.holds: Callable[[str], bool] = store._leases.holds
         self.thread = threading.Thread(target=self._run, name="nous-postgres-listen", daemon=True)
         self.thread.start()
 
@@ -1863,6 +1960,7 @@ class _Listener:
                     self.fresh = False
                     for w in self._all():  # notifications may have been missed: read again
                         w.dirty = True
+                    self._bump()
                 self._serve(conn)
                 delay = 0.05
             except (psycopg.Error, OSError, CodecError) as exc:
@@ -1911,11 +2009,35 @@ class _Listener:
             if not ready:
                 conn.execute("SELECT 1")  # an idle connection may be dead: find out
 
+    def _bump(self) -> None:
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self.changed:
+            while self.version <= after and self.ended is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.changed.wait(left)
+            if self.ended is not None:
+                raise self.ended
+            return self.version
+
     def _note(self, payload: str) -> None:
         last, _, sid = payload.partition(" ")
+        if last == "handoff":  # another process asks for a session: is it ours?
+            if self.holds(sid):
+                with self.mutex:
+                    self.asked.add(sid)
+            self._bump()
+            return
+        self._bump()
         try:
             top = int(last)
-        except ValueError:
+        except ValueError:  # "released <id>": a change, nothing to read
             return
         with self.mutex:
             for w in self.watches.get(sid, ()):
@@ -1927,6 +2049,7 @@ class _Listener:
             self.ended = err
             watches = [w for ws in self.watches.values() for w in ws]
             self.watches.clear()
+            self.changed.notify_all()
         for w in watches:
             w._finish(err)
 
@@ -1941,6 +2064,13 @@ class _Listener:
         for s in (self.wake_r, self.wake_w):
             with contextlib.suppress(OSError):
                 s.close()
+
+
+def _claim_changed(listeners: list[_Listener], session_id: str) -> None:
+    """A claim of this store began or ended: requests made before are not for it."""
+    for listener in listeners:
+        with listener.mutex:
+            listener.asked.discard(session_id)
 
 
 def _shutdown(

@@ -15,7 +15,7 @@ The optional methods a store of your own may offer (the shipped contract suite,
 * ``watch(session_id, from_seq=0, *, buffer=1000, timeout=30.0) -> Subscription``:
   every committed event with ``seq >= from_seq``, exactly once, in seq order,
   from any process (this one need not write the session).
-* ``holder(session_id) -> str | None``: who holds a live claim on the session
+* ``held_by(session_id) -> str | None``: who holds a live claim on the session
   (``"process 4242"``, ``"host-a pid 4242"``), or ``None``.
 * ``ask_handoff(session_id, seconds) -> None``: ask the live holder of the
   session to hand it over; the request stands for ``seconds``, and only for
@@ -58,7 +58,7 @@ __all__ = [
     "FollowedWatch",
     "ask_handoff",
     "handoff_requests",
-    "holder",
+    "held_by",
     "load_since",
     "supports_handoff",
     "wait_changed",
@@ -147,14 +147,14 @@ def watch(
     return _PollingWatch(store, session_id, from_seq, buffer, timeout)
 
 
-def holder(store: Store, session_id: str) -> str | None:
+def held_by(store: Store, session_id: str) -> str | None:
     """Who holds a live claim on ``session_id`` (e.g. ``"process 4242"``), or ``None``
     if nobody does or the store cannot tell.
 
     Raises:
         StoreError: the session id is not valid, or the store failed.
     """
-    own: Callable[[str], str | None] | None = _own(store, "holder")
+    own: Callable[[str], str | None] | None = _own(store, "held_by")
     if own is not None:
         return own(session_id)
     valid_store_id(session_id)
@@ -531,7 +531,7 @@ def sqlite_load_since(store: SQLiteStore, session_id: str, from_seq: int) -> lis
         return [event_from_row(*row) for row in rows]
 
 
-def sqlite_holder(store: SQLiteStore, session_id: str) -> str | None:
+def sqlite_held_by(store: SQLiteStore, session_id: str) -> str | None:
     from nous_actor.store import sqlite
 
     session_id = valid_store_id(session_id)
@@ -632,7 +632,7 @@ class _Method:
 _SQLITE: Final[dict[str, _Method]] = {
     "load_since": _Method(sqlite_load_since),
     "watch": _Method(sqlite_watch),
-    "holder": _Method(sqlite_holder),
+    "held_by": _Method(sqlite_held_by),
     "ask_handoff": _Method(sqlite_ask_handoff),
     "handoff_requests": _Method(sqlite_handoff_requests),
     "wait_changed": _Method(sqlite_wait_changed),
