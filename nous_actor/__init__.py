@@ -31,12 +31,15 @@ from nous_actor.errors import (
     StoreError,
     SubscriptionLagged,
     TooManySessions,
+    TurnBusy,
+    TurnInterrupted,
 )
 from nous_actor.runtime import DispatchedActor, Dispatcher
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle
 from nous_actor.sessions.registry import RegistryActor, Sessions
+from nous_actor.sessions.turn_handle import Turn
 from nous_actor.store import MemoryStore, SessionInfo, SQLiteStore, Store, list_sessions
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import (
@@ -94,6 +97,9 @@ __all__ = [
     "SupervisedActor",
     "Supervisor",
     "TooManySessions",
+    "Turn",
+    "TurnBusy",
+    "TurnInterrupted",
     "UnsendableMessage",
     "__version__",
     "estimate_tokens",

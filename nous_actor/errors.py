@@ -19,6 +19,8 @@ __all__ = [
     "StoreError",
     "SubscriptionLagged",
     "TooManySessions",
+    "TurnBusy",
+    "TurnInterrupted",
 ]
 
 
@@ -142,6 +144,63 @@ class FencedError(ConflictError):
     ``lease_until`` name the current holder when there is one. Stop the
     session here; its new writer has (or will) reload it from the store.
     """
+
+
+class TurnBusy(ConflictError):
+    """A turn is open on the session, and this call could not wait for it.
+
+    Raised by ``session.turn(policy="reject")`` at once, by an ``enqueue`` turn
+    that waited its bound out, and by a write through the plain handle that
+    waited its bound for the open turn to end. Nothing was applied. ``holder``
+    names the open turn's owner, ``turn_id`` the turn, ``lease_until`` when its
+    lease runs out unless renewed (``None`` when unknown). Try again later, or
+    write through the turn (``with session.turn(...) as turn: turn.append(...)``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        holder: str | None = None,
+        lease_until: datetime | None = None,
+        turn_id: str | None = None,
+    ) -> None:
+        super().__init__(message, session_id=session_id, holder=holder, lease_until=lease_until)
+        self.turn_id = turn_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        make = functools.partial(
+            type(self),
+            session_id=self.session_id,
+            holder=self.holder,
+            lease_until=self.lease_until,
+            turn_id=self.turn_id,
+        )
+        return (make, (self._message,))
+
+
+class TurnInterrupted(SessionError):
+    """The turn this call was made through is no longer open: nothing was applied.
+
+    Another turn interrupted it (policy ``interrupt`` or ``rollback``), its
+    lease ran out, or the session restarted while it was open. ``turn_id``
+    names the turn and ``how`` says how it ended (``"interrupted"``,
+    ``"rolled_back"``, ``"expired"``, ...; ``None`` when unknown). The events it
+    wrote stay in the log (a rollback hides them from the surface behind one
+    short system note). Open a new turn to go on.
+    """
+
+    def __init__(
+        self, session_id: str, message: str, *, turn_id: str | None = None, how: str | None = None
+    ) -> None:
+        super().__init__(session_id, message)
+        self.turn_id = turn_id
+        self.how = how
+
+    def __reduce__(self) -> tuple[object, ...]:
+        make = functools.partial(type(self), turn_id=self.turn_id, how=self.how)
+        return (make, (self.session_id, self.message))
 
 
 class TooManySessions(NousActorError):

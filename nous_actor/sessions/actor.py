@@ -63,6 +63,7 @@ from nous_actor.runtime.exit import at_exit
 from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.recovery import recover, release
+from nous_actor.sessions.turns import DEFER, TurnHost, TurnTable
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer, committer_for
 from nous_actor.store.subscription import Subscription
@@ -76,7 +77,7 @@ T = TypeVar("T")
 Handler = Callable[..., Any]
 
 
-_DEFER: Any = object()  # a handler's result meaning "the future is answered later"
+_DEFER: Any = DEFER  # a handler's result meaning "the future is answered later"
 _NONE: Any = deque(maxlen=0)  # "no parked call": shared by every session until one parks
 
 MAX_COMPACTION_RETRIES: Final = 2
@@ -228,7 +229,7 @@ class _Envelope:
         self.reply_to = None
 
 
-class SessionActor(DispatchedSupervisedActor):
+class SessionActor(TurnHost, DispatchedSupervisedActor):
     """The actor that owns one session's log. Use it through `Session`.
 
     Every message is ``(handler, args, future)``: the actor runs
@@ -275,6 +276,7 @@ class SessionActor(DispatchedSupervisedActor):
         "session_id",
         "store",
         "subscribers",
+        "turns",
     )
 
     def __init__(
@@ -305,6 +307,7 @@ class SessionActor(DispatchedSupervisedActor):
         self.parked: deque[tuple[Handler, tuple[Any, ...], SessionFuture[Any] | None]] = _NONE
         self.failed: StoreError | None = None
         self.subscribers: list[Subscription] = []
+        self.turns: TurnTable | None = None  # made by the first turn (see TurnHost)
         self.crash: BaseException | None = None
         self._ready = ready
         self._fut: SessionFuture[Any] | None = None
@@ -375,6 +378,7 @@ class SessionActor(DispatchedSupervisedActor):
         log._folded()
         self.log = log
         self.next_seq = log.count()
+        self._end_orphan_turn()
         ready, self._ready = self._ready, None  # answered: not kept by an idle session
         if ready is not None:
             ready._resolve(None)
@@ -456,6 +460,8 @@ class SessionActor(DispatchedSupervisedActor):
     def _run(
         self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
     ) -> None:
+        if self.turns is not None and self._turn_holds(handler, args, fut):
+            return  # a write waiting for the open turn: run when it ends
         self._fut = fut
         try:
             result = handler(self, *args)
@@ -502,6 +508,7 @@ class SessionActor(DispatchedSupervisedActor):
     def _shut(self, err: SessionStopped, feed_error: SessionStopped | None) -> None:
         """Answer everything still waiting and let go of the store (after ``actor_stopped``)."""
         self._drain(err)
+        self._turns_shut(err)
         if self._ready is not None:  # stopped while recovering: its openers are told
             self._ready._fail(err)
         while self.parked:
@@ -995,6 +1002,8 @@ class SessionActor(DispatchedSupervisedActor):
             return "calls are waiting"
         if self._compacting:
             return "a compaction is being written"
+        if self.turns is not None:
+            return "a turn is open"
         return None
 
     def h_handoff(self) -> bool:
@@ -1023,6 +1032,7 @@ _WAIT_FOR_COMMITS: Final = frozenset(
         SessionActor.h_compact_done,
         SessionActor.h_fork,
         SessionActor.h_flush,
+        SessionActor.h_turn_read,
     }
 )
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from functools import partial
 from time import monotonic
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pykka
 
@@ -49,9 +49,13 @@ from nous_actor.sessions.actor import (
     summary_slot,
 )
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
+from nous_actor.sessions.turns import DEFAULT_LEASE, Policy
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
 from nous_actor.supervision import ChildSpec, RestartType
+
+if TYPE_CHECKING:
+    from nous_actor.sessions.turn_handle import Turn
 
 __all__ = ["Session", "SessionHandle"]
 
@@ -311,6 +315,47 @@ class SessionHandle:
     def as_of(self, seq: int) -> SessionFuture[Log]:
         """The log as it was right after event ``seq`` (see `Log.as_of`)."""
         return self._call(SessionActor.h_read, "as_of", seq)
+
+    def turn(
+        self,
+        policy: Policy = "enqueue",
+        *,
+        owner: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        timeout: float | None = None,
+        note: str | None = None,
+    ) -> Turn:
+        """A turn on this session: use it as ``with`` (or ``async with``) and write through it.
+
+        Entering opens it (nothing is sent before). A turn is a run that writes
+        the session while no other run does: while it is open, writes through
+        the plain handle wait for it to end (at most a little less than their
+        bound, then `nous_actor.TurnBusy`); reads never wait. It is recorded
+        by ``turn_start``/``turn_end`` events (turn id, owner, policy, and how
+        it ended).
+
+        ``policy`` says what this turn does when another is open: ``reject``
+        (`nous_actor.TurnBusy` at once, naming the open turn's owner),
+        ``enqueue`` (wait, first come first served, at most ``timeout``
+        seconds, default the handle's bound, then ``TurnBusy``),
+        ``interrupt`` (the open turn ends as interrupted; its holder's next
+        call through it fails with `nous_actor.TurnInterrupted`; its events
+        stay) or ``rollback`` (as ``interrupt``, and one replace hides the
+        interrupted turn's events behind a system note ``note``, by default
+        `nous_actor.sessions.turns.DEFAULT_ROLLBACK_NOTE`).
+
+        The turn holds a lease of ``lease`` seconds, renewed by every call
+        through it: if its holder goes silent that long, it ends as expired.
+        A restart of the session ends an open turn as interrupted.
+
+        ``owner`` names the holder (default: host, process id, thread, task).
+
+        Raises:
+            ValueError, TypeError: bad arguments (raised here; nothing is sent).
+        """
+        from nous_actor.sessions.turn_handle import Turn  # it builds on this class
+
+        return Turn(self, policy, owner=owner, lease=lease, timeout=timeout, note=note)
 
     # -- reads ---------------------------------------------------------------------------
 

@@ -1,0 +1,312 @@
+"""The caller's side of a turn: what ``session.turn(...)`` returns.
+
+See `nous_actor.sessions.turns` for what the session's actor keeps and
+guarantees. A `Turn` has every call method of the handle it came from
+(`nous_actor.SessionHandle`), with the same checks in the caller's thread;
+each call is sent through the turn, so it fails with
+`nous_actor.TurnInterrupted` once the turn is no longer open, and renews
+the turn's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import socket
+import threading
+import uuid
+from typing import Any
+
+from nous_actor.core.event import Event
+from nous_actor.errors import CallTimeout
+from nous_actor.sessions.actor import _WAIT_FOR_COMMITS, Handler, SessionActor
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle import Session, SessionHandle
+from nous_actor.sessions.turns import (
+    DEFAULT_LEASE,
+    DEFAULT_ROLLBACK_NOTE,
+    POLICIES,
+    THROUGH,
+    TurnRequest,
+)
+from nous_actor.store.subscription import Subscription
+
+__all__ = ["Turn", "check_turn_args", "default_owner"]
+
+_HOST = socket.gethostname()
+_READ_LIKE = frozenset(h.__name__ for h in _WAIT_FOR_COMMITS)
+
+_NEW, _OPENING, _OPEN, _ENDED = range(4)
+
+
+def default_owner() -> str:
+    """Who opens a turn, unless told: host, process, thread (and asyncio task)."""
+    who = f"{_HOST} pid {os.getpid()} {threading.current_thread().name}"
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return who if task is None else f"{who} task {task.get_name()}"
+
+
+def _seconds(value: object, what: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value < math.inf
+        or value != value
+    ):
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def check_turn_args(
+    policy: object, owner: object, lease: object, timeout: object, note: object
+) -> None:
+    """Raise ``TypeError``/``ValueError`` (saying what to pass) unless these are the
+    arguments ``turn()`` takes."""
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(map(repr, POLICIES))}; got {policy!r}")
+    if owner is not None:
+        if not isinstance(owner, str):
+            raise TypeError(f"owner must be a str naming the turn's holder, got {owner!r}")
+        if not owner.strip():
+            raise ValueError("owner must be a non-empty str (or None for this thread's name)")
+    _seconds(lease, "lease")
+    if timeout is not None:
+        _seconds(timeout, "timeout")
+    if note is not None and (not isinstance(note, str) or not note.strip()):
+        raise ValueError(
+            f"note must be a non-empty str (the rollback's system note), got {note!r}"
+        )
+
+
+class Turn(SessionHandle):
+    """One turn on a session: a run that writes the session while no other run does.
+
+    Get one from ``session.turn(...)`` and use it as a context manager::
+
+        with session.turn(owner="run-7") as turn:       # or: async with
+            turn.append_message(Message.user("hi")).get()
+            ...
+
+    Entering opens the turn (waiting, per its policy, for one already open);
+    leaving closes it (``how: "closed"``, or ``"failed"`` when the block
+    raised). Inside, write and read through the turn: it has every call
+    method of the session's handle. While it is open, writes through the
+    plain handle wait for it to end; reads never wait.
+
+    Every call through it renews its lease (so does `renew`). Once the turn
+    is no longer open — interrupted or rolled back by another turn, expired,
+    or the session restarted — every call through it fails with
+    `nous_actor.TurnInterrupted` and applies nothing, and so does leaving the
+    block normally (its work may have been hidden by a rollback: the error
+    says so). A turn is used once.
+
+    Attributes:
+        turn_id: the turn's id (in its ``turn_start``/``turn_end`` events).
+        owner, policy, lease, wait, note: as given to ``turn()``.
+        start_seq: the seq of its ``turn_start``, once open.
+    """
+
+    __slots__ = (
+        "_handle",
+        "_state",
+        "lease",
+        "note",
+        "owner",
+        "policy",
+        "start_seq",
+        "turn_id",
+        "wait",
+    )
+
+    def __init__(
+        self,
+        handle: SessionHandle,
+        policy: str = "enqueue",
+        *,
+        owner: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        timeout: float | None = None,
+        note: str | None = None,
+    ) -> None:
+        check_turn_args(policy, owner, lease, timeout, note)
+        self._handle = handle
+        self.session_id = handle.session_id
+        self.timeout = handle.timeout
+        self.policy = policy
+        self.owner = default_owner() if owner is None else owner
+        self.lease = float(lease)
+        self.wait = handle.timeout if timeout is None else float(timeout)
+        self.note = DEFAULT_ROLLBACK_NOTE if note is None else note
+        self.turn_id = uuid.uuid4().hex
+        self.start_seq: int | None = None
+        self._state = _NEW
+
+    # -- opening and closing -------------------------------------------------------------
+
+    def _send_open(self) -> SessionFuture[Event]:
+        if self._state != _NEW:
+            raise RuntimeError(
+                f"turn {self.turn_id!r} was opened already; a turn is used once: "
+                "open a new one with session.turn(...)"
+            )
+        self._state = _OPENING
+        req = TurnRequest(self.turn_id, self.owner, self.policy, self.lease, self.wait, self.note)
+        fut: SessionFuture[Event] = self._handle._call(SessionActor.h_turn_open, req)
+        fut._timeout = self.wait + self.timeout  # the wait for the turn, then a call's bound
+        return fut
+
+    def _opened(self, ev: Event) -> Turn:
+        self.start_seq = ev.seq
+        self._state = _OPEN
+        return self
+
+    def _not_opened(self, exc: BaseException) -> None:
+        self._state = _ENDED
+        if isinstance(exc, (CallTimeout, asyncio.CancelledError)):
+            # The session may still open it: have it let go at once, not at lease end.
+            self._handle._call(SessionActor.h_turn_end, self.turn_id, "abandoned", None)
+
+    def open(self) -> Turn:
+        """Open the turn, waiting (per its policy, at most ``wait`` seconds plus the
+        handle's bound) for one already open; returns the turn. ``with`` calls it.
+
+        Raises:
+            TurnBusy: another turn is open (policy ``reject``), or stayed open
+                for all of ``wait`` (``enqueue``); this turn is not opened.
+            CallTimeout: no answer in time (the session lets the turn go).
+            RuntimeError: this turn was opened before (a turn is used once).
+        """
+        fut = self._send_open()
+        try:
+            ev = fut.get()
+        except BaseException as exc:
+            self._not_opened(exc)
+            raise
+        return self._opened(ev)
+
+    async def aopen(self) -> Turn:
+        """`open` for asyncio code: awaited without blocking the loop. ``async with``
+        calls it; a cancelled open lets the turn go."""
+        fut = self._send_open()
+        try:
+            ev = await fut
+        except BaseException as exc:
+            self._not_opened(exc)
+            raise
+        return self._opened(ev)
+
+    def _send_close(self, how: str, error: str | None) -> SessionFuture[Event] | None:
+        if self._state != _OPEN:
+            return None
+        self._state = _ENDED
+        fut: SessionFuture[Event] = self._handle._call(
+            SessionActor.h_turn_end, self.turn_id, how, error
+        )
+        return fut
+
+    def close(self) -> Event | None:
+        """Close the turn; returns its ``turn_end`` event (``None`` if it was not open
+        from this object's view: never opened, or closed already).
+
+        Raises:
+            TurnInterrupted: the turn had ended already (interrupted, rolled
+                back, expired, the session restarted): what it wrote after that
+                was refused, and a rollback hid what it wrote before.
+        """
+        fut = self._send_close("closed", None)
+        return None if fut is None else fut.get()
+
+    async def aclose(self) -> Event | None:
+        """`close` for asyncio code: awaited without blocking the loop."""
+        fut = self._send_close("closed", None)
+        return None if fut is None else await fut
+
+    def _failed_close(self, exc_type: type[BaseException]) -> SessionFuture[Event] | None:
+        return self._send_close("failed", exc_type.__name__)
+
+    def __enter__(self) -> Turn:
+        return self.open()
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        fut = self._failed_close(exc_type)
+        if fut is not None:
+            try:  # the block's own error is what the caller hears
+                fut.get()
+            except Exception:
+                pass
+
+    async def __aenter__(self) -> Turn:
+        return await self.aopen()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            await self.aclose()
+            return
+        fut = self._failed_close(exc_type)
+        if fut is not None:
+            try:
+                await fut
+            except Exception:
+                pass
+
+    def renew(self) -> SessionFuture[None]:
+        """Renew the lease (every call through the turn does so too); resolves to ``None``.
+
+        Raises (through the future):
+            TurnInterrupted: the turn is no longer open.
+        """
+        return self._call(SessionActor.h_ping)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
+        if self._state != _OPEN:
+            what = "was not opened" if self._state in (_NEW, _OPENING) else "is closed"
+            return self._failed(
+                RuntimeError(
+                    f"turn {self.turn_id!r} {what}: call through it inside "
+                    "'with session.turn(...) as turn:' (or 'async with'); after it ends, "
+                    "open a new turn"
+                )
+            )
+        name = handler.__name__
+        if name not in THROUGH:
+            return self._failed(TypeError(f"{name!r} cannot be called through a turn"))
+        if name == "h_compact" and not isinstance(self._handle, Session):
+            return self._failed(
+                TypeError(
+                    "a turn compacts only a session of this process; compact through "
+                    "the handle once the turn is closed"
+                )
+            )
+        via = SessionActor.h_turn_read if name in _READ_LIKE else SessionActor.h_turn_call
+        return self._handle._call(via, self.turn_id, name, args)
+
+    def _register(self, sub: Subscription, timeout: float) -> None:
+        self._handle._register(sub, timeout)
+
+    def turn(self, *args: Any, **kwargs: Any) -> Turn:
+        """Turns do not nest."""
+        raise RuntimeError(
+            "a turn cannot open another turn: open it on the session's handle "
+            "(session.turn(...)) once this one is closed"
+        )
+
+    def is_alive(self) -> bool:
+        """Whether the session (not the turn) runs now."""
+        return self._handle.is_alive()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Not through a turn."""
+        raise RuntimeError("stop the session through its handle, not through a turn")
+
+    def __repr__(self) -> str:
+        state = ("new", "opening", "open", "ended")[self._state]
+        return f"<Turn {self.turn_id!r} of {self.owner!r} on {self.session_id!r} {state}>"
