@@ -34,8 +34,16 @@ lint: $(STAMP)
 typecheck: $(BENCH_STAMP)
 	$(BIN)/mypy --strict nous_actor bench
 
+# The session suite runs a second time with every session pinned (a thread of its own),
+# the placement `Session.start(..., pinned=True)` gives, beside the shared dispatcher.
+PINNED_SUITE := tests/test_session.py tests/test_session_adversarial.py \
+	tests/test_session_history.py tests/test_session_machine.py tests/test_session_store.py \
+	tests/test_session_fencing.py tests/test_session_runtime.py tests/test_subscription.py \
+	tests/test_compaction_loop.py tests/test_registry.py
+
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --pinned $(PINNED_SUITE)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench

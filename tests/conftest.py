@@ -1,7 +1,49 @@
 """Fixtures for tests/ (the shared setup is in the top-level conftest.py)."""
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
 # The PostgreSQL server and its helpers (see tests/postgres_server.py).
 from postgres_server import pg_server, pg_stores, pg_workers  # noqa: F401
 
 # The Ray cluster and its helpers (see tests/ray_cluster.py).
 from ray_cluster import ray_cluster, ray_scope  # noqa: F401
+
+from nous_actor.sessions.actor import SessionActor
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--pinned",
+        action="store_true",
+        help="run every session that would go on the shared dispatcher on a thread of its "
+        "own instead (pinned=True), to run the session suite on both placements",
+    )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _pinned_sessions(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ``--pinned``, a session started without a dispatcher of its own is pinned."""
+    if not request.config.getoption("--pinned"):
+        yield
+        return
+    start = SessionActor.__dict__.get("start")
+    original = SessionActor.start.__func__  # type: ignore[attr-defined]
+
+    def pinned_start(cls: type[SessionActor], *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("dispatcher") is None:
+            kwargs["pinned"] = True
+        return original(cls, *args, **kwargs)
+
+    SessionActor.start = classmethod(pinned_start)  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        if start is None:
+            del SessionActor.start
+        else:
+            SessionActor.start = start  # type: ignore[method-assign]

@@ -618,3 +618,16 @@ class CompactionRace(RuleBasedStateMachine):
 
 CompactionRace.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
 TestCompactionRace = CompactionRace.TestCase
+
+
+def test_sessions_run_where_the_suite_placed_them(pytestconfig: pytest.Config) -> None:
+    """With ``--pinned`` a session started without a dispatcher has a thread of its own;
+    without it, it runs on the shared dispatcher (the suite runs on both placements)."""
+    s = Session.start("placed", timeout=10.0)
+    try:
+        ref = s._actor()
+        assert ref is not None
+        actor = ref.actor_inbox._actor  # type: ignore[attr-defined]
+        assert actor._pin is bool(pytestconfig.getoption("--pinned"))
+    finally:
+        s.stop(timeout=10.0)
