@@ -2,6 +2,9 @@
 
 ``cluster.ray`` (``--only ray``), on 4 shard actors journaled in one `PostgresStore`:
 
+* one caller, a coroutine awaiting each append (acked after its commit), against the
+  same coroutine awaiting a call of a no-op method on a no-op async Ray actor placed
+  like the shards (G12: <= 1.5x);
 * appends from one asyncio loop: 100 coroutines, each awaiting its own session's
   appends one at a time (100 sessions x 100 appends, acked after commit), against
   the same loop awaiting as many calls of a no-op method on 4 no-op async Ray
@@ -341,7 +344,27 @@ def _sequential(
             for j in range(calls):
                 local.append("user_message", {"content": f"short text {j}"}).get()
 
-        runs: dict[str, Callable[[], None]] = {"ours": ours, "bare": bare, "local": in_process}
+        def ours_awaited() -> None:
+            async def run() -> None:
+                for j in range(calls):
+                    await handle.append("user_message", {"content": f"short text {j}"})
+
+            asyncio.run(run())
+
+        def bare_awaited() -> None:
+            async def run() -> None:
+                for _ in range(calls):
+                    await actor.noop.remote()
+
+            asyncio.run(run())
+
+        runs: dict[str, Callable[[], None]] = {
+            "ours": ours,
+            "bare": bare,
+            "local": in_process,
+            "ours_awaited": ours_awaited,
+            "bare_awaited": bare_awaited,
+        }
         times: dict[str, list[int]] = {k: [] for k in runs}
         for k in range(repeats):
             h.progress(f"cluster.ray: one caller, {calls} calls each, repeat {k + 1}/{repeats}")
@@ -354,6 +377,27 @@ def _sequential(
     per = {k: h.Stats.of([t / calls for t in v]) for k, v in times.items()}
     q = h.ratios(times["ours"], times["bare"])
     ql = h.ratios(times["ours"], times["local"])
+    qa = h.ratios(times["ours_awaited"], times["bare_awaited"])
+    sec.rows.append(
+        h.goal_row(
+            CALL_GOAL_ID,
+            "RaySession, one caller (a coroutine) awaiting each append() vs awaiting a bare "
+            "no-op Ray actor call",
+            ours=f"{h.fmt_time_spread(per['ours_awaited'])}/append",
+            baseline=f"{h.fmt_time_spread(per['bare_awaited'])}/call",
+            ratio=h.fmt_ratio(qa.median, qa.min, qa.max),
+            value=qa.median,
+            sense="<=",
+            target=CALL_GOAL,
+            goal=f"<= {CALL_GOAL:g}x",
+            numbers={
+                "shape": "one coroutine",
+                "per_append_ns": per["ours_awaited"].as_dict(),
+                "per_bare_call_ns": per["bare_awaited"].as_dict(),
+                "ratio": qa.as_dict(),
+            },
+        )
+    )
     sec.rows.append(
         h.info_row(
             "RaySession append().get() one at a time (one caller) vs ray.get(noop.remote())",
@@ -378,7 +422,8 @@ def _sequential(
         )
     )
     sec.notes.append(
-        f"cluster.ray one caller: {calls} calls one at a time, each waited for before the "
+        f"cluster.ray one caller: {calls} calls one at a time, each waited for (or awaited, "
+        "in one coroutine on a fresh loop) before the "
         "next (an append is acked after its own commit: no batching, no group commit); "
         "the local Session runs in this process on its own PostgresStore, same server and "
         f"schema. Alternating, median [min-max] of {repeats} repeats. GC on."
