@@ -1,0 +1,468 @@
+"""Ready scenarios of the races the runtime must win, for a simulation or real threads.
+
+Each ``*_scenario(...)`` returns a scenario: ``scenario(env)`` builds a
+registry on a store inside ``env`` (a `nous_actor.testing.simulation.Simulation`
+or `RealThreads`), starts callers, runs them and checks what must hold,
+raising ``AssertionError`` when it does not:
+
+* `registry_scenario`: callers append to many sessions while sessions crash,
+  stop and commits fail or stall. Every append is acknowledged only once the
+  store holds it; a read after an acknowledgement sees it; at the end the store
+  holds every acknowledged event.
+* `subscription_scenario`: a session is stopped while appends are in flight;
+  its subscriber receives every acknowledged event before its feed ends.
+* `stop_race_scenario`: calls race a stop; every call is answered (a result
+  or `SessionStopped`), none is left waiting.
+* `compaction_scenario`: a compaction with a slow summariser is retried under
+  the same id while appends go on; it is applied once.
+* `restart_scenario`: a session crashes with appends in flight; once one is
+  acknowledged, a read of the restarted session sees it.
+
+`MUTATIONS` plants known defects (one per scenario and more) with `mutate`,
+to check that a simulation finds them.
+"""
+
+from __future__ import annotations
+import __future__
+
+import contextlib
+import importlib
+import inspect
+import shutil
+import tempfile
+import textwrap
+import threading
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nous_actor.core.compaction import Compactor
+from nous_actor.errors import CallTimeout, SessionStopped, StoreError, TooManySessions
+from nous_actor.sessions.handle import Session
+from nous_actor.sessions.registry import Sessions
+from nous_actor.store.base import Store
+from nous_actor.store.memory import MemoryStore
+from nous_actor.testing.simulation import SimulatedCrash
+
+__all__ = [
+    "MUTATIONS",
+    "Mutation",
+    "RealThreads",
+    "compaction_scenario",
+    "crash_session",
+    "mutate",
+    "registry_scenario",
+    "restart_scenario",
+    "stop_race_scenario",
+    "subscription_scenario",
+]
+
+Env = Any  # a Simulation or RealThreads: go(caller, name), run(), sleep(seconds)
+Scenario = Callable[[Env], None]
+Caller = Generator[Any, Any, None]
+
+TOLERATED = (SessionStopped, StoreError, TooManySessions)
+"""What a call may fail with while sessions crash and commits fail (never `CallTimeout`)."""
+
+
+class RealThreads:
+    """The same scenarios on real threads: each caller is a thread; ``yield future``
+    waits for it (bounded), ``yield`` and ``yield seconds`` go on at once."""
+
+    real = True
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self._threads: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+
+    def go(self, caller: Caller, name: str = "caller") -> None:
+        t = threading.Thread(target=self._drive, args=(caller,), name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _drive(self, caller: Caller) -> None:
+        try:
+            for yielded in caller:
+                if yielded is not None and hasattr(yielded, "get"):
+                    with contextlib.suppress(Exception):
+                        yielded.get(timeout=self.timeout)
+        except BaseException as exc:
+            self._errors.append(exc)
+
+    def sleep(self, seconds: float) -> None:
+        """Nothing: real threads need no virtual time to pass."""
+
+    def note(self, text: str) -> None:
+        pass
+
+    def run(self) -> None:
+        for t in self._threads:
+            t.join(self.timeout * 3)
+            if t.is_alive():
+                raise AssertionError(f"{t.name} did not finish within {self.timeout * 3:g} s")
+        self._threads.clear()
+        if self._errors:
+            raise self._errors[0]
+
+
+def run_real(scenario: Scenario, timeout: float = 10.0) -> BaseException | None:
+    """Run ``scenario`` once on real threads; what broke, or ``None``."""
+    try:
+        scenario(RealThreads(timeout))
+    except Exception as exc:
+        return exc
+    return None
+
+
+def settle(fut: Any) -> tuple[bool, Any]:
+    """``(True, value)``, or ``(False, error)`` for a tolerated failure of the call.
+
+    Raises:
+        AssertionError: the call was never answered (`CallTimeout`).
+    """
+    try:
+        return True, fut.get()
+    except CallTimeout as exc:
+        raise AssertionError(f"a call was never answered: {exc}") from exc
+    except TOLERATED as exc:
+        return False, exc
+
+
+def _crash(actor: Any) -> None:
+    raise SimulatedCrash("crashed by a caller (a fault of the scenario)")
+
+
+def crash_session(session: Session) -> Any:
+    """Crash ``session``'s actor (as a ``BaseException`` in a handler would); the
+    future of the crashing call fails with `nous_actor.SessionCrashed`."""
+    return session._call(_crash)
+
+
+def _stored(store: Store, session_id: str, seq: int, content: str) -> bool:
+    return any(
+        ev.seq == seq and ev.data.get("content") == content for ev in store.load(session_id)
+    )
+
+
+@contextlib.contextmanager
+def _store_of(kind: str) -> Iterator[Store]:
+    if kind == "memory":
+        yield MemoryStore()
+        return
+    if kind != "sqlite":
+        raise ValueError(f"store is 'memory' or 'sqlite', got {kind!r}")
+    from nous_actor.store.sqlite import SQLiteStore
+
+    folder = tempfile.mkdtemp(prefix="nous-sim-")
+    store = SQLiteStore(str(Path(folder) / "sim.db"), durability="normal")
+    try:
+        yield store
+    finally:
+        store.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _close(registry: Sessions) -> None:
+    with contextlib.suppress(Exception):
+        registry.close()
+
+
+# -- the scenarios ------------------------------------------------------------------------
+
+
+def registry_scenario(
+    sessions: int = 10, callers: int = 3, appends: int = 8, store: str = "memory"
+) -> Scenario:
+    """Callers append to ``sessions`` sessions of one registry; acknowledged means stored."""
+
+    def scenario(env: Env) -> None:
+        with _store_of(store) as st:
+            reg = Sessions(st)
+            acked: dict[str, dict[int, str]] = {}
+
+            def caller(c: int) -> Caller:
+                for i in range(appends):
+                    sid = f"s{(c * 7 + i * 3) % sessions}"
+                    content = f"c{c}-{i}"
+                    try:
+                        h = reg.open(sid)
+                    except TOLERATED:
+                        continue
+                    f = h.append("user_message", {"content": content})
+                    yield f
+                    ok, ev = settle(f)
+                    if not ok:
+                        continue
+                    assert _stored(st, sid, ev.seq, content), (
+                        f"{sid}: seq {ev.seq} was acknowledged before the store held it"
+                    )
+                    acked.setdefault(sid, {})[ev.seq] = content
+                    r = h.count()
+                    yield r
+                    ok, n = settle(r)
+                    assert not ok or n > ev.seq, (
+                        f"{sid}: a read saw {n} events after seq {ev.seq} was acknowledged"
+                    )
+
+            for c in range(callers):
+                env.go(caller(c), f"caller{c}")
+            env.run()
+            for sid, events in sorted(acked.items()):
+                stored = {ev.seq: ev.data.get("content") for ev in st.load(sid)}
+                lost = sorted(seq for seq, text in events.items() if stored.get(seq) != text)
+                assert not lost, f"{sid}: acknowledged seqs {lost} are not in the store"
+            _close(reg)
+
+    return scenario
+
+
+def subscription_scenario(appends: int = 5, store: str = "memory") -> Scenario:
+    """A session stops with appends in flight: its subscriber gets every acknowledged one."""
+
+    def scenario(env: Env) -> None:
+        with _store_of(store) as st:
+            reg = Sessions(st)
+            h = reg.open("feed")
+            sub = h.subscribe()
+            acked: list[int] = []
+
+            def writer() -> Caller:
+                # Every append reaches the subscribed actor; the stop races their commits.
+                futs = [h.append("user_message", {"content": str(i)}) for i in range(appends)]
+                yield
+                h.stop()
+                for f in futs:
+                    yield f
+                    ok, ev = settle(f)
+                    if ok:
+                        acked.append(ev.seq)
+
+            def reader() -> Caller:
+                for _ in range(appends):
+                    yield
+                    sub.pending()
+
+            env.go(writer(), "writer")
+            env.go(reader(), "reader")
+            env.run()
+            got: list[int] = []
+            with contextlib.suppress(SessionStopped):
+                while (ev := sub.get_nowait()) is not None:
+                    got.append(ev.seq)
+            missing = sorted(set(acked) - set(got))
+            assert not missing, f"the subscription ended without acknowledged seqs {missing}"
+            _close(reg)
+
+    return scenario
+
+
+def stop_race_scenario(calls: int = 6, store: str = "memory") -> Scenario:
+    """Calls race a stop of their session: every one of them is answered."""
+
+    def scenario(env: Env) -> None:
+        with _store_of(store) as st:
+            reg = Sessions(st)
+            h = reg.open("race")
+
+            def caller() -> Caller:
+                futs: list[Any] = []
+                for i in range(calls):
+                    futs.append(h.append("user_message", {"content": str(i)}))
+                    futs.append(h.count())
+                    yield
+                for f in futs:
+                    yield f
+                    settle(f)
+
+            def stopper() -> Caller:
+                yield
+                yield
+                h.stop()
+
+            env.go(caller(), "caller")
+            env.go(stopper(), "stopper")
+            env.run()
+            _close(reg)
+
+    return scenario
+
+
+def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
+    """A compaction whose summariser is slow is retried under the same id while appends
+    go on: one record of it in the log."""
+
+    def scenario(env: Env) -> None:
+        with _store_of(store) as st:
+            reg = Sessions(st)
+            h = reg.open("compact")
+            for i in range(messages):
+                h.append("user_message", {"content": f"m{i} " * 20}).get()
+
+            def summarise(ms: Any) -> str:
+                env.sleep(1.0)  # a model call: virtual time passes
+                return f"summary of {len(ms)}"
+
+            comp = Compactor(budget=1, summarise=summarise, keep_recent=2)
+
+            def compact(delay: int) -> Caller:
+                for _ in range(delay):
+                    yield
+                f = h.compact(comp, compaction_id="c1", force=True)
+                yield f
+                settle(f)
+
+            def writer() -> Caller:
+                for i in range(3):
+                    f = h.append("user_message", {"content": f"late {i}"})
+                    yield f
+                    settle(f)
+
+            env.go(compact(0), "compact")
+            env.go(compact(2), "retry")
+            env.go(writer(), "writer")
+            env.run()
+            events = h.events().get()
+            records = [
+                ev.seq
+                for ev in events
+                if ev.data.get("step") == "compaction" and ev.data.get("compaction_id") == "c1"
+            ]
+            assert len(records) == 1, f"compaction c1 was applied {len(records)} times: {records}"
+            _close(reg)
+
+    return scenario
+
+
+def restart_scenario(appends: int = 4, store: str = "memory") -> Scenario:
+    """A session crashes with appends in flight; a read after an acknowledgement sees it."""
+
+    def scenario(env: Env) -> None:
+        with _store_of(store) as st:
+            reg = Sessions(st)
+            h = reg.open("restart")
+
+            def writer() -> Caller:
+                futs = [h.append("user_message", {"content": str(i)}) for i in range(appends)]
+                yield
+                for f in futs:
+                    yield f
+                    ok, ev = settle(f)
+                    if not ok:
+                        continue
+                    r = h.count()
+                    yield r
+                    ok, n = settle(r)
+                    assert not ok or n > ev.seq, (
+                        f"a read of the restarted session saw {n} events after seq "
+                        f"{ev.seq} was acknowledged"
+                    )
+
+            def crasher() -> Caller:
+                yield
+                f = crash_session(h)
+                yield f
+                with contextlib.suppress(SessionStopped):
+                    f.get()
+
+            env.go(writer(), "writer")
+            env.go(crasher(), "crasher")
+            env.run()
+            _close(reg)
+
+    return scenario
+
+
+# -- planted defects ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A defect planted in one function by replacing ``old`` with ``new`` in its source."""
+
+    name: str
+    owner: str  # "module:Class"
+    function: str
+    old: str
+    new: str
+    scenario: Callable[[], Scenario]
+
+
+@contextlib.contextmanager
+def mutate(m: Mutation) -> Iterator[None]:
+    """Run with ``m`` planted (the function replaced by its mutant), then restore it.
+
+    Raises:
+        LookupError: ``m.old`` is not in the function's source exactly once (the code
+            changed: update the mutation).
+    """
+    module_name, _, cls_name = m.owner.partition(":")
+    owner: Any = importlib.import_module(module_name)
+    if cls_name:
+        owner = getattr(owner, cls_name)
+    original = owner.__dict__[m.function]
+    source = textwrap.dedent(inspect.getsource(original))
+    if source.count(m.old) != 1:
+        raise LookupError(f"mutation {m.name!r}: {m.old!r} is not in {m.function} exactly once")
+    code = compile(
+        source.replace(m.old, m.new),
+        f"<mutant {m.name}>",
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
+    namespace: dict[str, Any] = {}
+    exec(code, original.__globals__, namespace)  # our own source, mutated
+    setattr(owner, m.function, namespace[m.function])
+    try:
+        yield
+    finally:
+        setattr(owner, m.function, original)
+
+
+_ACTOR = "nous_actor.sessions.actor:SessionActor"
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "subscription ended before acknowledged events reach it",
+        _ACTOR,
+        "_shut",
+        "if not idle:",
+        "if False:",
+        subscription_scenario,
+    ),
+    Mutation(
+        "ask left unanswered in a stop race",
+        _ACTOR,
+        "_drain",
+        "msg[2]._fail(err)",
+        "pass",
+        stop_race_scenario,
+    ),
+    Mutation(
+        "compaction applied twice after a retry",
+        _ACTOR,
+        "_apply",
+        "self._compaction_ids[cid] = ev.seq",
+        "pass",
+        compaction_scenario,
+    ),
+    Mutation(
+        "append acknowledged before its commit",
+        _ACTOR,
+        "_submit",
+        "return _DEFER",
+        "return result",
+        registry_scenario,
+    ),
+    Mutation(
+        "restart loses the last committed batch",
+        _ACTOR,
+        "_shut",
+        "idle = self._store_ops == 0",
+        "idle = True",
+        restart_scenario,
+    ),
+)
+"""The planted defects of the issue, each with the scenario that must catch it."""
