@@ -22,7 +22,7 @@ from typing import Any
 from nous_actor.core.event import Event, EventType
 from nous_actor.core.log import Log
 
-__all__ = ["compactions", "explain", "replaced", "shadowed_by"]
+__all__ = ["compactions", "explain", "replaced", "shadowed_by", "turns"]
 
 
 def _event(log: Log, seq: int) -> Event:
@@ -115,3 +115,43 @@ def compactions(log: Log) -> list[dict[str, Any]]:
         for ev in log.events()
         if ev.type is EventType.STEP_END and ev.data.get("step") == "compaction"
     ]
+
+
+def turns(log: Log) -> list[dict[str, Any]]:
+    """Every managed turn in the log (oldest first): who held it and how it ended.
+
+    One dict per ``turn_start`` that carries a ``turn_id`` (a raw
+    ``turn_start`` without one is not a managed turn): ``turn_id``,
+    ``owner``, ``policy``, ``start_seq``, and from its ``turn_end`` (``None``
+    while open) ``end_seq``, ``how`` (``closed``, ``failed``,
+    ``interrupted``, ``rolled_back``, ``expired``, ``abandoned``), ``by``
+    (the turn that interrupted or rolled it back), ``reason`` (``restart``
+    when a restart ended it) and ``note_seq`` (the replace that hid a rolled
+    back turn; `replaced` of it lists what it hides).
+    """
+    out: list[dict[str, Any]] = []
+    by_id: dict[str, dict[str, Any]] = {}
+    for ev in log.events():
+        tid = ev.data.get("turn_id")
+        if not isinstance(tid, str):
+            continue
+        if ev.type is EventType.TURN_START:
+            rec: dict[str, Any] = {
+                "turn_id": tid,
+                "owner": ev.data.get("owner"),
+                "policy": ev.data.get("policy"),
+                "start_seq": ev.seq,
+                "end_seq": None,
+                "how": None,
+                "by": None,
+                "reason": None,
+                "note_seq": None,
+            }
+            by_id[tid] = rec
+            out.append(rec)
+        elif ev.type is EventType.TURN_END and tid in by_id:
+            rec = by_id[tid]
+            rec["end_seq"] = ev.seq
+            for key in ("how", "by", "reason", "note_seq"):
+                rec[key] = ev.data.get(key)
+    return out

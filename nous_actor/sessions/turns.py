@@ -488,12 +488,12 @@ class TurnHost:
             return False
         table.open = None
         logger.warning(
-            "session.turn_ended",
+            "session.turn_expired",
             session_id=self.session_id,
             turn_id=cur.req.turn_id,
             owner=cur.req.owner,
-            how="expired",
             reason="lease",
+            lease=cur.req.lease,
         )
         data = self._end_data(cur, "expired")
         data["lease"] = cur.req.lease

@@ -1,0 +1,400 @@
+"""Turns (nous_actor.sessions.turns, turn_handle): policies, leases, plain writes, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+from collections.abc import Iterator
+
+import pytest
+from structlog.testing import capture_logs
+
+from nous_actor import (
+    CallTimeout,
+    ConflictError,
+    MemoryStore,
+    Message,
+    Session,
+    SessionError,
+    Sessions,
+    SessionStopped,
+    Turn,
+    TurnBusy,
+    TurnInterrupted,
+)
+from nous_actor.core.history import explain, turns
+from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE
+
+BOUND = 10.0
+
+
+@pytest.fixture
+def chat() -> Iterator[Session]:
+    s = Session.start("chat", timeout=BOUND)
+    yield s
+    s.stop()
+
+
+def contents(s: Session) -> list[object]:
+    return [m.content for m in s.derive_messages().get()]
+
+
+def types(s: Session) -> list[str]:
+    return [ev.type.value for ev in s.events().get()]
+
+
+# -- the events ---------------------------------------------------------------------------
+
+
+def test_a_turn_is_recorded_by_turn_start_and_turn_end(chat: Session) -> None:
+    """A closed turn leaves turn_start and turn_end with its id, owner, policy and how."""
+    with chat.turn(owner="run-1") as turn:
+        turn.append_message(Message.user("hi")).get()
+    start, msg, end = chat.events().get()
+    assert (start.type.value, msg.type.value, end.type.value) == (
+        "turn_start",
+        "user_message",
+        "turn_end",
+    )
+    assert start.data["turn_id"] == end.data["turn_id"] == turn.turn_id
+    assert start.data["owner"] == end.data["owner"] == "run-1"
+    assert start.data["policy"] == "enqueue"
+    assert end.data["how"] == "closed"
+    assert turn.start_seq == 0
+
+
+def test_a_block_that_raises_ends_its_turn_as_failed(chat: Session) -> None:
+    """Leaving the block with an exception records how 'failed' and the exception's type;
+    the block's own exception is what the caller sees."""
+
+    def run() -> None:
+        with chat.turn(owner="run-1") as turn:
+            turn.append("user_message", {"content": "q"}).get()
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        run()
+    end = chat.events().get()[-1]
+    assert end.data["how"] == "failed"
+    assert end.data["error"] == "KeyError"
+
+
+def test_raw_turn_start_opens_no_managed_turn(chat: Session) -> None:
+    """A raw turn_start append is bookkeeping only: plain writes do not wait after it."""
+    chat.append("turn_start", {"turn": 1}).get()
+    assert chat.append("user_message", {"content": "x"}).get(timeout=BOUND).seq == 1
+    with chat.turn(policy="reject") as turn:  # nothing is open
+        turn.append("assistant_message", {"content": "y"}).get()
+
+
+# -- policies -----------------------------------------------------------------------------
+
+
+def test_reject_fails_at_once_naming_the_open_turns_owner(chat: Session) -> None:
+    """policy 'reject' raises TurnBusy (a ConflictError) at once and changes nothing."""
+    with chat.turn(owner="run-1") as first:
+        before = chat.count().get()
+        with pytest.raises(TurnBusy, match="'run-1'") as caught:
+            chat.turn(policy="reject", owner="run-2").open()
+        assert isinstance(caught.value, ConflictError)
+        assert caught.value.holder == "run-1"
+        assert caught.value.turn_id == first.turn_id
+        assert caught.value.lease_until is not None
+        assert chat.count().get() == before
+
+
+def test_enqueue_waits_first_come_first_served() -> None:
+    """Queued turns open in the order they arrived, each once the one before closes."""
+
+    async def main() -> list[str]:
+        s = Session.start("fcfs", timeout=BOUND)
+        first = await s.turn(owner="a").aopen()
+        order: list[str] = []
+
+        async def run(name: str) -> None:
+            async with s.turn(owner=name) as turn:
+                order.append(name)
+                await turn.append("assistant_message", {"content": name})
+
+        tasks = [asyncio.create_task(run(n)) for n in ("b", "c", "d")]
+        closing = asyncio.create_task(first.aclose())  # sent after the three opens
+        await asyncio.wait_for(asyncio.gather(closing, *tasks), BOUND)
+        owners = [t["owner"] for t in turns(await s.log())]
+        s.stop()
+        assert owners == ["a", "b", "c", "d"]
+        return order
+
+    assert asyncio.run(main()) == ["b", "c", "d"]
+
+
+def test_enqueue_gives_up_after_its_timeout_with_turn_busy(chat: Session) -> None:
+    """An enqueued turn waits at most its timeout, then TurnBusy; it never opens later."""
+    with chat.turn(owner="run-1"):
+        waiting = chat.turn(owner="run-2", timeout=0.2)
+        with pytest.raises(TurnBusy, match=r"waited 0\.2 s"):
+            waiting.open()
+    assert [t["owner"] for t in turns(chat.log().get())] == ["run-1"]
+
+
+def test_interrupt_ends_the_open_turn_and_its_events_stay(chat: Session) -> None:
+    """'interrupt' ends the open turn; its holder's next call fails with TurnInterrupted
+    and applies nothing; what it wrote stays on the surface."""
+    old = chat.turn(owner="run-1").open()
+    old.append("user_message", {"content": "kept"}).get()
+    with chat.turn(policy="interrupt", owner="run-2") as new:
+        with pytest.raises(TurnInterrupted, match="interrupted by turn") as caught:
+            old.append("user_message", {"content": "refused"}).get()
+        assert isinstance(caught.value, SessionError)
+        assert caught.value.how == "interrupted"
+        assert caught.value.turn_id == old.turn_id
+        new.append("assistant_message", {"content": "new"}).get()
+    assert contents(chat) == ["kept", "new"]
+    rec_old, _ = turns(chat.log().get())
+    assert rec_old["how"] == "interrupted"
+    assert rec_old["by"] == new.turn_id
+
+
+def test_rollback_leaves_one_note_and_keeps_history(chat: Session) -> None:
+    """'rollback' hides the interrupted turn behind exactly one system note; its events
+    stay in the log, and audit says which turn rolled back which."""
+    chat.append("user_message", {"content": "question"}).get()
+    old = chat.turn(owner="run-1").open()
+    old.append("assistant_message", {"content": "half an answer"}).get()
+    old.append("tool_result", {"content": "r", "tool_call_id": "c1"}).get()
+    with chat.turn(policy="rollback", owner="run-2") as new:
+        new.append("assistant_message", {"content": "answer"}).get()
+    msgs = chat.derive_messages().get()
+    assert [(m.role.value, m.content) for m in msgs] == [
+        ("user", "question"),
+        ("system", DEFAULT_ROLLBACK_NOTE),
+        ("assistant", "answer"),
+    ]
+    log = chat.log().get()
+    assert "half an answer" in [ev.data.get("content") for ev in log.events()]
+    rec = turns(log)[0]
+    assert (rec["how"], rec["by"]) == ("rolled_back", new.turn_id)
+    hidden = explain(log, rec["note_seq"])["replaces"]
+    assert hidden == list(range(rec["start_seq"], rec["end_seq"] + 1))
+    with pytest.raises(TurnInterrupted, match="rolled_back"):
+        old.close()
+
+
+def test_rollback_note_is_configurable(chat: Session) -> None:
+    """The rollback's note is the arriving turn's ``note``."""
+    chat.turn(owner="run-1").open().append("user_message", {"content": "x"}).get()
+    with chat.turn(policy="rollback", note="[retrying]"):
+        pass
+    assert contents(chat) == ["[retrying]"]
+
+
+# -- the plain handle ---------------------------------------------------------------------
+
+
+def test_plain_writes_wait_for_the_open_turn_and_reads_do_not(chat: Session) -> None:
+    """A write through the plain handle runs once the turn ends (after its turn_end); a
+    read answers at once."""
+    with chat.turn(owner="run-1") as turn:
+        waiting = chat.append("user_message", {"content": "plain"})
+        assert contents(chat) == []  # a read: answered while the turn is open
+        assert not waiting.done()  # the read was handled after the write arrived
+        turn.append("assistant_message", {"content": "turn"}).get()
+    assert waiting.get().seq == 3
+    assert types(chat)[-2:] == ["turn_end", "user_message"]
+    assert contents(chat) == ["turn", "plain"]
+
+
+def test_a_plain_write_that_waits_out_its_bound_names_the_turn() -> None:
+    """A write through the plain handle fails with TurnBusy before its own bound, saying
+    to write through the turn; nothing is applied."""
+    s = Session.start("bounded", timeout=0.5)
+    try:
+        with s.turn(owner="run-1") as turn:
+            with pytest.raises(TurnBusy, match=r"'run-1'.*write through the turn") as caught:
+                s.append("user_message", {"content": "plain"}).get()
+            assert caught.value.turn_id == turn.turn_id
+        assert contents(s) == []
+    finally:
+        s.stop()
+
+
+def test_compaction_through_the_plain_handle_waits_too(chat: Session) -> None:
+    """compact() is a write: through the plain handle it waits for the open turn."""
+    from nous_actor import Compactor
+
+    for i in range(4):
+        chat.append("user_message", {"content": f"m{i}"}).get()
+    compactor = Compactor(budget=1, keep_recent=1, summarise=lambda ms: "sum")
+    with chat.turn(owner="run-1"):
+        fut = chat.compact(compactor, force=True)
+        chat.count().get()
+        assert not fut.done()
+    assert fut.get().summary_seq is not None
+
+
+# -- leases -------------------------------------------------------------------------------
+
+
+def test_a_vanished_holders_lease_ends_its_turn() -> None:
+    """A turn nobody calls through for its lease ends as expired; a queued turn opens;
+    the holder's next call fails with TurnInterrupted."""
+    s = Session.start("lease", timeout=BOUND)
+    try:
+        gone = s.turn(owner="gone", lease=0.2).open()
+        with capture_logs() as logs, s.turn(owner="next", timeout=BOUND):
+            pass
+        rec = turns(s.log().get())[0]
+        assert (rec["owner"], rec["how"]) == ("gone", "expired")
+        assert any(e["event"] == "session.turn_expired" and e["owner"] == "gone" for e in logs)
+        with pytest.raises(TurnInterrupted, match="expired"):
+            gone.renew().get()
+    finally:
+        s.stop()
+
+
+def test_an_expired_turn_lets_waiting_plain_writes_through() -> None:
+    """Plain writes waiting for a turn whose holder vanished run once its lease runs out."""
+    s = Session.start("lease-w", timeout=BOUND)
+    try:
+        s.turn(owner="gone", lease=0.2).open()
+        assert s.append("user_message", {"content": "after"}).get().seq == 2
+        assert types(s) == ["turn_start", "turn_end", "user_message"]
+    finally:
+        s.stop()
+
+
+# -- the turn object ----------------------------------------------------------------------
+
+
+def test_a_turn_is_used_once(chat: Session) -> None:
+    """Calls outside the block, and entering twice, fail saying what to do."""
+    turn = chat.turn()
+    with pytest.raises(RuntimeError, match="was not opened"):
+        turn.append("user_message", {"content": "x"}).get()
+    with turn:
+        pass
+    with pytest.raises(RuntimeError, match="is closed"):
+        turn.count().get()
+    with pytest.raises(RuntimeError, match="used once"):
+        turn.open()
+    with pytest.raises(RuntimeError, match="cannot open another turn"):
+        turn.turn()
+    assert types(chat) == ["turn_start", "turn_end"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"policy": "wait"}, ValueError, "policy must be one of"),
+        ({"policy": 1}, ValueError, "policy must be one of"),
+        ({"owner": ""}, ValueError, "owner must be a non-empty str"),
+        ({"owner": 7}, TypeError, "owner must be a str"),
+        ({"lease": 0}, ValueError, "lease must be a finite number"),
+        ({"lease": float("nan")}, ValueError, "lease must be a finite number"),
+        ({"lease": True}, ValueError, "lease must be a finite number"),
+        ({"timeout": -1}, ValueError, "timeout must be a finite number"),
+        ({"note": ""}, ValueError, "note must be a non-empty str"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_sent(
+    chat: Session, kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    """turn() checks its arguments in the caller's thread; the session is unchanged."""
+    with pytest.raises(error, match=match):
+        chat.turn(**kwargs)  # type: ignore[arg-type]
+    assert chat.count().get() == 0
+
+
+def test_every_call_method_works_through_a_turn(chat: Session) -> None:
+    """append_many, append_message, append_or_log, reads, fork and log go through the turn."""
+    chat.append("system_message", {"content": "s"}).get()
+    with chat.turn() as turn:
+        turn.append_many([("user_message", {"content": "a"}), ("user_message", {"content": "b"})])
+        turn.append_message({"role": "assistant", "content": "c"})
+        assert turn.append_or_log("user_message", {"bad": {1, 2}}).get() is None
+        assert [m.content for m in turn.derive_messages().get()] == ["s", "a", "b", "c"]
+        assert turn.count().get() == 5
+        assert len(turn.since(2).get()) == 3
+        assert turn.log().get().count() == 5
+        assert turn.fork(0).get().count() == 1
+        with pytest.raises(ValueError, match="inside the turn"):
+            turn.fork(2).get()
+        assert turn.is_alive()
+        with pytest.raises(RuntimeError, match="through its handle"):
+            turn.stop()
+
+
+def test_turn_errors_pickle_with_their_fields() -> None:
+    """TurnBusy and TurnInterrupted cross a process boundary with their fields."""
+    busy = pickle.loads(pickle.dumps(TurnBusy("m", session_id="s", holder="h", turn_id="t")))
+    assert (busy.session_id, busy.holder, busy.turn_id) == ("s", "h", "t")
+    assert str(busy) == "session 's': m"
+    lost = pickle.loads(pickle.dumps(TurnInterrupted("s", "m", turn_id="t", how="expired")))
+    assert (lost.session_id, lost.turn_id, lost.how) == ("s", "t", "expired")
+
+
+# -- stops and restarts -------------------------------------------------------------------
+
+
+def test_stopping_answers_the_calls_waiting_for_a_turn() -> None:
+    """A session that stops answers its queued turns and held writes with SessionStopped."""
+    s = Session.start("stop", timeout=BOUND)
+    s.turn(owner="run-1").open()
+    write = s.append("user_message", {"content": "x"})
+    opened: list[BaseException] = []
+
+    def queue() -> None:
+        try:
+            s.turn(owner="run-2").open()
+        except BaseException as exc:
+            opened.append(exc)
+
+    t = threading.Thread(target=queue)
+    t.start()
+    s.stop()
+    t.join(BOUND)
+    with pytest.raises(SessionStopped):
+        write.get()
+    assert len(opened) == 1
+    assert isinstance(opened[0], SessionStopped)
+
+
+def test_a_restart_ends_an_open_turn_as_interrupted() -> None:
+    """A session reopened from its store appends a turn_end (interrupted, reason restart)
+    for the turn it left open; that turn's holder then hears TurnInterrupted."""
+    with Sessions(MemoryStore(), timeout=BOUND) as reg:
+        handle = reg.open("restart")
+        turn = handle.turn(owner="run-1").open()
+        turn.append("user_message", {"content": "kept"}).get()
+        handle.stop()
+        with pytest.raises(TurnInterrupted, match="restart"):
+            turn.append("user_message", {"content": "refused"}).get()
+        rec = turns(handle.log().get())[0]
+        assert (rec["how"], rec["reason"]) == ("interrupted", "restart")
+        assert contents(handle) == ["kept"]  # type: ignore[arg-type]
+        with handle.turn(policy="reject"):  # nothing is open after the restart
+            pass
+
+
+def test_an_open_turn_is_abandoned_when_its_opener_gives_up() -> None:
+    """An opener that stops waiting (CallTimeout) lets its turn go at once."""
+    s = Session.start("abandon", timeout=BOUND)
+    try:
+        blocker = s.turn(owner="run-1").open()
+        late = s.turn(owner="run-2", timeout=BOUND)
+        fut = late._send_open()
+        with pytest.raises(CallTimeout):
+            fut.get(timeout=0.05)
+        late._not_opened(CallTimeout("abandon", "gave up"))
+        blocker.close()
+        assert [t["owner"] for t in turns(s.log().get())] == ["run-1"]
+        assert s.append("user_message", {"content": "x"}).get().seq == 2
+    finally:
+        s.stop()
+
+
+def test_turn_repr_names_the_turn(chat: Session) -> None:
+    """repr shows the turn id, owner, session and state."""
+    turn = chat.turn(owner="run-1")
+    assert repr(turn) == f"<Turn {turn.turn_id!r} of 'run-1' on 'chat' new>"
+    assert isinstance(turn, Turn)
