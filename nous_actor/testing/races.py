@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nous_actor.core.compaction import Compactor
+from nous_actor.core.compaction import CompactionError, Compactor
 from nous_actor.errors import CallTimeout, SessionStopped, StoreError, TooManySessions
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
@@ -74,6 +74,7 @@ class RealThreads:
 
     def __init__(self, timeout: float = 10.0) -> None:
         self.timeout = timeout
+        self.call_timeout = timeout
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
 
@@ -164,6 +165,21 @@ def _store_of(kind: str) -> Iterator[Store]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _retry(fn: Callable[[], Any], tries: int = 5) -> Any:
+    """``fn()``, tried again while it fails as a crash or a failed commit may make it."""
+    for _ in range(tries - 1):
+        try:
+            return fn()
+        except TOLERATED:
+            continue
+    return fn()
+
+
+def _timeout(env: Env) -> float:
+    """The bound of every call: virtual seconds in a simulation, the env's own on threads."""
+    return float(getattr(env, "call_timeout", 30.0))
+
+
 def _close(registry: Sessions) -> None:
     with contextlib.suppress(Exception):
         registry.close()
@@ -179,7 +195,7 @@ def registry_scenario(
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
-            reg = Sessions(st)
+            reg = Sessions(st, timeout=_timeout(env))
             acked: dict[str, dict[int, str]] = {}
 
             def caller(c: int) -> Caller:
@@ -223,9 +239,9 @@ def subscription_scenario(appends: int = 5, store: str = "memory") -> Scenario:
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
-            reg = Sessions(st)
-            h = reg.open("feed")
-            sub = h.subscribe()
+            reg = Sessions(st, timeout=_timeout(env))
+            h = _retry(lambda: reg.open("feed"))
+            sub = _retry(h.subscribe)
             acked: list[int] = []
 
             def writer() -> Caller:
@@ -263,8 +279,8 @@ def stop_race_scenario(calls: int = 6, store: str = "memory") -> Scenario:
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
-            reg = Sessions(st)
-            h = reg.open("race")
+            reg = Sessions(st, timeout=_timeout(env))
+            h = _retry(lambda: reg.open("race"))
 
             def caller() -> Caller:
                 futs: list[Any] = []
@@ -295,23 +311,27 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
-            reg = Sessions(st)
-            h = reg.open("compact")
+            reg = Sessions(st, timeout=_timeout(env))
+            h = _retry(lambda: reg.open("compact"))
             for i in range(messages):
-                h.append("user_message", {"content": f"m{i} " * 20}).get()
+                text = f"m{i} " * 20
+                _retry(lambda text=text: h.append("user_message", {"content": text}).get())
 
             def summarise(ms: Any) -> str:
                 env.sleep(1.0)  # a model call: virtual time passes
                 return f"summary of {len(ms)}"
 
             comp = Compactor(budget=1, summarise=summarise, keep_recent=2)
+            applied: list[bool] = []
 
             def compact(delay: int) -> Caller:
                 for _ in range(delay):
                     yield
                 f = h.compact(comp, compaction_id="c1", force=True)
                 yield f
-                settle(f)
+                with contextlib.suppress(CompactionError):
+                    ok, _ = settle(f)
+                    applied.append(ok)
 
             def writer() -> Caller:
                 for i in range(3):
@@ -323,13 +343,15 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
             env.go(compact(2), "retry")
             env.go(writer(), "writer")
             env.run()
-            events = h.events().get()
+            events = _retry(lambda: h.events().get())
             records = [
                 ev.seq
                 for ev in events
                 if ev.data.get("step") == "compaction" and ev.data.get("compaction_id") == "c1"
             ]
-            assert len(records) == 1, f"compaction c1 was applied {len(records)} times: {records}"
+            # Once, if a call said so; never twice (at most once if every call failed).
+            assert len(records) <= 1, f"compaction c1 was applied {len(records)} times: {records}"
+            assert records or not any(applied), "compaction c1 was answered but is not in the log"
             _close(reg)
 
     return scenario
@@ -340,8 +362,8 @@ def restart_scenario(appends: int = 4, store: str = "memory") -> Scenario:
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
-            reg = Sessions(st)
-            h = reg.open("restart")
+            reg = Sessions(st, timeout=_timeout(env))
+            h = _retry(lambda: reg.open("restart"))
 
             def writer() -> Caller:
                 futs = [h.append("user_message", {"content": str(i)}) for i in range(appends)]
