@@ -21,11 +21,17 @@ import math
 from builtins import type as type_of
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from nous_actor.core._frozen import FrozenDict, FrozenList, _dict_of, _list_from, thaw
 from nous_actor.core.event import _LOOKUP as EVENT_TYPES
-from nous_actor.core.event import SURFACE_TYPES, Event, InvalidEvent, parse_surface_op
+from nous_actor.core.event import (
+    SURFACE_TYPES,
+    Event,
+    InvalidEvent,
+    parse_surface_op,
+    trusted_event,
+)
 from nous_actor.core.log import Log
 from nous_actor.core.message import Message
 
@@ -170,7 +176,8 @@ def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
 
     The fast path of recovery: the decoder already freezes the data and
     refuses what JSON data may not hold, so only the rules a stored row could
-    still break are checked (type, time, ``surface_op``).
+    still break are checked (type, time, ``surface_op``). Every check is made
+    here, at decoding: a corrupt row is found when it is read, never later.
 
     Raises:
         CodecError: a column is malformed; ``.field`` names it.
@@ -179,24 +186,29 @@ def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
     if etype is None:
         _fail(f"seq {seq}: unknown event type {type!r}", None, "type")
     try:
-        t = datetime.fromisoformat(time)
+        t = _fromisoformat(time)
     except (TypeError, ValueError):
         _fail(f"seq {seq}: 'time' is not ISO-8601: {time!r}", None, "time")
-    if t.tzinfo is None:
-        _fail(f"seq {seq}: 'time' has no UTC offset: {time!r}", None, "time")
+    if t.tzinfo is not UTC:
+        if t.tzinfo is None:
+            _fail(f"seq {seq}: 'time' has no UTC offset: {time!r}", None, "time")
+        t = t.astimezone(UTC)
     frozen = _load_stored(data, seq)
     if type_of(frozen) is not FrozenDict:
         _fail(f"seq {seq}: 'data' must be a JSON object, got {_json_kind(frozen)}", None, "data")
     raw_op = frozen.get("surface_op")
+    if raw_op is None:
+        return trusted_event(seq, etype, t, frozen, None)
     try:
-        if raw_op is not None and etype not in SURFACE_TYPES:
+        if etype not in SURFACE_TYPES:
             raise InvalidEvent("surface_op_on_non_surface_event", "a bookkeeping event has one")
         op = parse_surface_op(raw_op)
     except InvalidEvent as exc:
         raise CodecError(f"seq {seq}: {exc.reason}: {exc}", field="data") from None
-    if t.tzinfo is not UTC:
-        t = t.astimezone(UTC)
-    return Event._trusted(seq, etype, t, frozen, op)
+    return trusted_event(seq, etype, t, frozen, op)
+
+
+_fromisoformat: Final = datetime.fromisoformat
 
 
 def event_from_dict(record: Any, *, line: int | None = None) -> Event:

@@ -352,7 +352,13 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-class Event:
+class _EventSlots:
+    """The fields of an `Event`; set once, while it is built (see `trusted_event`)."""
+
+    __slots__ = ("_msg", "_op", "_pos", "data", "seq", "time", "type")
+
+
+class Event(_EventSlots):
     """One immutable log event: ``Event(seq, type, time, data)``.
 
     ``data`` is deeply frozen on construction (a caller mutating its dict
@@ -370,7 +376,7 @@ class Event:
         InvalidEvent: see DESIGN.md §2 for the reasons, checked in order.
     """
 
-    __slots__ = ("_msg", "_op", "_pos", "data", "seq", "time", "type")
+    __slots__ = ()
     seq: int
     type: EventType
     time: datetime
@@ -381,15 +387,14 @@ class Event:
 
     def __init__(self, seq: int, type: EventType | str, time: datetime, data: Mapping[str, Any]):
         etype, t, frozen, op = check_event(seq, type, time, data)
-        _init(self, int.__int__(seq), etype, t, frozen, op)
+        _fill(self, int.__int__(seq), etype, t, frozen, op)
 
-    @classmethod
+    @staticmethod
     def _trusted(
-        cls, seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
+        seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
     ) -> Event:
-        ev: Event = _new(cls)
-        _init(ev, seq, etype, time, data, op)
-        return ev
+        """An Event of parts `check_event` (or the row decoder) already checked."""
+        return trusted_event(seq, etype, time, data, op)
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("Event is immutable; append a new event instead")
@@ -420,7 +425,7 @@ class Event:
 
     def with_seq(self, seq: int) -> Event:
         """The same event under another seq (used to copy an event into another log)."""
-        return Event._trusted(seq, self.type, self.time, self.data, self._op)
+        return trusted_event(seq, self.type, self.time, self.data, self._op)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Event):
@@ -445,7 +450,38 @@ class Event:
         return (Event._trusted, (self.seq, self.type, self.time, self.data, self._op))
 
 
-def _init(
+class _Building(_EventSlots):
+    """An `Event` being filled in: its fields are set as on any object, then it
+    becomes an Event (same layout), which refuses every later assignment."""
+
+    __slots__ = ()
+    seq: int
+    type: EventType
+    time: datetime
+    data: FrozenDict
+    _op: Replace | None
+    _pos: int
+    _msg: Message | None
+
+
+def trusted_event(
+    seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
+) -> Event:
+    """An Event of already checked parts: the hot path of appends and of recovery."""
+    ev = _new(_Building)
+    ev.seq = seq
+    ev.type = etype
+    ev.time = time
+    ev.data = data
+    ev._op = op
+    ev._pos = seq if op is None else op.start
+    ev._msg = None
+    ev.__class__ = Event  # type: ignore[assignment]
+    untrack(ev)
+    return ev  # type: ignore[return-value]
+
+
+def _fill(
     ev: Event, seq: int, etype: EventType, t: datetime, data: FrozenDict, op: Replace | None
 ) -> None:
     _set(ev, "seq", seq)

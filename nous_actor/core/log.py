@@ -35,6 +35,7 @@ from nous_actor.core.event import (
     InvalidEvent,
     check_event,
     project,
+    trusted_event,
     type_text,
 )
 from nous_actor.core.message import Message, Role, tool_call_parts
@@ -345,7 +346,7 @@ class Log:
         seq = int.__int__(seq)  # an int subclass is stored as its plain value
         if at and seq < self._count:
             raise _behind_head(seq, self._count)
-        return self._extend(Event._trusted(seq, etype, t, frozen, op))
+        return self._extend(trusted_event(seq, etype, t, frozen, op))
 
     def _extend(self, ev: Event) -> Log:
         evs, n = self._events, self._n
@@ -663,7 +664,7 @@ def _behind_head(seq: int, count: int) -> InvalidEvent:
 def new_event(seq: int, type: object, data: Any, time: datetime | None) -> Event:
     """A validated Event (DESIGN.md §2 checks, in order); ``time`` defaults to now."""
     etype, t, frozen, op = check_event(seq, type, _utcnow() if time is None else time, data)
-    return Event._trusted(seq, etype, t, frozen, op)
+    return trusted_event(seq, etype, t, frozen, op)
 
 
 def _rebuild(count: int, events: list[Event]) -> Log:
