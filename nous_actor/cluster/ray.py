@@ -79,6 +79,7 @@ from nous_actor.sessions.actor import Handler, SessionActor, _Compaction
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle, _check_handle_args
 from nous_actor.sessions.registry import Sessions, check_capacity
+from nous_actor.sessions.turns import HELD
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
 
@@ -125,6 +126,10 @@ _CALLS: Final[dict[str, Handler]] = {
         "h_fork",
         "h_read",
         "h_log",
+        "h_turn_open",
+        "h_turn_call",
+        "h_turn_read",
+        "h_turn_end",
     )
 }
 _READS: Final = frozenset(
@@ -237,6 +242,9 @@ class _Shard:
         self.tokens = itertools.count()
         self.turns: dict[str, int] = {}  # each link's next batch number
         self.turned: asyncio.Condition | None = None  # made on the actor's loop
+        # Sessions a turn was opened on here: their writes may wait for a turn, so
+        # they are answered later, never holding up the batch they came in.
+        self.with_turns: set[str] = set()
         try:
             store = store_factory()
             if not isinstance(store, Store):
@@ -310,7 +318,14 @@ class _Shard:
             handler = _CALLS.get(name)
             if handler is None or (name == "h_read" and not (args[:1] and args[0] in _READS)):
                 raise NousActorError(f"a shard runs no call {name!r}")
-            return _WAIT, h._call(handler, *args)
+            if name == "h_turn_open":
+                self.with_turns.add(sid)
+            call = h._call(handler, *args)
+            if name == "h_turn_open":  # it waits for the open turn, then as a call
+                call._timeout = args[0].wait + h.timeout
+            if name == "h_turn_open" or (name in HELD and sid in self.with_turns):
+                return self._later(call)  # it may wait for a turn: the batch does not
+            return _WAIT, call
         if kind == COMPACT:
             blob, at, force, cid, explicit = args
             try:

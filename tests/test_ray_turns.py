@@ -1,0 +1,68 @@
+"""Turns through a `RaySession`: the session's shard keeps the turn, as a local session does.
+
+Runs on the local Ray cluster of tests/ray_cluster.py (skips without Ray, except
+under CI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray") if not os.environ.get("CI") else __import__("ray")
+
+from nous_actor import MemoryStore, TurnBusy, TurnInterrupted  # noqa: E402
+from nous_actor.cluster.ray import RaySessions  # noqa: E402
+from nous_actor.core.history import turns  # noqa: E402
+from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any) -> Iterator[RaySessions]:
+    sessions = RaySessions(MemoryStore, shards=1, timeout=20)
+    try:
+        yield sessions
+    finally:
+        sessions.shutdown()
+
+
+def _sid() -> str:
+    return f"turn-{uuid.uuid4().hex[:10]}"
+
+
+def test_a_turn_through_a_ray_handle_holds_back_plain_writes(cluster: RaySessions) -> None:
+    """Writes through the turn answer while a plain write of the same process waits for
+    the turn; reject names the holder across the process boundary."""
+    h = cluster.open(_sid())
+    with h.turn(owner="run-1") as turn:
+        turn.append("user_message", {"content": "a"}).get()
+        plain = h.append("user_message", {"content": "plain"})
+        turn.append("assistant_message", {"content": "b"}).get()
+        with pytest.raises(TurnBusy, match="'run-1'") as caught:
+            h.turn(policy="reject").open()
+        assert caught.value.holder == "run-1"
+        assert not plain.done()
+    assert plain.get().seq == 4
+    assert [m.content for m in h.derive_messages().get()] == ["a", "b", "plain"]
+
+
+def test_rollback_through_a_ray_handle(cluster: RaySessions) -> None:
+    """A rollback hides the interrupted turn; its holder hears TurnInterrupted."""
+    h = cluster.open(_sid())
+    old = h.turn(owner="run-1").open()
+    old.append("assistant_message", {"content": "half"}).get()
+
+    async def take_over() -> None:
+        async with h.turn(policy="rollback", owner="run-2") as new:
+            await new.append("assistant_message", {"content": "whole"})
+
+    asyncio.run(take_over())
+    with pytest.raises(TurnInterrupted, match="rolled_back"):
+        old.append("assistant_message", {"content": "late"}).get()
+    assert [m.content for m in h.derive_messages().get()] == [DEFAULT_ROLLBACK_NOTE, "whole"]
+    assert [t["how"] for t in turns(h.log().get())] == ["rolled_back", "closed"]
