@@ -174,10 +174,14 @@ class FrozenList(list[Any]):
         return (FrozenList, (list(self),))
 
 
+_new_dict = dict.__new__
+_fill_dict = dict.update
+
+
 def _dict_of(items: dict[str, Any]) -> FrozenDict:
     """A FrozenDict over already frozen values (no second walk)."""
-    fd = dict.__new__(FrozenDict)
-    dict.update(fd, items)
+    fd: FrozenDict = _new_dict(FrozenDict)
+    _fill_dict(fd, items)
     untrack(fd)
     return fd
 
@@ -289,7 +293,12 @@ def _freeze(value: Any, path: str) -> Any:
                     out[k] = v
                 else:
                     out[k] = _freeze(v, f"{path}[{k!r}]")
-            return _dict_of(out) if out else EMPTY_DICT
+            if not out:
+                return EMPTY_DICT
+            fd = _new_dict(FrozenDict)  # _dict_of, inline: this is every append's path
+            _fill_dict(fd, out)
+            untrack(fd)
+            return fd
         if t is list or t is tuple or isinstance(value, (list, tuple)):
             return _list_of(value, path)
         if isinstance(value, str):

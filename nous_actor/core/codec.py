@@ -23,7 +23,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
 
-from nous_actor.core._frozen import FrozenDict, FrozenList, _dict_of, _list_from, thaw
+from nous_actor.core._frozen import (
+    FrozenDict,
+    FrozenList,
+    _fill_dict,
+    _list_from,
+    _new_dict,
+    thaw,
+    untrack,
+)
 from nous_actor.core.event import _LOOKUP as EVENT_TYPES
 from nous_actor.core.event import (
     SURFACE_TYPES,
@@ -81,14 +89,18 @@ def _frozen_list(items: list[Any]) -> FrozenList:
 
 def _frozen_object(obj: dict[str, Any]) -> FrozenDict:
     # json calls this innermost first, so nested objects are frozen already;
-    # only lists (which have no hook) are left to convert.
+    # only lists (which have no hook) are left to convert. Called for every
+    # object of every stored row: `_dict_of` is inlined.
     for v in obj.values():
         if type(v) is list:
             for k, v2 in obj.items():
                 if type(v2) is list:
                     obj[k] = _frozen_list(v2)
             break
-    return _dict_of(obj)
+    fd: FrozenDict = _new_dict(FrozenDict)
+    _fill_dict(fd, obj)
+    untrack(fd)
+    return fd
 
 
 def _finite_float(text: str) -> float:

@@ -49,45 +49,36 @@ _pos_of: Final = attrgetter("_pos")
 
 
 class _Fold:
-    """The memoised surface, position-sorted, as parallel lists.
+    """The memoised surface, position-sorted: its events and their messages.
 
-    ``claim`` is empty while the fold belongs to the version holding it; the
-    first thread to put a token in it takes the lists over (``list.append``
-    and indexing are atomic), after which the holder must not trust them.
+    ``claim`` holds one item while the fold belongs to the version holding it;
+    the first thread to pop it takes the lists over (``list.pop`` is atomic),
+    after which the holder must not trust them.
 
     Messages are projected lazily: the last ``lazy`` entries of ``msgs`` are
     ``None`` until a read needs them (`settle`), so appends that nobody
     derives cost no ``Message``, and each message is projected once.
     """
 
-    __slots__ = ("claim", "evs", "lazy", "msgs", "pos", "seqs")
+    __slots__ = ("claim", "evs", "lazy", "msgs")
 
-    def __init__(
-        self,
-        pos: list[int],
-        seqs: list[int],
-        evs: list[Event],
-        msgs: list[Message | None],
-        lazy: int = 0,
-    ) -> None:
-        self.pos = pos
-        self.seqs = seqs
+    def __init__(self, evs: list[Event], msgs: list[Message | None], lazy: int = 0) -> None:
         self.evs = evs
         self.msgs = msgs
         self.lazy = lazy
-        self.claim: list[object] = []
+        self.claim: list[bool] = [True]
 
     def take(self) -> bool:
         """Claim the lists for exclusive mutation; ``False`` if someone else has."""
-        if self.claim:
+        try:
+            self.claim.pop()
+        except IndexError:
             return False
-        token = object()
-        self.claim.append(token)
-        return self.claim[0] is token
+        return True
 
     def handed_over(self) -> _Fold:
         """A new, unclaimed fold over the same lists (call after `take`)."""
-        return _Fold(self.pos, self.seqs, self.evs, self.msgs, self.lazy)
+        return _Fold(self.evs, self.msgs, self.lazy)
 
     def settle(self) -> None:
         """Project the messages not projected yet (only by the fold's owner)."""
@@ -98,35 +89,30 @@ class _Fold:
 
     def add(self, ev: Event) -> None:
         """Fold in ``ev``, which has a higher seq than every event folded so far."""
-        pos = ev._pos
+        evs = self.evs
         op = ev._op
         if op is not None:
             if self.lazy:
                 self.settle()
             # Everything folded so far has a lower seq, so the replace shadows
             # exactly the run of surface entries whose position is in range.
-            i = bisect_left(self.pos, op.start)
-            j = bisect_right(self.pos, op.stop, i)
+            i = bisect_left(evs, op.start, key=_pos_of)
+            j = bisect_right(evs, op.stop, i, key=_pos_of)
             if i < j:
-                del self.pos[i:j], self.seqs[i:j], self.evs[i:j], self.msgs[i:j]
+                del evs[i:j], self.msgs[i:j]
         elif ev.type not in SURFACE_TYPES:
             return
+        elif not evs or evs[-1]._pos <= ev._pos:  # the common case: it goes last
+            evs.append(ev)
+            self.msgs.append(None)
+            self.lazy += 1
+            return
         else:
-            i = len(self.pos)
-            if not i or self.pos[-1] <= pos:  # the common case: it goes last
-                self.pos.append(pos)
-                self.seqs.append(ev.seq)
-                self.evs.append(ev)
-                self.msgs.append(None)
-                self.lazy += 1
-                return
             if self.lazy:
                 self.settle()
             # Ties on position keep seq order: the newcomer goes after them.
-            i = bisect_right(self.pos, pos)
-        self.pos.insert(i, pos)
-        self.seqs.insert(i, ev.seq)
-        self.evs.insert(i, ev)
+            i = bisect_right(evs, ev._pos, key=_pos_of)
+        evs.insert(i, ev)
         self.msgs.insert(i, project(ev))
 
 
@@ -169,13 +155,7 @@ def _full_fold(events: Sequence[Event], n: int) -> _Fold:
     flags = _shadow_flags(events, n)
     surface = [ev for k, ev in enumerate(events[:n]) if not flags[k] and ev.type in SURFACE_TYPES]
     surface.sort(key=_pos_of)  # stable: ties keep seq order
-    return _Fold(
-        [ev._pos for ev in surface],
-        [ev.seq for ev in surface],
-        surface,
-        [None] * len(surface),
-        len(surface),
-    )
+    return _Fold(surface, [None] * len(surface), len(surface))
 
 
 _utcnow = utcnow  # the wall clock, or a simulation's (nous_actor.core.clock)
@@ -435,7 +415,7 @@ class Log:
     def _folded(self) -> _Fold:
         """A fold whose lists are safe to copy, computing it if this version has none."""
         fold = self._fold
-        if fold is None or fold.claim:
+        if fold is None or not fold.claim:
             fold = _full_fold(self._events, self._n)
             self._fold = fold
         return fold
@@ -453,7 +433,7 @@ class Log:
                 fold.settle()
                 return [getattr(fold, a) for a in attrs]
         out: list[list[Any]] = [getattr(fold, a)[:] for a in attrs]
-        if fold.claim:
+        if not fold.claim:
             fresh = _full_fold(self._events, self._n)
             fresh.settle()
             out = [getattr(fresh, a) for a in attrs]
@@ -469,8 +449,8 @@ class Log:
 
     def derive_indexed(self) -> list[tuple[int, Message]]:
         """``(seq, message)`` for each surface event, in surface order."""
-        seqs, msgs = self._read("seqs", "msgs")
-        return list(zip(seqs, msgs, strict=True))
+        evs, msgs = self._read("evs", "msgs")
+        return [(ev.seq, m) for ev, m in zip(evs, msgs, strict=True)]
 
     def materialize(self) -> tuple[list[Message], Log]:
         """Derive the messages and return them with a log whose fold is memoised.
