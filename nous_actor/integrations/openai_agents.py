@@ -42,11 +42,27 @@ marker* (a `system_message` with no content and
 an `openai_item` give it back, cleared markers give none, and messages other
 code wrote (a compaction summary, a seeded transcript) give the Responses
 items of their chat content.
+
+**Runs.** The SDK's session protocol never says when a run starts or ends:
+`Runner.run` just calls `get_items` and `add_items`. So, by itself, this
+adapter cannot keep runs apart: each call is serialised (the items of one
+`add_items` are contiguous), but two runs on one session may interleave
+their items. Wrap each run in `NousSession.turn()` to keep them apart::
+
+    async with session.turn():
+        await Runner.run(agent, "hi", session=session)
+
+Inside the block, this `NousSession`'s calls (in that task and the tasks it
+starts) go through a turn of the session (`nous_actor.SessionHandle.turn`):
+another run's turn waits for it (or applies its policy), and calls outside
+any turn wait for it to end (at most the registry's `timeout`, then
+`nous_actor.TurnBusy`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
 import os
@@ -75,8 +91,10 @@ from nous_actor.core.ids import check_session_id
 from nous_actor.core.message import Message, Role, tool_call_parts
 from nous_actor.errors import CallTimeout, SessionCrashed, SessionStopped
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.handle import Session
+from nous_actor.sessions.handle import Session, SessionHandle
 from nous_actor.sessions.registry import Sessions
+from nous_actor.sessions.turn_handle import Turn, check_turn_args
+from nous_actor.sessions.turns import DEFAULT_LEASE, Policy
 from nous_actor.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -88,6 +106,7 @@ __all__ = [
     "OP_KEY",
     "NousSession",
     "NousSessionClosed",
+    "RunTurn",
     "event_for_item",
     "items_from_messages",
     "items_of_message",
@@ -428,6 +447,22 @@ class _Shared:
     # Whether the surface may end in a cleared marker that the next add_items
     # replaces: None unknown (read the surface), False no.
     marker: bool | None = None
+    # Whether a turn was ever opened on it here: then a call outside any turn first
+    # waits for an open turn to end, before it takes the lock.
+    turns: bool = False
+
+
+# The turns the running task is in: which session (its `_Shared`) and through what.
+_IN_TURN: contextvars.ContextVar[tuple[tuple[_Shared, Turn], ...]] = contextvars.ContextVar(
+    "nous_actor_openai_turns", default=()
+)
+
+
+def _turn_of(shared: _Shared) -> Turn | None:
+    for key, turn in _IN_TURN.get():
+        if key is shared:
+            return turn
+    return None
 
 
 _SHARED_LOCK = threading.Lock()
@@ -651,7 +686,7 @@ class NousSession:
         self._check_open()
         await self._shared.lock.acquire(self.sessions.timeout, self.session_id)
         try:
-            messages = await self._read(Session.derive_messages)
+            messages = await self._read(SessionHandle.derive_messages)
         finally:
             self._shared.lock.release()
         if limit is None or limit < 0:
@@ -706,7 +741,7 @@ class NousSession:
         async def body() -> None:
             shared = self._shared
             if shared.marker is not False:
-                surface = await self._read(Session.surface)
+                surface = await self._read(SessionHandle.surface)
                 if surface and _is_marker(surface[-1]):
                     last = surface[-1]
                     etype, data = pending[0]
@@ -748,7 +783,7 @@ class NousSession:
         self._check_open()
 
         async def body() -> dict[str, Any] | None:
-            surface = await self._read(Session.surface)
+            surface = await self._read(SessionHandle.surface)
             plan = _plan_pop(surface)
             if plan is None:
                 return None
@@ -779,7 +814,7 @@ class NousSession:
         self._check_open()
 
         async def body() -> None:
-            surface = await self._read(Session.surface)
+            surface = await self._read(SessionHandle.surface)
             count = sum(len(items_of_message(_message(ev))) for ev in surface)
             if not count:
                 return
@@ -811,6 +846,32 @@ class NousSession:
         finally:
             self._shared.lock.release()
 
+    def turn(
+        self,
+        policy: Policy = "enqueue",
+        *,
+        owner: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        timeout: float | None = None,
+        note: str | None = None,
+    ) -> RunTurn:
+        """A turn for one run: ``async with session.turn(): await Runner.run(...)``.
+
+        Inside the block, this object's calls (in this task and the tasks it
+        starts) go through one turn of the session (see
+        `nous_actor.SessionHandle.turn` for ``policy``, ``owner``, ``lease``,
+        ``timeout`` and ``note``), so no other run's items come between the
+        run's own. Without it, each call is serialised but runs may
+        interleave (the SDK never says when a run starts or ends).
+
+        Raises:
+            ValueError, TypeError: bad arguments (raised here).
+            NousSessionClosed: this object is closed.
+        """
+        check_turn_args(policy, owner, lease, timeout, note)
+        self._check_open()
+        return RunTurn(self, policy, owner, lease, timeout, note)
+
     # -- plumbing ----------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -823,6 +884,11 @@ class NousSession:
         """Run `body` holding the session's lock; once started, it finishes even if the
         caller is cancelled (then the cancellation is raised)."""
         shared = self._shared
+        if shared.turns and _turn_of(shared) is None:
+            # Outside any turn, while turns are used here: wait for the open one to
+            # end before taking the lock (a write waiting for it would hold the lock
+            # the turn's own calls need).
+            await self._wait_for_turn()
         await shared.lock.acquire(self.sessions.timeout, self.session_id)
 
         async def locked() -> T:
@@ -861,7 +927,14 @@ class NousSession:
         handle.is_alive()  # resolves its actor here, in the worker thread
         return handle
 
-    async def _read(self, read: Callable[[Session], SessionFuture[T]]) -> T:
+    async def _wait_for_turn(self) -> None:
+        """Answered once no turn is open (an empty append waits like a write)."""
+        await self._read(lambda h: h.append_many([]))
+
+    async def _read(self, read: Callable[[SessionHandle], SessionFuture[T]]) -> T:
+        turn = _turn_of(self._shared)
+        if turn is not None:
+            return await read(turn)
         for attempt in range(MAX_ATTEMPTS):
             handle = await self._live()
             try:
@@ -873,6 +946,10 @@ class NousSession:
 
     async def _append(self, pending: Pending, time: datetime) -> None:
         """Append `pending` in order; resend the part a stopped session refused."""
+        turn = _turn_of(self._shared)
+        if turn is not None:  # one atomic batch through the turn; never sent again
+            await turn.append_many([(etype, data, time) for etype, data in pending])
+            return
         for attempt in range(MAX_ATTEMPTS):
             handle = await self._live()
             done, error, clean = await _append_pinned(handle, pending, time)
@@ -881,6 +958,57 @@ class NousSession:
             if not (clean and _refused(error)) or attempt == MAX_ATTEMPTS - 1:
                 raise error
             pending = pending[done:]
+
+
+class RunTurn:
+    """What `NousSession.turn` returns: ``async with`` it around one run.
+
+    Entering opens a turn on the session (waiting, per its policy, for one
+    open already) and makes the `NousSession`'s calls in this task (and the
+    tasks it starts) go through it; leaving closes it (``how: "failed"`` if
+    the block raised). ``turn`` is the `nous_actor.Turn` while open.
+    """
+
+    def __init__(
+        self,
+        session: NousSession,
+        policy: str,
+        owner: str | None,
+        lease: float,
+        timeout: float | None,
+        note: str | None,
+    ) -> None:
+        self._session = session
+        self._args = (policy, owner, lease, timeout, note)
+        self.turn: Turn | None = None
+        self._token: contextvars.Token[tuple[tuple[_Shared, Turn], ...]] | None = None
+
+    async def __aenter__(self) -> RunTurn:
+        session = self._session
+        session._check_open()
+        if self.turn is not None:
+            raise RuntimeError("a RunTurn is used once: call session.turn() for each run")
+        policy, owner, lease, timeout, note = self._args
+        shared = session._shared
+        if _turn_of(shared) is not None:
+            raise RuntimeError(
+                f"this task is in a turn of session {session.session_id!r} already; "
+                "turns do not nest"
+            )
+        shared.turns = True
+        handle = await session._live()
+        turn = handle.turn(policy, owner=owner, lease=lease, timeout=timeout, note=note)  # type: ignore[arg-type]
+        await turn.aopen()
+        self.turn = turn
+        self._token = _IN_TURN.set((*_IN_TURN.get(), (shared, turn)))
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: Any) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _IN_TURN.reset(token)
+        if self.turn is not None:
+            await self.turn.__aexit__(exc_type, *exc)
 
 
 def _reopen(handle: Session) -> None:
