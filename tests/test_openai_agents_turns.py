@@ -40,7 +40,9 @@ def test_runs_in_turns_never_interleave(sessions: Sessions) -> None:
                 return await Runner.run(agent, f"add {i} 10", session=nous)
 
         results = await asyncio.gather(*(one(i) for i in range(3)))
-        assert sorted(r.final_output for r in results) == [f"The sum is {i + 10}." for i in range(3)]
+        assert sorted(r.final_output for r in results) == [
+            f"The sum is {i + 10}." for i in range(3)
+        ]
         return await nous.get_items()
 
     items = run(main())
