@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import pickle
 import threading
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from nous_actor import (
     MemoryStore,
     Message,
     Session,
+    SessionCrashed,
     SessionError,
     Sessions,
     SessionStopped,
@@ -24,6 +26,7 @@ from nous_actor import (
     TurnInterrupted,
 )
 from nous_actor.core.history import explain, turns
+from nous_actor.sessions.faults import crash
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE
 
 BOUND = 10.0
@@ -374,6 +377,28 @@ def test_a_restart_ends_an_open_turn_as_interrupted() -> None:
         assert contents(handle) == ["kept"]  # type: ignore[arg-type]
         with handle.turn(policy="reject"):  # nothing is open after the restart
             pass
+
+
+def test_a_crash_ends_an_open_turn_as_interrupted() -> None:
+    """A session restarted by its registry after a crash ends the turn it had open; a
+    call through that turn fails with TurnInterrupted naming the restart."""
+    with Sessions(MemoryStore(), timeout=BOUND, backoff=None) as reg:
+        handle = reg.open("crash")
+        turn = handle.turn(owner="run-1").open()
+        turn.append("user_message", {"content": "kept"}).get()
+        with pytest.raises(SessionCrashed):
+            crash(handle).get()
+        with pytest.raises(TurnInterrupted, match="reason 'restart'"):
+            turn.append("user_message", {"content": "refused"}).get()
+        assert [(t["how"], t["reason"]) for t in turns(handle.log().get())] == [
+            ("interrupted", "restart")
+        ]
+
+
+def test_a_call_without_a_name_runs_while_a_turn_is_open(chat: Session) -> None:
+    """A call whose handler has no __name__ (a partial) is not a write to hold back."""
+    with chat.turn():
+        assert chat._call(functools.partial(lambda actor, x: x, x=7)).get() == 7
 
 
 def test_an_open_turn_is_abandoned_when_its_opener_gives_up() -> None:

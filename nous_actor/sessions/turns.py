@@ -380,7 +380,7 @@ class TurnHost:
         turn: then it waits in the table (at most a little less than its caller's
         bound, then `TurnBusy`) and runs when the turn ends, in arrival order."""
         table = self.turns
-        if table is None or table.open is None or handler.__name__ not in HELD:
+        if table is None or table.open is None or getattr(handler, "__name__", "") not in HELD:
             return False
         now = scheduling.monotonic()
         table = self._current(now)
