@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import structlog
 
-from bench import cluster, core, durable, lifetime, plot, postgres, runtime, session
+from bench import cluster, core, durable, lifetime, plot, postgres, runtime, session, telemetry
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
 
@@ -33,6 +33,7 @@ MODULES: Final[tuple[ModuleType, ...]] = (
     session,
     durable,
     runtime,
+    telemetry,
     lifetime,
     postgres,
     cluster,

@@ -48,7 +48,7 @@ import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 
 from nous_actor._log import get_logger
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.flag import Flag
 
 __all__ = [
@@ -112,6 +112,9 @@ class Dispatcher:
         """How often a thread found no runnable actor and parked (its wake-ups)."""
         self.turns = 0
         """How many actor turns ran."""
+        sink = telemetry.sink
+        if sink is not None:
+            sink.watch_dispatcher(self)
 
     # -- scheduling (any thread) -------------------------------------------------------------
 

@@ -57,8 +57,8 @@ from nous_actor.errors import (
     SessionStopped,
     StoreError,
 )
-from nous_actor.runtime import scheduling
-from nous_actor.runtime.dispatcher import Dispatcher
+from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime.dispatcher import Dispatcher, Workers
 from nous_actor.runtime.exit import at_exit
 from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.future import SessionFuture
@@ -66,6 +66,7 @@ from nous_actor.sessions.recovery import recover, release
 from nous_actor.sessions.turns import DEFER, TurnHost, TurnTable
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer, committer_for
+from nous_actor.store.memory import MemoryStore
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import DispatchedSupervisedActor
 
@@ -76,6 +77,10 @@ logger = get_logger(__name__)
 T = TypeVar("T")
 Handler = Callable[..., Any]
 
+
+RELEASES: Final = Workers(2, name="nous-release")
+"""Where stopped sessions give up their claims (a write that may wait for another
+process's write lock): never on a dispatcher thread."""
 
 _DEFER: Any = DEFER  # a handler's result meaning "the future is answered later"
 _NONE: Any = deque(maxlen=0)  # "no parked call": shared by every session until one parks
@@ -253,6 +258,7 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         "_closing_subs",
         "_compacting",
         "_compaction_ids",
+        "_compaction_times",
         "_done",
         "_done_lock",
         "_feed_error",
@@ -291,6 +297,7 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         pinned: bool = False,
     ) -> None:
         super().__init__()
+        telemetry.probe()
         if dispatcher is not None:
             self._use_dispatcher = dispatcher
         self._pin = pinned
@@ -323,6 +330,8 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         self._feed_error: SessionStopped | None = None  # how the feeds end, once stopped
         self._compacting: dict[str, SessionFuture[Any] | None] = {}  # summary being written
         self._compaction_ids: dict[str, int] | None = None  # id -> record seq, built on use
+        # id -> [start, summariser start, summariser end] (time_ns), while telemetry is on
+        self._compaction_times: dict[str, list[int]] | None = None
         self._loading = False  # the store is being read: calls wait in ``parked``
         # Subscribers of a stopped session that still wait for its appends in flight.
         self._closing_subs: list[Subscription] = []  # (a fresh list only when stopping)
@@ -352,6 +361,12 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         """The store was read (by `READERS`): take the claim and the log, or fail to start."""
         self._loading = False
         self._store_op_done()
+        sink = telemetry.sink
+        if sink is not None:
+            end = time.time_ns()
+            outcome = "failed" if log is None else "recovered" if log.count() else "new"
+            count = 0 if log is None else len(log.events())
+            sink.recovered(self.session_id, outcome, count, end - int(took * 1e9), end)
         if exc is not None:
             self._start_failed(exc)
             return
@@ -560,18 +575,27 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         self._release_claim()
 
     def _release_claim(self) -> None:
+        """Give up the claim and then set ``released``: off this thread (a dispatcher's,
+        or the committer's) unless the store is in memory, since a release is a write
+        that may wait for another process's write lock."""
+        store, token, self.claim_token = self.store, self.claim_token, None
+        if store is None or token is None:
+            self.released.set()
+        elif isinstance(store, MemoryStore):
+            self._release_now(store, token)
+        else:
+            RELEASES.submit(partial(self._release_now, store, token))
+
+    def _release_now(self, store: Store, token: str) -> None:
         try:
-            if self.store is not None and self.claim_token is not None:
-                token, self.claim_token = self.claim_token, None
-                try:
-                    self.store.release(self.session_id, token)
-                except Exception as exc:
-                    logger.warning(
-                        "session.release_failed",
-                        session_id=self.session_id,
-                        reason=type(exc).__name__,
-                        error=_safe_str(exc),
-                    )
+            store.release(self.session_id, token)
+        except Exception as exc:
+            logger.warning(
+                "session.release_failed",
+                session_id=self.session_id,
+                reason=type(exc).__name__,
+                error=_safe_str(exc),
+            )
         finally:
             self.released.set()
 
@@ -603,6 +627,9 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
     def _submit(self, events: tuple[Event, ...], result: Any) -> Any:
         """Commit ``events`` (one atomic batch) and answer the current call with ``result``."""
         self.next_seq = events[-1].seq + 1
+        sink = telemetry.sink
+        if sink is not None:
+            sink.appended(len(events))
         committer = self.committer
         if committer is None:
             for ev in events:
@@ -784,6 +811,11 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         plan = c.plan(self.log.surface(), self.log.count(), force=req.force)
         if plan.empty:
             return CompactionResult(self.log._view(), plan.before, plan.before, budget=c.budget)
+        if telemetry.sink is not None:  # timed from its first plan (retries included)
+            times = self._compaction_times
+            if times is None:
+                times = self._compaction_times = {}
+            times.setdefault(req.cid, [time.time_ns(), 0, 0])
         if not plan.needs_summary:
             return self._commit_compaction(req, plan, None)
         fut = self._fut
@@ -802,6 +834,9 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         from one, else (like a plain callable) in a thread of its own.
         """
         ref = self.actor_ref
+        times = self._compaction_times
+        if times is not None and req.cid in times:
+            times[req.cid][1] = time.time_ns()
 
         def deliver(summary: Any, exc: BaseException | None) -> None:
             try:
@@ -848,6 +883,11 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         self, req: _Compaction, plan: Plan, summary: Any, exc: BaseException | None
     ) -> Any:
         self._compacting.pop(req.cid, None)
+        times = self._compaction_times
+        if times is not None and req.cid in times:
+            times[req.cid][2] = time.time_ns()
+            if exc is not None:  # not recorded: not reported
+                self._report_compaction(req.cid, report=False)
         if exc is not None:
             if isinstance(exc, CompactionError):
                 raise exc
@@ -899,7 +939,22 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
             self.actor_ref.tell((SessionActor.h_committed, (), None))
         out = dataclasses.replace(result, log=self.log._view())
         log_compacted(out, session_id=self.session_id)
+        self._report_compaction(result.compaction_id)
         return out
+
+    def _report_compaction(self, cid: str | None, *, report: bool = True) -> None:
+        times = self._compaction_times
+        if times is None or cid is None:
+            return
+        started = times.pop(cid, None)
+        if not times:
+            self._compaction_times = None
+        sink = telemetry.sink
+        if started is None or sink is None or not report:
+            return
+        start, summary_start, summary_end = started
+        summary = (summary_start, summary_end) if summary_end else None
+        sink.compacted(self.session_id, start, time.time_ns(), summary)
 
     def _known_compaction(self, req: _Compaction) -> CompactionResult | None:
         """The result of compaction ``req.cid`` if it is in the log already (only an id

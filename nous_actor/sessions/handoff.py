@@ -22,38 +22,43 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, NousActorError, SessionStopped, StoreError
 from nous_actor.sessions.actor import SessionActor, _Envelope
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import shared
+from nous_actor.store.base import Store
 
 if TYPE_CHECKING:
-    from nous_actor.sessions.handle import Session
     from nous_actor.sessions.registry import Sessions
 
 __all__ = ["HandOver", "acquire"]
 
 logger = get_logger(__name__)
 
+T = TypeVar("T")
+
 REASK: Final = 0.5
-"""An asker asks the same holder again this often (a request made just before the
-holder re-claimed the session does not count for it)."""
+"""An asker asks again this often (a holder that was not listening yet, on PostgreSQL,
+missed the first request)."""
 
 RETRY_OPEN: Final = 0.25
 """An asker tries to open the session at least this often, whatever the store says
 about its holder (a PostgreSQL holder whose process died still has a lease)."""
+
+GRACE: Final = 0.005
+"""A session called this recently is not offered yet: a caller's next call (a request's
+write after its read) usually follows within it, and handing over in between would only
+send the session back and forth."""
 
 IDLE_PAUSE: Final = 0.002
 """The least time between two looks at the requests by a holder (caps how often a busy
 store wakes the hand-over thread)."""
 
 
-def acquire(
-    facade: Sessions, session_id: str, wait: float, open_now: Callable[[], Session]
-) -> Session:
+def acquire(facade: Sessions, session_id: str, wait: float, open_now: Callable[[], T]) -> T:
     """Open ``session_id`` with ``open_now``, asking its live holder for it and waiting
     at most ``wait`` seconds for it to let go.
 
@@ -70,14 +75,20 @@ def acquire(
     last: ConflictError | None = None
     while True:
         try:
-            return open_now()
+            got = open_now()
         except ConflictError as exc:
             last = exc
             last_try = time.monotonic()
+        else:
+            if asked is not None:
+                _withdraw(store, session_id)
+            return got
         while True:
             now = time.monotonic()
             if now >= deadline:
                 who = shared.held_by(store, session_id) or last.holder
+                if asked is not None:
+                    _withdraw(store, session_id)
                 raise ConflictError(
                     f"is still held by {who or 'another live writer'} after waiting "
                     f"{wait:g} s for a hand-off (it stays busy: an open turn, or calls "
@@ -93,6 +104,14 @@ def acquire(
                 shared.ask_handoff(store, session_id, max(deadline - now, 0.001))
                 asked = (who, now)
             version = shared.wait_changed(store, version, min(deadline - now, RETRY_OPEN, REASK))
+
+
+def _withdraw(store: Store, session_id: str) -> None:
+    """Take the request back (best effort: it lapses by itself)."""
+    try:
+        shared.withdraw_handoff(store, session_id)
+    except StoreError:
+        pass
 
 
 class HandOver:
@@ -125,28 +144,36 @@ class HandOver:
         facade = self._facade
         store = facade.store
         version = -1
+        waiting = False  # a session asked for was busy: look again soon
         while not self._stop.is_set() and not facade._closed:
             try:
-                version = shared.wait_changed(store, version, 0.25)
+                version = shared.wait_changed(store, version, GRACE if waiting else 0.25)
                 asked = shared.handoff_requests(store)
             except StoreError:
                 return  # the store closed (or failed): there is nothing to hand over
+            waiting = False
             for session_id in asked:
                 if self._stop.is_set():
                     return
-                self._offer(session_id)
+                waiting |= not self._offer(session_id)
             self._stop.wait(IDLE_PAUSE)
 
-    def _offer(self, session_id: str) -> None:
-        """Ask the live actor of ``session_id`` in this registry, if any, to hand over."""
-        ref = self._facade._live_ref(session_id)
+    def _offer(self, session_id: str) -> bool:
+        """Ask the live actor of ``session_id`` in this registry, if any, to hand over;
+        ``False`` if it is busy (ask again soon)."""
+        facade = self._facade
+        last = facade._last_used.get(session_id)
+        if last is not None and facade.clock() - last < GRACE:
+            return False
+        ref = facade._live_ref(session_id)
         if ref is None:
-            return
+            return True
         fut: SessionFuture[Any] = SessionFuture(session_id, self._facade.timeout)
         try:
             ref.actor_inbox.put(_Envelope((SessionActor.h_handoff, (), fut)))  # type: ignore[arg-type]
             handed = fut.get()
         except (NousActorError, SessionStopped):
-            return  # stopped meanwhile (or slow): nothing to hand over now
+            return True  # stopped meanwhile (or slow): nothing to hand over now
         if handed:
             self.handed += 1
+        return bool(handed)

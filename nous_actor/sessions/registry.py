@@ -41,7 +41,7 @@ from nous_actor._log import get_logger
 from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, SessionStopped, TooManySessions
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import SessionActor, _safe_str
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
@@ -228,6 +228,9 @@ class Sessions:
         """The registry actor. Under a parent that has not started it yet, its first
         start is waited for, at most the handles' bound (a stopped one is not: the
         call fails at once, and one made after the parent restarted it reaches it)."""
+        host = scheduling.host
+        if host is not None and self._supervised and self._ref is None:  # a simulation
+            host.wait(lambda: self._closed or self._ref is not None, self.timeout)
         with self._ref_changed:
             if self._supervised and self._ref is None:
                 self._ref_changed.wait_for(
@@ -360,9 +363,7 @@ class Sessions:
         self._handover.start()
         return self._handle(session_id, ref)
 
-    def _handle(
-        self, session_id: str, ref: pykka.ActorRef[SessionActor] | None = None
-    ) -> Session:
+    def _handle(self, session_id: str, ref: pykka.ActorRef[SessionActor] | None = None) -> Session:
         """A handle of ``session_id``; given the actor just opened, its first call goes
         straight there (no lookup through the registry)."""
         handle = Session(
@@ -443,8 +444,7 @@ class Sessions:
             if not self.handoff_wait:
                 raise
         # Handed to another process meanwhile: ask for it back, as open() would.
-        acquire(self, session_id, self.handoff_wait, partial(self._open_now, session_id))
-        return self._resolve_now(session_id)
+        return acquire(self, session_id, self.handoff_wait, partial(self._resolve_now, session_id))
 
     def _resolve_now(self, session_id: str) -> pykka.ActorRef[Any]:
         ref, ready = self._ask(("resolve", session_id), session_id)
@@ -657,6 +657,12 @@ class RegistryActor(SupervisedActor):
         if exit.urn in self.expected:
             self.expected.discard(exit.urn)
             return  # stopped on purpose
+        if not exit.normal and self.starting.pop(exit.urn, None) is not None:
+            # It died recovering (e.g. another process holds it), and this exit came
+            # before the news of its failed start: its openers are told, it is no crash.
+            self._failed_start(session_id, exit.urn)
+            self.expected.discard(exit.urn)
+            return
         ref = self.live.get(session_id)
         current = ref is not None and ref.actor_urn == exit.urn
         if current:
@@ -701,6 +707,9 @@ class RegistryActor(SupervisedActor):
             reason=reason,
             restart_count=self.restarts.get(session_id, 0),
         )
+        sink = telemetry.sink
+        if sink is not None:
+            sink.restarted(reason.partition(":")[0])  # the crash's type: few values
 
     # -- the work ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -19,7 +20,7 @@ from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.store.base import Store
 
 __all__ = ["Committer", "committer_for"]
@@ -158,6 +159,8 @@ class Committer:
         if store is None:
             whole = StoreError("the store was garbage-collected")
         elif writes:
+            sink = telemetry.sink
+            start = time.time_ns() if sink is not None else 0
             try:
                 refused = store.write(writes)
             except StoreError as exc:
@@ -166,6 +169,9 @@ class Committer:
                 whole = StoreError(f"store write failed: {type(exc).__name__}: {exc}")
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     interrupt = exc
+            if sink is not None:
+                events = sum(len(evs) for evs in writes.values())
+                sink.committed(events, start, time.time_ns(), whole is not None or bool(refused))
         drop_errors: dict[int, StoreError] = {}
         for item in drops:
             if store is not None and whole is None and item.session_id not in refused:

@@ -30,7 +30,7 @@ class MemoryStore:
         self._claims: dict[str, str] = {}
         self._closed = False
         self._version = 0  # counts every change (wait_changed)
-        self._asked: dict[str, tuple[str, float]] = {}  # id -> (claim asked of, until)
+        self._asked: dict[str, float] = {}  # id -> until when it is asked for
         self._watches: dict[str, list[_MemoryWatch]] = {}
 
     def _changed(self) -> None:
@@ -181,8 +181,7 @@ class MemoryStore:
             return "this process" if session_id in self._claims else None
 
     def ask_handoff(self, session_id: str, seconds: float) -> None:
-        """Ask the current holder of `session_id` to hand it over, for `seconds`
-        (a request made while nobody holds it asks nobody).
+        """Ask whoever holds `session_id` (now or in the next `seconds`) to hand it over.
 
         Raises:
             StoreError: the id is not valid, or the store is closed.
@@ -191,21 +190,24 @@ class MemoryStore:
         seconds = check_seconds(seconds, "seconds")
         with self._lock:
             self._check_open()
-            token = self._claims.get(session_id)
-            if token is not None:
-                self._asked[session_id] = (token, time.monotonic() + seconds)
+            self._asked[session_id] = time.monotonic() + seconds
+            self._changed()
+
+    def withdraw_handoff(self, session_id: str) -> None:
+        """Take the request for `session_id` back (the asker got it, or gave up)."""
+        with self._lock:
+            self._check_open()
+            if self._asked.pop(session_id, None) is not None:
                 self._changed()
 
     def handoff_requests(self) -> list[str]:
-        """The claimed sessions someone asked for while the current claim held them."""
+        """The claimed sessions a request stands for."""
         now = time.monotonic()
         with self._lock:
             self._check_open()
-            return sorted(
-                sid
-                for sid, (token, until) in self._asked.items()
-                if until > now and self._claims.get(sid) == token
-            )
+            for sid in [sid for sid, until in self._asked.items() if until <= now]:
+                del self._asked[sid]
+            return sorted(sid for sid in self._asked if sid in self._claims)
 
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a change after counter `after`; the counter now."""

@@ -50,7 +50,7 @@ see docs/persistence.md). Times are ``timestamptz`` (microseconds, UTC).
 from __future__ import annotations
 
 import contextlib
-import functools
+import json
 import os
 import re
 import select
@@ -576,7 +576,7 @@ class PostgresStore(ClosingStore):
         self._leases = _Leases(self)
         self._listeners: list[_Listener] = []  # at most one, made on the first watch
         self._listener_lock = threading.Lock()
-        self._leases.on_change = functools.partial(_claim_changed, self._listeners)
+
         # A store nobody uses any more stops its threads and closes its connections
         # (its claims then lapse, and dead-holder detection frees them at once).
         self._finalizer = weakref.finalize(
@@ -1044,29 +1044,39 @@ class PostgresStore(ClosingStore):
         Raises:
             StoreError: the id is not valid, or the store failed.
         """
+        seconds = check_seconds(seconds, "seconds", 0.0, _MAX_TIMEOUT_S)
+        self._notify_request("handoff", session_id, seconds)
+
+    def withdraw_handoff(self, session_id: str) -> None:
+        """Take this store's request for `session_id` back (a ``NOTIFY``).
+
+        Raises:
+            StoreError: the id is not valid, or the store failed.
+        """
+        self._notify_request("withdraw", session_id, 0.0)
+
+    def _notify_request(self, kind: str, session_id: str, seconds: float) -> None:
         self._check_open()
         session_id = self._valid_id(session_id)
-        check_seconds(seconds, "seconds", 0.0, _MAX_TIMEOUT_S)
+        body = json.dumps({"s": session_id, "a": self.holder, "t": seconds})
         self._call(
             self._main,
             session_id,
             "ask for the session",
             lambda conn: conn.execute(
-                "SELECT pg_notify(%s, 'handoff ' || %s)", (self._sql.channel, session_id)
+                "SELECT pg_notify(%s, %s)", (self._sql.channel, f"{kind} {body}")
             ),
         )
 
     def handoff_requests(self) -> list[str]:
-        """The sessions this store holds that another process asked for since it claimed
-        them. Listening starts with the first call (or `wait_changed`, or `watch`).
+        """The sessions this store holds that another process asks for (a request heard
+        by this store's listener, which starts with the first call, or `wait_changed`,
+        or `watch`; an asker asks again until it has the session).
 
         Raises:
             StoreError: the store is closed.
         """
-        listener = self._listener()
-        with listener.mutex:
-            asked = sorted(listener.asked)
-        return [sid for sid in asked if self._leases.holds(sid)]
+        return [sid for sid in self._listener().requested() if self._leases.holds(sid)]
 
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a notification (a commit, a release, a request)
@@ -1455,7 +1465,6 @@ class _Leases:
         self.epochs_name = store._sql.epochs
         self.key_prefix = f"{store.schema}\x1f"
         self.channel = store._sql.channel
-        self.on_change: Callable[[str], None] = lambda sid: None  # a claim began or ended
         self.closing = store._closing
         self.mutex = threading.Lock()
         self.claims: dict[str, _Claim] = {}
@@ -1551,7 +1560,6 @@ class _Leases:
                 self.claims[session_id] = _Claim(
                     token, epoch, started + self.lease * _FAIL_CLOSED_FRACTION, locked
                 )
-            self.on_change(session_id)
         finally:
             with self.mutex:
                 self.pending.discard(session_id)
@@ -1706,7 +1714,6 @@ class _Leases:
                 claim = None
         if claim is None:
             return
-        self.on_change(session_id)
         table = self.claims_table
 
         def work(conn: psycopg.Connection[Any]) -> None:
@@ -1914,8 +1921,8 @@ class _Listener:
         # sessions this store holds that another process asked for (ask_handoff).
         self.changed = threading.Condition(self.mutex)
         self.version = 0
-        self.asked: set[str] = set()
-        self.holds: Callable[[str], bool] = store._leases.holds
+        self.asked: dict[str, dict[str, float]] = {}  # id -> {asker: until (monotonic)}
+        self.me = store.holder
         self.thread = threading.Thread(target=self._run, name="nous-postgres-listen", daemon=True)
         self.thread.start()
 
@@ -2028,10 +2035,8 @@ class _Listener:
 
     def _note(self, payload: str) -> None:
         last, _, sid = payload.partition(" ")
-        if last == "handoff":  # another process asks for a session: is it ours?
-            if self.holds(sid):
-                with self.mutex:
-                    self.asked.add(sid)
+        if last in ("handoff", "withdraw"):  # a request for a session (see ask_handoff)
+            self._request(last, sid)
             self._bump()
             return
         self._bump()
@@ -2043,6 +2048,34 @@ class _Listener:
             for w in self.watches.get(sid, ()):
                 if top >= w.next_fetch:
                     w.dirty = True
+
+    def _request(self, kind: str, body: str) -> None:
+        try:
+            req = json.loads(body)
+            sid, asker, seconds = str(req["s"]), str(req["a"]), float(req["t"])
+        except (ValueError, KeyError, TypeError):
+            return  # not ours to read
+        if asker == self.me:
+            return  # this store's own request
+        with self.mutex:
+            now = time.monotonic()
+            askers = self.asked.setdefault(sid, {})
+            if kind == "withdraw":
+                askers.pop(asker, None)
+            else:
+                askers[asker] = now + seconds
+            for a in [a for a, until in askers.items() if until <= now]:
+                del askers[a]
+            if not askers:
+                del self.asked[sid]
+
+    def requested(self) -> list[str]:
+        """The sessions some other store asks for now."""
+        now = time.monotonic()
+        with self.mutex:
+            return sorted(
+                sid for sid, askers in self.asked.items() if any(u > now for u in askers.values())
+            )
 
     def _end(self, err: StoreError) -> None:
         with self.mutex:
@@ -2064,13 +2097,6 @@ class _Listener:
         for s in (self.wake_r, self.wake_w):
             with contextlib.suppress(OSError):
                 s.close()
-
-
-def _claim_changed(listeners: list[_Listener], session_id: str) -> None:
-    """A claim of this store began or ended: requests made before are not for it."""
-    for listener in listeners:
-        with listener.mutex:
-            listener.asked.discard(session_id)
 
 
 def _shutdown(

@@ -17,12 +17,15 @@ The optional methods a store of your own may offer (the shipped contract suite,
   from any process (this one need not write the session).
 * ``held_by(session_id) -> str | None``: who holds a live claim on the session
   (``"process 4242"``, ``"host-a pid 4242"``), or ``None``.
-* ``ask_handoff(session_id, seconds) -> None``: ask the live holder of the
-  session to hand it over; the request stands for ``seconds``, and only for
-  that holder (a request made before the holder claimed the session is not
-  its concern).
+* ``ask_handoff(session_id, seconds) -> None``: ask whoever holds the session
+  (now, or in the next ``seconds``) to hand it over; the request stands for
+  ``seconds`` unless withdrawn, and is this store object's own (on `SQLiteStore`
+  this process's): a new request of it replaces its last one.
+* ``withdraw_handoff(session_id) -> None``: take this store object's request back
+  (it got the session, or gave up).
 * ``handoff_requests() -> list[str]``: the sessions this store object (this
-  process, for `SQLiteStore`) holds that another asked for since it claimed them.
+  process, for `SQLiteStore`) holds that another one asked for (a request that
+  stands, of an asker still alive where the store can tell).
 * ``wait_changed(after, timeout) -> int``: wait at most ``timeout`` seconds for
   anything to change in the store (a commit, a claim, a release, a request)
   after the change counter ``after``; returns the counter now.
@@ -63,6 +66,7 @@ __all__ = [
     "supports_handoff",
     "wait_changed",
     "watch",
+    "withdraw_handoff",
 ]
 
 FOLLOW_INTERVAL: Final = 0.004
@@ -181,6 +185,18 @@ def ask_handoff(store: Store, session_id: str, seconds: float) -> bool:
         return False
     _own(store, "ask_handoff")(session_id, seconds)
     return True
+
+
+def withdraw_handoff(store: Store, session_id: str) -> None:
+    """Take back this store object's request for ``session_id`` (no-op if none, or if the
+    store carries no requests).
+
+    Raises:
+        StoreError: the session id is not valid, or the store failed.
+    """
+    own: Callable[[str], None] | None = _own(store, "withdraw_handoff")
+    if own is not None:
+        own(session_id)
 
 
 def handoff_requests(store: Store) -> list[str]:
@@ -327,10 +343,10 @@ class _PollingWatch(FollowedWatch):
 # -- SQLite: following the file -----------------------------------------------------------------
 
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
-    session_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
     pid INTEGER NOT NULL,
-    asked_at TEXT NOT NULL,
-    until TEXT NOT NULL
+    until TEXT NOT NULL,
+    PRIMARY KEY (session_id, pid)
 )"""
 
 _ROWS: Final = (
@@ -522,12 +538,13 @@ class SQLiteFollower:
 def sqlite_load_since(store: SQLiteStore, session_id: str, from_seq: int) -> list[Event]:
     session_id = valid_store_id(session_id)
     from_seq = _check_from_seq(from_seq)
-    with store._locked(session_id, "load the session") as conn:
-        rows = conn.execute(
-            "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? "
-            "ORDER BY seq",
-            (session_id, from_seq),
-        ).fetchall()
+    # On the follower's connection: a read never waits behind this process's writes
+    # (which may be waiting for another process's write lock).
+    rows = follower_of(store).query(
+        "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? ORDER BY seq",
+        (session_id, min(from_seq, 2**63 - 1)),
+    )
+    with store._translate(session_id, "load the session"):
         return [event_from_row(*row) for row in rows]
 
 
@@ -552,13 +569,24 @@ def sqlite_held_by(store: SQLiteStore, session_id: str) -> str | None:
 def sqlite_ask_handoff(store: SQLiteStore, session_id: str, seconds: float) -> None:
     session_id = valid_store_id(session_id)
     seconds = _check_seconds(seconds, "seconds")
-    with store._transaction(session_id, "ask for the session") as conn:
+    with store._transaction(session_id, "ask for the session", synced=False) as conn:
         conn.execute(_HANDOFFS_TABLE)
         conn.execute(
-            "INSERT OR REPLACE INTO handoffs (session_id, pid, asked_at, until) "
-            "VALUES (?, ?, ?, ?)",
-            (session_id, os.getpid(), _now_text(), _now_text(seconds)),
+            "INSERT OR REPLACE INTO handoffs (session_id, pid, until) VALUES (?, ?, ?)",
+            (session_id, os.getpid(), _now_text(seconds)),
         )
+        store._asked.add(session_id)  # (under the store's lock, as a claim reads it)
+
+
+def sqlite_withdraw_handoff(store: SQLiteStore, session_id: str) -> None:
+    session_id = valid_store_id(session_id)
+    if session_id not in store._asked:
+        return  # never asked, or withdrawn by the claim that took the session
+    with store._transaction(session_id, "withdraw the request", synced=False) as conn:
+        conn.execute(
+            "DELETE FROM handoffs WHERE session_id = ? AND pid = ?", (session_id, os.getpid())
+        )
+        store._asked.discard(session_id)
 
 
 def sqlite_handoff_requests(store: SQLiteStore) -> list[str]:
@@ -566,8 +594,8 @@ def sqlite_handoff_requests(store: SQLiteStore) -> list[str]:
 
     try:
         rows = follower_of(store).query(
-            "SELECT h.session_id, w.token FROM handoffs AS h JOIN writers AS w "
-            "ON w.session_id = h.session_id WHERE w.pid = ? AND h.asked_at > w.since "
+            "SELECT h.session_id, w.token, h.pid FROM handoffs AS h JOIN writers AS w "
+            "ON w.session_id = h.session_id WHERE w.pid = ? AND h.pid <> w.pid "
             "AND h.until > ?",
             (os.getpid(), _now_text()),
         )
@@ -576,7 +604,13 @@ def sqlite_handoff_requests(store: SQLiteStore) -> list[str]:
             return []
         raise
     with sqlite._live_lock:
-        return sorted(str(sid) for sid, token in rows if token in sqlite._live_tokens)
+        held = {str(sid): pid for sid, token, pid in rows if token in sqlite._live_tokens}
+    alive: dict[int, bool] = {}
+    return sorted(
+        sid
+        for sid, pid in held.items()
+        if alive.setdefault(pid, sqlite._pid_alive(pid))  # an asker that died asks nothing
+    )
 
 
 def sqlite_watch(
@@ -635,5 +669,6 @@ _SQLITE: Final[dict[str, _Method]] = {
     "held_by": _Method(sqlite_held_by),
     "ask_handoff": _Method(sqlite_ask_handoff),
     "handoff_requests": _Method(sqlite_handoff_requests),
+    "withdraw_handoff": _Method(sqlite_withdraw_handoff),
     "wait_changed": _Method(sqlite_wait_changed),
 }

@@ -21,6 +21,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -121,6 +122,11 @@ def _ours_or_blank(header: bytes) -> bool:
     schema_cells = int.from_bytes(header[103:105], "big")
     return user_version == 0 and app_id == 0 and header[100] == 0x0D and schema_cells == 0
 
+
+_BUSY_FIRST_S: Final = 0.0002
+_BUSY_STEP_S: Final = 0.002
+"""How long a write transaction waits, at first and at most, before it looks again
+for another process's write lock (see `SQLiteStore._begin`)."""
 
 _MAX_TIMEOUT_S: Final = 2_147_483
 """The longest `timeout`: SQLite's busy timeout is a 32-bit count of milliseconds."""
@@ -319,6 +325,9 @@ class SQLiteStore(ClosingStore):
         check_flag(create, "create")
         self.path = path if path == ":memory:" else str(Path(path))
         self.durability = durability
+        self._busy_wait = timeout
+        self._asked: set[str] = set()  # sessions this store asked for (store.shared)
+        self._busy_ms = int(timeout * 1000)
         self._lock = threading.Lock()
         self._closed = False
         self._lost: str | None = None
@@ -512,7 +521,7 @@ class SQLiteStore(ClosingStore):
             if relax:
                 conn.execute("PRAGMA synchronous = NORMAL")
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                self._begin(conn)
                 try:
                     yield conn
                     self._check_file()  # under the write lock, before anything is committed
@@ -524,6 +533,28 @@ class SQLiteStore(ClosingStore):
             finally:
                 if relax:
                     conn.execute("PRAGMA synchronous = FULL")
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting at most ``timeout`` for another process's write lock
+        in steps of at most `_BUSY_STEP_S`: SQLite's own busy handler sleeps up to 100 ms
+        a time, long after the lock is free, which several processes writing one file
+        (web workers) pay on almost every transaction."""
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            deadline = time.monotonic() + self._busy_wait
+            step = _BUSY_FIRST_S
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    locked = "locked" in str(exc) or "busy" in str(exc)
+                    if not locked or time.monotonic() >= deadline:
+                        raise
+                time.sleep(step)
+                step = min(step * 2, _BUSY_STEP_S)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
     def _check_file(self) -> None:
         """Fail closed if the path no longer names the file opened (one `stat` a transaction)."""
@@ -704,6 +735,13 @@ class SQLiteStore(ClosingStore):
                     "VALUES (?, ?, ?, ?)",
                     rows,
                 )
+                asked = self._asked & {row[0] for row in rows}
+                if asked:  # a claim withdraws this process's own hand-off requests
+                    conn.executemany(
+                        "DELETE FROM handoffs WHERE session_id = ? AND pid = ?",
+                        [(sid, pid) for sid in asked],
+                    )
+                    self._asked -= asked
         except BaseException:
             with _live_lock:
                 _live_tokens.difference_update(taken)

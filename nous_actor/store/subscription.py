@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout, SessionStopped, SubscriptionLagged
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 
 __all__ = ["Subscription"]
 
@@ -73,6 +73,9 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
                 return False
             if self._live >= self.buffer:
                 self._end_locked(SubscriptionLagged(self.session_id, ev.seq))
+                sink = telemetry.sink
+                if sink is not None:
+                    sink.lagged()
                 return False
             self._items.append(ev)
             self._live += 1

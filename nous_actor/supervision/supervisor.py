@@ -16,7 +16,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import safe_str
 from nous_actor.core.args import check_callable, check_seconds
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.supervision.actor import (
     Clock,
     Exit,
@@ -357,6 +357,9 @@ class Supervisor(SupervisedActor):
             self._escalate(child_id, reason)
             return
         self.restarts += 1
+        sink = telemetry.sink
+        if sink is not None:
+            sink.restarted(reason.partition(":")[0])  # the crash's type: few values
         logger.warning(
             "supervisor.restart",
             supervisor=self.name,

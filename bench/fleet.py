@@ -1,0 +1,348 @@
+"""A web app with several worker processes on one store, and the clients that drive it.
+
+Used by tests/test_processes.py (with workers SIGKILLed in the middle) and by
+`bench.processes` (the requests per second). Each worker is a process running
+``python -m bench.fleet worker STORE SOCKET WAIT``: a `nous_actor.Sessions` on
+the store, serving requests on a Unix socket, one thread per connection, as a
+threaded web server would. A request names a session and a request id; the
+worker reads the session without taking it, then opens it (``wait=``: asking
+the worker that holds it for it) and writes one turn: a ``turn_start``, a user
+and an assistant message and a ``turn_end``, through one ``append_many``. A
+request already in the history (a client's retry after its worker died) is
+answered without writing it again.
+
+STORE is ``sqlite:PATH`` or ``postgres:SCHEMA:DSN``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import random
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from nous_actor.core.event import Event
+
+__all__ = ["Fleet", "Outcome", "check_histories", "open_store", "run_clients"]
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+TRACE: Final = bool(os.environ.get("FLEET_TRACE"))
+REPLY_TIMEOUT: Final = 60.0
+"""A client's bound on one reply (a live worker always answers well within it)."""
+
+TURN: Final = 4
+"""Events per request: turn_start, user_message, assistant_message, turn_end."""
+
+
+def open_store(spec: str) -> Any:
+    """The store ``spec`` names (``sqlite:PATH`` or ``postgres:SCHEMA:DSN``)."""
+    kind, _, rest = spec.partition(":")
+    if kind == "sqlite":
+        from nous_actor.store import SQLiteStore
+
+        return SQLiteStore(rest)
+    if kind == "postgres":
+        from nous_actor.store.postgres import PostgresStore
+
+        schema, _, dsn = rest.partition(":")
+        return PostgresStore(dsn, schema=schema, lease=5.0)
+    raise ValueError(f"unknown store spec {spec!r}: give sqlite:PATH or postgres:SCHEMA:DSN")
+
+
+# -- the worker process ---------------------------------------------------------------------
+
+
+def _serve(store_spec: str, path: str, wait: float) -> None:
+    from nous_actor import Sessions
+    from nous_actor.errors import SessionStopped
+
+    sessions = Sessions(open_store(store_spec), handoff_wait=wait, timeout=wait + 30)
+
+    def handle(req: dict[str, Any]) -> dict[str, Any]:
+        sid, rid = req["sid"], req["rid"]
+        t0 = time.perf_counter()
+        seen = sessions.read(sid).count().get()  # read without taking the session
+        for _attempt in range(20):
+            t1 = time.perf_counter()
+            chat = sessions.open(sid, wait=wait)
+            t2 = time.perf_counter()
+            if TRACE:
+                print(f"read {t1 - t0:.4f} open {t2 - t1:.4f}", file=sys.stderr, flush=True)
+            try:
+                done = [
+                    e.seq
+                    for e in chat.events().get()
+                    if e.type == "turn_start" and e.data.get("rid") == rid
+                ]
+                if done:
+                    return {"ok": True, "seq": done[0], "dup": True, "seen": seen}
+                turn = chat.append_many(
+                    [
+                        ("turn_start", {"rid": rid}),
+                        ("user_message", {"content": f"question {rid}", "rid": rid}),
+                        ("assistant_message", {"content": f"answer {rid}", "rid": rid}),
+                        ("turn_end", {"rid": rid}),
+                    ]
+                ).get()
+            except SessionStopped:  # handed over between two calls: not applied, again
+                continue
+            return {"ok": True, "seq": turn[0].seq, "dup": False, "seen": seen}
+        raise RuntimeError("the session kept moving away")
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            line = self.rfile.readline()
+            if not line:
+                return
+            req = json.loads(line)
+            try:
+                reply = handle(req)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            reply["pid"] = os.getpid()
+            self.wfile.write(json.dumps(reply).encode() + b"\n")
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+        request_queue_size = 128
+
+    with Server(path, Handler) as server:
+        print("ready", flush=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        sys.stdin.readline()  # the parent closes stdin (or kills us) to end the worker
+        server.shutdown()
+    sessions.close()
+
+
+# -- the parent's side ----------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[str]
+    socket: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@dataclass
+class Fleet:
+    """Worker processes on one store: start, kill, replace, stop (every wait bounded)."""
+
+    store_spec: str
+    folder: Path
+    wait: float = 10.0
+    workers: list[Worker] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    started: int = 0
+
+    def start(self, n: int) -> None:
+        procs = [self._spawn() for _ in range(n)]
+        for w in procs:
+            self._ready(w)
+        with self.lock:
+            self.workers.extend(procs)
+
+    def _spawn(self) -> Worker:
+        self.started += 1
+        path = str(self.folder / f"w{self.started}.sock")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.fleet", "worker", self.store_spec, path, str(self.wait)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=str(ROOT),
+        )
+        return Worker(proc, path)
+
+    @staticmethod
+    def _ready(w: Worker) -> None:
+        assert w.proc.stdout is not None
+        ready: queue.Queue[str] = queue.Queue()
+        t = threading.Thread(target=lambda: ready.put(w.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        t.start()
+        try:
+            line = ready.get(timeout=60)
+        except queue.Empty:
+            w.proc.kill()
+            raise RuntimeError("a worker did not start within 60 s") from None
+        if line.strip() != "ready":
+            w.proc.kill()
+            raise RuntimeError(f"a worker failed to start: {line!r}")
+
+    def live(self) -> list[Worker]:
+        with self.lock:
+            return list(self.workers)
+
+    def kill_one(self, rng: random.Random) -> int:
+        """SIGKILL a random worker and start another in its place; the pid killed."""
+        with self.lock:
+            victim = rng.choice(self.workers)
+            self.workers.remove(victim)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.proc.wait(30)
+        fresh = self._spawn()
+        self._ready(fresh)
+        with self.lock:
+            self.workers.append(fresh)
+        return victim.pid
+
+    def stop(self) -> None:
+        with self.lock:
+            workers, self.workers = self.workers, []
+        for w in workers:
+            with contextlib.suppress(OSError):
+                assert w.proc.stdin is not None
+                w.proc.stdin.close()
+        for w in workers:
+            try:
+                w.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait(30)
+
+
+def ask(worker: Worker, sid: str, rid: str) -> dict[str, Any] | None:
+    """One request; its reply, or ``None`` if the worker died before answering."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(REPLY_TIMEOUT)
+            s.connect(worker.socket)
+            s.sendall(json.dumps({"sid": sid, "rid": rid}).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None  # the worker died
+                data += chunk
+    except (ConnectionError, FileNotFoundError):
+        return None
+    except TimeoutError:
+        if worker.proc.poll() is not None:
+            return None
+        raise
+    reply: dict[str, Any] = json.loads(data)
+    return reply
+
+
+@dataclass
+class Outcome:
+    acked: dict[str, str] = field(default_factory=dict)  # rid -> sid
+    retried: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    replies: int = 0
+
+
+def run_clients(
+    fleet: Fleet,
+    requests: Sequence[tuple[str, str]],
+    clients: int,
+    *,
+    seed: int = 0,
+    on_progress: Callable[[int], None] | None = None,
+) -> Outcome:
+    """Send ``requests`` ((session id, request id) pairs) from ``clients`` threads, each to
+    a random live worker; a request whose worker died is sent again to another."""
+    out = Outcome()
+    todo: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+    for r in requests:
+        todo.put(r)
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        rng = random.Random(seed * 1000 + n)
+        while True:
+            try:
+                sid, rid = todo.get_nowait()
+            except queue.Empty:
+                return
+            for _ in range(50):
+                live = fleet.live()
+                if not live:
+                    continue
+                reply = ask(rng.choice(live), sid, rid)
+                if reply is not None:
+                    break
+                with lock:
+                    out.retried += 1
+            else:
+                with lock:
+                    out.errors.append(f"{rid}: no worker answered")
+                continue
+            with lock:
+                out.replies += 1
+                if reply.get("ok"):
+                    out.acked[rid] = sid
+                else:
+                    out.errors.append(f"{rid}: {reply.get('error')}")
+                done = out.replies
+            if on_progress is not None:
+                on_progress(done)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(REPLY_TIMEOUT * 3)
+    out.seconds = time.perf_counter() - t0
+    if any(t.is_alive() for t in threads):
+        out.errors.append("a client thread hung")
+    return out
+
+
+def check_histories(
+    histories: dict[str, list[Event]], acked: dict[str, str], sent: dict[str, str]
+) -> list[str]:
+    """What is wrong with the stored histories (``[]``: every session whole, in order,
+    never interleaved; every acknowledged request there exactly once)."""
+    problems: list[str] = []
+    found: dict[str, str] = {}
+    for sid, events in histories.items():
+        seqs = [e.seq for e in events]
+        if seqs != list(range(len(seqs))):
+            problems.append(f"{sid}: seqs are not 0..{len(seqs) - 1}")
+        if len(events) % TURN:
+            problems.append(f"{sid}: {len(events)} events is not whole turns")
+        for i in range(0, len(events) - TURN + 1, TURN):
+            turn = events[i : i + TURN]
+            types = [str(e.type) for e in turn]
+            rids = {e.data.get("rid") for e in turn}
+            if types != ["turn_start", "user_message", "assistant_message", "turn_end"]:
+                problems.append(f"{sid}: turn at seq {i} is {types}")
+            if len(rids) != 1:
+                problems.append(f"{sid}: turn at seq {i} mixes requests {sorted(map(str, rids))}")
+            rid = str(turn[0].data.get("rid"))
+            if rid in found:
+                problems.append(f"{sid}: request {rid} stored twice")
+            if sent.get(rid) != sid:
+                problems.append(f"{sid}: request {rid} was sent for {sent.get(rid)}")
+            found[rid] = sid
+    for rid, sid in acked.items():
+        if found.get(rid) != sid:
+            problems.append(f"acknowledged request {rid} of {sid} is not stored")
+    return problems
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "worker":
+        _serve(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    else:
+        sys.exit("usage: python -m bench.fleet worker STORE SOCKET WAIT")

@@ -1,0 +1,221 @@
+"""The OpenTelemetry sink: the runtime's reports as OpenTelemetry metrics and spans.
+
+Needs the optional extra ``otel`` (``opentelemetry-api``); `nous_actor.runtime.telemetry`
+installs it when the first session starts. It uses only the API: the application
+sets up the SDK and its exporters (until it does, the instruments are no-ops).
+Every instrument is made once, here, under the meter ``nous_actor``:
+
+======================================== ============== ===================================
+name                                     kind (unit)    attributes
+======================================== ============== ===================================
+``nous_actor.session.live``              up-down counter
+                                         (``{session}``,
+                                         observed)
+``nous_actor.session.opens``             counter        ``nous_actor.outcome``: recovered,
+                                         (``{session}``) new, failed
+``nous_actor.session.recovery.duration`` histogram (s)  ``nous_actor.outcome``
+``nous_actor.session.appends``           counter
+                                         (``{event}``,
+                                         observed)
+``nous_actor.store.commit.duration``     histogram (s)  ``nous_actor.outcome``: ok, failed
+``nous_actor.store.commit.size``         histogram
+                                         (``{event}``)
+``nous_actor.session.restarts``          counter        ``nous_actor.reason``: the crash's
+                                                        exception type
+``nous_actor.compaction.count``          counter
+``nous_actor.compaction.duration``       histogram (s)
+``nous_actor.compaction.summariser.``    histogram (s)
+``duration``
+``nous_actor.subscription.lagged``       counter
+``nous_actor.dispatcher.queue.depth``    gauge          ``nous_actor.dispatcher``: its name
+                                         (``{actor}``)
+======================================== ============== ===================================
+
+Spans (tracer ``nous_actor``), drawn when the work they cover is done (it ran
+across threads): ``nous_actor.session.recover`` (an open's read of its store),
+``nous_actor.compaction`` with its child ``nous_actor.compaction.summarise``, and
+``nous_actor.turn``; each with ``session.id``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any, Final
+
+import pykka
+from opentelemetry import metrics, trace
+
+from nous_actor._version import __version__
+
+__all__ = ["METER", "OpenTelemetrySink"]
+
+METER: Final = "nous_actor"
+"""The name of the library's meter and tracer."""
+
+_OK: Final = {"nous_actor.outcome": "ok"}
+_FAILED: Final = {"nous_actor.outcome": "failed"}
+
+
+class OpenTelemetrySink:
+    """Reports through the global meter and tracer providers of OpenTelemetry's API."""
+
+    def __init__(
+        self,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        meter = metrics.get_meter(METER, __version__, meter_provider)
+        self.tracer = trace.get_tracer(METER, __version__, tracer_provider)
+        meter.create_observable_up_down_counter(
+            "nous_actor.session.live",
+            [self._live],
+            "{session}",
+            "Sessions live in this process",
+        )
+        self.opens = meter.create_counter(
+            "nous_actor.session.opens", "{session}", "Sessions opened, by outcome"
+        )
+        self.recovery = meter.create_histogram(
+            "nous_actor.session.recovery.duration", "s", "Time to read a session's log at open"
+        )
+        # Appends are counted in a cell per thread (no lock, no instrument call on the
+        # hot path) and summed when the metrics are collected.
+        self._cells: list[list[int]] = []
+        self._cells_lock = threading.Lock()
+        self._local = threading.local()
+        meter.create_observable_counter(
+            "nous_actor.session.appends",
+            [self._appends],
+            "{event}",
+            "Events appended to sessions",
+        )
+        self.commit = meter.create_histogram(
+            "nous_actor.store.commit.duration", "s", "Time of one store transaction"
+        )
+        self.commit_size = meter.create_histogram(
+            "nous_actor.store.commit.size", "{event}", "Events written by one store transaction"
+        )
+        self.restarts = meter.create_counter(
+            "nous_actor.session.restarts", "{restart}", "Restarts by a supervisor, by reason"
+        )
+        self.compactions = meter.create_counter(
+            "nous_actor.compaction.count", "{compaction}", "Compactions recorded"
+        )
+        self.compaction = meter.create_histogram(
+            "nous_actor.compaction.duration", "s", "Time of a compaction, summariser included"
+        )
+        self.summariser = meter.create_histogram(
+            "nous_actor.compaction.summariser.duration", "s", "Time a summariser took"
+        )
+        self.lags = meter.create_counter(
+            "nous_actor.subscription.lagged", "{subscriber}", "Subscribers cut off for lagging"
+        )
+        self._dispatchers: weakref.WeakSet[Any] = weakref.WeakSet()
+        meter.create_observable_gauge(
+            "nous_actor.dispatcher.queue.depth",
+            [self._queue_depths],
+            "{actor}",
+            "Actors waiting for a dispatcher thread",
+        )
+
+    # -- the hooks (runtime threads) ---------------------------------------------------------
+
+    def recovered(
+        self, session_id: str, outcome: str, events: int, start_ns: int, end_ns: int
+    ) -> None:
+        attributes = {"nous_actor.outcome": outcome}
+        self.opens.add(1, attributes)
+        if outcome == "new":
+            return
+        self.recovery.record((end_ns - start_ns) / 1e9, attributes)
+        self._span(
+            "nous_actor.session.recover",
+            start_ns,
+            end_ns,
+            {"session.id": session_id, "nous_actor.outcome": outcome, "nous_actor.events": events},
+            failed=outcome == "failed",
+        )
+
+    def appended(self, events: int) -> None:
+        try:
+            self._local.cell[0] += events  # only this thread writes its cell
+        except AttributeError:
+            cell = [events]
+            self._local.cell = cell
+            with self._cells_lock:
+                self._cells.append(cell)
+
+    def committed(self, events: int, start_ns: int, end_ns: int, failed: bool) -> None:
+        attributes = _FAILED if failed else _OK
+        self.commit.record((end_ns - start_ns) / 1e9, attributes)
+        self.commit_size.record(events, attributes)
+
+    def restarted(self, reason: str) -> None:
+        self.restarts.add(1, {"nous_actor.reason": reason})
+
+    def compacted(
+        self, session_id: str, start_ns: int, end_ns: int, summary: tuple[int, int] | None
+    ) -> None:
+        self.compactions.add(1)
+        self.compaction.record((end_ns - start_ns) / 1e9)
+        attributes = {"session.id": session_id}
+        parent = self.tracer.start_span("nous_actor.compaction", attributes=attributes,
+                                        start_time=start_ns)  # fmt: skip
+        if summary is not None:
+            self.summariser.record((summary[1] - summary[0]) / 1e9)
+            child = self.tracer.start_span(
+                "nous_actor.compaction.summarise",
+                trace.set_span_in_context(parent),
+                attributes=attributes,
+                start_time=summary[0],
+            )
+            child.end(summary[1])
+        parent.end(end_ns)
+
+    def turn_ended(
+        self, session_id: str, owner: str, how: str, start_ns: int, end_ns: int
+    ) -> None:
+        self._span(
+            "nous_actor.turn",
+            start_ns,
+            end_ns,
+            {"session.id": session_id, "nous_actor.turn.owner": owner, "nous_actor.turn.end": how},
+        )
+
+    def lagged(self) -> None:
+        self.lags.add(1)
+
+    def watch_dispatcher(self, dispatcher: Any) -> None:
+        self._dispatchers.add(dispatcher)
+
+    def _span(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any],
+        *,
+        failed: bool = False,
+    ) -> None:
+        span = self.tracer.start_span(name, attributes=attributes, start_time=start_ns)
+        if failed:
+            span.set_status(trace.StatusCode.ERROR)
+        span.end(end_ns)
+
+    # -- observed at export ------------------------------------------------------------------
+
+    def _appends(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        with self._cells_lock:
+            cells = list(self._cells)
+        return [metrics.Observation(sum(cell[0] for cell in cells))]
+
+    def _live(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        return [metrics.Observation(len(pykka.ActorRegistry.get_by_class_name("SessionActor")))]
+
+    def _queue_depths(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        return [
+            metrics.Observation(d._runq.qsize(), {"nous_actor.dispatcher": d.name})
+            for d in list(self._dispatchers)
+        ]

@@ -1,0 +1,254 @@
+"""OpenTelemetry: what the runtime reports, read back through the SDK's in-memory reader
+and exporter (real instruments, real spans), and how the sink is turned on and off."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from nous_actor import (
+    Compactor,
+    Dispatcher,
+    Session,
+    SessionCrashed,
+    Sessions,
+    SQLiteStore,
+    SubscriptionLagged,
+)
+from nous_actor.runtime import telemetry
+from nous_actor.runtime.otel import OpenTelemetrySink
+from nous_actor.sessions.faults import crash
+
+BOUND = 10.0  # seconds: the bound on every wait in this file
+
+
+class Reported:
+    """An OpenTelemetrySink on an SDK of its own, and what it reported."""
+
+    def __init__(self) -> None:
+        self.reader = InMemoryMetricReader()
+        self.spans = InMemorySpanExporter()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.sink = OpenTelemetrySink(MeterProvider(metric_readers=[self.reader]), tracer_provider)
+
+    def points(self, name: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        if data is None:
+            return []
+        return [
+            point
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+
+    def total(self, name: str, **attributes: Any) -> float:
+        """The sum of a counter's points (or a histogram's sums) with these attributes."""
+        out = 0.0
+        for p in self.points(name):
+            if all(p.attributes.get(k) == v for k, v in attributes.items()):
+                out += p.value if hasattr(p, "value") else p.sum
+        return out
+
+    def count(self, name: str, **attributes: Any) -> int:
+        """How many values a histogram recorded with these attributes."""
+        return sum(
+            p.count
+            for p in self.points(name)
+            if all(p.attributes.get(k) == v for k, v in attributes.items())
+        )
+
+    def span_names(self) -> list[str]:
+        return [s.name for s in self.spans.get_finished_spans()]
+
+
+@pytest.fixture
+def reported() -> Iterator[Reported]:
+    r = Reported()
+    old = telemetry.install(r.sink)
+    try:
+        yield r
+    finally:
+        telemetry.install(old)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "t.db"
+
+
+def test_appends_are_counted_by_the_event(reported: Reported) -> None:
+    s = Session.start("counted", timeout=BOUND)
+    for k in range(7):
+        s.append("user_message", {"content": f"m{k}"}).get(timeout=BOUND)
+    s.append_many(
+        [("user_message", {"content": "a"}), ("assistant_message", {"content": "b"})]
+    ).get(timeout=BOUND)
+    s.stop(timeout=BOUND)
+    assert reported.total("nous_actor.session.appends") == 9
+
+
+def test_commits_report_their_latency_and_size(reported: Reported, path: Path) -> None:
+    with SQLiteStore(path) as store:
+        s = Session.start("durable", store=store, timeout=BOUND)
+        futures = [s.append("user_message", {"content": f"m{k}"}) for k in range(50)]
+        for f in futures:
+            f.get(timeout=BOUND)
+        s.stop(timeout=BOUND)
+    commits = reported.count("nous_actor.store.commit.duration", **{"nous_actor.outcome": "ok"})
+    assert 1 <= commits <= 50
+    assert reported.total("nous_actor.store.commit.size", **{"nous_actor.outcome": "ok"}) == 50
+    assert reported.count("nous_actor.store.commit.size") == commits
+
+
+def test_an_open_reports_its_outcome_its_read_time_and_a_span(
+    reported: Reported, path: Path
+) -> None:
+    with SQLiteStore(path) as store:
+        s = Session.start("reopened", store=store, timeout=BOUND)
+        s.append("user_message", {"content": "kept"}).get(timeout=BOUND)
+        s.stop(timeout=BOUND)
+        again = Session.start("reopened", store=store, timeout=BOUND)
+        again.stop(timeout=BOUND)
+    assert reported.total("nous_actor.session.opens", **{"nous_actor.outcome": "new"}) == 1
+    assert reported.total("nous_actor.session.opens", **{"nous_actor.outcome": "recovered"}) == 1
+    assert reported.count("nous_actor.session.recovery.duration") == 1
+    (span,) = [
+        s for s in reported.spans.get_finished_spans() if s.name == "nous_actor.session.recover"
+    ]
+    assert span.attributes is not None
+    assert span.attributes["session.id"] == "reopened"
+    assert span.attributes["nous_actor.events"] == 1
+    assert span.start_time is not None
+    assert span.end_time is not None
+    assert span.start_time <= span.end_time
+
+
+def test_a_restart_is_counted_by_the_crash_type(reported: Reported, path: Path) -> None:
+    class Boom(BaseException):  # crashes the session (an Exception fails only its call)
+        pass
+
+    restarted: queue.Queue[float] = queue.Queue()
+
+    def scheduler(delay: float, fn: Callable[[], None]) -> None:  # the restart, at once
+        fn()
+        restarted.put(delay)
+
+    with SQLiteStore(path) as store:
+        registry = Sessions(store, timeout=BOUND, scheduler=scheduler)
+        try:
+            h = registry.open("crashy")
+            h.append("user_message", {"content": "before"}).get(timeout=BOUND)
+            with pytest.raises(SessionCrashed):
+                crash(h, Boom("injected")).get(timeout=BOUND)
+            restarted.get(timeout=BOUND)
+            assert registry.restart_count("crashy") == 1
+        finally:
+            registry.close(timeout=BOUND)
+    assert reported.total("nous_actor.session.restarts", **{"nous_actor.reason": "Boom"}) == 1
+
+
+def test_a_compaction_reports_its_time_and_its_summariser_as_spans(reported: Reported) -> None:
+    s = Session.start("compacted", timeout=BOUND)
+    for k in range(12):
+        s.append("user_message", {"content": f"message number {k} " * 20}).get(timeout=BOUND)
+    compactor = Compactor(budget=200, summarise=lambda messages: "a short summary", keep_recent=2)
+    result = s.compact(compactor).get(timeout=BOUND)
+    s.stop(timeout=BOUND)
+    assert result.summary_seq is not None
+    assert reported.total("nous_actor.compaction.count") == 1
+    assert reported.count("nous_actor.compaction.duration") == 1
+    assert reported.count("nous_actor.compaction.summariser.duration") == 1
+    spans = {sp.name: sp for sp in reported.spans.get_finished_spans()}
+    parent, child = spans["nous_actor.compaction"], spans["nous_actor.compaction.summarise"]
+    assert child.parent is not None
+    assert child.parent.span_id == parent.context.span_id
+    assert parent.start_time is not None
+    assert child.start_time is not None
+    assert parent.start_time <= child.start_time
+
+
+def test_a_lagging_subscriber_is_counted(reported: Reported) -> None:
+    s = Session.start("lagging", timeout=BOUND)
+    sub = s.subscribe(buffer=2)
+    for k in range(5):
+        s.append("user_message", {"content": f"m{k}"}).get(timeout=BOUND)
+    got = [sub.get(timeout=BOUND) for _ in range(2)]  # what fit in its buffer
+    assert [ev.seq for ev in got] == [0, 1]
+    with pytest.raises(SubscriptionLagged):
+        sub.get(timeout=BOUND)
+    s.stop(timeout=BOUND)
+    assert reported.total("nous_actor.subscription.lagged") == 1
+
+
+def test_live_sessions_and_the_dispatchers_queues_are_observed(reported: Reported) -> None:
+    d = Dispatcher(1, name="observed")
+    try:
+        handles = [Session.start(f"live-{k}", dispatcher=d, timeout=BOUND) for k in range(3)]
+        assert reported.total("nous_actor.session.live") >= 3
+        depths = [
+            p
+            for p in reported.points("nous_actor.dispatcher.queue.depth")
+            if p.attributes.get("nous_actor.dispatcher") == "observed"
+        ]
+        assert len(depths) == 1
+        assert depths[0].value >= 0
+        for h in handles:
+            h.stop(timeout=BOUND)
+        assert reported.total("nous_actor.session.live") == 0
+    finally:
+        d.close(timeout=BOUND)
+
+
+def _child(code: str, **env: str) -> str:
+    import os
+
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+PROBE = """
+    import sys
+    from nous_actor import Session
+    from nous_actor.runtime import telemetry
+    s = Session.start("probed")
+    s.append("user_message", {"content": "x"}).get(timeout=10)
+    s.stop()
+    print(type(telemetry.sink).__name__)
+"""
+
+
+def test_the_sink_is_on_when_the_extra_is_installed_and_off_when_told() -> None:
+    assert _child(PROBE) == "OpenTelemetrySink"
+    assert _child(PROBE, NOUS_ACTOR_OTEL="off") == "NoneType"
+
+
+def test_without_opentelemetry_nothing_is_reported_and_sessions_work() -> None:
+    blocked = "import sys; sys.modules['opentelemetry'] = None\n" + textwrap.dedent(PROBE)
+    assert _child(blocked) == "NoneType"
