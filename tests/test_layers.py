@@ -26,6 +26,10 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
         {"core", "runtime", "store", "supervision", "sessions"},
         {"structlog", "pykka"},
     ),
+    "viewer": (
+        {"core", "runtime", "store", "sessions", "viewer"},
+        {"structlog", "starlette", "uvicorn"},
+    ),
     "cluster": (
         {"core", "runtime", "store", "supervision", "sessions", "cluster"},
         {"structlog", "ray"},

@@ -279,10 +279,15 @@ def _not_a_file(db: str) -> str | None:
     return None
 
 
-def _open_existing(db: str, schema: str = DEFAULT_SCHEMA) -> Store:
-    """The store at ``db`` (a file, or a DSN, URI or key/value, and a schema), never made here."""
+def _open_existing(db: str, schema: str = DEFAULT_SCHEMA, *, read_only: bool = False) -> Store:
+    """The store at ``db`` (a file, or a DSN, URI or key/value, and a schema), never made here;
+    with ``read_only``, wrapped so that it refuses every write (a SQLite file is opened
+    with read-only connections)."""
+    if read_only:
+        from nous_actor.viewer.source import ReadOnlyStore, read_only_sqlite
     if _is_dsn(db):
-        return _open_postgres(db, schema, create=False)
+        store = _open_postgres(db, schema, create=False)
+        return ReadOnlyStore(store) if read_only else store
     why = _not_a_file(db)
     if why is not None:
         _fail(why)
@@ -293,6 +298,8 @@ def _open_existing(db: str, schema: str = DEFAULT_SCHEMA) -> Store:
             f"no database at {db!r}{what} (run 'nous-actor demo --db {shlex.quote(db)}' "
             "to make one)"
         )
+    if read_only:
+        return read_only_sqlite(db)
     return SQLiteStore(db, create=False)  # a command that reads never makes a store
 
 
@@ -660,6 +667,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from nous_actor.viewer import serve
+    except ImportError as exc:
+        _fail(f"{exc}; the viewer needs the serve extra: pip install 'nous-actor[serve]'")
+    store = _open_existing(args.db, args.schema, read_only=True)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    where = getattr(store, "where", None) or _where(store)
+    _out(f"nous-actor: serving {where} read-only at http://{host}:{args.port}/ (Ctrl-C stops)\n")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        _note(f"bound to {args.host}: whoever reaches this machine can read every session")
+    if not serve(store, host=args.host, port=args.port):
+        _fail(f"could not listen on {host}:{args.port}; pick another --port")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     root = Path(__file__).resolve().parent.parent
     if not (root / "bench" / "__main__.py").is_file():
@@ -813,6 +836,14 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("seq", type=_seq)
     a.set_defaults(func=cmd_audit)
 
+    v = add("serve", "a local, read-only web page of the store's sessions", json_flag=False)
+    _db_argument(v)
+    v.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
+    )
+    v.add_argument("--port", type=_port, default=8470, help="the port (default 8470)")
+    v.set_defaults(func=cmd_serve)
+
     b = add("bench", "run the benchmark suite (from a source checkout)", json_flag=False)
     b.add_argument(
         "bench_args", nargs=argparse.REMAINDER, help="passed to the suite, e.g. --quick"
@@ -844,6 +875,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 < n < 65536:
+        raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, got {n}")
     return n
 
 

@@ -1,0 +1,356 @@
+"""The viewer's web app (Starlette, ASGI): two pages, a JSON API under ``/api``, a live feed.
+
+Every route answers ``GET`` (and ``HEAD``) only; nothing here writes to the
+store, which is opened read-only besides (`nous_actor.viewer.source`).
+
+Pages: ``/`` (the sessions) and ``/session?id=ID`` (one session as a
+timeline); their script and style are served from the package
+(``/static``), so the page works with no network. Bad input is a page or a
+JSON error saying what was wrong, never a traceback: an unknown or invalid
+session id (404), a malformed parameter (400), a store that fails (503).
+
+API (JSON): ``/api/sessions`` (a page of the session list), ``/api/session``
+(one session at a glance), ``/api/rows`` (a window of its timeline),
+``/api/spans`` (the replaces over a window), ``/api/event`` (one event and its
+audit), ``/api/surface`` (the messages as of a seq) and ``/api/live`` (server-sent
+events: the session's next seq each time events are committed, from the
+store's watch).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from importlib import resources
+from typing import Any, Final
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from nous_actor.core.ids import check_session_id
+from nous_actor.errors import CallTimeout, NousActorError, SessionStopped, StoreError
+from nous_actor.store import Store
+from nous_actor.viewer.source import SORT_KEYS, ReadOnlyStore, SessionIndex
+from nous_actor.viewer.timeline import Timeline
+
+__all__ = ["create_app"]
+
+CACHED_SESSIONS: Final = 4
+"""Timelines kept in memory (the sessions looked at last)."""
+
+WINDOW_MAX: Final = 1000
+"""The most rows one ``/api/rows`` call returns."""
+
+KEEPALIVE: Final = 15.0
+"""Seconds between comments on a quiet live feed (so proxies keep it open)."""
+
+_STATIC = resources.files("nous_actor.viewer") / "static"
+
+
+class _BadRequest(Exception):
+    """A parameter of the request is malformed (400)."""
+
+
+class _NoSession(Exception):
+    """The session id is invalid, or the store holds no such session (404)."""
+
+
+class Timelines:
+    """The timelines of the sessions looked at last, each brought up to date on use
+    (one read of the events committed since)."""
+
+    def __init__(self, store: ReadOnlyStore, keep: int = CACHED_SESSIONS) -> None:
+        self.store = store
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Timeline] = OrderedDict()
+        self._loading: dict[str, threading.Lock] = {}
+
+    def get(self, session_id: str) -> Timeline:
+        """The timeline of ``session_id``, current as of this call.
+
+        Raises:
+            _NoSession: the id is not valid, or the session has no stored event.
+            StoreError: the store failed.
+        """
+        try:
+            check_session_id(session_id, "id")
+        except (TypeError, ValueError) as exc:
+            raise _NoSession(str(exc)) from None
+        with self._lock:
+            gate = self._loading.setdefault(session_id, threading.Lock())
+        with gate:  # one load of a session at a time; the others wait and reuse it
+            with self._lock:
+                tl = self._cache.get(session_id)
+                if tl is not None:
+                    self._cache.move_to_end(session_id)
+            if tl is None:
+                events = self.store.load_since(session_id, 0)
+                if not events:
+                    raise _NoSession(
+                        f"no session {session_id!r} in {self.store.where}; the list of "
+                        "sessions is at /"
+                    )
+                tl = Timeline(session_id, events)
+                with self._lock:
+                    self._cache[session_id] = tl
+                    while len(self._cache) > self.keep:
+                        self._cache.popitem(last=False)
+            else:
+                tl.extend(self.store.load_since(session_id, tl.next_seq))
+            return tl
+
+
+def _int(request: Request, name: str, default: int | None = None, low: int = 0) -> int:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        if default is None:
+            raise _BadRequest(f"the parameter {name!r} is missing (a whole number >= {low})")
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise _BadRequest(f"{name}={text!r} is not a whole number") from None
+    if value < low:
+        raise _BadRequest(f"{name}={value} is below {low}")
+    return value
+
+
+def _session_id(request: Request) -> str:
+    sid = request.query_params.get("id")
+    if sid is None:
+        raise _BadRequest("the parameter 'id' (the session id) is missing")
+    return sid
+
+
+def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{html.escape(title)} · nous_actor</title>"
+        '<link rel=stylesheet href="/static/viewer.css"></head>'
+        f'<body><main class="message"><h1>{html.escape(title)}</h1>{body}'
+        '<p><a href="/">All sessions</a></p></main></body></html>',
+        status_code=status,
+    )
+
+
+def _shell(view: str, title: str, session_id: str = "") -> HTMLResponse:
+    template = (_STATIC / "page.html").read_text(encoding="utf-8")
+    page = (
+        template.replace("{{view}}", view)
+        .replace("{{title}}", html.escape(title))
+        .replace("{{session}}", html.escape(session_id, quote=True))
+    )
+    return HTMLResponse(page)
+
+
+def create_app(store: Store, *, where: str | None = None) -> Starlette:
+    """The viewer of ``store`` as an ASGI app (serve it with uvicorn, or test it with
+    Starlette's ``TestClient``).
+
+    Args:
+        store: the store; it is read through a `ReadOnlyStore`, which refuses every
+            write (`read_only_sqlite` opens a SQLite file with read-only connections).
+        where: how the pages name the store (default: its file or server).
+    """
+    if not isinstance(store, ReadOnlyStore):
+        store = ReadOnlyStore(store)
+    index = SessionIndex(store)
+    timelines = Timelines(store)
+    label = where or store.where
+
+    async def api(work: Callable[[], Any]) -> Response:
+        try:
+            return JSONResponse(await run_in_threadpool(work))
+        except _BadRequest as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        except _NoSession as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        except StoreError as exc:
+            return JSONResponse({"error": f"the store failed: {exc}"}, status_code=503)
+
+    async def list_page(request: Request) -> Response:
+        return _shell("list", f"Sessions in {label}")
+
+    async def session_page(request: Request) -> Response:
+        sid = request.query_params.get("id")
+        if sid is None:
+            return _page("No session named", "<p>Give one: <code>/session?id=ID</code>.</p>", 400)
+        try:
+            await run_in_threadpool(timelines.get, sid)
+        except _NoSession as exc:
+            return _page("No such session", f"<p>{html.escape(str(exc))}</p>", 404)
+        except StoreError as exc:
+            return _store_failed(exc)
+        return _shell("session", f"Session {sid}", sid)
+
+    async def sessions_api(request: Request) -> Response:
+        def work() -> Any:
+            sort = request.query_params.get("sort", "last_write")
+            if sort not in SORT_KEYS:
+                raise _BadRequest(f"sort={sort!r}: sort by one of {', '.join(SORT_KEYS)}")
+            order = request.query_params.get("order", "desc")
+            if order not in ("asc", "desc"):
+                raise _BadRequest(f"order={order!r}: 'asc' or 'desc'")
+            limit = min(_int(request, "limit", 100, low=1), 1000)
+            page = index.page(
+                offset=_int(request, "offset", 0),
+                limit=limit,
+                sort=sort,
+                descending=order == "desc",
+                query=request.query_params.get("q", ""),
+            )
+            return {
+                "store": label,
+                "rows": page.rows,
+                "total": page.total,
+                "sessions": page.sessions,
+                "offset": page.offset,
+                "limit": limit,
+                "read_at": page.read_at,
+            }
+
+        return await api(work)
+
+    async def session_api(request: Request) -> Response:
+        return await api(lambda: {**timelines.get(_session_id(request)).meta(), "store": label})
+
+    async def rows_api(request: Request) -> Response:
+        def work() -> Any:
+            tl = timelines.get(_session_id(request))
+            if "seq" in request.query_params:  # the window that starts at a seq
+                lo = tl.row_of(_int(request, "seq"))
+            else:
+                lo = _int(request, "lo", 0)
+            hi = min(_int(request, "hi", lo + 200), lo + WINDOW_MAX)
+            return {"lo": lo, "rows": tl.rows(lo, hi), "next_seq": tl.next_seq}
+
+        return await api(work)
+
+    async def spans_api(request: Request) -> Response:
+        def work() -> Any:
+            tl = timelines.get(_session_id(request))
+            lo = _int(request, "lo", 0)
+            return tl.spans_over(lo, max(_int(request, "hi", lo + 1), lo + 1))
+
+        return await api(work)
+
+    async def event_api(request: Request) -> Response:
+        def work() -> Any:
+            tl = timelines.get(_session_id(request))
+            seq = _int(request, "seq")
+            try:
+                return tl.event(seq)
+            except KeyError:
+                raise _NoSession(
+                    f"session {tl.session_id!r} holds no event with seq {seq} (never "
+                    "appended, or dropped by a snapshot)"
+                ) from None
+
+        return await api(work)
+
+    async def surface_api(request: Request) -> Response:
+        def work() -> Any:
+            tl = timelines.get(_session_id(request))
+            text = request.query_params.get("as_of", "")
+            seq = None if text == "" else _int(request, "as_of")
+            if seq is not None and seq >= tl.next_seq:
+                raise _BadRequest(
+                    f"as_of={seq} is past the session's last seq ({tl.next_seq - 1})"
+                )
+            return tl.surface_as_of(seq)
+
+        return await api(work)
+
+    async def live_api(request: Request) -> Response:
+        try:
+            sid = _session_id(request)
+            tl = await run_in_threadpool(timelines.get, sid)
+            start = _int(request, "from", tl.next_seq)
+            sub = await run_in_threadpool(store.watch, sid, start)
+        except _BadRequest as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        except _NoSession as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        except StoreError as exc:
+            return JSONResponse({"error": f"the store failed: {exc}"}, status_code=503)
+
+        async def feed() -> AsyncIterator[str]:
+            try:
+                yield "retry: 2000\n\n"
+                while True:
+                    try:
+                        ev = await sub.aget(timeout=KEEPALIVE)
+                    except CallTimeout:
+                        yield ": still here\n\n"
+                        continue
+                    last = ev.seq
+                    while (more := sub.get_nowait()) is not None:  # one message a batch
+                        last = more.seq
+                    yield f"data: {json.dumps({'next_seq': last + 1})}\n\n"
+            except (SessionStopped, NousActorError) as exc:
+                yield f"event: end\ndata: {json.dumps({'error': str(exc)})}\n\n"
+            finally:
+                sub.close()
+
+        return StreamingResponse(
+            feed(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else 404
+        if code == 405:
+            return _page(
+                "Read-only", "<p>The viewer only reads the store: use GET.</p>", status=405
+            )
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": f"no such page: {request.url.path}"}, status_code=code)
+        return _page("No such page", f"<p>{html.escape(request.url.path)}</p>", status=code)
+
+    async def failed(request: Request, exc: Exception) -> Response:
+        return _page(
+            "The viewer failed",
+            f"<p>{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</p>",
+            status=500,
+        )
+
+    routes = [
+        Route("/", list_page),
+        Route("/session", session_page),
+        Route("/api/sessions", sessions_api),
+        Route("/api/session", session_api),
+        Route("/api/rows", rows_api),
+        Route("/api/spans", spans_api),
+        Route("/api/event", event_api),
+        Route("/api/surface", surface_api),
+        Route("/api/live", live_api),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
+        Mount(
+            "/static", app=StaticFiles(packages=[("nous_actor.viewer", "static")]), name="static"
+        ),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: not_found, Exception: failed},
+    )
+    app.state.store = store
+    app.state.timelines = timelines
+    return app
+
+
+def _store_failed(exc: StoreError) -> HTMLResponse:
+    return _page(
+        "The store cannot be read",
+        f"<p>{html.escape(str(exc))}</p><p>Check the file or the server, then reload.</p>",
+        status=503,
+    )

@@ -1,0 +1,237 @@
+"""What the viewer reads: a store it cannot write to, and the store's sessions a page at a time.
+
+`ReadOnlyStore` wraps any store and refuses every write in Python;
+`read_only_sqlite` opens a SQLite file through read-only connections
+(``mode=ro``), so SQLite itself refuses a write too. `SessionIndex` pages,
+sorts and filters the store's session index (`nous_actor.store.list_sessions`),
+which stores give whole: it keeps the index for `INDEX_TTL` seconds, so that
+turning the pages of 100,000 sessions reads the store once, not once a page.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from nous_actor.core.event import Event
+from nous_actor.errors import StoreError
+from nous_actor.store import SessionInfo, Store, list_sessions, shared
+from nous_actor.store.sqlite import SQLiteStore
+from nous_actor.store.subscription import Subscription
+
+__all__ = ["INDEX_TTL", "IndexPage", "ReadOnlyStore", "SessionIndex", "read_only_sqlite"]
+
+INDEX_TTL: Final = 2.0
+"""Seconds a read of the session index is reused before the store is asked again."""
+
+SortKey = Literal["id", "events", "next_seq", "last_write"]
+SORT_KEYS: Final[tuple[str, ...]] = ("id", "events", "next_seq", "last_write")
+
+
+class _ReadOnlySQLiteStore(SQLiteStore):
+    """A `SQLiteStore` whose every connection is opened with ``mode=ro``.
+
+    The store opens its connections in one method, ``_connect`` (the store's
+    own and its follower's, which watches the file); this is the one place
+    that is overridden, so that SQLite refuses any write whatever path it
+    would take. Opening checks the file as the store does (a foreign file is
+    refused, unchanged); a store that would need completing is refused.
+    """
+
+    def _connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
+        full = Path(os.path.abspath(self.path)).as_uri()
+        return super()._connect(f"{full}?mode=ro", timeout, uri=True)
+
+
+def read_only_sqlite(path: str | os.PathLike[str]) -> ReadOnlyStore:
+    """The nous_actor store in the SQLite file ``path``, opened read-only.
+
+    Raises:
+        StoreError: there is no store at ``path``, or the file is not one (it is
+            left unchanged).
+    """
+    return ReadOnlyStore(_ReadOnlySQLiteStore(path, create=False))
+
+
+def _refuse(what: str) -> StoreError:
+    return StoreError(f"the viewer reads the store and never writes to it (refused: {what})")
+
+
+class ReadOnlyStore:
+    """A `Store` that reads through ``inner`` and refuses every write with `StoreError`.
+
+    The optional read methods (``index``, ``load_since``, ``watch``,
+    ``held_by``, ``wait_changed``) go to the store's own where it has them,
+    through `nous_actor.store.shared`, so a SQLite or PostgreSQL store is
+    followed as fast as it can be.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"<read-only {self.inner!r}>"
+
+    @property
+    def where(self) -> str:
+        """How a page names the store: its file, or its server and schema."""
+        inner = self.inner
+        return str(getattr(inner, "path", None) or getattr(inner, "location", None) or inner)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def load(self, session_id: str) -> list[Event]:
+        return self.load_since(session_id, 0)
+
+    def sessions(self) -> list[str]:
+        return self.inner.sessions()
+
+    def index(self) -> list[SessionInfo]:
+        return list_sessions(self.inner)
+
+    def load_since(self, session_id: str, from_seq: int) -> list[Event]:
+        return shared.load_since(self.inner, session_id, from_seq)
+
+    def watch(
+        self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0
+    ) -> Subscription:
+        return shared.watch(self.inner, session_id, from_seq, buffer=buffer, timeout=timeout)
+
+    def held_by(self, session_id: str) -> str | None:
+        return shared.held_by(self.inner, session_id)
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        return shared.wait_changed(self.inner, after, timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # -- writes: refused -------------------------------------------------------------------
+
+    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+        raise _refuse("write")
+
+    def drop(self, session_id: str, seqs: Sequence[int]) -> None:
+        raise _refuse("drop")
+
+    def delete(self, session_id: str) -> None:
+        raise _refuse("delete")
+
+    def claim(self, session_id: str) -> str:
+        raise _refuse("claim")
+
+    def release(self, session_id: str, token: str) -> None:
+        raise _refuse("release")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPage:
+    """One page of the session list.
+
+    Attributes:
+        rows: the sessions of the page, each a JSON-ready dict (``session_id``,
+            ``events``, ``next_seq``, ``last_write``, ``holder``, ``error``).
+        total: how many sessions match the filter.
+        sessions: how many sessions the store holds.
+        offset: the index of the first row among the matches.
+        read_at: when the index was read (seconds since the epoch).
+    """
+
+    rows: list[dict[str, Any]]
+    total: int
+    sessions: int
+    offset: int
+    read_at: float
+
+
+def _sort_key(key: str) -> Any:
+    if key == "events":
+        return lambda i: (i.events, i.session_id)
+    if key == "next_seq":
+        return lambda i: (i.next_seq, i.session_id)
+    if key == "last_write":
+        return lambda i: (i.last_time.timestamp() if i.last_time else 0.0, i.session_id)
+    return lambda i: i.session_id
+
+
+class SessionIndex:
+    """The store's sessions, sorted, filtered and cut into pages.
+
+    The index is read whole (the store offers no paged one) at most once per
+    `INDEX_TTL` seconds; each sort order is computed once per read. The holder
+    of a session is asked for the rows of the page only.
+    """
+
+    def __init__(self, store: ReadOnlyStore, ttl: float = INDEX_TTL) -> None:
+        self.store = store
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._infos: list[SessionInfo] = []
+        self._sorted: dict[str, list[SessionInfo]] = {}
+        self._read_at = 0.0
+        self._read_mono: float | None = None
+
+    def _current(self) -> tuple[dict[str, list[SessionInfo]], list[SessionInfo], float]:
+        with self._lock:
+            now = time.monotonic()
+            if self._read_mono is None or now - self._read_mono > self.ttl:
+                self._infos = self.store.index()
+                self._sorted = {}
+                self._read_mono = now
+                self._read_at = time.time()
+            return self._sorted, self._infos, self._read_at
+
+    def page(
+        self,
+        *,
+        offset: int = 0,
+        limit: int = 100,
+        sort: str = "last_write",
+        descending: bool = True,
+        query: str = "",
+    ) -> IndexPage:
+        """The sessions ``offset`` to ``offset + limit`` of those whose id holds ``query``
+        (case-insensitive), in ``sort`` order.
+
+        Raises:
+            ValueError: ``sort`` is not one of `SORT_KEYS`.
+            StoreError: the store failed.
+        """
+        if sort not in SORT_KEYS:
+            raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
+        cache, infos, read_at = self._current()
+        with self._lock:
+            ordered = cache.get(sort)
+            if ordered is None:
+                ordered = cache[sort] = sorted(infos, key=_sort_key(sort))
+        if descending:
+            ordered = ordered[::-1]
+        if query:
+            needle = query.casefold()
+            ordered = [i for i in ordered if needle in i.session_id.casefold()]
+        chosen = ordered[offset : offset + limit]
+        rows = [self._row(i) for i in chosen]
+        return IndexPage(rows, len(ordered), len(infos), offset, read_at)
+
+    def _row(self, info: SessionInfo) -> dict[str, Any]:
+        holder: str | None = None
+        error = info.error
+        if error is None:
+            try:
+                holder = self.store.held_by(info.session_id)
+            except StoreError as exc:
+                error = str(exc)
+        return {
+            "session_id": info.session_id,
+            "events": info.events,
+            "next_seq": info.next_seq,
+            "last_write": None if info.last_time is None else info.last_time.isoformat(),
+            "holder": holder,
+            "error": error,
+        }

@@ -1,0 +1,404 @@
+// The viewer's page script: plain JavaScript, no library, nothing fetched from elsewhere.
+// The list page pages through /api/sessions; the session page draws only the rows in
+// view (fetched a chunk at a time from /api/rows), the spans over them (/api/spans), the
+// surface as of a seq (/api/surface), one event's audit (/api/event), and follows the
+// session live (/api/live, server-sent events).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const el = (tag, cls, text) => {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+};
+const q = (params) => new URLSearchParams(params).toString();
+
+async function getJSON(path, params) {
+  const r = await fetch(path + "?" + q(params));
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
+}
+
+function setStatus(text, live) {
+  const s = $("status");
+  s.textContent = text;
+  s.classList.toggle("live", !!live);
+}
+
+// -- the sessions ---------------------------------------------------------------------
+
+const list = { offset: 0, limit: 100, sort: "last_write", order: "desc", q: "", total: 0 };
+
+async function loadList() {
+  let page;
+  try {
+    page = await getJSON("/api/sessions", {
+      offset: list.offset, limit: list.limit, sort: list.sort, order: list.order, q: list.q,
+    });
+  } catch (err) {
+    setStatus("error: " + err.message);
+    return;
+  }
+  $("where").textContent = page.store;
+  list.total = page.total;
+  const body = document.querySelector("#sessions tbody");
+  body.replaceChildren();
+  for (const s of page.rows) {
+    const tr = el("tr");
+    const a = el("a", null, s.session_id);
+    a.href = "/session?" + q({ id: s.session_id });
+    const name = el("td");
+    name.append(a);
+    tr.append(name);
+    if (s.error) {
+      const td = el("td", "error", s.error);
+      td.colSpan = 4;
+      tr.append(td);
+    } else {
+      tr.append(el("td", "num", String(s.events)), el("td", "num", String(s.next_seq)),
+        el("td", null, s.last_write ? new Date(s.last_write).toLocaleString() : ""),
+        el("td", null, s.holder || ""));
+    }
+    body.append(tr);
+  }
+  const last = Math.min(page.offset + page.rows.length, page.total);
+  $("list-count").textContent = page.total
+    ? `${page.offset + 1}–${last} of ${page.total}` +
+      (page.total !== page.sessions ? ` (of ${page.sessions} sessions)` : " sessions")
+    : (list.q ? "no session matches" : "no sessions");
+  $("prev").disabled = list.offset === 0;
+  $("next").disabled = last >= page.total;
+  for (const th of document.querySelectorAll("th[data-sort]")) {
+    th.classList.toggle("sorted", th.dataset.sort === list.sort);
+    th.classList.toggle("asc", th.dataset.sort === list.sort && list.order === "asc");
+    th.classList.toggle("desc", th.dataset.sort === list.sort && list.order === "desc");
+  }
+  setStatus("read " + new Date(page.read_at * 1000).toLocaleTimeString());
+}
+
+function startList() {
+  $("list-view").hidden = false;
+  for (const th of document.querySelectorAll("th[data-sort]")) {
+    th.addEventListener("click", () => {
+      if (list.sort === th.dataset.sort) list.order = list.order === "asc" ? "desc" : "asc";
+      else { list.sort = th.dataset.sort; list.order = th.dataset.sort === "id" ? "asc" : "desc"; }
+      list.offset = 0;
+      loadList();
+    });
+  }
+  let timer = null;
+  $("search").addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => { list.q = $("search").value; list.offset = 0; loadList(); }, 200);
+  });
+  $("prev").addEventListener("click", () => { list.offset = Math.max(0, list.offset - list.limit); loadList(); });
+  $("next").addEventListener("click", () => { list.offset += list.limit; loadList(); });
+  $("reload").addEventListener("click", loadList);
+  loadList();
+}
+
+// -- one session --------------------------------------------------------------------------
+
+const CHUNK = 200;
+const KEEP_CHUNKS = 40;
+const ROW = 24;
+const LANE = 10;
+const view = {
+  id: "", meta: null, chunks: new Map(), pending: new Set(), asOf: null, selected: null,
+  spans: { spans: [], more: 0 }, spanKey: "", generation: 0,
+};
+
+function turnColour(seq) {
+  return `hsl(${(seq * 47) % 360} 55% 72%)`;
+}
+
+function shadowedNow(r) {
+  return r.shadowed_by !== null && (view.asOf === null || r.shadowed_by <= view.asOf);
+}
+
+function drawRow(r) {
+  const d = el("div", "row");
+  d.style.top = r.row * ROW + "px";
+  d.dataset.seq = r.seq;
+  if (shadowedNow(r)) d.classList.add("shadowed");
+  if (view.asOf !== null && r.seq > view.asOf) d.classList.add("future");
+  if (r.turn !== null) { d.classList.add("turn"); d.style.setProperty("--turn", turnColour(r.turn)); }
+  if (r.inherited) d.classList.add("inherited");
+  if (r.seq === view.selected) d.classList.add("selected");
+  d.append(el("span", "seq", String(r.seq)), el("span", "type", r.type));
+  const op = el("span", "op");
+  if (r.replace) {
+    const b = el("span", "badge " + r.kind, r.kind);
+    op.append(b, document.createTextNode(` ${r.replace[0]}..${r.replace[1]}`));
+  }
+  d.append(op);
+  d.append(el("span", "text", r.text));
+  if (r.shadowed_by !== null) {
+    const note = el("span", "note");
+    if (r.pruned) note.append(el("span", "badge pruned", "pruned"), document.createTextNode(" "));
+    note.append(document.createTextNode("hidden by " + r.shadowed_by));
+    d.append(note);
+  }
+  d.addEventListener("click", () => openEvent(r.seq));
+  return d;
+}
+
+function visibleRange() {
+  const t = $("timeline");
+  const first = Math.max(0, Math.floor(t.scrollTop / ROW) - 20);
+  const last = Math.min(view.meta.rows, Math.ceil((t.scrollTop + t.clientHeight) / ROW) + 20);
+  return [first, last];
+}
+
+async function fetchChunk(k) {
+  if (view.chunks.has(k) || view.pending.has(k)) return;
+  view.pending.add(k);
+  const gen = view.generation;
+  try {
+    const body = await getJSON("/api/rows", { id: view.id, lo: k * CHUNK, hi: (k + 1) * CHUNK });
+    if (gen === view.generation) view.chunks.set(k, body.rows);
+  } catch (err) {
+    setStatus("error: " + err.message);
+  } finally {
+    view.pending.delete(k);
+  }
+  while (view.chunks.size > KEEP_CHUNKS) view.chunks.delete(view.chunks.keys().next().value);
+  render();
+}
+
+let frame = 0;
+function render() {
+  if (frame) return;
+  frame = requestAnimationFrame(() => { frame = 0; renderNow(); });
+}
+
+function renderNow() {
+  if (!view.meta) return;
+  const [first, last] = visibleRange();
+  const rows = $("rows");
+  const out = [];
+  for (let k = Math.floor(first / CHUNK); k * CHUNK < last; k++) {
+    const chunk = view.chunks.get(k);
+    if (!chunk) { fetchChunk(k); continue; }
+    view.chunks.delete(k); view.chunks.set(k, chunk);  // most recently used last
+    for (const r of chunk) if (r.row >= first && r.row < last) out.push(drawRow(r));
+  }
+  rows.replaceChildren(...out);
+  rows.dataset.first = first;
+  loadSpans(first, last);
+}
+
+async function loadSpans(first, last) {
+  const key = `${first}:${last}:${view.generation}`;
+  if (key === view.spanKey) { drawSpans(); return; }
+  view.spanKey = key;
+  try {
+    const body = await getJSON("/api/spans", { id: view.id, lo: first, hi: last });
+    if (view.spanKey === key) { view.spans = body; drawSpans(); }
+  } catch (err) {
+    setStatus("error: " + err.message);
+  }
+}
+
+function drawSpans() {
+  const lanes = $("lanes");
+  const out = [];
+  const columns = Math.max(0, ...view.spans.spans.map((s) => s.column + 1));
+  for (const s of view.spans.spans) {
+    const bar = el("div", "span " + s.kind);
+    bar.style.top = s.lo * ROW + 3 + "px";
+    bar.style.height = (s.hi - s.lo + 1) * ROW - 6 + "px";
+    bar.style.left = 6 + (columns - 1 - s.column) * LANE + "px";
+    bar.title = `${s.kind} at seq ${s.seq}: positions ${s.start}..${s.stop}`;
+    bar.dataset.seq = s.seq;
+    if (view.asOf !== null && s.seq > view.asOf) bar.classList.add("future");
+    bar.addEventListener("click", (e) => { e.stopPropagation(); openEvent(s.seq); });
+    out.push(bar);
+  }
+  if (view.spans.more) {
+    const m = el("div", "more", `+${view.spans.more}`);
+    m.title = `${view.spans.more} more replaces enclose these rows`;
+    m.style.top = $("timeline").scrollTop + "px";
+    out.push(m);
+  }
+  lanes.replaceChildren(...out);
+}
+
+function seqLink(seq) {
+  const a = el("a", "seqlink", String(seq));
+  a.addEventListener("click", () => openEvent(seq));
+  return a;
+}
+
+function links(parent, seqs) {
+  seqs.forEach((s, i) => { if (i) parent.append(document.createTextNode(", ")); parent.append(seqLink(s)); });
+}
+
+async function openEvent(seq) {
+  let info;
+  try {
+    info = await getJSON("/api/event", { id: view.id, seq });
+  } catch (err) {
+    setStatus("error: " + err.message);
+    return;
+  }
+  view.selected = seq;
+  scrollToRow(info.row, false);
+  const d = $("detail");
+  d.hidden = false;
+  d.replaceChildren();
+  d.dataset.seq = seq;
+  d.append(el("h2", null, `Event ${seq}: ${info.event.type}`));
+  const facts = el("p");
+  if (info.shadowed_by_count) {
+    facts.append(document.createTextNode(`Shadowed by ${info.shadowed_by_count} replace(s): `));
+    const who = el("span", "shadowers");
+    links(who, info.shadowed_by);
+    facts.append(who);
+    facts.append(document.createTextNode(`; first hidden by ${info.first_shadowed_by}.`));
+  } else {
+    facts.append(document.createTextNode("Not shadowed."));
+  }
+  if (info.turn !== null) facts.append(document.createTextNode(` In the turn opened at seq ${info.turn}.`));
+  d.append(facts);
+  if (info.replaces) {
+    const r = info.replaces;
+    const p = el("p", "replaces");
+    p.append(document.createTextNode(
+      `A ${r.kind} of positions ${r.range[0]}..${r.range[1]}: it replaced ${r.count} event(s), ` +
+      `${r.first_hidden_here} of them hidden first by it. Replaced: `));
+    const who = el("span", "replaced");
+    links(who, r.seqs);
+    p.append(who);
+    if (r.count > r.seqs.length) p.append(document.createTextNode(` … and ${r.count - r.seqs.length} more`));
+    d.append(p);
+    if (r.nested_count) {
+      const n = el("p");
+      n.append(document.createTextNode(`It covers ${r.nested_count} earlier replace(s): `));
+      links(n, r.nested_replaces);
+      d.append(n);
+    }
+    if (r.pruned_original !== null) {
+      const n = el("p");
+      n.append(document.createTextNode("The pruned original: "), seqLink(r.pruned_original));
+      d.append(n);
+    }
+  }
+  d.append(el("pre", null, JSON.stringify(info.event, null, 2)));
+  renderNow();
+}
+
+function scrollToRow(row, top) {
+  const t = $("timeline");
+  const y = row * ROW;
+  if (top || y < t.scrollTop || y > t.scrollTop + t.clientHeight - ROW) {
+    t.scrollTop = Math.max(0, y - (top ? 0 : t.clientHeight / 3));
+  }
+}
+
+async function loadSurface() {
+  const params = { id: view.id };
+  if (view.asOf !== null) params.as_of = view.asOf;
+  let body;
+  try {
+    body = await getJSON("/api/surface", params);
+  } catch (err) {
+    setStatus("error: " + err.message);
+    return;
+  }
+  $("surface-title").textContent =
+    `Surface as of seq ${body.as_of}${view.asOf === null ? " (now)" : ""}: ${body.count} message(s)`;
+  const ol = $("surface");
+  ol.replaceChildren();
+  for (const m of body.messages) {
+    const li = el("li");
+    li.dataset.seq = m.seq;
+    li.append(el("span", "role", m.role), seqLink(m.seq), document.createTextNode(" " + m.text));
+    ol.append(li);
+  }
+}
+
+function setAsOf(seq) {
+  view.asOf = seq;
+  const last = view.meta.next_seq - 1;
+  $("asof-range").value = seq === null ? last : seq;
+  $("asof-seq").value = seq === null ? last : seq;
+  if (seq !== null) $("follow").checked = false;
+  renderNow();
+  loadSurface();
+}
+
+async function loadMeta() {
+  const meta = await getJSON("/api/session", { id: view.id });
+  view.meta = meta;
+  $("where").textContent = meta.store;
+  $("title").textContent = meta.session_id;
+  $("summary").textContent =
+    `${meta.rows} events, next seq ${meta.next_seq}; ${meta.summaries} summaries, ` +
+    `${meta.prunes} pruned results, ${meta.compactions} compactions, ${meta.turns} turns; ` +
+    `${meta.shadowed} shadowed, ${meta.surface_events} on the surface`;
+  const fork = $("fork");
+  fork.replaceChildren();
+  if (meta.forked_from) {
+    const a = el("a", null, meta.forked_from.session_id);
+    a.href = "/session?" + q({ id: meta.forked_from.session_id });
+    fork.append(document.createTextNode("forked from "), a,
+      document.createTextNode(` through seq ${meta.forked_from.through_seq}`));
+  }
+  $("spacer").style.height = meta.rows * ROW + "px";
+  const last = meta.next_seq - 1;
+  for (const id of ["asof-range", "asof-seq"]) $(id).max = last;
+  if (view.asOf === null) { $("asof-range").value = last; $("asof-seq").value = last; }
+  return meta;
+}
+
+function follow() {
+  const es = new EventSource("/api/live?" + q({ id: view.id, from: view.meta.next_seq }));
+  es.onopen = () => setStatus("live", true);
+  es.onerror = () => setStatus("reconnecting…");
+  es.addEventListener("end", (e) => { setStatus("ended: " + JSON.parse(e.data).error); es.close(); });
+  es.onmessage = async (e) => {
+    const next = JSON.parse(e.data).next_seq;
+    if (next <= view.meta.next_seq) return;
+    await loadMeta();
+    view.generation += 1;  // a new replace may grey old rows: read the rows again
+    view.chunks.clear();
+    if ($("follow").checked) scrollToRow(view.meta.rows - 1, true);
+    renderNow();
+    if (view.asOf === null) loadSurface();
+    setStatus(`live: seq ${next - 1}`, true);
+  };
+}
+
+async function startSession() {
+  $("session-view").hidden = false;
+  view.id = document.body.dataset.session;
+  try {
+    await loadMeta();
+  } catch (err) {
+    setStatus("error: " + err.message);
+    return;
+  }
+  $("timeline").addEventListener("scroll", render);
+  window.addEventListener("resize", render);
+  $("asof-range").addEventListener("input", () => setAsOf(Number($("asof-range").value)));
+  $("asof-seq").addEventListener("change", () => {
+    const v = Number($("asof-seq").value);
+    if (Number.isInteger(v) && v >= 0 && v < view.meta.next_seq) setAsOf(v);
+  });
+  $("asof-now").addEventListener("click", () => setAsOf(null));
+  $("goto").addEventListener("change", async () => {
+    const body = await getJSON("/api/rows", { id: view.id, seq: Number($("goto").value), hi: 0 });
+    scrollToRow(body.lo, true);
+    render();
+  });
+  if ($("follow").checked) scrollToRow(view.meta.rows - 1, true);
+  renderNow();
+  loadSurface();
+  follow();
+}
+
+if (document.body.dataset.view === "session") startSession();
+else startList();

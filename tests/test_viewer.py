@@ -1,0 +1,327 @@
+"""The viewer over HTTP (Starlette's test client): the list, the timeline, as-of, audit,
+bad input, and that it never writes to the store."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the viewer needs the serve extra")
+
+from starlette.testclient import TestClient
+from viewer_sessions import (
+    FORK_THROUGH,
+    INNER_SUMMARY_SEQ,
+    OUTER_SUMMARY_SEQ,
+    PRUNE_SEQ,
+    fill,
+    long_log,
+    sqlite_file,
+)
+
+from nous_actor import Log
+from nous_actor.core import history
+from nous_actor.errors import StoreError
+from nous_actor.store import MemoryStore, SQLiteStore
+from nous_actor.viewer import ReadOnlyStore, create_app, read_only_sqlite
+from nous_actor.viewer.app import WINDOW_MAX
+from nous_actor.viewer.timeline import MAX_LANES, Timeline
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "sessions.db"
+    sqlite_file(path)
+    return path
+
+
+@pytest.fixture
+def client(db: Path) -> Iterator[TestClient]:
+    store = read_only_sqlite(db)
+    try:
+        with TestClient(create_app(store)) as c:
+            yield c
+    finally:
+        store.close()
+
+
+def _rows(client: TestClient, session: str = "chat", lo: int = 0, hi: int = 200) -> list[dict]:
+    r = client.get("/api/rows", params={"id": session, "lo": lo, "hi": hi})
+    assert r.status_code == 200, r.text
+    return r.json()["rows"]
+
+
+# -- the list ---------------------------------------------------------------------------------
+
+
+def test_the_list_pages_sorts_and_searches(client: TestClient) -> None:
+    """The session list is cut into pages, sorted by any column, filtered by id."""
+    by_events = client.get("/api/sessions", params={"sort": "events", "order": "desc"}).json()
+    assert [r["session_id"] for r in by_events["rows"]] == ["chat", "chat-fork", "hello"]
+    assert by_events["rows"][0]["events"] == OUTER_SUMMARY_SEQ + 1
+    by_id = client.get("/api/sessions", params={"sort": "id", "order": "asc", "limit": 2}).json()
+    assert [r["session_id"] for r in by_id["rows"]] == ["chat", "chat-fork"]
+    assert (by_id["total"], by_id["sessions"]) == (3, 3)
+    second = client.get("/api/sessions", params={"sort": "id", "order": "asc", "offset": 2}).json()
+    assert [r["session_id"] for r in second["rows"]] == ["hello"]
+    found = client.get("/api/sessions", params={"q": "FORK"}).json()
+    assert [r["session_id"] for r in found["rows"]] == ["chat-fork"]
+    assert (found["total"], found["sessions"]) == (1, 3)
+
+
+def test_the_list_names_the_holder_of_a_session() -> None:
+    """A session some writer holds shows who; the others show no holder."""
+    store = MemoryStore()
+    fill(store)
+    store.claim("chat")
+    with TestClient(create_app(store)) as c:
+        rows = {r["session_id"]: r for r in c.get("/api/sessions").json()["rows"]}
+    assert rows["chat"]["holder"] == "this process"
+    assert rows["hello"]["holder"] is None
+
+
+def test_a_bad_sort_is_a_clear_error(client: TestClient) -> None:
+    """An unknown sort key or order is a 400 naming the allowed ones."""
+    r = client.get("/api/sessions", params={"sort": "size"})
+    assert r.status_code == 400
+    assert "last_write" in r.json()["error"]
+    assert client.get("/api/sessions", params={"limit": "many"}).status_code == 400
+
+
+def test_the_page_works_offline(client: TestClient) -> None:
+    """The page loads its script and style from the viewer itself, nothing from elsewhere."""
+    page = client.get("/").text
+    assert 'src="/static/viewer.js"' in page
+    assert "http://" not in page
+    assert "https://" not in page
+    script = client.get("/static/viewer.js")
+    assert script.status_code == 200
+    assert "EventSource" in script.text
+    assert "://" not in script.text
+    assert client.get("/static/viewer.css").status_code == 200
+
+
+# -- one session -----------------------------------------------------------------------------
+
+
+def test_the_timeline_has_every_event_with_what_hid_it_first(client: TestClient) -> None:
+    """Every event is a row in seq order; shadowed ones say which replace hid them first."""
+    log = sqlite_log()
+    rows = _rows(client)
+    assert [r["seq"] for r in rows] == [ev.seq for ev in log.events()]
+    for r in rows:
+        found = history.shadowed_by(log, r["seq"])
+        assert r["shadowed_by"] == (found[0] if found else None)
+    assert rows[4]["pruned"] is True
+    assert rows[4]["shadowed_by"] == PRUNE_SEQ
+    assert rows[PRUNE_SEQ]["kind"] == "prune"
+    assert rows[INNER_SUMMARY_SEQ]["shadowed_by"] == OUTER_SUMMARY_SEQ
+    assert rows[2]["turn"] == 1
+    assert rows[0]["turn"] is None
+
+
+def sqlite_log() -> Log:
+    from viewer_sessions import compacted_log
+
+    return compacted_log()
+
+
+def test_nested_summaries_nest(client: TestClient) -> None:
+    """Each replace is a span over the rows it shadows; a summary of summaries lies outside."""
+    spans = client.get("/api/spans", params={"id": "chat", "lo": 0, "hi": 41}).json()
+    by_seq = {s["seq"]: s for s in spans["spans"]}
+    assert (by_seq[PRUNE_SEQ]["lo"], by_seq[PRUNE_SEQ]["hi"]) == (4, 4)
+    assert (by_seq[INNER_SUMMARY_SEQ]["lo"], by_seq[INNER_SUMMARY_SEQ]["hi"]) == (1, 18)
+    assert (by_seq[OUTER_SUMMARY_SEQ]["lo"], by_seq[OUTER_SUMMARY_SEQ]["hi"]) == (1, 30)
+    lanes = [by_seq[s]["lane"] for s in (PRUNE_SEQ, INNER_SUMMARY_SEQ, OUTER_SUMMARY_SEQ)]
+    assert lanes == [0, 1, 2]
+    only_tail = client.get("/api/spans", params={"id": "chat", "lo": 31, "hi": 41}).json()
+    assert only_tail["spans"] == []
+
+
+def test_a_fork_names_its_parent_and_what_it_inherited(client: TestClient) -> None:
+    """A forked session names the session and seq it came from; the rows it copied say so."""
+    meta = client.get("/api/session", params={"id": "chat-fork"}).json()
+    assert meta["forked_from"] == {"session_id": "chat", "through_seq": FORK_THROUGH}
+    rows = _rows(client, "chat-fork")
+    assert [r["inherited"] for r in rows] == [True] * (FORK_THROUGH + 1) + [False]
+
+
+def test_the_surface_as_of_a_seq_is_what_the_model_saw(client: TestClient) -> None:
+    """The surface as of any seq is the rewound log's derived messages."""
+    log = sqlite_log()
+    for seq in (0, 5, PRUNE_SEQ - 1, PRUNE_SEQ, INNER_SUMMARY_SEQ, OUTER_SUMMARY_SEQ):
+        body = client.get("/api/surface", params={"id": "chat", "as_of": seq}).json()
+        assert [m["seq"] for m in body["messages"]] == [
+            s for s, _ in log.as_of(seq).derive_indexed()
+        ]
+    now = client.get("/api/surface", params={"id": "chat"}).json()
+    assert now["as_of"] == OUTER_SUMMARY_SEQ
+    assert [m["seq"] for m in now["messages"]] == [s for s, _ in log.derive_indexed()]
+    past = client.get("/api/surface", params={"id": "chat", "as_of": 41})
+    assert past.status_code == 400
+    assert "past the session's last seq" in past.json()["error"]
+
+
+def test_a_summary_says_what_it_replaced(client: TestClient) -> None:
+    """A replace's audit lists every event it shadows and the summaries it covers."""
+    log = sqlite_log()
+    info = client.get("/api/event", params={"id": "chat", "seq": OUTER_SUMMARY_SEQ}).json()
+    assert info["replaces"]["seqs"] == history.replaced(log, OUTER_SUMMARY_SEQ)
+    assert info["replaces"]["nested_replaces"] == [PRUNE_SEQ, INNER_SUMMARY_SEQ]
+    prune = client.get("/api/event", params={"id": "chat", "seq": PRUNE_SEQ}).json()
+    assert prune["replaces"]["pruned_original"] == 4
+
+
+def test_an_event_says_what_shadowed_it(client: TestClient) -> None:
+    """An event's audit lists every replace that shadows it, the first one apart."""
+    info = client.get("/api/event", params={"id": "chat", "seq": 4}).json()
+    assert info["shadowed_by"] == [PRUNE_SEQ, INNER_SUMMARY_SEQ, OUTER_SUMMARY_SEQ]
+    assert info["first_shadowed_by"] == PRUNE_SEQ
+    assert info["event"]["data"]["tool_call_id"] == "c0"
+    visible = client.get("/api/event", params={"id": "chat", "seq": 0}).json()
+    assert visible["shadowed_by"] == []
+    assert visible["first_shadowed_by"] is None
+
+
+def test_a_long_session_is_read_a_window_at_a_time() -> None:
+    """A window of rows is bounded, and the spans over it are the innermost lanes plus a count."""
+    log = long_log(3000, 100)
+    store = MemoryStore()
+    store.write({"long": log.events()})
+    with TestClient(create_app(store)) as c:
+        meta = c.get("/api/session", params={"id": "long"}).json()
+        assert meta["rows"] == log.count()
+        assert meta["summaries"] > 20
+        body = c.get("/api/rows", params={"id": "long", "lo": 0, "hi": 10**6}).json()
+        assert len(body["rows"]) == WINDOW_MAX
+        spans = c.get("/api/spans", params={"id": "long", "lo": 30, "hi": 60}).json()
+        assert len({s["lane"] for s in spans["spans"]}) == MAX_LANES
+        assert spans["more"] > 0
+        jump = c.get("/api/rows", params={"id": "long", "seq": 2500, "hi": 0}).json()
+        assert jump["lo"] == 2500
+
+
+def test_the_timeline_follows_appends_without_a_refold() -> None:
+    """Events added to a timeline later shadow exactly what a fresh one would."""
+    log = sqlite_log()
+    events = log.events()
+    grown = Timeline("chat", events[:20])
+    grown.extend(events[20:])
+    fresh = Timeline("chat", events)
+    assert grown.first_shadow == fresh.first_shadow
+    assert grown.rows(0, 41) == fresh.rows(0, 41)
+
+
+# -- bad input, and never a write ------------------------------------------------------
+
+
+def test_an_unknown_session_is_a_clear_page(client: TestClient) -> None:
+    """An unknown or invalid session id is a 404 page naming the problem, not a traceback."""
+    r = client.get("/session", params={"id": "nope"})
+    assert r.status_code == 404
+    assert "no session &#x27;nope&#x27;" in r.text
+    assert "Traceback" not in r.text
+    bad = client.get("/session", params={"id": " padded "})
+    assert bad.status_code == 404
+    assert "whitespace" in bad.text
+    assert client.get("/api/session", params={"id": "nope"}).status_code == 404
+    assert client.get("/api/event", params={"id": "chat", "seq": 99}).status_code == 404
+    assert client.get("/session").status_code == 400
+    assert client.get("/nowhere").status_code == 404
+
+
+def test_a_failing_store_is_a_clear_page(db: Path) -> None:
+    """A store that fails while serving gives a 503 saying so, never a traceback."""
+    store = read_only_sqlite(db)
+    with TestClient(create_app(store)) as c:
+        store.close()
+        page = c.get("/session", params={"id": "chat"})
+        assert page.status_code == 503
+        assert "closed" in page.text
+        assert c.get("/api/sessions").status_code == 503
+
+
+def test_the_viewer_only_answers_reads(client: TestClient) -> None:
+    """Anything but GET is refused."""
+    for method in ("POST", "PUT", "DELETE"):
+        r = client.request(method, "/api/session", params={"id": "chat"})
+        assert r.status_code == 405
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_serving_leaves_the_database_file_unchanged(db: Path) -> None:
+    """Reading every page leaves the file byte for byte as it was."""
+    before = _digest(db)
+    store = read_only_sqlite(db)
+    with TestClient(create_app(store)) as c:
+        for path in ("/", "/api/sessions", "/session?id=chat", "/api/rows?id=chat"):
+            assert c.get(path).status_code == 200
+        c.get("/api/event", params={"id": "chat", "seq": OUTER_SUMMARY_SEQ})
+    store.close()
+    assert _digest(db) == before
+
+
+def test_the_store_refuses_writes_in_python_and_in_sqlite(db: Path) -> None:
+    """The wrapper refuses every write, and its SQLite connections are read-only too."""
+    store = read_only_sqlite(db)
+    try:
+        with pytest.raises(StoreError, match="never writes"):
+            store.write({"chat": []})
+        with pytest.raises(StoreError, match="never writes"):
+            store.claim("chat")
+        assert isinstance(store.inner, SQLiteStore)
+        with pytest.raises(StoreError, match=r"readonly|read-only"):
+            store.inner.claim("chat")
+    finally:
+        store.close()
+
+
+def test_a_foreign_file_is_refused_unchanged(tmp_path: Path) -> None:
+    """Another application's SQLite file is refused and left as it was."""
+    foreign = tmp_path / "other.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.commit()
+    conn.close()
+    before = _digest(foreign)
+    with pytest.raises(StoreError, match="another application"):
+        read_only_sqlite(foreign)
+    assert _digest(foreign) == before
+    assert isinstance(ReadOnlyStore(MemoryStore()).index(), list)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nous_actor", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_serve_refuses_what_it_cannot_open(tmp_path: Path) -> None:
+    """``serve`` of a missing or foreign file fails with one line, before listening."""
+    missing = _cli("serve", str(tmp_path / "missing.db"))
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("nous-actor: no database at")
+    assert "Traceback" not in missing.stderr
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    foreign = _cli("serve", str(text))
+    assert foreign.returncode == 1
+    assert "not a SQLite database" in foreign.stderr
+    assert text.read_text() == "hello\n"
+    bad_port = _cli("serve", str(text), "--port", "0")
+    assert bad_port.returncode == 2
+    assert "a port is from 1 to 65535" in bad_port.stderr
