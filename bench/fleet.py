@@ -197,6 +197,7 @@ class Fleet:
             self.workers.remove(victim)
         os.kill(victim.pid, signal.SIGKILL)
         victim.proc.wait(30)
+        self._close_pipes(victim)
         fresh = self._spawn()
         self._ready(fresh)
         with self.lock:
@@ -216,6 +217,14 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait(30)
+            self._close_pipes(w)
+
+    @staticmethod
+    def _close_pipes(w: Worker) -> None:
+        for pipe in (w.proc.stdin, w.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 def ask(worker: Worker, sid: str, rid: str) -> dict[str, Any] | None:

@@ -1,0 +1,248 @@
+"""Several processes on one store: reads without taking a session, watches that follow
+another process's commits, hand-off on request, and web workers SIGKILLed mid-traffic.
+
+The worker processes are `bench.fleet` workers (a `Sessions` each, serving requests
+on a Unix socket); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.fleet import Fleet, ask, check_histories, open_store, run_clients
+from nous_actor import ConflictError, Sessions, SQLiteStore
+from nous_actor.core.compaction import Compactor
+from nous_actor.store import MemoryStore, shared
+
+SESSIONS = 20
+REQUESTS = 1000
+CLIENTS = 32
+
+
+@pytest.fixture
+def fleet_on(tmp_path: Path) -> Iterator[Any]:
+    """``fleet_on(store_spec, n)`` -> a started `Fleet` of ``n`` workers, stopped after."""
+    made: list[Fleet] = []
+
+    def make(spec: str, n: int, wait: float = 20.0) -> Fleet:
+        open_store(spec).close()  # the store exists before the workers race to make it
+        fleet = Fleet(spec, tmp_path, wait=wait)
+        made.append(fleet)
+        fleet.start(n)
+        return fleet
+
+    yield make
+    for fleet in made:
+        fleet.stop()
+
+
+def _traffic_with_kills(fleet: Fleet, spec: str) -> None:
+    rng = random.Random(22)
+    requests = [(f"s{rng.randrange(SESSIONS)}", f"r{i}") for i in range(REQUESTS)]
+    kills = [REQUESTS // 3, 2 * REQUESTS // 3]
+    killed: list[int] = []
+    killer_threads: list[threading.Thread] = []
+    lock = threading.Lock()
+
+    def progress(done: int) -> None:
+        with lock:
+            if not kills or done < kills[0]:
+                return
+            kills.pop(0)
+        t = threading.Thread(target=lambda: killed.append(fleet.kill_one(rng)), daemon=True)
+        killer_threads.append(t)
+        t.start()
+
+    out = run_clients(fleet, requests, CLIENTS, seed=22, on_progress=progress)
+    for t in killer_threads:
+        t.join(60)
+    assert len(killed) == 2, "the workers were not killed mid-traffic"
+    assert not out.errors, out.errors[:5]  # every request answered, none refused
+    assert len(out.acked) == REQUESTS
+    store = open_store(spec)
+    try:
+        histories = {sid: shared.load_since(store, sid) for sid in store.sessions()}
+    finally:
+        store.close()
+    sent = {rid: sid for sid, rid in requests}
+    assert check_histories(histories, out.acked, sent) == []
+    assert sum(len(h) for h in histories.values()) == 4 * REQUESTS
+
+
+def test_four_sqlite_workers_serve_every_request_while_two_are_killed(
+    fleet_on: Any, tmp_path: Path
+) -> None:
+    """4 worker processes on one SQLite file serve 1,000 requests for 20 sessions from 32
+    clients in random order; two workers are SIGKILLed mid-traffic (and replaced): every
+    request is answered (a client retries one whose worker died), and every session's
+    history is whole turns, in order, never interleaved, each request stored once."""
+    spec = f"sqlite:{tmp_path / 'app.db'}"
+    _traffic_with_kills(fleet_on(spec, 4), spec)
+
+
+def test_four_postgres_workers_serve_every_request_while_two_are_killed(
+    fleet_on: Any, pg_server: Any
+) -> None:
+    """The same traffic and kills on PostgreSQL (leases, fencing and LISTEN/NOTIFY)."""
+    schema = pg_server.fresh_schema()
+    spec = f"postgres:{schema}:{pg_server.dsn}"
+    try:
+        _traffic_with_kills(fleet_on(spec, 4), spec)
+    finally:
+        pg_server.drop_schema(schema)
+
+
+def test_a_request_to_the_holder_of_another_worker_is_handed_over(
+    fleet_on: Any, tmp_path: Path
+) -> None:
+    """A session written by one worker is written next by another: the first hands it
+    over on request (it is idle), and the history holds both turns in order."""
+    spec = f"sqlite:{tmp_path / 'app.db'}"
+    fleet = fleet_on(spec, 2)
+    a, b = fleet.live()
+    first = ask(a, "chat", "one")
+    second = ask(b, "chat", "two")
+    assert first is not None
+    assert first["ok"]
+    assert first["seq"] == 0
+    assert second is not None
+    assert second["ok"]
+    assert second["seq"] == 4
+    assert second["seen"] == 4  # b read the committed prefix before it took the session
+    store = open_store(spec)
+    try:
+        assert shared.held_by(store, "chat") == f"process {b.pid}"
+        rids = [e.data["rid"] for e in store.load("chat") if e.type == "turn_start"]
+    finally:
+        store.close()
+    assert rids == ["one", "two"]
+
+
+def test_open_without_wait_is_refused_at_once_naming_the_holder(
+    fleet_on: Any, tmp_path: Path
+) -> None:
+    """Without ``wait`` another process's live session is refused at once, as before."""
+    spec = f"sqlite:{tmp_path / 'app.db'}"
+    fleet = fleet_on(spec, 1)
+    (worker,) = fleet.live()
+    reply = ask(worker, "chat", "one")
+    assert reply is not None
+    assert reply["ok"]
+    with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
+        started = time.monotonic()
+        with pytest.raises(ConflictError, match=f"process {worker.pid}"):
+            sessions.open("chat")
+        assert time.monotonic() - started < 1.0
+        # ... while reading it never needs the session:
+        messages = sessions.read("chat").derive_messages().get()
+        assert [m.content for m in messages] == ["question one", "answer one"]
+
+
+def test_a_watch_sees_another_process_commit_within_50_ms(fleet_on: Any, tmp_path: Path) -> None:
+    """A watch on a SQLite file in this process follows a worker's commits: each turn
+    arrives whole, within 50 ms of its acknowledgement."""
+    spec = f"sqlite:{tmp_path / 'app.db'}"
+    fleet = fleet_on(spec, 1)
+    (worker,) = fleet.live()
+    store = SQLiteStore(tmp_path / "app.db")
+    delays = []
+    try:
+        with shared.watch(store, "chat") as feed:
+            for i in range(5):
+                reply = ask(worker, "chat", f"r{i}")
+                acked = time.monotonic()
+                assert reply is not None
+                assert reply["ok"]
+                got = [feed.get(timeout=5) for _ in range(4)]
+                delays.append(time.monotonic() - acked)
+                assert [e.seq for e in got] == list(range(4 * i, 4 * i + 4))
+                assert {e.data["rid"] for e in got} == {f"r{i}"}
+    finally:
+        store.close()
+    assert max(delays) <= 0.05, delays
+
+
+# -- in one process, on one MemoryStore: two registries -----------------------------------
+
+
+class _Gate:
+    """A summariser that waits until the test opens the gate (bounded)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def __call__(self, messages: Any) -> str:
+        self.entered.set()
+        assert self.opened.wait(30)
+        return "summary"
+
+
+def test_a_busy_holder_keeps_the_session_until_the_askers_bound_then_hands_it_over() -> None:
+    """While the holder writes a compaction the asker's bound runs out (ConflictError
+    naming the holder, after the bound); once the holder is idle, it is handed over."""
+    store = MemoryStore()
+    gate = _Gate()
+    with Sessions(store) as holder_reg, Sessions(store) as asker_reg:
+        held = holder_reg.open("chat")
+        for i in range(4):
+            held.append("user_message", {"content": f"m{i}"}).get()
+        compaction = held.compact(Compactor(budget=1, keep_recent=1, summarise=gate), force=True)
+        assert gate.entered.wait(10)
+        started = time.monotonic()
+        with pytest.raises(ConflictError, match="still held by this process") as caught:
+            asker_reg.open("chat", wait=0.3)
+        assert time.monotonic() - started >= 0.3
+        assert caught.value.holder == "this process"
+        gate.opened.set()
+        compaction.get()
+        chat = asker_reg.open("chat", wait=10)
+        chat.append("user_message", {"content": "after"}).get()
+        assert [e.seq for e in asker_reg.read("chat").events().get()][-1] == chat.count().get() - 1
+        assert holder_reg.live() == []  # it let go
+        assert shared.handoff_requests(store) == []  # the asker withdrew its request
+
+
+def test_a_handle_of_the_old_holder_asks_for_the_session_back() -> None:
+    """After a hand-off, a handle of the registry that gave the session up reopens it by
+    asking for it back (its registry's ``handoff_wait``); nothing acknowledged is lost."""
+    store = MemoryStore()
+    with Sessions(store, handoff_wait=10) as a, Sessions(store, handoff_wait=10) as b:
+        in_a = a.open("chat")
+        in_a.append("user_message", {"content": "a1"}).get()
+        in_b = b.open("chat")  # taken from a
+        in_b.append("user_message", {"content": "b1"}).get()
+        in_a.append("user_message", {"content": "a2"}).get()  # taken back from b
+        contents = [m.content for m in b.read("chat").derive_messages().get()]
+        assert contents == ["a1", "b1", "a2"]
+        assert a.live() == ["chat"]
+        assert b.live() == []
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wait", "error"), [(-1, ValueError), (float("nan"), ValueError), ("1", TypeError)]
+)
+def test_open_refuses_a_bad_wait_and_opens_nothing(wait: Any, error: type) -> None:
+    """``wait`` must be a number of seconds >= 0; the session is not opened."""
+    with Sessions() as sessions:
+        with pytest.raises(error, match="wait"):
+            sessions.open("chat", wait=wait)
+        assert sessions.live() == []
+
+
+def test_a_registry_refuses_a_bad_handoff_wait() -> None:
+    """``handoff_wait`` must be None or a number of seconds >= 0."""
+    with pytest.raises(ValueError, match="handoff_wait"):
+        Sessions(handoff_wait=-0.5)
+    with pytest.raises(TypeError, match="handoff_wait"):
+        Sessions(handoff_wait="5")  # type: ignore[arg-type]
