@@ -418,6 +418,42 @@ def test_an_open_turn_is_abandoned_when_its_opener_gives_up() -> None:
         s.stop()
 
 
+def test_a_granted_turn_whose_opener_gave_up_ends_as_abandoned() -> None:
+    """An opener that stops waiting after its turn was granted closes it (abandoned)."""
+    s = Session.start("abandon-granted", timeout=BOUND)
+    try:
+        late = s.turn(owner="run-1")
+        late._send_open().get()  # granted, but its opener is about to give up
+        late._not_opened(CallTimeout("abandon-granted", "gave up"))
+        with s.turn(policy="reject"):  # nothing is open any more
+            pass
+        assert [t["how"] for t in turns(s.log().get())] == ["abandoned", "closed"]
+    finally:
+        s.stop()
+
+
+def test_a_cancelled_open_lets_its_place_in_the_queue_go() -> None:
+    """Cancelling a coroutine that waits to open a turn removes it from the queue: it
+    never opens later."""
+
+    async def main() -> list[str]:
+        s = Session.start("cancel", timeout=BOUND)
+        first = await s.turn(owner="a").aopen()
+        waiting = asyncio.create_task(s.turn(owner="b").aopen())
+        await asyncio.sleep(0)  # it sends its open
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await first.aclose()
+        async with s.turn(policy="reject", owner="c"):  # b never held it
+            pass
+        owners = [t["owner"] for t in turns(await s.log())]
+        s.stop()
+        return owners
+
+    assert asyncio.run(main()) == ["a", "c"]
+
+
 def test_turn_repr_names_the_turn(chat: Session) -> None:
     """repr shows the turn id, owner, session and state."""
     turn = chat.turn(owner="run-1")
