@@ -22,7 +22,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from operator import attrgetter
+from itertools import islice
+from operator import attrgetter, lt
 from typing import Any, Final
 
 from nous_actor._log import get_logger
@@ -228,14 +229,20 @@ class Log:
             InvalidEvent: ``seq_behind_head`` if the seqs are not strictly increasing.
         """
         evs = list(events)
-        last = -1
-        for ev in evs:
-            if type(ev) is not Event and not isinstance(ev, Event):
-                raise TypeError(f"restore takes Events, got {type(ev).__name__}")
-            if ev.seq <= last:
-                raise _behind_head(ev.seq, last + 1)
-            last = ev.seq
-        return cls._make(evs, len(evs), last + 1, None)
+        if not evs:
+            return cls._make(evs, 0, 0, None)
+        # Both checks in C over the whole list; the loop below only to say what failed
+        # (or to accept subclasses of Event).
+        seqs = list(map(_seq_of, evs)) if set(map(type, evs)) == {Event} else None
+        if seqs is None or not all(map(lt, seqs, islice(seqs, 1, None))):
+            last = -1
+            for ev in evs:
+                if type(ev) is not Event and not isinstance(ev, Event):
+                    raise TypeError(f"restore takes Events, got {type(ev).__name__}")
+                if ev.seq <= last:
+                    raise _behind_head(ev.seq, last + 1)
+                last = ev.seq
+        return cls._make(evs, len(evs), evs[-1].seq + 1, None)
 
     def _view(self) -> Log:
         """This log as a value that shares its storage but never extends it in place.
