@@ -308,6 +308,14 @@ def test_bad_arguments_are_refused_before_anything_is_sent(
     assert chat.count().get() == 0
 
 
+def test_a_turn_is_made_on_a_session_handle_only(chat: Session) -> None:
+    """Turn(...) refuses what is not a session's handle, a turn included."""
+    with pytest.raises(TypeError, match=r"session.turn\(...\)"):
+        Turn("chat")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="opened on a session's handle"):
+        Turn(chat.turn())
+
+
 def test_every_call_method_works_through_a_turn(chat: Session) -> None:
     """append_many, append_message, append_or_log, reads, fork and log go through the turn."""
     chat.append("system_message", {"content": "s"}).get()

@@ -132,6 +132,11 @@ class Turn(SessionHandle):
         timeout: float | None = None,
         note: str | None = None,
     ) -> None:
+        if not isinstance(handle, SessionHandle) or isinstance(handle, Turn):
+            raise TypeError(
+                f"a Turn is opened on a session's handle, got {type(handle).__name__}; "
+                "get one with session.turn(...)"
+            )
         check_turn_args(policy, owner, lease, timeout, note)
         self._handle = handle
         self.session_id = handle.session_id
