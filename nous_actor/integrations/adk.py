@@ -16,10 +16,11 @@ and add ``service.plugin()`` to the runner's plugins, so that each ADK run is
 a turn of its session (see "Runs" below).
 
 **Ids.** An ADK session is keyed by (app, user, session id). It lives in the
-nous_actor session ``adk/s/<app>/<user>/<session>``, each part percent-encoded
-(`urllib.parse.quote` with no safe character: ``/``, ``%``, whitespace and
-control characters become ``%XX``), so the id obeys `nous_actor.core.ids` and
-`parse_key` gives the three parts back. App state lives in ``adk/a/<app>``,
+nous_actor session ``adk/s/<app>/<user>/<session>``, each part
+percent-encoded where it must be (``/``, ``%``, whitespace and characters
+that are not printable become ``%XX`` of their UTF-8 bytes; everything else
+stays as it is), so the id obeys `nous_actor.core.ids` and `parse_key` gives
+the three parts back. App state lives in ``adk/a/<app>``,
 user state in ``adk/u/<app>/<user>``. A key longer than the id rule allows
 (256 characters) is refused with a `ValueError` naming the part to shorten.
 
@@ -143,11 +144,19 @@ Kind = Literal["session", "user", "app"]
 # -- ids ------------------------------------------------------------------------------------
 
 
+def _escape(ch: str) -> str:
+    if ch in "/%" or ch.isspace() or not ch.isprintable():
+        return quote(ch, safe="")
+    return ch
+
+
 def _part(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if value.isprintable() and "/" not in value and "%" not in value and " " not in value:
+        return value
     try:
-        return quote(value, safe="")
+        return "".join(_escape(ch) for ch in value)
     except UnicodeEncodeError:
         raise ValueError(
             f"{what} {value!r} holds a lone surrogate, which no store keeps"
@@ -161,7 +170,8 @@ def _checked(key: str, what: str) -> str:
         raise ValueError(
             f"the nous_actor session id of this {what} ({len(key)} characters once encoded) "
             "is longer than the 256 a session id may have; use a shorter app name, user id "
-            "or session id (each non-ASCII or reserved character costs 3 to 12 once encoded)"
+            "or session id (each '/', '%', whitespace or unprintable character costs 3 to 12 "
+            "once encoded)"
         ) from None
 
 

@@ -1,0 +1,482 @@
+"""NousSessionService beyond ADK's contract: ids, the chat view, compaction, runs as turns.
+
+A real ADK `Runner` runs with a scripted model (a `BaseLlm` subclass: no
+network). Crashes are real (`nous_actor.sessions.faults.crash`). Every wait is
+bounded; runs are ordered by events, never by sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from google.adk.agents.llm_agent import LlmAgent
+from google.adk.apps.app import App
+from google.adk.events.event import Event
+from google.adk.events.event_actions import EventActions, EventCompaction
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions.base_session_service import GetSessionConfig
+from google.genai import types
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import Field
+
+from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor.core.event import EventType
+from nous_actor.core.history import replaced
+from nous_actor.core.ids import check_session_id
+from nous_actor.integrations.adk import (
+    ADK_EVENT_KEY,
+    NousRunPlugin,
+    NousSessionService,
+    parse_key,
+    session_key,
+)
+from nous_actor.sessions.faults import crash
+
+T = TypeVar("T")
+BOUND = 60.0
+
+
+def run(coro: Awaitable[T]) -> T:
+    """Run a coroutine on a fresh event loop, bounded."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, BOUND)
+
+    return asyncio.run(bounded())
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "adk.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sessions(store: Store) -> Iterator[Sessions]:
+    registry = Sessions(store, timeout=20)
+    yield registry
+    registry.close()
+
+
+def text(t: str, role: str = "user") -> types.Content:
+    return types.Content(role=role, parts=[types.Part(text=t)])
+
+
+class ScriptedLlm(BaseLlm):
+    """Answers each request from ``script(request, n)`` (n counts the calls); keeps the
+    requests it saw."""
+
+    model: str = "scripted"
+    script: Any = None
+    seen: list[LlmRequest] = Field(default_factory=list)
+
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        self.seen.append(llm_request)
+        reply = await self.script(llm_request, len(self.seen))
+        yield reply
+
+
+def model_text(t: str) -> LlmResponse:
+    return LlmResponse(content=text(t, "model"))
+
+
+def request_texts(request: LlmRequest) -> list[str]:
+    return [p.text for c in request.contents for p in c.parts or [] if p.text]
+
+
+# -- ids --------------------------------------------------------------------------------------
+
+
+@given(st.text(max_size=40), st.text(max_size=40), st.text(min_size=1, max_size=40))
+def test_session_keys_round_trip(app: str, user: str, sid: str) -> None:
+    """Any app, user and session id map to a valid session id and back, or (too long once
+    encoded) to a ValueError."""
+    try:
+        key = session_key(app, user, sid)
+    except ValueError as exc:
+        assert "longer than the 256" in str(exc)
+        assert len(app) + len(user) + len(sid) > 80
+        return
+    check_session_id(key)
+    assert parse_key(key) == ("session", (app, user, sid))
+
+
+def test_session_key_refuses_what_cannot_be_an_id() -> None:
+    """Non-str parts are a TypeError; an id too long once encoded a ValueError naming the fix."""
+    with pytest.raises(TypeError, match="user_id must be a str"):
+        session_key("app", 7, "s")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="use a shorter app name, user id or session id"):
+        session_key("app", "u", "/" * 100)
+    with pytest.raises(ValueError, match="not the id of an ADK session"):
+        parse_key("chat-1")
+
+
+def test_service_refuses_bad_arguments(sessions: Sessions) -> None:
+    """Bad arguments at the service's entry points are typed errors."""
+    with pytest.raises(TypeError, match=r"takes a nous_actor\.Sessions registry"):
+        NousSessionService("app.db")  # type: ignore[arg-type]
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        with pytest.raises(TypeError, match="state must be a dict"):
+            await service.create_session(app_name="a", user_id="u", state=[1])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="cannot be stored as JSON"):
+            await service.create_session(app_name="a", user_id="u", state={"k": object()})
+        with pytest.raises(TypeError, match="config must be a GetSessionConfig"):
+            await service.get_session(
+                app_name="a",
+                user_id="u",
+                session_id="s",
+                config={"num_recent_events": 1},  # type: ignore[arg-type]
+            )
+        s = await service.create_session(app_name="a", user_id="u")
+        with pytest.raises(TypeError, match="event must be an ADK Event"):
+            await service.append_event(s, {"author": "user"})  # type: ignore[arg-type]
+
+    run(body())
+    with pytest.raises(ValueError, match="policy"):
+        service.plugin("sometimes")  # type: ignore[arg-type]
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+
+def test_events_have_a_chat_view(sessions: Sessions) -> None:
+    """User text, function calls, function responses and model text derive to messages."""
+    service = NousSessionService(sessions)
+
+    async def body() -> list[Any]:
+        s = await service.create_session(app_name="a", user_id="u", session_id="s")
+        call = types.Part.from_function_call(name="add", args={"x": 1})
+        call.function_call.id = "c1"  # type: ignore[union-attr]
+        response = types.Part.from_function_response(name="add", response={"sum": 3})
+        response.function_response.id = "c1"  # type: ignore[union-attr]
+        thought = types.Part(text="let me add", thought=True)
+        for content, author in (
+            (text("add 1"), "user"),
+            (types.Content(role="model", parts=[thought, call]), "agent"),
+            (types.Content(role="user", parts=[response]), "agent"),
+            (text("it is 3", "model"), "agent"),
+        ):
+            await service.append_event(s, Event(author=author, content=content))
+        await service.append_event(
+            s, Event(author="agent", actions=EventActions(state_delta={"k": 1}))
+        )
+        handle = await sessions.aopen(session_key("a", "u", "s"))
+        return await handle.derive_messages()
+
+    messages = run(body())
+    assert [(m.role.value, m.content) for m in messages] == [
+        ("user", "add 1"),
+        ("assistant", None),
+        ("tool", '[{"sum": 3}]'),
+        ("assistant", "it is 3"),
+    ]
+    assert messages[1].reasoning_content == "let me add"
+    assert [dict(c) for c in messages[1].tool_calls] == [
+        {"id": "c1", "name": "add", "arguments": '{"x": 1}'}
+    ]
+    assert messages[2].tool_call_id == "c1"
+    assert all(ADK_EVENT_KEY in m.metadata for m in messages)
+
+
+def test_compaction_replaces_the_range_it_covers_and_keeps_history(sessions: Sessions) -> None:
+    """An ADK compaction event hides the events it covers behind its summary on the surface,
+    while get_session still returns every event and audit names what it replaced."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        s = await service.create_session(app_name="a", user_id="u", session_id="s")
+        for i in range(1, 5):
+            role = "user" if i % 2 else "model"
+            await service.append_event(
+                s, Event(author="x", content=text(f"m{i}", role), timestamp=float(i))
+            )
+        summary = EventCompaction(
+            start_timestamp=1.0, end_timestamp=3.0, compacted_content=text("m1..m3", "model")
+        )
+        await service.append_event(
+            s, Event(author="user", actions=EventActions(compaction=summary), timestamp=5.0)
+        )
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        assert len(got.events) == 5
+        assert got.events[-1].actions.compaction == summary
+        handle = await sessions.aopen(session_key("a", "u", "s"))
+        assert [m.content for m in await handle.derive_messages()] == ["m1..m3", "m4"]
+        log = await handle.log()
+        [summary_event] = [e for e in log.events() if e.surface_op is not None]
+        hidden = replaced(log, summary_event.seq)
+        contents = [e.data.get("content") for e in log.events() if e.seq in hidden]
+        assert contents == ["m1", "m2", "m3"]
+
+    run(body())
+
+
+def test_recent_events_are_read_from_the_tail(sessions: Sessions) -> None:
+    """get_session with num_recent_events decodes only those events, on a cold service."""
+
+    async def fill() -> None:
+        service = NousSessionService(sessions)
+        s = await service.create_session(app_name="a", user_id="u", session_id="long")
+        for i in range(200):
+            await service.append_event(s, Event(author="user", content=text(f"m{i}")))
+
+    run(fill())
+    cold = NousSessionService(sessions)
+
+    async def read() -> None:
+        got = await cold.get_session(
+            app_name="a",
+            user_id="u",
+            session_id="long",
+            config=GetSessionConfig(num_recent_events=5),
+        )
+        assert got is not None
+        assert [e.content.parts[0].text for e in got.events] == [  # type: ignore[union-attr,index]
+            f"m{i}" for i in range(195, 200)
+        ]
+        view = cold._views[session_key("a", "u", "long")]
+        assert len(view.decoded) == 5
+
+    run(read())
+
+
+def test_delete_keeps_history_and_the_id_can_be_created_again(sessions: Sessions) -> None:
+    """A deleted session is gone for ADK (get, list) while its log keeps every event; created
+    again, it starts empty."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        s = await service.create_session(app_name="a", user_id="u", session_id="s", state={"k": 1})
+        await service.append_event(s, Event(author="user", content=text("old")))
+        await service.delete_session(app_name="a", user_id="u", session_id="s")
+        assert (await service.list_sessions(app_name="a", user_id="u")).sessions == []
+        handle = await sessions.aopen(session_key("a", "u", "s"))
+        assert "old" in [e.data.get("content") for e in await handle.events()]
+        again = await service.create_session(app_name="a", user_id="u", session_id="s")
+        assert again.state == {}
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        assert got.events == []
+        listed = (await service.list_sessions(app_name="a", user_id="u")).sessions
+        assert [(x.id, x.state) for x in listed] == [("s", {})]
+
+    run(body())
+
+
+def test_sessions_survive_a_new_registry(tmp_path: Path) -> None:
+    """On SQLite, a new registry and service read back the events and every scope's state."""
+    path = tmp_path / "adk.db"
+
+    async def write() -> Any:
+        service = NousSessionService.sqlite(path)
+        s = await service.create_session(
+            app_name="a", user_id="u", session_id="s", state={"k": 1, "app:a": 2, "user:b": 3}
+        )
+        await service.append_event(
+            s,
+            Event(author="user", content=text("hi"), actions=EventActions(state_delta={"k": 4})),
+        )
+        await service.close()
+        return s
+
+    written = run(write())
+
+    async def read() -> None:
+        service = NousSessionService.sqlite(path)
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got == written
+        assert got.state == {"k": 4, "app:a": 2, "user:b": 3}
+        listed = (await service.list_sessions(app_name="a")).sessions
+        assert [(x.id, x.state) for x in listed] == [("s", got.state)]
+        await service.close()
+
+    run(read())
+
+
+def test_a_stale_session_object_appends_in_order(sessions: Sessions) -> None:
+    """Two copies of one session both append (one writer per session: none is stale)."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        s = await service.create_session(app_name="a", user_id="u", session_id="s")
+        one = await service.get_session(app_name="a", user_id="u", session_id="s")
+        two = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert one is not None
+        assert two is not None
+        await asyncio.gather(
+            service.append_event(
+                one, Event(author="user", actions=EventActions(state_delta={"a": 1}))
+            ),
+            service.append_event(
+                two, Event(author="user", actions=EventActions(state_delta={"b": 2}))
+            ),
+        )
+        got = await service.get_session(app_name="a", user_id="u", session_id=s.id)
+        assert got is not None
+        assert len(got.events) == 2
+        assert got.state == {"a": 1, "b": 2}
+
+    run(body())
+
+
+# -- runs -------------------------------------------------------------------------------------
+
+
+def make_runner(service: NousSessionService, llm: ScriptedLlm, plugin: NousRunPlugin) -> Runner:
+    agent = LlmAgent(name="helper", model=llm, instruction="Be brief.")
+    return Runner(app=App(name="a", root_agent=agent, plugins=[plugin]), session_service=service)
+
+
+async def collect(runner: Runner, session_id: str, message: str) -> list[Event]:
+    return [
+        e
+        async for e in runner.run_async(
+            user_id="u", session_id=session_id, new_message=text(message)
+        )
+    ]
+
+
+def test_a_runner_runs_end_to_end_in_a_turn(sessions: Sessions) -> None:
+    """A Runner with a tool call stores every event, inside one turn of the session."""
+    service = NousSessionService(sessions)
+
+    def add(x: int, y: int) -> int:
+        """Adds two numbers."""
+        return x + y
+
+    async def script(request: LlmRequest, n: int) -> LlmResponse:
+        if n == 1:
+            return LlmResponse(
+                content=types.Content(
+                    role="model",
+                    parts=[types.Part.from_function_call(name="add", args={"x": 1, "y": 2})],
+                )
+            )
+        return model_text("3")
+
+    llm = ScriptedLlm(script=script)
+    agent = LlmAgent(name="helper", model=llm, tools=[add])
+    app = App(name="a", root_agent=agent, plugins=[service.plugin()])
+    runner = Runner(app=app, session_service=service)
+
+    async def body() -> None:
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        yielded = await collect(runner, "s", "add 1 and 2")
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        assert [e.id for e in got.events[1:]] == [e.id for e in yielded if not e.partial], (
+            [(e.author, e.content) for e in got.events],
+            [(e.author, e.content) for e in yielded],
+        )
+        assert got.events[0].content == text("add 1 and 2")
+        assert got.events[-1].content.parts[0].text == "3"  # type: ignore[union-attr,index]
+        handle = await sessions.aopen(session_key("a", "u", "s"))
+        log = await handle.events()
+        kinds = [e.type for e in log]
+        assert kinds.count(EventType.TURN_START) == 1
+        assert kinds.index(EventType.TURN_START) < kinds.index(EventType.USER_MESSAGE)
+        assert kinds[-1] is EventType.TURN_END
+        assert log[-1].data["how"] == "closed"
+        roles = [m.role.value for m in await handle.derive_messages()]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+
+    run(body())
+
+
+class SignallingPlugin(NousRunPlugin):
+    """The service's plugin, telling the test when a run reaches its first hook."""
+
+    def __init__(self, service: NousSessionService, reached: dict[str, asyncio.Event]) -> None:
+        super().__init__(service, "enqueue", 300.0, 60.0)
+        self.reached = reached
+
+    async def on_user_message_callback(
+        self, *, invocation_context: Any, user_message: Any
+    ) -> None:
+        for part in user_message.parts or []:
+            if part.text in self.reached:
+                self.reached[part.text].set()
+        await super().on_user_message_callback(
+            invocation_context=invocation_context, user_message=user_message
+        )
+
+
+def test_two_concurrent_runs_never_interleave(sessions: Sessions) -> None:
+    """While run A holds its model call until run B has started, B waits for A's turn: the
+    events of the two runs do not interleave, and B's model sees A's answer."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        reached = {"B": asyncio.Event()}
+        a_in_model = asyncio.Event()
+
+        async def script(request: LlmRequest, n: int) -> LlmResponse:
+            last = request_texts(request)[-1]
+            if last == "A":
+                a_in_model.set()
+                await asyncio.wait_for(reached["B"].wait(), BOUND)
+            return model_text(f"answer to {last}")
+
+        llm = ScriptedLlm(script=script)
+        runner = make_runner(service, llm, SignallingPlugin(service, reached))
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        first = asyncio.ensure_future(collect(runner, "s", "A"))
+        await asyncio.wait_for(a_in_model.wait(), BOUND)
+        second = asyncio.ensure_future(collect(runner, "s", "B"))
+        await asyncio.wait_for(asyncio.gather(first, second), BOUND)
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        runs = [e.invocation_id for e in got.events]
+        assert runs == sorted(runs, key=runs.index)  # each run's events are contiguous
+        assert len(set(runs)) == 2
+        texts = [e.content.parts[0].text for e in got.events]  # type: ignore[union-attr,index]
+        assert texts == ["A", "answer to A", "B", "answer to B"]
+        assert "answer to A" in request_texts(llm.seen[1])
+
+    run(body())
+
+
+def test_a_crash_of_the_session_mid_run_recovers(sessions: Sessions) -> None:
+    """The session crashes while the run waits for its model: it restarts from the store,
+    the run's turn is opened again, and the run completes with every event stored."""
+    service = NousSessionService(sessions)
+    key = session_key("a", "u", "s")
+
+    async def body() -> None:
+        handle = await sessions.aopen(key)
+
+        async def script(request: LlmRequest, n: int) -> LlmResponse:
+            with pytest.raises(Exception, match="crash"):
+                await crash(handle)
+            return model_text("still here")
+
+        runner = make_runner(service, ScriptedLlm(script=script), service.plugin())
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        await collect(runner, "s", "hello")
+        assert sessions.restart_count(key) == 1
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        assert [e.content.parts[0].text for e in got.events] == [  # type: ignore[union-attr,index]
+            "hello",
+            "still here",
+        ]
+        ends = [e.data for e in await handle.events() if e.type is EventType.TURN_END]
+        assert [(d["how"], d.get("reason")) for d in ends] == [
+            ("interrupted", "restart"),
+            ("closed", None),
+        ]
+
+    run(body())
