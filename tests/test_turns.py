@@ -26,6 +26,7 @@ from nous_actor import (
     TurnInterrupted,
 )
 from nous_actor.core.history import explain, turns
+from nous_actor.runtime import scheduling
 from nous_actor.sessions.faults import crash
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE
 
@@ -251,6 +252,27 @@ def test_a_vanished_holders_lease_ends_its_turn() -> None:
         assert any(e["event"] == "session.turn_expired" and e["owner"] == "gone" for e in logs)
         with pytest.raises(TurnInterrupted, match="expired"):
             gone.renew().get()
+    finally:
+        s.stop()
+
+
+def test_every_call_and_renew_extend_the_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease counts from the turn's last call (or renew), on the monotonic clock."""
+    now = [1000.0]
+    monkeypatch.setattr(scheduling, "monotonic", lambda: now[0])
+    s = Session.start("renew", timeout=BOUND)
+    try:
+        turn = s.turn(owner="run-1", lease=10).open()
+        now[0] += 9
+        turn.renew().get()
+        now[0] += 9  # 18 s after opening, 9 s after the renew
+        turn.append("user_message", {"content": "a"}).get()
+        now[0] += 9.5
+        assert turn.count().get() == 2  # a read through the turn renews it too
+        now[0] += 10
+        with pytest.raises(TurnInterrupted, match="expired"):
+            turn.append("user_message", {"content": "b"}).get()
+        assert [t["how"] for t in turns(s.log().get())] == ["expired"]
     finally:
         s.stop()
 
