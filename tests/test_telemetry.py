@@ -252,3 +252,15 @@ def test_the_sink_is_on_when_the_extra_is_installed_and_off_when_told() -> None:
 def test_without_opentelemetry_nothing_is_reported_and_sessions_work() -> None:
     blocked = "import sys; sys.modules['opentelemetry'] = None\n" + textwrap.dedent(PROBE)
     assert _child(blocked) == "NoneType"
+
+
+def test_a_turn_is_a_span_with_its_owner_and_how_it_ended(reported: Reported) -> None:
+    s = Session.start("turned", timeout=BOUND)
+    with s.turn(owner="run-1") as turn:
+        turn.append("user_message", {"content": "inside the turn"}).get(timeout=BOUND)
+    s.stop(timeout=BOUND)
+    (span,) = [sp for sp in reported.spans.get_finished_spans() if sp.name == "nous_actor.turn"]
+    assert span.attributes is not None
+    assert span.attributes["session.id"] == "turned"
+    assert span.attributes["nous_actor.turn.owner"] == "run-1"
+    assert span.attributes["nous_actor.turn.end"] == "closed"

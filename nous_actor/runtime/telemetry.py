@@ -51,7 +51,7 @@ class Sink(Protocol):
     def turn_ended(
         self, session_id: str, owner: str, how: str, start_ns: int, end_ns: int
     ) -> None:
-        """A managed turn ended (``how``: completed, interrupted, expired, ...)."""
+        """A managed turn ended (``how``: closed, interrupted, rolled back, expired, ...)."""
 
     def lagged(self) -> None:
         """A subscriber was cut off for lagging."""

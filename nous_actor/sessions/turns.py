@@ -39,7 +39,7 @@ from nous_actor._log import get_logger
 from nous_actor.core.event import Event, EventType
 from nous_actor.core.log import Log, _utcnow, new_event
 from nous_actor.errors import SessionStopped, TurnBusy, TurnInterrupted
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 
 __all__ = [
@@ -108,12 +108,13 @@ class TurnRequest:
 class _Open:
     """The open turn: its request, where it began, when its lease runs out."""
 
-    __slots__ = ("deadline", "req", "start_seq")
+    __slots__ = ("deadline", "req", "start_seq", "started")
 
     def __init__(self, req: TurnRequest, start_seq: int, deadline: float) -> None:
         self.req = req
         self.start_seq = start_seq
         self.deadline = deadline
+        self.started = time.time_ns()  # for its span (telemetry)
 
 
 class _Waiter:
@@ -448,6 +449,10 @@ class TurnHost:
         return result
 
     def _end_data(self, cur: _Open, how: str) -> dict[str, Any]:
+        """The ``turn_end`` data of the open turn ``cur``, ending now as ``how``."""
+        sink = telemetry.sink
+        if sink is not None:
+            sink.turn_ended(self.session_id, cur.req.owner, how, cur.started, time.time_ns())
         return {
             "turn_id": cur.req.turn_id,
             "owner": cur.req.owner,
