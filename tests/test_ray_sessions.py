@@ -566,3 +566,36 @@ def test_a_closed_registry_refuses_calls_with_session_stopped(
         chat.append("user_message", {"content": "y"}).get()
     with pytest.raises(SessionStopped, match="closed"):
         sessions.open(_sid("closed"))
+
+
+def test_a_batch_to_a_shard_is_reported_with_its_calls(cluster: RaySessions) -> None:
+    """With telemetry on, each batch sent to a shard is a span naming the shard and the
+    session calls it carried."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from nous_actor.runtime import telemetry
+    from nous_actor.runtime.otel import OpenTelemetrySink
+
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    old = telemetry.install(OpenTelemetrySink(MeterProvider(), tracer_provider))
+    try:
+        h = cluster.open(_sid("batched"))
+        futures = [h.append("user_message", {"content": f"m{k}"}) for k in range(20)]
+        for f in futures:
+            f.get(timeout=20)
+    finally:
+        telemetry.install(old)
+    batches = [s for s in spans.get_finished_spans() if s.name == "nous_actor.batch"]
+    assert batches
+    carried = 0
+    for s in batches:
+        assert s.attributes is not None
+        assert str(s.attributes["nous_actor.target"]).startswith("shard-")
+        carried += int(s.attributes["nous_actor.calls"])  # type: ignore[arg-type]
+    assert carried >= 20  # every append went in some batch (the open may add calls)

@@ -75,6 +75,7 @@ from nous_actor.errors import (
     StoreError,
     SubscriptionLagged,
 )
+from nous_actor.runtime import telemetry
 from nous_actor.sessions.actor import Handler, SessionActor, _Compaction
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle, _check_handle_args
@@ -554,6 +555,7 @@ class _Link:
     def _send(
         self, ops: list[Op], futs: list[SessionFuture[Any]], number: int, reset: bool
     ) -> None:
+        start = time.time_ns() if telemetry.sink is not None else 0
         try:
             ref = self.actor.run.remote(PROTOCOL, self.id, number, reset, ops)
         except Exception as exc:  # Ray refused the call (shut down, not connected)
@@ -561,17 +563,21 @@ class _Link:
             return
         self.calls += 1
         self.sent += len(ops)
-        ref.future().add_done_callback(partial(self._done, ops, futs))
+        ref.future().add_done_callback(partial(self._done, ops, futs, start))
 
-    def _done(self, ops: list[Op], futs: list[SessionFuture[Any]], answer: Future[Any]) -> None:
+    def _done(
+        self, ops: list[Op], futs: list[SessionFuture[Any]], start: int, answer: Future[Any]
+    ) -> None:
         # In Ray's callback thread. The next batch goes first, then this one is answered.
         try:
             outcomes = answer.result()
             if not isinstance(outcomes, list) or len(outcomes) != len(ops):
                 raise _mismatch(self.index, None)
         except Exception as exc:
+            self._report(start, len(ops), failed=True)
             self._finished(ops, futs, exc, lost=True)
             return
+        self._report(start, len(ops), failed=False)
         with self._lock:
             self._in_flight -= 1
             self._reset = False
@@ -585,6 +591,11 @@ class _Link:
                 fut._fail(value)
             else:
                 self._follow(op[1], fut, value)
+
+    def _report(self, start: int, calls: int, *, failed: bool) -> None:
+        sink = telemetry.sink
+        if sink is not None and start:
+            sink.batch_done(f"shard-{self.index}", calls, start, time.time_ns(), failed)
 
     def _finished(
         self, ops: list[Op], futs: list[SessionFuture[Any]], exc: BaseException, *, lost: bool

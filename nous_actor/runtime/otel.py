@@ -26,6 +26,8 @@ name                                     kind (unit)    attributes
 ``nous_actor.compaction.duration``       histogram (s)
 ``nous_actor.compaction.summariser.``    histogram (s)
 ``duration``
+``nous_actor.batch.size``                histogram      ``nous_actor.outcome``
+                                         (``{call}``)
 ``nous_actor.subscription.lagged``       counter
 ``nous_actor.dispatcher.queue.depth``    gauge          ``nous_actor.dispatcher``: its name
                                          (``{actor}``)
@@ -34,7 +36,8 @@ name                                     kind (unit)    attributes
 Spans (tracer ``nous_actor``), drawn when the work they cover is done (it ran
 across threads): ``nous_actor.session.recover`` (an open's read of its store),
 ``nous_actor.compaction`` with its child ``nous_actor.compaction.summarise``, and
-``nous_actor.turn``; each with ``session.id``.
+``nous_actor.turn``, each with ``session.id``; and ``nous_actor.batch``, a batch
+of calls to a Ray shard (``nous_actor.target``, ``nous_actor.calls``).
 """
 
 from __future__ import annotations
@@ -109,6 +112,9 @@ class OpenTelemetrySink:
         self.summariser = meter.create_histogram(
             "nous_actor.compaction.summariser.duration", "s", "Time a summariser took"
         )
+        self.batches = meter.create_histogram(
+            "nous_actor.batch.size", "{call}", "Session calls carried by one call to a shard"
+        )
         self.lags = meter.create_counter(
             "nous_actor.subscription.lagged", "{subscriber}", "Subscribers cut off for lagging"
         )
@@ -182,6 +188,18 @@ class OpenTelemetrySink:
             start_ns,
             end_ns,
             {"session.id": session_id, "nous_actor.turn.owner": owner, "nous_actor.turn.end": how},
+        )
+
+    def batch_done(
+        self, target: str, calls: int, start_ns: int, end_ns: int, failed: bool
+    ) -> None:
+        self.batches.record(calls, _FAILED if failed else _OK)
+        self._span(
+            "nous_actor.batch",
+            start_ns,
+            end_ns,
+            {"nous_actor.target": target, "nous_actor.calls": calls},
+            failed=failed,
         )
 
     def lagged(self) -> None:

@@ -53,6 +53,12 @@ class Sink(Protocol):
     ) -> None:
         """A managed turn ended (``how``: closed, interrupted, rolled back, expired, ...)."""
 
+    def batch_done(
+        self, target: str, calls: int, start_ns: int, end_ns: int, failed: bool
+    ) -> None:
+        """A batch of ``calls`` session calls to another process (a Ray shard, ``target``)
+        was answered, or failed as a whole."""
+
     def lagged(self) -> None:
         """A subscriber was cut off for lagging."""
 
