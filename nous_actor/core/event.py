@@ -186,7 +186,19 @@ def check_event(
         InvalidEvent: with the ``reason`` of the first rule that fails.
     """
     try:
-        return _check_event(seq, etype, time, data)
+        # The common case, plain values of the exact types: no caller code can run
+        # while they are read, so none of the guards of the general path is needed.
+        if (
+            type(seq) is int
+            and seq >= 0
+            and type(data) is dict
+            and type(time) is datetime
+            and time.tzinfo is UTC
+        ):
+            kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
+            if kind is not None and data.get("surface_op") is None:
+                return kind, time, _freeze_data(data), None
+        return _check_event_guarded(seq, etype, time, data)
     except (InvalidEvent, MemoryError):
         raise
     except Exception as exc:  # a last resort: each read below has its own, sharper message
@@ -195,24 +207,6 @@ def check_event(
             f"the event could not be read ({describe_error(exc)}); "
             "pass a str type, an int seq, a plain datetime and a plain dict",
         ) from None
-
-
-def _check_event(
-    seq: object, etype: object, time: object, data: object
-) -> tuple[EventType, datetime, FrozenDict, Replace | None]:
-    # The common case, plain values of the exact types: no caller code can run
-    # while they are read, so none of the guards below is needed.
-    if (
-        type(seq) is int
-        and seq >= 0
-        and type(data) is dict
-        and type(time) is datetime
-        and time.tzinfo is UTC
-    ):
-        kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
-        if kind is not None and data.get("surface_op") is None:
-            return kind, time, _freeze_data(data), None
-    return _check_event_guarded(seq, etype, time, data)
 
 
 def _freeze_data(data: Any) -> FrozenDict:
@@ -358,6 +352,37 @@ class _EventSlots:
     __slots__ = ("_msg", "_op", "_pos", "data", "seq", "time", "type")
 
 
+class _Building(_EventSlots):
+    """An `Event` being filled in: its fields are set as on any object, then it
+    becomes an Event (same layout), which refuses every later assignment."""
+
+    __slots__ = ()
+    seq: int
+    type: EventType
+    time: datetime
+    data: FrozenDict
+    _op: Replace | None
+    _pos: int
+    _msg: Message | None
+
+
+def trusted_event(
+    seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
+) -> Event:
+    """An Event of already checked parts: the hot path of appends and of recovery."""
+    ev = _new(_Building)
+    ev.seq = seq
+    ev.type = etype
+    ev.time = time
+    ev.data = data
+    ev._op = op
+    ev._pos = seq if op is None else op.start
+    ev._msg = None
+    ev.__class__ = Event  # type: ignore[assignment]
+    untrack(ev)
+    return ev  # type: ignore[return-value]
+
+
 class Event(_EventSlots):
     """One immutable log event: ``Event(seq, type, time, data)``.
 
@@ -389,12 +414,8 @@ class Event(_EventSlots):
         etype, t, frozen, op = check_event(seq, type, time, data)
         _fill(self, int.__int__(seq), etype, t, frozen, op)
 
-    @staticmethod
-    def _trusted(
-        seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
-    ) -> Event:
-        """An Event of parts `check_event` (or the row decoder) already checked."""
-        return trusted_event(seq, etype, time, data, op)
+    _trusted = staticmethod(trusted_event)
+    """An Event of parts `check_event` (or the row decoder) already checked."""
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("Event is immutable; append a new event instead")
@@ -448,37 +469,6 @@ class Event(_EventSlots):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Event._trusted, (self.seq, self.type, self.time, self.data, self._op))
-
-
-class _Building(_EventSlots):
-    """An `Event` being filled in: its fields are set as on any object, then it
-    becomes an Event (same layout), which refuses every later assignment."""
-
-    __slots__ = ()
-    seq: int
-    type: EventType
-    time: datetime
-    data: FrozenDict
-    _op: Replace | None
-    _pos: int
-    _msg: Message | None
-
-
-def trusted_event(
-    seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
-) -> Event:
-    """An Event of already checked parts: the hot path of appends and of recovery."""
-    ev = _new(_Building)
-    ev.seq = seq
-    ev.type = etype
-    ev.time = time
-    ev.data = data
-    ev._op = op
-    ev._pos = seq if op is None else op.start
-    ev._msg = None
-    ev.__class__ = Event  # type: ignore[assignment]
-    untrack(ev)
-    return ev  # type: ignore[return-value]
 
 
 def _fill(
