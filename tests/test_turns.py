@@ -431,6 +431,22 @@ def test_a_call_without_a_name_runs_while_a_turn_is_open(chat: Session) -> None:
         assert chat._call(functools.partial(lambda actor, x: x, x=7)).get() == 7
 
 
+def test_an_open_turn_keeps_its_session_from_being_handed_over() -> None:
+    """Another registry asking for the session waits while a turn is open there (then
+    ConflictError); once the turn is closed, the session is handed over."""
+    store = MemoryStore()
+    with Sessions(store, timeout=BOUND) as holder_reg, Sessions(store, timeout=BOUND) as asker:
+        held = holder_reg.open("chat")
+        turn = held.turn(owner="run-1").open()
+        with pytest.raises(ConflictError, match="still held"):
+            asker.open("chat", wait=0.3)
+        turn.append("user_message", {"content": "mine"}).get()
+        turn.close()
+        taken = asker.open("chat", wait=BOUND)
+        assert [t["how"] for t in turns(taken.log().get())] == ["closed"]
+        assert holder_reg.live() == []
+
+
 def test_an_open_turn_is_abandoned_when_its_opener_gives_up() -> None:
     """An opener that stops waiting (CallTimeout) lets its turn go at once."""
     s = Session.start("abandon", timeout=BOUND)
