@@ -81,7 +81,7 @@ class Served:
         self.sock.listen(64)  # connections wait in the backlog until uvicorn accepts them
         port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.server = make_server(self.store, port=port)
+        self.server = make_server(self.store, port=port, where=db.name)  # no tmp path
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )

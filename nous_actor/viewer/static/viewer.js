@@ -135,7 +135,7 @@ function drawRow(r) {
   }
   d.append(op);
   d.append(el("span", "text", r.text));
-  if (r.shadowed_by !== null) {
+  if (shadowedNow(r)) {
     const note = el("span", "note");
     if (r.pruned) note.append(el("span", "badge pruned", "pruned"), document.createTextNode(" "));
     note.append(document.createTextNode("hidden by " + r.shadowed_by));
