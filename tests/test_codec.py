@@ -501,3 +501,98 @@ def test_a_stored_row_may_end_in_white_space() -> None:
     ev = event_from_row(3, "user_message", "2026-01-01T00:00:00.000000+00:00", '{"a": [1]} \n')
     assert ev.data == {"a": [1]}
     assert type(ev.data["a"]).__name__ == "FrozenList"
+
+
+# -- stored rows (event_from_row): every rule checked when the row is read ------------------
+
+_TIME = "2026-01-01T00:00:00.000000+00:00"
+
+
+def _row_error(seq: int, etype: str, time: Any, data: Any) -> CodecError:
+    with pytest.raises(CodecError) as info:
+        codec.event_from_row(seq, etype, time, data)
+    return info.value
+
+
+@given(logs())
+def test_every_event_survives_its_stored_row(log: Log) -> None:
+    """Each event decodes from its stored columns to an equal event, seq, op and position
+    included, with the same data types as the JSON Lines decoder gives."""
+    for ev in log.events():
+        got = codec.event_from_row(
+            ev.seq, ev.type.value, codec.format_time(ev.time), codec.encode_data(ev)
+        )
+        assert got == ev
+        assert (got.surface_op, got.position) == (ev.surface_op, ev.position)
+        assert got.time.tzinfo is UTC
+        assert got == codec.loads_event(codec.dumps_event(ev))
+
+
+@pytest.mark.parametrize(
+    ("etype", "time", "field", "match"),
+    [
+        ("user", _TIME, "type", "unknown event type 'user'"),
+        ("user_message", "yesterday", "time", "'time' is not ISO-8601: 'yesterday'"),
+        ("user_message", None, "time", "'time' is not ISO-8601: None"),
+        ("user_message", "2026-01-01T00:00:00", "time", "'time' has no UTC offset"),
+    ],
+)
+def test_a_stored_row_with_a_bad_column_is_refused(
+    etype: str, time: Any, field: str, match: str
+) -> None:
+    """A row whose type or time column is malformed is refused, naming the column and seq."""
+    err = _row_error(4, etype, time, '{"content": "a"}')
+    assert err.field == field
+    assert "seq 4: " + match in str(err)
+
+
+@pytest.mark.parametrize(
+    ("etype", "op", "match"),
+    [
+        ("tool_call", '["replace", 0, 1]', "surface_op_on_non_surface_event"),
+        ("turn_start", '"append"', "surface_op_on_non_surface_event"),
+        ("user_message", '["replace", 3, 1]', "invalid_surface_op"),
+        ("user_message", '["replace", -1, 1]', "invalid_surface_op"),
+        ("user_message", '["swap", 0, 1]', "invalid_surface_op"),
+        ("user_message", "7", "invalid_surface_op"),
+    ],
+)
+def test_a_stored_row_with_a_bad_surface_op_is_refused(etype: str, op: str, match: str) -> None:
+    """A row's surface_op obeys the rules of a new event, checked when the row is read."""
+    err = _row_error(9, etype, _TIME, '{"surface_op": ' + op + "}")
+    assert err.field == "data"
+    assert f"seq 9: {match}" in str(err)
+
+
+def test_a_stored_replace_row_decodes_to_a_replace() -> None:
+    """A row holding ["replace", start, stop] is a replace standing at its start."""
+    ev = codec.event_from_row(9, "system_message", _TIME, '{"surface_op": ["replace", 2, 5]}')
+    assert (ev.surface_op, ev.position, ev.seq) == (Replace(2, 5), 2, 9)
+
+
+def test_a_stored_row_with_surface_op_append_is_a_plain_event() -> None:
+    """A surface row whose surface_op is "append" is a plain append at its own seq."""
+    ev = codec.event_from_row(6, "user_message", _TIME, '{"surface_op": "append"}')
+    assert (ev.surface_op, ev.position) == (None, 6)
+
+
+def test_a_stored_time_with_an_offset_is_kept_in_utc() -> None:
+    """A time stored with a non-zero offset is the same instant, in UTC."""
+    ev = codec.event_from_row(0, "user_message", "2026-01-01T02:00:00.000000+02:00", "{}")
+    assert ev.time.tzinfo is UTC
+    assert ev.time == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_stored_data_as_bytes_decodes_like_text() -> None:
+    """A data column read as UTF-8 bytes decodes as its text does."""
+    text = '{"content": "héllo", "x": [1, {"y": null}]}'
+    ev = codec.event_from_row(0, "user_message", _TIME, text.encode())
+    assert ev == codec.event_from_row(0, "user_message", _TIME, text)
+    assert ev.data == {"content": "héllo", "x": [1, {"y": None}]}
+
+
+def test_a_stored_number_too_large_for_a_float_is_refused() -> None:
+    """A number that overflows to infinity is refused at decoding, like NaN."""
+    err = _row_error(0, "user_message", _TIME, '{"x": 1e999}')
+    assert err.field == "data"
+    assert "overflows to infinity" in str(err)
