@@ -225,32 +225,56 @@ def test_compaction_replaces_the_range_it_covers_and_keeps_history(sessions: Ses
 
 
 def test_recent_events_are_read_from_the_tail(sessions: Sessions) -> None:
-    """get_session with num_recent_events decodes only those events, on a cold service."""
+    """A fresh service's get_session with num_recent_events reads the tail of the log back to
+    the last state checkpoint (no fold of the whole history), and gives what a whole read
+    gives: the same latest events, the same state, the same last update."""
 
     async def fill() -> None:
         service = NousSessionService(sessions)
-        s = await service.create_session(app_name="a", user_id="u", session_id="long")
-        for i in range(200):
-            await service.append_event(s, Event(author="user", content=text(f"m{i}")))
+        s = await service.create_session(
+            app_name="a", user_id="u", session_id="long", state={"k": -1}
+        )
+        for i in range(600):
+            delta = {"k": i, f"key{i % 7}": i} if i % 3 == 0 else {}
+            await service.append_event(
+                s,
+                Event(
+                    author="user",
+                    content=text(f"m{i}"),
+                    actions=EventActions(state_delta=delta),
+                ),
+            )
 
     run(fill())
-    cold = NousSessionService(sessions)
+    key = session_key("a", "u", "long")
 
-    async def read() -> None:
+    async def read(n: int) -> None:
+        cold = NousSessionService(sessions)
         got = await cold.get_session(
             app_name="a",
             user_id="u",
             session_id="long",
-            config=GetSessionConfig(num_recent_events=5),
+            config=GetSessionConfig(num_recent_events=n),
+        )
+        assert key not in cold._views  # the whole history was not folded
+        whole = await NousSessionService(sessions).get_session(
+            app_name="a", user_id="u", session_id="long"
         )
         assert got is not None
-        assert [e.content.parts[0].text for e in got.events] == [  # type: ignore[union-attr,index]
-            f"m{i}" for i in range(195, 200)
-        ]
-        view = cold._views[session_key("a", "u", "long")]
-        assert len(view.decoded) == 5
+        assert whole is not None
+        assert got.events == whole.events[max(0, len(whole.events) - n) :]
+        assert got.state == whole.state
+        assert got.last_update_time == whole.last_update_time
 
-    run(read())
+    for n in (0, 1, 7, 300, 700):
+        run(read(n))
+    handle = sessions.open(key)
+    checkpoints = [
+        e
+        for e in handle.events().get(timeout=BOUND)
+        if e.data.get("adk", {}).get("op") == "checkpoint"
+    ]
+    assert len(checkpoints) == 2
 
 
 def test_delete_keeps_history_and_the_id_can_be_created_again(sessions: Sessions) -> None:

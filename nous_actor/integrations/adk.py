@@ -136,6 +136,10 @@ MAX_ATTEMPTS: Final = 5
 """How often a write is sent again when its session stopped (or restarted) before
 applying it."""
 
+CHECKPOINT_EVERY: Final = 256
+"""A session's state is written whole (a checkpoint record) after this many events, so
+that a recent-events read folds only the deltas since the last one."""
+
 CACHE_SIZE: Final = 1024
 """How many sessions' decoded views a service keeps (least recently used first out)."""
 
@@ -324,6 +328,10 @@ def _adk_payload(ev: Event) -> Mapping[str, Any] | None:
     return None
 
 
+def _decode(ev: Event) -> AdkEvent:
+    return AdkEvent.model_validate(thaw(_adk_payload(ev)))
+
+
 def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
@@ -343,6 +351,7 @@ class _View:
     positions: list[int] = field(default_factory=list)  # their positions (a replace: its start)
     decoded: dict[int, AdkEvent] = field(default_factory=dict)
     last_update: float = 0.0
+    checkpoint: int = -1  # seq of the latest checkpoint (or create) record
     log: Log | None = None
 
     def catch_up(self, log: Log) -> None:
@@ -352,8 +361,11 @@ class _View:
             rec = _record(ev)
             if rec is not None:
                 op = rec.get("op")
+                if op == "checkpoint":
+                    self.checkpoint = max(self.checkpoint, ev.seq)
+                    continue
                 if op == "create":
-                    self.created = ev.seq
+                    self.created = self.checkpoint = ev.seq
                     self.state = thaw(rec.get("state") or {})
                     self.seqs, self.times, self.positions, self.decoded = [], [], [], {}
                     self.last_update = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
@@ -384,8 +396,69 @@ class _View:
             for ev in self.log.since(missing[0]):
                 payload = _adk_payload(ev)
                 if payload is not None and ev.seq not in self.decoded:
-                    self.decoded[ev.seq] = AdkEvent.model_validate(thaw(payload))
+                    self.decoded[ev.seq] = _decode(ev)
         return [self.decoded[s] for s in wanted]
+
+
+@dataclass
+class _Tail:
+    """The latest events of a session and its state, read from the end of its log."""
+
+    events: list[Event]
+    state: dict[str, Any]
+    last_update: float
+
+
+def _tail(log: Log, n: int) -> _Tail | None:
+    """The last ``n`` ADK events of the session in ``log`` and its state, reading the log
+    from its end back to the latest checkpoint (or create) record and the ``n``-th event
+    (not the whole history); ``None`` if there is no session (never created, or deleted).
+    """
+    count = log.count()
+    window = max(64, 2 * n)
+    while True:
+        start = max(0, count - window)
+        picked: list[Event] = []
+        deltas: list[Any] = []
+        base: dict[str, Any] | None = None
+        upto = -1  # with a checkpoint: the deltas of events after this seq still apply
+        last: float | None = None
+        done = False
+        for ev in reversed(log.since(start)):
+            rec = _record(ev)
+            op = rec.get("op") if rec is not None else None
+            if op == "delete" and base is None:
+                return None
+            if op == "create":
+                if base is None:
+                    base = thaw(rec.get("state") or {}) if rec is not None else {}
+                if last is None:
+                    last = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
+                done = True
+                break
+            if op == "checkpoint" and base is None and rec is not None:
+                base = thaw(rec.get("state") or {})
+                upto = int(rec.get("upto", ev.seq))
+                continue
+            if _adk_payload(ev) is None:
+                continue
+            if last is None:
+                last = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
+            if len(picked) < n:
+                picked.append(ev)
+            if (base is None or ev.seq > upto) and ev.data.get(STATE_KEY):
+                deltas.append(ev.data[STATE_KEY])
+            if base is not None and ev.seq <= upto and len(picked) >= n:
+                done = True
+                break
+        if done and base is not None and last is not None:
+            for delta in reversed(deltas):
+                base.update(thaw(delta))
+            picked.reverse()
+            return _Tail(picked, base, last)
+        if start == 0:
+            return None  # no create record: no session
+        window *= 4
 
 
 @dataclass
@@ -776,6 +849,23 @@ class NousSessionService(BaseSessionService):
         if not sid:
             return None
         key = session_key(app_name, user_id, sid)
+        if (
+            key not in self._views
+            and config is not None
+            and config.num_recent_events is not None
+            and config.after_timestamp is None
+        ):  # a first read of the latest events: from the tail, not the whole history
+            tail = _tail(await self._log(key), config.num_recent_events)
+            if tail is None:
+                return None
+            return AdkSession(
+                id=sid,
+                app_name=app_name,
+                user_id=user_id,
+                state=await self._merged(app_name, user_id, tail.state),
+                events=[_decode(ev) for ev in tail.events],
+                last_update_time=tail.last_update,
+            )
         view = await self._view(key)
         if view.created is None:
             return None
@@ -918,6 +1008,9 @@ class NousSessionService(BaseSessionService):
         if compaction is not None:
             etype, data = self._as_replace(view, compaction, data)
         [ev] = await self._write(key, [(etype, data, _utc(event.timestamp))], event.invocation_id)
+        if ev.seq - view.checkpoint >= CHECKPOINT_EVERY:
+            view.checkpoint = ev.seq  # (one checkpoint, whoever else appends meanwhile)
+            await self._checkpoint(key, event.invocation_id)
         await self._write_scoped(session.app_name, session.user_id, app, user)
         if own:
             view = await self._view(key)
@@ -928,6 +1021,16 @@ class NousSessionService(BaseSessionService):
         session.events.append(event)
         session.last_update_time = event.timestamp
         return event
+
+    async def _checkpoint(self, key: str, invocation_id: str | None) -> None:
+        """Write the session's state as of the last event folded (a checkpoint record)."""
+        view = await self._view(key)
+        if view.created is None:
+            return
+        record = {RECORD_KEY: {"op": "checkpoint", "upto": view.seen - 1, "state": view.state}}
+        await self._write(
+            key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))], invocation_id
+        )
 
     def _as_replace(
         self, view: _View, compaction: Any, data: dict[str, Any]
