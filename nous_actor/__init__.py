@@ -38,6 +38,7 @@ from nous_actor.runtime import DispatchedActor, Dispatcher
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle
+from nous_actor.sessions.reader import SessionReader
 from nous_actor.sessions.registry import RegistryActor, Sessions
 from nous_actor.sessions.turn_handle import Turn
 from nous_actor.store import MemoryStore, SessionInfo, SQLiteStore, Store, list_sessions
@@ -88,6 +89,7 @@ __all__ = [
     "SessionFuture",
     "SessionHandle",
     "SessionInfo",
+    "SessionReader",
     "SessionStopped",
     "Sessions",
     "Store",

@@ -43,6 +43,7 @@ EXPECTED = [
     "SessionFuture",
     "SessionHandle",
     "SessionInfo",
+    "SessionReader",
     "SessionStopped",
     "Sessions",
     "Store",

@@ -12,11 +12,13 @@ handle's read methods, and each returns a `SessionFuture` (``.get()``, or
 
 What a read sees is the store's **committed prefix** at the moment of the read:
 every event acknowledged before the read began, never an event that was not
-committed. Reads are made off the caller's thread, by a small pool.
+committed. Called from an event loop's thread, a read is made by a small pool (never
+on the loop); from any other thread, in that thread before the future is returned.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -89,7 +91,10 @@ class SessionReader:
             except BaseException as exc:
                 fut._fail(exc)
 
-        READS.submit(run)
+        if asyncio._get_running_loop() is None:
+            run()  # a thread's call: read here (the future is answered on return)
+        else:
+            READS.submit(run)  # never on the event loop
         return fut
 
     def _load(self, from_seq: int = 0) -> Log:

@@ -778,14 +778,19 @@ class RegistryActor(SupervisedActor):
             return
         self.expected.add(ref.actor_urn)
         self.previous[session_id] = ref
+        bound = self.facade.timeout if timeout is None else timeout
         try:
-            ref.stop(block=True, timeout=self.facade.timeout if timeout is None else timeout)
+            ref.stop(block=True, timeout=bound)
         except pykka.Timeout:
             logger.error(
                 "session.shutdown_timeout",
                 session_id=session_id,
                 reason=f"did not stop in time ({why}); abandoned",
             )
+        else:
+            released = getattr(ref, "released", None)
+            if released is not None:  # its claim is given up (off its thread) before this returns
+                released.wait(bound)
         logger.info(
             "session.passivated" if why == "idle" else "session.stopped",
             session_id=session_id,

@@ -8,11 +8,13 @@ from session actors (load, claim, release).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, Self, runtime_checkable
 
+from nous_actor.core.args import check_count
 from nous_actor.core.codec import CodecError, iter_jsonl, loads
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
@@ -97,6 +99,9 @@ class SessionInfo:
             if it could not be read.
         error: why the session could not be read (the other fields are then
             `0` or `None` where unknown), or `None` when it was read.
+        holder: who holds a live claim on it (``"this process"``, ``"process
+            4242"``, a PostgreSQL holder's name), or `None`: nobody, or the
+            store cannot tell.
     """
 
     session_id: str
@@ -104,36 +109,85 @@ class SessionInfo:
     next_seq: int
     last_time: datetime | None
     error: str | None = None
+    holder: str | None = None
 
 
-def list_sessions(store: Store) -> list[SessionInfo]:
-    """Every session of `store` with at least one stored event, sorted by id.
+def list_sessions(
+    store: Store, *, prefix: str = "", after: str | None = None, limit: int | None = None
+) -> list[SessionInfo]:
+    """The sessions of `store` with at least one stored event, sorted by id (code point
+    order), each with its size, next seq, latest time and holder.
 
-    Uses the store's fast `index()` method when it has one (`SQLiteStore`
-    and `MemoryStore` do: no event is decoded); otherwise loads each session
-    in turn. Either way a session that cannot be read does not fail the
-    listing: it is listed with `error` saying why.
+    Filtered and paged: only ids starting with ``prefix``, only ids after ``after``
+    (pass the last id of a page to get the next one), at most ``limit`` of them.
 
-    A store of your own may offer `index() -> list[SessionInfo]` too; it is
-    not part of the `Store` protocol.
+    Uses the store's fast `index()` method when it has one (`SQLiteStore`,
+    `PostgresStore` and `MemoryStore` do: no event is decoded, one query);
+    otherwise loads each session in turn. Either way a session that cannot be
+    read does not fail the listing: it is listed with `error` saying why.
+
+    A store of your own may offer ``index(*, prefix="", after=None, limit=None)
+    -> list[SessionInfo]`` too (or ``index()`` without arguments: the page is
+    then cut here); it is not part of the `Store` protocol.
 
     Raises:
+        TypeError, ValueError: ``prefix`` is not a str, ``after`` not ``None`` or a
+            str, ``limit`` not ``None`` or an int >= 0.
         StoreError: the store failed as a whole (e.g. it is closed).
     """
-    index: Callable[[], list[SessionInfo]] | None = getattr(store, "index", None)
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    if after is not None and not isinstance(after, str):
+        raise TypeError(f"after must be None or a session id (a str), got {type(after).__name__}")
+    if limit is not None:
+        check_count(limit, "limit")
+    index: Callable[..., list[SessionInfo]] | None = getattr(store, "index", None)
     if callable(index):
-        return list(index())
+        if _takes_page(index):
+            return list(index(prefix=prefix, after=after, limit=limit))
+        return _page(list(index()), prefix, after, limit)
     infos: list[SessionInfo] = []
-    for session_id in store.sessions():
+    ids = _page_ids(store.sessions(), prefix, after)
+    held_by: Callable[[str], str | None] | None = getattr(store, "held_by", None)
+    for session_id in ids:
+        if limit is not None and len(infos) >= limit:
+            break
         try:
             events = store.load(session_id)
+            holder = held_by(session_id) if callable(held_by) else None
         except Exception as exc:  # one unreadable session must not hide the others
             infos.append(SessionInfo(session_id, 0, 0, None, f"{type(exc).__name__}: {exc}"))
             continue
         if events:  # (a session deleted since sessions() answered is left out)
             last = max(ev.time for ev in events)
-            infos.append(SessionInfo(session_id, len(events), events[-1].seq + 1, last, None))
+            infos.append(
+                SessionInfo(session_id, len(events), events[-1].seq + 1, last, None, holder)
+            )
     return infos
+
+
+def _takes_page(index: Callable[..., object]) -> bool:
+    try:
+        params = inspect.signature(index).parameters
+    except (TypeError, ValueError):
+        return False
+    return {"prefix", "after", "limit"} <= set(params)
+
+
+def _page_ids(ids: Sequence[str], prefix: str, after: str | None) -> list[str]:
+    return sorted(i for i in ids if i.startswith(prefix) and (after is None or i > after))
+
+
+def _page(
+    infos: list[SessionInfo], prefix: str, after: str | None, limit: int | None
+) -> list[SessionInfo]:
+    kept = sorted(
+        (i for i in infos if i.session_id.startswith(prefix))
+        if after is None
+        else (i for i in infos if i.session_id.startswith(prefix) and i.session_id > after),
+        key=lambda i: i.session_id,
+    )
+    return kept if limit is None else kept[:limit]
 
 
 class ClosingStore:

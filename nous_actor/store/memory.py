@@ -116,21 +116,29 @@ class MemoryStore:
                 del self._claims[session_id]
                 self._changed()
 
-    def index(self) -> list[SessionInfo]:
-        """Every stored session's size, next seq and latest time, sorted by id.
+    def index(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Every stored session's size, next seq, latest time and holder, sorted by id;
+        only ids starting with ``prefix``, after ``after``, at most ``limit``.
 
-        Used by `nous_actor.store.list_sessions`.
+        Used by `nous_actor.store.list_sessions` (which checks the arguments).
 
         Raises:
             StoreError: the store is closed.
         """
         with self._lock:
             self._check_open()
-            return [
-                SessionInfo(sid, len(evs), max(evs) + 1, max(ev.time for ev in evs.values()))
-                for sid, evs in sorted(self._events.items())
-                if evs
-            ]
+            out: list[SessionInfo] = []
+            for sid, evs in sorted(self._events.items()):
+                if not evs or not sid.startswith(prefix) or (after is not None and sid <= after):
+                    continue
+                if limit is not None and len(out) >= limit:
+                    break
+                holder = "this process" if sid in self._claims else None
+                last = max(ev.time for ev in evs.values())
+                out.append(SessionInfo(sid, len(evs), max(evs) + 1, last, None, holder))
+            return out
 
     # -- sharing (see nous_actor.store.shared) -------------------------------------------
 

@@ -925,24 +925,41 @@ class PostgresStore(ClosingStore):
 
     # -- extras ------------------------------------------------------------------------
 
-    def index(self) -> list[SessionInfo]:
-        """Every stored session's size, next seq and latest time, sorted by id, in one query.
+    def index(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Every stored session's size, next seq, latest time and holder (the name of a
+        live lease's holder), sorted by id, in one query; only ids starting with
+        ``prefix``, after ``after``, at most ``limit``.
 
-        Used by `nous_actor.store.list_sessions`; no event is decoded.
+        Used by `nous_actor.store.list_sessions` (which checks the arguments); no event
+        is decoded.
 
         Raises:
             StoreError: the store failed as a whole.
         """
         self._check_open()
         query = (
-            f"SELECT session_id, count(*), max(seq), max(time) FROM {self._sql.events} "
-            "GROUP BY session_id ORDER BY session_id"
+            "SELECT g.session_id, g.n, g.top, g.last, c.holder FROM "
+            f"(SELECT session_id, count(*) AS n, max(seq) AS top, max(time) AS last "
+            f"FROM {self._sql.events} WHERE starts_with(session_id, %s) "
+            "AND (%s::text IS NULL OR session_id > %s::text) "
+            "GROUP BY session_id ORDER BY session_id LIMIT %s) AS g "
+            f"LEFT JOIN {self._sql.claims} AS c ON c.session_id = g.session_id "
+            "AND c.lease_until > clock_timestamp() ORDER BY g.session_id"
         )
 
         def work(conn: psycopg.Connection[Any]) -> list[SessionInfo]:
             return [
-                SessionInfo(str(sid), int(n), int(top) + 1, _parse_time(last))
-                for sid, n, top, last in conn.execute(query)
+                SessionInfo(
+                    str(sid),
+                    int(n),
+                    int(top) + 1,
+                    _parse_time(last),
+                    None,
+                    None if holder is None else str(holder),
+                )
+                for sid, n, top, last, holder in conn.execute(query, (prefix, after, after, limit))
             ]
 
         return self._call(self._main, None, "list sessions", work)

@@ -36,7 +36,6 @@ Neither reading nor watching takes a claim, so neither ever blocks a writer.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sqlite3
 import threading
@@ -93,16 +92,9 @@ def _check_from_seq(from_seq: object) -> int:
 
 
 def _own(store: Store, name: str) -> Any:
-    """The store's own optional method ``name``, or this module's for a `SQLiteStore`,
-    or ``None``."""
+    """The store's own optional method ``name``, or ``None``."""
     method = getattr(store, name, None)
-    if callable(method):
-        return method
-    from nous_actor.store.sqlite import SQLiteStore
-
-    if isinstance(store, SQLiteStore):
-        return _SQLITE[name].__get__(store)
-    return None
+    return method if callable(method) else None
 
 
 def load_since(store: Store, session_id: str, from_seq: int = 0) -> list[Event]:
@@ -651,24 +643,3 @@ def close_follower(store: SQLiteStore) -> None:
         f = _followers.pop(store, None)
     if f is not None:
         f.close()
-
-
-class _Method:
-    """A function of this module bound to a `SQLiteStore` like one of its methods."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def __get__(self, store: SQLiteStore) -> Callable[..., Any]:
-        return functools.partial(self.fn, store)
-
-
-_SQLITE: Final[dict[str, _Method]] = {
-    "load_since": _Method(sqlite_load_since),
-    "watch": _Method(sqlite_watch),
-    "held_by": _Method(sqlite_held_by),
-    "ask_handoff": _Method(sqlite_ask_handoff),
-    "handoff_requests": _Method(sqlite_handoff_requests),
-    "withdraw_handoff": _Method(sqlite_withdraw_handoff),
-    "wait_changed": _Method(sqlite_wait_changed),
-}

@@ -17,6 +17,7 @@ makes the database itself refuse a second writer's seq.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sqlite3
 import stat
@@ -33,12 +34,14 @@ from nous_actor.core.args import check_flag
 from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
+from nous_actor.store import shared
 from nous_actor.store.base import (
     ClosingStore,
     SessionInfo,
     check_seconds,
     valid_store_id,
 )
+from nous_actor.store.subscription import Subscription
 
 __all__ = ["SQLiteStore"]
 
@@ -237,6 +240,15 @@ class _Layout:
             and self.version == SCHEMA_VERSION
             and {"events", "writers"} <= self.tables
         )
+
+
+def _holder_name(pid: object, token: object, me: int) -> str | None:
+    """Who a ``writers`` row names, if it is live (call under ``_live_lock``)."""
+    if not isinstance(pid, int) or not isinstance(token, str):
+        return None
+    if not _holder_alive(pid, token, me):
+        return None
+    return "this process" if pid == me else f"process {pid}"
 
 
 def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo:
@@ -795,28 +807,99 @@ class SQLiteStore(ClosingStore):
 
     # -- extras --------------------------------------------------------------------------
 
-    def index(self) -> list[SessionInfo]:
-        """Every stored session's size, next seq and latest time, sorted by id, in one query.
+    def index(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Every stored session's size, next seq, latest time and holder, sorted by id, in
+        one query; only ids starting with ``prefix``, after ``after``, at most ``limit``.
 
         No event is decoded, so a session with a damaged row is still listed
         (a damaged time or seq is reported in its `error`). Used by
-        `nous_actor.store.list_sessions`.
+        `nous_actor.store.list_sessions` (which checks the arguments).
 
         Raises:
             StoreError: the store failed as a whole (closed, file gone, SQLite error).
         """
+        where, params = [], []
+        if prefix:
+            where.append("substr(session_id, 1, ?) = ?")
+            params += [len(prefix), prefix]
+        if after is not None:
+            where.append("session_id > ?")
+            params.append(after)
+        params.append(-1 if limit is None else limit)
         with self._locked(None, "list sessions") as conn:
             rows = conn.execute(
-                "SELECT session_id, COUNT(*), MAX(seq), MAX(time) FROM events "
-                "GROUP BY session_id ORDER BY session_id"
+                "SELECT g.session_id, g.n, g.top, g.last, w.pid, w.token FROM "
+                "(SELECT session_id, COUNT(*) AS n, MAX(seq) AS top, MAX(time) AS last "
+                f"FROM events {'WHERE ' + ' AND '.join(where) if where else ''} "
+                "GROUP BY session_id ORDER BY session_id LIMIT ?) AS g "
+                "LEFT JOIN writers AS w ON w.session_id = g.session_id ORDER BY g.session_id",
+                params,
             ).fetchall()
-        return [_info(str(sid), count, top, last) for sid, count, top, last in rows]
+        me = os.getpid()
+        with _live_lock:
+            return [
+                dataclasses.replace(
+                    _info(str(sid), count, top, last), holder=_holder_name(pid, token, me)
+                )
+                for sid, count, top, last, pid, token in rows
+            ]
+
+    # -- sharing with other processes (see nous_actor.store.shared) -------------------------
+
+    def load_since(self, session_id: str, from_seq: int) -> list[Event]:
+        """The stored events of `session_id` with ``seq >= from_seq``, in seq order, read
+        without a claim, on a connection of their own (never behind this store's writes).
+
+        Raises:
+            StoreError: the id is not valid, the store is closed or failed.
+        """
+        return shared.sqlite_load_since(self, session_id, from_seq)
+
+    def watch(
+        self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0
+    ) -> Subscription:
+        """Every committed event of `session_id` with ``seq >= from_seq``, exactly once, in
+        seq order, from any process: the file is followed (``PRAGMA data_version``, every
+        few milliseconds while anything watches it), so a commit is seen within ms.
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+            TypeError, ValueError: `from_seq` or `buffer` is not valid.
+        """
+        return shared.sqlite_watch(self, session_id, from_seq, buffer=buffer, timeout=timeout)
+
+    def held_by(self, session_id: str) -> str | None:
+        """``"this process"`` or ``"process <pid>"`` holding a live claim on
+        `session_id`, or `None`."""
+        return shared.sqlite_held_by(self, session_id)
+
+    def ask_handoff(self, session_id: str, seconds: float) -> None:
+        """Ask whoever holds `session_id` to hand it over: a request of this process, in
+        the file, standing for `seconds` (or until this process claims the session, or
+        withdraws it)."""
+        shared.sqlite_ask_handoff(self, session_id, seconds)
+
+    def withdraw_handoff(self, session_id: str) -> None:
+        """Take this process's request for `session_id` back."""
+        shared.sqlite_withdraw_handoff(self, session_id)
+
+    def handoff_requests(self) -> list[str]:
+        """The sessions this process holds that a live process asks for."""
+        return shared.sqlite_handoff_requests(self)
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        """Wait at most `timeout` s for a commit to the file (by any process) after the
+        change counter `after`; returns the counter now."""
+        return shared.sqlite_wait_changed(self, after, timeout)
 
     def close(self) -> None:
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+        shared.close_follower(self)
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` when healthy)."""

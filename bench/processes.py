@@ -1,0 +1,271 @@
+"""Benchmarks of several processes on one store: hand-off, web workers, reads by non-holders.
+
+``processes`` (``--only processes``), with worker processes of `bench.fleet`:
+
+* ``processes.handoff``: a worker process holds a session and is idle; this
+  process opens it with ``open(id, wait=...)``, timed from the call until the
+  handle is ready (the worker hands it over, this registry recovers it). Then
+  the worker takes it back with a request (this registry hands over) and the
+  next round starts. On SQLite (G22: median <= 50 ms) and on PostgreSQL (G23:
+  median <= 100 ms; not run without a server).
+* ``processes.mix``: 4 worker processes on one SQLite file serve requests for
+  20 sessions from 32 concurrent clients in random order (each request reads
+  the session without taking it, then writes one turn through ``append_many``,
+  asking the worker that holds the session for it): requests per second (G24:
+  >= 500). The same on PostgreSQL as context. Every run's histories are checked
+  (whole turns, in order, each request once) before its number counts.
+* ``processes.cold_read``: a worker process holds a 1,000-event session; this
+  process reads it as a non-holder, a new `SessionReader` each time
+  (``derive_messages``: one read of the rows, decoded and folded) (G25: median
+  <= 5 ms).
+
+The cyclic GC stays on; stores use ``durability="full"``.
+
+Run alone: ``python -m bench.processes [--quick]``; or ``python -m bench --only processes``.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from bench import harness as h
+from bench.fleet import Fleet, ask, check_histories, open_store, run_clients
+from bench.postgres import _schema, server
+
+__all__ = ["BENCHMARKS", "main"]
+
+HANDOFF_SQLITE_ID: Final = "G22"
+HANDOFF_PG_ID: Final = "G23"
+MIX_ID: Final = "G24"
+COLD_READ_ID: Final = "G25"
+HANDOFF_SQLITE_GOAL_MS: Final = 50.0
+HANDOFF_PG_GOAL_MS: Final = 100.0
+MIX_GOAL: Final = 500.0
+COLD_READ_GOAL_MS: Final = 5.0
+
+
+def _row(goal_id: str, what: str, ours: str, value: float, sense: h.Sense, target: float,
+         goal: str, unit: str, numbers: dict[str, Any], valid: bool = True) -> h.Row:  # fmt: skip
+    """A goal row when the goal id is known to the suite, else one judged on its own."""
+    if goal_id in h.GOALS:
+        return h.goal_row(
+            goal_id, what, ours=ours, baseline="-", ratio="-", value=value, sense=sense,
+            target=target, goal=goal, unit=unit, numbers=numbers, valid=valid,
+        )  # fmt: skip
+    ok = (value >= target if sense == ">=" else value <= target) and valid
+    return h.Row(what, ours, "-", "-", goal, "pass" if ok else "fail", numbers)
+
+
+def _ms(seconds: float) -> str:
+    return h.fmt_time(seconds * 1e9)
+
+
+# -- hand-off from an idle holder -------------------------------------------------------------
+
+
+def _handoffs(spec: str, folder: Path, rounds: int) -> list[float]:
+    """Seconds each ``open(id, wait=)`` took to take the session from an idle worker."""
+    from nous_actor import Sessions
+
+    fleet = Fleet(spec, folder, wait=10.0)
+    fleet.start(1)
+    (worker,) = fleet.live()
+    took: list[float] = []
+    store = open_store(spec)
+    sessions = Sessions(store, timeout=30.0)
+    try:
+        for i in range(rounds + 1):
+            reply = ask(worker, "handoff", f"w{i}")  # the worker takes it (back)
+            if reply is None or not reply.get("ok"):
+                raise RuntimeError(f"the worker failed a request: {reply}")
+            t0 = time.perf_counter()
+            chat = sessions.open("handoff", wait=10.0)
+            took.append(time.perf_counter() - t0)
+            if chat.count().get() != 4 * (i + 1):
+                raise RuntimeError("the session was not recovered whole")
+    finally:
+        sessions.close()
+        store.close()
+        fleet.stop()
+    return took[1:]  # the first round also started the worker's registry
+
+
+def _handoff_row(goal_id: str, label: str, took: list[float], target_ms: float) -> h.Row:
+    median = statistics.median(took)
+    return _row(
+        goal_id,
+        f"hand-off from an idle holder ({label})",
+        f"median {_ms(median)}, max {_ms(max(took))}",
+        median * 1000,
+        "<=",
+        target_ms,
+        f"<= {target_ms:g} ms",
+        "ms",
+        {"seconds": took},
+    )
+
+
+def bench_handoff(cfg: h.Config) -> h.Section:
+    sec = h.Section()
+    rounds = cfg.pick(30, 5)
+    with h.scratch("handoff") as folder:
+        took = _handoffs(f"sqlite:{folder / 'handoff.db'}", folder, rounds)
+    sec.rows.append(_handoff_row(HANDOFF_SQLITE_ID, "SQLite", took, HANDOFF_SQLITE_GOAL_MS))
+    with server() as dsn:
+        if dsn is None:
+            sec.rows.append(h.info_row("hand-off on PostgreSQL: not run", "no server"))
+            return sec
+        with _schema(dsn) as schema, h.scratch("handoff-pg") as folder:
+            took = _handoffs(f"postgres:{schema}:{dsn}", folder, rounds)
+        sec.rows.append(_handoff_row(HANDOFF_PG_ID, "PostgreSQL", took, HANDOFF_PG_GOAL_MS))
+    sec.notes.append(
+        "hand-off: a worker process holds the session and is idle; timed from "
+        "open(id, wait=10) until the handle is ready (asked, handed over, recovered)"
+    )
+    return sec
+
+
+# -- the 4-worker mix ---------------------------------------------------------------------------
+
+
+def _mix(spec: str, folder: Path, requests: int) -> tuple[float, list[str]]:
+    """Requests per second of 4 workers, and what is wrong with the histories."""
+    fleet = Fleet(spec, folder, wait=30.0)
+    open_store(spec).close()
+    fleet.start(4)
+    rng = random.Random(24)
+    sent = [(f"s{rng.randrange(20)}", f"r{i}") for i in range(requests)]
+    try:
+        out = run_clients(fleet, sent, 32, seed=24)
+    finally:
+        fleet.stop()
+    store = open_store(spec)
+    try:
+        histories = {sid: store.load(sid) for sid in store.sessions()}
+    finally:
+        store.close()
+    problems = out.errors + check_histories(histories, out.acked, {r: s for s, r in sent})
+    return requests / out.seconds, problems
+
+
+def bench_mix(cfg: h.Config) -> h.Section:
+    sec = h.Section()
+    n = cfg.pick(1000, 200)
+    with h.scratch("mix") as folder:
+        rate, problems = _mix(f"sqlite:{folder / 'mix.db'}", folder, n)
+    sec.rows.append(
+        _row(
+            MIX_ID,
+            "4 web workers on one SQLite file, 20 sessions, 32 clients",
+            f"{h.fmt_count(rate)} req/s",
+            rate,
+            ">=",
+            MIX_GOAL,
+            f">= {MIX_GOAL:g} req/s",
+            "req/s",
+            {"requests": n, "per_s": rate, "problems": problems[:5]},
+            valid=not problems,
+        )
+    )
+    with server() as dsn:
+        if dsn is not None:
+            with _schema(dsn) as schema, h.scratch("mix-pg") as folder:
+                rate, problems = _mix(f"postgres:{schema}:{dsn}", folder, n)
+            sec.rows.append(
+                h.info_row(
+                    "4 web workers on PostgreSQL, 20 sessions, 32 clients",
+                    f"{h.fmt_count(rate)} req/s" + (" (INVALID)" if problems else ""),
+                    requests=n,
+                    per_s=rate,
+                    problems=problems[:5],
+                )
+            )
+    sec.notes.append(
+        "mix: each request reads the session without taking it, then opens it "
+        "(asking the worker that holds it) and writes one turn in one append_many; "
+        "clients pick a worker at random, so most requests move their session"
+    )
+    return sec
+
+
+# -- a cold read by a non-holder ------------------------------------------------------------
+
+
+def bench_cold_read(cfg: h.Config) -> h.Section:
+    from nous_actor import SessionReader
+    from nous_actor.core.event import Event
+
+    sec = h.Section()
+    repeats = cfg.pick(50, 10)
+    with h.scratch("cold") as folder:
+        spec = f"sqlite:{folder / 'cold.db'}"
+        store = open_store(spec)
+        t = datetime.now(UTC)
+        store.write(
+            {
+                "cold": [
+                    Event(
+                        i,
+                        "user_message" if i % 2 else "assistant_message",
+                        t,
+                        {"content": f"message {i} " + "x" * 80},
+                    )
+                    for i in range(996)
+                ]
+            }
+        )
+        fleet = Fleet(spec, folder, wait=10.0)
+        fleet.start(1)
+        try:
+            (worker,) = fleet.live()
+            reply = ask(worker, "cold", "hold")  # 4 more events; the worker holds it now
+            if reply is None or not reply.get("ok"):
+                raise RuntimeError(f"the worker failed a request: {reply}")
+            took: list[float] = []
+            counts: set[int] = set()
+            for _ in range(repeats):
+                reader = SessionReader("cold", store)
+                t0 = time.perf_counter()
+                messages = reader.derive_messages().get()
+                took.append(time.perf_counter() - t0)
+                counts.add(len(messages))
+            holder = SessionReader("cold", store).held_by().get()
+        finally:
+            fleet.stop()
+            store.close()
+    median = statistics.median(took)
+    sec.rows.append(
+        _row(
+            COLD_READ_ID,
+            "cold read of a 1k-event session by a non-holder (derive_messages)",
+            f"median {_ms(median)}, max {_ms(max(took))}",
+            median * 1000,
+            "<=",
+            COLD_READ_GOAL_MS,
+            f"<= {COLD_READ_GOAL_MS:g} ms",
+            "ms",
+            {"seconds": took},
+            valid=counts == {998} and holder == f"process {worker.pid}",
+        )
+    )
+    return sec
+
+
+BENCHMARKS: Final[tuple[h.Benchmark, ...]] = (
+    h.Benchmark("processes.handoff", "hand-off from an idle holder", bench_handoff),
+    h.Benchmark("processes.mix", "4 web workers on one store", bench_mix),
+    h.Benchmark("processes.cold_read", "cold read by a non-holder", bench_cold_read),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return h.run_module(BENCHMARKS, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
