@@ -27,8 +27,8 @@ from nous_actor.store.subscription import Subscription
 
 __all__ = ["INDEX_TTL", "IndexPage", "ReadOnlyStore", "SessionIndex", "read_only_sqlite"]
 
-INDEX_TTL: Final = 2.0
-"""Seconds a read of the session index is reused before the store is asked again."""
+INDEX_TTL: Final = 5.0
+"""Seconds after which a page asks for a fresh read of the session index (in the background)."""
 
 SortKey = Literal["id", "events", "next_seq", "last_write"]
 SORT_KEYS: Final[tuple[str, ...]] = ("id", "events", "next_seq", "last_write")
@@ -163,9 +163,11 @@ def _sort_key(key: str) -> Any:
 class SessionIndex:
     """The store's sessions, sorted, filtered and cut into pages.
 
-    The index is read whole (the store offers no paged one) at most once per
-    `INDEX_TTL` seconds; each sort order is computed once per read. The holder
-    of a session is asked for the rows of the page only.
+    The index is read whole (sorting by the latest write needs every session) once,
+    then again in the background whenever a page is asked for and the last read is
+    older than `INDEX_TTL` seconds: a page never waits for a read but the first.
+    Each sort order is computed once per read. The holder of a session is asked
+    for the rows of the page only.
     """
 
     def __init__(self, store: ReadOnlyStore, ttl: float = INDEX_TTL) -> None:
@@ -174,17 +176,38 @@ class SessionIndex:
         self._lock = threading.Lock()
         self._infos: list[SessionInfo] = []
         self._sorted: dict[str, list[SessionInfo]] = {}
+        self._reading = threading.Lock()  # held by whoever reads the index
         self._read_at = 0.0
         self._read_mono: float | None = None
 
-    def _current(self) -> tuple[dict[str, list[SessionInfo]], list[SessionInfo], float]:
+    def _read(self) -> None:
+        """Read the index (under ``_reading``) and put it in place."""
+        started = time.monotonic()
+        infos = self.store.index()
         with self._lock:
-            now = time.monotonic()
-            if self._read_mono is None or now - self._read_mono > self.ttl:
-                self._infos = self.store.index()
-                self._sorted = {}
-                self._read_mono = now
-                self._read_at = time.time()
+            self._infos, self._sorted = infos, {}
+            self._read_mono, self._read_at = started, time.time()
+
+    def _refresh(self) -> None:
+        try:
+            self._read()
+        except StoreError:
+            pass  # the next page's read says so
+        finally:
+            self._reading.release()
+
+    def _current(self) -> tuple[dict[str, list[SessionInfo]], list[SessionInfo], float]:
+        """The index as last read. The first call reads it; later, once it is older than
+        `ttl`, a thread reads it again while the pages keep using the last one."""
+        if self._read_mono is None:
+            with self._reading:
+                if self._read_mono is None:
+                    self._read()
+        elif time.monotonic() - self._read_mono > self.ttl and self._reading.acquire(
+            blocking=False
+        ):
+            threading.Thread(target=self._refresh, name="nous-viewer-index", daemon=True).start()
+        with self._lock:
             return self._sorted, self._infos, self._read_at
 
     def page(
