@@ -4,9 +4,13 @@ bad input, and that it never writes to the store."""
 from __future__ import annotations
 
 import hashlib
+import json
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -325,3 +329,71 @@ def test_serve_refuses_what_it_cannot_open(tmp_path: Path) -> None:
     bad_port = _cli("serve", str(text), "--port", "0")
     assert bad_port.returncode == 2
     assert "a port is from 1 to 65535" in bad_port.stderr
+
+
+def test_importing_the_library_leaves_the_viewer_out() -> None:
+    """``import nous_actor`` imports neither the viewer nor its web stack."""
+    code = (
+        "import sys, nous_actor\n"
+        "loaded = [m for m in ('nous_actor.viewer', 'starlette', 'uvicorn') if m in sys.modules]\n"
+        "print(loaded)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_serve_without_the_extra_says_how_to_get_it(db: Path) -> None:
+    """Without the web stack installed, ``serve`` names the extra to install."""
+    code = (
+        "import sys\n"
+        "sys.modules['starlette'] = None  # as if not installed\n"
+        "from nous_actor.cli import main\n"
+        f"sys.exit(main(['serve', {str(db)!r}]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 1
+    assert "pip install 'nous-actor[serve]'" in out.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_serves_the_store_on_loopback(db: Path) -> None:
+    """``nous-actor serve`` says where it listens, on 127.0.0.1, and answers there."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nous_actor", "serve", str(db), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert (
+            line
+            == f"nous-actor: serving {db} read-only at http://127.0.0.1:{port}/ (Ctrl-C stops)\n"
+        )
+        deadline = time.monotonic() + 30
+        while True:  # until the server accepts (bounded)
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/api/sessions", timeout=5
+                ) as r:
+                    body = json.loads(r.read())
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        assert sorted(row["session_id"] for row in body["rows"]) == ["chat", "chat-fork", "hello"]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
