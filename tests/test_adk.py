@@ -8,13 +8,16 @@ bounded; runs are ordered by events, never by sleeps.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncGenerator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from google.adk.agents.llm_agent import LlmAgent
-from google.adk.apps.app import App
+from google.adk.apps.app import App, EventsCompactionConfig
+from google.adk.apps.llm_event_summarizer import LlmEventSummarizer
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions, EventCompaction
 from google.adk.models.base_llm import BaseLlm
@@ -504,3 +507,91 @@ def test_a_crash_of_the_session_mid_run_recovers(sessions: Sessions) -> None:
         ]
 
     run(body())
+
+
+@pytest.mark.filterwarnings(r"ignore:\[EXPERIMENTAL\]:UserWarning")  # ADK's compaction config
+def test_adk_compaction_in_a_runner_keeps_history(sessions: Sessions) -> None:
+    """ADK's own sliding-window compaction, run by the Runner after a run, lands as a replace:
+    the surface shows the summary instead of the runs it covers, the log keeps them."""
+    service = NousSessionService(sessions)
+
+    async def answer(request: LlmRequest, n: int) -> LlmResponse:
+        return model_text(f"answer to {request_texts(request)[-1]}")
+
+    async def summarise(request: LlmRequest, n: int) -> LlmResponse:
+        return model_text("SUMMARY")
+
+    agent = LlmAgent(name="helper", model=ScriptedLlm(script=answer))
+    compaction = EventsCompactionConfig(
+        summarizer=LlmEventSummarizer(llm=ScriptedLlm(script=summarise)),
+        compaction_interval=2,
+        overlap_size=0,
+    )
+    app = App(
+        name="a",
+        root_agent=agent,
+        plugins=[service.plugin()],
+        events_compaction_config=compaction,
+    )
+    runner = Runner(app=app, session_service=service)
+
+    async def body() -> None:
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        for q in ("q1", "q2", "q3"):
+            await collect(runner, "s", q)
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        compactions = [e for e in got.events if e.actions.compaction is not None]
+        assert len(compactions) == 1
+        plain = [e.content.parts[0].text for e in got.events if e.content]  # type: ignore[index]
+        assert plain == ["q1", "answer to q1", "q2", "answer to q2", "q3", "answer to q3"]
+        handle = await sessions.aopen(session_key("a", "u", "s"))
+        surface = [m.content for m in await handle.derive_messages()]
+        assert surface == ["SUMMARY", "q3", "answer to q3"]
+
+    run(body())
+
+
+# -- packaging --------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_package_does_not_import_the_adapter() -> None:
+    """`import nous_actor` loads neither the adapter nor ADK (the extra stays optional)."""
+    code = (
+        "import sys, nous_actor; "
+        "assert 'nous_actor.integrations.adk' not in sys.modules; "
+        "assert not any(m == 'google.adk' or m.startswith('google.adk.') for m in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=BOUND
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_without_adk_the_import_says_what_to_install() -> None:
+    """Importing the adapter without ADK raises an ImportError naming the extra."""
+    code = (
+        "import sys; sys.modules['google.adk'] = None\n"
+        "try:\n    import nous_actor.integrations.adk\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=BOUND
+    )
+    assert "pip install 'nous-actor[adk]'" in done.stdout, done.stderr
+
+
+def test_google_adk_is_imported_by_the_adapter_alone() -> None:
+    """Of the package's modules, only nous_actor/integrations/adk.py imports google.adk."""
+    users = sorted(
+        str(p.relative_to(ROOT / "nous_actor"))
+        for p in (ROOT / "nous_actor").rglob("*.py")
+        if "google.adk" in p.read_text(encoding="utf-8")
+        and any(
+            line.lstrip().startswith(("from google.adk", "import google.adk"))
+            for line in p.read_text(encoding="utf-8").splitlines()
+        )
+    )
+    assert users == ["integrations/adk.py"]

@@ -64,6 +64,7 @@ the first run's events before it goes on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 import uuid
@@ -1050,8 +1051,17 @@ class NousSessionService(BaseSessionService):
         }
 
 
+_FILTERED_INDEX: Final = "prefix" in inspect.signature(list_sessions).parameters
+
+
 def _index(sessions: Sessions, prefix: str) -> list[SessionInfo]:
-    return [i for i in list_sessions(sessions.store) if i.session_id.startswith(prefix)]
+    """The stored sessions whose ids start with ``prefix``: from the store's filtered index
+    where the library has one (one query for those ids alone), else from the whole index."""
+    if _FILTERED_INDEX:
+        infos = list_sessions(sessions.store, prefix=prefix)  # type: ignore[call-arg,unused-ignore]
+    else:
+        infos = list_sessions(sessions.store)
+    return [i for i in infos if i.session_id.startswith(prefix)]
 
 
 class NousRunPlugin(BasePlugin):
