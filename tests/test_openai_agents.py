@@ -941,7 +941,8 @@ def test_appends_a_crash_refused_are_sent_again_in_order(sessions: Sessions) -> 
 
 
 def test_a_passivated_session_is_reopened_from_the_store(tmp_path: Path) -> None:
-    """add_items keeps the session in use for the registry; once idle and stopped, it reopens."""
+    """add_items keeps the session in use for the registry; once idle and stopped, get_items
+    reads the store without taking the session, and the next add_items reopens it."""
     now = [0.0]
     store = SQLiteStore(tmp_path / "idle.db")
     registry = Sessions(store, idle_timeout=60, clock=lambda: now[0], timeout=20)
@@ -954,7 +955,10 @@ def test_a_passivated_session_is_reopened_from_the_store(tmp_path: Path) -> None
         assert registry.passivate_idle(now=100.0) == ["idle"]
         assert registry.live() == []
         assert run(nous.get_items()) == [user("a"), user("b")]
+        assert registry.live() == []  # read without taking it
+        run(nous.add_items([user("c")]))
         assert registry.live() == ["idle"]
+        assert run(nous.get_items()) == [user("a"), user("b"), user("c")]
     finally:
         registry.close()
         store.close()

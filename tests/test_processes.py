@@ -246,3 +246,26 @@ def test_a_registry_refuses_a_bad_handoff_wait() -> None:
         Sessions(handoff_wait=-0.5)
     with pytest.raises(TypeError, match="handoff_wait"):
         Sessions(handoff_wait="5")  # type: ignore[arg-type]
+
+
+def test_nous_session_get_items_reads_a_session_another_worker_holds(
+    fleet_on: Any, tmp_path: Path
+) -> None:
+    """The Agents SDK session reads a session another worker process holds, without
+    taking it: the holder keeps it."""
+    import asyncio
+
+    from nous_actor.integrations.openai_agents import NousSession
+
+    spec = f"sqlite:{tmp_path / 'app.db'}"
+    fleet = fleet_on(spec, 1)
+    (worker,) = fleet.live()
+    reply = ask(worker, "user-1", "one")
+    assert reply is not None
+    assert reply["ok"]
+    with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
+        nous = NousSession("user-1", sessions)
+        items = asyncio.run(nous.get_items())
+        assert [item.get("content") for item in items] == ["question one", "answer one"]
+        assert sessions.live() == []
+        assert shared.held_by(sessions.store, "user-1") == f"process {worker.pid}"

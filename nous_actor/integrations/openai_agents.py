@@ -670,7 +670,9 @@ class NousSession:
         limit gives every item (as `SQLiteSession`). The items are fresh plain
         dicts, the caller's to change. They are exactly
         `items_from_messages(derive_messages())` of the session, read after
-        every call made on it before this one.
+        every call made on it before this one. While this process does not
+        hold the session (another web worker does, or nobody), the committed
+        history is read from the store without taking it (`Sessions.read`).
 
         Raises:
             TypeError: `limit` is not an int or `None`.
@@ -686,7 +688,13 @@ class NousSession:
         self._check_open()
         await self._shared.lock.acquire(self.sessions.timeout, self.session_id)
         try:
-            messages = await self._read(SessionHandle.derive_messages)
+            handle = self._handle
+            if _turn_of(self._shared) is None and (handle is None or not handle.is_alive()):
+                # Not held here (another worker process may hold it): read the committed
+                # history without taking the session.
+                messages = await self.sessions.read(self.session_id).derive_messages()
+            else:
+                messages = await self._read(SessionHandle.derive_messages)
         finally:
             self._shared.lock.release()
         if limit is None or limit < 0:
