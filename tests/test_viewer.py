@@ -35,6 +35,7 @@ from nous_actor.errors import StoreError
 from nous_actor.store import MemoryStore, SQLiteStore
 from nous_actor.viewer import ReadOnlyStore, create_app, read_only_sqlite
 from nous_actor.viewer.app import WINDOW_MAX
+from nous_actor.viewer.serve import make_server
 from nous_actor.viewer.timeline import MAX_LANES, Timeline
 
 
@@ -397,3 +398,19 @@ def test_serve_serves_the_store_on_loopback(db: Path) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def test_a_loopback_server_answers_only_loopback_names(db: Path) -> None:
+    """Served on loopback, the viewer refuses a request addressed to another host name
+    (a page elsewhere reaching it through a DNS name it controls)."""
+    store = read_only_sqlite(db)
+    try:
+        app = make_server(store).config.app
+        with TestClient(app, base_url="http://127.0.0.1:8470") as c:
+            assert c.get("/api/sessions").status_code == 200
+        with TestClient(app, base_url="http://localhost:8470") as c:
+            assert c.get("/").status_code == 200
+        with TestClient(app, base_url="http://rebound.example:8470") as c:
+            assert c.get("/api/sessions").status_code == 400
+    finally:
+        store.close()

@@ -22,14 +22,17 @@ from __future__ import annotations
 import html
 import json
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 from typing import Any, Final
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -72,7 +75,8 @@ class Timelines:
         self.keep = keep
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Timeline] = OrderedDict()
-        self._loading: dict[str, threading.Lock] = {}
+        # One gate per session being loaded (gone with its last user).
+        self._loading: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
     def get(self, session_id: str) -> Timeline:
         """The timeline of ``session_id``, current as of this call.
@@ -86,7 +90,9 @@ class Timelines:
         except (TypeError, ValueError) as exc:
             raise _NoSession(str(exc)) from None
         with self._lock:
-            gate = self._loading.setdefault(session_id, threading.Lock())
+            gate = self._loading.get(session_id)
+            if gate is None:
+                gate = self._loading[session_id] = threading.Lock()
         with gate:  # one load of a session at a time; the others wait and reuse it
             with self._lock:
                 tl = self._cache.get(session_id)
@@ -152,7 +158,9 @@ def _shell(view: str, title: str, session_id: str = "") -> HTMLResponse:
     return HTMLResponse(page)
 
 
-def create_app(store: Store, *, where: str | None = None) -> Starlette:
+def create_app(
+    store: Store, *, where: str | None = None, allowed_hosts: Sequence[str] | None = None
+) -> Starlette:
     """The viewer of ``store`` as an ASGI app (serve it with uvicorn, or test it with
     Starlette's ``TestClient``).
 
@@ -160,6 +168,10 @@ def create_app(store: Store, *, where: str | None = None) -> Starlette:
         store: the store; it is read through a `ReadOnlyStore`, which refuses every
             write (`read_only_sqlite` opens a SQLite file with read-only connections).
         where: how the pages name the store (default: its file or server).
+        allowed_hosts: the host names a request may address (its ``Host`` header),
+            or ``None`` for any. A server on loopback should allow only its own
+            names, so that no web page elsewhere can reach it through a DNS name
+            it controls (`nous_actor.viewer.serve` does).
     """
     if not isinstance(store, ReadOnlyStore):
         store = ReadOnlyStore(store)
@@ -339,8 +351,12 @@ def create_app(store: Store, *, where: str | None = None) -> Starlette:
             "/static", app=StaticFiles(packages=[("nous_actor.viewer", "static")]), name="static"
         ),
     ]
+    middleware = []
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
     app = Starlette(
         routes=routes,
+        middleware=middleware,
         exception_handlers={HTTPException: not_found, Exception: failed},
     )
     app.state.store = store

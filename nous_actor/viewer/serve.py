@@ -13,6 +13,8 @@ __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "make_server", "serve"]
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8470
+LOOPBACK: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
+"""The names of loopback: a server bound there answers only requests addressed to them."""
 
 
 def make_server(
@@ -24,9 +26,11 @@ def make_server(
 ) -> uvicorn.Server:
     """A uvicorn server of the viewer of ``store`` (not started: ``run()`` it, or
     set ``should_exit`` to stop it). Port 0 picks a free port. ``store`` is read
-    through a `ReadOnlyStore` (see `create_app`)."""
+    through a `ReadOnlyStore` (see `create_app`). Bound to loopback, it answers only
+    requests addressed to a loopback name (`LOOPBACK`), whatever DNS says."""
+    loopback = host in LOOPBACK
     config = uvicorn.Config(
-        create_app(store, where=where),
+        create_app(store, where=where, allowed_hosts=LOOPBACK if loopback else None),
         host=host,
         port=port,
         log_level="warning",
