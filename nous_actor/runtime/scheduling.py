@@ -35,8 +35,11 @@ class Host(Protocol):
     def spawn(self, fn: Callable[[], None], name: str) -> None:
         """Run ``fn`` as a task of its own (stands for a thread)."""
 
-    def call_later(self, delay: float, fn: Callable[[], None], name: str) -> None:
-        """Run ``fn`` once the virtual clock has advanced ``delay`` seconds."""
+    def call_later(
+        self, delay: float, fn: Callable[[], None], name: str, daemon: bool = False
+    ) -> None:
+        """Run ``fn`` once the virtual clock has advanced ``delay`` seconds (a ``daemon``
+        timer, one that re-arms itself forever, never keeps a run going by itself)."""
 
     def wait(self, done: Callable[[], bool], timeout: float | None) -> bool:
         """Run other tasks until ``done()`` (``True``) or ``timeout`` virtual seconds
@@ -94,9 +97,12 @@ def spawn(fn: Callable[[], None], name: str) -> None:
         h.spawn(fn, name)
 
 
-def call_later(delay: float, fn: Callable[[], None], name: str = "nous-timer") -> None:
+def call_later(
+    delay: float, fn: Callable[[], None], name: str = "nous-timer", *, daemon: bool = False
+) -> None:
     """Run ``fn`` after ``delay`` seconds, on a daemon timer thread (virtual seconds, on
-    a task, in a simulation)."""
+    a task, in a simulation; ``daemon``: a timer that re-arms itself forever, which
+    alone does not keep a simulated run going)."""
     h = host
     if h is None:
         t = threading.Timer(delay, fn)
@@ -104,4 +110,4 @@ def call_later(delay: float, fn: Callable[[], None], name: str = "nous-timer") -
         t.daemon = True
         t.start()
     else:
-        h.call_later(delay, fn, name)
+        h.call_later(delay, fn, name, daemon)

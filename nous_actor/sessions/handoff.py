@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, NousActorError, SessionStopped, StoreError
+from nous_actor.runtime import scheduling
 from nous_actor.sessions.actor import SessionActor, _Envelope
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import shared
@@ -53,7 +54,7 @@ GRACE: Final = 0.005
 write after its read) usually follows within it, and handing over in between would only
 send the session back and forth."""
 
-IDLE_PAUSE: Final = 0.002
+IDLE_PAUSE: Final = 0.005
 """The least time between two looks at the requests by a holder (caps how often a busy
 store wakes the hand-over thread)."""
 
@@ -135,7 +136,26 @@ class HandOver:
                 self._thread = threading.Thread(
                     target=self._run, name="nous-handover", daemon=True
                 )
+                if scheduling.host is not None:  # a simulation: a timer task, no thread
+                    self._poll_later()
+                    return
                 self._thread.start()
+
+    def _poll_later(self) -> None:
+        """Under a simulation: look for requests now and then on its virtual clock."""
+
+        def tick() -> None:
+            if self._stop.is_set() or self._facade._closed:
+                return
+            try:
+                asked = shared.handoff_requests(self._facade.store)
+            except StoreError:
+                return
+            for session_id in asked:
+                self._offer(session_id)
+            self._poll_later()
+
+        scheduling.call_later(0.25, tick, "nous-handover", daemon=True)
 
     def stop(self) -> None:
         self._stop.set()

@@ -486,7 +486,7 @@ class Sessions:
                 self._reap_once()
                 self._reap_later()
 
-        scheduling.call_later(self.idle_timeout / 2, tick, "nous-passivator")
+        scheduling.call_later(self.idle_timeout / 2, tick, "nous-passivator", daemon=True)
 
 
 Started = tuple[pykka.ActorRef[Any], "SessionFuture[None] | None"]

@@ -34,6 +34,7 @@ import textwrap
 import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -165,14 +166,19 @@ def _store_of(kind: str) -> Iterator[Store]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _retry(fn: Callable[[], Any], tries: int = 5) -> Any:
-    """``fn()``, tried again while it fails as a crash or a failed commit may make it."""
-    for _ in range(tries - 1):
+def _retry(env: Env, fn: Callable[[], Any], tries: int = 10) -> Any:
+    """``fn()``, tried again while it fails as a crash or a failed commit may make it
+    (with a pause between tries, in which the registry restarts what crashed)."""
+    for k in range(tries - 1):
         try:
             return fn()
         except TOLERATED:
-            continue
+            env.sleep(0.05 * (k + 1))
     return fn()
+
+
+def _append_get(session: Session, text: str) -> Any:
+    return session.append("user_message", {"content": text}).get()
 
 
 def _timeout(env: Env) -> float:
@@ -240,13 +246,17 @@ def subscription_scenario(appends: int = 5, store: str = "memory") -> Scenario:
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
             reg = Sessions(st, timeout=_timeout(env))
-            h = _retry(lambda: reg.open("feed"))
-            sub = _retry(h.subscribe)
+            h = _retry(env, lambda: reg.open("feed"))
+            sub = _retry(env, h.subscribe)
             acked: list[int] = []
 
+            subscribed = h._ref  # the actor that feeds ``sub``
+
             def writer() -> Caller:
-                # Every append reaches the subscribed actor; the stop races their commits.
+                # The appends go to one actor at once; the stop races their commits.
                 futs = [h.append("user_message", {"content": str(i)}) for i in range(appends)]
+                if h._ref is not subscribed:  # a fault stopped it first: another actor's
+                    return
                 yield
                 h.stop()
                 for f in futs:
@@ -280,7 +290,7 @@ def stop_race_scenario(calls: int = 6, store: str = "memory") -> Scenario:
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
             reg = Sessions(st, timeout=_timeout(env))
-            h = _retry(lambda: reg.open("race"))
+            h = _retry(env, lambda: reg.open("race"))
 
             def caller() -> Caller:
                 futs: list[Any] = []
@@ -312,10 +322,9 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
             reg = Sessions(st, timeout=_timeout(env))
-            h = _retry(lambda: reg.open("compact"))
+            h = _retry(env, lambda: reg.open("compact"))
             for i in range(messages):
-                text = f"m{i} " * 20
-                _retry(lambda text=text: h.append("user_message", {"content": text}).get())
+                _retry(env, partial(_append_get, h, f"m{i} " * 20))
 
             def summarise(ms: Any) -> str:
                 env.sleep(1.0)  # a model call: virtual time passes
@@ -343,7 +352,7 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
             env.go(compact(2), "retry")
             env.go(writer(), "writer")
             env.run()
-            events = _retry(lambda: h.events().get())
+            events = _retry(env, lambda: reg.open("compact").events().get())
             records = [
                 ev.seq
                 for ev in events
@@ -363,7 +372,7 @@ def restart_scenario(appends: int = 4, store: str = "memory") -> Scenario:
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
             reg = Sessions(st, timeout=_timeout(env))
-            h = _retry(lambda: reg.open("restart"))
+            h = _retry(env, lambda: reg.open("restart"))
 
             def writer() -> Caller:
                 futs = [h.append("user_message", {"content": str(i)}) for i in range(appends)]

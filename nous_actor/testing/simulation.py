@@ -408,10 +408,12 @@ class Simulation:
                 except pykka.ActorDeadError:
                     pass
         saved, self.max_steps = self.max_steps, self.steps + 100_000
+        failure, self._failure = self._failure, None  # stop them after a failure too
         try:
             self.run(callers=False)
         finally:
             self.max_steps = saved
+            self._failure = failure
 
     # -- the Host protocol (what the runtime calls) ----------------------------------------
 
@@ -437,8 +439,7 @@ class Simulation:
         task = self._task(TIMER, name, fn)
         self._next_id += 1
         heapq.heappush(
-            self._timers,
-            (self.now_seconds + max(delay, 0.0), self._next_id, task, name == "nous-passivator"),
+            self._timers, (self.now_seconds + max(delay, 0.0), self._next_id, task, daemon)
         )
 
     def future(self) -> Any:
