@@ -298,9 +298,11 @@ function scrollToRow(row, top) {
   }
 }
 
+let surfaceAsked = 0;
 async function loadSurface() {
   const params = { id: view.id };
   if (view.asOf !== null) params.as_of = view.asOf;
+  const asked = ++surfaceAsked;
   let body;
   try {
     body = await getJSON("/api/surface", params);
@@ -308,6 +310,7 @@ async function loadSurface() {
     setStatus("error: " + err.message);
     return;
   }
+  if (asked !== surfaceAsked) return;  // a later seq was asked for meanwhile
   $("surface-title").textContent =
     `Surface as of seq ${body.as_of}${view.asOf === null ? " (now)" : ""}: ${body.count} message(s)`;
   const ol = $("surface");
@@ -327,7 +330,9 @@ function setAsOf(seq) {
   $("asof-seq").value = seq === null ? last : seq;
   if (seq !== null) $("follow").checked = false;
   renderNow();
-  loadSurface();
+  // While the slider moves, the surface is asked for once it rests (a fold each time).
+  clearTimeout(setAsOf.timer);
+  setAsOf.timer = setTimeout(loadSurface, 120);
 }
 
 async function loadMeta() {
