@@ -211,11 +211,11 @@ def test_plain_writes_wait_for_the_open_turn_and_reads_do_not(chat: Session) -> 
 def test_a_plain_write_that_waits_out_its_bound_names_the_turn() -> None:
     """A write through the plain handle fails with TurnBusy before its own bound, saying
     to write through the turn; nothing is applied."""
-    s = Session.start("bounded", timeout=0.5)
+    s = Session.start("bounded", timeout=1.0)
     try:
         with s.turn(owner="run-1") as turn:
             with pytest.raises(TurnBusy, match=r"'run-1'.*write through the turn") as caught:
-                s.append("user_message", {"content": "plain"}).get()
+                s.append("user_message", {"content": "plain"}).get(timeout=BOUND)
             assert caught.value.turn_id == turn.turn_id
         assert contents(s) == []
     finally:

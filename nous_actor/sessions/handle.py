@@ -329,8 +329,9 @@ class SessionHandle:
 
         Entering opens it (nothing is sent before). A turn is a run that writes
         the session while no other run does: while it is open, writes through
-        the plain handle wait for it to end (at most a little less than their
-        bound, then `nous_actor.TurnBusy`); reads never wait. It is recorded
+        the plain handle wait for it to end (at most their bound less a
+        quarter of it, or less 1 s if that is shorter; then
+        `nous_actor.TurnBusy`); reads never wait. It is recorded
         by ``turn_start``/``turn_end`` events (turn id, owner, policy, and how
         it ended).
 

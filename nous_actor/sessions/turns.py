@@ -229,7 +229,7 @@ def _bound(fut: SessionFuture[Any] | None) -> float:
     """How long a held write waits: a little less than its caller's bound, so the caller
     hears why (`TurnBusy`) rather than a bare `CallTimeout`."""
     t = DEFAULT_TIMEOUT if fut is None else fut._timeout
-    return max(t - min(0.5, t / 10), 0.0)
+    return max(t - min(1.0, t / 4), 0.0)
 
 
 class TurnHost:
@@ -378,8 +378,9 @@ class TurnHost:
         self, handler: Callable[..., Any], args: tuple[Any, ...], fut: SessionFuture[Any] | None
     ) -> bool:
         """Whether this call, a write through the plain handle, must wait for the open
-        turn: then it waits in the table (at most a little less than its caller's
-        bound, then `TurnBusy`) and runs when the turn ends, in arrival order."""
+        turn: then it waits in the table (at most its caller's bound less a quarter
+        of it, or less 1 s if shorter; then `TurnBusy`) and runs when the turn ends,
+        in arrival order."""
         table = self.turns
         if table is None or table.open is None or getattr(handler, "__name__", "") not in HELD:
             return False
