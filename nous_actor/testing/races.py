@@ -177,8 +177,9 @@ def _retry(env: Env, fn: Callable[[], Any], tries: int = 10) -> Any:
     return fn()
 
 
-def _append_get(session: Session, text: str) -> Any:
-    return session.append("user_message", {"content": text}).get()
+def _append_get(registry: Sessions, session_id: str, text: str) -> Any:
+    # Through open(): a session the registry gave up on (too many crashes) is retried.
+    return registry.open(session_id).append("user_message", {"content": text}).get()
 
 
 def _timeout(env: Env) -> float:
@@ -324,7 +325,7 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
             reg = Sessions(st, timeout=_timeout(env))
             h = _retry(env, lambda: reg.open("compact"))
             for i in range(messages):
-                _retry(env, partial(_append_get, h, f"m{i} " * 20))
+                _retry(env, partial(_append_get, reg, "compact", f"m{i} " * 20))
 
             def summarise(ms: Any) -> str:
                 env.sleep(1.0)  # a model call: virtual time passes
