@@ -5,6 +5,12 @@
 * `nous_actor.testing.reference`: a naive reference fold to check against.
 * `nous_actor.testing.machines`: `SessionMachine`, a reusable
   ``RuleBasedStateMachine`` driving a session against the pure ``Log`` as model.
+* `nous_actor.testing.simulation`: `Simulation`, a deterministic run of every
+  actor and runtime thread of a test on its own thread, on a virtual clock,
+  with faults (`Schedule`, `Fault`, `FaultRates`); `explore`, `replay`.
+* `nous_actor.testing.sim_machine`: `schedules` (a strategy) and
+  `SimulationMachine`, sessions of a registry under simulation against a model.
+* `nous_actor.testing.races`: ready race scenarios and planted defects.
 """
 
 try:
@@ -25,6 +31,17 @@ from nous_actor.testing.reference import (
     reference_shadowed,
     reference_surface,
 )
+from nous_actor.testing.sim_machine import SimulationMachine, schedules
+from nous_actor.testing.simulation import (
+    Fault,
+    FaultRates,
+    Schedule,
+    SimulatedCrash,
+    Simulation,
+    SimulationFailure,
+    explore,
+    replay,
+)
 from nous_actor.testing.stores import DelegatingStore
 from nous_actor.testing.strategies import (
     LogOp,
@@ -39,9 +56,17 @@ from nous_actor.testing.strategies import (
 
 __all__ = [
     "DelegatingStore",
+    "Fault",
+    "FaultRates",
     "LogOp",
+    "Schedule",
     "SessionMachine",
+    "SimulatedCrash",
+    "Simulation",
+    "SimulationFailure",
+    "SimulationMachine",
     "event_data",
+    "explore",
     "json_values",
     "log_programs",
     "logs",
@@ -50,6 +75,8 @@ __all__ = [
     "reference_project",
     "reference_shadowed",
     "reference_surface",
+    "replay",
     "run_program",
+    "schedules",
     "times",
 ]
