@@ -596,3 +596,25 @@ def test_a_stored_number_too_large_for_a_float_is_refused() -> None:
     err = _row_error(0, "user_message", _TIME, '{"x": 1e999}')
     assert err.field == "data"
     assert "overflows to infinity" in str(err)
+
+
+@pytest.mark.parametrize("escape", ["\\ud800", "\\uDC00", "\\ude00\\ud83d"])
+def test_a_stored_lone_surrogate_is_refused_when_read(escape: str) -> None:
+    """A row or a JSON line whose data escapes a surrogate that pairs with nothing is
+    refused when read (an event may not hold one: no UTF-8 text can)."""
+    data = '{"content": "a' + escape + '"}'
+    err = _row_error(2, "user_message", _TIME, data)
+    assert (err.field, "seq 2: 'data' holds a lone surrogate" in str(err)) == ("data", True)
+    line = f'{{"seq": 2, "type": "user_message", "time": "{_TIME}", "data": {data}}}'
+    with pytest.raises(CodecError, match="line 1: the record holds a lone surrogate"):
+        codec.loads(line)
+    key = '{"k' + escape + '": 1}'
+    assert _row_error(2, "user_message", _TIME, key).field == "data"
+
+
+def test_escaped_surrogate_pairs_and_backslashes_are_read() -> None:
+    """A surrogate pair escape is the character it spells; an escaped backslash before
+    "ud800" is plain text."""
+    data = '{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}'
+    ev = codec.event_from_row(0, "user_message", _TIME, data)
+    assert ev.data == {"a": "\U0001f600", "b": "\\ud800"}

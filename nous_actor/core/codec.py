@@ -120,9 +120,28 @@ def _json_loads(text: str | bytes, line: int | None) -> Any:
     try:
         if isinstance(text, (bytes, bytearray)):
             text = text.decode("utf-8")
-        return _DECODER.decode(text)
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         _fail(f"not valid JSON ({exc})", line, None)
+    if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(value):
+        _fail(f"the record {_LONE}", line, None)
+    return value
+
+
+_LONE = (
+    "holds a lone surrogate (a \\uD800-\\uDFFF escape that pairs with nothing), which no "
+    "UTF-8 text can hold; an event may not hold one"
+)
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether the decoded ``value`` holds a lone surrogate, which only a ``\\uD800``-
+    ``\\uDFFF`` escape can spell in JSON text (the caller looks for one first)."""
+    try:
+        _ENCODER.encode(value).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def format_time(t: datetime) -> str:
@@ -180,6 +199,8 @@ def _load_stored(data: str | bytes, seq: int) -> Any:
         _fail(f"seq {seq}: 'data' is not valid JSON ({exc})", None, "data")
     if end != len(text) and text[end:].strip():
         _fail(f"seq {seq}: 'data' has text after its JSON value", None, "data")
+    if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(value):
+        _fail(f"seq {seq}: 'data' {_LONE}", None, "data")
     return value
 
 
