@@ -130,10 +130,11 @@ class FaultRates:
 
     def draw(self, rng: random.Random) -> tuple[Fault, ...]:
         out: list[Fault] = []
+        rates = [(kind, getattr(self, kind)) for kind in FAULT_KINDS if getattr(self, kind)]
+        rand = rng.random
         for step in range(self.horizon):
-            for kind in FAULT_KINDS:
-                rate = getattr(self, kind)
-                if rate and rng.random() < rate:
+            for kind, rate in rates:
+                if rand() < rate:
                     out.append(Fault(step, kind, rng.randrange(1 << 16), rng.choice((0.5, 2.0))))
         return tuple(out)
 
@@ -778,6 +779,7 @@ class Simulation:
         return None
 
     def _apply(self, fault: Fault) -> bool:
+        self._actors = [t for t in self._actors if not _finished(t)]
         if fault.kind == "restart_registry":
             targets = [
                 t
@@ -840,6 +842,11 @@ class Simulation:
     def replay_schedule(self) -> Schedule:
         """This run as a pinned schedule (its decisions and the faults it injected)."""
         return Schedule(self.schedule.seed, tuple(self.decisions), self._planned)
+
+
+def _finished(task: _Task) -> bool:
+    """An actor task whose actor has ended (stopped and answered its inbox)."""
+    return task.ended or bool(getattr(task.obj, "_ended", False))
 
 
 def _nothing() -> None:
