@@ -59,9 +59,16 @@ IDLE_PAUSE: Final = 0.005
 store wakes the hand-over thread)."""
 
 
-def acquire(facade: Sessions, session_id: str, wait: float, open_now: Callable[[], T]) -> T:
+def acquire(
+    facade: Sessions,
+    session_id: str,
+    wait: float,
+    open_now: Callable[[], T],
+    refused: ConflictError | None = None,
+) -> T:
     """Open ``session_id`` with ``open_now``, asking its live holder for it and waiting
-    at most ``wait`` seconds for it to let go.
+    at most ``wait`` seconds for it to let go. ``refused``: the `ConflictError` of an
+    attempt the caller just made (then the first step is to ask).
 
     Raises:
         ConflictError: the holder kept the session for ``wait`` seconds (the message
@@ -72,18 +79,23 @@ def acquire(facade: Sessions, session_id: str, wait: float, open_now: Callable[[
     deadline = time.monotonic() + wait
     version = shared.wait_changed(store, -1, 0.0)
     asked: tuple[str | None, float] | None = None
-    last_try = time.monotonic()
-    last: ConflictError | None = None
+    last = refused
+    last_try = time.monotonic() if refused is not None else -RETRY_OPEN
+    if refused is None and _held_elsewhere(store, session_id):
+        last_try = time.monotonic()  # ask first: an attempt now would only be refused
+        last = ConflictError("is held by another process", session_id=session_id)
     while True:
-        try:
-            got = open_now()
-        except ConflictError as exc:
-            last = exc
-            last_try = time.monotonic()
-        else:
-            if asked is not None:
-                _withdraw(store, session_id)
-            return got
+        if last is None or time.monotonic() - last_try >= RETRY_OPEN or last_try == 0.0:
+            try:
+                got = open_now()
+            except ConflictError as exc:
+                last = exc
+                last_try = time.monotonic()
+            else:
+                if asked is not None:
+                    _withdraw(store, session_id)
+                return got
+        assert last is not None
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -100,11 +112,18 @@ def acquire(facade: Sessions, session_id: str, wait: float, open_now: Callable[[
                 ) from last
             who = shared.held_by(store, session_id)
             if who is None or now - last_try >= RETRY_OPEN:
-                break  # let go (or perhaps dead): try to open it
+                last_try = 0.0  # let go (or perhaps dead): try to open it
+                break
             if asked is None or asked[0] != who or now - asked[1] >= REASK:
                 shared.ask_handoff(store, session_id, max(deadline - now, 0.001))
                 asked = (who, now)
             version = shared.wait_changed(store, version, min(deadline - now, RETRY_OPEN, REASK))
+
+
+def _held_elsewhere(store: Store, session_id: str) -> bool:
+    """Whether the store says another process holds ``session_id`` now."""
+    who = shared.held_by(store, session_id)
+    return who is not None and who not in ("this process", getattr(store, "holder", None))
 
 
 def _withdraw(store: Store, session_id: str) -> None:

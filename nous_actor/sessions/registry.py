@@ -294,10 +294,7 @@ class Sessions:
         wait = self._wait(wait)
         if not wait:
             return self._open_now(session_id)
-        try:
-            return self._open_now(session_id)
-        except ConflictError:
-            return acquire(self, session_id, wait, partial(self._open_now, session_id))
+        return acquire(self, session_id, wait, partial(self._open_now, session_id))
 
     def _wait(self, wait: object) -> float:
         """``wait`` (or the registry's default) as seconds to wait for a hand-off."""
@@ -339,11 +336,12 @@ class Sessions:
         wait = self._wait(wait)
         try:
             return await self._aopen_now(session_id)
-        except ConflictError:
+        except ConflictError as exc:
             if not wait:
                 raise
+            refused = exc
         return await _off_loop(
-            partial(acquire, self, session_id, wait, partial(self._open_now, session_id))
+            partial(acquire, self, session_id, wait, partial(self._open_now, session_id), refused)
         )
 
     async def _aopen_now(self, session_id: str) -> Session:
@@ -440,11 +438,14 @@ class Sessions:
     def _resolve(self, session_id: str) -> pykka.ActorRef[Any]:
         try:
             return self._resolve_now(session_id)
-        except ConflictError:
+        except ConflictError as exc:
             if not self.handoff_wait:
                 raise
+            refused = exc
         # Handed to another process meanwhile: ask for it back, as open() would.
-        return acquire(self, session_id, self.handoff_wait, partial(self._resolve_now, session_id))
+        return acquire(
+            self, session_id, self.handoff_wait, partial(self._resolve_now, session_id), refused
+        )
 
     def _resolve_now(self, session_id: str) -> pykka.ActorRef[Any]:
         ref, ready = self._ask(("resolve", session_id), session_id)
