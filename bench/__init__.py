@@ -13,5 +13,6 @@ Modules:
 * :mod:`bench.runtime`: the process: G14 threads, G15 idle memory, G16 open 10,000, G17 exit;
 * :mod:`bench.lifetime`: G5 long compacted session, G9 slow summariser, G10 memory;
 * :mod:`bench.peers`: the optional peers (eventsourcing, the Agents SDK SQLiteSession);
+* :mod:`bench.adk`: ADK's session service (G18-G21), beside ADK's ``DatabaseSessionService``;
 * :mod:`bench.report`, :mod:`bench.plot`: the table, the JSON file, the figures.
 """

@@ -24,7 +24,18 @@ from typing import Any, Final
 
 import structlog
 
-from bench import cluster, core, durable, lifetime, plot, postgres, runtime, session, telemetry
+from bench import (
+    adk,
+    cluster,
+    core,
+    durable,
+    lifetime,
+    plot,
+    postgres,
+    runtime,
+    session,
+    telemetry,
+)
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
 
@@ -37,6 +48,7 @@ MODULES: Final[tuple[ModuleType, ...]] = (
     lifetime,
     postgres,
     cluster,
+    adk,
 )
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 

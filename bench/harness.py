@@ -111,6 +111,12 @@ GOALS: Final[dict[str, str]] = {
     "<= 2 s (sessions open in parallel, not one after another)",
     "G17": "a program that ends without closing its registry exits <= 1 s after its last "
     "line; nothing acknowledged lost",
+    "G18": "ADK get_session of a 10k-event session, whole, on SQLite: >= 10x ADK's "
+    "DatabaseSessionService on the same data",
+    "G19": "ADK get_session of a 10k-event session with a recent-events config: <= 10 ms",
+    "G20": "ADK list_sessions of 10k sessions: <= 200 ms",
+    "G21": "ADK appends from 50 concurrent runs on 50 sessions: >= 5x ADK's "
+    "DatabaseSessionService",
 }
 """The DESIGN.md §8 goals the suite judges, by id, in the order of the brief."""
 

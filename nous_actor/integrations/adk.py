@@ -21,8 +21,10 @@ percent-encoded where it must be (``/``, ``%``, whitespace and characters
 that are not printable become ``%XX`` of their UTF-8 bytes; everything else
 stays as it is), so the id obeys `nous_actor.core.ids` and `parse_key` gives
 the three parts back. App state lives in ``adk/a/<app>``,
-user state in ``adk/u/<app>/<user>``. A key longer than the id rule allows
-(256 characters) is refused with a `ValueError` naming the part to shorten.
+user state in ``adk/u/<app>/<user>``, the directory of a user's sessions (their
+ids and state, which `list_sessions` reads) in ``adk/d/<app>/<user>``. A key
+longer than the id rule allows (256 characters) is refused with a `ValueError`
+naming the part to shorten.
 
 **Events.** Each ADK event becomes one log event whose
 ``data["metadata"]["adk_event"]`` keeps it verbatim (``model_dump(mode="json",
@@ -112,6 +114,7 @@ __all__ = [
     "NousRunPlugin",
     "NousSessionService",
     "app_key",
+    "directory_key",
     "event_data",
     "parse_key",
     "session_key",
@@ -124,8 +127,9 @@ ADK_EVENT_KEY: Final = "adk_event"
 RECORD_KEY: Final = "adk"
 """Top-level ``data`` key of the service's own records (``request_header`` events):
 ``{"op": "create", "state": {...}}``, ``{"op": "delete"}``, ``{"op": "state",
-"delta": {...}}`` and, in a user's session, ``{"op": "session", "id": ..., "seq": ...,
-"state": {...}}`` (the directory `list_sessions` reads)."""
+"delta": {...}}``, ``{"op": "checkpoint", "upto": seq, "state": {...}}`` and, in a
+user's directory, ``{"op": "session", "id": ..., "seq": ..., "state": {...}}`` (what
+`list_sessions` reads)."""
 
 STATE_KEY: Final = "adk_state"
 """Top-level ``data`` key holding the session-scoped part of an event's state delta."""
@@ -144,7 +148,7 @@ that a recent-events read folds only the deltas since the last one."""
 CACHE_SIZE: Final = 1024
 """How many sessions' decoded views a service keeps (least recently used first out)."""
 
-Kind = Literal["session", "user", "app"]
+Kind = Literal["session", "user", "directory", "app"]
 
 # -- ids ------------------------------------------------------------------------------------
 
@@ -201,8 +205,16 @@ def session_key(app_name: str, user_id: str, session_id: str) -> str:
 
 
 def user_key(app_name: str, user_id: str) -> str:
-    """The id of the session holding ``user:`` state (and the directory) of one user of an app."""
+    """The id of the session holding ``user:`` state of one user of an app."""
     return _checked(f"adk/u/{_part(app_name, 'app_name')}/{_part(user_id, 'user_id')}", "user")
+
+
+def directory_key(app_name: str, user_id: str) -> str:
+    """The id of the session holding the directory of one user's sessions of an app (each
+    session's id and state, for `NousSessionService.list_sessions`)."""
+    return _checked(
+        f"adk/d/{_part(app_name, 'app_name')}/{_part(user_id, 'user_id')}", "directory"
+    )
 
 
 def app_key(app_name: str) -> str:
@@ -464,7 +476,7 @@ def _tail(log: Log, n: int) -> _Tail | None:
 
 @dataclass
 class _StateView:
-    """App or user state (and, in a user's session, the directory of their sessions)."""
+    """App or user state, or a user's directory of sessions."""
 
     seen: int = 0
     state: dict[str, Any] = field(default_factory=dict)
@@ -772,7 +784,8 @@ class NousSessionService(BaseSessionService):
         )
         record = {RECORD_KEY: {**op, "id": session_id, "seq": seq}}
         await self._write(
-            user_key(app_name, user_id), [(EventType.REQUEST_HEADER, record, datetime.now(UTC))]
+            directory_key(app_name, user_id),
+            [(EventType.REQUEST_HEADER, record, datetime.now(UTC))],
         )
 
     async def create_session(
@@ -898,7 +911,7 @@ class NousSessionService(BaseSessionService):
         """The sessions of ``app_name`` (of ``user_id``, or of every user when None),
         without events, with their merged state, oldest update first.
 
-        Read from the store's index and each user's directory (one session per
+        Read from the store's index and each user's directory (a session per
         user): no session's events are read.
 
         Raises:
@@ -915,7 +928,7 @@ class NousSessionService(BaseSessionService):
             users = sorted({parse_key(i.session_id)[1][1] for i in infos})
         found: list[AdkSession] = []
         for user in users:
-            directory = (await self._state(user_key(app_name, user))).directory
+            directory = (await self._state(directory_key(app_name, user))).directory
             merged = await self._merged(app_name, user, {})
             upfx = f"adk/s/{app}/{_part(user, 'user_id')}/"
             for info in infos:
@@ -928,16 +941,7 @@ class NousSessionService(BaseSessionService):
                 state = dict(entry[1])
                 state.update(merged)
                 stamp = info.last_time.timestamp() if info.last_time is not None else 0.0
-                found.append(
-                    AdkSession.model_construct(
-                        id=sid,
-                        app_name=app_name,
-                        user_id=user,
-                        state=state,
-                        events=[],
-                        last_update_time=stamp,
-                    )
-                )
+                found.append(_listed(sid, app_name, user, state, stamp))
         found.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse.model_construct(sessions=found)
 
@@ -1050,6 +1054,51 @@ class NousSessionService(BaseSessionService):
             "surface_op": ["replace", min(covered), max(covered)],
         }
 
+
+def _listed_fast(sid: str, app: str, user: str, state: dict[str, Any], stamp: float) -> AdkSession:
+    """A listed session built as ``model_construct`` builds one (its fields, its
+    fields-set, its private attributes' defaults), without its per-call overhead: a
+    listing builds thousands."""
+    obj = _NEW_SESSION(AdkSession)
+    _SET(
+        obj,
+        "__dict__",
+        {
+            "id": sid,
+            "app_name": app,
+            "user_id": user,
+            "state": state,
+            "events": [],
+            "last_update_time": stamp,
+        },
+    )
+    _SET(obj, "__pydantic_fields_set__", set(_LISTED_FIELDS))
+    _SET(obj, "__pydantic_extra__", None)
+    _SET(obj, "__pydantic_private__", dict(_PRIVATE_DEFAULTS))
+    return obj
+
+
+def _listed_checked(
+    sid: str, app: str, user: str, state: dict[str, Any], stamp: float
+) -> AdkSession:
+    return AdkSession(
+        id=sid, app_name=app, user_id=user, state=state, events=[], last_update_time=stamp
+    )
+
+
+_NEW_SESSION: Final = object.__new__
+_SET: Final = object.__setattr__
+_LISTED_FIELDS: Final = ("id", "app_name", "user_id", "state", "events", "last_update_time")
+_SAMPLE: Final = _listed_checked("s", "a", "u", {"k": 1}, 1.5)
+_PRIVATE_DEFAULTS: Final[dict[str, Any]] = dict(_SAMPLE.__pydantic_private__ or {})
+# The fast build is used only if it gives what pydantic gives on this pydantic and ADK.
+_listed: Final = (
+    _listed_fast
+    if _listed_fast("s", "a", "u", {"k": 1}, 1.5) == _SAMPLE
+    and set(AdkSession.model_fields) == set(_LISTED_FIELDS)
+    and list(_listed_fast("s", "a", "u", {}, 0.0).__dict__) == list(_SAMPLE.__dict__)
+    else _listed_checked
+)
 
 _FILTERED_INDEX: Final = "prefix" in inspect.signature(list_sessions).parameters
 
