@@ -23,6 +23,9 @@ from nous_actor.testing.races import (
 from nous_actor.testing.simulation import FaultRates, explore
 
 FAULTS = FaultRates(crash=0.01, fail_commit=0.01, slow_commit=0.03, stop=0.005)
+REGISTRY_FAULTS = FaultRates(
+    crash=0.01, fail_commit=0.01, slow_commit=0.03, stop=0.005, restart_registry=0.003
+)
 
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "registry": registry_scenario,
@@ -55,3 +58,9 @@ def test_a_race_holds_on_sqlite_under_simulation(name: str) -> None:
 def test_a_race_holds_on_real_threads(name: str) -> None:
     """The same scenario on real threads (callers are threads; no injected faults)."""
     assert run_real(SCENARIOS[name](), timeout=10.0) is None
+
+
+def test_the_registry_race_holds_when_the_registry_restarts() -> None:
+    """100 schedules of the registry race with crashes of the registry itself (its
+    supervisor restarts it) besides the other faults: none fails."""
+    assert explore(registry_scenario(), range(100), rates=REGISTRY_FAULTS) == 100

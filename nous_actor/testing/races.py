@@ -44,6 +44,7 @@ from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
+from nous_actor.supervision import Supervisor
 from nous_actor.testing.simulation import SimulatedCrash
 
 __all__ = [
@@ -198,11 +199,14 @@ def _close(registry: Sessions) -> None:
 def registry_scenario(
     sessions: int = 10, callers: int = 3, appends: int = 8, store: str = "memory"
 ) -> Scenario:
-    """Callers append to ``sessions`` sessions of one registry; acknowledged means stored."""
+    """Callers append to ``sessions`` sessions of one registry (under a `Supervisor`, so
+    that it restarts when it crashes); acknowledged means stored."""
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
-            reg = Sessions(st, timeout=_timeout(env))
+            # Under a supervisor, so that a crash of the registry is restarted too.
+            reg = Sessions(st, timeout=_timeout(env), start=False)
+            sup = Supervisor.start([reg.child_spec()])
             acked: dict[str, dict[int, str]] = {}
 
             def caller(c: int) -> Caller:
@@ -236,7 +240,7 @@ def registry_scenario(
                 stored = {ev.seq: ev.data.get("content") for ev in st.load(sid)}
                 lost = sorted(seq for seq, text in events.items() if stored.get(seq) != text)
                 assert not lost, f"{sid}: acknowledged seqs {lost} are not in the store"
-            _close(reg)
+            sup.stop()
 
     return scenario
 
