@@ -34,6 +34,7 @@ from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
 from nous_actor.core.event import EventType
 from nous_actor.core.history import replaced
 from nous_actor.core.ids import check_session_id
+from nous_actor.integrations import adk
 from nous_actor.integrations.adk import (
     ADK_EVENT_KEY,
     NousRunPlugin,
@@ -109,7 +110,8 @@ def test_session_keys_round_trip(app: str, user: str, sid: str) -> None:
         key = session_key(app, user, sid)
     except ValueError as exc:
         assert "longer than the 256" in str(exc)
-        assert len(app) + len(user) + len(sid) > 80
+        encoded = [adk._part(x, "part") for x in (app, user, sid)]
+        assert len("adk/s///") + sum(map(len, encoded)) > 256
         return
     check_session_id(key)
     assert parse_key(key) == ("session", (app, user, sid))
@@ -278,6 +280,25 @@ def test_recent_events_are_read_from_the_tail(sessions: Sessions) -> None:
         if e.data.get("adk", {}).get("op") == "checkpoint"
     ]
     assert len(checkpoints) == 2
+
+
+def test_lookups_of_unknown_ids_leave_nothing_running(sessions: Sessions) -> None:
+    """get_session of ids never created (whole or recent) returns None and stops the empty
+    sessions it opened; such an id can then be created."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        for i in range(5):
+            recent = GetSessionConfig(num_recent_events=3) if i % 2 else None
+            got = await service.get_session(
+                app_name="a", user_id="u", session_id=f"nobody-{i}", config=recent
+            )
+            assert got is None
+        assert not [k for k in sessions.live() if k.startswith("adk/s/")]
+        made = await service.create_session(app_name="a", user_id="u", session_id="nobody-0")
+        assert made.id == "nobody-0"
+
+    run(body())
 
 
 def test_delete_keeps_history_and_the_id_can_be_created_again(sessions: Sessions) -> None:

@@ -618,6 +618,14 @@ class NousSessionService(BaseSessionService):
             self._handles.move_to_end(key)
         return handle
 
+    async def _let_go(self, key: str) -> None:
+        """Stop the session ``key`` this service opened only to find it empty (a lookup of
+        an id never created), so that lookups of unknown ids leave nothing running."""
+        self._views.pop(key, None)
+        handle = self._handles.pop(key, None)
+        if handle is not None:
+            await handle.astop()
+
     async def _log(self, key: str) -> Log:
         for attempt in range(MAX_ATTEMPTS):
             handle = await self._handle(key)
@@ -819,13 +827,19 @@ class NousSessionService(BaseSessionService):
         if view.created is not None:
             raise AlreadyExistsError(f"Session with id {sid} already exists.")
         record = {RECORD_KEY: {"op": "create", "state": own}, TIME_KEY: now}
-        handle = await self._handle(key)
-        try:  # at the seq after the log seen: a create that raced this one wins alone
-            ev = await handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now))
-        except InvalidEvent as exc:
-            if exc.reason == "seq_behind_head":
-                raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
-            raise
+        for attempt in range(MAX_ATTEMPTS):
+            handle = await self._handle(key)
+            try:  # at the seq after the log seen: a create that raced this one wins alone
+                ev = await handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now))
+                break
+            except InvalidEvent as exc:
+                if exc.reason == "seq_behind_head":
+                    raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
+                raise
+            except SessionStopped as exc:  # stopped by a lookup that found it empty
+                if isinstance(exc, SessionCrashed) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                self._handles.pop(key, None)
         await self._write_scoped(app_name, user_id, app, user)
         await self._write_directory(app_name, user_id, sid, ev.seq, own)
         merged = await self._merged(app_name, user_id, own)
@@ -869,8 +883,11 @@ class NousSessionService(BaseSessionService):
             and config.num_recent_events is not None
             and config.after_timestamp is None
         ):  # a first read of the latest events: from the tail, not the whole history
-            tail = _tail(await self._log(key), config.num_recent_events)
+            log = await self._log(key)
+            tail = _tail(log, config.num_recent_events)
             if tail is None:
+                if not log.count():
+                    await self._let_go(key)
                 return None
             return AdkSession(
                 id=sid,
@@ -882,6 +899,8 @@ class NousSessionService(BaseSessionService):
             )
         view = await self._view(key)
         if view.created is None:
+            if not view.seen:
+                await self._let_go(key)
             return None
         first = 0
         n = len(view.seqs)
