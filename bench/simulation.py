@@ -77,7 +77,7 @@ def bench_schedules(cfg: h.Config) -> h.Section:
 def bench_mutations(cfg: h.Config) -> h.Section:
     """Schedules (simulation) vs runs (real threads) to find each planted defect."""
     budget = 200
-    real_cap = cfg.pick(50, 5)
+    real_cap = cfg.pick(50, 3)
     sec = h.Section()
     for m in MUTATIONS:
         h.progress(f"simulation.mutations: {m.name}")
