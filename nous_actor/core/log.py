@@ -47,6 +47,7 @@ log = get_logger(__name__)
 
 _seq_of: Final = attrgetter("seq")
 _pos_of: Final = attrgetter("_pos")
+_new_log: Final = object.__new__
 
 
 class _Fold:
@@ -346,10 +347,17 @@ class Log:
         fold = self._fold
         if fold is not None and fold.take():
             fold.add(ev)
-            fold = fold.handed_over()
+            fold = _Fold(fold.evs, fold.msgs, fold.lazy)  # handed over, inline
         else:
             fold = None
-        return Log._make(evs, n + 1, ev.seq + 1, fold)
+        # Log._make, inline: this is every append's path.
+        lg: Log = _new_log(Log)
+        lg._events = evs
+        lg._n = n + 1
+        lg._count = ev.seq + 1
+        lg._fold = fold
+        lg._own = True
+        return lg
 
     def append_message(self, message: Message | Mapping[str, Any]) -> Log:
         """A new log with ``message`` as one surface event; the type follows the role.
