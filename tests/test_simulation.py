@@ -317,3 +317,29 @@ def test_hypothesis_shrinks_a_failing_schedule() -> None:
         )
         assert replay(scenario, found).error is not None
     assert len(found.choices or ()) <= 30
+
+
+def test_a_coroutine_summariser_runs_as_a_task_on_virtual_time() -> None:
+    """A coroutine summariser (called from no event loop) runs in a task of its own; the
+    virtual seconds it sleeps pass while the session answers other calls."""
+    with Simulation(3) as sim:
+
+        async def summarise(ms: Any) -> str:
+            sim.sleep(2.0)  # a model call
+            return f"summary of {len(ms)}"
+
+        reg = Sessions(MemoryStore())
+        h = reg.open("a")
+        for i in range(6):
+            h.append("user_message", {"content": f"m{i} " * 30}).get()
+        t = sim.now()
+        fut = h.compact(Compactor(budget=1, summarise=summarise, keep_recent=1))
+        count = h.count()
+        answered: list[float] = []
+        count.add_done_callback(lambda: answered.append(sim.now()))
+        result = fut.get()
+        assert count.get() == 6
+        assert answered[0] - t < 2.0  # answered while the summary was written
+        assert sim.now() - t >= 2.0
+        assert result.summary_seq is not None
+        reg.close()
