@@ -35,7 +35,7 @@ from nous_actor.errors import StoreError
 from nous_actor.store import MemoryStore, SQLiteStore
 from nous_actor.viewer import ReadOnlyStore, create_app, read_only_sqlite
 from nous_actor.viewer.app import WINDOW_MAX
-from nous_actor.viewer.serve import make_server
+from nous_actor.viewer.server import make_server
 from nous_actor.viewer.timeline import MAX_LANES, Timeline
 
 

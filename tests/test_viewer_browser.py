@@ -30,7 +30,7 @@ from viewer_sessions import (
 
 from nous_actor.store import SQLiteStore
 from nous_actor.viewer import read_only_sqlite
-from nous_actor.viewer.serve import make_server
+from nous_actor.viewer.server import make_server
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page

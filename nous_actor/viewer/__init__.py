@@ -8,7 +8,7 @@ package.
 """
 
 from nous_actor.viewer.app import create_app
-from nous_actor.viewer.serve import DEFAULT_HOST, DEFAULT_PORT, serve
+from nous_actor.viewer.server import DEFAULT_HOST, DEFAULT_PORT, serve
 from nous_actor.viewer.source import ReadOnlyStore, read_only_sqlite
 
 __all__ = [
