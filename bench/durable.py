@@ -459,26 +459,32 @@ def bench_sweep(cfg: h.Config) -> h.Section:
 _SELECT: Final = "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq"
 
 
-def _library_decoder() -> tuple[str, Callable[[Any], Any]]:
+def _library_decoder() -> tuple[str, Callable[[Any, int], Any]]:
     """The library's own decoder of a stored row's ``data`` (what ``SQLiteStore.load`` runs
     on every row, through ``event_from_row``), named; stdlib ``json.loads`` if it moved."""
     try:
         from nous_actor.core.codec import _load_stored
 
-        return "codec._load_stored", partial(_load_stored, seq=0)
+        return "codec._load_stored", _load_stored
     except ImportError:  # internal API: fall back, and say so in the row
-        return "json.loads (library decoder not found)", json.loads
+        return "json.loads (library decoder not found)", lambda data, seq: json.loads(data)
 
 
 DECODER_NAME, DECODE = _library_decoder()
 
 
-def _floor(path: Path, sid: str, decode: Callable[[Any], Any] = DECODE) -> int:
-    """A bare ``SELECT`` + ``decode`` of every row's data, on a fresh connection."""
+def _floor(path: Path, sid: str, stdlib: bool = False) -> int:
+    """A bare ``SELECT`` + the decoder of every row's data, on a fresh connection: the
+    library's, called as ``event_from_row`` calls it, or stdlib ``json.loads``."""
     conn = sqlite3.connect(path)
     try:
         rows = conn.execute(_SELECT, (sid,)).fetchall()
-        datas = [decode(r[3]) for r in rows]
+        if stdlib:
+            loads = json.loads
+            datas = [loads(r[3]) for r in rows]
+        else:
+            decode = DECODE
+            datas = [decode(r[3], r[0]) for r in rows]
     finally:
         conn.close()
     return len(datas)
@@ -504,7 +510,7 @@ def _phases(path: Path, sid: str) -> dict[str, int] | None:
         rows_ns, rows = h.timed(lambda: conn.execute(_SELECT, (sid,)).fetchall())
     finally:
         conn.close()
-    data_ns, _ = h.timed(lambda: [DECODE(r[3]) for r in rows])
+    data_ns, _ = h.timed(lambda: [DECODE(r[3], r[0]) for r in rows])
     decode_ns, events = h.timed(lambda: [event_from_row(*r) for r in rows])
     restore_ns, log = h.timed(partial(Log.restore, events))
     fold_ns, _ = h.timed(log._folded)  # what a session does on start: messages stay lazy
@@ -549,8 +555,7 @@ def bench_recovery(cfg: h.Config) -> h.Section:
                 if step != "ours":
                     if last:
                         continue
-                    decode = DECODE if step == "floor" else json.loads
-                    ns, got = h.timed(partial(_floor, path, sid, decode))
+                    ns, got = h.timed(partial(_floor, path, sid, step == "stdlib"))
                     if got != n:
                         raise AssertionError(f"durable.recovery: SELECT read {got} rows, not {n}")
                     times[step].append(ns)
