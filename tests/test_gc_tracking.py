@@ -141,3 +141,48 @@ def test_elsewhere_values_stay_tracked(monkeypatch: pytest.MonkeyPatch) -> None:
     value = [1]
     keep(value)
     assert gc.is_tracked(value)
+
+
+def test_a_session_recovered_from_sqlite_adds_no_tracked_object_per_event(
+    tmp_path: Any,
+) -> None:
+    """Recovering 2,000 stored events (load, restore, fold, derive) leaves only a fixed few
+    new tracked objects: the collector's work does not grow with the history."""
+    from nous_actor import SQLiteStore
+
+    source = Log()
+    for i in range(2_000):
+        source = source.append("assistant_message" if i % 2 else "user_message", _nested(i))
+    store = SQLiteStore(tmp_path / "gc.db")
+    try:
+        assert not store.write({"s": source.events()})
+        del source
+        before = _tracked_count()
+        log = Log.restore(store.load("s"))
+        msgs = log.derive_messages()
+        grown = _tracked_count() - before
+    finally:
+        store.close()
+    assert (log.count(), len(msgs)) == (2_000, 2_000)
+    assert grown < 50, grown
+
+
+def test_a_live_session_adds_no_tracked_object_per_event() -> None:
+    """2,000 appends through an in-memory session, then a derive, leave only a fixed few
+    new tracked objects in the process."""
+    from nous_actor import Session
+
+    datas = [_nested(i) for i in range(2_000)]
+    s = Session.start("gc-live")
+    try:
+        s.count().get(timeout=30)
+        before = _tracked_count()
+        futs = [s.append("user_message", d) for d in datas]
+        futs[-1].get(timeout=30)
+        del futs
+        msgs = s.derive_messages().get(timeout=30)
+        grown = _tracked_count() - before
+    finally:
+        s.stop()
+    assert len(msgs) == 2_000
+    assert grown < 100, grown
