@@ -8,6 +8,7 @@ import gc
 import pickle
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,7 +145,7 @@ def test_elsewhere_values_stay_tracked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_session_recovered_from_sqlite_adds_no_tracked_object_per_event(
-    tmp_path: Any,
+    tmp_path: Path,
 ) -> None:
     """Recovering 2,000 stored events (load, restore, fold, derive) leaves only a fixed few
     new tracked objects: the collector's work does not grow with the history."""
