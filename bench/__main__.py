@@ -34,6 +34,7 @@ from bench import (
     postgres,
     runtime,
     session,
+    simulation,
     telemetry,
 )
 from bench.harness import Benchmark, Config, progress
@@ -49,6 +50,7 @@ MODULES: Final[tuple[ModuleType, ...]] = (
     postgres,
     cluster,
     adk,
+    simulation,
 )
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
