@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from nous_actor.core.codec import event_to_dict
-from nous_actor.core.event import SURFACE_TYPES, Event, EventType
-from nous_actor.core.log import Log
+from nous_actor.core.event import SURFACE_TYPES, Event, EventType, project
 from nous_actor.core.message import tool_call_parts
 
 __all__ = ["MAX_LANES", "Span", "Timeline"]
@@ -123,8 +122,8 @@ class Timeline:
         self.forked_from: dict[str, Any] | None = None
         self.compactions: list[int] = []
         self.turn_starts: list[int] = []
-        self._log = Log()
-        self._as_of_cache: tuple[int, int, list[dict[str, Any]]] | None = None
+        self._count = 0
+        self._as_of_cache: tuple[int, int, list[dict[str, Any]], int] | None = None
         self.extend(events)
 
     # -- building ----------------------------------------------------------------------------
@@ -132,21 +131,18 @@ class Timeline:
     @property
     def next_seq(self) -> int:
         """The seq the session's next event gets."""
-        return self._log.count()
+        return self._count
 
     def extend(self, events: Iterable[Event]) -> int:
         """Add events committed after the last one held (older seqs are skipped);
         returns how many were added."""
         added = 0
         with self._lock:
-            fresh = [ev for ev in events if ev.seq >= self._log.count()]
-            if fresh and not self._log.count():
-                self._log = Log.restore(fresh)
-            elif fresh:
-                for ev in fresh:
-                    self._log = self._log.append_event(ev)
-            for ev in fresh:
+            for ev in events:
+                if ev.seq < self._count:
+                    continue  # held already
                 self._add(ev)
+                self._count = ev.seq + 1
                 added += 1
             if added:
                 self._as_of_cache = None
@@ -373,31 +369,48 @@ class Timeline:
         """The messages the model saw right after event ``seq`` (now, for ``None``):
         the first ``limit`` of them in full, and how many there were.
 
+        No refold: an event is on the surface as of ``seq`` iff it is a surface
+        event with a seq up to ``seq`` that no replace up to ``seq`` shadows, that
+        is, whose first shadowing replace (if any) comes after ``seq``; the
+        surface is those events stably sorted by position (DESIGN §3).
+
         Raises:
             ValueError: ``seq`` is negative or past the head.
         """
         with self._lock:
-            log = self._log
-            at = log.count() - 1 if seq is None else seq
+            count = self.next_seq
+            at = count - 1 if seq is None else seq
+            if not -1 <= at < count or (seq is not None and seq < 0):
+                raise ValueError(f"as of seq {seq}: give a seq from 0 to {count - 1}")
             cached = self._as_of_cache
-            if cached is not None and cached[0] == at and cached[1] == log.count():
-                messages = cached[2]
+            if cached is not None and cached[0] == at and cached[1] == count:
+                shown, total = cached[2], cached[3]
             else:
-                if at < 0:
-                    messages = []
-                else:
-                    view = log if at == log.count() - 1 else log.as_of(at)
-                    messages = [
+                end = bisect_right(self.seqs, at)
+                kept = [
+                    ev
+                    for ev, first in zip(self.events[:end], self.first_shadow[:end], strict=True)
+                    if ev.type in SURFACE_TYPES and not 0 <= first <= at
+                ]
+                kept.sort(key=_position)  # stable: ties keep seq order
+                total = len(kept)
+                shown = []
+                for ev in kept[:limit]:
+                    m = project(ev)
+                    shown.append(
                         {
-                            "seq": s,
+                            "seq": ev.seq,
                             "role": m.role.value,
                             "text": _message_text(m.content, m.tool_calls),
                             "tool_call_id": m.tool_call_id,
                         }
-                        for s, m in view.derive_indexed()
-                    ]
-                self._as_of_cache = (at, log.count(), messages)
-            return {"as_of": at, "count": len(messages), "messages": messages[:limit]}
+                    )
+                self._as_of_cache = (at, count, shown, total)
+            return {"as_of": at, "count": total, "messages": shown}
+
+
+def _position(ev: Event) -> int:
+    return ev.position
 
 
 def _message_text(content: Any, calls: Sequence[Any]) -> str:
