@@ -25,6 +25,7 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
 from google.adk.sessions.base_session_service import GetSessionConfig
+from google.adk.sessions.session import Session as AdkSession
 from google.genai import types
 from hypothesis import given
 from hypothesis import strategies as st
@@ -297,6 +298,44 @@ def test_lookups_of_unknown_ids_leave_nothing_running(sessions: Sessions) -> Non
         assert not [k for k in sessions.live() if k.startswith("adk/s/")]
         made = await service.create_session(app_name="a", user_id="u", session_id="nobody-0")
         assert made.id == "nobody-0"
+
+    run(body())
+
+
+def test_listed_sessions_are_plain_adk_sessions(sessions: Sessions) -> None:
+    """Listed sessions equal validated ADK sessions, and each returned session is its own:
+    changing one (its state, nested values too, a field) changes no other and nothing
+    stored."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        for sid in ("x", "y"):
+            await service.create_session(
+                app_name="a", user_id="u", session_id=sid, state={"k": [sid]}
+            )
+        x, y = (await service.list_sessions(app_name="a", user_id="u")).sessions
+        assert x == AdkSession(
+            id=x.id,
+            app_name="a",
+            user_id="u",
+            state={"k": [x.id]},
+            last_update_time=x.last_update_time,
+        )
+        x.state["k"].append("changed")
+        x.last_update_time = 5.0
+        x.events.append(Event(author="user"))
+        assert y.state == {"k": [y.id]}
+        assert y.events == []
+        assert y.last_update_time != 5.0
+        assert "last_update_time" in y.model_fields_set
+        again = (await service.list_sessions(app_name="a", user_id="u")).sessions
+        assert [s.state for s in again] == [{"k": ["x"]}, {"k": ["y"]}]
+        got = await service.get_session(app_name="a", user_id="u", session_id="x")
+        assert got is not None
+        got.state["k"].append("changed")
+        fresh = await service.get_session(app_name="a", user_id="u", session_id="x")
+        assert fresh is not None
+        assert fresh.state == {"k": ["x"]}
 
     run(body())
 

@@ -757,11 +757,11 @@ class NousSessionService(BaseSessionService):
         app, user = await asyncio.gather(
             self._state(app_key(app_name)), self._state(user_key(app_name, user_id))
         )
-        merged = dict(own)
+        merged: dict[str, Any] = thaw(own)  # the caller's own copy, nested values too
         for k, v in app.state.items():
-            merged[State.APP_PREFIX + k] = v
+            merged[State.APP_PREFIX + k] = thaw(v)
         for k, v in user.state.items():
-            merged[State.USER_PREFIX + k] = v
+            merged[State.USER_PREFIX + k] = thaw(v)
         return merged
 
     async def _write_scoped(
@@ -957,8 +957,9 @@ class NousSessionService(BaseSessionService):
                 entry = directory.get(sid)
                 if entry is None:
                     continue  # deleted (or never created: only opened)
-                state = dict(entry[1])
-                state.update(merged)
+                state: dict[str, Any] = thaw(entry[1])  # each session's own, nested too
+                if merged:
+                    state.update(thaw(merged))
                 stamp = info.last_time.timestamp() if info.last_time is not None else 0.0
                 found.append(_listed(sid, app_name, user, state, stamp))
         found.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
@@ -1091,7 +1092,9 @@ def _listed_fast(sid: str, app: str, user: str, state: dict[str, Any], stamp: fl
             "last_update_time": stamp,
         },
     )
-    _SET(obj, "__pydantic_fields_set__", set(_LISTED_FIELDS))
+    # One set for every listed session: it holds every field already, and pydantic only
+    # ever adds a field's name to it (on assignment), so it never changes.
+    _SET(obj, "__pydantic_fields_set__", _LISTED_FIELDS_SET)
     _SET(obj, "__pydantic_extra__", None)
     _SET(obj, "__pydantic_private__", dict(_PRIVATE_DEFAULTS))
     return obj
@@ -1108,6 +1111,7 @@ def _listed_checked(
 _NEW_SESSION: Final = object.__new__
 _SET: Final = object.__setattr__
 _LISTED_FIELDS: Final = ("id", "app_name", "user_id", "state", "events", "last_update_time")
+_LISTED_FIELDS_SET: Final = set(_LISTED_FIELDS)
 _SAMPLE: Final = _listed_checked("s", "a", "u", {"k": 1}, 1.5)
 _PRIVATE_DEFAULTS: Final[dict[str, Any]] = dict(_SAMPLE.__pydantic_private__ or {})
 # The fast build is used only if it gives what pydantic gives on this pydantic and ADK.
