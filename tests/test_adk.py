@@ -31,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor import MemoryStore, Sessions, SQLiteStore, Store, TurnBusy
 from nous_actor.core.event import EventType
 from nous_actor.core.history import replaced
 from nous_actor.core.ids import check_session_id
@@ -532,6 +532,39 @@ def test_two_concurrent_runs_never_interleave(sessions: Sessions) -> None:
         texts = [e.content.parts[0].text for e in got.events]  # type: ignore[union-attr,index]
         assert texts == ["A", "answer to A", "B", "answer to B"]
         assert "answer to A" in request_texts(llm.seen[1])
+
+    run(body())
+
+
+def test_a_run_with_policy_reject_fails_while_another_holds_the_session(
+    sessions: Sessions,
+) -> None:
+    """With policy reject, a run that starts while another run holds the session fails at
+    once with TurnBusy (chained by ADK's plugin manager), and stores nothing."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        release = asyncio.Event()
+        a_in_model = asyncio.Event()
+
+        async def script(request: LlmRequest, n: int) -> LlmResponse:
+            if request_texts(request)[-1] == "A":
+                a_in_model.set()
+                await asyncio.wait_for(release.wait(), BOUND)
+            return model_text("done")
+
+        runner = make_runner(service, ScriptedLlm(script=script), service.plugin("reject"))
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        first = asyncio.ensure_future(collect(runner, "s", "A"))
+        await asyncio.wait_for(a_in_model.wait(), BOUND)
+        with pytest.raises(RuntimeError) as info:
+            await collect(runner, "s", "B")
+        assert isinstance(info.value.__cause__, TurnBusy)
+        release.set()
+        await asyncio.wait_for(first, BOUND)
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        assert [e.content.parts[0].text for e in got.events] == ["A", "done"]  # type: ignore[union-attr,index]
 
     run(body())
 
