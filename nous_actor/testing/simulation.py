@@ -41,7 +41,7 @@ import random
 import sys
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
@@ -56,15 +56,19 @@ from nous_actor.runtime.dispatcher import DispatchedActor, Dispatcher
 from nous_actor.store import committer as committer_module
 
 __all__ = [
+    "EPOCH",
+    "FAULT_KINDS",
     "Fault",
     "FaultKind",
     "FaultRates",
+    "Outcome",
     "Schedule",
     "Simulation",
     "SimulationError",
     "SimulationFailure",
     "SimulatedCrash",
     "explore",
+    "find",
     "replay",
     "shrink",
 ]
@@ -1034,13 +1038,3 @@ def shrink(scenario: Scenario, failing: Outcome, *, runs: int = 200) -> Outcome:
     while choices and choices[-1] == 0:
         choices.pop()
     return replace(best, schedule=replace(best.schedule, choices=tuple(choices)))
-
-
-def schedules_per_minute(scenario: Scenario, seeds: Sequence[int], **kw: Any) -> float:
-    """How many schedules of ``scenario`` run per minute (wall clock)."""
-    import time
-
-    t0 = time.perf_counter()
-    for seed in seeds:
-        replay(scenario, Schedule(seed, **kw))
-    return len(seeds) * 60.0 / (time.perf_counter() - t0)
