@@ -64,3 +64,9 @@ def test_the_registry_race_holds_when_the_registry_restarts() -> None:
     """100 schedules of the registry race with crashes of the registry itself (its
     supervisor restarts it) besides the other faults: none fails."""
     assert explore(registry_scenario(), range(100), rates=REGISTRY_FAULTS) == 100
+
+
+def test_the_registry_race_holds_while_idle_sessions_are_passivated() -> None:
+    """100 schedules where callers pause long enough (virtual seconds) for the passivator
+    to stop their sessions between calls, with faults: none fails."""
+    assert explore(registry_scenario(idle_timeout=1.0), range(100), rates=REGISTRY_FAULTS) == 100

@@ -197,15 +197,21 @@ def _close(registry: Sessions) -> None:
 
 
 def registry_scenario(
-    sessions: int = 10, callers: int = 3, appends: int = 8, store: str = "memory"
+    sessions: int = 10,
+    callers: int = 3,
+    appends: int = 8,
+    store: str = "memory",
+    idle_timeout: float | None = None,
 ) -> Scenario:
     """Callers append to ``sessions`` sessions of one registry (under a `Supervisor`, so
-    that it restarts when it crashes); acknowledged means stored."""
+    that it restarts when it crashes); acknowledged means stored. With ``idle_timeout``
+    the registry passivates idle sessions, and each caller pauses (virtual seconds, in a
+    simulation) after every other append, so that passivations race the calls."""
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
             # Under a supervisor, so that a crash of the registry is restarted too.
-            reg = Sessions(st, timeout=_timeout(env), start=False)
+            reg = Sessions(st, timeout=_timeout(env), start=False, idle_timeout=idle_timeout)
             sup = Supervisor.start([reg.child_spec()])
             acked: dict[str, dict[int, str]] = {}
 
@@ -232,6 +238,8 @@ def registry_scenario(
                     assert not ok or n > ev.seq, (
                         f"{sid}: a read saw {n} events after seq {ev.seq} was acknowledged"
                     )
+                    if idle_timeout is not None and i % 2:
+                        yield idle_timeout * (0.5 + (c + i) % 3 / 2)
 
             for c in range(callers):
                 env.go(caller(c), f"caller{c}")
