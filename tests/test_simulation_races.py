@@ -22,9 +22,14 @@ from nous_actor.testing.races import (
 )
 from nous_actor.testing.simulation import FaultRates, explore
 
-FAULTS = FaultRates(crash=0.01, fail_commit=0.01, slow_commit=0.03, stop=0.005)
+FAULTS = FaultRates(crash=0.01, fail_commit=0.01, doubt_commit=0.005, slow_commit=0.03, stop=0.005)
 REGISTRY_FAULTS = FaultRates(
-    crash=0.01, fail_commit=0.01, slow_commit=0.03, stop=0.005, restart_registry=0.003
+    crash=0.01,
+    fail_commit=0.01,
+    doubt_commit=0.005,
+    slow_commit=0.03,
+    stop=0.005,
+    restart_registry=0.003,
 )
 
 SCENARIOS: dict[str, Callable[..., Any]] = {
@@ -44,7 +49,8 @@ def test_a_race_holds_under_a_hundred_schedules(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_a_race_holds_under_schedules_with_faults(name: str) -> None:
-    """100 seeded schedules with crashes, stops, failed and slow commits: none fails."""
+    """100 seeded schedules with crashes, stops, failed, doubtful (written, reported
+    failed) and slow commits: none fails."""
     assert explore(SCENARIOS[name](), range(1000, 1100), rates=FAULTS) == 100
 
 

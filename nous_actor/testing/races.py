@@ -337,7 +337,7 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
             reg = Sessions(st, timeout=_timeout(env))
             h = _retry(env, lambda: reg.open("compact"))
             for i in range(messages):
-                _retry(env, partial(_append_get, reg, "compact", f"m{i} " * 20))
+                _retry(env, partial(_append_get, reg, "compact", f"m{i} " * 20), tries=40)
 
             def summarise(ms: Any) -> str:
                 env.sleep(1.0)  # a model call: virtual time passes

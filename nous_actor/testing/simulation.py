@@ -73,11 +73,14 @@ __all__ = [
     "shrink",
 ]
 
-FaultKind = Literal["crash", "stop", "fail_commit", "slow_commit", "restart_registry"]
+FaultKind = Literal[
+    "crash", "stop", "fail_commit", "doubt_commit", "slow_commit", "restart_registry"
+]
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "crash",
     "stop",
     "fail_commit",
+    "doubt_commit",
     "slow_commit",
     "restart_registry",
 )
@@ -106,6 +109,8 @@ class Fault:
     * ``stop``: a live session is stopped (normally; its next call reopens it);
     * ``fail_commit``: the next commit fails (nothing written; sessions see a
       store failure);
+    * ``doubt_commit``: the next commit is written but reported failed (a connection
+      lost after the commit: its appends are stored, never acknowledged);
     * ``slow_commit``: the next commit waits ``seconds`` of virtual time;
     * ``restart_registry``: a live registry crashes (its supervisor restarts it).
     """
@@ -127,6 +132,7 @@ class FaultRates:
     crash: float = 0.0
     stop: float = 0.0
     fail_commit: float = 0.0
+    doubt_commit: float = 0.0
     slow_commit: float = 0.0
     restart_registry: float = 0.0
     horizon: int = 400
@@ -290,12 +296,20 @@ class _CommitQueue:
 
 
 class _FailingStore:
-    """What a ``fail_commit`` fault writes to: it refuses every write, storing nothing."""
+    """What a ``fail_commit`` fault writes to: it refuses every write, storing nothing (or,
+    ``written``, stores it and then fails: a ``doubt_commit``)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, written: bool = False) -> None:
         self._store = store
+        self._written = written
 
     def write(self, appends: Any) -> dict[str, StoreError]:
+        if self._written:
+            self._store.write(appends)
+            raise StoreError(
+                "simulated commit failure after the write (a fault of the schedule); "
+                "whether it was stored is unknown"
+            )
         raise StoreError("simulated commit failure (a fault of the schedule); nothing written")
 
     def __getattr__(self, name: str) -> Any:
@@ -701,17 +715,17 @@ class Simulation:
         if n == min(len(items), 4):
             n = len(items)
         batch = [items.popleft() for _ in range(n)]
-        fail = self._take_fault("fail_commit")
+        fail = self._take_fault("fail_commit") or self._take_fault("doubt_commit")
         self.commits += 1
         described = ",".join(
             f"{item.session_id}:{'/'.join(str(ev.seq) for ev in item.events)}" for item in batch
         )
-        self.trace.append(
-            f"{self.steps} {task.label} {'FAIL ' if fail else ''}{len(batch)} {described}"
-        )
+        tag = "" if fail is None else ("FAIL " if fail.kind == "fail_commit" else "DOUBT ")
+        self.trace.append(f"{self.steps} {task.label} {tag}{len(batch)} {described}")
         if fail is not None:
             real = committer._store
-            committer._store = lambda: _FailingStore(real())
+            written = fail.kind == "doubt_commit"
+            committer._store = lambda: _FailingStore(real(), written)
             try:
                 committer._write(batch)
             finally:
@@ -768,7 +782,7 @@ class Simulation:
             return
         keep: list[Fault] = []
         for fault in self._armed:
-            if fault.kind in ("fail_commit", "slow_commit"):
+            if fault.kind in ("fail_commit", "doubt_commit", "slow_commit"):
                 keep.append(fault)  # taken by the committer's next step
             elif not self._apply(fault):
                 keep.append(fault)
