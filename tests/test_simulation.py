@@ -9,8 +9,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import pykka
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
@@ -20,7 +21,7 @@ from nous_actor.errors import CallTimeout, SessionStopped, StoreError
 from nous_actor.runtime import scheduling
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store.memory import MemoryStore
-from nous_actor.supervision import Supervisor
+from nous_actor.supervision import Backoff, ChildSpec, SupervisedActor, Supervisor
 from nous_actor.testing.races import (
     MUTATIONS,
     crash_session,
@@ -34,6 +35,7 @@ from nous_actor.testing.simulation import (
     Fault,
     FaultRates,
     Schedule,
+    SimulatedCrash,
     Simulation,
     SimulationError,
     SimulationFailure,
@@ -344,3 +346,35 @@ def test_a_coroutine_summariser_runs_as_a_task_on_virtual_time() -> None:
         assert sim.now() - t >= 2.0
         assert result.summary_seq is not None
         reg.close()
+
+
+class _Worker(SupervisedActor):
+    """A user's actor with a thread of its own: crashes on "boom", counts its starts."""
+
+    starts: ClassVar[list[float]] = []
+
+    def on_start(self) -> None:
+        host = scheduling.host
+        _Worker.starts.append(host.now() if host is not None else -1.0)
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "boom":
+            raise SimulatedCrash("boom")
+        return message
+
+
+def test_a_users_supervised_actor_restarts_after_a_virtual_backoff() -> None:
+    """A thread-per-actor child of a Supervisor runs as a task; its restart waits the
+    backoff on the virtual clock."""
+    _Worker.starts = []
+    with Simulation(2) as sim:
+        spec = ChildSpec("worker", _Worker.start)
+        sup = Supervisor.start([spec], backoff=Backoff(1.0, 1.0, 0.0))
+        assert sup.proxy().which_children().get(timeout=5) == [("worker", True)]
+        worker = pykka.ActorRegistry.get_by_class(_Worker)[0]
+        assert worker.ask("ping", timeout=5) == "ping"
+        worker.tell("boom")
+        sim.run()
+        assert len(_Worker.starts) == 2
+        assert _Worker.starts[1] - _Worker.starts[0] >= 1.0
+        sup.stop()
