@@ -234,6 +234,6 @@ class OpenTelemetrySink:
 
     def _queue_depths(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         return [
-            metrics.Observation(d._runq.qsize(), {"nous_actor.dispatcher": d.name})
+            metrics.Observation(d.queued(), {"nous_actor.dispatcher": d.name})
             for d in list(self._dispatchers)
         ]
