@@ -444,6 +444,34 @@ class Echo(DispatchedActor):
         return message
 
 
+class WhereRun(DispatchedActor):
+    """Answers each message with the name of the thread that ran its turn."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__()
+        self._use_dispatcher = dispatcher
+
+    def on_receive(self, message: Any) -> Any:
+        return threading.current_thread().name
+
+
+def test_a_caller_waiting_on_each_call_is_served_by_one_warm_thread(
+    dispatchers: Callable[..., Dispatcher],
+) -> None:
+    """On a Dispatcher(4), 300 asks one after another wake the thread that parked last,
+    not each thread in turn: one thread runs (almost) every turn, so a round trip stays
+    on a warm CPU; and no more wake-ups than calls."""
+    d = dispatchers(4)
+    ref = WhereRun.start(d)
+    ref.ask("warm-up", timeout=BOUND)
+    parks = d.parks
+    names = [ref.ask(k, timeout=BOUND) for k in range(300)]
+    top = max(names.count(n) for n in set(names))
+    assert top >= 0.9 * len(names), {n: names.count(n) for n in set(names)}
+    assert d.parks - parks <= len(names) + 1
+    ref.stop()
+
+
 def _late_ask(ref: pykka.ActorRef[Any], message: Any) -> pykka.Future[Any]:
     """What ``ref.ask`` does once its liveness check has passed: the envelope lands in the
     inbox however the actor has ended meanwhile (Pykka's stop race, made deterministic)."""

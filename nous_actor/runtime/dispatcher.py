@@ -188,9 +188,13 @@ class Dispatcher:
         quota = self.throughput
         wake = allocate_lock()
         wake.acquire()
+        again: DispatchedActor | None = None  # the actor to run next on this thread
         while True:
             try:
-                actor = runq.popleft()
+                if again is not None:
+                    actor, again = again, None
+                else:
+                    actor = runq.popleft()
             except IndexError:
                 with self._park_lock:
                     if runq:  # scheduled meanwhile: no need to park
@@ -217,7 +221,10 @@ class Dispatcher:
             inbox = actor.actor_inbox
             inbox._token.release()
             if not inbox._q.empty() and inbox._token.acquire(False):
-                self._schedule(actor)
+                if runq:  # others wait: to the back of the queue (fairness)
+                    self._schedule(actor)
+                else:  # nobody else: its next turn here, waking no other thread
+                    again = actor
 
     def __repr__(self) -> str:
         return f"<Dispatcher {self.name} threads={self.size} throughput={self.throughput}>"
