@@ -938,23 +938,39 @@ class NousSessionService(BaseSessionService):
         """
         app = _part(app_name, "app_name")
         if user_id is not None:
-            users = [user_id]
             prefix = f"adk/s/{app}/{_part(user_id, 'user_id')}/"
         else:
             prefix = f"adk/s/{app}/"
-        infos = await asyncio.to_thread(_index, self.sessions, prefix)
-        if user_id is None:
-            users = sorted({parse_key(i.session_id)[1][1] for i in infos})
-        found: list[AdkSession] = []
-        for user in users:
-            directory = (await self._state(directory_key(app_name, user))).directory
-            merged = await self._merged(app_name, user, {})
-            upfx = f"adk/s/{app}/{_part(user, 'user_id')}/"
+        index = asyncio.ensure_future(asyncio.to_thread(_index, self.sessions, prefix))
+        known: dict[str, tuple[_StateView, dict[str, Any]]] = {}
+        if user_id is not None:  # read the user's directory and state meanwhile
+            try:
+                known[user_id] = await asyncio.gather(
+                    self._state(directory_key(app_name, user_id)),
+                    self._merged(app_name, user_id, {}),
+                )
+            except BaseException:
+                index.cancel()
+                raise
+        infos = await index
+        groups: dict[str, list[tuple[str, SessionInfo]]] = {}
+        if user_id is not None:
+            cut = len(prefix)
+            groups[user_id] = [(unquote(i.session_id[cut:]), i) for i in infos]
+        else:
             for info in infos:
-                if not info.session_id.startswith(upfx):
-                    continue
-                sid = unquote(info.session_id[len(upfx) :])
-                entry = directory.get(sid)
+                kind, parts = parse_key(info.session_id)
+                if kind == "session" and parts[0] == app_name:
+                    groups.setdefault(parts[1], []).append((parts[2], info))
+        found: list[AdkSession] = []
+        for user in sorted(groups):
+            if user not in known:
+                known[user] = await asyncio.gather(
+                    self._state(directory_key(app_name, user)), self._merged(app_name, user, {})
+                )
+            directory, merged = known[user]
+            for sid, info in groups[user]:
+                entry = directory.directory.get(sid)
                 if entry is None:
                     continue  # deleted (or never created: only opened)
                 state: dict[str, Any] = thaw(entry[1])  # each session's own, nested too
