@@ -524,7 +524,8 @@ def _phases(path: Path, sid: str) -> dict[str, int] | None:
 
 
 def bench_recovery(cfg: h.Config) -> h.Section:
-    """``Session.start`` of a 100k-event session from SQLite vs SELECT + json.loads (G8)."""
+    """``Session.start`` of a 100k-event session from SQLite vs SELECT + the library's own
+    decoder, stdlib ``json.loads`` beside it (G8)."""
     n = cfg.pick(100_000, 5_000)
     repeats = cfg.pick(5, 1)  # a shared machine: a median of 5, alternating order
     sid = "recovered"
