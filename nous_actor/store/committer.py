@@ -129,14 +129,21 @@ class Committer:
     def _write(self, batch: list[_Item]) -> None:
         """Commit one batch and answer its items (never raises: the writer lives on)."""
         try:
-            self._commit(batch)
+            interrupt = self._commit(batch)
         except BaseException as exc:  # never let the writer thread die silently
             logger.error("store.committer_failed", reason=type(exc).__name__, error=str(exc))
             err = StoreError(f"the store's writer failed: {type(exc).__name__}: {exc}")
             for item in batch:
                 _notify(item, err)
+            return
+        if interrupt is not None:  # its items are answered (failed): only logged here
+            logger.error(
+                "store.committer_failed", reason=type(interrupt).__name__, error=str(interrupt)
+            )
 
-    def _commit(self, batch: list[_Item]) -> None:
+    def _commit(self, batch: list[_Item]) -> BaseException | None:
+        """Write one batch and answer each of its items exactly once; returns the
+        ``KeyboardInterrupt``/``SystemExit`` a store's write raised (its items failed)."""
         writes: dict[str, list[Event]] = {}
         drops: list[_Item] = []
         done: list[tuple[_Item, StoreError | None]] = []
@@ -207,8 +214,7 @@ class Committer:
                         reason=type(err).__name__,
                         error=str(err),
                     )
-        if interrupt is not None:  # every item is answered; now let it through
-            raise interrupt
+        return interrupt
 
 
 def _for_session(err: StoreError, session_id: str) -> StoreError:
