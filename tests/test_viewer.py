@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -367,7 +368,8 @@ def _free_port() -> int:
 
 
 def test_serve_serves_the_store_on_loopback(db: Path) -> None:
-    """``nous-actor serve`` says where it listens, on 127.0.0.1, and answers there."""
+    """``nous-actor serve`` says where it listens, on 127.0.0.1, answers there, and
+    stops cleanly on Ctrl-C while a live feed is open."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "nous_actor", "serve", str(db), "--port", str(port)],
@@ -395,9 +397,18 @@ def test_serve_serves_the_store_on_loopback(db: Path) -> None:
                     raise
                 time.sleep(0.05)
         assert sorted(row["session_id"] for row in body["rows"]) == ["chat", "chat-fork", "hello"]
+        live = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/live?id=chat", timeout=10)
+        assert live.readline() == b"retry: 2000\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert err == ""
+        assert b'"the server stopped"' in live.read()
+        live.close()
     finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
 
 
 def test_a_loopback_server_answers_only_loopback_names(db: Path) -> None:

@@ -678,7 +678,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _out(f"nous-actor: serving {where} read-only at http://{host}:{args.port}/ (Ctrl-C stops)\n")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         _note(f"bound to {args.host}: whoever reaches this machine can read every session")
-    if not serve(store, host=args.host, port=args.port):
+    try:
+        listened = serve(store, host=args.host, port=args.port)
+    except KeyboardInterrupt:  # Ctrl-C is how it stops (after a clean shutdown)
+        return 0
+    if not listened:
         _fail(f"could not listen on {host}:{args.port}; pick another --port")
     return 0
 

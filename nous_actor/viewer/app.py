@@ -55,6 +55,9 @@ WINDOW_MAX: Final = 1000
 KEEPALIVE: Final = 15.0
 """Seconds between comments on a quiet live feed (so proxies keep it open)."""
 
+TICK: Final = 0.25
+"""How often a quiet live feed looks whether the server is stopping (``app.state.stopping``)."""
+
 _STATIC = resources.files("nous_actor.viewer") / "static"
 
 
@@ -295,15 +298,25 @@ def create_app(
         except StoreError as exc:
             return JSONResponse({"error": f"the store failed: {exc}"}, status_code=503)
 
+        stopping: Callable[[], bool] = getattr(request.app.state, "stopping", lambda: False)
+
         async def feed() -> AsyncIterator[str]:
             try:
                 yield "retry: 2000\n\n"
+                quiet = 0.0
                 while True:
+                    if stopping():  # end the feed, so that the server stops cleanly
+                        yield 'event: end\ndata: {"error": "the server stopped"}\n\n'
+                        return
                     try:
-                        ev = await sub.aget(timeout=KEEPALIVE)
+                        ev = await sub.aget(timeout=TICK)
                     except CallTimeout:
-                        yield ": still here\n\n"
+                        quiet += TICK
+                        if quiet >= KEEPALIVE:
+                            quiet = 0.0
+                            yield ": still here\n\n"
                         continue
+                    quiet = 0.0
                     last = ev.seq
                     while (more := sub.get_nowait()) is not None:  # one message a batch
                         last = more.seq

@@ -28,17 +28,20 @@ def make_server(
     set ``should_exit`` to stop it). Port 0 picks a free port. ``store`` is read
     through a `ReadOnlyStore` (see `create_app`). Bound to loopback, it answers only
     requests addressed to a loopback name (`LOOPBACK`), whatever DNS says."""
-    loopback = host in LOOPBACK
+    app = create_app(store, where=where, allowed_hosts=LOOPBACK if host in LOOPBACK else None)
     config = uvicorn.Config(
-        create_app(store, where=where, allowed_hosts=LOOPBACK if loopback else None),
+        app,
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=1,
+        timeout_graceful_shutdown=3,
         lifespan="off",
     )
-    return uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    # Live feeds end themselves once the server is told to stop, before its grace runs out.
+    app.state.stopping = lambda: server.should_exit
+    return server
 
 
 def serve(
