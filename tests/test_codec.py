@@ -618,3 +618,11 @@ def test_escaped_surrogate_pairs_and_backslashes_are_read() -> None:
     data = '{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}'
     ev = codec.event_from_row(0, "user_message", _TIME, data)
     assert ev.data == {"a": "\U0001f600", "b": "\\ud800"}
+
+
+@pytest.mark.parametrize("seq", ["3", 3.0, None, -1, True])
+def test_a_stored_row_with_a_seq_that_is_not_an_int_is_refused(seq: Any) -> None:
+    """A row whose seq column is not an int >= 0 is refused when read, naming the column."""
+    err = _row_error(seq, "user_message", _TIME, "{}")
+    assert err.field == "seq"
+    assert "'seq' must be an int >= 0" in str(err)

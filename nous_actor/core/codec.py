@@ -215,6 +215,8 @@ def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
     Raises:
         CodecError: a column is malformed; ``.field`` names it.
     """
+    if type_of(seq) is not int or seq < 0:
+        _fail(f"'seq' must be an int >= 0, got {seq!r}", None, "seq")
     etype = EVENT_TYPES.get(type)
     if etype is None:
         _fail(f"seq {seq}: unknown event type {type!r}", None, "type")
