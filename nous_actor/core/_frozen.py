@@ -54,7 +54,11 @@ def _gc_untracker() -> Callable[[object], None]:
 
 
 untrack: Callable[[object], None] = _gc_untracker()
-"""Take a value that can never be on a reference cycle out of the cyclic collector."""
+"""Take a value that can never be on a reference cycle out of the cyclic collector.
+
+Only for instances of types the collector knows (a dict or list subclass, a class
+with ``__slots__``): CPython reads the collector's header of whatever it is given,
+and an object without one (``object()``, an int) would crash the interpreter."""
 
 
 def _refuse_dict(self: object, *args: object, **kwargs: object) -> NoReturn:
