@@ -254,6 +254,7 @@ def ask(worker: Worker, sid: str, rid: str) -> dict[str, Any] | None:
 class Outcome:
     acked: dict[str, str] = field(default_factory=dict)  # rid -> sid
     retried: int = 0
+    refused: list[str] = field(default_factory=list)  # replies refused, then sent again
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     replies: int = 0
@@ -266,9 +267,11 @@ def run_clients(
     *,
     seed: int = 0,
     on_progress: Callable[[int], None] | None = None,
+    retry_refused: bool = False,
 ) -> Outcome:
     """Send ``requests`` ((session id, request id) pairs) from ``clients`` threads, each to
-    a random live worker; a request whose worker died is sent again to another."""
+    a random live worker; a request whose worker died is sent again to another, and with
+    ``retry_refused`` one answered with a `ConflictError` too (noted in ``refused``)."""
     out = Outcome()
     todo: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
     for r in requests:
@@ -287,10 +290,15 @@ def run_clients(
                 if not live:
                     continue
                 reply = ask(rng.choice(live), sid, rid)
-                if reply is not None:
+                if reply is not None and not (
+                    retry_refused and str(reply.get("error", "")).startswith("ConflictError")
+                ):
                     break
                 with lock:
-                    out.retried += 1
+                    if reply is None:
+                        out.retried += 1
+                    else:
+                        out.refused.append(f"{rid}: {reply.get('error')}")
             else:
                 with lock:
                     out.errors.append(f"{rid}: no worker answered")

@@ -58,7 +58,7 @@ from nous_actor.errors import (
     StoreError,
 )
 from nous_actor.runtime import scheduling, telemetry
-from nous_actor.runtime.dispatcher import Dispatcher, Workers
+from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.runtime.exit import at_exit
 from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.future import SessionFuture
@@ -66,7 +66,6 @@ from nous_actor.sessions.recovery import recover, release
 from nous_actor.sessions.turns import DEFER, TurnHost, TurnTable
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer, committer_for
-from nous_actor.store.memory import MemoryStore
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import DispatchedSupervisedActor
 
@@ -77,10 +76,6 @@ logger = get_logger(__name__)
 T = TypeVar("T")
 Handler = Callable[..., Any]
 
-
-RELEASES: Final = Workers(2, name="nous-release")
-"""Where stopped sessions give up their claims (a write that may wait for another
-process's write lock): never on a dispatcher thread."""
 
 _DEFER: Any = DEFER  # a handler's result meaning "the future is answered later"
 _NONE: Any = deque(maxlen=0)  # "no parked call": shared by every session until one parks
@@ -575,16 +570,12 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         self._release_claim()
 
     def _release_claim(self) -> None:
-        """Give up the claim and then set ``released``: off this thread (a dispatcher's,
-        or the committer's) unless the store is in memory, since a release is a write
-        that may wait for another process's write lock."""
+        """Give up the claim, then set ``released`` (a successor waits for it)."""
         store, token, self.claim_token = self.store, self.claim_token, None
         if store is None or token is None:
             self.released.set()
-        elif isinstance(store, MemoryStore):
-            self._release_now(store, token)
         else:
-            RELEASES.submit(partial(self._release_now, store, token))
+            self._release_now(store, token)
 
     def _release_now(self, store: Store, token: str) -> None:
         try:
@@ -1065,11 +1056,11 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         """Another process asked for this session: if it is idle, stop now (normally:
         no restart), letting go of the claim; ``False`` if it is busy (ask again later).
 
-        Calls already queued behind this one are answered with `SessionStopped`
-        (not applied); a handle's next call reopens the session through its
-        registry, which may ask for it back."""
-        why = self.busy()
-        if why is not None:
+        A call already queued behind this one makes it busy too, so a caller's
+        call is not refused for a hand-off; one that lands in the instant of the
+        stop is answered with `SessionStopped` (not applied). A handle's next call
+        reopens the session through its registry, which may ask for it back."""
+        if self.busy() is not None or not self.actor_inbox.empty():
             return False
         logger.info("session.handed_over", session_id=self.session_id, reason="asked")
         self._stop()

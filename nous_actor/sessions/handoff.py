@@ -54,6 +54,10 @@ GRACE: Final = 0.005
 write after its read) usually follows within it, and handing over in between would only
 send the session back and forth."""
 
+OFFER_WAIT: Final = 1.0
+"""How long the hand-over thread waits for the registry or a session to answer an offer
+(then it moves on; the session is offered again at the store's next change)."""
+
 IDLE_PAUSE: Final = 0.005
 """The least time between two looks at the requests by a holder (caps how often a busy
 store wakes the hand-over thread)."""
@@ -204,13 +208,13 @@ class HandOver:
         last = facade._last_used.get(session_id)
         if last is not None and facade.clock() - last < GRACE:
             return False
-        ref = facade._live_ref(session_id)
+        ref = facade._live_ref(session_id, OFFER_WAIT)
         if ref is None:
             return True
         fut: SessionFuture[Any] = SessionFuture(session_id, self._facade.timeout)
         try:
             ref.actor_inbox.put(_Envelope((SessionActor.h_handoff, (), fut)))  # type: ignore[arg-type]
-            handed = fut.get()
+            handed = fut.get(timeout=OFFER_WAIT)
         except (NousActorError, SessionStopped):
             return True  # stopped meanwhile (or slow): nothing to hand over now
         if handed:

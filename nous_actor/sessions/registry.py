@@ -453,14 +453,17 @@ class Sessions:
             ready.get()
         return ref  # type: ignore[no-any-return]
 
-    def _live_ref(self, session_id: str) -> pykka.ActorRef[Any] | None:
-        """The running actor of ``session_id`` in this registry, or ``None``."""
-        if self._closed:
+    def _live_ref(self, session_id: str, timeout: float) -> pykka.ActorRef[Any] | None:
+        """The running actor of ``session_id`` in this registry, or ``None`` (also when
+        the registry does not answer within ``timeout``)."""
+        registry = self._ref
+        if self._closed or registry is None:
             return None
         try:
-            return self._ask(("live_ref", session_id), session_id)  # type: ignore[no-any-return]
-        except SessionStopped:
+            found = registry.ask(("live_ref", session_id), timeout=timeout)
+        except (pykka.ActorDeadError, pykka.Timeout):
             return None
+        return found if isinstance(found, pykka.ActorRef) else None
 
     def _reap(self) -> None:
         assert self.idle_timeout is not None

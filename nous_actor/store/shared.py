@@ -597,6 +597,11 @@ def sqlite_handoff_requests(store: SQLiteStore) -> list[str]:
         raise
     with sqlite._live_lock:
         held = {str(sid): pid for sid, token, pid in rows if token in sqlite._live_tokens}
+        stale = [
+            (str(sid), str(token)) for sid, token, _ in rows if token not in sqlite._live_tokens
+        ]
+    for sid, token in stale:  # a claim of this process that no session holds any more
+        store.release(sid, token)  # (its release failed): let the asker have it
     alive: dict[int, bool] = {}
     return sorted(
         sid
