@@ -54,6 +54,10 @@ GRACE: Final = 0.005
 write after its read) usually follows within it, and handing over in between would only
 send the session back and forth."""
 
+GRACE_FOR: Final = 0.05
+"""How long after a request was first seen `GRACE` applies; after that, a session in
+steady use here goes at its next idle moment (nothing in flight, nothing queued)."""
+
 OFFER_WAIT: Final = 1.0
 """How long the hand-over thread waits for the registry or a session to answer an offer
 (then it moves on; the session is offered again at the store's next change)."""
@@ -149,6 +153,7 @@ class HandOver:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.handed = 0  # sessions handed over (for tests and the benchmark)
+        self._seen: dict[str, float] = {}  # when each standing request was first seen
 
     def start(self) -> None:
         """Start the thread unless it runs (or the store carries no requests)."""
@@ -195,18 +200,22 @@ class HandOver:
             except StoreError:
                 return  # the store closed (or failed): there is nothing to hand over
             waiting = False
+            now = time.monotonic()
+            seen = {sid: self._seen.get(sid, now) for sid in asked}  # first seen asked
+            self._seen = seen
             for session_id in asked:
                 if self._stop.is_set():
                     return
-                waiting |= not self._offer(session_id)
+                waiting |= not self._offer(session_id, now - seen[session_id] < GRACE_FOR)
             self._stop.wait(IDLE_PAUSE)
 
-    def _offer(self, session_id: str) -> bool:
+    def _offer(self, session_id: str, grace: bool = True) -> bool:
         """Ask the live actor of ``session_id`` in this registry, if any, to hand over;
-        ``False`` if it is busy (ask again soon)."""
+        ``False`` if it is busy (ask again soon). With ``grace``, a session called
+        within `GRACE` is left alone for now."""
         facade = self._facade
         last = facade._last_used.get(session_id)
-        if last is not None and facade.clock() - last < GRACE:
+        if grace and last is not None and facade.clock() - last < GRACE:
             return False
         ref = facade._live_ref(session_id, OFFER_WAIT)
         if ref is None:
