@@ -362,11 +362,12 @@ class DispatchedActor(pykka.Actor):
                 except Exception:
                     self._handle_failure(*sys.exc_info())
         except BaseException as exc:
-            # Pykka stops every actor on a BaseException. Not from this thread: the
-            # stops need a dispatcher thread to run (with one thread they never would).
+            # Pykka stops every actor on a BaseException: the actors registered now
+            # are asked to stop, at once (a later actor is left alone), without
+            # waiting here (their stops may need this very thread to run).
             logger.debug("actor.base_exception", actor=str(self), reason=type(exc).__name__)
             self._stop()
-            scheduling.spawn(_stop_all, "nous-stop-all")
+            ActorRegistry.stop_all(block=False)
 
     def _actor_loop_teardown(self) -> None:
         """Answer every queued ask (a stop request with ``None``), as Pykka does;
@@ -454,10 +455,6 @@ class Workers:
             with self._lock:
                 self._waiting -= 1
             _run_logged(fn)
-
-
-def _stop_all() -> None:
-    ActorRegistry.stop_all()
 
 
 def _run_logged(fn: Callable[[], None]) -> None:
