@@ -455,6 +455,22 @@ def _sequential(
 # -- a shard's restart ------------------------------------------------------------------------
 
 
+def _shard_info(sessions: Any, shard: int) -> dict[str, Any]:
+    """``sessions.shard_info()[shard]``, asked again while another shard is still being
+    restarted by Ray (its sessions answer already; the info asks every shard)."""
+    from nous_actor.errors import SessionStopped
+
+    deadline = time.monotonic() + RESTART_DEADLINE_S
+    while True:
+        try:
+            info: dict[str, Any] = sessions.shard_info()[shard]
+            return info
+        except SessionStopped:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _restart_once(sessions: Any, shard: int, handle: Any, how: str) -> dict[str, Any]:
     """Kill ``shard`` (idle) and time the first answered append on ``handle`` (one of its
     sessions), retrying while calls fail because the shard is gone."""
@@ -499,7 +515,7 @@ def _restart_once(sessions: Any, shard: int, handle: Any, how: str) -> dict[str,
         broken = f"no answer within {RESTART_DEADLINE_S:g} s"
     up: float | None = None
     if answered:
-        after = sessions.shard_info()[shard]
+        after = _shard_info(sessions, shard)
         if seq < last:
             raise AssertionError(f"cluster.ray restart: seq {seq} after {last} events")
         if after["pid"] == before["pid"]:
