@@ -82,6 +82,7 @@ from nous_actor.store.base import (
     check_seconds,
     valid_store_id,
 )
+from nous_actor.store.shared import FollowedWatch
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["FencedError", "PostgresStore", "PostgresWatch"]
@@ -1853,7 +1854,7 @@ class _Leases:
 # -- live feeds across processes ---------------------------------------------------------------
 
 
-class PostgresWatch(Subscription):
+class PostgresWatch(FollowedWatch):
     """A live feed of one session's committed events, read from PostgreSQL.
 
     A `nous_actor.Subscription` (``get(timeout)``, ``get_nowait()``,
@@ -1873,49 +1874,8 @@ class PostgresWatch(Subscription):
         buffer: int,
         timeout: float,
     ) -> None:
-        super().__init__(
-            session_id, from_seq=from_seq, buffer=buffer, timeout=timeout, on_close=listener.remove
-        )
-        self._listener = listener
-        self.next_fetch = from_seq  # the listener's: the next seq to read from the database
+        super().__init__(session_id, from_seq, buffer, timeout, listener.remove, listener.poke)
         self.dirty = True  # the listener's: there may be rows to read
-        self.starved = False  # the buffer was full while rows were waiting
-
-    def _deliver(self, events: Sequence[Event]) -> bool:
-        """Listener thread: add read events; ``False`` once the feed has ended."""
-        with self._cond:
-            if self._ended:
-                return False
-            self._items.extend(events)
-            self._cond.notify_all()
-            self._wake_async()
-        return True
-
-    def _room(self) -> int:
-        """Listener thread: how many events may be read ahead now (0: full, marked starved)."""
-        with self._cond:
-            if self._ended:
-                return 0
-            room = self.buffer - len(self._items)
-            if room <= 0:
-                self.starved = True
-            return room
-
-    # Subscription's consumer side pops through this one method: after a pop that makes
-    # room while rows wait in the database, wake the listener to read more.
-    def _pop_locked(self) -> Event:
-        ev = super()._pop_locked()
-        if self.starved and len(self._items) <= self.buffer // 2:
-            self.starved = False
-            self._listener.poke()
-        return ev
-
-    def __repr__(self) -> str:
-        state = "ended" if self._ended else "open"
-        return (
-            f"<PostgresWatch session={self.session_id!r} {state} next={self.next_fetch} "
-            f"pending={len(self._items)}>"
-        )
 
 
 class _Listener:
@@ -2010,14 +1970,14 @@ class _Listener:
             for w in self._all():
                 if not w.dirty:
                     continue
-                room = w._room()
+                room = w.room()
                 if room <= 0:
                     continue
                 rows = conn.execute(query, (w.session_id, w.next_fetch, room)).fetchall()
                 events = [event_from_row(*r) for r in rows]
                 if events:
                     w.next_fetch = events[-1].seq + 1
-                    w._deliver(events)
+                    w.deliver(events)
                 if len(rows) < room:
                     w.dirty = False
                 else:
