@@ -59,6 +59,7 @@ __all__ = [
     "Workers",
     "default_dispatcher",
     "default_threads",
+    "receive_one",
 ]
 
 logger = get_logger(__name__)
@@ -347,27 +348,7 @@ class DispatchedActor(pykka.Actor):
                         self._dispatcher.close(timeout=0)
 
     def _receive_one(self, envelope: Any) -> None:
-        """Pykka's ``_actor_loop_running``, for one envelope."""
-        try:
-            response = self._handle_receive(envelope.message)
-            if envelope.reply_to is not None:
-                envelope.reply_to.set(response)
-        except Exception:
-            if envelope.reply_to is not None:
-                envelope.reply_to.set_exception()
-            else:
-                self._handle_failure(*sys.exc_info())
-                try:
-                    self.on_failure(*sys.exc_info())
-                except Exception:
-                    self._handle_failure(*sys.exc_info())
-        except BaseException as exc:
-            # Pykka stops every actor on a BaseException: the actors registered now
-            # are asked to stop, at once (a later actor is left alone), without
-            # waiting here (their stops may need this very thread to run).
-            logger.debug("actor.base_exception", actor=str(self), reason=type(exc).__name__)
-            self._stop()
-            ActorRegistry.stop_all(block=False)
+        receive_one(self, envelope)
 
     def _actor_loop_teardown(self) -> None:
         """Answer every queued ask (a stop request with ``None``), as Pykka does;
@@ -462,3 +443,28 @@ def _run_logged(fn: Callable[[], None]) -> None:
         fn()
     except BaseException as exc:
         logger.error("worker.task_failed", reason=type(exc).__name__, error=repr(exc)[:200])
+
+
+def receive_one(actor: Any, envelope: Any) -> None:
+    """Pykka's ``_actor_loop_running`` body, for one envelope of ``actor`` (a dispatched
+    actor's turn, or a simulation's step of any actor)."""
+    try:
+        response = actor._handle_receive(envelope.message)
+        if envelope.reply_to is not None:
+            envelope.reply_to.set(response)
+    except Exception:
+        if envelope.reply_to is not None:
+            envelope.reply_to.set_exception()
+        else:
+            actor._handle_failure(*sys.exc_info())
+            try:
+                actor.on_failure(*sys.exc_info())
+            except Exception:
+                actor._handle_failure(*sys.exc_info())
+    except BaseException as exc:
+        # Pykka stops every actor on a BaseException: the actors registered now are
+        # asked to stop, at once (a later actor is left alone), without waiting here
+        # (their stops may need this very thread to run).
+        logger.debug("actor.base_exception", actor=str(actor), reason=type(exc).__name__)
+        actor._stop()
+        ActorRegistry.stop_all(block=False)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-import sys
 import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
@@ -47,12 +46,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 import pykka
-from pykka import ActorRegistry
 
 from nous_actor.core import clock as core_clock
 from nous_actor.errors import StoreError
 from nous_actor.runtime import scheduling
-from nous_actor.runtime.dispatcher import DispatchedActor, Dispatcher
+from nous_actor.runtime.dispatcher import DispatchedActor, Dispatcher, receive_one
 from nous_actor.store import committer as committer_module
 
 __all__ = [
@@ -684,7 +682,7 @@ class Simulation:
             task.began = True
             actor._actor_loop_setup()
         elif not actor.actor_stopped.is_set() and not inbox.empty():
-            _receive(actor, inbox.get())
+            receive_one(actor, inbox.get())
         if actor.actor_stopped.is_set() and not task.ended:
             task.ended = True
             try:
@@ -889,26 +887,6 @@ def _actor_label(actor: Any) -> str:
     sid = getattr(actor, "session_id", None)
     name = type(actor).__name__
     return name if sid is None else f"{name}({sid})"
-
-
-def _receive(actor: Any, envelope: Any) -> None:
-    """Pykka's ``_actor_loop_running`` body, for one envelope of a threaded actor."""
-    try:
-        response = actor._handle_receive(envelope.message)
-        if envelope.reply_to is not None:
-            envelope.reply_to.set(response)
-    except Exception:
-        if envelope.reply_to is not None:
-            envelope.reply_to.set_exception()
-        else:
-            actor._handle_failure(*sys.exc_info())
-            try:
-                actor.on_failure(*sys.exc_info())
-            except Exception:
-                actor._handle_failure(*sys.exc_info())
-    except BaseException:
-        actor._stop()
-        scheduling.spawn(ActorRegistry.stop_all, "nous-stop-all")  # type: ignore[arg-type]
 
 
 # -- exploring, shrinking, replaying ----------------------------------------------------------
