@@ -28,8 +28,11 @@ def check_seconds(
         )
     above = value > low if low_open else value >= low
     if not (above and value <= high and math.isfinite(value)):
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        top = "" if high == math.inf else f" and <= {high:g}"
+        if low_open or high == math.inf:
+            bound = f"> {low:g}" if low_open else f">= {low:g}"
+            top = "" if high == math.inf else f" and <= {high:g}"
+        else:  # a closed range
+            bound, top = f"from {low}", f" to {high}"
         raise ValueError(f"{what} must be a finite number of seconds {bound}{top}, got {value!r}")
     return float(value)
 

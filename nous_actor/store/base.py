@@ -203,23 +203,6 @@ class ClosingStore:
         self.close()
 
 
-def check_seconds(value: object, what: str, low: float, high: float) -> float:
-    """``value`` as a float, if it is a number of seconds from ``low`` to ``high``
-    (a store's constructor checks its waits and leases with this before opening anything).
-
-    Raises:
-        TypeError: ``value`` is not an int or a float (a bool is refused too).
-        ValueError: ``value`` is NaN, infinite, or outside ``low`` to ``high``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(
-            f"{what} must be a number of seconds (an int or a float), got {type(value).__name__}"
-        )
-    if not low <= value <= high:  # (NaN is refused here too)
-        raise ValueError(f"{what} must be a number of seconds from {low} to {high}, got {value!r}")
-    return float(value)
-
-
 def valid_store_id(session_id: str) -> str:
     """``session_id`` if it follows the id rule (`nous_actor.core.ids`), for a store's
     entry points, which refuse with `StoreError`, as the contract says.

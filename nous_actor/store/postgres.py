@@ -71,7 +71,7 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from nous_actor._log import get_logger
-from nous_actor.core.args import check_flag
+from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.codec import CodecError, encode_data, event_from_row
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
@@ -79,7 +79,6 @@ from nous_actor.errors import ConflictError, FencedError, StoreError
 from nous_actor.store.base import (
     ClosingStore,
     SessionInfo,
-    check_seconds,
     valid_store_id,
 )
 from nous_actor.store.shared import FollowedWatch
@@ -544,8 +543,8 @@ class PostgresStore(ClosingStore):
                 f"{type(dsn).__name__}"
             )
         _check_schema(schema)
-        self.lease = check_seconds(lease, "lease", _MIN_LEASE_S, _MAX_LEASE_S)
-        self.timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S)
+        self.lease = check_seconds(lease, "lease", _MIN_LEASE_S, _MAX_LEASE_S, low_open=False)
+        self.timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S, low_open=False)
         check_flag(create, "create")
         _check_holder(holder)
         self.detect_dead_holders = check_flag(detect_dead_holders, "detect_dead_holders")
@@ -1062,7 +1061,7 @@ class PostgresStore(ClosingStore):
         Raises:
             StoreError: the id is not valid, or the store failed.
         """
-        seconds = check_seconds(seconds, "seconds", 0.0, _MAX_TIMEOUT_S)
+        seconds = check_seconds(seconds, "seconds", 0.0, _MAX_TIMEOUT_S, low_open=False)
         self._notify_request("handoff", session_id, seconds)
 
     def withdraw_handoff(self, session_id: str) -> None:

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from nous_actor.core.args import check_flag
+from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
@@ -38,7 +38,6 @@ from nous_actor.store import shared
 from nous_actor.store.base import (
     ClosingStore,
     SessionInfo,
-    check_seconds,
     valid_store_id,
 )
 from nous_actor.store.subscription import Subscription
@@ -333,7 +332,7 @@ class SQLiteStore(ClosingStore):
             )
         if durability not in ("full", "normal"):
             raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
-        timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S)
+        timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S, low_open=False)
         check_flag(create, "create")
         self.path = path if path == ":memory:" else str(Path(path))
         self.durability = durability
