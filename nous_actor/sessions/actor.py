@@ -356,12 +356,12 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
         """The store was read (by `READERS`): take the claim and the log, or fail to start."""
         self._loading = False
         self._store_op_done()
+        retained = 0 if log is None else len(log.events())
         sink = telemetry.sink
         if sink is not None:
             end = time.time_ns()
             outcome = "failed" if log is None else "recovered" if log.count() else "new"
-            count = 0 if log is None else len(log.events())
-            sink.recovered(self.session_id, outcome, count, end - int(took * 1e9), end)
+            sink.recovered(self.session_id, outcome, retained, end - int(took * 1e9), end)
         if exc is not None:
             self._start_failed(exc)
             return
@@ -375,7 +375,7 @@ class SessionActor(TurnHost, DispatchedSupervisedActor):
                 "session.recovered",
                 session_id=self.session_id,
                 reason="loaded_from_store",
-                events=len(log.events()),
+                events=retained,
                 count=log.count(),
                 seconds=round(took, 6),
             )

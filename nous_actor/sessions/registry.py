@@ -722,15 +722,16 @@ class RegistryActor(SupervisedActor):
         the caller waits for the ``ready`` returned (`m_started` sees how an open ended;
         a restart is waited for by `m_restart`)."""
         facade = self.facade
-        live = len(self.live)  # an upper bound: counted exactly only near the limit
-        if session_id not in self.live and live >= facade.max_sessions:
+        # len(live) is an upper bound (stopped sessions whose exit is not handled yet
+        # are still in it): they are counted exactly only near the limit.
+        if session_id not in self.live and len(self.live) >= facade.max_sessions:
             live = sum(1 for r in self.live.values() if r.is_alive())
-        if session_id not in self.live and live >= facade.max_sessions:
-            raise TooManySessions(
-                f"cannot open session {session_id!r}: {live} sessions are live "
-                f"(max_sessions={facade.max_sessions}); close or passivate some "
-                "(idle_timeout=), or raise max_sessions"
-            )
+            if live >= facade.max_sessions:
+                raise TooManySessions(
+                    f"cannot open session {session_id!r}: {live} sessions are live "
+                    f"(max_sessions={facade.max_sessions}); close or passivate some "
+                    "(idle_timeout=), or raise max_sessions"
+                )
         previous = self.previous.pop(session_id, None)
         dead = self.live.get(session_id)
         if dead is not None and not dead.is_alive():  # stopped; its exit not yet handled
