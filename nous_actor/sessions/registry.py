@@ -253,11 +253,7 @@ class Sessions:
         try:
             return ref.ask(message, timeout=self.timeout)
         except pykka.ActorDeadError:
-            raise SessionStopped(
-                session_id,
-                "the registry is not running (its supervisor restarts it, or it was stopped); "
-                "try again",
-            ) from None
+            raise _not_running(session_id) from None
         except pykka.Timeout:
             raise SessionStopped(
                 session_id, f"the registry did not answer within {self.timeout:g} s"
@@ -350,11 +346,7 @@ class Sessions:
         try:
             ref.tell(("reply", answer, "open", session_id))
         except pykka.ActorDeadError:
-            raise SessionStopped(
-                session_id,
-                "the registry is not running (its supervisor restarts it, or it was stopped); "
-                "try again",
-            ) from None
+            raise _not_running(session_id) from None
         ref, ready = await answer
         if ready is not None:
             await ready
@@ -868,3 +860,10 @@ class RegistryActor(SupervisedActor):
             return
         logger.error("session.gave_up", session_id=session_id, reason=reason, restart_count=count)
         self._stop_session(session_id, "gave up")
+
+
+def _not_running(session_id: str) -> SessionStopped:
+    return SessionStopped(
+        session_id,
+        "the registry is not running (its supervisor restarts it, or it was stopped); try again",
+    )
