@@ -1,0 +1,143 @@
+"""The bottom of `nous_actor.cluster.ray`: what drivers and shards say to each other.
+
+The protocol's version and limits, the shape of a call to a shard and of its
+outcome, the calls a shard runs, the session-to-shard hash (`shard_of`), and
+how a failure crosses the process boundary (`_portable`) or is told to the
+caller when a whole Ray call failed (`_lost`). Imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from typing import Any, Final
+
+import ray.exceptions
+
+from nous_actor._version import __version__
+from nous_actor.core._frozen import short_repr
+from nous_actor.errors import ClusterError, NousActorError, SessionCrashed
+from nous_actor.sessions.actor import Handler, SessionActor
+
+PROTOCOL: Final = 1
+"""The version of what drivers and shards say to each other; both sides check it."""
+
+MAX_BATCH: Final = 1000
+"""Calls carried by one Ray call to a shard, at most."""
+
+DEFAULT_IN_FLIGHT: Final = 1
+"""Batches one process has in flight to one shard, at most, unless told otherwise: one
+makes the largest batches, the cheapest on busy CPUs; more hide a slow network."""
+
+TURN_WAIT: Final = 30.0
+"""Seconds a shard waits for a link's earlier batch before starting a later one anyway
+(never, unless Ray lost a call)."""
+
+POLL_WAIT: Final = 1.0
+"""Seconds a subscription's long poll waits in its shard for the next event."""
+
+MAX_POLL: Final = 5000
+"""Events one poll of a subscription carries, at most."""
+
+# What a call to a shard is: (kind, session id, handler name, arguments).
+Op = tuple[int, str, str, tuple[Any, ...]]
+OPEN, CALL, COMPACT, STOP, ALIVE, RESTARTS = range(6)
+# What comes back for each: (NOW, value) | (FAILED, exception) | (LATER, token).
+NOW, FAILED, LATER = range(3)
+_WAIT = 3  # inside a shard only: (_WAIT, a future to await before answering)
+
+_CALLS: Final[dict[str, Handler]] = {
+    name: getattr(SessionActor, name)
+    for name in (
+        "h_append",
+        "h_append_many",
+        "h_append_at",
+        "h_snapshot",
+        "h_fork",
+        "h_read",
+        "h_log",
+        "h_turn_open",
+        "h_turn_call",
+        "h_turn_read",
+        "h_turn_end",
+    )
+}
+_READS: Final = frozenset(
+    {"derive_messages", "derive_indexed", "surface", "events", "since", "count", "as_of"}
+)
+
+
+def shard_of(session_id: str, shards: int) -> int:
+    """The shard (``0 <= shard < shards``) that hosts ``session_id``: the same in every
+    process and run. Going from ``n`` to ``n + 1`` shards moves only about ``1/(n+1)``
+    of the sessions (jump consistent hashing)."""
+    key = int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest(), "big")
+    b, j = -1, 0
+    while j < shards:
+        b = j
+        key = (key * 2862933555777941757 + 1) & 0xFFFFFFFFFFFFFFFF
+        j = int((b + 1) * ((1 << 31) / ((key >> 33) + 1)))
+    return b
+
+
+def _portable(exc: BaseException) -> Exception:
+    """``exc`` if it survives the trip to another process, else a `NousActorError`
+    saying what it was."""
+    if isinstance(exc, Exception):
+        try:
+            pickle.loads(pickle.dumps(exc))
+            return exc
+        except Exception:
+            pass
+    return NousActorError(f"{type(exc).__name__}: {short_repr(exc)}")
+
+
+def _mismatch(index: int, protocol: object) -> ClusterError:
+    """Driver and shard speak different versions: ``protocol`` is what the shard was sent
+    (``None``: seen by the driver, in the shard's answer)."""
+    if protocol is None:
+        what = f"shard {index} answered in a form nous_actor {__version__} does not know"
+    else:
+        what = (
+            f"shard {index} runs nous_actor {__version__} (protocol {PROTOCOL}) and was "
+            f"sent calls of protocol {protocol!r}"
+        )
+    return ClusterError(f"{what}: run one version of nous_actor on every node")
+
+
+def _gone(exc: BaseException) -> str | None:
+    """Why the shard is dead for good, when ``exc`` (a failed Ray call to it) says that Ray
+    will not restart it (``ray.kill(no_restart=True)``, a driver's `RaySessions.close` or
+    `RaySessions.shutdown`, its owner's exit, no restarts left); ``None`` otherwise.
+
+    Ray tells the two apart: ``ActorDiedError`` once the actor is dead for good,
+    ``ActorUnavailableError`` while it is being restarted.
+    """
+    if not isinstance(exc, ray.exceptions.ActorDiedError):
+        return None
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1].rstrip(".") if lines else type(exc).__name__
+
+
+def _lost(session_id: str, index: int, exc: BaseException) -> Exception:
+    """What a call gets when its Ray call failed as a whole. A restart is promised only
+    when Ray is restarting the shard."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        why = _gone(exc)
+        if why is not None:
+            return SessionCrashed(
+                session_id,
+                f"its shard {index} is dead and Ray will not restart it ({why}); the call "
+                "may or may not have been applied; calls through this RaySessions cannot "
+                "reach that shard again: make a new RaySessions to start it again",
+            )
+        return SessionCrashed(
+            session_id,
+            f"its shard {index} was lost with this call in flight ({type(exc).__name__}); "
+            "the call may or may not have been applied; Ray is restarting the shard, and "
+            "later calls reach it once it runs again",
+        )
+    return NousActorError(
+        f"session {session_id!r}: the call to its shard {index} failed: "
+        f"{type(exc).__name__}: {short_repr(exc)}"
+    )

@@ -1,0 +1,79 @@
+"""Subscriptions across the process boundary: the shard holds the session's
+subscriber, and a local `Subscription` is fed from it by long polls."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from nous_actor.cluster.ray._base import NOW, POLL_WAIT, _lost
+from nous_actor.cluster.ray._link import _Link
+from nous_actor.store.subscription import Subscription
+
+
+class _Feed:
+    """Feeds a local `Subscription` from its shard by long polls, each sent when the
+    last one answered (no thread of its own)."""
+
+    __slots__ = ("closed", "link", "session_id", "sub", "token")
+
+    def __init__(self, link: _Link, session_id: str, sub: Subscription, token: int) -> None:
+        self.link = link
+        self.session_id = session_id
+        self.sub = sub
+        self.token = token
+        self.closed = False
+
+    def poll(self) -> None:
+        if self.closed:
+            return
+        try:
+            ref = self.link.actor.poll.remote(self.token, POLL_WAIT)
+        except Exception as exc:
+            self._end(exc)
+            return
+        ref.future().add_done_callback(self._polled)
+
+    def _polled(self, answer: Future[Any]) -> None:
+        try:
+            events, ended, error = answer.result()
+        except Exception as exc:
+            self._end(exc)
+            return
+        for ev in events:
+            if not self.sub._push(ev):  # closed here, or this reader lags behind
+                self.close(self.sub)
+                return
+        if ended:
+            self.closed = True
+            self.sub._finish(error)
+            return
+        self.poll()
+
+    def _end(self, exc: BaseException) -> None:
+        self.closed = True
+        if self.link.closed is not None:
+            self.sub._finish(None)
+        else:
+            self.sub._finish(_lost(self.session_id, self.link.index, exc))
+
+    def close(self, sub: Subscription) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.link.actor.unsubscribe.remote(self.token)
+        except Exception:  # the shard is gone: so is its subscriber
+            pass
+
+
+def _drop_late(actor: Any, answer: Future[Any]) -> None:
+    try:
+        state, value = answer.result()
+    except Exception:
+        return
+    if state == NOW:
+        try:
+            actor.unsubscribe.remote(value[0])
+        except Exception:
+            pass

@@ -1,0 +1,171 @@
+"""Links and batching: this process's side of one shard, where calls queue and go in
+batches, one Ray call each, started by the shard in the order sent."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from functools import partial
+from typing import Any
+
+from nous_actor.cluster.ray._base import (
+    DEFAULT_IN_FLIGHT,
+    FAILED,
+    MAX_BATCH,
+    NOW,
+    PROTOCOL,
+    Op,
+    _lost,
+    _mismatch,
+)
+from nous_actor.errors import SessionStopped
+from nous_actor.runtime import telemetry
+from nous_actor.sessions.future import SessionFuture
+
+
+class _Link:
+    """This process's side of one shard: calls queue here and go in batches.
+
+    Up to ``max_in_flight`` batches are in flight at once; each carries this
+    link's id and a number, and the shard starts them strictly in that order
+    (its turns), so a session's calls are applied in the order they were made.
+    After a batch failed as a whole (the shard was lost), the next one resets
+    the shard's count and goes alone until it is answered.
+    """
+
+    __slots__ = (
+        "_futs",
+        "_in_flight",
+        "_lock",
+        "_next",
+        "_ops",
+        "_reset",
+        "actor",
+        "calls",
+        "closed",
+        "id",
+        "index",
+        "max_in_flight",
+        "sent",
+    )
+
+    def __init__(self, actor: Any, index: int, max_in_flight: int = DEFAULT_IN_FLIGHT) -> None:
+        self.actor = actor
+        self.index = index
+        self.max_in_flight = max_in_flight
+        self.id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._ops: list[Op] = []
+        self._futs: list[SessionFuture[Any]] = []
+        self._in_flight = 0
+        self._next = 0  # the number of the next batch
+        self._reset = True  # the next batch starts the shard's count for this link
+        self.closed: str | None = None
+        self.calls = 0  # Ray calls made
+        self.sent = 0  # session calls they carried
+
+    def submit(self, op: Op, fut: SessionFuture[Any]) -> None:
+        if self.closed is not None:
+            fut._fail(SessionStopped(op[1], self.closed))
+            return
+        with self._lock:
+            self._ops.append(op)
+            self._futs.append(fut)
+            batch = self._take()
+        if batch is not None:
+            self._send(*batch)
+
+    def _take(self) -> tuple[list[Op], list[SessionFuture[Any]], int, bool] | None:
+        """The next batch to send, if one may go now (under the lock)."""
+        if not self._ops or self._in_flight >= (1 if self._reset else self.max_in_flight):
+            return None
+        ops, futs = self._ops, self._futs
+        if len(ops) > MAX_BATCH:
+            self._ops, self._futs = ops[MAX_BATCH:], futs[MAX_BATCH:]
+            ops, futs = ops[:MAX_BATCH], futs[:MAX_BATCH]
+        else:
+            self._ops, self._futs = [], []
+        number, reset = self._next, self._reset
+        self._next += 1
+        self._in_flight += 1
+        return ops, futs, number, reset
+
+    def _send(
+        self, ops: list[Op], futs: list[SessionFuture[Any]], number: int, reset: bool
+    ) -> None:
+        start = time.time_ns() if telemetry.sink is not None else 0
+        try:
+            ref = self.actor.run.remote(PROTOCOL, self.id, number, reset, ops)
+        except Exception as exc:  # Ray refused the call (shut down, not connected)
+            self._finished(ops, futs, exc, lost=False)
+            return
+        self.calls += 1
+        self.sent += len(ops)
+        ref.future().add_done_callback(partial(self._done, ops, futs, start))
+
+    def _done(
+        self, ops: list[Op], futs: list[SessionFuture[Any]], start: int, answer: Future[Any]
+    ) -> None:
+        # In Ray's callback thread. The next batch goes first, then this one is answered.
+        try:
+            outcomes = answer.result()
+            if not isinstance(outcomes, list) or len(outcomes) != len(ops):
+                raise _mismatch(self.index, None)
+        except Exception as exc:
+            self._report(start, len(ops), failed=True)
+            self._finished(ops, futs, exc, lost=True)
+            return
+        self._report(start, len(ops), failed=False)
+        with self._lock:
+            self._in_flight -= 1
+            self._reset = False
+            batch = self._take()
+        if batch is not None:
+            self._send(*batch)
+        for op, fut, (state, value) in zip(ops, futs, outcomes, strict=True):
+            if state == NOW:
+                fut._resolve(value)
+            elif state == FAILED:
+                fut._fail(value)
+            else:
+                self._follow(op[1], fut, value)
+
+    def _report(self, start: int, calls: int, *, failed: bool) -> None:
+        sink = telemetry.sink
+        if sink is not None and start:
+            sink.batch_done(f"shard-{self.index}", calls, start, time.time_ns(), failed)
+
+    def _finished(
+        self, ops: list[Op], futs: list[SessionFuture[Any]], exc: BaseException, *, lost: bool
+    ) -> None:
+        """A batch failed as a whole: fail its calls; the next batch resets the count."""
+        with self._lock:
+            self._in_flight -= 1
+            self._reset = True
+            batch = self._take()
+        for op, fut in zip(ops, futs, strict=True):
+            fut._fail(_lost(op[1], self.index, exc))
+        if batch is not None:
+            self._send(*batch)
+
+    def _follow(self, session_id: str, fut: SessionFuture[Any], token: int) -> None:
+        """Ask for the outcome of a call the shard answers later."""
+        try:
+            ref = self.actor.result.remote(token)
+        except Exception as exc:
+            fut._fail(_lost(session_id, self.index, exc))
+            return
+        ref.future().add_done_callback(partial(self._settle, session_id, fut))
+
+    def _settle(self, session_id: str, fut: SessionFuture[Any], answer: Future[Any]) -> None:
+        try:
+            state, value = answer.result()
+        except Exception as exc:
+            fut._fail(_lost(session_id, self.index, exc))
+            return
+        if state == NOW:
+            fut._resolve(value)
+        else:
+            fut._fail(value)

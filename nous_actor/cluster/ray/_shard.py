@@ -1,0 +1,322 @@
+"""The shard: a `nous_actor.Sessions` registry inside one (async) Ray actor.
+
+Ray pickles `_Shard` by its module path into the shard workers, so this module
+must be importable wherever Ray runs them (nous_actor installed there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from nous_actor._log import get_logger
+from nous_actor._version import __version__
+from nous_actor.cluster.ray._base import (
+    _CALLS,
+    _READS,
+    _WAIT,
+    ALIVE,
+    CALL,
+    COMPACT,
+    FAILED,
+    LATER,
+    MAX_POLL,
+    NOW,
+    OPEN,
+    PROTOCOL,
+    RESTARTS,
+    STOP,
+    TURN_WAIT,
+    Op,
+    _mismatch,
+    _portable,
+)
+from nous_actor.core._frozen import short_repr
+from nous_actor.core.compaction import CompactionError
+from nous_actor.errors import (
+    CallTimeout,
+    NousActorError,
+    SessionStopped,
+    StoreError,
+    SubscriptionLagged,
+)
+from nous_actor.sessions.actor import SessionActor, _Compaction
+from nous_actor.sessions.handle import Session
+from nous_actor.sessions.registry import Sessions
+from nous_actor.sessions.turns import HELD
+from nous_actor.store.base import Store
+from nous_actor.store.subscription import Subscription
+
+logger = get_logger(__name__)
+
+
+class _Shard:
+    """One shard: a `Sessions` registry on its own store, inside one (async) Ray actor.
+
+    Every method is a coroutine on the actor's event loop; the sessions run in
+    their own Pykka threads, so a slow call of one session never holds up the
+    shard's other sessions.
+    """
+
+    def __init__(
+        self,
+        store_factory: Callable[[], Store],
+        index: int,
+        shards: int,
+        options: dict[str, Any],
+    ) -> None:
+        self.index = index
+        self.shards = shards
+        self.started = time.time()
+        self.error: Exception | None = None
+        self.sessions: Sessions | None = None
+        self.handles: dict[str, Session] = {}
+        self.later: dict[int, Any] = {}
+        self.subs: dict[int, Subscription] = {}
+        self.tokens = itertools.count()
+        self.turns: dict[str, int] = {}  # each link's next batch number
+        self.turned: asyncio.Condition | None = None  # made on the actor's loop
+        # Sessions a turn was opened on here: their writes may wait for a turn, so
+        # they are answered later, never holding up the batch they came in.
+        self.with_turns: set[str] = set()
+        try:
+            store = store_factory()
+            if not isinstance(store, Store):
+                raise TypeError(
+                    f"store_factory must return a nous_actor Store, got {type(store).__name__}"
+                )
+            self.sessions = Sessions(store, **options)
+        except TypeError as exc:
+            self.error = _portable(exc)
+        except Exception as exc:
+            what = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+            self.error = StoreError(f"shard {index} could not open its store: {what}")
+
+    async def ready(self) -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL,
+            "version": __version__,
+            "index": self.index,
+            "shards": self.shards,
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "started": self.started,
+            "error": self.error,
+        }
+
+    def _usable(self, session_id: str) -> bool:
+        h = self.handles.get(session_id)
+        return h is not None and h._ref is not None and not h._ref.actor_stopped.is_set()
+
+    async def _open(self, ops: list[Op]) -> dict[str, Exception]:
+        """Open (recovering from the store, off the loop) every session these calls
+        need that is not running here; the ones that could not be opened, and why."""
+        assert self.sessions is not None
+        need: list[str] = []
+        for kind, sid, _, _ in ops:
+            if kind in (ALIVE, RESTARTS) or sid in need:
+                continue
+            if kind == OPEN or not self._usable(sid):
+                need.append(sid)
+        refused: dict[str, Exception] = {}
+        if need:
+            got = await asyncio.gather(
+                *(self.sessions.aopen(sid) for sid in need), return_exceptions=True
+            )
+            for sid, h in zip(need, got, strict=True):
+                if isinstance(h, Session):
+                    self.handles[sid] = h
+                elif isinstance(h, Exception):
+                    refused[sid] = _portable(h)
+                else:
+                    raise h
+        return refused
+
+    def _later(self, waiting: Any) -> tuple[int, Any]:
+        token = next(self.tokens)
+        self.later[token] = waiting
+        return LATER, token
+
+    def _start(self, op: Op) -> tuple[int, Any]:
+        """Put one call in its session's inbox (in order); what to wait for."""
+        assert self.sessions is not None
+        kind, sid, name, args = op
+        if kind == ALIVE:
+            return NOW, sid in self.sessions.live()
+        if kind == RESTARTS:
+            return NOW, self.sessions.restart_count(sid)
+        h = self.handles[sid]
+        if kind == OPEN:
+            return NOW, None
+        if kind == CALL:
+            handler = _CALLS.get(name)
+            if handler is None or (name == "h_read" and not (args[:1] and args[0] in _READS)):
+                raise NousActorError(f"a shard runs no call {name!r}")
+            if name == "h_turn_open":
+                self.with_turns.add(sid)
+            call = h._call(handler, *args)
+            if name == "h_turn_open":  # it waits for the open turn, then as a call
+                call._timeout = args[0].wait + h.timeout
+            if name == "h_turn_open" or (name in HELD and sid in self.with_turns):
+                return self._later(call)  # it may wait for a turn: the batch does not
+            return _WAIT, call
+        if kind == COMPACT:
+            blob, at, force, cid, explicit = args
+            try:
+                compactor = pickle.loads(blob)
+            except Exception as exc:
+                raise CompactionError(
+                    f"the compactor could not be loaded in shard {self.index} "
+                    f"({type(exc).__name__}: {short_repr(exc)}); the module of its "
+                    "summariser must be importable where the shards run (install it "
+                    "there, or ship it with Ray's runtime_env)"
+                ) from None
+            req = _Compaction(compactor, at, force, cid, explicit, asyncio.get_running_loop())
+            return self._later(h._call(SessionActor.h_compact, req))
+        if kind == STOP:
+            return self._later(asyncio.ensure_future(h.astop(args[0])))
+        raise NousActorError(f"a shard runs no call of kind {kind!r}")
+
+    async def _turn(self, link: str, number: int, reset: bool) -> None:
+        """Wait until every earlier batch of ``link`` has been started."""
+        if self.turned is None:
+            self.turned = asyncio.Condition()
+        if reset or link not in self.turns:
+            # The link's first batch (or its first since a batch failed): its count
+            # starts here. A shard restarted behind a link's back knows no count
+            # either: the link learns of the restart from its failed batches.
+            self.turns[link] = number
+            return
+        async with self.turned:
+            try:
+                await asyncio.wait_for(
+                    self.turned.wait_for(lambda: self.turns[link] >= number), TURN_WAIT
+                )
+            except TimeoutError:
+                logger.error(
+                    "ray.batch_out_of_order",
+                    shard=self.index,
+                    batch=number,
+                    expected=self.turns[link],
+                    reason="an earlier batch never arrived",
+                )
+
+    async def _turned(self, link: str, number: int) -> None:
+        assert self.turned is not None
+        async with self.turned:
+            if self.turns[link] <= number:
+                self.turns[link] = number + 1
+            self.turned.notify_all()
+
+    async def run(self, protocol: int, *batch: Any) -> list[tuple[int, Any]]:
+        """Apply a batch of calls (``link, number, reset, ops``), in order, after the
+        link's earlier batches; one outcome per call."""
+        ops: list[Op] = batch[-1] if batch and isinstance(batch[-1], list) else []
+        if protocol != PROTOCOL or len(batch) != 4:
+            return [(FAILED, _mismatch(self.index, protocol))] * len(ops)
+        link, number, reset, _ = batch
+        if self.error is not None or self.sessions is None:
+            return [(FAILED, self.error)] * len(ops)
+        await self._turn(link, number, reset)
+        try:
+            refused = await self._open(ops)
+            started: list[tuple[int, Any]] = []
+            for op in ops:
+                why = refused.get(op[1])
+                if why is not None:
+                    started.append((FAILED, why))
+                    continue
+                try:
+                    started.append(self._start(op))
+                except Exception as exc:
+                    started.append((FAILED, _portable(exc)))
+        finally:
+            await self._turned(link, number)
+        out: list[tuple[int, Any]] = []
+        for state, value in started:
+            if state != _WAIT:
+                out.append((state, value))
+                continue
+            try:
+                out.append((NOW, await value))
+            except Exception as exc:
+                out.append((FAILED, _portable(exc)))
+        return out
+
+    async def result(self, token: int) -> tuple[int, Any]:
+        """The outcome of a call answered later (a compaction, a stop)."""
+        waiting = self.later.pop(token, None)
+        if waiting is None:
+            return FAILED, NousActorError(f"shard {self.index} holds no call {token}")
+        try:
+            return NOW, await waiting
+        except Exception as exc:
+            return FAILED, _portable(exc)
+
+    async def subscribe(
+        self, session_id: str, from_seq: int, buffer: int, timeout: float
+    ) -> tuple[int, Any]:
+        if self.error is not None:
+            return FAILED, self.error
+        refused = await self._open([(OPEN, session_id, "", ())])
+        if session_id in refused:
+            return FAILED, refused[session_id]
+        try:
+            sub = await self.handles[session_id].asubscribe(
+                from_seq, buffer=buffer, timeout=timeout
+            )
+        except Exception as exc:
+            return FAILED, _portable(exc)
+        token = next(self.tokens)
+        self.subs[token] = sub
+        return NOW, (token, self._drain(sub, [], 1 << 62))
+
+    @staticmethod
+    def _drain(sub: Subscription, events: list[Any], limit: int) -> list[Any]:
+        while len(events) < limit:
+            ev = sub.get_nowait()
+            if ev is None:
+                break
+            events.append(ev)
+        return events
+
+    async def poll(self, token: int, wait: float) -> tuple[list[Any], bool, Exception | None]:
+        """The next events of a subscription (waiting at most ``wait`` for the first);
+        whether it ended, and with which error."""
+        sub = self.subs.get(token)
+        if sub is None:
+            return [], True, None
+        events: list[Any] = []
+        try:
+            if not sub.pending():
+                try:
+                    events.append(await sub.aget(wait))
+                except CallTimeout:
+                    return events, False, None
+            return self._drain(sub, events, MAX_POLL), False, None
+        except (SessionStopped, SubscriptionLagged):
+            self.subs.pop(token, None)
+            error = sub._error
+            return events, True, None if error is None else _portable(error)
+
+    async def unsubscribe(self, token: int) -> None:
+        sub = self.subs.pop(token, None)
+        if sub is not None:
+            sub.close()
+
+    async def live(self) -> list[str]:
+        return [] if self.sessions is None else self.sessions.live()
+
+    async def close(self, timeout: float) -> None:
+        for sub in list(self.subs.values()):
+            sub.close()
+        self.subs.clear()
+        if self.sessions is not None:
+            await self.sessions.aclose(timeout)
