@@ -1,0 +1,157 @@
+"""How a `NousSession`'s calls reach its session: `_SessionCore`, the plumbing under it.
+
+Mutations run one at a time under the session's lock and finish even if their
+caller is cancelled; a call goes through the running task's turn when it is in
+one, else to the registry's handle, and is sent again when a stopped session
+refused it (appends pinned to one actor, so that the items keep their order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TypeVar
+
+from nous_actor.errors import SessionStopped
+from nous_actor.integrations._resend import refused, resend
+from nous_actor.integrations.openai_agents.base import MAX_ATTEMPTS, NousSessionClosed, Pending
+from nous_actor.integrations.openai_agents.shared import _Shared, _turn_of
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle import Session, SessionHandle
+from nous_actor.sessions.registry import Sessions
+
+T = TypeVar("T")
+
+
+class _SessionCore:
+    """The plumbing of a `NousSession`: what its public calls (and `RunTurn`) are built on."""
+
+    session_id: str
+    sessions: Sessions
+    _shared: _Shared
+    _handle: Session | None
+    _closed: bool
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NousSessionClosed(
+                self.session_id, "this NousSession is closed; make a new one to go on"
+            )
+
+    async def _mutate(self, body: Callable[[], Awaitable[T]]) -> T:
+        """Run `body` holding the session's lock; once started, it finishes even if the
+        caller is cancelled (then the cancellation is raised)."""
+        shared = self._shared
+        if shared.turns and _turn_of(shared) is None:
+            # Outside any turn, while turns are used here: wait for the open one to
+            # end before taking the lock (a write waiting for it would hold the lock
+            # the turn's own calls need).
+            await self._wait_for_turn()
+        await shared.lock.acquire(self.sessions.timeout, self.session_id)
+
+        async def locked() -> T:
+            try:
+                return await body()
+            except BaseException:
+                shared.marker = None  # what was stored is not known for sure
+                raise
+            finally:
+                shared.lock.release()
+
+        task = asyncio.ensure_future(locked())
+        cancelled: BaseException | None = None
+        while not task.done():
+            try:
+                await asyncio.wait({task})
+            except asyncio.CancelledError as exc:
+                cancelled = cancelled or exc
+        if cancelled is not None:
+            if not task.cancelled():
+                task.exception()  # observed
+            raise cancelled
+        return task.result()
+
+    async def _live(self) -> Session:
+        """The handle, with its session running (started or restarted off the loop)."""
+        handle = self._handle
+        if handle is None:
+            handle = self._handle = await asyncio.to_thread(self._open_handle)
+        elif not handle.is_alive():
+            await asyncio.to_thread(_reopen, handle)
+        return handle
+
+    def _open_handle(self) -> Session:
+        handle = self.sessions.open(self.session_id)
+        handle.is_alive()  # resolves its actor here, in the worker thread
+        return handle
+
+    async def _wait_for_turn(self) -> None:
+        """Answered once no turn is open (an empty append waits like a write)."""
+        await self._read(lambda h: h.append_many([]))
+
+    async def _read(self, read: Callable[[SessionHandle], SessionFuture[T]]) -> T:
+        turn = _turn_of(self._shared)
+        if turn is not None:
+            return await read(turn)
+        return await resend(self._live, read, MAX_ATTEMPTS)
+
+    async def _append(self, pending: Pending, time: datetime) -> None:
+        """Append `pending` in order; resend the part a stopped session refused."""
+        turn = _turn_of(self._shared)
+        if turn is not None:  # one atomic batch through the turn; never sent again
+            await turn.append_many([(etype, data, time) for etype, data in pending])
+            return
+        for attempt in range(MAX_ATTEMPTS):
+            handle = await self._live()
+            done, error, clean = await _append_pinned(handle, pending, time)
+            if error is None:
+                return
+            if not (clean and refused(error)) or attempt == MAX_ATTEMPTS - 1:
+                raise error
+            pending = pending[done:]
+
+
+def _reopen(handle: Session) -> None:
+    handle.count().get()  # any call restarts a stopped session of a registry
+
+
+async def _append_pinned(
+    handle: Session, pending: Pending, time: datetime
+) -> tuple[int, BaseException | None, bool]:
+    """Send every append of `pending` to the session's current actor, pipelined.
+
+    Returns how many leading appends were acknowledged, the first error, and
+    whether every append after the first error failed too (the ones a stopped
+    session refused); then resending the rest keeps the order.
+    """
+    # The one place this module reaches inside a handle: the appends are pinned
+    # to the actor the session has now, as nous_actor.sessions.faults.crash_amid does. A
+    # registry handle re-resolves a stopped actor on each call, so without the
+    # pin an append sent after a crash would reach the restarted session while
+    # earlier ones were refused, and the items would land out of order. The pin
+    # keeps the handle's touch, so that the registry sees the session in use.
+    try:
+        ref = handle._actor()
+    except SessionStopped as exc:
+        return 0, exc, True
+    if ref is None:
+        return 0, SessionStopped(handle.session_id, "the session is stopped"), True
+    pinned = Session(handle.session_id, lambda: ref, timeout=handle.timeout, touch=handle._touch)
+    futures = [pinned.append(etype, data, time) for etype, data in pending]
+    done = 0
+    error: BaseException | None = None
+    clean = True
+    for fut in futures:  # every future is awaited, so none is left unobserved
+        try:
+            await fut
+        except Exception as exc:
+            if error is None:
+                error = exc
+            clean = clean and refused(exc)
+        else:
+            if error is None:
+                done += 1
+            else:
+                clean = False
+    return done, error, clean
