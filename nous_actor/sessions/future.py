@@ -227,10 +227,11 @@ class _LoopWaker:
     queue their waiters here; the first of a batch schedules one callback on
     the loop (one ``call_soon_threadsafe``, one wake-up of the loop), which
     wakes them all. Bounds are enforced by one loop timer for every awaited
-    future, in buckets of `TICK` seconds, not by a timer per await.
+    future, in buckets of `TICK` seconds, not by a timer per await; the timer is
+    cancelled once no await is left to bound (an idle loop keeps no timer of ours).
     """
 
-    __slots__ = ("armed", "buckets", "lock", "loop", "ready", "scheduled")
+    __slots__ = ("armed", "buckets", "lock", "loop", "ready", "scheduled", "timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weakly: the waker is the value of a weak-keyed map from its loop.
@@ -240,6 +241,7 @@ class _LoopWaker:
         self.scheduled = False
         self.buckets: dict[int, dict[asyncio.Future[None], SessionFuture[Any]]] = {}
         self.armed: int | None = None  # the bucket the loop timer is set for
+        self.timer: asyncio.TimerHandle | None = None  # that timer
 
     # -- any thread ------------------------------------------------------------------------
 
@@ -278,8 +280,10 @@ class _LoopWaker:
         if waiting is None:
             waiting = self.buckets[bucket] = {}
             if self.armed is None or bucket < self.armed:
+                if self.timer is not None:  # superseded by an earlier bucket
+                    self.timer.cancel()
                 self.armed = bucket
-                loop.call_at(bucket * TICK, self._expire, bucket)
+                self.timer = loop.call_at(bucket * TICK, self._expire, bucket)
         waiting[waiter] = fut
         return bucket
 
@@ -287,11 +291,18 @@ class _LoopWaker:
         waiting = self.buckets.get(bucket)
         if waiting is not None:
             waiting.pop(waiter, None)
+            if not waiting:
+                del self.buckets[bucket]
+                if not self.buckets and self.timer is not None:  # nothing left to bound
+                    self.timer.cancel()
+                    self.timer = None
+                    self.armed = None
 
     def _expire(self, bucket: int) -> None:
         if bucket != self.armed:  # superseded by an earlier timer
             return
         self.armed = None
+        self.timer = None
         loop = self.loop()
         if loop is None:
             return
@@ -299,7 +310,7 @@ class _LoopWaker:
         for key in sorted(self.buckets):
             if key * TICK > now:
                 self.armed = key
-                loop.call_at(key * TICK, self._expire, key)
+                self.timer = loop.call_at(key * TICK, self._expire, key)
                 return
             for waiter, fut in self.buckets.pop(key).items():
                 if not waiter.done():

@@ -1,0 +1,204 @@
+"""The simulation's event loop: asyncio callers and coroutine summarisers, one callback a step.
+
+`SimEventLoop` is an ``asyncio`` event loop owned by a `Simulation` (its
+``sim.loop``). It never blocks and never starts a thread: ``time()`` is the
+simulation's virtual clock; ``call_soon`` and ``call_soon_threadsafe`` (from
+a session's turn, the committer, a subscription's feed) queue a callback that
+the loop's task runs at one of its steps, one callback a step, in order,
+interleaved with the other tasks as the schedule chooses; a timer
+(``asyncio.sleep``, ``asyncio.wait_for``, a bound on an awaited call) comes
+due when the virtual clock reaches it, and the clock moves on to it when
+nothing else can run. ``run_in_executor`` runs its function as a task of the
+simulation (as a thread would, but on the test's thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import threading
+import weakref
+from asyncio import events
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator
+from contextvars import Context
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nous_actor.testing.simulation.schedule import SimulationError
+
+if TYPE_CHECKING:
+    from nous_actor.testing.simulation.core import Simulation
+
+__all__ = ["SimEventLoop"]
+
+T = TypeVar("T")
+
+
+class SimEventLoop(asyncio.BaseEventLoop):
+    """An event loop stepped by a `Simulation`, on its virtual clock (see the module)."""
+
+    if TYPE_CHECKING:  # BaseEventLoop's own, which typeshed leaves out
+        _ready: deque[Any]
+        _scheduled: list[Any]
+        _thread_id: int | None
+
+        def _check_closed(self) -> None: ...
+
+        def _check_running(self) -> None: ...
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__()
+        self._sim = sim
+        self._made = 0  # tasks created: their default names and their order
+        self._order: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.errors: list[BaseException | None] = []
+        """What callbacks of the loop raised (and asyncio would only have logged)."""
+
+    # -- what a selector loop would do -----------------------------------------------------------
+
+    def time(self) -> float:
+        """The simulation's virtual clock."""
+        return self._sim.now_seconds
+
+    def _write_to_self(self) -> None:  # nothing to wake: the simulation steps the loop
+        pass
+
+    def _process_events(self, event_list: Any) -> None:
+        pass
+
+    def create_task(  # type: ignore[override]
+        self,
+        coro: Coroutine[Any, Any, T] | Generator[Any, None, T],
+        *,
+        name: str | None = None,
+        context: Context | None = None,
+    ) -> asyncio.Task[T]:
+        """A task of this loop; without a ``name``, ``task-N`` in creation order (asyncio's
+        own names count every task of the process, which a replay could not repeat)."""
+        self._made += 1
+        if name is None:
+            name = f"task-{self._made}"
+        task = super().create_task(coro, name=name, context=context)
+        self._order[task] = self._made
+        return task
+
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
+        """Run ``func(*args)`` as a task of the simulation (in place of a thread of
+        ``executor``); the future is answered on this loop."""
+        self._check_closed()
+        fut: asyncio.Future[T] = self.create_future()
+
+        def work() -> None:
+            try:
+                result = func(*args)
+            except BaseException as exc:
+                answer: Callable[[], None] = functools.partial(_fail, fut, exc)
+            else:
+                answer = functools.partial(_resolve, fut, result)
+            if not self.is_closed():
+                self.call_soon_threadsafe(answer)
+
+        self._sim.spawn(work, f"executor:{_name_of(func)}")
+        return fut
+
+    def run_forever(self) -> None:
+        raise SimulationError(
+            "the simulation's loop runs as the simulation runs: start coroutines with "
+            "sim.go(coro) and call sim.run(), or sim.loop.run_until_complete(coro)"
+        )
+
+    def run_until_complete(self, future: Any) -> Any:
+        """Run the simulation until ``future`` (a coroutine or a future) is done; its result.
+
+        Raises:
+            SimulationError: nothing was left to run and it is not done.
+        """
+        self._check_closed()
+        self._check_running()
+        task = asyncio.ensure_future(future, loop=self)
+        self._sim.wait(task.done, None)
+        if not task.done():
+            raise SimulationError(f"{_name_of(future)} never finished (nothing left to run)")
+        return task.result()
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        """As asyncio does (log it); what a callback raised in a step is also kept in
+        `errors` and the trace (a failed callback is a defect a test should see)."""
+        if "handle" in context and self._sim._loop_depth:
+            exc = context.get("exception")
+            self.errors.append(exc)
+            self._sim.trace.append(f"{self._sim.steps} loop error {type(exc).__name__}")
+        super().call_exception_handler(context)
+
+    # -- what the simulation calls ---------------------------------------------------------------
+
+    def runnable(self) -> bool:
+        """Whether a callback is ready (timers due by the virtual clock count)."""
+        ready = self._ready
+        scheduled = self._scheduled
+        if scheduled:
+            now = self._sim.now_seconds
+            while scheduled and (scheduled[0]._cancelled or scheduled[0]._when <= now):
+                handle = heapq.heappop(scheduled)
+                if not handle._cancelled:
+                    handle._scheduled = False
+                    ready.append(handle)
+        while ready and ready[0]._cancelled:
+            ready.popleft()
+        return bool(ready)
+
+    def next_timer(self) -> float | None:
+        """When the next timer comes due on the virtual clock, if one is set."""
+        scheduled = self._scheduled
+        while scheduled and scheduled[0]._cancelled:
+            heapq.heappop(scheduled)
+        return scheduled[0]._when if scheduled else None
+
+    def run_handle(self, handle: asyncio.Handle) -> None:
+        """Run ``handle`` (the next ready callback, taken by the simulation's step) as the
+        loop does, on this thread."""
+        prev = events._get_running_loop()
+        events._set_running_loop(self)
+        self._thread_id = threading.get_ident()  # is_running() while it runs
+        try:
+            handle._run()
+        finally:
+            self._thread_id = None
+            events._set_running_loop(prev)
+
+    def pending_tasks(self) -> list[asyncio.Task[Any]]:
+        """The loop's tasks not yet done, in creation order."""
+        order = self._order
+        tasks = [t for t in asyncio.all_tasks(self) if not t.done()]
+        return sorted(tasks, key=lambda t: order.get(t, 0))
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def _name_of(obj: Any) -> str:
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    return str(getattr(obj, "__qualname__", None) or type(obj).__name__)
+
+
+def describe(handle: Any) -> str:
+    """A callback as the trace names it: its task's name, or its function's qualified name
+    (never a repr: addresses differ from run to run)."""
+    cb = handle._callback
+    owner = getattr(cb, "__self__", None)
+    if isinstance(owner, asyncio.Task):
+        return owner.get_name()
+    return _name_of(cb)

@@ -1,0 +1,152 @@
+"""Many runs of a scenario: `replay` one schedule, `explore` or `find` among seeds, and
+`shrink` a failing schedule to a shorter one that fails the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from nous_actor.testing.simulation.core import Simulation
+from nous_actor.testing.simulation.schedule import FaultRates, Schedule, SimulationError
+
+__all__ = ["Outcome", "Scenario", "SimulationFailure", "explore", "find", "replay", "shrink"]
+
+Scenario = Callable[[Simulation], None]
+"""``scenario(sim)``: builds what it tests inside ``sim``, starts callers, runs it and
+checks its invariants (raises ``AssertionError`` when one breaks)."""
+
+
+@dataclass
+class Outcome:
+    """One run of a scenario: what broke (or ``None``), the trace and its digest."""
+
+    schedule: Schedule
+    error: BaseException | None
+    trace: list[str] = field(repr=False)
+    digest: str
+    steps: int
+    replay: Schedule = field(repr=False)
+
+
+def replay(scenario: Scenario, schedule: Schedule | int, *, max_steps: int = 50_000) -> Outcome:
+    """Run ``scenario`` once under ``schedule``: the same schedule, the same outcome."""
+    sim = Simulation(schedule, max_steps=max_steps)
+    error: BaseException | None = None
+    try:
+        with sim:
+            scenario(sim)
+            sim.run()
+    except (AssertionError, SimulationError, Exception) as exc:
+        error = exc
+    return Outcome(sim.schedule, error, sim.trace, sim.digest(), sim.steps, sim.replay_schedule())
+
+
+class SimulationFailure(AssertionError):
+    """A scenario failed under a schedule: the seed, the shortest failing schedule found,
+    and how to replay it."""
+
+    def __init__(self, outcome: Outcome, shrunk: Outcome, tried: int) -> None:
+        self.outcome = outcome
+        self.shrunk = shrunk
+        self.seed = outcome.schedule.seed
+        self.schedule = shrunk.schedule
+        self.schedules_run = tried
+        super().__init__(
+            f"the scenario failed under seed {self.seed} (schedule {tried} of the run): "
+            f"{type(outcome.error).__name__}: {outcome.error}\n"
+            f"shortest failing schedule ({len(shrunk.schedule.choices or ())} choices, "
+            f"{len(shrunk.schedule.faults)} faults, {shrunk.steps} steps): {shrunk.schedule}\n"
+            f"replay it with nous_actor.testing.simulation.replay(scenario, {shrunk.schedule!r})"
+        )
+
+
+def explore(
+    scenario: Scenario,
+    seeds: Iterable[int] = range(200),
+    *,
+    rates: FaultRates | None = None,
+    max_steps: int = 50_000,
+    shrink_runs: int = 200,
+) -> int:
+    """Run ``scenario`` under each seed; the number of schedules run if none failed.
+
+    Raises:
+        SimulationFailure: a schedule failed (with its seed and the shortest
+            failing schedule found from it, pinned, to replay).
+    """
+    n = 0
+    for n, seed in enumerate(seeds, 1):
+        out = replay(scenario, Schedule(seed, rates=rates), max_steps=max_steps)
+        if out.error is not None:
+            raise SimulationFailure(out, shrink(scenario, out, runs=shrink_runs), n)
+    return n
+
+
+def find(
+    scenario: Scenario,
+    seeds: Iterable[int] = range(200),
+    *,
+    rates: FaultRates | None = None,
+    max_steps: int = 50_000,
+) -> tuple[int, Outcome] | None:
+    """The first failing schedule among ``seeds``: (how many were run, its outcome)."""
+    for n, seed in enumerate(seeds, 1):
+        out = replay(scenario, Schedule(seed, rates=rates), max_steps=max_steps)
+        if out.error is not None:
+            return n, out
+    return None
+
+
+def shrink(scenario: Scenario, failing: Outcome, *, runs: int = 200) -> Outcome:
+    """A shorter pinned schedule that still fails the same way (same exception type), by
+    dropping faults and cutting and zeroing choices, within ``runs`` runs."""
+    best = failing
+    kind = type(failing.error)
+    budget = [runs]
+
+    def fails(s: Schedule) -> Outcome | None:
+        if budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        out = replay(scenario, s)
+        return out if isinstance(out.error, kind) else None
+
+    first = fails(failing.replay)
+    if first is None:
+        return failing
+    best = first
+    # drop faults one at a time
+    i = 0
+    while i < len(best.schedule.faults) and budget[0] > 0:
+        faults = best.schedule.faults[:i] + best.schedule.faults[i + 1 :]
+        out = fails(replace(best.schedule, faults=faults))
+        if out is not None:
+            best = replace(out, schedule=replace(out.schedule, faults=faults))
+        else:
+            i += 1
+    # cut the choices: keep the shortest prefix that fails (past it, the first option)
+    choices = list(best.schedule.choices or ())
+    lo, hi = 0, len(choices)
+    while lo < hi and budget[0] > 0:
+        mid = (lo + hi) // 2
+        out = fails(replace(best.schedule, choices=tuple(choices[:mid])))
+        if out is not None:
+            hi = mid
+            best = out
+        else:
+            lo = mid + 1
+    choices = list((best.schedule.choices or ())[:hi])
+    # zero single choices, from the end
+    for j in range(len(choices) - 1, -1, -1):
+        if budget[0] <= 0:
+            break
+        if choices[j] == 0:
+            continue
+        trial = [*choices[:j], 0, *choices[j + 1 :]]
+        out = fails(replace(best.schedule, choices=tuple(trial)))
+        if out is not None:
+            choices = trial
+            best = out
+    while choices and choices[-1] == 0:
+        choices.pop()
+    return replace(best, schedule=replace(best.schedule, choices=tuple(choices)))
