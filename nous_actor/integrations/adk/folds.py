@@ -1,0 +1,167 @@
+"""Folds of the logs: an ADK session as read from its log (`_View`, caught up by what was
+appended since), its latest events read from the log's end (`_tail`), and app or user
+state or a user's directory of sessions (`_StateView`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nous_actor.core._frozen import thaw
+from nous_actor.core.event import Event
+from nous_actor.core.log import Log
+from nous_actor.integrations.adk.base import STATE_KEY, TIME_KEY, AdkEvent
+from nous_actor.integrations.adk.events import _adk_payload, _decode, _record
+
+
+@dataclass
+class _View:
+    """One ADK session as folded from its log (up to ``seen`` events)."""
+
+    seen: int = 0
+    created: int | None = None  # seq of the create record in force; None: no session
+    state: dict[str, Any] = field(default_factory=dict)
+    seqs: list[int] = field(default_factory=list)  # seqs of its ADK events, in order
+    times: list[float] = field(default_factory=list)  # their timestamps
+    positions: list[int] = field(default_factory=list)  # their positions (a replace: its start)
+    decoded: dict[int, AdkEvent] = field(default_factory=dict)
+    last_update: float = 0.0
+    checkpoint: int = -1  # seq of the latest checkpoint (or create) record
+    log: Log | None = None
+
+    def catch_up(self, log: Log) -> None:
+        if log.count() <= self.seen:  # nothing new (or an older snapshot of the log)
+            return
+        for ev in log.since(self.seen):
+            rec = _record(ev)
+            if rec is not None:
+                op = rec.get("op")
+                if op == "checkpoint":
+                    self.checkpoint = max(self.checkpoint, ev.seq)
+                    continue
+                if op == "create":
+                    self.created = self.checkpoint = ev.seq
+                    self.state = thaw(rec.get("state") or {})
+                    self.seqs, self.times, self.positions, self.decoded = [], [], [], {}
+                    self.last_update = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
+                    continue
+                if op == "delete":
+                    self.created = None
+                    self.state, self.seqs, self.times, self.decoded = {}, [], [], {}
+                    self.positions = []
+                    continue
+            if self.created is None or _adk_payload(ev) is None:
+                continue
+            ts = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
+            self.seqs.append(ev.seq)
+            self.times.append(ts)
+            self.positions.append(ev.position)
+            delta = ev.data.get(STATE_KEY)
+            if delta:
+                self.state.update(thaw(delta))
+            self.last_update = ts
+        self.seen = log.count()
+        self.log = log
+
+    def events(self, first: int) -> list[AdkEvent]:
+        """The decoded ADK events from index ``first`` of ``seqs`` on."""
+        wanted = self.seqs[first:]
+        missing = [s for s in wanted if s not in self.decoded]
+        if missing and self.log is not None:
+            for ev in self.log.since(missing[0]):
+                payload = _adk_payload(ev)
+                if payload is not None and ev.seq not in self.decoded:
+                    self.decoded[ev.seq] = _decode(ev)
+        return [self.decoded[s] for s in wanted]
+
+
+@dataclass
+class _Tail:
+    """The latest events of a session and its state, read from the end of its log."""
+
+    events: list[Event]
+    state: dict[str, Any]
+    last_update: float
+
+
+def _tail(log: Log, n: int) -> _Tail | None:
+    """The last ``n`` ADK events of the session in ``log`` and its state, reading the log
+    from its end back to the latest checkpoint (or create) record and the ``n``-th event
+    (not the whole history); ``None`` if there is no session (never created, or deleted).
+    """
+    count = log.count()
+    window = max(64, 2 * n)
+    while True:
+        start = max(0, count - window)
+        picked: list[Event] = []
+        deltas: list[Any] = []
+        base: dict[str, Any] | None = None
+        upto = -1  # with a checkpoint: the deltas of events after this seq still apply
+        last: float | None = None
+        done = False
+        for ev in reversed(log.since(start)):
+            rec = _record(ev)
+            op = rec.get("op") if rec is not None else None
+            if op == "delete" and base is None:
+                return None
+            if op == "create":
+                if base is None:
+                    base = thaw(rec.get("state") or {}) if rec is not None else {}
+                if last is None:
+                    last = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
+                done = True
+                break
+            if op == "checkpoint" and base is None and rec is not None:
+                base = thaw(rec.get("state") or {})
+                upto = int(rec.get("upto", ev.seq))
+                continue
+            if _adk_payload(ev) is None:
+                continue
+            if last is None:
+                last = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
+            if len(picked) < n:
+                picked.append(ev)
+            if (base is None or ev.seq > upto) and ev.data.get(STATE_KEY):
+                deltas.append(ev.data[STATE_KEY])
+            if base is not None and ev.seq <= upto and len(picked) >= n:
+                done = True
+                break
+        if done and base is not None and last is not None:
+            for delta in reversed(deltas):
+                base.update(thaw(delta))
+            picked.reverse()
+            return _Tail(picked, base, last)
+        if start == 0:
+            return None  # no create record: no session
+        window *= 4
+
+
+@dataclass
+class _StateView:
+    """App or user state, or a user's directory of sessions."""
+
+    seen: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    directory: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+
+    def catch_up(self, log: Log) -> None:
+        if log.count() <= self.seen:
+            return
+        for ev in log.since(self.seen):
+            rec = _record(ev)
+            if rec is None:
+                continue
+            op = rec.get("op")
+            if op == "state":
+                self.state.update(thaw(rec.get("delta") or {}))
+            elif op == "session":
+                sid, seq = str(rec.get("id")), int(rec.get("seq", 0))
+                known = self.directory.get(sid)
+                if known is None or known[0] <= seq:
+                    self.directory[sid] = (seq, thaw(rec.get("state") or {}))
+            elif op == "session_deleted":
+                sid, seq = str(rec.get("id")), int(rec.get("seq", 0))
+                known = self.directory.get(sid)
+                if known is None or known[0] <= seq:
+                    self.directory.pop(sid, None)
+        self.seen = log.count()

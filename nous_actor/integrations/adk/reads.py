@@ -1,0 +1,218 @@
+"""Reads and listing: `_ReadService`, with `get_session` (from the tail of the log for a
+first read of the latest events) and `list_sessions` (from the store's index and each
+user's directory, no session's events read), and the fast build of listed sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any, Final
+from urllib.parse import unquote
+
+from nous_actor.core._frozen import thaw
+from nous_actor.integrations.adk.base import AdkSession, GetSessionConfig, ListSessionsResponse
+from nous_actor.integrations.adk.events import _decode
+from nous_actor.integrations.adk.folds import _StateView, _tail
+from nous_actor.integrations.adk.ids import _part, directory_key, parse_key, session_key
+from nous_actor.integrations.adk.state import _StateService
+from nous_actor.sessions.registry import Sessions
+from nous_actor.store.base import SessionInfo, list_sessions
+
+
+class _ReadService(_StateService):
+    """`NousSessionService`'s reads: `get_session` and `list_sessions`."""
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> AdkSession | None:
+        """The session, or ``None`` if there is none (never created, or deleted).
+
+        With ``config``: ``num_recent_events`` keeps the latest that many events
+        (0: none), ``after_timestamp`` the latest run of events with timestamps
+        at or after it (as ADK's in-memory service reads it); only those events
+        are decoded.
+
+        Raises:
+            TypeError: a name or id is not a str, or ``config`` is not a
+                `GetSessionConfig`.
+            ValueError: the encoded id is too long.
+        """
+        if config is not None and not isinstance(config, GetSessionConfig):
+            raise TypeError(
+                f"config must be a GetSessionConfig or None, got {type(config).__name__}"
+            )
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
+        sid = session_id.strip()
+        if not sid:
+            return None
+        key = session_key(app_name, user_id, sid)
+        if (
+            key not in self._views
+            and config is not None
+            and config.num_recent_events is not None
+            and config.after_timestamp is None
+        ):  # a first read of the latest events: from the tail, not the whole history
+            log = await self._log(key)
+            tail = _tail(log, config.num_recent_events)
+            if tail is None:
+                if not log.count():
+                    await self._let_go(key)
+                return None
+            return AdkSession(
+                id=sid,
+                app_name=app_name,
+                user_id=user_id,
+                state=await self._merged(app_name, user_id, tail.state),
+                events=[_decode(ev) for ev in tail.events],
+                last_update_time=tail.last_update,
+            )
+        view = await self._view(key)
+        if view.created is None:
+            if not view.seen:
+                await self._let_go(key)
+            return None
+        first = 0
+        n = len(view.seqs)
+        if config is not None:
+            if config.num_recent_events is not None:
+                first = max(0, n - config.num_recent_events)
+            if config.after_timestamp is not None:
+                i = n - 1
+                while i >= first and view.times[i] >= config.after_timestamp:
+                    i -= 1
+                if i >= first:
+                    first = i + 1
+        events = view.events(first) if first < n else []
+        merged = await self._merged(app_name, user_id, view.state)
+        return AdkSession(
+            id=sid,
+            app_name=app_name,
+            user_id=user_id,
+            state=merged,
+            events=events,
+            last_update_time=view.last_update,
+        )
+
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        """The sessions of ``app_name`` (of ``user_id``, or of every user when None),
+        without events, with their merged state, oldest update first.
+
+        Read from the store's index and each user's directory (a session per
+        user): no session's events are read.
+
+        Raises:
+            TypeError: ``app_name`` or ``user_id`` is not a str.
+        """
+        app = _part(app_name, "app_name")
+        if user_id is not None:
+            prefix = f"adk/s/{app}/{_part(user_id, 'user_id')}/"
+        else:
+            prefix = f"adk/s/{app}/"
+        index = asyncio.ensure_future(asyncio.to_thread(_index, self.sessions, prefix))
+        known: dict[str, tuple[_StateView, dict[str, Any]]] = {}
+        if user_id is not None:  # read the user's directory and state meanwhile
+            try:
+                known[user_id] = await asyncio.gather(
+                    self._state(directory_key(app_name, user_id)),
+                    self._merged(app_name, user_id, {}),
+                )
+            except BaseException:
+                index.cancel()
+                raise
+        infos = await index
+        groups: dict[str, list[tuple[str, SessionInfo]]] = {}
+        if user_id is not None:
+            cut = len(prefix)
+            groups[user_id] = [(unquote(i.session_id[cut:]), i) for i in infos]
+        else:
+            for info in infos:
+                kind, parts = parse_key(info.session_id)
+                if kind == "session" and parts[0] == app_name:
+                    groups.setdefault(parts[1], []).append((parts[2], info))
+        found: list[AdkSession] = []
+        for user in sorted(groups):
+            if user not in known:
+                known[user] = await asyncio.gather(
+                    self._state(directory_key(app_name, user)), self._merged(app_name, user, {})
+                )
+            directory, merged = known[user]
+            for sid, info in groups[user]:
+                entry = directory.directory.get(sid)
+                if entry is None:
+                    continue  # deleted (or never created: only opened)
+                state: dict[str, Any] = thaw(entry[1])  # each session's own, nested too
+                if merged:
+                    state.update(thaw(merged))
+                stamp = info.last_time.timestamp() if info.last_time is not None else 0.0
+                found.append(_listed(sid, app_name, user, state, stamp))
+        found.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse.model_construct(sessions=found)
+
+
+def _listed_fast(sid: str, app: str, user: str, state: dict[str, Any], stamp: float) -> AdkSession:
+    """A listed session built as ``model_construct`` builds one (its fields, its
+    fields-set, its private attributes' defaults), without its per-call overhead: a
+    listing builds thousands."""
+    obj = _NEW_SESSION(AdkSession)
+    _SET(
+        obj,
+        "__dict__",
+        {
+            "id": sid,
+            "app_name": app,
+            "user_id": user,
+            "state": state,
+            "events": [],
+            "last_update_time": stamp,
+        },
+    )
+    # One set for every listed session: it holds every field already, and pydantic only
+    # ever adds a field's name to it (on assignment), so it never changes.
+    _SET(obj, "__pydantic_fields_set__", _LISTED_FIELDS_SET)
+    _SET(obj, "__pydantic_extra__", None)
+    _SET(obj, "__pydantic_private__", dict(_PRIVATE_DEFAULTS))
+    return obj
+
+
+def _listed_checked(
+    sid: str, app: str, user: str, state: dict[str, Any], stamp: float
+) -> AdkSession:
+    return AdkSession(
+        id=sid, app_name=app, user_id=user, state=state, events=[], last_update_time=stamp
+    )
+
+
+_NEW_SESSION: Final = object.__new__
+_SET: Final = object.__setattr__
+_LISTED_FIELDS: Final = ("id", "app_name", "user_id", "state", "events", "last_update_time")
+_LISTED_FIELDS_SET: Final = set(_LISTED_FIELDS)
+_SAMPLE: Final = _listed_checked("s", "a", "u", {"k": 1}, 1.5)
+_PRIVATE_DEFAULTS: Final[dict[str, Any]] = dict(_SAMPLE.__pydantic_private__ or {})
+# The fast build is used only if it gives what pydantic gives on this pydantic and ADK.
+_listed: Final = (
+    _listed_fast
+    if _listed_fast("s", "a", "u", {"k": 1}, 1.5) == _SAMPLE
+    and set(AdkSession.model_fields) == set(_LISTED_FIELDS)
+    and list(_listed_fast("s", "a", "u", {}, 0.0).__dict__) == list(_SAMPLE.__dict__)
+    else _listed_checked
+)
+
+_FILTERED_INDEX: Final = "prefix" in inspect.signature(list_sessions).parameters
+
+
+def _index(sessions: Sessions, prefix: str) -> list[SessionInfo]:
+    """The stored sessions whose ids start with ``prefix``: from the store's filtered index
+    where the library has one (one query for those ids alone), else from the whole index."""
+    if _FILTERED_INDEX:
+        infos = list_sessions(sessions.store, prefix=prefix)  # type: ignore[call-arg,unused-ignore]
+    else:
+        infos = list_sessions(sessions.store)
+    return [i for i in infos if i.session_id.startswith(prefix)]

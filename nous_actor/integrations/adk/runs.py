@@ -1,0 +1,109 @@
+"""Runs: `NousRunPlugin`, ADK's plugin that makes each run a turn of its session, and
+`_RunService`, the service's side of it (open a run's turn, close it, and bring the
+run's `Session` object up to date with what runs before it wrote)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nous_actor.errors import TurnInterrupted
+from nous_actor.integrations.adk.base import AdkSession, BasePlugin, State
+from nous_actor.integrations.adk.ids import session_key
+from nous_actor.integrations.adk.state import _StateService
+from nous_actor.sessions.turns import Policy
+
+if TYPE_CHECKING:  # for the annotation alone: at run time imports go one way, up to service
+    from nous_actor.integrations.adk.service import NousSessionService
+
+__all__ = ["NousRunPlugin"]
+
+
+class _RunService(_StateService):
+    """`NousSessionService`'s side of the runs: what `NousRunPlugin`'s hooks call."""
+
+    async def _open_run(self, plugin: NousRunPlugin, session: AdkSession, invocation: str) -> None:
+        key = session_key(session.app_name, session.user_id, session.id)
+        if (key, invocation) in self._turns:
+            return
+        await self._open_turn(
+            key,
+            invocation,
+            plugin.policy,
+            f"adk invocation {invocation}",
+            plugin.lease,
+            plugin.wait,
+        )
+        await self._refresh(session)
+
+    async def _close_run(self, session: AdkSession, invocation: str, failed: bool) -> None:
+        key = session_key(session.app_name, session.user_id, session.id)
+        turn = self._turns.pop((key, invocation), None)
+        if turn is None:
+            return
+        if failed:
+            await turn.__aexit__(RuntimeError, None, None)
+            return
+        try:
+            await turn.aclose()
+        except TurnInterrupted:
+            pass  # ended already (a restart, an expired lease): nothing left to close
+
+    async def _refresh(self, session: AdkSession) -> None:
+        """Bring ``session`` (a run's object) up to date with what other runs wrote."""
+        view = await self._view(session_key(session.app_name, session.user_id, session.id))
+        if view.created is None:
+            return
+        have = session.events[-1].id if session.events else None
+        now = view.events(len(view.seqs) - 1)[0].id if view.seqs else None
+        if have == now:
+            return
+        keep = len(session.events)
+        session.events[:] = view.events(max(0, len(view.seqs) - keep) if keep else 0)
+        temp = {k: v for k, v in session.state.items() if k.startswith(State.TEMP_PREFIX)}
+        session.state.clear()
+        session.state.update(await self._merged(session.app_name, session.user_id, view.state))
+        session.state.update(temp)
+        session.last_update_time = view.last_update
+
+
+class NousRunPlugin(BasePlugin):
+    """ADK's plugin that makes each run a turn of its session: get it from
+    `NousSessionService.plugin` and pass it in the runner's (or app's) ``plugins``.
+
+    The turn opens at the run's first hook (``on_user_message_callback``, or
+    ``before_run_callback`` for a run without a new message), which comes
+    after the runner read the session: so, once the turn is open, the run's
+    `Session` object is brought up to date (events, state) with what runs
+    before it wrote. It closes at ``after_run_callback`` (or
+    ``on_run_error_callback``, as failed). A run cancelled without either
+    hook holds the session until its lease runs out.
+    """
+
+    def __init__(self, service: NousSessionService, policy: Policy, lease: float, wait: float):
+        super().__init__(name="nous_actor_turns")
+        self.service = service
+        self.policy = policy
+        self.lease = lease
+        self.wait = wait
+
+    async def on_user_message_callback(
+        self, *, invocation_context: Any, user_message: Any
+    ) -> None:
+        await self.service._open_run(
+            self, invocation_context.session, invocation_context.invocation_id
+        )
+
+    async def before_run_callback(self, *, invocation_context: Any) -> None:
+        await self.service._open_run(
+            self, invocation_context.session, invocation_context.invocation_id
+        )
+
+    async def after_run_callback(self, *, invocation_context: Any) -> None:
+        await self.service._close_run(
+            invocation_context.session, invocation_context.invocation_id, failed=False
+        )
+
+    async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
+        await self.service._close_run(
+            invocation_context.session, invocation_context.invocation_id, failed=True
+        )

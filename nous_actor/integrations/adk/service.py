@@ -1,0 +1,279 @@
+"""`NousSessionService`, the public face: its factory `sqlite`, `close`, `plugin`, and the
+writes of ADK's API (`create_session`, `delete_session`, `append_event`), on top of the
+reads (`reads`), the runs (`runs`), the state (`state`) and the plumbing (`core`)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nous_actor.core.event import EventType, InvalidEvent
+from nous_actor.errors import SessionStopped
+from nous_actor.integrations._resend import refused
+from nous_actor.integrations.adk.base import (
+    CHECKPOINT_EVERY,
+    MAX_ATTEMPTS,
+    RECORD_KEY,
+    STATE_KEY,
+    TIME_KEY,
+    AdkEvent,
+    AdkSession,
+    AlreadyExistsError,
+    SessionNotFoundError,
+)
+from nous_actor.integrations.adk.events import _text_of, _utc, event_data
+from nous_actor.integrations.adk.folds import _View
+from nous_actor.integrations.adk.ids import session_key
+from nous_actor.integrations.adk.reads import _ReadService
+from nous_actor.integrations.adk.runs import NousRunPlugin, _RunService
+from nous_actor.integrations.adk.state import _json_state, _split
+from nous_actor.sessions.registry import Sessions
+from nous_actor.sessions.turn_handle import check_turn_args
+from nous_actor.sessions.turns import Policy
+from nous_actor.store.sqlite import SQLiteStore
+
+__all__ = ["NousSessionService"]
+
+
+class NousSessionService(_ReadService, _RunService):
+    """ADK's `BaseSessionService` over the sessions of `sessions` (any store).
+
+    Guarantees:
+
+    * When `create_session`, `append_event` or `delete_session` returns, what
+      it wrote is durably stored (committed by the registry's store).
+    * `get_session` returns the events appended, equal to the ones given, in
+      order, and the state they and `create_session` set (``app:`` and
+      ``user:`` keys merged in); with a config, only the events asked for,
+      read from the tail of the log (recent events: without decoding the
+      others).
+    * One writer per session: the registry's session actor serialises every
+      write, so appends from concurrent runs never fail as stale (ADK's
+      database service raises "modified in storage"); with `plugin`, runs of
+      one session take turns instead of interleaving.
+    * A crash of a session is survived: the registry restarts it from the
+      store, and a write it refused is sent again (up to `MAX_ATTEMPTS`
+      times); a run's turn that the restart ended is opened again.
+    * Nothing is deleted: compaction and deletion append records; the log
+      keeps every event for audit, fork and rewind.
+
+    The events of a returned `Session` are shared with the service's cache of
+    decoded events (as ADK's in-memory service shares them under its
+    light-copy option): read them, do not change them in place.
+
+    Args:
+        sessions: the registry that runs the sessions; its store keeps them.
+
+    Raises:
+        TypeError: ``sessions`` is not a `nous_actor.Sessions`.
+    """
+
+    @classmethod
+    def sqlite(cls, path: str | Path) -> NousSessionService:
+        """A service on the SQLite store at ``path``, under a registry opened for it;
+        `close` closes both.
+
+        Raises:
+            TypeError: ``path`` is not a str or a path.
+            ValueError: ``path`` is empty.
+            StoreError: the file cannot be opened as a store.
+        """
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"path must be a str or a pathlib.Path, got {type(path).__name__}")
+        if not str(path):
+            raise ValueError("path is empty; give the SQLite file, e.g. 'adk.db'")
+        store = SQLiteStore(path)
+        service = cls(Sessions(store))
+        service._owned = store
+        return service
+
+    async def close(self) -> None:
+        """Close the registry and store opened by `sqlite` (a registry passed in is yours)."""
+        store, self._owned = self._owned, None
+        if store is not None:
+            await self.sessions.aclose()
+            store.close()
+
+    def plugin(
+        self,
+        policy: Policy = "enqueue",
+        *,
+        lease: float = 300.0,
+        wait: float = 300.0,
+    ) -> NousRunPlugin:
+        """The ADK plugin that makes each run a turn of its session (see the module docs).
+
+        Args:
+            policy: what a run does when another run holds the session:
+                ``enqueue`` (wait, first come first served, at most ``wait``
+                seconds, then `nous_actor.TurnBusy`), ``reject`` (`TurnBusy` at
+                once), ``interrupt`` or ``rollback`` (see
+                `nous_actor.SessionHandle.turn`).
+            lease: seconds a run may go without writing before its turn
+                expires (a run whose process vanished frees the session then).
+            wait: seconds an ``enqueue`` run waits for the session.
+
+        Raises:
+            ValueError, TypeError: bad arguments.
+        """
+        check_turn_args(policy, None, lease, wait, None)
+        return NousRunPlugin(self, policy, lease, wait)
+
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> AdkSession:
+        """Create a session (a generated id when ``session_id`` is None or blank).
+
+        Its ``app:`` and ``user:`` keys are written to the app's and user's
+        state; ``temp:`` keys are dropped. Durably stored when this returns.
+
+        Raises:
+            AlreadyExistsError: the session exists (and was not deleted).
+            TypeError: a name or id is not a str, or ``state`` is not a dict of
+                JSON-storable values.
+            ValueError: the encoded id is too long (see `session_key`).
+        """
+        if state is not None and not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict or None, got {type(state).__name__}")
+        if session_id is not None and not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a str or None, got {type(session_id).__name__}")
+        sid = (session_id or "").strip() or uuid.uuid4().hex
+        key = session_key(app_name, user_id, sid)
+        app, user, own = _split(_json_state(state or {}, "state"))
+        now = time.time()
+        view = await self._view(key)
+        if view.created is not None:
+            raise AlreadyExistsError(f"Session with id {sid} already exists.")
+        record = {RECORD_KEY: {"op": "create", "state": own}, TIME_KEY: now}
+        for attempt in range(MAX_ATTEMPTS):
+            handle = await self._handle(key)
+            try:  # at the seq after the log seen: a create that raced this one wins alone
+                ev = await handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now))
+                break
+            except InvalidEvent as exc:
+                if exc.reason == "seq_behind_head":
+                    raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
+                raise
+            except SessionStopped as exc:  # stopped by a lookup that found it empty
+                if not refused(exc) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                self._handles.pop(key, None)
+        await self._write_scoped(app_name, user_id, app, user)
+        await self._write_directory(app_name, user_id, sid, ev.seq, own)
+        merged = await self._merged(app_name, user_id, own)
+        return AdkSession(
+            id=sid, app_name=app_name, user_id=user_id, state=merged, last_update_time=now
+        )
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        """Delete the session for ADK: it is gone from `get_session` and listings, and its
+        id may be created again. Its history stays in the log (a deletion record is
+        appended). Deleting a session that does not exist does nothing.
+
+        Raises:
+            TypeError: a name or id is not a str.
+            ValueError: the encoded id is too long.
+        """
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
+        sid = session_id.strip()
+        if not sid:
+            return
+        key = session_key(app_name, user_id, sid)
+        view = await self._view(key)
+        if view.created is None:
+            return
+        record = {RECORD_KEY: {"op": "delete"}}
+        [ev] = await self._write(key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))])
+        await self._write_directory(app_name, user_id, sid, ev.seq, None)
+
+    async def append_event(self, session: AdkSession, event: AdkEvent) -> AdkEvent:
+        """Append ``event`` to ``session`` (the stored one and the object), applying its
+        state delta; a partial event is returned untouched and not stored.
+
+        ``temp:`` keys of the delta go to the object's state only and are
+        removed from the event; ``app:`` and ``user:`` keys go to the app's
+        and user's state; the rest to the session's. A compaction event
+        (``actions.compaction``) also replaces, on the model-visible surface,
+        the events whose timestamps it covers by its summary. Durably stored
+        when this returns; during a run (see `plugin`), written through the
+        run's turn.
+
+        Raises:
+            TypeError: ``session`` or ``event`` is not ADK's `Session` / `Event`.
+            SessionNotFoundError: the session does not exist (or was deleted).
+            TurnInterrupted: the run's turn was taken by another run (policy
+                ``interrupt`` or ``rollback``); nothing was stored.
+            TurnBusy: another run holds the session, and this write (outside
+                any run) waited its bound.
+        """
+        if not isinstance(session, AdkSession):
+            raise TypeError(f"session must be an ADK Session, got {type(session).__name__}")
+        if not isinstance(event, AdkEvent):
+            raise TypeError(f"event must be an ADK Event, got {type(event).__name__}")
+        if event.partial:
+            return event
+        key = session_key(session.app_name, session.user_id, session.id)
+        view = await self._view(key)
+        if view.created is None:
+            raise SessionNotFoundError(f"Session {session.id} not found.")
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        delta = dict(event.actions.state_delta) if event.actions else {}
+        app, user, own = _split(_json_state(delta, "the event's state delta"))
+        etype, data = event_data(event)
+        if own:
+            data[STATE_KEY] = own
+        compaction = event.actions.compaction if event.actions else None
+        if compaction is not None:
+            etype, data = self._as_replace(view, compaction, data)
+        [ev] = await self._write(key, [(etype, data, _utc(event.timestamp))], event.invocation_id)
+        if ev.seq - view.checkpoint >= CHECKPOINT_EVERY:
+            view.checkpoint = ev.seq  # (one checkpoint, whoever else appends meanwhile)
+            await self._checkpoint(key, event.invocation_id)
+        await self._write_scoped(session.app_name, session.user_id, app, user)
+        if own:
+            view = await self._view(key)
+            await self._write_directory(
+                session.app_name, session.user_id, session.id, ev.seq, view.state
+            )
+        self._update_session_state(session, event)
+        session.events.append(event)
+        session.last_update_time = event.timestamp
+        return event
+
+    async def _checkpoint(self, key: str, invocation_id: str | None) -> None:
+        """Write the session's state as of the last event folded (a checkpoint record)."""
+        view = await self._view(key)
+        if view.created is None:
+            return
+        record = {RECORD_KEY: {"op": "checkpoint", "upto": view.seen - 1, "state": view.state}}
+        await self._write(
+            key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))], invocation_id
+        )
+
+    def _as_replace(
+        self, view: _View, compaction: Any, data: dict[str, Any]
+    ) -> tuple[EventType, dict[str, Any]]:
+        """A compaction event as a ``system_message`` replacing the covered events."""
+        lo, hi = float(compaction.start_timestamp), float(compaction.end_timestamp)
+        covered = [p for p, t in zip(view.positions, view.times, strict=True) if lo <= t <= hi]
+        if not covered:
+            return EventType.REQUEST_HEADER, data
+        parts = compaction.compacted_content.parts or []
+        text = _text_of(parts, False) or ""
+        return EventType.SYSTEM_MESSAGE, {
+            **data,
+            "content": text,
+            "name": "adk_compaction",
+            "surface_op": ["replace", min(covered), max(covered)],
+        }
