@@ -34,6 +34,22 @@ def _where(address: str | None) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _dial(address: str, host: str, port: int, timeout: float) -> socket.socket:
+    """A connection to what listens at ``address`` (``host``, ``port``), made within
+    ``timeout`` seconds.
+
+    Raises:
+        ClusterError: nothing listens there.
+    """
+    try:
+        return socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise ClusterError(
+            f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); start one "
+            "with `ray start --head`, or pass the address it printed"
+        ) from None
+
+
 def _probe(address: str, host: str, port: int, timeout: float) -> None:
     """Check, within ``timeout`` seconds, that what listens at ``address`` speaks gRPC as
     Ray's GCS and Ray Client server do: it answers an HTTP/2 preface with its SETTINGS.
@@ -47,13 +63,7 @@ def _probe(address: str, host: str, port: int, timeout: float) -> None:
         "(its GCS, port 6379 by default), or 'ray://host:port' for a Ray Client server"
     )
     deadline = time.monotonic() + timeout
-    try:
-        conn = socket.create_connection((host, port), timeout=timeout)
-    except OSError as exc:
-        raise ClusterError(
-            f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); start one "
-            "with `ray start --head`, or pass the address it printed"
-        ) from None
+    conn = _dial(address, host, port, timeout)
     head = b""
     with conn:
         try:
@@ -93,13 +103,7 @@ def _connect(address: str | None, timeout: float) -> None:
     if where is not None and target is not None:
         if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
             # TLS comes first there: an HTTP/2 preface in clear proves nothing.
-            try:
-                socket.create_connection(where, timeout=timeout).close()
-            except OSError as exc:
-                raise ClusterError(
-                    f"no Ray cluster answers at {target!r} ({exc.strerror or exc}); start "
-                    "one with `ray start --head`, or pass the address it printed"
-                ) from None
+            _dial(target, *where, timeout).close()
         else:
             _probe(target, *where, timeout)
     try:

@@ -24,6 +24,9 @@ from nous_actor.errors import SessionStopped
 from nous_actor.runtime import telemetry
 from nous_actor.sessions.future import SessionFuture
 
+# A batch ready to go: its calls, their futures, its number, whether it resets the count.
+_Batch = tuple[list[Op], list[SessionFuture[Any]], int, bool]
+
 
 class _Link:
     """This process's side of one shard: calls queue here and go in batches.
@@ -77,7 +80,7 @@ class _Link:
         if batch is not None:
             self._send(*batch)
 
-    def _take(self) -> tuple[list[Op], list[SessionFuture[Any]], int, bool] | None:
+    def _take(self) -> _Batch | None:
         """The next batch to send, if one may go now (under the lock)."""
         if not self._ops or self._in_flight >= (1 if self._reset else self.max_in_flight):
             return None
@@ -91,6 +94,14 @@ class _Link:
         self._next += 1
         self._in_flight += 1
         return ops, futs, number, reset
+
+    def _release(self, *, reset: bool) -> _Batch | None:
+        """A batch was answered (or failed as a whole, ``reset``): one fewer in flight;
+        the next batch to send, if one may go now."""
+        with self._lock:
+            self._in_flight -= 1
+            self._reset = reset
+            return self._take()
 
     def _send(
         self, ops: list[Op], futs: list[SessionFuture[Any]], number: int, reset: bool
@@ -118,10 +129,7 @@ class _Link:
             self._finished(ops, futs, exc, lost=True)
             return
         self._report(start, len(ops), failed=False)
-        with self._lock:
-            self._in_flight -= 1
-            self._reset = False
-            batch = self._take()
+        batch = self._release(reset=False)
         if batch is not None:
             self._send(*batch)
         for op, fut, (state, value) in zip(ops, futs, outcomes, strict=True):
@@ -141,10 +149,7 @@ class _Link:
         self, ops: list[Op], futs: list[SessionFuture[Any]], exc: BaseException, *, lost: bool
     ) -> None:
         """A batch failed as a whole: fail its calls; the next batch resets the count."""
-        with self._lock:
-            self._in_flight -= 1
-            self._reset = True
-            batch = self._take()
+        batch = self._release(reset=True)
         for op, fut in zip(ops, futs, strict=True):
             fut._fail(_lost(op[1], self.index, exc))
         if batch is not None:

@@ -57,6 +57,15 @@ from nous_actor.store.subscription import Subscription
 logger = get_logger(__name__)
 
 
+async def _outcome(waiting: Any) -> tuple[int, Any]:
+    """What a call the shard waited for came to: ``(NOW, its value)``, or ``(FAILED, what
+    it raised)`` in a form that survives the trip to the driver."""
+    try:
+        return NOW, await waiting
+    except Exception as exc:
+        return FAILED, _portable(exc)
+
+
 class _Shard:
     """One shard: a `Sessions` registry on its own store, inside one (async) Ray actor.
 
@@ -239,26 +248,16 @@ class _Shard:
                     started.append((FAILED, _portable(exc)))
         finally:
             await self._turned(link, number)
-        out: list[tuple[int, Any]] = []
-        for state, value in started:
-            if state != _WAIT:
-                out.append((state, value))
-                continue
-            try:
-                out.append((NOW, await value))
-            except Exception as exc:
-                out.append((FAILED, _portable(exc)))
-        return out
+        return [
+            await _outcome(value) if state == _WAIT else (state, value) for state, value in started
+        ]
 
     async def result(self, token: int) -> tuple[int, Any]:
         """The outcome of a call answered later (a compaction, a stop)."""
         waiting = self.later.pop(token, None)
         if waiting is None:
             return FAILED, NousActorError(f"shard {self.index} holds no call {token}")
-        try:
-            return NOW, await waiting
-        except Exception as exc:
-            return FAILED, _portable(exc)
+        return await _outcome(waiting)
 
     async def subscribe(
         self, session_id: str, from_seq: int, buffer: int, timeout: float
