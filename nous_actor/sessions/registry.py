@@ -644,6 +644,9 @@ class RegistryActor(SupervisedActor):
             msg = envelope.message
             if type(msg) is tuple and msg and msg[0] == "exit" and msg[2].finished is not None:
                 msg[2].finished.set()
+            elif type(msg) is tuple and msg and msg[0] == "reply":  # an aopen's: never run
+                msg[1]._fail(_not_running(msg[3] if len(msg) > 3 else "?"))
+                continue
             kept.append(envelope)
         for envelope in kept:
             inbox.put(envelope)
