@@ -1,0 +1,251 @@
+"""The bottom of `nous_actor.store.postgres`: its limits, and how it words what went wrong.
+
+Holds the package's logger, the constants its parts share, the checks of
+the constructor's arguments, the helpers that name a server without its
+password and tell a lost connection from a refusal, the statements' table
+names (`_Sql`), and the messages of a claim held elsewhere or fenced.
+Imports nothing of the package: every other module of it builds on this one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
+
+import psycopg
+import psycopg.conninfo
+from psycopg import sql
+
+from nous_actor._log import get_logger
+from nous_actor.errors import ConflictError, FencedError, StoreError
+
+# One logger for every module of the package, named for the package.
+logger = get_logger("nous_actor.store.postgres")
+
+T = TypeVar("T")
+
+_MAX_SEQ: Final = 2**63 - 1
+_RENEW_FRACTION: Final = 1 / 3  # renew this far into a lease
+
+_MAX_SCHEMA_BYTES: Final = 63 - len("nous_actor:")  # the channel name must fit 63 bytes
+_SCHEMA_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Connection-level errors a retry on a new connection may cure (the server's own codes).
+_TRANSIENT_SQLSTATES: Final = frozenset(
+    {"57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004"}
+)
+_PERMANENT_CONNECT_SQLSTATES: Final = frozenset({"28000", "28P01", "3D000", "42501"})
+
+
+# -- checking the constructor's arguments ----------------------------------------------------
+
+
+def _check_dsn(dsn: object) -> None:
+    """Refuse a DSN that is not a str (its content is checked when connecting).
+
+    Raises:
+        TypeError: not a str.
+    """
+    if not isinstance(dsn, str):
+        raise TypeError(
+            "dsn must be a str (a libpq connection string such as 'host=/run/postgresql "
+            f"dbname=agents', or a URI such as postgresql://user@host/db), got "
+            f"{type(dsn).__name__}"
+        )
+
+
+def _check_schema(schema: object) -> None:
+    """Refuse a schema name this store cannot use (see `PostgresStore` for the rule).
+
+    Raises:
+        TypeError: not a str.
+        ValueError: not 1 to 52 ASCII letters, digits and ``_`` (not starting with a
+            digit), or starting with ``pg_``.
+    """
+    if not isinstance(schema, str):
+        raise TypeError(f"schema must be a str, got {type(schema).__name__}")
+    size = len(schema.encode("utf-8", "surrogatepass"))
+    if not 0 < size <= _MAX_SCHEMA_BYTES:
+        raise ValueError(
+            f"schema must be 1 to {_MAX_SCHEMA_BYTES} bytes long (the store's change feed "
+            f"is the channel 'nous_actor:<schema>', and PostgreSQL names hold 63 bytes), "
+            f"got {size} bytes: {schema!r}"
+        )
+    if not schema.isascii() or not _SCHEMA_NAME.fullmatch(schema):
+        raise ValueError(
+            "schema must be a plain SQL name: ASCII letters, digits and _, not starting "
+            f"with a digit (e.g. 'nous_actor' or 'agents_2'), got {schema!r}"
+        )
+    if schema.startswith("pg_"):
+        raise ValueError(
+            "schema must not start with pg_ (the prefix pg_ is reserved for PostgreSQL's "
+            f"own schemas), got {schema!r}"
+        )
+
+
+def _check_holder(holder: object) -> None:
+    """Refuse a holder name that cannot be stored or shown.
+
+    Raises:
+        TypeError: not ``None`` or a str.
+        ValueError: empty or blank, or holding a NUL character (PostgreSQL text cannot).
+    """
+    if holder is None:
+        return
+    if not isinstance(holder, str):
+        raise TypeError(
+            "holder must be None or a str naming this process to others (e.g. "
+            f"'worker-a:8080'), got {type(holder).__name__}"
+        )
+    if not holder.strip():
+        raise ValueError(
+            "holder must not be empty: name this process (e.g. 'worker-a:8080'), or pass "
+            "None for '<host> pid <pid>'"
+        )
+    if "\x00" in holder:
+        raise ValueError(f"holder must not hold a NUL character, got {holder!r}")
+
+
+# -- naming the server without its password ------------------------------------------------
+
+
+def _describe(dsn: str) -> str:
+    """The server, database and role of ``dsn``, for messages; never the password.
+
+    Raises:
+        StoreError: ``dsn`` is not a valid connection string.
+    """
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise StoreError(
+            f"not a valid PostgreSQL connection string ({_first_line(exc)}); give a URI "
+            "such as postgresql://user@host/dbname or key=value pairs such as "
+            "'host=/run/postgresql dbname=agents'"
+        ) from None
+    host = str(params.get("host") or params.get("hostaddr") or "the default socket")
+    port = params.get("port")
+    where = f"{host}:{port}" if port else host
+    db = params.get("dbname") or params.get("user") or "the default database"
+    user = params.get("user")
+    return f"database {db!s} on {where}" + (f" as {user}" if user else "")
+
+
+def _connection_lost(where: str, connection: str, doing: str, exc: BaseException) -> None:
+    """Log that a connection was lost (the caller reconnects with backoff)."""
+    logger.warning(
+        "store.connection_lost",
+        store=where,
+        connection=connection,
+        doing=doing,
+        reason=_first_line(exc),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc, "sqlstate", None)
+
+
+def _lost_connection(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool:
+    """Whether ``exc`` means the connection is gone (a retry on a new one may work)."""
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    if _sqlstate(exc) in _TRANSIENT_SQLSTATES:
+        return True
+    return isinstance(exc, psycopg.InterfaceError | psycopg.OperationalError) and (
+        _sqlstate(exc) is None
+    )
+
+
+# -- the statements of one schema ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sql:
+    """The statements of one schema, composed once."""
+
+    events: str
+    claims: str
+    meta: str
+    epochs: str
+    channel: str
+
+    @classmethod
+    def of(cls, schema: str, conn: psycopg.Connection[Any]) -> _Sql:
+        def name(table: str) -> str:
+            return sql.Identifier(schema, table).as_string(conn)
+
+        return cls(name("events"), name("claims"), name("meta"), name("epochs"), _channel(schema))
+
+
+def _channel(schema: str) -> str:
+    return f"nous_actor:{schema}"
+
+
+# -- what a claim held elsewhere, or lost, is called -------------------------------------------
+
+
+def _parse_time(value: object) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return when.astimezone(UTC) if when.tzinfo is not None else None
+
+
+def _lease_end(until: object) -> tuple[datetime | None, str]:
+    """A lease's end as the server gave it: the time (`None` if unreadable), and as shown."""
+    when = _parse_time(until)
+    return when, when.isoformat(timespec="milliseconds") if when else str(until)
+
+
+def _held_elsewhere(session_id: str, holder: object, until: object, what: str) -> ConflictError:
+    when, shown = _lease_end(until)
+    return ConflictError(
+        f"{what}: {holder} holds its lease until {shown} (renewed while it lives); send "
+        "the session's work there, or claim it after that writer stops",
+        session_id=session_id,
+        holder=str(holder),
+        lease_until=when,
+    )
+
+
+def _fenced(session_id: str, epoch: int, row: Any) -> FencedError:
+    if row is None:
+        why = "its claim was removed (the session was deleted or released elsewhere)"
+        holder = until = None
+    elif row[1] != epoch:
+        when, shown = _lease_end(row[4])
+        why = f"{row[3]} took it over (epoch {row[1]}, lease until {shown})"
+        holder, until = str(row[3]), when
+    else:
+        why = "its lease expired (by the database's clock) before it was renewed"
+        holder = until = None
+    return FencedError(
+        f"this writer's claim (epoch {epoch}) is no longer current: {why}; nothing of this "
+        "write was stored. Stop the session here: its current writer reloads it from the store",
+        session_id=session_id,
+        holder=holder,
+        lease_until=until,
+    )
+
+
+def _again(err: StoreError, session_id: str) -> StoreError:
+    """``err`` once more, for a later write under the same lost claim."""
+    if isinstance(err, ConflictError):
+        return type(err)(
+            err._message,
+            session_id=session_id,
+            holder=err.holder,
+            lease_until=err.lease_until,
+        )
+    return StoreError(err._message, session_id=session_id)

@@ -1,0 +1,446 @@
+"""Claims of `nous_actor.store.postgres`: leases, their renewer, and taking a claim over.
+
+`_Leases` holds one store's claims on its own connection: it takes a claim
+(a new epoch from the database's sequence, and the session's advisory
+lock), decides whether another writer's claim may be taken over (its lease
+expired, or its holder's connection is gone), releases claims, and renews
+them all from one thread, failing a claim closed before its lease runs out
+when it cannot be renewed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+
+from nous_actor.errors import ConflictError, StoreError
+from nous_actor.store.postgres.base import (
+    _RENEW_FRACTION,
+    T,
+    _fenced,
+    _first_line,
+    _held_elsewhere,
+    _Sql,
+    logger,
+)
+from nous_actor.store.postgres.connection import _Context, _Link, _rollback
+
+_FAIL_CLOSED_FRACTION: Final = 2 / 3  # refuse writes this long after the last renewal began
+
+
+@dataclass
+class _Claim:
+    token: str
+    epoch: int
+    deadline: float  # time.monotonic() from which writes are refused unless renewed
+    locked: bool = False  # holds the session's advisory lock on the lease connection
+    lost: StoreError | None = None  # once set, every write under this claim gets it
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimRow:
+    """A session's row in the claims table, as `_Leases.claim_row` reads it."""
+
+    epoch: int
+    token: str
+    holder: str
+    until: object  # lease_until, as the server's text
+    live: bool  # lease_until > clock_timestamp(), by the database's clock
+    locked: bool  # its holder took the session's advisory lock (so a free lock means it died)
+
+
+class _Leases:
+    """The claims of one store: its lease connection, and the thread that renews them.
+
+    Holds no reference to the store itself, so that a store nobody uses is
+    collected (and its finalizer stops the renewer).
+    """
+
+    def __init__(
+        self,
+        ctx: _Context,
+        q: _Sql,
+        closing: threading.Event,
+        *,
+        holder: str,
+        lease: float,
+        detect_dead: bool,
+        claim_wait_ms: int,
+    ) -> None:
+        self.ctx = ctx
+        self.lease = lease
+        self.timeout = ctx.timeout
+        self.holder = holder
+        self.where = ctx.location
+        self.detect_dead = detect_dead
+        self.claim_wait_ms = claim_wait_ms
+        self.claims_table = q.claims
+        self.epochs_name = q.epochs
+        self.key_prefix = f"{ctx.schema}\x1f"
+        self.channel = q.channel
+        self.closing = closing
+        self.mutex = threading.Lock()
+        self.claims: dict[str, _Claim] = {}
+        self.pending: set[str] = set()
+        self.link = _Link("lease", self.ctx.reconnect, self.where, self.closing, self._relock)
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()
+        self.renewals = 0
+
+    # -- the store's view ----------------------------------------------------------------
+
+    def get(self, session_id: str) -> _Claim | None:
+        with self.mutex:
+            return self.claims.get(session_id)
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this store holds a claim on ``session_id`` that is not known lost."""
+        with self.mutex:
+            c = self.claims.get(session_id)
+            return c is not None and c.lost is None
+
+    def epoch_of(self, session_id: str) -> int | None:
+        with self.mutex:
+            c = self.claims.get(session_id)
+            return None if c is None else c.epoch
+
+    def lose(self, session_id: str, claim: _Claim, err: StoreError) -> None:
+        with self.mutex:
+            if claim.lost is None:
+                claim.lost = err
+        logger.warning(
+            "store.claim_lost",
+            session_id=session_id,
+            epoch=claim.epoch,
+            reason=type(err).__name__,
+            error=str(err),
+        )
+
+    def forget(self, session_id: str) -> None:
+        """The session was deleted: its claim (if ours) is gone from the database too."""
+        with self.mutex:
+            claim = self.claims.pop(session_id, None)
+        if claim is not None and claim.locked:
+            self._unlock(session_id)
+
+    # -- one call on the lease connection ----------------------------------------------------
+
+    def _call(
+        self, session_id: str | None, doing: str, work: Callable[[psycopg.Connection[Any]], T]
+    ) -> T:
+        return self.ctx.call(self.link, self.closing, session_id, doing, work)
+
+    def _key(self) -> str:
+        return "hashtextextended(%s || %s, 0)"
+
+    def _relock(self, conn: psycopg.Connection[Any]) -> None:
+        """A new lease connection holds no advisory lock: take those of our claims again."""
+        with self.mutex:
+            held = list(self.claims.items())
+        for sid, claim in held:
+            claim.locked = self._try_lock(conn, sid)
+
+    def _unlock(self, session_id: str) -> None:
+        with contextlib.suppress(StoreError, psycopg.Error), self.link.lock:
+            conn = self.link.conn
+            if conn is not None and not conn.broken and not conn.closed:
+                self._unlock_on(conn, session_id)
+
+    def _unlock_on(self, conn: psycopg.Connection[Any], sid: str) -> None:
+        """Give the session's advisory lock up (session-level: taken by `_try_lock`)."""
+        conn.execute(f"SELECT pg_advisory_unlock({self._key()})", (self.key_prefix, sid))
+
+    # -- claim and release -------------------------------------------------------------------
+
+    def claim(self, session_id: str) -> str:
+        with self.mutex:
+            if session_id in self.claims or session_id in self.pending:
+                raise ConflictError(
+                    f"already has a live writer through this store object ({self.holder}); "
+                    "use that session's handle, or stop it first",
+                    session_id=session_id,
+                    holder=self.holder,
+                )
+            self.pending.add(session_id)
+        token = uuid.uuid4().hex
+        try:
+            started = time.monotonic()
+            epoch, locked = self._call(
+                session_id, "claim the session", lambda conn: self._take(conn, session_id, token)
+            )
+            with self.mutex:
+                self.claims[session_id] = _Claim(
+                    token, epoch, started + self.lease * _FAIL_CLOSED_FRACTION, locked
+                )
+        finally:
+            with self.mutex:
+                self.pending.discard(session_id)
+        self._start_renewer()
+        return token
+
+    def _take(self, conn: psycopg.Connection[Any], sid: str, token: str) -> tuple[int, bool]:
+        """One claim transaction: returns (epoch, advisory lock held).
+
+        The claim row records whether its holder holds the session's advisory
+        lock (``locked``): only then does a free lock mean a dead holder. A
+        writer that took over an expired lease whose old holder still held the
+        lock records ``false`` (and takes the lock later, at a renewal).
+        """
+        table = self.claims_table
+        lease = f"clock_timestamp() + make_interval(secs => {self.lease!r})"
+        locked = tried = False
+
+        def lock() -> bool:
+            nonlocal locked, tried
+            if self.detect_dead and not tried:
+                tried = True
+                locked = self._try_lock(conn, sid)
+            return locked
+
+        conn.execute("BEGIN")
+        try:
+            conn.execute(f"SET LOCAL lock_timeout = {self.claim_wait_ms}")
+            for _ in range(3):
+                row = self.claim_row(conn, sid)
+                if row is None:
+                    new = conn.execute(
+                        f"INSERT INTO {table} (session_id, epoch, token, holder, claimed_at, "
+                        f"lease_until, locked) VALUES (%s, nextval(%s::regclass), %s, %s, "
+                        f"clock_timestamp(), {lease}, %s) ON CONFLICT (session_id) DO NOTHING "
+                        "RETURNING epoch",
+                        (sid, self.epochs_name, token, self.holder, lock()),
+                    ).fetchone()
+                    if new is None:
+                        continue  # another claimer inserted it meanwhile: look again
+                    epoch = int(new[0])
+                    break
+                if (
+                    row.token == token
+                ):  # our own claim, committed by an attempt whose answer was lost
+                    epoch = row.epoch
+                    conn.execute(
+                        f"UPDATE {table} SET locked = %s WHERE session_id = %s", (lock(), sid)
+                    )
+                    break
+                reason = self.may_take_over(
+                    conn, sid, row, "already has a live writer elsewhere", lock=lock
+                )
+                lock()  # the new claim holds the session's lock (taken above if its holder died)
+                logger.warning(
+                    "store.claim_taken_over",
+                    session_id=sid,
+                    reason=reason,
+                    holder=row.holder,
+                    epoch=row.epoch,
+                )
+                new = conn.execute(
+                    f"UPDATE {table} SET epoch = nextval(%s::regclass), token = %s, "
+                    f"holder = %s, claimed_at = clock_timestamp(), lease_until = {lease}, "
+                    "locked = %s WHERE session_id = %s RETURNING epoch",
+                    (self.epochs_name, token, self.holder, locked, sid),
+                ).fetchone()
+                assert new is not None
+                epoch = int(new[0])
+                break
+            else:
+                raise StoreError("the claim row kept changing; retry", session_id=sid)
+            conn.execute("COMMIT")
+        except BaseException:
+            if _rollback(conn) and locked:
+                with contextlib.suppress(psycopg.Error):
+                    self._unlock_on(conn, sid)
+            raise
+        return epoch, locked
+
+    def _try_lock(
+        self, conn: psycopg.Connection[Any], sid: str, *, until_commit: bool = False
+    ) -> bool:
+        """Take the session's advisory lock if it is free: session-level (it outlives the
+        transaction, until unlocked), or with ``until_commit`` only until the transaction ends.
+        """
+        take = "pg_try_advisory_xact_lock" if until_commit else "pg_try_advisory_lock"
+        row = conn.execute(f"SELECT {take}({self._key()})", (self.key_prefix, sid)).fetchone()
+        return bool(row and row[0])
+
+    # -- whether a claim may be taken over: one check, for claim and delete ---------------------
+
+    def claim_row(self, conn: psycopg.Connection[Any], sid: str) -> _ClaimRow | None:
+        """Inside the caller's transaction: the session's claim row, locked ``FOR UPDATE``
+        (so no other claim, renewal or delete changes it until the transaction ends), or
+        `None` if nobody claims the session."""
+        row = conn.execute(
+            "SELECT epoch, token, holder, lease_until, lease_until > clock_timestamp(), "
+            f"locked FROM {self.claims_table} WHERE session_id = %s FOR UPDATE",
+            (sid,),
+        ).fetchone()
+        if row is None:
+            return None
+        return _ClaimRow(int(row[0]), str(row[1]), str(row[2]), row[3], bool(row[4]), bool(row[5]))
+
+    def may_take_over(
+        self,
+        conn: psycopg.Connection[Any],
+        sid: str,
+        row: _ClaimRow,
+        refusal: str,
+        *,
+        lock: Callable[[], bool] | None = None,
+        until_commit: bool = False,
+    ) -> str:
+        """Whether another writer's claim ``row`` (from `claim_row`, in the same
+        transaction) may be taken over or removed; returns why it may:
+        ``"lease_expired"`` (by the database's clock) or ``"holder_connection_gone"``.
+
+        A live lease's holder is dead when its row records that it holds the
+        session's advisory lock and this connection can take that lock now: the
+        server drops a connection's locks when its process dies, while a paused or
+        partitioned holder keeps its own. Never so with dead-holder detection off.
+        The lock is taken by ``lock`` (a claim's, which keeps it), or else until
+        the transaction ends (``until_commit``) or until unlocked.
+
+        Raises:
+            ConflictError: the lease is live and its holder's connection is not known
+                to be gone (the message starts with ``refusal`` and names the holder).
+        """
+        if not row.live:
+            return "lease_expired"
+        if row.locked and self.detect_dead:
+            if lock is not None:
+                gone = lock()
+            else:
+                gone = self._try_lock(conn, sid, until_commit=until_commit)
+            if gone:
+                return "holder_connection_gone"
+        raise _held_elsewhere(sid, row.holder, row.until, refusal)
+
+    def release(self, session_id: str, token: str) -> None:
+        with self.mutex:
+            claim = self.claims.get(session_id)
+            if claim is not None and claim.token == token:
+                del self.claims[session_id]
+            else:
+                claim = None
+        if claim is None:
+            return
+        table = self.claims_table
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            # The release commits with its notice: an asker waiting for the session
+            # (open(id, wait=...)) tries it at once.
+            conn.execute(
+                f"WITH gone AS (DELETE FROM {table} WHERE session_id = %s AND token = %s "
+                "RETURNING session_id) SELECT pg_notify(%s, 'released ' || session_id) FROM gone",
+                (session_id, token, self.channel),
+            )
+            if claim.locked:
+                claim.locked = False
+                self._unlock_on(conn, session_id)
+
+        self._call(session_id, "release the session", work)
+
+    def release_all(self) -> None:
+        """Closing: give every claim up at once (best effort: a lease left lapses by itself)."""
+        with self.mutex:
+            claims, self.claims = self.claims, {}
+        if not claims:
+            return
+        table = self.claims_table
+        with contextlib.suppress(Exception), self.link.lock:
+            conn = self.link.conn
+            if conn is not None and not conn.broken and not conn.closed:
+                conn.execute(
+                    f"DELETE FROM {table} AS c USING unnest(%b::text[], %b::text[]) AS u(s, t) "
+                    "WHERE c.session_id = u.s AND c.token = u.t",
+                    (list(claims), [c.token for c in claims.values()]),
+                )
+
+    # -- renewing ---------------------------------------------------------------------------
+
+    def _start_renewer(self) -> None:
+        with self.mutex:
+            if self.thread is not None:
+                return
+            self.thread = threading.Thread(
+                target=self._run, name="nous-postgres-leases", daemon=True
+            )
+        self.thread.start()
+
+    def _run(self) -> None:
+        interval = self.lease * _RENEW_FRACTION
+        delay = interval
+        while not self.closing.wait(delay):
+            with self.mutex:
+                items = [(sid, c) for sid, c in self.claims.items() if c.lost is None]
+            if not items:
+                delay = interval
+                continue
+            started = time.monotonic()
+            try:
+                renewed, current = self._renew(items)
+            except Exception as exc:  # the connection is gone: retry soon, fail closed later
+                logger.warning(
+                    "store.lease_renewal_failed",
+                    store=self.where,
+                    sessions=len(items),
+                    reason=type(exc).__name__,
+                    error=_first_line(exc),
+                )
+                delay = min(interval, max(0.05, interval / 4))
+                continue
+            self.renewals += 1
+            for sid, claim in items:
+                with self.mutex:
+                    if self.claims.get(sid) is not claim:
+                        continue  # released meanwhile
+                    if sid in renewed:
+                        claim.deadline = started + self.lease * _FAIL_CLOSED_FRACTION
+                        continue
+                self.lose(sid, claim, _fenced(sid, claim.epoch, current.get(sid)))
+            delay = interval
+
+    def _renew(self, items: list[tuple[str, _Claim]]) -> tuple[set[str], dict[str, Any]]:
+        table = self.claims_table
+        sids = [sid for sid, _ in items]
+        epochs = [c.epoch for _, c in items]
+
+        def work(conn: psycopg.Connection[Any]) -> tuple[set[str], dict[str, Any]]:
+            if self.detect_dead:  # a lock not taken at the claim (its old holder had it)
+                for sid, claim in items:
+                    if not claim.locked:
+                        claim.locked = self._try_lock(conn, sid)
+            rows = conn.execute(
+                f"UPDATE {table} AS c SET lease_until = clock_timestamp() + "
+                f"make_interval(secs => {self.lease!r}), locked = u.l "
+                "FROM unnest(%b::text[], %b::bigint[], %b::bool[]) AS u(s, e, l) "
+                "WHERE c.session_id = u.s AND c.epoch = u.e "
+                "AND c.lease_until > clock_timestamp() RETURNING c.session_id",
+                (sids, epochs, [c.locked for _, c in items]),
+            ).fetchall()
+            renewed = {str(r[0]) for r in rows}
+            lost = [sid for sid in sids if sid not in renewed]
+            current: dict[str, Any] = {}
+            if lost:
+                for r in conn.execute(
+                    f"SELECT session_id, epoch, lease_until > clock_timestamp(), holder, "
+                    f"lease_until FROM {table} WHERE session_id = ANY(%b)",
+                    (lost,),
+                ):
+                    current[str(r[0])] = r
+            return renewed, current
+
+        return self._call(None, "renew leases", work)
+
+    def stop(self) -> None:
+        self.closing.set()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.timeout)
+        with self.link.lock:
+            self.link.drop()

@@ -1,0 +1,560 @@
+"""The store of `nous_actor.store.postgres`: `PostgresStore`, the face over its parts.
+
+`PostgresStore` checks its arguments, opens the schema, and answers the
+`Store` protocol and its extras on its main connection; it hands a write to
+`_Write` (`nous_actor.store.postgres.writes`), its claims to `_Leases`
+(`.leases`) and its watches to `_Listener` (`.watch`), and stops them all
+when closed or collected (`_shutdown`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import psycopg
+
+from nous_actor.core.args import check_flag, check_seconds
+from nous_actor.core.codec import event_from_row
+from nous_actor.core.event import Event
+from nous_actor.core.ids import check_session_id
+from nous_actor.errors import StoreError
+from nous_actor.store.base import (
+    ClosingStore,
+    SessionInfo,
+    valid_store_id,
+)
+from nous_actor.store.postgres.base import (
+    _MAX_SEQ,
+    _RENEW_FRACTION,
+    T,
+    _check_dsn,
+    _check_holder,
+    _check_schema,
+    _describe,
+    _parse_time,
+)
+from nous_actor.store.postgres.connection import _Context, _Link, _transaction
+from nous_actor.store.postgres.leases import _Leases
+from nous_actor.store.postgres.schema import open_schema
+from nous_actor.store.postgres.watch import PostgresWatch, _Listener
+from nous_actor.store.postgres.writes import _batches, _fence, _Write
+
+_MIN_LEASE_S: Final = 0.1  # renewed every lease / 3: a round trip to the server each time
+_MAX_LEASE_S: Final = 86_400  # a paused writer keeps its sessions at most a day
+_MAX_TIMEOUT_S: Final = 2_147_483  # lock_timeout is a 32-bit count of milliseconds
+
+
+class PostgresStore(ClosingStore):
+    """Sessions' events in a PostgreSQL database, shared by any number of processes.
+
+    Safe to share between threads. Each store object keeps up to three
+    connections: one for reads and writes, one for claims and their leases
+    (opened on the first claim), one listening for `watch` (opened on
+    the first watch).
+
+    Claims (see `claim`) are leases held by this store object: the
+    ``Store`` protocol's `write` takes no token, so the store remembers the
+    epoch of each session it claimed and checks it in every write of that
+    session. A session this store has not claimed may still be written
+    (the protocol allows writes without a claim) unless another writer holds
+    a live lease on it: then the write is refused with `ConflictError`.
+
+    Args:
+        dsn: a libpq connection string or URI (``postgresql://user@host/db``).
+        schema: the schema holding every table (created if missing or empty):
+            ASCII letters, digits and ``_``, at most 52 bytes. Tests can
+            isolate in a schema each.
+        lease: seconds a claim's lease lasts (0.1 to 86400); renewed every
+            ``lease / 3`` s. A writer whose process dies is taken over at once;
+            one that stops answering (paused, partitioned) after at most
+            ``lease`` s.
+        timeout: seconds a call may spend reconnecting and retrying before
+            it fails with `StoreError` (0.001 to 2147483); also bounds lock waits.
+        create: make the schema and tables if missing. With ``create=False``
+            a schema without a store is refused with `StoreError` (nothing made).
+        holder: how this process is named to others in a `ConflictError`
+            (default: ``"<host> pid <pid>"``), e.g. an address to route to.
+        detect_dead_holders: take over a live lease at once when its holder's
+            connection is gone (see the module docs). Turn off behind a
+            transaction-pooling proxy.
+
+    Every argument is checked before anything is opened: a refused argument
+    connects to nothing and starts no thread.
+
+    Raises:
+        TypeError: ``dsn`` or ``schema`` is not a str; ``lease`` or ``timeout``
+            is not an int or a float; ``holder`` is not ``None`` or a str;
+            ``create`` or ``detect_dead_holders`` is not a bool.
+        ValueError: ``schema`` is not a plain name (ASCII letters, digits and
+            ``_``, not starting with a digit or with the reserved ``pg_``) of 1
+            to 52 bytes (its change feed's channel, ``nous_actor:<schema>``,
+            must fit PostgreSQL's 63-byte names); ``lease`` is not from 0.1 to
+            86400 s; ``timeout`` is not from 0.001 s (lock waits are counted in
+            whole milliseconds; 0 would mean no limit) to 2147483 s (a 32-bit
+            count of milliseconds); ``holder`` is empty or holds a NUL character.
+        StoreError: the DSN is invalid, the server cannot be reached, the role
+            lacks the rights to create or read the schema, the schema holds
+            another application's tables or a store of a newer version, or
+            (with ``create=False``) there is no store in it. Nothing is changed.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "nous_actor",
+        lease: float = 15.0,
+        timeout: float = 10.0,
+        create: bool = True,
+        holder: str | None = None,
+        detect_dead_holders: bool = True,
+    ) -> None:
+        _check_dsn(dsn)
+        _check_schema(schema)
+        self.lease = check_seconds(lease, "lease", _MIN_LEASE_S, _MAX_LEASE_S, low_open=False)
+        self.timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S, low_open=False)
+        check_flag(create, "create")
+        _check_holder(holder)
+        self.detect_dead_holders = check_flag(detect_dead_holders, "detect_dead_holders")
+        self.schema = schema
+        self.holder = holder or f"{socket.gethostname()} pid {os.getpid()}"
+        # Kill a transaction of ours left idle by a paused process (it holds a claim
+        # row's lock); a takeover waits for at most that long, plus a margin.
+        idle_tx_ms = int(1000 * min(max(self.lease * _RENEW_FRACTION, 1.0), 60.0))
+        self._claim_wait_ms = int(1000 * min(self.timeout, idle_tx_ms / 1000 + 2.0))
+        self._ctx = _Context(dsn, schema, self.timeout, idle_tx_ms)
+        self.location = self._ctx.location
+        self._closing = threading.Event()
+        self._closed = False
+        conn, self._sql = open_schema(self._ctx, create)
+        self._main = _Link("main", self._ctx.reconnect, self.location, self._closing)
+        self._main.conn = conn
+        self._leases = _Leases(
+            self._ctx,
+            self._sql,
+            self._closing,
+            holder=self.holder,
+            lease=self.lease,
+            detect_dead=self.detect_dead_holders,
+            claim_wait_ms=self._claim_wait_ms,
+        )
+        self._listeners: list[_Listener] = []  # at most one, made on the first watch
+        self._listener_lock = threading.Lock()
+
+        # A store nobody uses any more stops its threads and closes its connections
+        # (its claims then lapse, and dead-holder detection frees them at once).
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._closing, self._main, self._leases, self._listeners
+        )
+
+    @staticmethod
+    def describe(dsn: str, schema: str = "nous_actor") -> str:
+        """How messages name the store at ``dsn``/``schema`` (never with the password).
+
+        Raises:
+            StoreError: ``dsn`` is not a valid connection string.
+        """
+        return f"{_describe(dsn)}, schema {schema}"
+
+    # -- one call, its errors translated in one place (the context's) ------------------------
+
+    def _call(
+        self,
+        link: _Link,
+        session_id: str | None,
+        doing: str,
+        work: Callable[[psycopg.Connection[Any]], T],
+    ) -> T:
+        self._check_open()
+        return self._ctx.call(link, self._closing, session_id, doing, work)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store on {self.location} is closed; open a new one")
+
+    _valid_id = staticmethod(valid_store_id)
+
+    @staticmethod
+    def _storable(session_id: object) -> bool:
+        try:
+            check_session_id(session_id)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    # -- the Store protocol ----------------------------------------------------------------
+
+    def load(self, session_id: str) -> list[Event]:
+        """The stored events of `session_id` in seq order (`[]` for an id no store can hold).
+
+        Raises:
+            StoreError: the store is closed, the server could not be reached in
+                `timeout`, or a stored event is malformed.
+        """
+        return self.load_since(session_id, 0)
+
+    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+        """Store each session's events in one transaction; acknowledged once it committed.
+
+        Per session (see `Store.write`): the events are all stored or none is.
+        A session is refused (in the returned dict, the others still commit)
+        with:
+
+        * `ConflictError`: a seq is already stored or repeated in the call,
+          or another writer holds a live lease on a session this store has
+          not claimed;
+        * `FencedError` (a `ConflictError`): this store claimed the session
+          but its claim was taken over or its lease expired. Checked inside
+          the transaction, so nothing of it is stored, however long this
+          writer was paused;
+        * `StoreError`: the claim's lease could not be renewed in time, so
+          the session was failed closed; every later write of it is refused.
+
+        A lost connection before ``COMMIT`` is retried on a new one (nothing
+        was stored); a lost connection during ``COMMIT`` is resolved by reading
+        the transaction's outcome back from the server.
+
+        Raises:
+            StoreError: nothing was stored: a session id is not valid (see
+                `nous_actor.core.ids`), a seq does not fit in 64 bits, the store is
+                closed, the server was unreachable for `timeout`, or the
+                outcome of a commit could not be read back (then the events
+                are wholly stored or wholly absent: reload from the store).
+        """
+        self._check_open()
+        todo, refused = _batches(appends)
+        if todo:
+            write = _Write(
+                todo,
+                ctx=self._ctx,
+                q=self._sql,
+                main=self._main,
+                leases=self._leases,
+                closing=self._closing,
+                check_open=self._check_open,
+            )
+            refused.update(write.run())
+        return refused
+
+    def drop(self, session_id: str, seqs: Sequence[int]) -> None:
+        """Delete the given seqs of one session (snapshot); unknown seqs are ignored.
+
+        Fenced like a write: under a claim that was taken over, nothing is deleted.
+
+        Raises:
+            FencedError: this store's claim on the session is no longer current.
+            ConflictError: another writer holds a live lease on the session.
+            StoreError: the store failed.
+        """
+        self._check_open()
+        wanted = [s for s in seqs if isinstance(s, int) and 0 <= s <= _MAX_SEQ]
+        if not wanted or not self._storable(session_id):
+            return
+        query = f"DELETE FROM {self._sql.events} WHERE session_id = %s AND seq = ANY(%b)"
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            with _transaction(conn):
+                err = _fence(conn, self._leases, [session_id])[0].get(session_id)
+                if err is not None:
+                    raise err
+                conn.execute(query, (session_id, wanted))
+
+        self._call(self._main, session_id, "drop snapshotted events", work)
+
+    def sessions(self) -> list[str]:
+        """Ids of every session with at least one stored event, in code point order.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        self._check_open()
+        query = f"SELECT DISTINCT session_id FROM {self._sql.events} ORDER BY session_id"
+        return self._call(
+            self._main,
+            None,
+            "list sessions",
+            lambda conn: [str(r[0]) for r in conn.execute(query)],
+        )
+
+    def delete(self, session_id: str) -> None:
+        """Delete every event of `session_id` and its claim (this store's, or one `claim`
+        would take over: a lapsed lease, or one whose holder's connection is gone).
+
+        A holder is found dead exactly as `claim` finds it (the same check): its
+        process died, so the server dropped its connection and the session's lock.
+
+        Raises:
+            ConflictError: another live writer holds a lease on the session
+                (nothing is deleted).
+            StoreError: the store failed.
+        """
+        self._check_open()
+        if not self._storable(session_id):
+            return
+        mine = self._leases.epoch_of(session_id)
+        claims, events = self._sql.claims, self._sql.events
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            with _transaction(conn):
+                row = self._leases.claim_row(conn, session_id)
+                if row is not None and row.epoch != mine:
+                    self._leases.may_take_over(
+                        conn,
+                        session_id,
+                        row,
+                        "cannot delete a session another writer holds",
+                        until_commit=True,
+                    )
+                conn.execute(f"DELETE FROM {events} WHERE session_id = %s", (session_id,))
+                conn.execute(f"DELETE FROM {claims} WHERE session_id = %s", (session_id,))
+
+        self._call(self._main, session_id, "delete the session", work)
+        self._leases.forget(session_id)
+
+    def claim(self, session_id: str) -> str:
+        """Become the one writer of `session_id`: take its lease; returns the token.
+
+        The lease has a new epoch, higher than any before it; from now on every
+        write of the session through this store checks that epoch in its own
+        transaction. It is renewed in the background while this store is open;
+        if it cannot be renewed, the session's writes are refused (failed
+        closed) before the lease runs out.
+
+        A lease is taken over when it has expired (by the database's clock), or
+        at once when its holder's connection is gone (its process died).
+
+        Raises:
+            ConflictError: another live writer holds the session (in this store
+                object, or another one anywhere); `holder` and `lease_until`
+                name it.
+            StoreError: `session_id` is not valid (see `nous_actor.core.ids`), or the
+                store failed.
+        """
+        self._check_open()
+        session_id = self._valid_id(session_id)
+        return self._leases.claim(session_id)
+
+    def release(self, session_id: str, token: str) -> None:
+        """Give up a claim (a no-op if `token` no longer holds it, or the store is closed).
+
+        Raises:
+            StoreError: the server could not be told (the lease then lapses by itself).
+        """
+        if self._closed or not self._storable(session_id):
+            return
+        self._leases.release(session_id, token)
+
+    # -- extras ------------------------------------------------------------------------
+
+    def index(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Every stored session's size, next seq, latest time and holder (the name of a
+        live lease's holder), sorted by id, in one query; only ids starting with
+        ``prefix``, after ``after``, at most ``limit``.
+
+        Used by `nous_actor.store.list_sessions` (which checks the arguments); no event
+        is decoded.
+
+        Raises:
+            StoreError: the store failed as a whole.
+        """
+        self._check_open()
+        query = (
+            "SELECT g.session_id, g.n, g.top, g.last, c.holder FROM "
+            f"(SELECT session_id, count(*) AS n, max(seq) AS top, max(time) AS last "
+            f"FROM {self._sql.events} WHERE starts_with(session_id, %s) "
+            "AND (%s::text IS NULL OR session_id > %s::text) "
+            "GROUP BY session_id ORDER BY session_id LIMIT %s) AS g "
+            f"LEFT JOIN {self._sql.claims} AS c ON c.session_id = g.session_id "
+            "AND c.lease_until > clock_timestamp() ORDER BY g.session_id"
+        )
+
+        def work(conn: psycopg.Connection[Any]) -> list[SessionInfo]:
+            return [
+                SessionInfo(
+                    str(sid),
+                    int(n),
+                    int(top) + 1,
+                    _parse_time(last),
+                    None,
+                    None if holder is None else str(holder),
+                )
+                for sid, n, top, last, holder in conn.execute(query, (prefix, after, after, limit))
+            ]
+
+        return self._call(self._main, None, "list sessions", work)
+
+    def holder_of(self, session_id: str) -> tuple[str, datetime] | None:
+        """Who holds a live lease on `session_id` and until when, or `None` if nobody does.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        self._check_open()
+        if not self._storable(session_id):
+            return None
+        query = (
+            f"SELECT holder, lease_until FROM {self._sql.claims} "
+            "WHERE session_id = %s AND lease_until > clock_timestamp()"
+        )
+
+        def work(conn: psycopg.Connection[Any]) -> tuple[str, datetime] | None:
+            row = conn.execute(query, (session_id,)).fetchone()
+            if row is None:
+                return None
+            when = _parse_time(row[1])
+            assert when is not None
+            return str(row[0]), when
+
+        return self._call(self._main, session_id, "read the session's claim", work)
+
+    def watch(
+        self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0
+    ) -> PostgresWatch:
+        """A live feed of `session_id`'s committed events with ``seq >= from_seq``.
+
+        Every committed event, exactly once, in seq order, from any process
+        (this one need not write the session): first those already stored,
+        then each one as its transaction commits. ``NOTIFY`` (sent by every
+        write, in its transaction) wakes the store's listener connection,
+        which reads the rows by seq. Up to ``buffer`` events are read ahead;
+        a slow reader is never cut off and never slows a writer: the rows
+        wait in the database until it asks for them. A lost listener
+        connection is reopened and the feed resumes where it was. Events a
+        snapshot dropped before the feed read them are skipped (they are no
+        longer stored).
+
+        Raises:
+            StoreError: the store is closed or `session_id` is not valid.
+            ValueError: `from_seq` is not an int >= 0 or `buffer` not >= 1.
+        """
+        self._check_open()
+        session_id = self._valid_id(session_id)
+        if not isinstance(from_seq, int) or isinstance(from_seq, bool) or from_seq < 0:
+            raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
+        return self._listener().add(session_id, from_seq, buffer, timeout)
+
+    def _listener(self) -> _Listener:
+        with self._listener_lock:
+            self._check_open()
+            if not self._listeners:
+                self._listeners.append(_Listener(self._ctx, self._sql, self._closing, self.holder))
+            return self._listeners[0]
+
+    # -- sharing with other processes (see nous_actor.store.shared) --------------------------
+
+    def load_since(self, session_id: str, from_seq: int) -> list[Event]:
+        """The stored events of `session_id` with ``seq >= from_seq``, in seq order, read
+        without a claim.
+
+        Raises:
+            StoreError: the store is closed or failed, or a stored event is malformed.
+        """
+        self._check_open()
+        if not self._storable(session_id):
+            return []
+        query = (
+            f"SELECT seq, type, time, data FROM {self._sql.events} "
+            "WHERE session_id = %s AND seq >= %s ORDER BY seq"
+        )
+
+        def work(conn: psycopg.Connection[Any]) -> list[Event]:
+            rows = conn.execute(query, (session_id, min(from_seq, _MAX_SEQ))).fetchall()
+            return [event_from_row(*row) for row in rows]
+
+        return self._call(self._main, session_id, "load the session", work)
+
+    def held_by(self, session_id: str) -> str | None:
+        """The name of the process holding a live lease on `session_id`, or `None`.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        held = self.holder_of(session_id)
+        return None if held is None else held[0]
+
+    def ask_handoff(self, session_id: str, seconds: float) -> None:
+        """Ask the live holder of `session_id` to hand it over (a ``NOTIFY`` its
+        listener hears; a holder that was not listening yet is asked again by the
+        asker). ``seconds`` is how long the asker waits (the request itself is not stored).
+
+        Raises:
+            StoreError: the id is not valid, or the store failed.
+        """
+        seconds = check_seconds(seconds, "seconds", 0.0, _MAX_TIMEOUT_S, low_open=False)
+        self._notify_request("handoff", session_id, seconds)
+
+    def withdraw_handoff(self, session_id: str) -> None:
+        """Take this store's request for `session_id` back (a ``NOTIFY``).
+
+        Raises:
+            StoreError: the id is not valid, or the store failed.
+        """
+        self._notify_request("withdraw", session_id, 0.0)
+
+    def _notify_request(self, kind: str, session_id: str, seconds: float) -> None:
+        self._check_open()
+        session_id = self._valid_id(session_id)
+        body = json.dumps({"s": session_id, "a": self.holder, "t": seconds})
+        self._call(
+            self._main,
+            session_id,
+            "ask for the session",
+            lambda conn: conn.execute(
+                "SELECT pg_notify(%s, %s)", (self._sql.channel, f"{kind} {body}")
+            ),
+        )
+
+    def handoff_requests(self) -> list[str]:
+        """The sessions this store holds that another process asks for (a request heard
+        by this store's listener, which starts with the first call, or `wait_changed`,
+        or `watch`; an asker asks again until it has the session).
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        return [sid for sid in self._listener().requested() if self._leases.holds(sid)]
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        """Wait at most `timeout` s for a notification (a commit, a release, a request)
+        after the counter `after`; returns the counter now.
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        return self._listener().wait_changed(after, timeout)
+
+    def close(self) -> None:
+        """Release this store's claims, end its watches, close its connections.
+
+        Later calls raise `StoreError` (`release` is a no-op). Claims that cannot
+        be released (the server is gone) lapse by themselves.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._leases.release_all()
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self.location}>"
+
+
+def _shutdown(
+    closing: threading.Event, main: _Link, leases: _Leases, listeners: list[_Listener]
+) -> None:
+    """Stop a store's threads and close its connections (on close, or when collected)."""
+    closing.set()
+    leases.stop()
+    for listener in listeners:
+        listener.stop()
+    with main.lock:
+        main.drop()

@@ -1,0 +1,251 @@
+"""Live feeds of `nous_actor.store.postgres`: `PostgresWatch`, and the listener feeding it.
+
+`_Listener` is one store's listening connection and its thread: ``LISTEN``
+on the store's channel wakes it, it reads each watched session's new rows by
+seq into its `PostgresWatch` feeds, counts every change for `wait_changed`,
+and remembers the sessions another process asks this one to hand over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import select
+import socket
+import threading
+import time
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+
+from nous_actor.core.codec import CodecError, event_from_row
+from nous_actor.errors import StoreError
+from nous_actor.store.postgres.base import _connection_lost, _Sql
+from nous_actor.store.postgres.connection import _Context, _Link
+from nous_actor.store.shared import FollowedWatch
+from nous_actor.store.subscription import Subscription
+
+_IDLE_CHECK_S: Final = 5.0  # the listener checks an idle connection this often
+
+
+class PostgresWatch(FollowedWatch):
+    """A live feed of one session's committed events, read from PostgreSQL.
+
+    A `nous_actor.Subscription` (``get(timeout)``, ``get_nowait()``,
+    ``for ev in watch``, ``async for``, ``close()``), fed by the store's
+    listener: every committed event with ``seq >= from_seq`` exactly once, in
+    seq order. At most ``buffer`` events are held in memory; the rest wait in
+    the database, so the feed is never cut off as lagging. It ends (after the
+    pending events) when closed, or when its store closes (then with
+    `StoreError`).
+    """
+
+    def __init__(
+        self,
+        listener: _Listener,
+        session_id: str,
+        from_seq: int,
+        buffer: int,
+        timeout: float,
+    ) -> None:
+        super().__init__(session_id, from_seq, buffer, timeout, listener.remove, listener.poke)
+        self.dirty = True  # the listener's: there may be rows to read
+
+
+class _Listener:
+    """One store's listening connection and its thread, feeding every watch of the store."""
+
+    def __init__(self, ctx: _Context, q: _Sql, closing: threading.Event, holder: str) -> None:
+        self.where = ctx.location
+        self.channel = q.channel
+        self.events_table = q.events
+        self.closing = closing
+        self.mutex = threading.Lock()
+        self.watches: dict[str, list[PostgresWatch]] = {}
+        self.link = _Link("listen", ctx.reconnect, ctx.location, closing)
+        self.fresh = True
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        self.ended: StoreError | None = None
+        # Change counter (every notification, every reconnect) for wait_changed, and the
+        # sessions this store holds that another process asked for (ask_handoff).
+        self.changed = threading.Condition(self.mutex)
+        self.version = 0
+        self.asked: dict[str, dict[str, float]] = {}  # id -> {asker: until (monotonic)}
+        self.me = holder
+        self.thread = threading.Thread(target=self._run, name="nous-postgres-listen", daemon=True)
+        self.thread.start()
+
+    def add(self, session_id: str, from_seq: int, buffer: int, timeout: float) -> PostgresWatch:
+        w = PostgresWatch(self, session_id, from_seq, buffer, timeout)
+        with self.mutex:
+            if self.ended is not None:
+                raise self.ended
+            self.watches.setdefault(session_id, []).append(w)
+        self.poke()
+        return w
+
+    def remove(self, sub: Subscription) -> None:
+        with self.mutex:
+            ws = self.watches.get(sub.session_id, [])
+            if sub in ws:
+                ws.remove(sub)
+            if not ws:
+                self.watches.pop(sub.session_id, None)
+
+    def poke(self) -> None:
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"x")
+
+    def _all(self) -> list[PostgresWatch]:
+        with self.mutex:
+            return [w for ws in self.watches.values() for w in ws]
+
+    def _run(self) -> None:
+        delay = 0.05
+        while not self.closing.is_set():
+            try:
+                conn = self.link.get(time.monotonic() + 5.0)
+            except StoreError as exc:
+                _connection_lost(self.where, "listen", "watch sessions", exc)
+                self.closing.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                if self.fresh:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    self.fresh = False
+                    for w in self._all():  # notifications may have been missed: read again
+                        w.dirty = True
+                    self._bump()
+                self._serve(conn)
+                delay = 0.05
+            except (psycopg.Error, OSError, CodecError) as exc:
+                if self.closing.is_set():
+                    break
+                _connection_lost(self.where, "listen", "watch sessions", exc)
+                self.link.drop()
+                self.fresh = True
+                self.closing.wait(delay)
+                delay = min(delay * 2, 5.0)
+        self._end(StoreError(f"the store on {self.where} was closed; the watch has ended"))
+
+    def _serve(self, conn: psycopg.Connection[Any]) -> None:
+        """Read notifications and rows until the connection fails or the store closes."""
+        query = (
+            f"SELECT seq, type, time, data FROM {self.events_table} "
+            "WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
+        )
+        while not self.closing.is_set():
+            for n in conn.notifies(timeout=0):
+                self._note(n.payload)
+            more = False
+            for w in self._all():
+                if not w.dirty:
+                    continue
+                room = w.room()
+                if room <= 0:
+                    continue
+                rows = conn.execute(query, (w.session_id, w.next_fetch, room)).fetchall()
+                events = [event_from_row(*r) for r in rows]
+                if events:
+                    w.next_fetch = events[-1].seq + 1
+                    w.deliver(events)
+                if len(rows) < room:
+                    w.dirty = False
+                else:
+                    more = True
+            if more:
+                continue
+            ready, _, _ = select.select(
+                [conn.fileno(), self.wake_r.fileno()], [], [], _IDLE_CHECK_S
+            )
+            with contextlib.suppress(OSError):
+                while self.wake_r.recv(4096):
+                    pass
+            if not ready:
+                conn.execute("SELECT 1")  # an idle connection may be dead: find out
+
+    def _bump(self) -> None:
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self.changed:
+            while self.version <= after and self.ended is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.changed.wait(left)
+            if self.ended is not None:
+                raise self.ended
+            return self.version
+
+    def _note(self, payload: str) -> None:
+        last, _, sid = payload.partition(" ")
+        if last in ("handoff", "withdraw"):  # a request for a session (see ask_handoff)
+            self._request(last, sid)
+            self._bump()
+            return
+        self._bump()
+        try:
+            top = int(last)
+        except ValueError:  # "released <id>": a change, nothing to read
+            return
+        with self.mutex:
+            for w in self.watches.get(sid, ()):
+                if top >= w.next_fetch:
+                    w.dirty = True
+
+    def _request(self, kind: str, body: str) -> None:
+        try:
+            req = json.loads(body)
+            sid, asker, seconds = str(req["s"]), str(req["a"]), float(req["t"])
+        except (ValueError, KeyError, TypeError):
+            return  # not ours to read
+        if asker == self.me:
+            return  # this store's own request
+        with self.mutex:
+            now = time.monotonic()
+            askers = self.asked.setdefault(sid, {})
+            if kind == "withdraw":
+                askers.pop(asker, None)
+            else:
+                askers[asker] = now + seconds
+            for a in [a for a, until in askers.items() if until <= now]:
+                del askers[a]
+            if not askers:
+                del self.asked[sid]
+
+    def requested(self) -> list[str]:
+        """The sessions some other store asks for now."""
+        now = time.monotonic()
+        with self.mutex:
+            return sorted(
+                sid for sid, askers in self.asked.items() if any(u > now for u in askers.values())
+            )
+
+    def _end(self, err: StoreError) -> None:
+        with self.mutex:
+            self.ended = err
+            watches = [w for ws in self.watches.values() for w in ws]
+            self.watches.clear()
+            self.changed.notify_all()
+        for w in watches:
+            w._finish(err)
+
+    def stop(self) -> None:
+        self.closing.set()
+        self.poke()
+        if self.thread is not threading.current_thread():
+            self.thread.join(5.0)
+        self._end(StoreError(f"the store on {self.where} was closed; the watch has ended"))
+        with self.link.lock:
+            self.link.drop()
+        for s in (self.wake_r, self.wake_w):
+            with contextlib.suppress(OSError):
+                s.close()

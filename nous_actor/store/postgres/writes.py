@@ -1,0 +1,353 @@
+"""Writes of `nous_actor.store.postgres`: fencing, one write transaction, and its settlement.
+
+`_fence` is the one check every write transaction makes (and a snapshot's
+drop): it locks the sessions' claim rows and says which may be written under
+which epoch. `_Write` is one `PostgresStore.write`: fence, insert, notify,
+commit, retried on a new connection when nothing can have committed, and
+settled by reading the outcome back from the server when the connection was
+lost during ``COMMIT``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+import psycopg.errors
+
+from nous_actor.core.codec import CodecError, encode_data
+from nous_actor.core.event import Event
+from nous_actor.errors import ConflictError, StoreError
+from nous_actor.store.base import valid_store_id
+from nous_actor.store.postgres.base import (
+    _MAX_SEQ,
+    _again,
+    _connection_lost,
+    _fenced,
+    _first_line,
+    _held_elsewhere,
+    _lost_connection,
+    _Sql,
+    logger,
+)
+from nous_actor.store.postgres.connection import _Context, _Link, _rollback
+from nous_actor.store.postgres.leases import _Leases
+
+# -- fencing: one check, used by every write transaction -------------------------------
+
+
+def _fence(
+    conn: psycopg.Connection[Any], leases: _Leases, session_ids: Sequence[str]
+) -> tuple[dict[str, StoreError], dict[str, int]]:
+    """Inside the caller's transaction: lock the sessions' claim rows (``FOR KEY SHARE``)
+    and say which sessions may not be written and why, and the epoch each other one
+    is written under (its claim in ``leases``, or 0 for a session the store has not
+    claimed).
+
+    The lock keeps a takeover (which locks the row ``FOR UPDATE``) from
+    committing until this transaction ends, so what is checked here holds
+    at commit.
+    """
+    rows = conn.execute(
+        f"SELECT session_id, epoch, lease_until > clock_timestamp(), holder, lease_until "
+        f"FROM {leases.claims_table} WHERE session_id = ANY(%b) FOR KEY SHARE",
+        (list(session_ids),),
+    ).fetchall()
+    found = {str(r[0]): r for r in rows}
+    now = time.monotonic()
+    refused: dict[str, StoreError] = {}
+    epochs: dict[str, int] = {}
+    for sid in session_ids:
+        row = found.get(sid)
+        mine = leases.get(sid)
+        if mine is None:
+            if row is not None and row[2]:
+                refused[sid] = _held_elsewhere(
+                    sid, row[3], row[4], "another writer holds this session's lease"
+                )
+            else:
+                epochs[sid] = 0
+        elif row is None or row[1] != mine.epoch or not row[2]:
+            err: StoreError = _fenced(sid, mine.epoch, row)
+            leases.lose(sid, mine, err)
+            refused[sid] = err
+        elif mine.lost is not None:
+            refused[sid] = _again(mine.lost, sid)
+        elif now >= mine.deadline:
+            err = StoreError(
+                "its lease could not be renewed in time, so it was failed closed before "
+                "the lease ran out; restart the session (it reloads from the store)",
+                session_id=sid,
+            )
+            leases.lose(sid, mine, err)
+            refused[sid] = err
+        else:
+            epochs[sid] = mine.epoch
+    return refused, epochs
+
+
+# -- one write transaction ---------------------------------------------------------------------
+
+
+def _batches(
+    appends: Mapping[str, Sequence[Event]],
+) -> tuple[list[tuple[str, list[Event]]], dict[str, StoreError]]:
+    """The sessions of a `PostgresStore.write` to write, with their events, and those
+    refused at once (a seq repeated in the call, with `ConflictError`).
+
+    Raises:
+        StoreError: a session id is not valid, or a seq does not fit in 64 bits.
+    """
+    batches: list[tuple[str, list[Event]]] = []
+    for sid, evs in appends.items():
+        if not evs:
+            continue
+        sid = valid_store_id(sid)
+        events = list(evs)
+        for ev in events:
+            if ev.seq > _MAX_SEQ:
+                raise StoreError(
+                    f"seq {ev.seq} does not fit in PostgreSQL's bigint; seqs must be below 2**63",
+                    session_id=sid,
+                )
+        batches.append((sid, events))
+    refused: dict[str, StoreError] = {}
+    todo: list[tuple[str, list[Event]]] = []
+    for sid, events in batches:
+        seqs = [ev.seq for ev in events]
+        if len(set(seqs)) != len(seqs):
+            refused[sid] = ConflictError(
+                "a seq appears twice in this write; reopen the session to continue from the store",
+                session_id=sid,
+            )
+        else:
+            todo.append((sid, events))
+    return todo, refused
+
+
+class _Unknown(Exception):
+    """The connection was lost during COMMIT: the outcome must be read back."""
+
+    def __init__(self, xid: str, cause: BaseException) -> None:
+        super().__init__(xid)
+        self.xid = xid
+        self.cause = cause
+
+
+class _Write:
+    """One `PostgresStore.write`: fence, insert, notify, commit; retried or resolved."""
+
+    def __init__(
+        self,
+        batches: list[tuple[str, list[Event]]],
+        *,
+        ctx: _Context,
+        q: _Sql,
+        main: _Link,
+        leases: _Leases,
+        closing: threading.Event,
+        check_open: Callable[[], None],
+    ) -> None:
+        self.ctx = ctx
+        self.q = q
+        self.main = main
+        self.leases = leases
+        self.closing = closing
+        self.check_open = check_open
+        self.sids = [sid for sid, _ in batches]
+        self.encoded = {
+            sid: [(ev.seq, ev.type.value, ev.time, encode_data(ev)) for ev in events]
+            for sid, events in batches
+        }
+        # Of the attempt being committed: who was refused, and the epoch of each row.
+        self.refused: dict[str, StoreError] = {}
+        self.epochs: dict[str, int] = {}
+
+    def run(self) -> dict[str, StoreError]:
+        deadline = time.monotonic() + self.ctx.timeout
+        delay = 0.0
+        sid = self.sids[0] if len(self.sids) == 1 else None
+        while True:
+            with self.main.lock:
+                self.check_open()
+                conn = self.main.get(deadline)
+                try:
+                    return self._attempt(conn)
+                except _Unknown as unknown:
+                    self.main.drop()
+                    if self._resolve(unknown, deadline):
+                        return self.refused
+                    # It did not commit: nothing was stored, so try again.
+                except (psycopg.Error, CodecError) as exc:
+                    lost = isinstance(exc, psycopg.Error) and _lost_connection(exc, conn)
+                    if lost:
+                        self.main.drop()  # nothing was committed: try again
+                    if not lost or time.monotonic() + delay >= deadline:
+                        raise self.ctx.error(exc, sid, "append events") from exc
+                    _connection_lost(self.ctx.location, "main", "append events", exc)
+            self.closing.wait(delay)
+            delay = min(max(delay * 2, 0.02), 1.0)
+
+    def _attempt(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
+        conn.execute("BEGIN")
+        try:
+            self.refused, self.epochs = _fence(conn, self.leases, self.sids)
+            if not self.epochs:
+                conn.execute("ROLLBACK")
+                return self.refused
+            try:
+                xid = self._insert(conn, list(self.epochs))
+            except psycopg.errors.UniqueViolation:
+                conn.execute("ROLLBACK")
+                return self._one_by_one(conn)
+        except BaseException:
+            _rollback(conn)
+            raise
+        self._commit(conn, xid)
+        return self.refused
+
+    def _commit(self, conn: psycopg.Connection[Any], xid: str) -> None:
+        try:
+            conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            if _lost_connection(exc, conn):
+                raise _Unknown(xid, exc) from exc
+            raise
+
+    def _rows(self, sids: Sequence[str]) -> tuple[list[Any], ...]:
+        cols: tuple[list[Any], ...] = ([], [], [], [], [], [])
+        for sid in sids:
+            epoch = self.epochs[sid]
+            for seq, etype, when, data in self.encoded[sid]:
+                cols[0].append(sid)
+                cols[1].append(seq)
+                cols[2].append(epoch)
+                cols[3].append(etype)
+                cols[4].append(when)
+                cols[5].append(data)
+        return cols
+
+    def _wakeups(self, sids: Sequence[str]) -> list[str]:
+        """The NOTIFY payloads: ``"<last seq> <session id>"`` for each session written."""
+        return [f"{max(r[0] for r in self.encoded[sid])} {sid}" for sid in sids]
+
+    def _insert(self, conn: psycopg.Connection[Any], sids: Sequence[str]) -> str:
+        """Insert the sessions' rows and queue their wake-ups; returns the transaction id."""
+        q = self.q
+        row = conn.execute(
+            f"WITH ins AS (INSERT INTO {q.events} (session_id, seq, epoch, type, time, data) "
+            "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::text[], "
+            "%b::timestamptz[], %b::text[]) RETURNING 1), "
+            "woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p) "
+            "SELECT pg_current_xact_id()::text, (SELECT count(*) FROM ins), "
+            "(SELECT count(*) FROM woke)",
+            (*self._rows(sids), q.channel, self._wakeups(sids)),
+        ).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def _one_by_one(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
+        """The slow path after a conflict: each session in a savepoint of its own."""
+        q = self.q
+        conn.execute("BEGIN")
+        try:
+            self.refused, self.epochs = _fence(conn, self.leases, self.sids)
+            for sid in list(self.epochs):
+                conn.execute("SAVEPOINT session_write")
+                try:
+                    conn.execute(
+                        f"INSERT INTO {q.events} (session_id, seq, epoch, type, time, data) "
+                        "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], "
+                        "%b::text[], %b::timestamptz[], %b::text[])",
+                        self._rows([sid]),
+                    )
+                except psycopg.errors.UniqueViolation:
+                    conn.execute("ROLLBACK TO SAVEPOINT session_write")
+                    del self.epochs[sid]
+                    self.refused[sid] = ConflictError(
+                        "a seq in this write is already stored (a second writer?); reopen "
+                        "the session to continue from the store",
+                        session_id=sid,
+                    )
+                conn.execute("RELEASE SAVEPOINT session_write")
+            if not self.epochs:
+                conn.execute("ROLLBACK")
+                return self.refused
+            row = conn.execute(
+                "SELECT pg_current_xact_id()::text, count(pg_notify(%b, p)) "
+                "FROM unnest(%b::text[]) AS p",
+                (q.channel, self._wakeups(list(self.epochs))),
+            ).fetchone()
+            assert row is not None
+        except BaseException:
+            _rollback(conn)
+            raise
+        self._commit(conn, str(row[0]))
+        return self.refused
+
+    def _resolve(self, unknown: _Unknown, deadline: float) -> bool:
+        """Read back a commit whose answer was lost: whether it committed.
+
+        First the transaction's status (``pg_xact_status``), then its rows with
+        their epoch, which must agree.
+
+        Raises:
+            StoreError: the outcome could not be read back in time.
+        """
+        q = self.q
+        logger.warning(
+            "store.commit_outcome_unknown",
+            store=self.ctx.location,
+            xid=unknown.xid,
+            reason=_first_line(unknown.cause),
+        )
+        cols = self._rows(list(self.epochs))
+        want = len(cols[0])
+        delay = 0.02
+        last: BaseException = unknown.cause
+        while time.monotonic() < deadline and not self.closing.is_set():
+            try:
+                conn = self.main.get(deadline)
+                status_row = conn.execute(
+                    "SELECT pg_xact_status(%s::xid8)", (unknown.xid,)
+                ).fetchone()
+                status = None if status_row is None else status_row[0]
+                if status == "in progress":  # the old backend has not finished yet
+                    self.closing.wait(delay)
+                    delay = min(delay * 2, 0.5)
+                    continue
+                found_row = conn.execute(
+                    f"SELECT count(*) FROM {q.events} AS e JOIN unnest(%b::text[], "
+                    "%b::bigint[], %b::bigint[]) AS u(sid, seq, epoch) "
+                    "ON e.session_id = u.sid AND e.seq = u.seq AND e.epoch = u.epoch",
+                    (cols[0], cols[1], cols[2]),
+                ).fetchone()
+                found = 0 if found_row is None else int(found_row[0])
+            except psycopg.Error as exc:
+                last = exc
+                self.main.drop()
+                self.closing.wait(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            except StoreError as exc:
+                last = exc
+                break
+            if status in ("committed", None) and found == want:
+                logger.info("store.commit_outcome_read_back", xid=unknown.xid, committed=True)
+                return True
+            if status in ("aborted", None) and found == 0:
+                logger.info("store.commit_outcome_read_back", xid=unknown.xid, committed=False)
+                return False
+            last = StoreError(
+                f"transaction {unknown.xid} is {status!r} but {found} of its {want} rows "
+                "are stored (dropped or deleted since?)"
+            )
+            break
+        raise StoreError(
+            f"the connection to {self.ctx.location} was lost while committing, and the outcome "
+            f"could not be read back ({_first_line(last)}): the events are wholly stored or "
+            "wholly absent; restart the sessions to reload them from the store"
+        ) from unknown.cause
