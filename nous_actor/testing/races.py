@@ -14,7 +14,12 @@ raising ``AssertionError`` when it does not:
 * `stop_race_scenario`: calls race a stop; every call is answered (a result
   or `SessionStopped`), none is left waiting.
 * `compaction_scenario`: a compaction with a slow summariser is retried under
-  the same id while appends go on; it is applied once.
+  the same id while appends go on; it is applied once. The compactions are
+  asked for by asyncio callers (coroutines) with a coroutine summariser, which
+  runs on their event loop (the simulation's, or one per caller on threads).
+* `registry_scenario(async_callers=n)`: besides the generator callers, ``n``
+  coroutines do the same through ``await sessions.aopen(...)`` and ``await``
+  on each call.
 * `restart_scenario`: a session crashes with appends in flight; once one is
   acknowledged, a read of the restarted session sees it.
 
@@ -25,6 +30,7 @@ to check that a simulation finds them.
 from __future__ import annotations
 import __future__
 
+import asyncio
 import contextlib
 import importlib
 import inspect
@@ -32,7 +38,7 @@ import shutil
 import tempfile
 import textwrap
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -80,10 +86,19 @@ class RealThreads:
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
 
-    def go(self, caller: Caller, name: str = "caller") -> None:
-        t = threading.Thread(target=self._drive, args=(caller,), name=name, daemon=True)
+    def go(self, caller: Caller | Coroutine[Any, Any, None], name: str = "caller") -> None:
+        """Run a generator caller on a thread, or a coroutine on an event loop of its own
+        (on a thread)."""
+        drive = self._drive_async if inspect.iscoroutine(caller) else self._drive
+        t = threading.Thread(target=drive, args=(caller,), name=name, daemon=True)
         self._threads.append(t)
         t.start()
+
+    def _drive_async(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            asyncio.run(coro)
+        except BaseException as exc:
+            self._errors.append(exc)
 
     def _drive(self, caller: Caller) -> None:
         try:
@@ -127,6 +142,20 @@ def settle(fut: Any) -> tuple[bool, Any]:
     """
     try:
         return True, fut.get()
+    except CallTimeout as exc:
+        raise AssertionError(f"a call was never answered: {exc}") from exc
+    except TOLERATED as exc:
+        return False, exc
+
+
+async def asettle(aw: Any) -> tuple[bool, Any]:
+    """`settle` for asyncio callers: ``await aw``.
+
+    Raises:
+        AssertionError: the call was never answered (`CallTimeout`).
+    """
+    try:
+        return True, await aw
     except CallTimeout as exc:
         raise AssertionError(f"a call was never answered: {exc}") from exc
     except TOLERATED as exc:
@@ -202,11 +231,13 @@ def registry_scenario(
     appends: int = 8,
     store: str = "memory",
     idle_timeout: float | None = None,
+    async_callers: int = 0,
 ) -> Scenario:
     """Callers append to ``sessions`` sessions of one registry (under a `Supervisor`, so
     that it restarts when it crashes); acknowledged means stored. With ``idle_timeout``
     the registry passivates idle sessions, and each caller pauses (virtual seconds, in a
-    simulation) after every other append, so that passivations race the calls."""
+    simulation) after every other append, so that passivations race the calls. With
+    ``async_callers``, that many coroutines do the same with ``await``."""
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
@@ -241,8 +272,31 @@ def registry_scenario(
                     if idle_timeout is not None and i % 2:
                         yield idle_timeout * (0.5 + (c + i) % 3 / 2)
 
+            async def acaller(c: int) -> None:
+                for i in range(appends):
+                    sid = f"s{(c * 5 + i * 3 + 1) % sessions}"
+                    content = f"a{c}-{i}"
+                    ok, h = await asettle(reg.aopen(sid))
+                    if not ok:
+                        continue
+                    ok, ev = await asettle(h.append("user_message", {"content": content}))
+                    if not ok:
+                        continue
+                    assert _stored(st, sid, ev.seq, content), (
+                        f"{sid}: seq {ev.seq} was acknowledged before the store held it"
+                    )
+                    acked.setdefault(sid, {})[ev.seq] = content
+                    ok, n = await asettle(h.count())
+                    assert not ok or n > ev.seq, (
+                        f"{sid}: a read saw {n} events after seq {ev.seq} was acknowledged"
+                    )
+                    if idle_timeout is not None and i % 2:
+                        await asyncio.sleep(idle_timeout * (0.5 + (c + i) % 3 / 2))
+
             for c in range(callers):
                 env.go(caller(c), f"caller{c}")
+            for c in range(async_callers):
+                env.go(acaller(c), f"async{c}")
             env.run()
             for sid, events in sorted(acked.items()):
                 stored = {ev.seq: ev.data.get("content") for ev in st.load(sid)}
@@ -330,7 +384,8 @@ def stop_race_scenario(calls: int = 6, store: str = "memory") -> Scenario:
 
 def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
     """A compaction whose summariser is slow is retried under the same id while appends
-    go on: one record of it in the log."""
+    go on: one record of it in the log. Both compactions are asked for by coroutines, and
+    the summariser is a coroutine too (on their event loop)."""
 
     def scenario(env: Env) -> None:
         with _store_of(store) as st:
@@ -339,20 +394,20 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
             for i in range(messages):
                 _retry(env, partial(_append_get, reg, "compact", f"m{i} " * 20), tries=40)
 
-            def summarise(ms: Any) -> str:
-                env.sleep(1.0)  # a model call: virtual time passes
+            real = getattr(env, "real", False)
+
+            async def summarise(ms: Any) -> str:
+                await asyncio.sleep(0.0 if real else 1.0)  # a model call: virtual seconds
                 return f"summary of {len(ms)}"
 
             comp = Compactor(budget=1, summarise=summarise, keep_recent=2)
             applied: list[bool] = []
 
-            def compact(delay: int) -> Caller:
+            async def compact(delay: int) -> None:
                 for _ in range(delay):
-                    yield
-                f = h.compact(comp, compaction_id="c1", force=True)
-                yield f
+                    await asyncio.sleep(0)
                 with contextlib.suppress(CompactionError):
-                    ok, _ = settle(f)
+                    ok, _ = await asettle(h.compact(comp, compaction_id="c1", force=True))
                     applied.append(ok)
 
             def writer() -> Caller:

@@ -18,7 +18,6 @@ import asyncio
 import functools
 import heapq
 import threading
-import weakref
 from asyncio import events
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
@@ -51,9 +50,9 @@ class SimEventLoop(asyncio.BaseEventLoop):
         super().__init__()
         self._sim = sim
         self._made = 0  # tasks created: their default names and their order
-        self._order: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Held until done (asyncio holds its tasks weakly): a task nobody references any
+        # more is still cancelled and run to its end when the simulation closes.
+        self._order: dict[asyncio.Task[Any], int] = {}
         self.errors: list[BaseException | None] = []
         """What callbacks of the loop raised (and asyncio would only have logged)."""
 
@@ -82,7 +81,10 @@ class SimEventLoop(asyncio.BaseEventLoop):
         if name is None:
             name = f"task-{self._made}"
         task = super().create_task(coro, name=name, context=context)
-        self._order[task] = self._made
+        order = self._order
+        if len(order) >= 64 and not self._made % 64:  # forget the tasks that are done
+            self._order = order = {t: n for t, n in order.items() if not t.done()}
+        order[task] = self._made
         return task
 
     def run_in_executor(  # type: ignore[override]
@@ -173,9 +175,10 @@ class SimEventLoop(asyncio.BaseEventLoop):
 
     def pending_tasks(self) -> list[asyncio.Task[Any]]:
         """The loop's tasks not yet done, in creation order."""
-        order = self._order
-        tasks = [t for t in asyncio.all_tasks(self) if not t.done()]
-        return sorted(tasks, key=lambda t: order.get(t, 0))
+        made = [t for t in self._order if not t.done()]  # in creation order
+        held = set(made)
+        others = [t for t in asyncio.all_tasks(self) if t not in held]
+        return made + sorted(others, key=lambda t: t.get_name())
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any) -> None:

@@ -222,6 +222,7 @@ class Simulation:
         self, delay: float, fn: Callable[[], None], name: str, daemon: bool = False
     ) -> None:
         task = self._task(TIMER, name, fn)
+        task.daemon = daemon
         self._next_id += 1
         heapq.heappush(
             self._timers, (self.now_seconds + max(delay, 0.0), self._next_id, task, daemon)
@@ -399,7 +400,10 @@ class Simulation:
             return task.until <= self.now_seconds
         if kind == LOOP:
             return callers and task.obj.runnable()
-        return True
+        # A timer that re-arms itself forever (the passivator, the hand-over) may ask the
+        # registry; inside a wait of the registry's own step it could only wait out its
+        # bound. It runs where callers run (a thread's timer would wait for the registry).
+        return callers or not task.daemon
 
     def _step(self, deadline: float, callers: bool, top: bool = False) -> bool:
         """Take one step; ``False`` if nothing can run before ``deadline``."""

@@ -28,6 +28,7 @@ class Task:
 
     __slots__ = (
         "began",
+        "daemon",
         "ended",
         "gen",
         "id",
@@ -52,6 +53,7 @@ class Task:
         self.waiting: Any = None  # a future a caller waits for
         self.until = 0.0  # a caller's or committer's virtual wake time
         self.send: Any = None
+        self.daemon = False  # a timer that re-arms itself forever
 
 
 class SimDispatcher(Dispatcher):
