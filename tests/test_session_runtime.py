@@ -26,7 +26,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-import nous_actor.core.log as log_module
+import nous_actor.core.log._fold as fold_module
+import nous_actor.core.log._log as log_module
 from nous_actor import (
     CompactionError,
     Compactor,
@@ -61,7 +62,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store | No
 
 
 class Counter:
-    """Wraps a module function and counts its calls."""
+    """Wraps a function of the log's modules and counts its calls, in every module that
+    calls it (``_shadow_flags``: the fold's and the Log's)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
         self.calls = 0
@@ -71,7 +73,9 @@ class Counter:
             self.calls += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(log_module, name, counted)
+        for module in (fold_module, log_module):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, counted)
 
 
 def turn(s: Session, i: int) -> None:

@@ -1,21 +1,5 @@
-"""The pure core: `Log`, an immutable append-only event log and its fold.
-
-No locks, no threads, no I/O. A ``Log`` is a value: every operation returns a
-new ``Log`` and leaves the old one valid and unchanged, so many versions can be
-held at once (fork, rewind) and shared between threads.
-
-How it stays cheap while immutable:
-
-* Retained events live in a list shared by a chain of versions; each version
-  sees the prefix ``[:n]`` it was made with. Appending to the newest version
-  extends the list in place; appending to an older one (a branch) copies it.
-* The fold (the position-sorted surface with its messages) is memoised in a
-  `_Fold` owned by one version at a time. Appending to the owner hands
-  the fold to the new version, which updates it in place (a bisect and a
-  splice); the old version notices it lost the fold and refolds on demand.
-  Ownership moves by an atomic claim, so readers in other threads never see a
-  half-updated fold.
-"""
+"""`Log` itself: the immutable, append-only event log, its storage shared by a chain of
+versions, its appends, reads and history (`as_of`, `fork`)."""
 
 from __future__ import annotations
 
@@ -23,127 +7,34 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
-from operator import attrgetter, lt
+from operator import lt
 from typing import Any, Final
 
 from nous_actor._log import get_logger
-from nous_actor.core.clock import utcnow
 from nous_actor.core.event import (
     EVENT_TYPE_OF,
-    SURFACE_TYPES,
     Event,
     EventType,
     InvalidEvent,
     check_event,
-    project,
     trusted_event,
     type_text,
 )
+from nous_actor.core.log._events import (
+    _behind_head,
+    _check_boundary,
+    _seed_data,
+    _utcnow,
+    message_event,
+)
+from nous_actor.core.log._fold import _Fold, _full_fold, _seq_of, _shadow_flags
 from nous_actor.core.message import Message, Role, tool_call_parts
 
 __all__ = ["Log"]
 
-log = get_logger(__name__)
+log = get_logger("nous_actor.core.log")  # the package's name, as before it was split
 
-_seq_of: Final = attrgetter("seq")
-_pos_of: Final = attrgetter("_pos")
 _new_log: Final = object.__new__
-
-
-class _Fold:
-    """The memoised surface, position-sorted: its events and their messages.
-
-    ``claim`` holds one item while the fold belongs to the version holding it;
-    the first thread to pop it takes the lists over (``list.pop`` is atomic),
-    after which the holder must not trust them.
-
-    Messages are projected lazily: the last ``lazy`` entries of ``msgs`` are
-    ``None`` until a read needs them (`settle`), so appends that nobody
-    derives cost no ``Message``, and each message is projected once.
-    """
-
-    __slots__ = ("claim", "evs", "lazy", "msgs")
-
-    def __init__(self, evs: list[Event], msgs: list[Message | None], lazy: int = 0) -> None:
-        self.evs = evs
-        self.msgs = msgs
-        self.lazy = lazy
-        self.claim: list[bool] = [True]
-
-    def take(self) -> bool:
-        """Claim the lists for exclusive mutation; ``False`` if someone else has."""
-        try:
-            self.claim.pop()
-        except IndexError:
-            return False
-        return True
-
-    def handed_over(self) -> _Fold:
-        """A new, unclaimed fold over the same lists (call after `take`)."""
-        return _Fold(self.evs, self.msgs, self.lazy)
-
-    def settle(self) -> None:
-        """Project the messages not projected yet (only by the fold's owner)."""
-        msgs, evs, n = self.msgs, self.evs, len(self.msgs)
-        for k in range(n - self.lazy, n):
-            msgs[k] = project(evs[k])
-        self.lazy = 0
-
-    def add(self, ev: Event) -> None:
-        """Fold in ``ev``, which has a higher seq than every event folded so far."""
-        evs = self.evs
-        op = ev._op
-        if op is not None:
-            if self.lazy:
-                self.settle()
-            # Everything folded so far has a lower seq, so the replace shadows
-            # exactly the run of surface entries whose position is in range.
-            i = bisect_left(evs, op.start, key=_pos_of)
-            j = bisect_right(evs, op.stop, i, key=_pos_of)
-            if i < j:
-                del evs[i:j], self.msgs[i:j]
-        elif ev.type not in SURFACE_TYPES:
-            return
-        elif not evs or evs[-1]._pos <= ev._pos:  # the common case: it goes last
-            evs.append(ev)
-            self.msgs.append(None)
-            self.lazy += 1
-            return
-        else:
-            if self.lazy:
-                self.settle()
-            # Ties on position keep seq order: the newcomer goes after them.
-            i = bisect_right(evs, ev._pos, key=_pos_of)
-        evs.insert(i, ev)
-        self.msgs.insert(i, project(ev))
-
-
-def _shadow_flags(events: Sequence[Event], n: int) -> list[bool]:
-    """For each of ``events[:n]`` (seq order), whether a later replace shadows it.
-
-    One reverse pass keeping the union of the ranges of the replaces seen so
-    far (all with a higher seq) as sorted disjoint intervals: O(n log n).
-    """
-    starts: list[int] = []
-    stops: list[int] = []
-    flags = [False] * n
-    for k in range(n - 1, -1, -1):
-        ev = events[k]
-        p = ev._pos
-        i = bisect_right(starts, p) - 1
-        if i >= 0 and stops[i] >= p:
-            flags[k] = True
-        op = ev._op
-        if op is not None:  # a shadowed replace still shadows its own range
-            s, e = op.start, op.stop
-            lo = bisect_left(stops, s - 1)  # first interval touching [s, e]
-            hi = bisect_right(starts, e + 1, lo)
-            if lo < hi:
-                s = min(s, starts[lo])
-                e = max(e, stops[hi - 1])
-            starts[lo:hi] = [s]
-            stops[lo:hi] = [e]
-    return flags
 
 
 def _branch(events: list[Event], n: int, ev: Event) -> list[Event]:
@@ -151,16 +42,6 @@ def _branch(events: list[Event], n: int, ev: Event) -> list[Event]:
     out = events[:n]
     out.append(ev)
     return out
-
-
-def _full_fold(events: Sequence[Event], n: int) -> _Fold:
-    flags = _shadow_flags(events, n)
-    surface = [ev for k, ev in enumerate(events[:n]) if not flags[k] and ev.type in SURFACE_TYPES]
-    surface.sort(key=_pos_of)  # stable: ties keep seq order
-    return _Fold(surface, [None] * len(surface), len(surface))
-
-
-_utcnow = utcnow  # the wall clock, or a simulation's (nous_actor.core.clock)
 
 
 class Log:
@@ -555,58 +436,6 @@ class Log:
         return (_rebuild, (self._count, self.events()))
 
 
-_DICT_FIELDS: Final = ("content", "reasoning_content", "tool_calls", "tool_call_id", "name")
-
-
-def message_event(
-    message: Message | Mapping[str, Any],
-) -> tuple[EventType, dict[str, Any], datetime | None]:
-    """The event that keeps ``message``: ``(type, data, time)``, for ``append``.
-
-    The type follows the role (``system`` → ``system_message``, ...).
-
-    * A `Message`: ``data`` is its §3 seed shape (as `Log.seed` stores it:
-      ``content``, ``metadata``, ``name``, and per role ``tool_calls``,
-      ``reasoning_content`` when set, ``tool_call_id``); ``time`` is its
-      ``created_at``.
-    * An OpenAI chat-completions dict: ``data`` holds only the keys the dict
-      has (as `Message.from_openai` reads them: function calls flat, custom
-      calls as given), plus ``metadata`` when `Message.from_openai` puts
-      something there (provider keys under ``openai_extra``, the ``developer``
-      role under ``openai_role``); no ``"metadata": {}`` or ``"name": None``
-      the dict never had. ``time`` is ``None``: the time of the append.
-
-    Either way the event projects back to the message: for a dict,
-    ``Message.from_openai(message, created_at=event.time)``.
-
-    Raises:
-        ValueError: a malformed dict (the message names the field).
-        TypeError: neither a `Message` nor a mapping.
-    """
-    if isinstance(message, Message):
-        return EVENT_TYPE_OF[message.role], _seed_data(message), message.created_at
-    m = as_message(message)
-    data = {k: getattr(m, k) for k in _DICT_FIELDS if k in message}
-    if m.metadata:
-        data["metadata"] = m.metadata
-    return EVENT_TYPE_OF[m.role], data, None
-
-
-def as_message(message: Message | Mapping[str, Any]) -> Message:
-    """``message`` itself, or the `Message` of an OpenAI chat-completions dict.
-
-    Raises:
-        ValueError: a malformed dict. TypeError: neither.
-    """
-    if isinstance(message, Message):
-        return message
-    if isinstance(message, Mapping):
-        return Message.from_openai(message)
-    raise TypeError(
-        f"append_message takes a Message or an OpenAI message dict, got {type(message).__name__}"
-    )
-
-
 def _check_no_split_tool_call(prefix: Log, after: Sequence[Event], through_seq: int) -> None:
     """Refuse a fork boundary with a tool call in the prefix's surface whose result (by
     ``tool_call_id``) only comes after the boundary."""
@@ -633,45 +462,5 @@ def _check_no_split_tool_call(prefix: Log, after: Sequence[Event], through_seq: 
             )
 
 
-def _check_boundary(seq: object, count: int, what: str) -> None:
-    """``what`` is the call as the user wrote it, ``...`` standing for the seq."""
-    if not isinstance(seq, int) or isinstance(seq, bool):
-        raise TypeError(f"{what} takes an int seq, got {type(seq).__name__}")
-    call = what.replace("...", str(seq)) if "..." in what else f"{what}({seq})"
-    if seq < 0:
-        raise ValueError(f"{call}: seq must be >= 0")
-    if seq >= count:
-        raise ValueError(
-            f"{call} is past the head: the newest seq is {count - 1}"
-            if count
-            else f"{call}: the log is empty"
-        )
-
-
-def _behind_head(seq: int, count: int) -> InvalidEvent:
-    return InvalidEvent(
-        "seq_behind_head",
-        f"append_at(seq={seq}) is behind the head: the next free seq is "
-        f"{count}; use a seq >= {count}, or append() to take the next",
-    )
-
-
-def new_event(seq: int, type: object, data: Any, time: datetime | None) -> Event:
-    """A validated Event (DESIGN.md §2 checks, in order); ``time`` defaults to now."""
-    etype, t, frozen, op = check_event(seq, type, _utcnow() if time is None else time, data)
-    return trusted_event(seq, etype, t, frozen, op)
-
-
 def _rebuild(count: int, events: list[Event]) -> Log:
     return Log._make(list(events), len(events), count, None)
-
-
-def _seed_data(m: Message) -> dict[str, Any]:
-    data: dict[str, Any] = {"content": m.content, "metadata": m.metadata, "name": m.name}
-    if m.role is Role.ASSISTANT:
-        data["tool_calls"] = m.tool_calls
-        if m.reasoning_content is not None:
-            data["reasoning_content"] = m.reasoning_content
-    elif m.role is Role.TOOL:
-        data["tool_call_id"] = m.tool_call_id
-    return data

@@ -1,0 +1,120 @@
+"""The bottom of `nous_actor.core.log`: the fold, the position-sorted surface with its
+messages, memoised in a `_Fold` that one version of a log owns at a time and keeps current
+(a bisect and a splice per append); `_shadow_flags` and `_full_fold`, the fold from scratch.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Final
+
+from nous_actor.core.event import SURFACE_TYPES, Event, project
+from nous_actor.core.message import Message
+
+_seq_of: Final = attrgetter("seq")
+_pos_of: Final = attrgetter("_pos")
+
+
+class _Fold:
+    """The memoised surface, position-sorted: its events and their messages.
+
+    ``claim`` holds one item while the fold belongs to the version holding it;
+    the first thread to pop it takes the lists over (``list.pop`` is atomic),
+    after which the holder must not trust them.
+
+    Messages are projected lazily: the last ``lazy`` entries of ``msgs`` are
+    ``None`` until a read needs them (`settle`), so appends that nobody
+    derives cost no ``Message``, and each message is projected once.
+    """
+
+    __slots__ = ("claim", "evs", "lazy", "msgs")
+
+    def __init__(self, evs: list[Event], msgs: list[Message | None], lazy: int = 0) -> None:
+        self.evs = evs
+        self.msgs = msgs
+        self.lazy = lazy
+        self.claim: list[bool] = [True]
+
+    def take(self) -> bool:
+        """Claim the lists for exclusive mutation; ``False`` if someone else has."""
+        try:
+            self.claim.pop()
+        except IndexError:
+            return False
+        return True
+
+    def handed_over(self) -> _Fold:
+        """A new, unclaimed fold over the same lists (call after `take`)."""
+        return _Fold(self.evs, self.msgs, self.lazy)
+
+    def settle(self) -> None:
+        """Project the messages not projected yet (only by the fold's owner)."""
+        msgs, evs, n = self.msgs, self.evs, len(self.msgs)
+        for k in range(n - self.lazy, n):
+            msgs[k] = project(evs[k])
+        self.lazy = 0
+
+    def add(self, ev: Event) -> None:
+        """Fold in ``ev``, which has a higher seq than every event folded so far."""
+        evs = self.evs
+        op = ev._op
+        if op is not None:
+            if self.lazy:
+                self.settle()
+            # Everything folded so far has a lower seq, so the replace shadows
+            # exactly the run of surface entries whose position is in range.
+            i = bisect_left(evs, op.start, key=_pos_of)
+            j = bisect_right(evs, op.stop, i, key=_pos_of)
+            if i < j:
+                del evs[i:j], self.msgs[i:j]
+        elif ev.type not in SURFACE_TYPES:
+            return
+        elif not evs or evs[-1]._pos <= ev._pos:  # the common case: it goes last
+            evs.append(ev)
+            self.msgs.append(None)
+            self.lazy += 1
+            return
+        else:
+            if self.lazy:
+                self.settle()
+            # Ties on position keep seq order: the newcomer goes after them.
+            i = bisect_right(evs, ev._pos, key=_pos_of)
+        evs.insert(i, ev)
+        self.msgs.insert(i, project(ev))
+
+
+def _shadow_flags(events: Sequence[Event], n: int) -> list[bool]:
+    """For each of ``events[:n]`` (seq order), whether a later replace shadows it.
+
+    One reverse pass keeping the union of the ranges of the replaces seen so
+    far (all with a higher seq) as sorted disjoint intervals: O(n log n).
+    """
+    starts: list[int] = []
+    stops: list[int] = []
+    flags = [False] * n
+    for k in range(n - 1, -1, -1):
+        ev = events[k]
+        p = ev._pos
+        i = bisect_right(starts, p) - 1
+        if i >= 0 and stops[i] >= p:
+            flags[k] = True
+        op = ev._op
+        if op is not None:  # a shadowed replace still shadows its own range
+            s, e = op.start, op.stop
+            lo = bisect_left(stops, s - 1)  # first interval touching [s, e]
+            hi = bisect_right(starts, e + 1, lo)
+            if lo < hi:
+                s = min(s, starts[lo])
+                e = max(e, stops[hi - 1])
+            starts[lo:hi] = [s]
+            stops[lo:hi] = [e]
+    return flags
+
+
+def _full_fold(events: Sequence[Event], n: int) -> _Fold:
+    flags = _shadow_flags(events, n)
+    surface = [ev for k, ev in enumerate(events[:n]) if not flags[k] and ev.type in SURFACE_TYPES]
+    surface.sort(key=_pos_of)  # stable: ties keep seq order
+    return _Fold(surface, [None] * len(surface), len(surface))
