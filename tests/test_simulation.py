@@ -24,6 +24,7 @@ from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import Backoff, ChildSpec, SupervisedActor, Supervisor
 from nous_actor.testing.races import (
     MUTATIONS,
+    compaction_scenario,
     crash_session,
     mutate,
     registry_scenario,
@@ -67,18 +68,29 @@ def test_seeds_choose_different_interleavings() -> None:
 _CHILD = """
 import structlog
 structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
-from nous_actor.testing.races import registry_scenario
+from nous_actor.testing.races import compaction_scenario, registry_scenario
 from nous_actor.testing.simulation import FaultRates, Schedule, replay
 rates = FaultRates(crash=0.01, fail_commit=0.01, slow_commit=0.03, stop=0.005)
-out = replay(registry_scenario(sessions=4, callers=3, appends=6), Schedule(11, rates=rates))
-print(out.digest, out.error)
+for scenario in (
+    registry_scenario(sessions=4, callers=3, appends=6),
+    registry_scenario(sessions=4, callers=1, appends=6, async_callers=2),
+    compaction_scenario(),
+):
+    out = replay(scenario, Schedule(11, rates=rates))
+    print(out.digest, out.error)
 """
 
 
 def test_the_digest_is_the_same_in_other_processes_with_other_hash_seeds() -> None:
-    """A seed's digest does not depend on the process or on PYTHONHASHSEED."""
-    here = replay(registry_scenario(sessions=4, callers=3, appends=6), Schedule(11, rates=RATES))
-    digests = set()
+    """A seed's digest does not depend on the process or on PYTHONHASHSEED: with generator
+    callers, with coroutine callers beside them, and with a coroutine summariser on the
+    simulation's event loop."""
+    scenarios = (
+        registry_scenario(sessions=4, callers=3, appends=6),
+        registry_scenario(sessions=4, callers=1, appends=6, async_callers=2),
+        compaction_scenario(),
+    )
+    here = [replay(s, Schedule(11, rates=RATES)).digest for s in scenarios]
     for hash_seed in ("1", "2", "random"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         done = subprocess.run(
@@ -90,9 +102,9 @@ def test_the_digest_is_the_same_in_other_processes_with_other_hash_seeds() -> No
             cwd=ROOT,
             check=True,
         )
-        digests.add(done.stdout.split()[0])
-        assert done.stdout.split()[1] == "None"
-    assert digests == {here.digest}
+        lines = [line.split() for line in done.stdout.splitlines()]
+        assert [line[1] for line in lines] == ["None"] * len(scenarios), done.stdout
+        assert [line[0] for line in lines] == here, hash_seed
 
 
 def test_a_pinned_schedule_replays_a_seeded_run() -> None:
