@@ -1,0 +1,120 @@
+"""The bottom of the store contract suite: the events, logs and times its tests write,
+the calls a closed store must refuse, and the checks the tests share."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+from nous_actor.core.codec import to_jsonl
+from nous_actor.core.event import Event, EventType, Replace
+from nous_actor.core.log import Log
+from nous_actor.errors import StoreError
+from nous_actor.store.base import Store, export_session, import_session
+from nous_actor.testing.store_machine import assert_same_events
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+# -- comparing events strictly -----------------------------------------------------------
+
+
+def _ev(
+    seq: int,
+    etype: EventType | str = EventType.USER_MESSAGE,
+    data: Mapping[str, Any] | None = None,
+    time: datetime = T0,
+) -> Event:
+    return Event(seq, etype, time, {"content": f"event {seq}"} if data is None else data)
+
+
+def _varied_log() -> Log:
+    """A log with every event type, tool calls, metadata and a replace (a summary)."""
+    t = T0
+    step = timedelta(seconds=1, microseconds=1)
+    log = Log()
+    log = log.append("system_message", {"content": "be brief", "name": None}, t)
+    log = log.append("turn_start", {"turn": 1}, t + step)
+    log = log.append("request_header", {"model": "m", "temperature": 0.25}, t + 2 * step)
+    log = log.append("user_message", {"content": "hi", "metadata": {"lang": "en"}}, t + 3 * step)
+    log = log.append("step_start", {}, t + 4 * step)
+    call = {"id": "c1", "name": "lookup", "arguments": '{"q": "x"}'}
+    log = log.append(
+        "assistant_message",
+        {"content": None, "tool_calls": [call], "reasoning_content": "think"},
+        t + 5 * step,
+    )
+    log = log.append("tool_call", {"id": "c1", "ok": True}, t + 6 * step)
+    log = log.append("tool_result", {"content": "42", "tool_call_id": "c1"}, t + 7 * step)
+    log = log.append("step_end", {"tokens": 17}, t + 8 * step)
+    log = log.append("assistant_message", {"content": [{"type": "text", "text": "42"}]}, t)
+    log = log.append("turn_end", {"turn": 1}, t + 10 * step)
+    summary = {"content": "summary of 1..7", "surface_op": Replace(1, 7)}
+    log = log.append("system_message", summary, t + 11 * step)
+    return log.append("user_message", {"content": "and then?"}, t + 12 * step)
+
+
+def _odd_times() -> list[datetime]:
+    plus_0530 = timezone(timedelta(hours=5, minutes=30))
+    return [
+        datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        datetime(2026, 6, 30, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=plus_0530),
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(1, 1, 1, 0, 0, 0, 7, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ]
+
+
+# (name, call) of every Store method that must refuse to work once the store is closed.
+_CALLS_ON_A_CLOSED_STORE: list[tuple[str, Callable[[Store], object]]] = [
+    ("load", lambda s: s.load("a")),
+    ("write", lambda s: s.write({"a": [_ev(5)]})),
+    ("drop", lambda s: s.drop("a", [0])),
+    ("sessions", lambda s: s.sessions()),
+    ("delete", lambda s: s.delete("a")),
+    ("claim", lambda s: s.claim("b")),
+    ("export_session", lambda s: export_session(s, "a")),
+    (
+        "import_session",
+        lambda s: import_session(
+            s,
+            "c",
+            '{"seq":0,"type":"turn_start","time":"2026-01-01T00:00:00.000000+00:00","data":{}}\n',
+        ),
+    ),
+]
+
+
+def _stored_or_store_error(store: Store, session_id: str, events: list[Event]) -> None:
+    """Write ``events``: they must load back exactly, or the store must say StoreError."""
+    try:
+        refused = store.write({session_id: events})
+        assert session_id not in refused, refused
+        got = store.load(session_id)
+    except StoreError:
+        # Refusing is fine; leaving the store unusable or half-written is not.
+        assert store.load("contract-ok") == []
+        with contextlib.suppress(StoreError):
+            assert store.load(session_id) == []
+    else:
+        assert_same_events(got, events)
+    assert store.write({"contract-ok": [_ev(0)]}) == {}
+    assert_same_events(store.load("contract-ok"), [_ev(0)])
+
+
+def _jsonl(events: Sequence[Event]) -> str:
+    """``events`` as the JSON Lines that `export_session` writes."""
+    log = Log()
+    for ev in events:
+        log = log.append_event(ev)
+    return to_jsonl(log)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for i in range(depth):
+        value = {"level": i, "inner": [value]}
+    return value
