@@ -5,6 +5,11 @@ handle, crash a session with a BaseException in a handler, passivate idle
 sessions (advancing an injected clock), and reopen. The invariant: through
 every handle, each session's log is exactly its acknowledged appends, and
 each crash was counted as one restart.
+
+The same rules run twice: on real threads, and under a deterministic
+`Simulation` whose schedule (the interleaving of the sessions, the registry
+and the committer, and slow commits) Hypothesis draws, so that a failing
+interleaving shrinks with the rules.
 """
 
 from __future__ import annotations
@@ -17,7 +22,14 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from nous_actor import (
     Backoff,
@@ -31,6 +43,8 @@ from nous_actor import (
     Store,
 )
 from nous_actor.sessions.actor import SessionActor
+from nous_actor.testing.sim_machine import schedules
+from nous_actor.testing.simulation import Schedule, Simulation
 from nous_actor.testing.strategies import event_data, times
 
 BOUND = 10.0
@@ -57,6 +71,9 @@ class RegistryMachine(RuleBasedStateMachine):
 
     handles = Bundle("handles")
 
+    simulated = False
+    """Whether the registry runs under a `Simulation` (made by the first rule)."""
+
     def make_store(self) -> Store:
         return MemoryStore()
 
@@ -64,6 +81,15 @@ class RegistryMachine(RuleBasedStateMachine):
         super().__init__()
         self.now = 0.0
         self.restarted: queue.Queue[float] = queue.Queue()
+        self.model: dict[str, list[Event]] = {}
+        self.crashes: dict[str, int] = {}
+        self.all_handles: list[Session] = []
+        self.sim: Simulation | None = None
+        if not self.simulated:
+            self.begin()
+
+    def begin(self) -> None:
+        """Make the store and the registry (under the simulation, if there is one)."""
         self.store = self.make_store()
         self.registry = Sessions(
             self.store,
@@ -74,9 +100,6 @@ class RegistryMachine(RuleBasedStateMachine):
             max_restarts=1_000,
             timeout=BOUND,
         )
-        self.model: dict[str, list[Event]] = {}
-        self.crashes: dict[str, int] = {}
-        self.all_handles: list[Session] = []
 
     def _schedule(self, delay: float, restart: Callable[[], None]) -> None:
         """Restart at once (in the crashed session's thread), then tell the machine."""
@@ -114,6 +137,8 @@ class RegistryMachine(RuleBasedStateMachine):
     def crash(self, handle: Session) -> None:
         with pytest.raises(SessionCrashed):
             handle._call(_boom).get()
+        if self.sim is not None:  # its restart is a step of the simulation
+            self.sim.wait(lambda: not self.restarted.empty(), BOUND)
         self.restarted.get(timeout=BOUND)  # the registry has restarted it
         self.crashes[handle.session_id] += 1
 
@@ -151,12 +176,38 @@ class RegistryMachine(RuleBasedStateMachine):
             assert self.registry.restart_count(sid) == n
 
     def teardown(self) -> None:
-        self.registry.close()
-        self.store.close()
+        try:
+            if hasattr(self, "registry"):
+                self.registry.close()
+                self.store.close()
+        finally:
+            if self.sim is not None:
+                self.sim.close()
 
 
 class SQLiteRegistryMachine(RegistryMachine):
     """The same machine on an SQLiteStore (in memory: same codec and SQL, no files)."""
+
+    def make_store(self) -> Store:
+        return SQLiteStore(":memory:")
+
+
+class SimulatedRegistryMachine(RegistryMachine):
+    """The same rules under a `Simulation`: the registry, the sessions, the committer and
+    the recoveries are steps on this thread in the order of a schedule Hypothesis draws
+    (with slow commits), so a failure shrinks to few choices as well as few rules."""
+
+    simulated = True
+
+    @initialize(schedule=schedules(max_faults=2, kinds=("slow_commit",)))
+    def simulate(self, schedule: Schedule) -> None:
+        self.sim = Simulation(schedule)
+        self.sim.__enter__()
+        self.begin()
+
+
+class SimulatedSQLiteRegistryMachine(SimulatedRegistryMachine):
+    """The simulated machine on an SQLiteStore (in memory)."""
 
     def make_store(self) -> Store:
         return SQLiteStore(":memory:")
@@ -171,3 +222,9 @@ TestRegistryMachine.settings = _settings
 
 TestSQLiteRegistryMachine = SQLiteRegistryMachine.TestCase
 TestSQLiteRegistryMachine.settings = _settings
+
+TestSimulatedRegistryMachine = SimulatedRegistryMachine.TestCase
+TestSimulatedRegistryMachine.settings = _settings
+
+TestSimulatedSQLiteRegistryMachine = SimulatedSQLiteRegistryMachine.TestCase
+TestSimulatedSQLiteRegistryMachine.settings = _settings
