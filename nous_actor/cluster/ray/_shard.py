@@ -54,7 +54,7 @@ from nous_actor.sessions.turns import HELD
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
 
-logger = get_logger(__name__)
+logger = get_logger("nous_actor.cluster.ray")  # the package's name, as before it was split
 
 
 async def _outcome(waiting: Any) -> tuple[int, Any]:
