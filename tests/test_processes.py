@@ -275,3 +275,55 @@ def test_nous_session_get_items_reads_a_session_another_worker_holds(
         assert [item.get("content") for item in items] == ["question one", "answer one"]
         assert sessions.live() == []
         assert shared.held_by(sessions.store, "user-1") == f"process {worker.pid}"
+
+
+_ASKER = """
+import os, signal, sys
+from nous_actor import SQLiteStore
+store = SQLiteStore(sys.argv[1])
+store.ask_handoff("chat", 60)
+print("asked", flush=True)
+if sys.argv[2] == "die":
+    os.kill(os.getpid(), signal.SIGKILL)  # dies with its request standing
+sys.stdin.readline()
+"""
+
+
+def test_a_dead_askers_request_never_hides_a_live_askers(tmp_path: Path) -> None:
+    """Two processes ask for a session on SQLite; the one that asked last is SIGKILLed
+    with its request still standing: the holder still sees the live asker's request
+    (a dead asker's row once shadowed it, and the session stalled until it lapsed)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "app.db"
+    holder = SQLiteStore(path)
+    holder.claim("chat")
+    live = subprocess.Popen(
+        [sys.executable, "-c", _ASKER, str(path), "live"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert live.stdout is not None
+        assert live.stdout.readline() == "asked\n"
+        dead = subprocess.run(
+            [sys.executable, "-c", _ASKER, str(path), "die"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert dead.returncode == -9
+        assert dead.stdout == "asked\n"
+        assert holder.handoff_requests() == ["chat"]
+        assert live.stdin is not None
+        live.stdin.close()
+        live.wait(30)
+        # Both askers are gone now, their requests with them.
+        assert holder.handoff_requests() == []
+    finally:
+        live.kill()
+        live.wait(30)
+        live.stdout.close()  # type: ignore[union-attr]
+        holder.close()

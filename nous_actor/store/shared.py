@@ -596,18 +596,16 @@ def sqlite_handoff_requests(store: SQLiteStore) -> list[str]:
             return []
         raise
     with sqlite._live_lock:
-        held = {str(sid): pid for sid, token, pid in rows if token in sqlite._live_tokens}
-        stale = [
+        # Several processes may ask for one session: one row each.
+        held = [(str(sid), pid) for sid, token, pid in rows if token in sqlite._live_tokens]
+        stale = {
             (str(sid), str(token)) for sid, token, _ in rows if token not in sqlite._live_tokens
-        ]
-    for sid, token in stale:  # a claim of this process that no session holds any more
-        store.release(sid, token)  # (its release failed): let the asker have it
+        }
+    for sid, token in sorted(stale):  # a claim of this process that no session holds any
+        store.release(sid, token)  # more (its release failed): let the asker have it
     alive: dict[int, bool] = {}
-    return sorted(
-        sid
-        for sid, pid in held.items()
-        if alive.setdefault(pid, sqlite._pid_alive(pid))  # an asker that died asks nothing
-    )
+    # An asker that died asks nothing, and never hides the request of one that lives.
+    return sorted({sid for sid, pid in held if alive.setdefault(pid, sqlite._pid_alive(pid))})
 
 
 def sqlite_watch(
