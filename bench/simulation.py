@@ -3,7 +3,9 @@
 * ``simulation.schedules``: a registry with crashes (10 sessions, 3 callers, crashes,
   stops, failed and slow commits, ~300 steps a schedule) run under seeded schedules,
   on a MemoryStore and on a SQLite file: schedules per minute (goal of the issue:
-  >= 1,000 on 2 CPUs), and the digest of one seed over three runs (equal).
+  >= 1,000 on 2 CPUs), and the digest of one seed over three runs (equal); and the
+  same on a MemoryStore with two asyncio callers (coroutines on the simulation's
+  event loop) beside the three generator callers.
 * ``simulation.mutations``: each planted defect of ``nous_actor.testing.races``:
   how many schedules the simulation needs to find it, and how many runs on real
   threads (capped) find it, side by side.
@@ -30,9 +32,17 @@ RATES: Final = FaultRates(crash=0.01, stop=0.005, fail_commit=0.01, slow_commit=
 def bench_schedules(cfg: h.Config) -> h.Section:
     """Schedules per minute of the registry-with-crashes scenario (memory and SQLite)."""
     sec = h.Section()
-    for store, n in (("memory", cfg.pick(600, 60)), ("sqlite", cfg.pick(200, 20))):
-        scenario = registry_scenario(sessions=10, callers=3, appends=12, store=store)
-        h.progress(f"simulation.schedules: {n} schedules on {store}")
+    runs = (
+        ("memory", cfg.pick(600, 60), 0),
+        ("sqlite", cfg.pick(200, 20), 0),
+        ("memory", cfg.pick(300, 30), 2),
+    )
+    for store, n, coroutines in runs:
+        scenario = registry_scenario(
+            sessions=10, callers=3, appends=12, store=store, async_callers=coroutines
+        )
+        also = f" + {coroutines} asyncio callers" if coroutines else ""
+        h.progress(f"simulation.schedules: {n} schedules on {store}{also}")
         steps: list[float] = []
         failed = 0
         t0 = time.perf_counter()
@@ -46,12 +56,13 @@ def bench_schedules(cfg: h.Config) -> h.Section:
         st = h.Stats.of(steps)
         sec.rows.append(
             h.info_row(
-                f"simulation: registry with crashes on {store}, 10 sessions x 3 callers, "
-                f"~{st.median:.0f} steps a schedule",
+                f"simulation: registry with crashes on {store}, 10 sessions x 3 callers"
+                f"{also}, ~{st.median:.0f} steps a schedule",
                 f"{per_min:,.0f} schedules/min",
                 f"goal >= {SCHEDULES_GOAL:,.0f}",
                 f"{per_min / SCHEDULES_GOAL:.1f}x goal",
                 schedules=n,
+                asyncio_callers=coroutines,
                 seconds=secs,
                 per_minute=per_min,
                 steps=st.as_dict(),
