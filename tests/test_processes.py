@@ -64,13 +64,10 @@ def _traffic_with_kills(fleet: Fleet, spec: str) -> None:
     for t in killer_threads:
         t.join(60)
     assert len(killed) == 2, "the workers were not killed mid-traffic"
-    # Every request is answered by a live worker: stored, or (rarely, see below) refused
-    # with ConflictError naming the holder once its wait ran out; nothing else.
-    refused = [e for e in out.errors if "ConflictError" in e and "after waiting" in e]
-    assert len(out.acked) + len(refused) == REQUESTS, out.errors[:5]
-    # Known gap: right after a worker is killed, a session's claim can end up with a
-    # process that no longer runs it, and requests for it wait out their bound.
-    assert len(refused) <= 5, refused
+    # Every request is answered by a live worker, and stored (a client retries one whose
+    # worker died): none waits out its bound, however the kills fall.
+    assert out.errors == []
+    assert len(out.acked) == REQUESTS
     store = open_store(spec)
     try:
         histories = {sid: shared.load_since(store, sid) for sid in store.sessions()}
@@ -86,9 +83,9 @@ def test_four_sqlite_workers_serve_every_request_while_two_are_killed(
 ) -> None:
     """4 worker processes on one SQLite file serve 1,000 requests for 20 sessions from 32
     clients in random order; two workers are SIGKILLed mid-traffic (and replaced): every
-    request is answered (a client retries one whose worker died; a rare one is refused
-    once its wait runs out, see `_traffic_with_kills`), and every session's history is
-    whole turns, in order, never interleaved, each acknowledged request stored once."""
+    request is answered (a client retries one whose worker died), and every session's
+    history is whole turns, in order, never interleaved, each acknowledged request
+    stored once."""
     spec = f"sqlite:{tmp_path / 'app.db'}"
     _traffic_with_kills(fleet_on(spec, 4), spec)
 
