@@ -12,26 +12,11 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from cli_process import TIMEOUT, run
 
 from nous_actor import Log, Session, SQLiteStore
 from nous_actor.cli import command, main
 from nous_actor.core import codec
-
-TIMEOUT = 120
-
-
-def run(
-    *args: str, stdin: str | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nous_actor", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-        cwd=cwd,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cli_process import run
 
 if TYPE_CHECKING:
     from postgres_server import Server, Stores
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 
-TIMEOUT = 120
 EXPORT = (
     '{"seq":0,"type":"system_message","time":"2026-01-01T00:00:00.000000+00:00",'
     '"data":{"content":"be brief"}}\n'
@@ -30,20 +28,6 @@ EXPORT = (
     '{"seq":2,"type":"assistant_message","time":"2026-01-01T00:00:02.000000+00:00",'
     '"data":{"content":"hello"}}\n'
 )
-
-
-def run(
-    *args: str, stdin: str | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nous_actor", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-        cwd=cwd,
-    )
 
 
 def _tables(server: Server, schema: str) -> list[tuple[object, ...]]:

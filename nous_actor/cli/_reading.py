@@ -1,0 +1,127 @@
+"""The commands that look inside a store: ``sessions``, ``show``, ``export``, ``audit``
+and ``serve`` (a read-only web page)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nous_actor.cli._base import (
+    _content_text,
+    _emit,
+    _event_rows,
+    _fail,
+    _note,
+    _out,
+    _short,
+    _table,
+)
+from nous_actor.cli._stores import _LISTED, _load, _open_existing, _partial, _where
+from nous_actor.core import history
+from nous_actor.core.codec import event_to_dict, message_to_dict
+from nous_actor.store import SessionInfo, export_session, list_sessions
+
+
+def _session_row(info: SessionInfo) -> list[Any]:
+    if info.error is not None:
+        return [info.session_id, "?", "?", "unreadable: " + info.error.replace("\n", " ")]
+    when = "" if info.last_time is None else info.last_time.isoformat()
+    return [info.session_id, info.events, info.next_seq, when]
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db, args.schema)
+    infos = list_sessions(store)  # from the index: no session is loaded in full
+    payload = [
+        {
+            "session_id": i.session_id,
+            "retained": i.events,
+            "count": i.next_seq,
+            "last_time": None if i.last_time is None else i.last_time.isoformat(),
+            "error": i.error,
+        }
+        for i in infos
+    ]
+    rows = [_session_row(i) for i in infos]
+    _emit(args, payload, _table(["session", "retained", "count", "last event"], rows))
+    bad = [i.session_id for i in infos if i.error is not None]
+    if bad:
+        named = ", ".join(bad[:_LISTED])
+        if len(bad) > _LISTED:
+            named += f" and {len(bad) - _LISTED} more"
+        _fail(
+            f"{len(bad)} of {len(infos)} sessions could not be read ({named}): see their "
+            "rows; the others are listed"
+        )
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db, args.schema)
+    log = _load(store, args.session_id)
+    if args.as_of is not None:
+        try:
+            log = log.as_of(args.as_of)
+        except ValueError as exc:
+            _fail(str(exc))
+        _partial(log, args.as_of)
+    if args.events or args.since is not None:
+        events = log.events() if args.since is None else log.since(args.since)
+        payload: Any = [event_to_dict(e) for e in events]
+        text = _table(["seq", "type", "pos", "replaces", "content"], _event_rows(events))
+    else:
+        pairs = log.derive_indexed()
+        payload = [{"seq": seq, **message_to_dict(m)} for seq, m in pairs]
+        rows = [
+            [seq, m.role.value, _short(_content_text(m.content, m.tool_calls))] for seq, m in pairs
+        ]
+        text = _table(["seq", "role", "content"], rows)
+    _emit(args, payload, text)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db, args.schema)
+    _load(store, args.session_id)
+    _out(export_session(store, args.session_id))
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    store = _open_existing(args.db, args.schema)
+    log = _load(store, args.session_id)
+    try:
+        info = history.explain(log, args.seq)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    _partial(log)
+    info["compactions"] = history.compactions(log)
+    lines = [f"{k:24} {v}" for k, v in info.items() if k != "compactions"]
+    lines.append(f"{'compactions in session':24} {len(info['compactions'])}")
+    for c in info["compactions"]:
+        lines.append(
+            f"  seq {c['seq']}: estimate {c['estimate_before']} -> {c['estimate_after']}, "
+            f"pruned {c['pruned']}, summarised {c['summarised']}"
+        )
+    _emit(args, info, "\n".join(lines))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from nous_actor.viewer import serve
+    except ImportError as exc:
+        _fail(f"{exc}; the viewer needs the serve extra: pip install 'nous-actor[serve]'")
+    store = _open_existing(args.db, args.schema, read_only=True)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    where = getattr(store, "where", None) or _where(store)
+    _out(f"nous-actor: serving {where} read-only at http://{host}:{args.port}/ (Ctrl-C stops)\n")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        _note(f"bound to {args.host}: whoever reaches this machine can read every session")
+    try:
+        listened = serve(store, host=args.host, port=args.port)
+    except KeyboardInterrupt:  # Ctrl-C is how it stops (after a clean shutdown)
+        return 0
+    if not listened:
+        _fail(f"could not listen on {host}:{args.port}; pick another --port")
+    return 0
