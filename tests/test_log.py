@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-import nous_actor.core.log
+import nous_actor.core.log._log
 from nous_actor import Event, EventType, FrozenDict, InvalidEvent, Log, Message, Replace, Role
 from nous_actor.testing import json_values, reference_shadowed
 
@@ -801,13 +801,13 @@ def test_materialized_log_keeps_the_fold_current_without_refolding(
 ) -> None:
     """After ``materialize``, appends and replaces on the result never trigger a full fold."""
     full_folds: list[int] = []
-    real = nous_actor.core.log._full_fold
+    real = nous_actor.core.log._log._full_fold
 
     def counting(events: Any, n: int) -> Any:
         full_folds.append(n)
         return real(events, n)
 
-    monkeypatch.setattr(nous_actor.core.log, "_full_fold", counting)
+    monkeypatch.setattr(nous_actor.core.log._log, "_full_fold", counting)
     _, log = users(5).materialize()
     assert full_folds == [5]
     log = log.append("system_message", rep(1, 3), at(5))
@@ -1142,7 +1142,7 @@ def test_unpickled_log_continues_like_the_original() -> None:
 
 def test_log_docstring_examples_run() -> None:
     """The examples in ``nous_actor.core.log`` run and give the documented output."""
-    result = doctest.testmod(nous_actor.core.log, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(nous_actor.core.log._log, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
 

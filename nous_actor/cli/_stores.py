@@ -15,9 +15,6 @@ from nous_actor.store import Store
 from nous_actor.store.sqlite import SQLiteStore
 
 _LISTED = 10  # sessions named in a "no session" error
-
-# -- opening a database ----------------------------------------------------------------
-
 _DSN_PREFIXES = ("postgresql://", "postgres://")
 DEFAULT_SCHEMA = "nous_actor"
 DEMO_SCHEMA = "nous_actor_demo"
