@@ -134,7 +134,7 @@ class SessionReader:
 
     def count(self) -> SessionFuture[int]:
         """The next seq of the committed history (0 for a session with no events)."""
-        return self._read(lambda: self._load().count())
+        return self._read(lambda: shared.next_seq(self.store, self.session_id))
 
     def as_of(self, seq: int) -> SessionFuture[Log]:
         """The committed log as it was right after event ``seq`` (see `Log.as_of`).

@@ -62,6 +62,7 @@ __all__ = [
     "handoff_requests",
     "held_by",
     "load_since",
+    "next_seq",
     "supports_handoff",
     "wait_changed",
     "watch",
@@ -111,6 +112,21 @@ def load_since(store: Store, session_id: str, from_seq: int = 0) -> list[Event]:
         return list(own(session_id, from_seq))
     valid_store_id(session_id)
     return [ev for ev in store.load(session_id) if ev.seq >= from_seq]
+
+
+def next_seq(store: Store, session_id: str) -> int:
+    """The next seq of ``session_id``'s stored history (its last event's seq + 1, 0 if
+    it has none), read without claiming the session and without decoding it when the
+    store can tell by itself (SQLite: one indexed ``max``).
+
+    Raises:
+        StoreError: the session id is not valid, or the store failed.
+    """
+    own: Callable[[str], int] | None = _own(store, "next_seq")
+    if own is not None:
+        return int(own(session_id))
+    events = load_since(store, session_id)
+    return events[-1].seq + 1 if events else 0
 
 
 def watch(
@@ -538,6 +554,15 @@ def sqlite_load_since(store: SQLiteStore, session_id: str, from_seq: int) -> lis
     )
     with store._translate(session_id, "load the session"):
         return [event_from_row(*row) for row in rows]
+
+
+def sqlite_next_seq(store: SQLiteStore, session_id: str) -> int:
+    session_id = valid_store_id(session_id)
+    rows = follower_of(store).query(
+        "SELECT max(seq) FROM events WHERE session_id = ?", (session_id,)
+    )
+    last = rows[0][0] if rows else None
+    return 0 if last is None else int(last) + 1
 
 
 def sqlite_held_by(store: SQLiteStore, session_id: str) -> str | None:

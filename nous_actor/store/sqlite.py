@@ -869,6 +869,15 @@ class SQLiteStore(ClosingStore):
         """
         return shared.sqlite_watch(self, session_id, from_seq, buffer=buffer, timeout=timeout)
 
+    def next_seq(self, session_id: str) -> int:
+        """The next seq of `session_id`'s stored history (0 if it has none), from any
+        process, without a claim: one indexed read, nothing decoded.
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+        """
+        return shared.sqlite_next_seq(self, session_id)
+
     def held_by(self, session_id: str) -> str | None:
         """``"this process"`` or ``"process <pid>"`` holding a live claim on
         `session_id`, or `None`."""

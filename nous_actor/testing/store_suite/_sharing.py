@@ -40,6 +40,17 @@ class SharingRules:
         finally:
             store.release("s", token)
 
+    def test_next_seq_counts_without_a_claim(self, store: Store) -> None:
+        """``next_seq`` is the last stored seq + 1 (0 for a session with no events), read
+        while another writer holds the session."""
+        store.write({"s": [_ev(i) for i in range(6)]})
+        token = store.claim("s")
+        try:
+            assert shared.next_seq(store, "s") == 6
+            assert shared.next_seq(store, "unknown") == 0
+        finally:
+            store.release("s", token)
+
     def test_load_since_refuses_a_bad_seq(self, store: Store) -> None:
         """``from_seq`` must be an int >= 0."""
         with pytest.raises(ValueError, match="from_seq"):
