@@ -224,6 +224,26 @@ def _wait_gone(server: Server, pids: list[int], within: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def test_a_dead_taker_of_a_paused_hosts_session_is_taken_over_at_once(
+    pg_server: Server,
+) -> None:
+    """Pinned: host1 takes over paused host0's session, both die, and host0 (back, empty)
+    claims the session at once: host1's dead claim is not refused as live."""
+    TwoHosts.server = pg_server
+    machine = TwoHosts()
+    try:
+        machine.claim(host=0, sid="a")
+        machine.pause(host=0)
+        machine.claim(host=1, sid="a")
+        machine.kill(host=0)
+        machine.kill(host=1)
+        machine.claim(host=0, sid="a")
+        assert machine.tokens[0].keys() == {"a"}
+        machine.each_session_is_a_gapless_prefix_holding_every_acknowledged_event()
+    finally:
+        machine.teardown()
+
+
 def test_two_hosts_never_fork_a_session(pg_server: Server) -> None:
     """Random claims, writes, pauses, kills and a server restart on two hosts keep every
     session a gapless prefix with every acknowledged event (see TwoHosts)."""

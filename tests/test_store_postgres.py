@@ -316,6 +316,22 @@ def test_a_writer_that_took_over_from_a_live_lock_holder_is_not_taken_for_dead(
         c.claim("s")
 
 
+def test_a_writer_that_took_over_from_a_paused_holder_is_taken_over_at_once_when_it_dies(
+    pg_stores: Stores,
+) -> None:
+    """B takes over A's expired lease while A (paused, not dead) still holds its lock; when
+    B's process dies before any renewal, a third claim takes B's claim over at once."""
+    a, b, c = pg_stores(lease=30), pg_stores(lease=30), pg_stores(lease=30)
+    a.claim("s")
+    _expire_all(pg_stores)  # A stalls past its lease; its connection and lock live on
+    b.claim("s")
+    conn = b._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    c.claim("s")
+    assert isinstance(b.write({"s": [ev(0)]})["s"], FencedError)
+
+
 def _expire_all(stores: Stores) -> None:
     stores.server.sql(
         f"UPDATE \"{stores.schema}\".claims SET lease_until = now() - interval '1 second'"
@@ -438,13 +454,16 @@ def test_a_session_whose_holder_process_was_killed_can_be_deleted(
 
 
 def _wait_until_the_session_lock_is_free(stores: Stores, store: Any, sid: str) -> None:
-    """Block (at most 10 s) until no connection holds the session's advisory lock: the
-    server has seen its holder's connection close."""
+    """Block (at most 10 s) until no connection holds the advisory lock of the session's
+    claim: the server has seen its holder's connection close."""
+    ((token,),) = stores.server.sql(
+        f'SELECT token FROM "{stores.schema}".claims WHERE session_id = %s', (sid,)
+    )
+    key = store._leases._key(sid, token)
     with stores.server.connect() as conn:
         conn.execute("SET lock_timeout = '10s'")
-        key = "hashtextextended(%s || %s, 0)"
-        conn.execute(f"SELECT pg_advisory_lock({key})", (store._leases.key_prefix, sid))
-        conn.execute(f"SELECT pg_advisory_unlock({key})", (store._leases.key_prefix, sid))
+        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
 
 def test_without_dead_holder_detection_delete_keeps_a_live_lease(pg_stores: Stores) -> None:

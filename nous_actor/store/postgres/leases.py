@@ -1,7 +1,7 @@
 """Claims of `nous_actor.store.postgres`: leases, their renewer, and taking a claim over.
 
 `_Leases` holds one store's claims on its own connection: it takes a claim
-(a new epoch from the database's sequence, and the session's advisory
+(a new epoch from the database's sequence, and the claim's own advisory
 lock), decides whether another writer's claim may be taken over (its lease
 expired, or its holder's connection is gone), releases claims, and renews
 them all from one thread, failing a claim closed before its lease runs out
@@ -40,7 +40,7 @@ class _Claim:
     token: str
     epoch: int
     deadline: float  # time.monotonic() from which writes are refused unless renewed
-    locked: bool = False  # holds the session's advisory lock on the lease connection
+    locked: bool = False  # holds the claim's advisory lock on the lease connection
     lost: StoreError | None = None  # once set, every write under this claim gets it
 
 
@@ -53,7 +53,7 @@ class _ClaimRow:
     holder: str
     until: object  # lease_until, as the server's text
     live: bool  # lease_until > clock_timestamp(), by the database's clock
-    locked: bool  # its holder took the session's advisory lock (so a free lock means it died)
+    locked: bool  # its holder took the claim's advisory lock (so a free lock means it died)
 
 
 class _Leases:
@@ -128,7 +128,7 @@ class _Leases:
         with self.mutex:
             claim = self.claims.pop(session_id, None)
         if claim is not None and claim.locked:
-            self._unlock(session_id)
+            self._unlock(session_id, claim.token)
 
     # -- one call on the lease connection ----------------------------------------------------
 
@@ -137,25 +137,29 @@ class _Leases:
     ) -> T:
         return self.ctx.call(self.link, self.closing, session_id, doing, work)
 
-    def _key(self) -> str:
-        return "hashtextextended(%s || %s, 0)"
+    def _key(self, sid: str, token: str) -> str:
+        """The name of a claim's advisory lock (hashed by the server): one lock per claim,
+        not per session, so a writer that takes over a paused holder's claim never needs
+        the lock that holder still has, and its own death frees a lock that is its alone."""
+        return f"{self.key_prefix}{sid}\x1f{token}"
 
     def _relock(self, conn: psycopg.Connection[Any]) -> None:
         """A new lease connection holds no advisory lock: take those of our claims again."""
         with self.mutex:
             held = list(self.claims.items())
         for sid, claim in held:
-            claim.locked = self._try_lock(conn, sid)
+            claim.locked = self._try_lock(conn, sid, claim.token)
 
-    def _unlock(self, session_id: str) -> None:
+    def _unlock(self, session_id: str, token: str) -> None:
         with contextlib.suppress(StoreError, psycopg.Error), self.link.lock:
             conn = self.link.conn
             if conn is not None and not conn.broken and not conn.closed:
-                self._unlock_on(conn, session_id)
+                self._unlock_on(conn, session_id, token)
 
-    def _unlock_on(self, conn: psycopg.Connection[Any], sid: str) -> None:
-        """Give the session's advisory lock up (session-level: taken by `_try_lock`)."""
-        conn.execute(f"SELECT pg_advisory_unlock({self._key()})", (self.key_prefix, sid))
+    def _unlock_on(self, conn: psycopg.Connection[Any], sid: str, token: str) -> None:
+        """Give a claim's advisory lock up (session-level: taken by `_try_lock`)."""
+        key = self._key(sid, token)
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
     # -- claim and release -------------------------------------------------------------------
 
@@ -188,10 +192,12 @@ class _Leases:
     def _take(self, conn: psycopg.Connection[Any], sid: str, token: str) -> tuple[int, bool]:
         """One claim transaction: returns (epoch, advisory lock held).
 
-        The claim row records whether its holder holds the session's advisory
-        lock (``locked``): only then does a free lock mean a dead holder. A
-        writer that took over an expired lease whose old holder still held the
-        lock records ``false`` (and takes the lock later, at a renewal).
+        The claim row records whether its holder holds the claim's advisory
+        lock (``locked``): only then does a free lock mean a dead holder. The
+        lock is the claim's own (see `_key`), so a claim takes it at once, also
+        when it takes over an expired lease whose old holder (paused, not dead)
+        still holds its own; it records ``false`` only without dead-holder
+        detection, or when the lock could not be had (then a renewal takes it).
         """
         table = self.claims_table
         lease = f"clock_timestamp() + make_interval(secs => {self.lease!r})"
@@ -201,7 +207,7 @@ class _Leases:
             nonlocal locked, tried
             if self.detect_dead and not tried:
                 tried = True
-                locked = self._try_lock(conn, sid)
+                locked = self._try_lock(conn, sid, token)
             return locked
 
         conn.execute("BEGIN")
@@ -229,10 +235,8 @@ class _Leases:
                         f"UPDATE {table} SET locked = %s WHERE session_id = %s", (lock(), sid)
                     )
                     break
-                reason = self.may_take_over(
-                    conn, sid, row, "already has a live writer elsewhere", lock=lock
-                )
-                lock()  # the new claim holds the session's lock (taken above if its holder died)
+                reason = self.may_take_over(conn, sid, row, "already has a live writer elsewhere")
+                lock()  # the new claim holds its own lock
                 logger.warning(
                     "store.claim_taken_over",
                     session_id=sid,
@@ -255,18 +259,21 @@ class _Leases:
         except BaseException:
             if _rollback(conn) and locked:
                 with contextlib.suppress(psycopg.Error):
-                    self._unlock_on(conn, sid)
+                    self._unlock_on(conn, sid, token)
             raise
         return epoch, locked
 
     def _try_lock(
-        self, conn: psycopg.Connection[Any], sid: str, *, until_commit: bool = False
+        self, conn: psycopg.Connection[Any], sid: str, token: str, *, until_commit: bool = False
     ) -> bool:
-        """Take the session's advisory lock if it is free: session-level (it outlives the
-        transaction, until unlocked), or with ``until_commit`` only until the transaction ends.
+        """Take the advisory lock of the claim ``token`` of ``sid`` if it is free:
+        session-level (it outlives the transaction, until unlocked), or with
+        ``until_commit`` only until the transaction ends.
         """
         take = "pg_try_advisory_xact_lock" if until_commit else "pg_try_advisory_lock"
-        row = conn.execute(f"SELECT {take}({self._key()})", (self.key_prefix, sid)).fetchone()
+        row = conn.execute(
+            f"SELECT {take}(hashtextextended(%s, 0))", (self._key(sid, token),)
+        ).fetchone()
         return bool(row and row[0])
 
     # -- whether a claim may be taken over: one check, for claim and delete ---------------------
@@ -290,20 +297,16 @@ class _Leases:
         sid: str,
         row: _ClaimRow,
         refusal: str,
-        *,
-        lock: Callable[[], bool] | None = None,
-        until_commit: bool = False,
     ) -> str:
         """Whether another writer's claim ``row`` (from `claim_row`, in the same
         transaction) may be taken over or removed; returns why it may:
         ``"lease_expired"`` (by the database's clock) or ``"holder_connection_gone"``.
 
-        A live lease's holder is dead when its row records that it holds the
-        session's advisory lock and this connection can take that lock now: the
+        A live lease's holder is dead when its row records that it holds its
+        claim's advisory lock and this connection can take that lock now: the
         server drops a connection's locks when its process dies, while a paused or
         partitioned holder keeps its own. Never so with dead-holder detection off.
-        The lock is taken by ``lock`` (a claim's, which keeps it), or else until
-        the transaction ends (``until_commit``) or until unlocked.
+        The lock is taken only to look, until the caller's transaction ends.
 
         Raises:
             ConflictError: the lease is live and its holder's connection is not known
@@ -311,13 +314,9 @@ class _Leases:
         """
         if not row.live:
             return "lease_expired"
-        if row.locked and self.detect_dead:
-            if lock is not None:
-                gone = lock()
-            else:
-                gone = self._try_lock(conn, sid, until_commit=until_commit)
-            if gone:
-                return "holder_connection_gone"
+        telling = row.locked and self.detect_dead  # its free lock would mean it died
+        if telling and self._try_lock(conn, sid, row.token, until_commit=True):
+            return "holder_connection_gone"
         raise _held_elsewhere(sid, row.holder, row.until, refusal)
 
     def release(self, session_id: str, token: str) -> None:
@@ -341,7 +340,7 @@ class _Leases:
             )
             if claim.locked:
                 claim.locked = False
-                self._unlock_on(conn, session_id)
+                self._unlock_on(conn, session_id, token)
 
         self._call(session_id, "release the session", work)
 
@@ -411,10 +410,10 @@ class _Leases:
         epochs = [c.epoch for _, c in items]
 
         def work(conn: psycopg.Connection[Any]) -> tuple[set[str], dict[str, Any]]:
-            if self.detect_dead:  # a lock not taken at the claim (its old holder had it)
+            if self.detect_dead:  # a lock lost with a connection, and not taken back since
                 for sid, claim in items:
                     if not claim.locked:
-                        claim.locked = self._try_lock(conn, sid)
+                        claim.locked = self._try_lock(conn, sid, claim.token)
             rows = conn.execute(
                 f"UPDATE {table} AS c SET lease_until = clock_timestamp() + "
                 f"make_interval(secs => {self.lease!r}), locked = u.l "

@@ -288,7 +288,7 @@ class PostgresStore(ClosingStore):
         would take over: a lapsed lease, or one whose holder's connection is gone).
 
         A holder is found dead exactly as `claim` finds it (the same check): its
-        process died, so the server dropped its connection and the session's lock.
+        process died, so the server dropped its connection and its claim's lock.
 
         Raises:
             ConflictError: another live writer holds a lease on the session
@@ -306,11 +306,7 @@ class PostgresStore(ClosingStore):
                 row = self._leases.claim_row(conn, session_id)
                 if row is not None and row.epoch != mine:
                     self._leases.may_take_over(
-                        conn,
-                        session_id,
-                        row,
-                        "cannot delete a session another writer holds",
-                        until_commit=True,
+                        conn, session_id, row, "cannot delete a session another writer holds"
                     )
                 conn.execute(f"DELETE FROM {events} WHERE session_id = %s", (session_id,))
                 conn.execute(f"DELETE FROM {claims} WHERE session_id = %s", (session_id,))
