@@ -36,8 +36,11 @@ from nous_actor.core.event import _LOOKUP as EVENT_TYPES
 from nous_actor.core.event import (
     SURFACE_TYPES,
     Event,
+    EventType,
     InvalidEvent,
+    Replace,
     parse_surface_op,
+    passing_event,
     trusted_event,
 )
 from nous_actor.core.log import Log
@@ -87,20 +90,29 @@ def _frozen_list(items: list[Any]) -> FrozenList:
     return _list_from([_frozen_list(v) if type(v) is list else v for v in items])
 
 
-def _frozen_object(obj: dict[str, Any]) -> FrozenDict:
-    # json calls this innermost first, so nested objects are frozen already;
-    # only lists (which have no hook) are left to convert. Called for every
-    # object of every stored row: `_dict_of` is inlined.
-    for v in obj.values():
-        if type(v) is list:
-            for k, v2 in obj.items():
-                if type(v2) is list:
-                    obj[k] = _frozen_list(v2)
-            break
-    fd: FrozenDict = _new_dict(FrozenDict)
-    _fill_dict(fd, obj)
-    untrack(fd)
-    return fd
+def _object_hook(untracked: Callable[[object], object]) -> Callable[[dict[str, Any]], FrozenDict]:
+    def frozen_object(obj: dict[str, Any]) -> FrozenDict:
+        # json calls this innermost first, so nested objects are frozen already;
+        # only lists (which have no hook) are left to convert. Called for every
+        # object of every stored row: `_dict_of` is inlined.
+        for v in obj.values():
+            if type(v) is list:
+                for k, v2 in obj.items():
+                    if type(v2) is list:
+                        obj[k] = _frozen_list(v2)
+                break
+        fd: FrozenDict = _new_dict(FrozenDict)
+        _fill_dict(fd, obj)
+        untracked(fd)
+        return fd
+
+    return frozen_object
+
+
+_frozen_object = _object_hook(untrack)
+# A value read to be dropped stays with the cyclic collector (`id`: a C call that
+# leaves it as it is, cheaper than the C call through ctypes that untracks it).
+_passing_object = _object_hook(id)
 
 
 def _finite_float(text: str) -> float:
@@ -112,6 +124,9 @@ def _finite_float(text: str) -> float:
 
 _DECODER = json.JSONDecoder(
     parse_constant=_reject_constant, parse_float=_finite_float, object_hook=_frozen_object
+)
+_PASSING_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_finite_float, object_hook=_passing_object
 )
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -184,63 +199,94 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
-_scan: Callable[[str, int], tuple[Any, int]] = getattr(_DECODER, "scan_once")  # noqa: B009
+Scan = Callable[[str, int], tuple[Any, int]]
+RowDecoder = Callable[[int, str, str, "str | bytes"], Event]
 
 
-def _load_stored(data: str | bytes, seq: int) -> Any:
-    """Decode a stored ``data`` column: the decoder's scanner called directly (no
-    per-row Python frames), the text required to be one JSON value and nothing else."""
-    try:
-        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-        value, end = _scan(text, 0)
-    except StopIteration:
-        _fail(f"seq {seq}: 'data' is not valid JSON (no value at the start)", None, "data")
-    except (ValueError, RecursionError, UnicodeDecodeError, AttributeError, TypeError) as exc:
-        _fail(f"seq {seq}: 'data' is not valid JSON ({exc})", None, "data")
-    if end != len(text) and text[end:].strip():
-        _fail(f"seq {seq}: 'data' has text after its JSON value", None, "data")
-    if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(value):
-        _fail(f"seq {seq}: 'data' {_LONE}", None, "data")
-    return value
+def _stored_loader(scan: Scan) -> Callable[[str | bytes, int], Any]:
+    def load_stored(data: str | bytes, seq: int) -> Any:
+        """Decode a stored ``data`` column: the decoder's scanner called directly (no
+        per-row Python frames), the text required to be one JSON value and nothing
+        else."""
+        try:
+            text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+            value, end = scan(text, 0)
+        except StopIteration:
+            _fail(f"seq {seq}: 'data' is not valid JSON (no value at the start)", None, "data")
+        except (ValueError, RecursionError, UnicodeDecodeError, AttributeError, TypeError) as exc:
+            _fail(f"seq {seq}: 'data' is not valid JSON ({exc})", None, "data")
+        if end != len(text) and text[end:].strip():
+            _fail(f"seq {seq}: 'data' has text after its JSON value", None, "data")
+        if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(value):
+            _fail(f"seq {seq}: 'data' {_LONE}", None, "data")
+        return value
+
+    return load_stored
 
 
-def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
-    """Decode an event stored as columns (``data`` as JSON text).
+def _row_decoder(
+    load_stored: Callable[[str | bytes, int], Any],
+    make: Callable[[int, EventType, datetime, Any, Replace | None], Event],
+) -> RowDecoder:
+    def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
+        """Decode an event stored as columns (``data`` as JSON text).
 
-    The fast path of recovery: the decoder already freezes the data and
-    refuses what JSON data may not hold, so only the rules a stored row could
-    still break are checked (type, time, ``surface_op``). Every check is made
-    here, at decoding: a corrupt row is found when it is read, never later.
+        The fast path of recovery: the decoder already freezes the data and
+        refuses what JSON data may not hold, so only the rules a stored row could
+        still break are checked (type, time, ``surface_op``). Every check is made
+        here, at decoding: a corrupt row is found when it is read, never later.
 
-    Raises:
-        CodecError: a column is malformed; ``.field`` names it.
-    """
-    if type_of(seq) is not int or seq < 0:
-        _fail(f"'seq' must be an int >= 0, got {seq!r}", None, "seq")
-    etype = EVENT_TYPES.get(type)
-    if etype is None:
-        _fail(f"seq {seq}: unknown event type {type!r}", None, "type")
-    try:
-        t = _fromisoformat(time)
-    except (TypeError, ValueError):
-        _fail(f"seq {seq}: 'time' is not ISO-8601: {time!r}", None, "time")
-    if t.tzinfo is not UTC:
-        if t.tzinfo is None:
-            _fail(f"seq {seq}: 'time' has no UTC offset: {time!r}", None, "time")
-        t = t.astimezone(UTC)
-    frozen = _load_stored(data, seq)
-    if type_of(frozen) is not FrozenDict:
-        _fail(f"seq {seq}: 'data' must be a JSON object, got {_json_kind(frozen)}", None, "data")
-    raw_op = frozen.get("surface_op")
-    if raw_op is None:
-        return trusted_event(seq, etype, t, frozen, None)
-    try:
-        if etype not in SURFACE_TYPES:
-            raise InvalidEvent("surface_op_on_non_surface_event", "a bookkeeping event has one")
-        op = parse_surface_op(raw_op)
-    except InvalidEvent as exc:
-        raise CodecError(f"seq {seq}: {exc.reason}: {exc}", field="data") from None
-    return trusted_event(seq, etype, t, frozen, op)
+        Raises:
+            CodecError: a column is malformed; ``.field`` names it.
+        """
+        if type_of(seq) is not int or seq < 0:
+            _fail(f"'seq' must be an int >= 0, got {seq!r}", None, "seq")
+        etype = EVENT_TYPES.get(type)
+        if etype is None:
+            _fail(f"seq {seq}: unknown event type {type!r}", None, "type")
+        try:
+            t = _fromisoformat(time)
+        except (TypeError, ValueError):
+            _fail(f"seq {seq}: 'time' is not ISO-8601: {time!r}", None, "time")
+        if t.tzinfo is not UTC:
+            if t.tzinfo is None:
+                _fail(f"seq {seq}: 'time' has no UTC offset: {time!r}", None, "time")
+            t = t.astimezone(UTC)
+        frozen = load_stored(data, seq)
+        if type_of(frozen) is not FrozenDict:
+            _fail(
+                f"seq {seq}: 'data' must be a JSON object, got {_json_kind(frozen)}", None, "data"
+            )
+        raw_op = frozen.get("surface_op")
+        if raw_op is None:
+            return make(seq, etype, t, frozen, None)
+        try:
+            if etype not in SURFACE_TYPES:
+                raise InvalidEvent(
+                    "surface_op_on_non_surface_event", "a bookkeeping event has one"
+                )
+            op = parse_surface_op(raw_op)
+        except InvalidEvent as exc:
+            raise CodecError(f"seq {seq}: {exc.reason}: {exc}", field="data") from None
+        return make(seq, etype, t, frozen, op)
+
+    return event_from_row
+
+
+_load_stored = _stored_loader(getattr(_DECODER, "scan_once"))  # noqa: B009
+event_from_row: Final[RowDecoder] = _row_decoder(_load_stored, trusted_event)
+"""Decode an event stored as columns (``data`` as JSON text): the fast path of
+recovery. Only the rules a stored row could still break are checked (type, time,
+``surface_op``), all at decoding: a corrupt row is found when it is read.
+Raises `CodecError` (``.field`` names the column) for a malformed one."""
+
+passing_event_from_row: Final[RowDecoder] = _row_decoder(
+    _stored_loader(getattr(_PASSING_DECODER, "scan_once")),  # noqa: B009
+    passing_event,
+)
+"""`event_from_row` for rows read to be looked at and dropped (a reader's cold read):
+the same checks; the values are left to the cyclic collector, which costs a value
+that dies young nothing, where taking each out of it costs a C call."""
 
 
 _fromisoformat: Final = datetime.fromisoformat

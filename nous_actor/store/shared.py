@@ -46,7 +46,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from nous_actor.core.args import check_seconds as _check_seconds
-from nous_actor.core.codec import CodecError, event_from_row
+from nous_actor.core.codec import CodecError, event_from_row, passing_event_from_row
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store.base import Store, valid_store_id
@@ -465,8 +465,9 @@ class SQLiteFollower:
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._cond:
             self._start()
+            if not (self._waiting or self._watches or self._poked):
+                self._cond.notify_all()  # the thread may sleep with nothing to follow
             self._waiting += 1
-            self._cond.notify_all()
             try:
                 while self.version <= after and self._ended is None:
                     left = deadline - time.monotonic()
@@ -552,8 +553,8 @@ def sqlite_load_since(store: SQLiteStore, session_id: str, from_seq: int) -> lis
         "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? ORDER BY seq",
         (session_id, min(from_seq, 2**63 - 1)),
     )
-    with store._translate(session_id, "load the session"):
-        return [event_from_row(*row) for row in rows]
+    with store._translate(session_id, "load the session"):  # read to be looked at
+        return [passing_event_from_row(*row) for row in rows]
 
 
 def sqlite_next_seq(store: SQLiteStore, session_id: str) -> int:
