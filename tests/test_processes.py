@@ -324,3 +324,39 @@ def test_a_dead_askers_request_never_hides_a_live_askers(tmp_path: Path) -> None
         live.wait(30)
         live.stdout.close()  # type: ignore[union-attr]
         holder.close()
+
+
+def test_a_registry_that_holds_nothing_stops_following_the_file(tmp_path: Path) -> None:
+    """While its registry holds a session, the hand-over side follows the SQLite file
+    (a poll every few ms, to hear requests); once it holds none it rests, and the
+    file is no longer polled; an open wakes it. Counted in polls, not time."""
+    with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
+        chat = sessions.open("chat")
+        chat.append("user_message", {"content": "hi"}).get(timeout=10)
+        follower = shared.follower_of(sessions.store)
+        polls = [0]
+        mark = follower._mark
+
+        def counted() -> int:
+            polls[0] += 1
+            return mark()
+
+        follower._mark = counted  # type: ignore[method-assign]
+        deadline = time.monotonic() + 10
+        while polls[0] < 3:  # holding a session: the file is followed
+            assert time.monotonic() < deadline, "the file is not followed"
+            follower.wait_changed(follower.version, 0.05)
+        chat.stop()
+        handover = sessions._handover
+        deadline = time.monotonic() + 10
+        while follower._waiting:  # (it rests)
+            assert time.monotonic() < deadline, "the hand-over side never rests"
+            handover._stop.wait(0.01)
+        before = polls[0]
+        handover._stop.wait(0.3)  # a poll would come every few ms
+        assert polls[0] - before <= 1  # (one already under way)
+        sessions.open("chat").append("user_message", {"content": "again"}).get(timeout=10)
+        deadline = time.monotonic() + 10
+        while polls[0] - before < 3:  # holding again: followed again
+            assert time.monotonic() < deadline, "an open did not wake the hand-over side"
+            handover._stop.wait(0.01)

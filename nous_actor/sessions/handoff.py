@@ -62,6 +62,10 @@ OFFER_WAIT: Final = 1.0
 """How long the hand-over thread waits for the registry or a session to answer an offer
 (then it moves on; the session is offered again at the store's next change)."""
 
+REST: Final = 0.25
+"""How often a holder's thread sees whether its registry still holds any session (and,
+while it holds none, how often it looks again, unless an open wakes it first)."""
+
 IDLE_PAUSE: Final = 0.005
 """The least time between two looks at the requests by a holder (caps how often a busy
 store wakes the hand-over thread)."""
@@ -154,10 +158,15 @@ class HandOver:
         self._thread: threading.Thread | None = None
         self.handed = 0  # sessions handed over (for tests and the benchmark)
         self._seen: dict[str, float] = {}  # when each standing request was first seen
+        self._opened = threading.Event()  # a session opened since the thread last looked
 
     def start(self) -> None:
-        """Start the thread unless it runs (or the store carries no requests)."""
-        if self._thread is not None or not shared.supports_handoff(self._facade.store):
+        """Start the thread unless it runs (or the store carries no requests); called
+        at every open (it wakes a thread that rests while nothing is held)."""
+        if self._thread is not None:
+            self._opened.set()
+            return
+        if not shared.supports_handoff(self._facade.store):
             return
         with self._lock:
             if self._thread is None and not self._stop.is_set():
@@ -193,7 +202,17 @@ class HandOver:
         store = facade.store
         version = -1
         waiting = False  # a session asked for was busy: look again soon
+        next_look = 0.0  # when to see again whether this registry holds anything
         while not self._stop.is_set() and not facade._closed:
+            if not waiting and time.monotonic() >= next_look:
+                # Rest while this registry holds no session: nothing to hand over, and
+                # no reason to keep the store followed (on SQLite, a poll of the file
+                # every few ms). An open wakes it.
+                self._opened.clear()
+                while not self._holds_any():
+                    if self._opened.wait(REST) or self._stop.is_set() or facade._closed:
+                        break
+                next_look = time.monotonic() + REST
             try:
                 version = shared.wait_changed(store, version, GRACE if waiting else 0.25)
                 asked = shared.handoff_requests(store)
@@ -208,6 +227,13 @@ class HandOver:
                     return
                 waiting |= not self._offer(session_id, now - seen[session_id] < GRACE_FOR)
             self._stop.wait(IDLE_PAUSE)
+
+    def _holds_any(self) -> bool:
+        """Whether this registry runs a session now (also when it cannot tell)."""
+        try:
+            return bool(self._facade.live())
+        except NousActorError:
+            return not self._facade._closed
 
     def _offer(self, session_id: str, grace: bool = True) -> bool:
         """Ask the live actor of ``session_id`` in this registry, if any, to hand over;
