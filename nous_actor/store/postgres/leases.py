@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import psycopg
 
+from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.postgres.base import (
     _RENEW_FRACTION,
@@ -28,9 +29,10 @@ from nous_actor.store.postgres.base import (
     _first_line,
     _held_elsewhere,
     _Sql,
-    logger,
 )
 from nous_actor.store.postgres.connection import _Context, _Link, _rollback
+
+logger = get_logger("nous_actor.store.postgres")  # the package's name
 
 _FAIL_CLOSED_FRACTION: Final = 2 / 3  # refuse writes this long after the last renewal began
 

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
+from nous_actor._log import get_logger
 from nous_actor.core.codec import CodecError, encode_data
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
@@ -31,10 +32,11 @@ from nous_actor.store.postgres.base import (
     _held_elsewhere,
     _lost_connection,
     _Sql,
-    logger,
 )
 from nous_actor.store.postgres.connection import _Context, _Link, _rollback
 from nous_actor.store.postgres.leases import _Leases
+
+logger = get_logger("nous_actor.store.postgres")  # the package's name
 
 # -- fencing: one check, used by every write transaction -------------------------------
 
