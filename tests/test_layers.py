@@ -34,6 +34,21 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
         {"core", "runtime", "store", "supervision", "sessions", "cluster"},
         {"structlog", "ray"},
     ),
+    # The adapters: the frameworks they adapt (each imported in one module of its own).
+    "integrations": (
+        {"core", "runtime", "store", "supervision", "sessions", "integrations"},
+        {"structlog", "agents", "google", "pydantic_core"},
+    ),
+    # What users test with: the runtime underneath, Hypothesis and pytest.
+    "testing": (
+        {"core", "runtime", "store", "supervision", "sessions", "testing"},
+        {"structlog", "pykka", "hypothesis", "pytest"},
+    ),
+    # The command on top: every layer but the optional engines' (the viewer it serves).
+    "cli": (
+        {"core", "runtime", "store", "supervision", "sessions", "viewer", "cli"},
+        {"structlog", "psycopg"},
+    ),
 }
 
 
@@ -74,8 +89,19 @@ def test_a_layer_imports_only_the_layers_below_it(layer: str) -> None:
                     continue
             elif root in third_party:
                 continue
-            bad.setdefault(path.name, []).append(name)
+            bad.setdefault(str(path.relative_to(PACKAGE)), []).append(name)
     assert bad == {}
+
+
+def test_every_folder_is_a_layer_with_its_rules() -> None:
+    """Each folder of the package is a layer this file checks (a new folder needs its
+    row in ALLOWED), and every module sits in one (no loose module in a folder that
+    is not a package)."""
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(ALLOWED)
+    for folder in folders:
+        for path in (PACKAGE / folder).rglob("*.py"):
+            assert (path.parent / "__init__.py").exists(), path
 
 
 def test_every_module_is_in_a_layer() -> None:
@@ -117,3 +143,22 @@ def test_no_layer_imports_the_cluster_layer() -> None:
     for layer in ("core", "store", "supervision", "sessions"):
         for path in _modules(layer):
             assert not any(_layer_of(n) == "cluster" for n in _imports(path)), path
+
+
+@pytest.mark.parametrize(
+    ("framework", "home"),
+    [
+        ("agents", "integrations/openai_agents/base.py"),
+        ("google", "integrations/adk/base.py"),
+        ("pydantic_core", "integrations/adk/base.py"),
+    ],
+)
+def test_a_framework_is_imported_by_one_module_of_its_adapter(framework: str, home: str) -> None:
+    """Each adapter imports its framework in one module (which says how to install it
+    when it is missing); the rest of the adapter, and the package, never do."""
+    users = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if any(n.split(".")[0] == framework for n in _imports(p))
+    )
+    assert users == [home]
