@@ -14,30 +14,10 @@ What counts as a crash: an exception in a tell or in ``on_start``, a
 which memory and disk may disagree. Every restart, backoff, escalation and
 shutdown timeout is a structlog event with the child id and the reason.
 
-Where the library reaches into Pykka's private names (Pykka has no public
-hook for these; each is exercised by the suite, which CI runs against the
-newest Pykka 4.x that pip resolves for ``pykka>=4,<5``):
-
-* `SupervisedActor._actor_loop`: report the exit to the monitor and set
-  ``finished`` after Pykka's last look at the inbox, however the actor ended
-  (a dispatched actor reports from `DispatchedActor._actor_ended` instead).
-* `_Supervised._actor_loop_setup`: a ``BaseException`` from ``on_start``
-  stops only this actor (Pykka lets it through and stops every actor).
-* `_Supervised._handle_receive`: contain a ``BaseException`` in any
-  handler to this actor.
-* `_Supervised._handle_failure`: record the exception that crashed a tell
-  as the exit reason (``on_failure`` is the user's to override).
-* `SessionActor._handle_receive`: dispatch the session's own calls before
-  Pykka's chain of ``isinstance`` checks (the hot path).
-* `nous_actor.runtime.dispatcher.DispatchedActor`: a new actor type through
-  the three hooks Pykka documents for it (`_create_actor_inbox`,
-  `_create_future`, `_start_actor_loop`); its turn reuses Pykka's
-  `_actor_loop_setup`, `_handle_receive`, `_handle_failure`, `_stop` and
-  overrides `_actor_loop_teardown` (answering late asks too); it replaces
-  ``actor_stopped`` (on the actor and its ref) by a light `Flag`.
-
-Pykka's name ``_stop`` must not be shadowed by a subclass (it is how
-``ActorRef.stop`` reaches the actor).
+Where the library reaches into Pykka's private names (here: `_actor_loop`,
+`_actor_loop_setup`, `_handle_receive`, `_handle_failure`, `_create_future`,
+`_start_actor_loop`), and why, is listed in one place:
+`nous_actor.runtime.pykka_private`.
 """
 
 from __future__ import annotations

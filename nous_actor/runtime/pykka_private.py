@@ -1,0 +1,77 @@
+"""Every private name of Pykka the library touches, in one place, with why.
+
+Pykka has no public hook for a new actor type beyond three documented ones, and
+none for what a supervisor needs (a crash reported after the actor's last look
+at its inbox, a ``BaseException`` kept to the actor it hit). The library
+therefore reaches into Pykka only where an actor type must: its inbox, its
+future and its loop, and the parts of Pykka's loop that a dispatched turn
+reuses. Nothing else of Pykka's private surface is used.
+
+`tests/test_pykka_private.py` keeps this list exact: it reads the package's
+source and fails on a private Pykka name used but not listed here (or listed
+and no longer used), and checks that each name still exists in the installed
+Pykka. CI installs the newest Pykka 4.x that pip resolves for ``pykka>=4,<5``,
+so a release that renames one of them fails the suite, not a user's program.
+
+Pykka's ``_stop`` must not be shadowed by a subclass: it is how
+``ActorRef.stop`` reaches the actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+__all__ = ["PRIVATE"]
+
+PRIVATE: Final[Mapping[str, str]] = {
+    # -- a new actor type (the three hooks Pykka documents for one) ----------------------
+    "_create_actor_inbox": (
+        "DispatchedActor: a C SimpleQueue inbox (a put never takes a Python lock)"
+    ),
+    "_create_future": (
+        "DispatchedActor and SupervisedActor: the future an ask returns (a light one "
+        "that needs no thread to be answered)"
+    ),
+    "_start_actor_loop": (
+        "DispatchedActor: no thread; the actor's turns run on a shared dispatcher. "
+        "SupervisedActor: its thread is a daemon (a program that never stops it exits)"
+    ),
+    # -- the loop: what a dispatched turn reuses of Pykka's, and where a supervisor hooks in
+    "_actor_loop": (
+        "SupervisedActor: report the exit to its monitor, and set `finished`, after "
+        "Pykka's last look at the inbox, however the actor ended"
+    ),
+    "_actor_loop_setup": (
+        "DispatchedActor's first turn runs it (on_start); _Supervised: a BaseException "
+        "from on_start stops only this actor (Pykka stops every actor)"
+    ),
+    "_actor_loop_teardown": (
+        "DispatchedActor: the last turn runs it, and answers asks that land after the "
+        "stop (Pykka's stop race); SessionActor and RegistryActor: answer what is left "
+        "in the inbox with the session's own errors; the simulation runs it as a step"
+    ),
+    "_handle_receive": (
+        "a dispatched turn calls it per message; _Supervised: a BaseException in a "
+        "handler stays with this actor; SessionActor: its own calls are dispatched "
+        "before Pykka's chain of isinstance checks (the hot path)"
+    ),
+    "_handle_failure": (
+        "a dispatched turn calls it for a failed message; _Supervised: the exception "
+        "that crashed a tell is recorded as the exit reason"
+    ),
+    "_stop": (
+        "a dispatched turn stops the actor as Pykka's loop does; SessionActor stops "
+        "itself at once (a hand-off, a fatal store error) without a trip through its inbox"
+    ),
+    # -- futures --------------------------------------------------------------------------
+    "_get_hook": (
+        "SessionFuture and the simulation's future: a future made by map/filter/join "
+        "is computed by a blocking get, which they must not replace"
+    ),
+    "_result": (
+        "the simulation's future: whether it is answered, without blocking (the "
+        "simulation runs other steps until it is)"
+    ),
+}
+"""Pykka's private name -> where the library uses it, and why."""
