@@ -604,3 +604,11 @@ def test_a_file_whose_name_reads_as_a_dsn_is_named_with_a_dot_slash(tmp_path: Pa
         assert store.sessions() == ["chat"]
     finally:
         store.close()
+
+
+def test_bench_runs_the_suite_of_the_checkout(tmp_path: Path) -> None:
+    """``nous-actor bench`` finds the benchmark suite of the checkout it is installed
+    from (it once looked one folder too deep and always said it was missing)."""
+    done = run("bench", "--", "--list", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "processes.mix" in done.stdout

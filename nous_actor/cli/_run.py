@@ -113,7 +113,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout: nous_actor/cli/ is two down
     if not (root / "bench" / "__main__.py").is_file():
         _fail("the benchmark suite ships with the source tree: run 'make bench' in a checkout")
     cmd = [sys.executable, "-m", "bench", *[a for a in args.bench_args if a != "--"]]
