@@ -1,8 +1,11 @@
 """Adapters that let other frameworks keep their history in nous_actor sessions.
 
-Each adapter lives in a module of its own that imports its framework at the
-top, behind an optional extra; `nous_actor` itself never imports them:
+Each adapter is a package of its own, behind an optional extra, whose ``base``
+module alone imports its framework (and says how to install it when it is
+missing); `nous_actor` itself never imports them:
 
 * `nous_actor.integrations.openai_agents`: the OpenAI Agents SDK's `Session`
   (`pip install 'nous-actor[openai-agents]'`).
+* `nous_actor.integrations.adk`: Google ADK's session service
+  (`pip install 'nous-actor[adk]'`).
 """

@@ -104,4 +104,4 @@ def parse_key(key: str) -> tuple[Kind, tuple[str, ...]]:
         kind, n = _KINDS[parts[1]]
         if len(parts) == n + 2:
             return kind, tuple(unquote(p) for p in parts[2:])
-    raise ValueError(f"{key!r} is not the id of an ADK session, user or app kept by this module")
+    raise ValueError(f"{key!r} is not the id of an ADK session, user or app kept by this adapter")
