@@ -14,6 +14,11 @@ each caller's appends in the order that caller made them (an append that
 failed with `SessionStopped` may be absent, or present in its place); and no
 two handlers of one session ever run at once (a probe handler injected
 through ``_call`` between the appends checks a per-session "inside" flag).
+
+The same rules run twice: on real threads (a real dispatcher, caller threads,
+``asyncio.run``), and under a deterministic `Simulation` whose schedule
+Hypothesis draws (the callers become simulated callers, the coroutines run on
+the simulation's event loop), so that a failing interleaving shrinks.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import pytest
@@ -46,6 +52,8 @@ from nous_actor import (
 )
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
+from nous_actor.testing.sim_machine import schedules
+from nous_actor.testing.simulation import Schedule, Simulation
 
 BOUND = 10.0  # seconds: the bound on every wait
 IDS = ("a", "b", "c", "d")
@@ -75,6 +83,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.inside: dict[str, bool] = {}
         self.problems: list[str] = []  # overlaps and unanswered calls, found off the main thread
         self.switch_interval = sys.getswitchinterval()
+        self.sim: Simulation | None = None
 
     @initialize(
         threads=st.integers(1, 4),
@@ -85,6 +94,9 @@ class DispatcherMachine(RuleBasedStateMachine):
     def start(self, threads: int, throughput: int, backend: str, opened: set[str]) -> None:
         sys.setswitchinterval(SWITCH_INTERVAL)  # threads interleave finely: overlaps can show
         self.dispatcher = Dispatcher(threads, throughput=throughput)
+        self._build(backend, opened)
+
+    def _build(self, backend: str, opened: set[str]) -> None:
         if backend == "sqlite":
             self.tmp = tempfile.mkdtemp(prefix="nous-dispatcher-machine-")
             self.store = SQLiteStore(os.path.join(self.tmp, "sessions.db"))
@@ -101,6 +113,25 @@ class DispatcherMachine(RuleBasedStateMachine):
             self._open(sid)
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _concurrently(self, calls: list[Callable[[], None]], bound: float) -> None:
+        """Run ``calls`` at once, a thread each; wait at most ``bound`` for them all."""
+        go = threading.Barrier(len(calls), timeout=BOUND)
+
+        def run(call: Callable[[], None]) -> None:
+            go.wait()
+            call()
+
+        threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(bound)
+            assert not t.is_alive()
+
+    def _run_async(self, main: Coroutine[Any, Any, Any]) -> Any:
+        """Run the coroutine ``main`` to its end on an event loop; its result."""
+        return asyncio.run(main)
 
     def _stream(self) -> int:
         with self.lock:
@@ -200,11 +231,9 @@ class DispatcherMachine(RuleBasedStateMachine):
         """Caller threads, each appending one by one to a session, all at once."""
         ids = data.draw(st.lists(st.sampled_from(sorted(self.handles)), min_size=callers))
         ids = ids[:callers]
-        go = threading.Barrier(len(ids), timeout=BOUND)
         sent: list[list[Sent]] = [[] for _ in ids]
 
         def call(i: int, handle: Session, stream: int) -> None:
-            go.wait()
             for k in range(n):
                 marker = f"{stream}:{k}"
                 fut = handle.append("user_message", {"content": marker})
@@ -215,15 +244,8 @@ class DispatcherMachine(RuleBasedStateMachine):
                 except (SessionStopped, CallTimeout):
                     pass  # settled (and judged) below
 
-        threads = [
-            threading.Thread(target=call, args=(i, self.handles[sid], self._stream()))
-            for i, sid in enumerate(ids)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(n * BOUND + 1)  # each of its calls waits at most BOUND
-            assert not t.is_alive()
+        calls = [partial(call, i, self.handles[sid], self._stream()) for i, sid in enumerate(ids)]
+        self._concurrently(calls, n * BOUND + 1)  # each of its calls waits at most BOUND
         for sid, s in zip(ids, sent, strict=True):
             assert all(self._settle(sid, s))
 
@@ -251,7 +273,7 @@ class DispatcherMachine(RuleBasedStateMachine):
                 *(call(i, self.handles[sid], self._stream()) for i, sid in enumerate(ids))
             )
 
-        asyncio.run(main())
+        self._run_async(main())
         for sid, s in zip(ids, sent, strict=True):
             assert all(self._settle(sid, s))
 
@@ -265,7 +287,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         async def read() -> tuple[int, list[Event]]:
             return await handle.count(), await handle.events()
 
-        count, events = asyncio.run(read())
+        count, events = self._run_async(read())
         assert count == len(events)
         self._check(sid, events)
 
@@ -298,18 +320,11 @@ class DispatcherMachine(RuleBasedStateMachine):
         handle = self.handles[sid]
         stream = self._stream()
         sent: list[Sent] = []
-        go = threading.Barrier(2, timeout=BOUND)
 
         def call() -> None:
-            go.wait()
             sent.extend(self._send(handle, stream, n))
 
-        t = threading.Thread(target=call)
-        t.start()
-        go.wait()
-        handle.stop(timeout=BOUND)
-        t.join(BOUND)
-        assert not t.is_alive()
+        self._concurrently([call, partial(handle.stop, timeout=BOUND)], BOUND)
         self._settle(sid, sent)
 
     @precondition(lambda self: self.handles)
@@ -351,8 +366,40 @@ class DispatcherMachine(RuleBasedStateMachine):
                 self.dispatcher.close(timeout=BOUND)
             if self.store is not None:
                 self.store.close()
+            if self.sim is not None:
+                self.sim.close()
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class SimulatedDispatcherMachine(DispatcherMachine):
+    """The same rules under a `Simulation`: sessions, registry, committer, caller "threads"
+    (simulated callers, resumed inside each other's waits) and coroutines (on the
+    simulation's loop) are steps on this thread, in the order of a schedule Hypothesis
+    draws (with slow commits); a failure shrinks to few choices as well as few rules."""
+
+    @initialize(
+        schedule=schedules(max_faults=2, kinds=("slow_commit",)),
+        throughput=st.sampled_from([1, 4, 64]),
+        backend=st.sampled_from(["memory", "sqlite"]),
+        opened=st.sets(st.sampled_from(IDS), min_size=1),
+    )
+    def start(  # type: ignore[override]
+        self, schedule: Schedule, throughput: int, backend: str, opened: set[str]
+    ) -> None:
+        self.sim = Simulation(schedule, throughput=throughput)
+        self.sim.__enter__()
+        self._build(backend, opened)
+
+    def _concurrently(self, calls: list[Callable[[], None]], bound: float) -> None:
+        assert self.sim is not None
+        for k, call in enumerate(calls):
+            self.sim.go(call, f"thread{k}")
+        self.sim.run()
+
+    def _run_async(self, main: Coroutine[Any, Any, Any]) -> Any:
+        assert self.sim is not None
+        return self.sim.loop.run_until_complete(main)
 
 
 _profile = settings.default
@@ -361,4 +408,9 @@ assert _profile is not None
 TestDispatcherMachine = DispatcherMachine.TestCase
 TestDispatcherMachine.settings = settings(
     _profile, stateful_step_count=30, max_examples=_profile.max_examples
+)
+
+TestSimulatedDispatcherMachine = SimulatedDispatcherMachine.TestCase
+TestSimulatedDispatcherMachine.settings = settings(
+    _profile, stateful_step_count=30, max_examples=min(_profile.max_examples, 50)
 )
