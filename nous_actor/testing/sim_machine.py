@@ -5,7 +5,8 @@
   past its end a run takes the first option at every step.
 * `SimulationMachine`: a ``RuleBasedStateMachine`` that drives sessions of a
   registry under a `Simulation` (appends, compactions with a slow summariser,
-  subscriptions, forks, crashes) and checks them against a plain model:
+  subscriptions, forks, crashes; appends and compactions from asyncio callers
+  too, on the simulation's event loop) and checks them against a plain model:
   every acknowledged append is in its session's log, under its seq; every
   subscription got events exactly once, in seq order, without gaps; a fork
   is the prefix of its session. Subclass it and override `make_store` and
@@ -20,7 +21,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import asyncio
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 from hypothesis import strategies as st
@@ -124,7 +126,7 @@ class SimulationMachine(RuleBasedStateMachine):
             finally:
                 self.sim.close()
 
-    def _go(self, caller: Generator[Any, Any, None]) -> None:
+    def _go(self, caller: Generator[Any, Any, None] | Coroutine[Any, Any, None]) -> None:
         assert self.sim is not None
         self._n += 1
         self.sim.go(caller, f"rule{self._n}")
@@ -147,6 +149,45 @@ class SimulationMachine(RuleBasedStateMachine):
             except _TOLERATED:
                 return
             acked[ev.seq] = text
+
+        self._go(caller())
+
+    @rule(data=st.data(), text=st.text(max_size=6))
+    def append_from_a_coroutine(self, data: st.DataObject, text: str) -> None:
+        """An asyncio caller appends a message (``await aopen``, ``await append``)."""
+        sid = data.draw(st.sampled_from(self.session_ids))
+        assert self.sessions is not None
+        sessions, acked = self.sessions, self.acked[sid]
+
+        async def caller() -> None:
+            try:
+                handle = await sessions.aopen(sid)
+                ev = await handle.append("user_message", {"content": text})
+            except _TOLERATED:
+                return
+            acked[ev.seq] = text
+
+        self._go(caller())
+
+    @rule(data=st.data())
+    def compact_from_a_coroutine(self, data: st.DataObject) -> None:
+        """An asyncio caller compacts with a coroutine summariser (it runs on the caller's
+        loop, the simulation's, and awaits virtual seconds)."""
+        sid = data.draw(st.sampled_from(self.session_ids))
+        assert self.sessions is not None
+        sessions = self.sessions
+
+        async def summarise(ms: Any) -> str:
+            await asyncio.sleep(1.5)
+            return f"summary of {len(ms)}"
+
+        async def caller() -> None:
+            comp = Compactor(budget=1, summarise=summarise, keep_recent=1)
+            try:
+                handle = await sessions.aopen(sid)
+                await handle.compact(comp, force=True)
+            except _TOLERATED:
+                pass
 
         self._go(caller())
 
