@@ -88,28 +88,28 @@ def acquire(
         Whatever ``open_now`` raises, other than `ConflictError`.
     """
     store = facade.store
-    deadline = time.monotonic() + wait
+    deadline = scheduling.monotonic() + wait
     version = shared.wait_changed(store, -1, 0.0)
     asked: tuple[str | None, float] | None = None
     last = refused
-    last_try = time.monotonic() if refused is not None else -RETRY_OPEN
+    last_try = scheduling.monotonic() if refused is not None else -RETRY_OPEN
     if refused is None and _held_elsewhere(store, session_id):
-        last_try = time.monotonic()  # ask first: an attempt now would only be refused
+        last_try = scheduling.monotonic()  # ask first: an attempt now would only be refused
         last = ConflictError("is held by another process", session_id=session_id)
     while True:
-        if last is None or time.monotonic() - last_try >= RETRY_OPEN or last_try == 0.0:
+        if last is None or scheduling.monotonic() - last_try >= RETRY_OPEN or last_try == 0.0:
             try:
                 got = open_now()
             except ConflictError as exc:
                 last = exc
-                last_try = time.monotonic()
+                last_try = scheduling.monotonic()
             else:
                 if asked is not None:
                     _withdraw(store, session_id)
                 return got
         assert last is not None
         while True:
-            now = time.monotonic()
+            now = scheduling.monotonic()
             if now >= deadline:
                 who = shared.held_by(store, session_id) or last.holder
                 if asked is not None:

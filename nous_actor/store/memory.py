@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from nous_actor.core.args import check_seconds
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
+from nous_actor.runtime import scheduling
 from nous_actor.store.base import SessionInfo, valid_store_id
 from nous_actor.store.subscription import Subscription
 
@@ -198,7 +199,7 @@ class MemoryStore:
         seconds = check_seconds(seconds, "seconds")
         with self._lock:
             self._check_open()
-            self._asked[session_id] = time.monotonic() + seconds
+            self._asked[session_id] = scheduling.monotonic() + seconds
             self._changed()
 
     def withdraw_handoff(self, session_id: str) -> None:
@@ -210,7 +211,7 @@ class MemoryStore:
 
     def handoff_requests(self) -> list[str]:
         """The claimed sessions a request stands for."""
-        now = time.monotonic()
+        now = scheduling.monotonic()
         with self._lock:
             self._check_open()
             for sid in [sid for sid, until in self._asked.items() if until <= now]:
@@ -219,6 +220,12 @@ class MemoryStore:
 
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a change after counter `after`; the counter now."""
+        host = scheduling.host
+        if host is not None:  # a simulation: its other tasks run while this one waits
+            host.wait(lambda: self._version > after or self._closed, max(timeout, 0.0))
+            with self._lock:
+                self._check_open()
+                return self._version
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
             while self._version <= after and not self._closed:
