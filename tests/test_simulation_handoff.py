@@ -64,3 +64,32 @@ def test_a_busy_holder_keeps_the_session_until_the_askers_bound_in_virtual_time(
         asker.close()
         holder.close()
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_a_reader_that_never_takes_the_session_runs_under_the_simulation() -> None:
+    """`Sessions.read` of a session another registry holds: counts, a subscription fed
+    by the holder's commits, and an awaited read from a coroutine, all on the test's
+    thread (no thread started), the session staying with its holder."""
+    before = set(threading.enumerate())
+    with Simulation(2) as sim:
+        store = MemoryStore()
+        holder, other = Sessions(store), Sessions(store)
+        reader = other.read("chat")
+        chat = holder.open("chat")
+        with reader.subscribe() as sub:
+            chat.append("user_message", {"content": "a"}).get()
+            assert reader.count().get() == 1
+            assert sub.get(timeout=5).seq == 0
+
+            async def read() -> list[str]:
+                return [m.content for m in await reader.derive_messages()]
+
+            task = sim.go(read())
+            sim.run()
+            assert task is not None
+            assert task.result() == ["a"]
+        assert holder.live() == ["chat"]
+        assert other.live() == []
+        holder.close()
+        other.close()
+    assert set(threading.enumerate()) - before == set()
