@@ -1,0 +1,35 @@
+"""The embedded default `nous_actor.store.Store`: SQLite (stdlib ``sqlite3``), WAL.
+
+Durability (``durability=``):
+
+* ``"full"`` (default): ``synchronous=FULL``. Each commit is fsynced before
+  it is acknowledged, so an acknowledged append survives a process crash
+  (SIGKILL) *and* a power loss or OS crash.
+* ``"normal"``: ``synchronous=NORMAL``. The WAL is fsynced only at
+  checkpoints: an acknowledged append survives a process crash, but a power
+  loss may lose the last commits (the file stays consistent).
+
+Either way a transaction is atomic: an append that was not acknowledged is
+wholly stored or wholly absent. The table's ``PRIMARY KEY (session_id, seq)``
+makes the database itself refuse a second writer's seq.
+
+The package keeps its parts in modules whose names say what they hold,
+imported one way, from the bottom up: `base` (limits, the check of the
+path), `liveness` (the claims this process holds, whether a holder lives),
+`connection` (connecting, the one place sqlite3's errors are translated,
+write transactions), `schema` (the tables, what makes a file a store,
+opening one), `writes` (how a write's rows go in), and `store`
+(`SQLiteStore`, the face).
+"""
+
+from nous_actor.store.sqlite.liveness import _live_lock as _live_lock
+from nous_actor.store.sqlite.liveness import _live_tokens as _live_tokens
+from nous_actor.store.sqlite.liveness import _pid_alive as _pid_alive
+from nous_actor.store.sqlite.schema import APPLICATION_ID as APPLICATION_ID
+from nous_actor.store.sqlite.schema import SCHEMA_VERSION as SCHEMA_VERSION
+from nous_actor.store.sqlite.store import SQLiteStore
+
+__all__ = ["SQLiteStore"]
+
+# The public class is named by this package, where users import it from.
+SQLiteStore.__module__ = __name__

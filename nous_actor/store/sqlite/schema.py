@@ -1,0 +1,235 @@
+"""A SQLite store's file: its tables and marks, what makes a file a store, and
+opening one (looking before writing).
+
+`_Layout` reads what a file holds without writing anything; `_Opening` (the
+layer of `SQLiteStore` above its connection) opens a path, refuses a file
+that is not a store before anything is written to it, and writes the schema
+and the file's marks in one transaction where a new store is made.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+from nous_actor.errors import StoreError
+from nous_actor.store.sqlite.connection import _Connection
+
+SCHEMA_VERSION: Final = 1
+APPLICATION_ID: Final = 0x6E6F7573  # "nous": marks the file as a nous_actor store
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL CHECK (seq >= 0),
+    type TEXT NOT NULL,
+    time TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS writers (
+    session_id TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    since TEXT NOT NULL
+)""",
+)
+_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+
+
+@cache
+def _our_objects() -> frozenset[tuple[str, str, str | None]]:
+    """The `sqlite_master` rows our schema makes, as SQLite itself normalises their SQL."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        return frozenset(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+    finally:
+        conn.close()
+
+
+def _non_empty(path: str) -> bool:
+    try:
+        return os.stat(path).st_size > 0
+    except OSError:
+        return False
+
+
+def _ours_or_blank(header: bytes) -> bool:
+    """Whether page 1, as read from the file, is marked as ours or holds nothing at all."""
+    if len(header) < 108:
+        return False
+    if int.from_bytes(header[68:72], "big") == APPLICATION_ID:
+        return True
+    user_version = int.from_bytes(header[60:64], "big")
+    app_id = int.from_bytes(header[68:72], "big")
+    schema_cells = int.from_bytes(header[103:105], "big")
+    return user_version == 0 and app_id == 0 and header[100] == 0x0D and schema_cells == 0
+
+
+class _Layout:
+    """What a SQLite file holds, read in one read transaction without writing anything."""
+
+    def __init__(self, conn: sqlite3.Connection, *, in_transaction: bool = False) -> None:
+        if not in_transaction:
+            conn.execute("BEGIN")
+        try:
+            self.objects = frozenset(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+            self.version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+            self.app_id: int = conn.execute("PRAGMA application_id").fetchone()[0]
+        finally:
+            if not in_transaction and conn.in_transaction:
+                conn.execute("COMMIT")
+        self.tables = {name for kind, name, _ in self.objects if kind == "table"}
+
+    @property
+    def foreign(self) -> bool:
+        """Another application's database: marked as theirs, or holding what we never make."""
+        if self.app_id == APPLICATION_ID:
+            return False
+        if self.app_id != 0:
+            return True
+        made_before_application_id = (
+            self.version == SCHEMA_VERSION and {"events", "writers"} <= self.tables
+        )
+        return not (made_before_application_id or self.objects <= _our_objects())
+
+    @property
+    def blank(self) -> bool:
+        """Nothing in it at all: no table, no version, no application id."""
+        return not self.objects and self.version == 0 and self.app_id == 0
+
+    @property
+    def complete(self) -> bool:
+        """A finished store of this schema version (nothing to write before using it)."""
+        return (
+            self.app_id == APPLICATION_ID
+            and self.version == SCHEMA_VERSION
+            and {"events", "writers"} <= self.tables
+        )
+
+
+class _Opening(_Connection):
+    """Opening a `SQLiteStore`'s file (see there for which files become a store)."""
+
+    # -- opening: look before writing ------------------------------------------------------
+
+    def _open(self, timeout: float, create: bool) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            conn = self._connect(":memory:", timeout, uri=False)
+            self._create(conn)
+            return conn
+        full = os.path.abspath(self.path)
+        try:
+            st: os.stat_result | None = os.stat(full)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise StoreError(f"could not open the store in {self.path}: {exc}") from exc
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"{self.path} is a directory, not a database file; give a file path")
+        if st is None or st.st_size == 0:
+            if not create:
+                what = "does not exist" if st is None else "is an empty file"
+                raise StoreError(
+                    f"there is no nous_actor store at {self.path}: it {what}; check the path, "
+                    "or open it with create=True to make a new store there"
+                )
+        else:
+            self._probe(full, timeout)  # refuses what is not ours, writing nothing
+        mode = "rwc" if st is None else "rw"  # never create a file that was not asked for
+        conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
+        try:
+            layout = _Layout(conn)
+            self._check_ours(layout)  # again: the file may have changed since the probe
+            if not layout.complete:
+                if layout.blank and not create:
+                    raise StoreError(
+                        f"there is no nous_actor store at {self.path}: it is an empty SQLite "
+                        "database; open it with create=True to make a new store there"
+                    )
+                self._create(conn)
+            # Only now that the file is ours: WAL (a header write) and its identity.
+            mode_now = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode_now).lower() != "wal":
+                mode_now = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode_now).lower() != "wal":
+                    raise StoreError(
+                        f"could not switch {self.path} to the WAL journal (it stayed in "
+                        f"{mode_now!r} mode); check that its folder is writable"
+                    )
+            st = os.stat(full)
+            self._file = (full, st.st_dev, st.st_ino)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _probe(self, full: str, timeout: float) -> None:
+        """Refuse a non-empty file that is not ours, without writing to it.
+
+        Reads the header with plain file I/O, then the table list and marks
+        through a connection chosen so that SQLite writes nothing either: a
+        read-only one where a WAL holds frames (closing a read-write one would
+        checkpoint them into the file), and never one that would roll back
+        another application's unfinished transaction.
+        """
+        try:
+            with open(full, "rb") as f:
+                header = f.read(108)  # the file header and page 1's b-tree header
+        except OSError as exc:
+            raise StoreError(f"could not read {self.path}: {exc}; check its permissions") from exc
+        if not header.startswith(_SQLITE_MAGIC):
+            raise StoreError(
+                f"{self.path} is not a SQLite database, so not a nous_actor store; it was left "
+                "unchanged: give the path of a store, or of a new file"
+            )
+        in_wal = len(header) > 18 and header[18] == 2
+        if not in_wal and _non_empty(full + "-journal") and not _ours_or_blank(header):
+            # A rollback journal next to it: reading would roll their transaction back.
+            # (Page 1 is written first, so a creation of ours killed mid-commit has left
+            # page 1 marked as ours, or, in a database that was empty, still empty.)
+            raise StoreError(self._foreign_message())
+        read_only = in_wal and _non_empty(full + "-wal")
+        mode = "ro" if read_only else "rw"
+        conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
+        try:
+            layout = _Layout(conn)
+        finally:
+            conn.close()
+        self._check_ours(layout)
+
+    def _foreign_message(self) -> str:
+        return (
+            f"{self.path} is another application's SQLite database, not a nous_actor "
+            "store; it was left unchanged: use a new file"
+        )
+
+    def _check_ours(self, layout: _Layout) -> None:
+        if layout.foreign:
+            raise StoreError(self._foreign_message())
+        if layout.version not in (0, SCHEMA_VERSION):
+            raise StoreError(
+                f"{self.path} has schema version {layout.version}; this nous_actor reads "
+                f"version {SCHEMA_VERSION}: upgrade nous_actor"
+            )
+
+    def _create(self, conn: sqlite3.Connection) -> None:
+        """Write the schema and the file's marks in one transaction: all of it, or nothing."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self.path != ":memory:":  # another process may have made it meanwhile
+                self._check_ours(_Layout(conn, in_transaction=True))
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")

@@ -1,0 +1,439 @@
+"""`SQLiteStore`, the face of `nous_actor.store.sqlite`: the `Store` protocol, the
+batches, the index, and the optional methods of `nous_actor.store.shared`.
+
+It stands on `_Opening` (`schema`: opening a file, looking before writing),
+which stands on `_Connection` (`connection`: the lock, the translation of
+sqlite3's errors, write transactions); a write's rows go in through `writes`,
+and claims are told live or dead by `liveness`. The sharing methods delegate
+to `nous_actor.store.shared`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from nous_actor.core.args import check_flag, check_seconds
+from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
+from nous_actor.core.event import Event
+from nous_actor.errors import ConflictError, StoreError
+from nous_actor.store import shared
+from nous_actor.store.base import SessionInfo
+from nous_actor.store.sqlite.base import _IN_CHUNK, _MAX_TIMEOUT_S, _check_path
+from nous_actor.store.sqlite.liveness import _holder_name, _live_lock, _live_tokens
+from nous_actor.store.sqlite.schema import _Opening
+from nous_actor.store.sqlite.writes import _insert_rows, _write_each
+from nous_actor.store.subscription import Subscription
+
+__all__ = ["SQLiteStore"]
+
+
+def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo:
+    """One row of `SQLiteStore.index`, with what cannot be read put into `error`."""
+    if not isinstance(top, int) or top < 0:
+        return SessionInfo(session_id, count, 0, None, f"a stored seq is malformed: {top!r}")
+    try:
+        when = datetime.fromisoformat(str(last))
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        return SessionInfo(
+            session_id, count, top + 1, None, f"a stored time is malformed: {last!r}"
+        )
+    return SessionInfo(session_id, count, top + 1, when.astimezone(UTC), None)
+
+
+class SQLiteStore(_Opening):
+    """Sessions' events in one SQLite file (or `":memory:"`).
+
+    Safe to share between threads: calls are serialised on one connection.
+    Open the same file from several processes freely; each session still
+    has one live writer (`claim`), enforced in the database.
+
+    Which files become a store:
+
+    * a missing path, a 0-byte file, or a SQLite database with nothing in it
+      (no table, `user_version` and `application_id` 0) becomes a new store
+      (unless `create=False`). The schema, `application_id` and
+      `user_version` are written in one transaction, so a process killed
+      while creating the store leaves either no store or a whole one;
+    * a nous_actor store opens as it is (a store of an older release without
+      `application_id`, or one left half-made by an older release, is
+      completed);
+    * anything else (another application's SQLite database, a file that is
+      not SQLite, a store of a newer schema version, a directory) is refused
+      with `StoreError` **before anything is written to it**: the file is
+      left byte for byte as it was, and an unfinished transaction of the
+      other application is not recovered. The journal is switched to WAL
+      only once the file is known to be a store.
+
+    While open, every write transaction checks (one `stat` per transaction) that
+    the path still names the file that was opened; if the file or its folder
+    was removed or replaced, the write fails with `StoreError` and so does
+    every later call: nothing is acknowledged into a file that is gone.
+
+    Args:
+        path: the database file, or `":memory:"`.
+        durability: `"full"` (default) or `"normal"`; see the module docs.
+        timeout: seconds to wait for another process's write lock (0.001 to 2147483).
+        create: make a new store where there is none (the default). With
+            `create=False` a missing path, a 0-byte file or an empty SQLite
+            database raises `StoreError` and is left as it is (no file is
+            made): use it to open stores that must already exist.
+
+    Every argument is checked before anything is opened: a refused argument
+    makes no file and holds nothing.
+
+    Raises:
+        TypeError: `path` is not a str or an `os.PathLike` of str; `durability`
+            is not a str; `timeout` is not an int or a float; `create` is not a bool.
+        ValueError: `path` is empty or holds a NUL character; `durability` is
+            not `"full"` or `"normal"`; `timeout` is not from 0.001 (SQLite waits in
+            whole milliseconds) to 2147483 seconds (its wait is a 32-bit count
+            of milliseconds).
+        StoreError: the file cannot be opened, is not a nous_actor store, or
+            (with `create=False`) holds no store yet.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Literal["full", "normal"] = "full",
+        timeout: float = 5.0,
+        create: bool = True,
+    ) -> None:
+        path = _check_path(path)
+        if not isinstance(durability, str):
+            raise TypeError(
+                f"durability must be 'full' or 'normal' (a str), got {type(durability).__name__}"
+            )
+        if durability not in ("full", "normal"):
+            raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
+        timeout = check_seconds(timeout, "timeout", 0.001, _MAX_TIMEOUT_S, low_open=False)
+        check_flag(create, "create")
+        self.path = path if path == ":memory:" else str(Path(path))
+        self.durability = durability
+        self._busy_wait = timeout
+        self._asked: set[str] = set()  # sessions this store asked for (store.shared)
+        self._busy_ms = int(timeout * 1000)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._lost: str | None = None
+        self._file: tuple[str, int, int] | None = None  # (absolute path, st_dev, st_ino)
+        with self._translate(None, "open the store"):
+            self._conn = self._open(timeout, create)
+
+    # -- the Store protocol --------------------------------------------------------------
+
+    def load(self, session_id: str) -> list[Event]:
+        with self._locked(session_id, "load the session") as conn:
+            rows = conn.execute(
+                "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+            return [event_from_row(*row) for row in rows]
+
+    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+        """Store each session's events in one transaction (see `Store.write`).
+
+        Raises:
+            StoreError: nothing was stored: a session id is not valid (see
+                `nous_actor.core.ids`), the file was removed or replaced, or SQLite failed.
+        """
+        batches = [
+            (
+                self._valid_id(sid),
+                [
+                    (sid, ev.seq, ev.type.value, format_time(ev.time), encode_data(ev))
+                    for ev in evs
+                ],
+            )
+            for sid, evs in appends.items()
+            if evs
+        ]
+        refused: dict[str, StoreError] = {}
+        if not batches:
+            return refused
+        only = batches[0][0] if len(batches) == 1 else None
+        with self._transaction(only, "append events") as conn:
+            # Every session's rows in one statement (each statement hands the GIL
+            # back and forth); only when one of them conflicts, session by session.
+            conn.execute("SAVEPOINT batch_write")
+            try:
+                _insert_rows(conn, [row for _, rows in batches for row in rows])
+            except sqlite3.IntegrityError:
+                conn.execute("ROLLBACK TO batch_write")
+                _write_each(conn, batches, refused)
+            conn.execute("RELEASE batch_write")
+        return refused
+
+    def drop(self, session_id: str, seqs: Sequence[int]) -> None:
+        if not seqs:
+            return
+        with self._transaction(session_id, "drop snapshotted events") as conn:
+            conn.executemany(
+                "DELETE FROM events WHERE session_id = ? AND seq = ?",
+                [(session_id, s) for s in seqs],
+            )
+
+    def sessions(self) -> list[str]:
+        with self._locked(None, "list sessions") as conn:
+            rows = conn.execute("SELECT DISTINCT session_id FROM events ORDER BY session_id")
+            return [r[0] for r in rows]
+
+    def delete(self, session_id: str) -> None:
+        with self._transaction(session_id, "delete the session") as conn:
+            conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM writers WHERE session_id = ?", (session_id,))
+
+    def claim(self, session_id: str) -> str:
+        """Become the one writer of `session_id` (see `Store.claim`).
+
+        A claim left by a process that has ended (exited, killed, or dead but
+        not yet reaped by its parent) is taken over.
+
+        Raises:
+            ConflictError: a live writer holds the session, in this process or another.
+            StoreError: `session_id` is not valid (see `nous_actor.core.ids`), or the store failed.
+        """
+        (got,) = self.claim_many([session_id])
+        if isinstance(got, ConflictError):
+            raise got
+        return got
+
+    # -- batches (optional methods: the sessions layer uses them when a store has them) ---
+
+    def claim_many(self, session_ids: Sequence[str]) -> list[str | ConflictError]:
+        """`claim` each of `session_ids` in one transaction: for each id, in order, its
+        token or the `ConflictError` that refused it (an id given twice is refused the
+        second time: its first claim holds it).
+
+        Raises:
+            StoreError: nothing was claimed: an id is not valid (see `nous_actor.core.ids`),
+                or the store failed.
+        """
+        ids = [self._valid_id(sid) for sid in session_ids]
+        out: list[str | ConflictError] = []
+        if not ids:
+            return out
+        pid = os.getpid()
+        since = datetime.now(UTC).isoformat()
+        taken: list[str] = []
+        only = ids[0] if len(ids) == 1 else None
+        try:
+            with self._transaction(only, "claim the session", synced=False) as conn, _live_lock:
+                held: dict[str, tuple[int, str]] = {}
+                for lo in range(0, len(ids), _IN_CHUNK):
+                    chunk = ids[lo : lo + _IN_CHUNK]
+                    held.update(
+                        (sid, (holder_pid, holder_token))
+                        for sid, holder_pid, holder_token in conn.execute(
+                            "SELECT session_id, pid, token FROM writers WHERE session_id IN "
+                            f"({','.join('?' * len(chunk))})",
+                            chunk,
+                        )
+                    )
+                rows: list[tuple[str, int, str, str]] = []
+                for sid in ids:
+                    holder = held.get(sid)
+                    where = None if holder is None else _holder_name(*holder, pid)
+                    if where is not None:
+                        out.append(
+                            ConflictError(
+                                f"already has a live writer in {where}; use that session's "
+                                "handle, or stop it first",
+                                session_id=sid,
+                            )
+                        )
+                        continue
+                    token = uuid.uuid4().hex
+                    # Under _live_lock and before COMMIT: another store object of this
+                    # process that reads the row next also finds the token live.
+                    _live_tokens.add(token)
+                    taken.append(token)
+                    held[sid] = (pid, token)
+                    rows.append((sid, pid, token, since))
+                    out.append(token)
+                conn.executemany(
+                    "INSERT OR REPLACE INTO writers (session_id, pid, token, since) "
+                    "VALUES (?, ?, ?, ?)",
+                    rows,
+                )
+                asked = self._asked & {row[0] for row in rows}
+                if asked:  # a claim withdraws this process's own hand-off requests
+                    conn.executemany(
+                        "DELETE FROM handoffs WHERE session_id = ? AND pid = ?",
+                        [(sid, pid) for sid in asked],
+                    )
+                    self._asked -= asked
+        except BaseException:
+            with _live_lock:
+                _live_tokens.difference_update(taken)
+            raise
+        return out
+
+    def load_many(self, session_ids: Sequence[str]) -> dict[str, list[Event] | StoreError]:
+        """`load` each of `session_ids` in one read: each id maps to its events in seq
+        order, or to the `StoreError` that says why that session alone could not be
+        read (a malformed row fails its own session, never the others).
+
+        Raises:
+            StoreError: nothing was read: an id is not valid, or the store failed.
+        """
+        ids = list(dict.fromkeys(self._valid_id(sid) for sid in session_ids))
+        rows: list[tuple[str, int, str, str, str | bytes]] = []
+        with self._locked(None, "load the sessions") as conn:
+            for lo in range(0, len(ids), _IN_CHUNK):
+                chunk = ids[lo : lo + _IN_CHUNK]
+                rows += conn.execute(
+                    "SELECT session_id, seq, type, time, data FROM events WHERE session_id IN "
+                    f"({','.join('?' * len(chunk))}) ORDER BY session_id, seq",
+                    chunk,
+                ).fetchall()
+        out: dict[str, list[Event] | StoreError] = {sid: [] for sid in ids}
+        events: list[Event] = []
+        current: str | None = None
+        for sid, seq, type_, time_, data in rows:
+            if sid != current:
+                current, events = sid, []
+                out[sid] = events
+            elif not isinstance(out[sid], list):
+                continue  # a row of this session was malformed already
+            try:
+                events.append(event_from_row(seq, type_, time_, data))
+            except CodecError as exc:
+                out[sid] = StoreError(
+                    f"stored event is malformed in {self.path}: {exc}", session_id=sid
+                )
+        return out
+
+    def release(self, session_id: str, token: str) -> None:
+        with _live_lock:
+            _live_tokens.discard(token)
+        if self._closed or self._lost is not None:
+            return
+        with self._transaction(session_id, "release the session", synced=False) as conn:
+            conn.execute(
+                "DELETE FROM writers WHERE session_id = ? AND token = ?", (session_id, token)
+            )
+
+    # -- extras --------------------------------------------------------------------------
+
+    def index(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Every stored session's size, next seq, latest time and holder, sorted by id, in
+        one query; only ids starting with ``prefix``, after ``after``, at most ``limit``.
+
+        No event is decoded, so a session with a damaged row is still listed
+        (a damaged time or seq is reported in its `error`). Used by
+        `nous_actor.store.list_sessions` (which checks the arguments).
+
+        Raises:
+            StoreError: the store failed as a whole (closed, file gone, SQLite error).
+        """
+        where, params = [], []
+        if prefix:
+            where.append("substr(session_id, 1, ?) = ?")
+            params += [len(prefix), prefix]
+        if after is not None:
+            where.append("session_id > ?")
+            params.append(after)
+        params.append(-1 if limit is None else limit)
+        with self._locked(None, "list sessions") as conn:
+            rows = conn.execute(
+                "SELECT g.session_id, g.n, g.top, g.last, w.pid, w.token FROM "
+                "(SELECT session_id, COUNT(*) AS n, MAX(seq) AS top, MAX(time) AS last "
+                f"FROM events {'WHERE ' + ' AND '.join(where) if where else ''} "
+                "GROUP BY session_id ORDER BY session_id LIMIT ?) AS g "
+                "LEFT JOIN writers AS w ON w.session_id = g.session_id ORDER BY g.session_id",
+                params,
+            ).fetchall()
+        me = os.getpid()
+        with _live_lock:
+            return [
+                dataclasses.replace(
+                    _info(str(sid), count, top, last), holder=_holder_name(pid, token, me)
+                )
+                for sid, count, top, last, pid, token in rows
+            ]
+
+    # -- sharing with other processes (see nous_actor.store.shared) -------------------------
+
+    def load_since(self, session_id: str, from_seq: int) -> list[Event]:
+        """The stored events of `session_id` with ``seq >= from_seq``, in seq order, read
+        without a claim, on a connection of their own (never behind this store's writes).
+
+        Raises:
+            StoreError: the id is not valid, the store is closed or failed.
+        """
+        return shared.sqlite_load_since(self, session_id, from_seq)
+
+    def watch(
+        self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0
+    ) -> Subscription:
+        """Every committed event of `session_id` with ``seq >= from_seq``, exactly once, in
+        seq order, from any process: the file is followed (``PRAGMA data_version``, every
+        few milliseconds while anything watches it), so a commit is seen within ms.
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+            TypeError, ValueError: `from_seq` or `buffer` is not valid.
+        """
+        return shared.sqlite_watch(self, session_id, from_seq, buffer=buffer, timeout=timeout)
+
+    def next_seq(self, session_id: str) -> int:
+        """The next seq of `session_id`'s stored history (0 if it has none), from any
+        process, without a claim: one indexed read, nothing decoded.
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+        """
+        return shared.sqlite_next_seq(self, session_id)
+
+    def held_by(self, session_id: str) -> str | None:
+        """``"this process"`` or ``"process <pid>"`` holding a live claim on
+        `session_id`, or `None`."""
+        return shared.sqlite_held_by(self, session_id)
+
+    def ask_handoff(self, session_id: str, seconds: float) -> None:
+        """Ask whoever holds `session_id` to hand it over: a request of this process, in
+        the file, standing for `seconds` (or until this process claims the session, or
+        withdraws it)."""
+        shared.sqlite_ask_handoff(self, session_id, seconds)
+
+    def withdraw_handoff(self, session_id: str) -> None:
+        """Take this process's request for `session_id` back."""
+        shared.sqlite_withdraw_handoff(self, session_id)
+
+    def handoff_requests(self) -> list[str]:
+        """The sessions this process holds that a live process asks for."""
+        return shared.sqlite_handoff_requests(self)
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        """Wait at most `timeout` s for a commit to the file (by any process) after the
+        change counter `after`; returns the counter now."""
+        return shared.sqlite_wait_changed(self, after, timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+        shared.close_follower(self)
+
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` when healthy)."""
+        with self._locked(None, "check integrity") as conn:
+            return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+    def __repr__(self) -> str:
+        return f"<SQLiteStore {self.path!r} durability={self.durability}>"
