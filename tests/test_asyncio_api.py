@@ -8,19 +8,22 @@ splits a tool call from its result.
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from nous_actor import CallTimeout, Log, MemoryStore, Message, Session, Sessions
+from nous_actor import CallTimeout, Log, MemoryStore, Message, Session, Sessions, StoreError
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 BOUND = 20.0
 
 
-async def ticks_while(work: Any) -> tuple[Any, int]:
-    """Run ``work`` while a probe counts how often the loop got to run it."""
+async def ticks_while(work: Any, gate: threading.Event | None = None) -> tuple[Any, int]:
+    """Run ``work`` while a probe counts how often the loop got to run it; with a
+    ``gate``, the probe opens it after 20 ticks (work that waits for the gate can end
+    only if the loop kept running while it waited)."""
     count = 0
     done = asyncio.Event()
 
@@ -28,6 +31,8 @@ async def ticks_while(work: Any) -> tuple[Any, int]:
         nonlocal count
         while not done.is_set():
             count += 1
+            if gate is not None and count == 20:
+                gate.set()
             await asyncio.sleep(0)
 
     task = asyncio.create_task(probe())
@@ -39,25 +44,55 @@ async def ticks_while(work: Any) -> tuple[Any, int]:
     return result, count
 
 
-def test_opening_and_stopping_200_sessions_leaves_the_loop_free() -> None:
-    """aopen/astop/aclose run off the loop: a probe coroutine keeps running meanwhile."""
+class _Gated(MemoryStore):
+    """A store whose loads, and (once ``writes`` is set) writes, wait for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.writes = False
+
+    def _wait(self) -> None:
+        if not self.gate.wait(BOUND):
+            raise StoreError("the gate was never opened: the event loop was blocked")
+
+    def load(self, session_id: str) -> list[Any]:
+        self._wait()
+        return super().load(session_id)
+
+    def write(self, appends: Any) -> Any:
+        if self.writes:
+            self._wait()
+        return super().write(appends)
+
+
+def test_opening_stopping_and_closing_sessions_leave_the_loop_free() -> None:
+    """aopen/astop/aclose wait off the loop: while a store holds each of them up (a
+    load, then a commit a stop must wait for), the loop keeps running coroutines,
+    and only a coroutine lets the store go on."""
 
     async def main() -> tuple[int, int, int]:
-        async with Sessions(MemoryStore(), timeout=BOUND) as reg:
+        store = _Gated()
+        async with Sessions(store, timeout=BOUND) as reg:
             handles, opened = await ticks_while(
-                asyncio.gather(*(reg.aopen(f"s{k}") for k in range(200)))
+                asyncio.gather(*(reg.aopen(f"s{k}") for k in range(20))), store.gate
             )
-            assert len(reg.live()) == 200
-            for h in handles[:3]:
-                await h.append("user_message", {"content": "hi"}, T0)
-            _, stopped = await ticks_while(asyncio.gather(*(h.astop() for h in handles[:100])))
-            _, closed = await ticks_while(reg.aclose())
+            assert len(reg.live()) == 20
+            store.gate.clear()
+            store.writes = True
+            pending = [h.append("user_message", {"content": "hi"}, T0) for h in handles[:3]]
+            _, stopped = await ticks_while(
+                asyncio.gather(*(h.astop() for h in handles[:10])), store.gate
+            )
+            assert [(await p).seq for p in pending] == [0, 0, 0]  # committed before the stop
+            store.gate.clear()
+            pending = [h.append("user_message", {"content": "again"}, T0) for h in handles[10:]]
+            _, closed = await ticks_while(reg.aclose(), store.gate)
+            assert [(await p).seq for p in pending] == [0] * 10
             return opened, stopped, closed
 
     opened, stopped, closed = asyncio.run(main())
-    assert opened > 20
-    assert stopped > 10
-    assert closed > 1
+    assert min(opened, stopped, closed) >= 20  # (the probe opened each gate)
 
 
 def test_an_async_subscription_reads_catch_up_then_live_events() -> None:
