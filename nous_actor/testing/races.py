@@ -520,7 +520,8 @@ def mutate(m: Mutation) -> Iterator[None]:
         setattr(owner, m.function, original)
 
 
-_ACTOR = "nous_actor.sessions.actor:SessionActor"
+# The part of `SessionActor` where the mutated methods are defined (its store-facing side).
+_ACTOR = "nous_actor.sessions.actor._store:StoreSide"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(

@@ -1,0 +1,52 @@
+"""A session: one `nous_actor.Log` owned by one Pykka actor, and the handle to it.
+
+Callers never touch the actor. They hold a `Session` handle whose
+methods send a message to the actor and return a `SessionFuture`.
+
+Guarantees, for every call on a handle:
+
+* Calls from one thread are applied in the order they were made; calls from
+  several threads are applied one at a time, each seeing the effects of all
+  that were applied before it.
+* Bad input fails that call's future with ``InvalidEvent`` (or, for an
+  argument checked before sending, raises at the call) and changes nothing;
+  the session keeps running.
+* No call waits forever. A call on a stopped session fails at once with
+  `nous_actor.SessionStopped`; a call queued when the session stops
+  is answered with it (Pykka leaves such asks unanswered); every ``get``
+  has a bound (`nous_actor.CallTimeout` after it).
+* A ``BaseException`` raised while handling a call stops only this session
+  (Pykka's default would stop every actor in the process); the call fails
+  with `nous_actor.SessionCrashed`.
+
+The package's modules, each importing only those above it: ``_base`` (the
+shapes of a call, the actor's declared state, `SessionState`), ``_summary``
+(what a ``compact`` call carries; `SummarySlot`), ``_writes`` and ``_reads``
+(the write and read calls, the hand-off), ``_compaction`` (the ``compact``
+call's steps), ``_store`` (the claim, the committer, the stop) and ``_core``
+(`SessionActor`, combining them, and its loop).
+"""
+
+from __future__ import annotations
+
+from nous_actor.sessions.actor._base import EventParts as EventParts
+from nous_actor.sessions.actor._base import Handler as Handler
+from nous_actor.sessions.actor._base import SessionState as SessionState
+from nous_actor.sessions.actor._base import _crashed as _crashed
+from nous_actor.sessions.actor._base import _Envelope as _Envelope
+from nous_actor.sessions.actor._base import _safe_str as _safe_str
+from nous_actor.sessions.actor._compaction import MAX_COMPACTION_RETRIES as MAX_COMPACTION_RETRIES
+from nous_actor.sessions.actor._core import FLUSH_TIMEOUT as FLUSH_TIMEOUT
+from nous_actor.sessions.actor._core import SessionActor as SessionActor
+from nous_actor.sessions.actor._core import _flush_at_exit as _flush_at_exit
+from nous_actor.sessions.actor._store import _WAIT_FOR_COMMITS as _WAIT_FOR_COMMITS
+from nous_actor.sessions.actor._summary import Deliver as Deliver
+from nous_actor.sessions.actor._summary import SummarySlot as SummarySlot
+from nous_actor.sessions.actor._summary import _Compaction as _Compaction
+from nous_actor.sessions.actor._summary import summary_slot as summary_slot
+
+__all__ = ["MAX_COMPACTION_RETRIES", "SessionActor", "SummarySlot", "summary_slot"]
+
+# The public classes are named by this package, where users import them from.
+SessionActor.__module__ = __name__
+SummarySlot.__module__ = __name__
