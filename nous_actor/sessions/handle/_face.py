@@ -1,22 +1,16 @@
-"""The handle to a session: what callers hold, whose every call returns a future.
+"""`SessionHandle`: what every handle to a session offers, wherever the session runs.
 
-The handle never touches the actor's state: it checks and freezes a call's
-input in the caller's thread, puts one message in the actor's inbox and
-returns a `SessionFuture`. See `nous_actor.sessions.actor` for what the
-actor guarantees.
+Each method checks and freezes its input in the caller's thread, then sends
+one call (`_call`, which each kind of handle implements) and returns its
+`SessionFuture`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import partial
-from time import monotonic
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import pykka
+from typing import TYPE_CHECKING, Any
 
 from nous_actor._log import get_logger
 from nous_actor.core.compaction import (
@@ -34,71 +28,22 @@ from nous_actor.core.event import (
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.log import Log, _utcnow, message_event
 from nous_actor.core.message import Message
-from nous_actor.errors import (
-    CallTimeout,
-    NousActorError,
-    SessionStopped,
-)
-from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import (
     EventParts,
     Handler,
     SessionActor,
     _Compaction,
-    _Envelope,
     summary_slot,
 )
-from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.handle._checks import _check_seq, _off_loop
 from nous_actor.sessions.turns import DEFAULT_LEASE, Policy
-from nous_actor.store.base import Store
 from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
-from nous_actor.supervision import ChildSpec, RestartType
 
 if TYPE_CHECKING:
     from nous_actor.sessions.turn_handle import Turn
 
-__all__ = ["Session", "SessionHandle"]
-
-logger = get_logger(__name__)
-
-T = TypeVar("T")
-
-
-async def _off_loop(fn: Callable[[], T]) -> T:
-    """Run a blocking call of the library in the loop's default executor."""
-    return await asyncio.get_running_loop().run_in_executor(None, fn)
-
-
-def _check_seq(seq: object, what: str) -> None:
-    if not isinstance(seq, int) or isinstance(seq, bool):
-        raise TypeError(f"{what} takes an int seq, got {type(seq).__name__}")
-    if seq < 0:
-        raise ValueError(f"{what} takes a seq >= 0, got {seq}")
-
-
-def check_placement(dispatcher: object, pinned: object) -> None:
-    """Raise ``TypeError`` unless ``dispatcher`` is ``None`` or a `Dispatcher` and
-    ``pinned`` a bool (and not both: a pinned session has a thread of its own)."""
-    if dispatcher is not None and not isinstance(dispatcher, Dispatcher):
-        raise TypeError(
-            f"dispatcher must be a nous_actor.Dispatcher or None, got {type(dispatcher).__name__}"
-        )
-    if not isinstance(pinned, bool):
-        raise TypeError(f"pinned must be True or False, got {pinned!r}")
-    if pinned and dispatcher is not None:
-        raise ValueError(
-            "pass dispatcher= or pinned=True, not both (a pinned session has a thread of its own)"
-        )
-
-
-def _check_handle_args(session_id: object, timeout: object) -> None:
-    check_session_id(session_id)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout < float("inf")
-    ):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+logger = get_logger("nous_actor.sessions.handle")
 
 
 class SessionHandle:
@@ -448,224 +393,3 @@ class SessionHandle:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.session_id!r}>"
-
-
-class Session(SessionHandle):
-    """The handle to one session; every method returns a `SessionFuture`.
-
-    Get a handle with `Session.start` (a standalone session) or from a
-    supervisor's registry (which restarts sessions and re-resolves handles).
-
-    >>> chat = Session.start("chat-42")
-    >>> chat.append("user_message", {"content": "hi"}).get().seq
-    0
-    >>> [m.content for m in chat.derive_messages().get()]
-    ['hi']
-    >>> chat.stop()
-
-    Args:
-        session_id: the session's id.
-        resolve: returns the live actor of the session (called again when the
-            actor it returned last has stopped, so a restarted session is found).
-        timeout: the default bound, in seconds, of every wait on a result.
-    """
-
-    __slots__ = ("_ref", "_resolve", "_touch")
-
-    def __init__(
-        self,
-        session_id: str,
-        resolve: Callable[[], pykka.ActorRef[SessionActor]],
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        touch: Callable[[], None] | None = None,
-    ) -> None:
-        _check_handle_args(session_id, timeout)
-        self.session_id = session_id
-        self.timeout = float(timeout)
-        self._resolve = resolve
-        self._touch = touch
-        self._ref: pykka.ActorRef[SessionActor] | None = None
-
-    @classmethod
-    def start(
-        cls,
-        session_id: str,
-        log: Log | None = None,
-        *,
-        store: Store | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        dispatcher: Dispatcher | None = None,
-        pinned: bool = False,
-    ) -> Session:
-        """Start a standalone session and return its handle once it is running.
-
-        Without a store the session holds ``log`` (or an empty log) in memory.
-        With a ``store`` it claims the session as its one writer, recovers
-        every stored event (seqs, times, snapshot gaps as stored), and from
-        then on acknowledges an append only after the store committed it.
-
-        A standalone session is not restarted: once stopped, its calls fail with
-        `nous_actor.SessionStopped`.
-
-        The session runs on ``dispatcher`` (default: the process's shared
-        `nous_actor.Dispatcher`), or with ``pinned=True`` on a thread of its own.
-
-        Raises:
-            ValueError, TypeError: bad arguments (nothing is started).
-            ConflictError: another live writer holds the session in ``store``.
-            StoreError: the store failed while recovering the session.
-        """
-        _check_handle_args(session_id, timeout)
-        check_placement(dispatcher, pinned)
-        if log is not None and not isinstance(log, Log):
-            raise TypeError(f"log must be a nous_actor.Log, got {type(log).__name__}")
-        if store is not None:
-            if log is not None:
-                raise ValueError(
-                    "pass either log= or store=: a session on a store recovers its log from it"
-                )
-            if not isinstance(store, Store):
-                raise TypeError(
-                    f"store must implement nous_actor.store.Store, got {type(store).__name__}"
-                )
-        ready: SessionFuture[None] = SessionFuture(session_id, timeout)
-        ref = SessionActor.start(
-            session_id, log, store, ready, dispatcher=dispatcher, pinned=pinned
-        )
-        try:
-            ready.get()
-        except BaseException:
-            ref.stop(block=False)
-            raise
-        return cls(session_id, lambda: ref, timeout=timeout)
-
-    @classmethod
-    def child(
-        cls,
-        session_id: str,
-        *,
-        store: Store,
-        child_id: str | None = None,
-        restart: RestartType = "permanent",
-        shutdown_timeout: float = 5.0,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> tuple[Session, ChildSpec]:
-        """A session to run under a `Supervisor` of your own: its handle and its spec.
-
-        Put the `ChildSpec` in the supervisor's children. Every start of it (the
-        first and each restart) starts a `SessionActor` that claims the session
-        and recovers it from ``store``; a store failure after which memory and
-        disk may disagree crashes it, so that the supervisor restarts it from
-        the store. The handle reaches whichever actor is current: a call made
-        while the session is down fails with `SessionStopped`, later calls
-        reach the restarted session.
-
-        Raises:
-            ValueError, TypeError: bad arguments.
-        """
-        _check_handle_args(session_id, timeout)
-        if not isinstance(store, Store):
-            raise TypeError(
-                f"store must implement nous_actor.store.Store, got {type(store).__name__}"
-            )
-        current: list[pykka.ActorRef[SessionActor] | None] = [None]
-        started = threading.Event()
-
-        def start() -> pykka.ActorRef[SessionActor]:
-            ref = SessionActor.start(session_id, None, store, None, crash_on_store_failure=True)
-            current[0] = ref
-            started.set()
-            return ref
-
-        def resolve() -> pykka.ActorRef[SessionActor]:
-            # The first start is waited for (bounded); a stopped actor is returned as
-            # it is (the call fails with SessionStopped; a later one finds the next).
-            started.wait(timeout)
-            ref = current[0]
-            if ref is None:
-                raise SessionStopped(
-                    session_id, f"its supervisor has not started it within {timeout:g} s"
-                )
-            return ref
-
-        spec = ChildSpec(child_id or session_id, start, restart, shutdown_timeout)
-        return cls(session_id, resolve, timeout=timeout), spec
-
-    # -- plumbing ------------------------------------------------------------------------
-
-    def _actor(self) -> pykka.ActorRef[SessionActor] | None:
-        ref = self._ref
-        if ref is None or ref.actor_stopped.is_set():
-            ref = self._resolve()
-            self._ref = ref
-        return ref
-
-    def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
-        fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
-        if self._touch is not None:
-            self._touch()
-        try:
-            ref = self._actor()
-        except NousActorError as exc:  # the registry could not (re)open it
-            fut._fail(exc)
-            return fut
-        if ref is None:
-            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
-            return fut
-        stopped = ref.actor_stopped
-        if stopped.is_set():
-            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
-            return fut
-        # Pykka's stop race (the actor stopped between the check above and the put)
-        # is closed by the dispatcher: a put after the stop runs the actor's
-        # teardown, which answers the call with SessionStopped.
-        ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
-        return fut
-
-    def _register(self, sub: Subscription, timeout: float) -> None:
-        sub._on_close = self._unsubscribe
-        self._call(SessionActor.h_subscribe, sub, sub.from_seq).get(timeout=timeout)
-
-    def _unsubscribe(self, sub: Subscription) -> None:
-        self._call(SessionActor.h_unsubscribe, sub)
-
-    # -- life ----------------------------------------------------------------------------
-
-    def is_alive(self) -> bool:
-        """Whether the session's actor this handle talks to is running now.
-
-        For a standalone session, ``False`` is final. A registry's handle may
-        report ``False`` for a passivated or crashed session: its next call
-        reopens it.
-        """
-        ref = self._ref
-        if ref is None:
-            ref = self._ref = self._resolve()
-        return ref.is_alive()
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the session after the calls already queued; waits at most ``timeout``.
-
-        Returns once the actor has stopped and, with a store, its appends and
-        snapshot drops still in flight are done and its writer claim is released
-        (so the session can be started again at once). Calls made after this
-        fail with `nous_actor.SessionStopped`.
-
-        Raises:
-            CallTimeout: not stopped within ``timeout``.
-        """
-        ref = self._ref or self._actor()
-        bound = self.timeout if timeout is None else timeout
-        if ref is None:
-            return
-        ref.stop(block=False)
-        # Wait for the actor's thread to finish, not for the reply to the stop
-        # request: Pykka leaves a request unanswered if it lands after the
-        # actor's last look at its inbox.
-        deadline = monotonic() + bound
-        finished: threading.Event = getattr(ref, "finished")  # noqa: B009
-        released: threading.Event = getattr(ref, "released")  # noqa: B009
-        for done, what in ((finished, "a long call is running"), (released, "a commit is slow")):
-            if not done.wait(min(max(deadline - monotonic(), 0), threading.TIMEOUT_MAX)):
-                raise CallTimeout(self.session_id, f"did not stop within {bound:g} s ({what})")
