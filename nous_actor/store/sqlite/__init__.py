@@ -15,16 +15,17 @@ makes the database itself refuse a second writer's seq.
 
 The package keeps its parts in modules whose names say what they hold,
 imported one way, from the bottom up: `base` (limits, the check of the
-path), `liveness` (the claims this process holds, whether a holder lives),
-`connection` (connecting, the one place sqlite3's errors are translated,
-write transactions), `schema` (the tables, what makes a file a store,
-opening one), `writes` (how a write's rows go in), and `store`
-(`SQLiteStore`, the face).
+path), `connection` (connecting, the one place sqlite3's errors are
+translated, write transactions), `claims` (taking claims, the claims this
+process holds, whether a holder lives), `schema` (the tables, what makes a
+file a store, opening one), `writes` (how a write's rows go in), `sharing`
+(the optional methods of `nous_actor.store.shared`: reads without a claim,
+watches, hand-off requests), and `store` (`SQLiteStore`, the face).
 """
 
-from nous_actor.store.sqlite.liveness import _live_lock as _live_lock
-from nous_actor.store.sqlite.liveness import _live_tokens as _live_tokens
-from nous_actor.store.sqlite.liveness import _pid_alive as _pid_alive
+from nous_actor.store.sqlite.claims import _live_lock as _live_lock
+from nous_actor.store.sqlite.claims import _live_tokens as _live_tokens
+from nous_actor.store.sqlite.claims import _pid_alive as _pid_alive
 from nous_actor.store.sqlite.schema import APPLICATION_ID as APPLICATION_ID
 from nous_actor.store.sqlite.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from nous_actor.store.sqlite.store import SQLiteStore

@@ -4,8 +4,8 @@ batches, the index, and the optional methods of `nous_actor.store.shared`.
 It stands on `_Opening` (`schema`: opening a file, looking before writing),
 which stands on `_Connection` (`connection`: the lock, the translation of
 sqlite3's errors, write transactions); a write's rows go in through `writes`,
-and claims are told live or dead by `liveness`. The sharing methods delegate
-to `nous_actor.store.shared`.
+claims are taken and told live or dead by `claims`, and the sharing methods
+delegate to `sharing`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import dataclasses
 import os
 import sqlite3
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,11 +23,21 @@ from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store import shared
 from nous_actor.store.base import SessionInfo
+from nous_actor.store.shared.follower import close_follower
 from nous_actor.store.sqlite.base import _IN_CHUNK, _MAX_TIMEOUT_S, _check_path
-from nous_actor.store.sqlite.liveness import _holder_name, _live_lock, _live_tokens
+from nous_actor.store.sqlite.claims import _claim_all, _holder_name, _live_lock, _live_tokens
 from nous_actor.store.sqlite.schema import _Opening
+from nous_actor.store.sqlite.sharing import (
+    sqlite_ask_handoff,
+    sqlite_handoff_requests,
+    sqlite_held_by,
+    sqlite_load_since,
+    sqlite_next_seq,
+    sqlite_wait_changed,
+    sqlite_watch,
+    sqlite_withdraw_handoff,
+)
 from nous_actor.store.sqlite.writes import _insert_rows, _write_each
 from nous_actor.store.subscription import Subscription
 
@@ -221,64 +230,9 @@ class SQLiteStore(_Opening):
                 or the store failed.
         """
         ids = [self._valid_id(sid) for sid in session_ids]
-        out: list[str | ConflictError] = []
         if not ids:
-            return out
-        pid = os.getpid()
-        since = datetime.now(UTC).isoformat()
-        taken: list[str] = []
-        only = ids[0] if len(ids) == 1 else None
-        try:
-            with self._transaction(only, "claim the session", synced=False) as conn, _live_lock:
-                held: dict[str, tuple[int, str]] = {}
-                for lo in range(0, len(ids), _IN_CHUNK):
-                    chunk = ids[lo : lo + _IN_CHUNK]
-                    held.update(
-                        (sid, (holder_pid, holder_token))
-                        for sid, holder_pid, holder_token in conn.execute(
-                            "SELECT session_id, pid, token FROM writers WHERE session_id IN "
-                            f"({','.join('?' * len(chunk))})",
-                            chunk,
-                        )
-                    )
-                rows: list[tuple[str, int, str, str]] = []
-                for sid in ids:
-                    holder = held.get(sid)
-                    where = None if holder is None else _holder_name(*holder, pid)
-                    if where is not None:
-                        out.append(
-                            ConflictError(
-                                f"already has a live writer in {where}; use that session's "
-                                "handle, or stop it first",
-                                session_id=sid,
-                            )
-                        )
-                        continue
-                    token = uuid.uuid4().hex
-                    # Under _live_lock and before COMMIT: another store object of this
-                    # process that reads the row next also finds the token live.
-                    _live_tokens.add(token)
-                    taken.append(token)
-                    held[sid] = (pid, token)
-                    rows.append((sid, pid, token, since))
-                    out.append(token)
-                conn.executemany(
-                    "INSERT OR REPLACE INTO writers (session_id, pid, token, since) "
-                    "VALUES (?, ?, ?, ?)",
-                    rows,
-                )
-                asked = self._asked & {row[0] for row in rows}
-                if asked:  # a claim withdraws this process's own hand-off requests
-                    conn.executemany(
-                        "DELETE FROM handoffs WHERE session_id = ? AND pid = ?",
-                        [(sid, pid) for sid in asked],
-                    )
-                    self._asked -= asked
-        except BaseException:
-            with _live_lock:
-                _live_tokens.difference_update(taken)
-            raise
-        return out
+            return []
+        return _claim_all(self, ids)
 
     def load_many(self, session_ids: Sequence[str]) -> dict[str, list[Event] | StoreError]:
         """`load` each of `session_ids` in one read: each id maps to its events in seq
@@ -375,7 +329,7 @@ class SQLiteStore(_Opening):
         Raises:
             StoreError: the id is not valid, the store is closed or failed.
         """
-        return shared.sqlite_load_since(self, session_id, from_seq)
+        return sqlite_load_since(self, session_id, from_seq)
 
     def watch(
         self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0
@@ -388,7 +342,7 @@ class SQLiteStore(_Opening):
             StoreError: the id is not valid, or the store is closed.
             TypeError, ValueError: `from_seq` or `buffer` is not valid.
         """
-        return shared.sqlite_watch(self, session_id, from_seq, buffer=buffer, timeout=timeout)
+        return sqlite_watch(self, session_id, from_seq, buffer=buffer, timeout=timeout)
 
     def next_seq(self, session_id: str) -> int:
         """The next seq of `session_id`'s stored history (0 if it has none), from any
@@ -397,38 +351,38 @@ class SQLiteStore(_Opening):
         Raises:
             StoreError: the id is not valid, or the store is closed.
         """
-        return shared.sqlite_next_seq(self, session_id)
+        return sqlite_next_seq(self, session_id)
 
     def held_by(self, session_id: str) -> str | None:
         """``"this process"`` or ``"process <pid>"`` holding a live claim on
         `session_id`, or `None`."""
-        return shared.sqlite_held_by(self, session_id)
+        return sqlite_held_by(self, session_id)
 
     def ask_handoff(self, session_id: str, seconds: float) -> None:
         """Ask whoever holds `session_id` to hand it over: a request of this process, in
         the file, standing for `seconds` (or until this process claims the session, or
         withdraws it)."""
-        shared.sqlite_ask_handoff(self, session_id, seconds)
+        sqlite_ask_handoff(self, session_id, seconds)
 
     def withdraw_handoff(self, session_id: str) -> None:
         """Take this process's request for `session_id` back."""
-        shared.sqlite_withdraw_handoff(self, session_id)
+        sqlite_withdraw_handoff(self, session_id)
 
     def handoff_requests(self) -> list[str]:
         """The sessions this process holds that a live process asks for."""
-        return shared.sqlite_handoff_requests(self)
+        return sqlite_handoff_requests(self)
 
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a commit to the file (by any process) after the
         change counter `after`; returns the counter now."""
-        return shared.sqlite_wait_changed(self, after, timeout)
+        return sqlite_wait_changed(self, after, timeout)
 
     def close(self) -> None:
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
-        shared.close_follower(self)
+        close_follower(self)
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` when healthy)."""

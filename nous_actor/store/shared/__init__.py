@@ -1,0 +1,264 @@
+"""One store, many processes: reads without a claim, watches, and hand-off requests.
+
+Any process may read any session from a store without holding it, and may ask
+the process that holds a session to hand it over. These functions work on any
+`Store`: each uses the store's own optional method of the same name when it
+has one (`SQLiteStore`, `PostgresStore` and `MemoryStore` have all of them)
+and a fallback built on the protocol's ``load`` otherwise, like
+`nous_actor.store.list_sessions` with ``index``.
+
+The optional methods a store of your own may offer (the shipped contract suite,
+`nous_actor.testing.store_contract`, checks them when present):
+
+* ``load_since(session_id, from_seq) -> list[Event]``: the stored events with
+  ``seq >= from_seq``, in seq order, read without a claim (a committed prefix).
+* ``watch(session_id, from_seq=0, *, buffer=1000, timeout=30.0) -> Subscription``:
+  every committed event with ``seq >= from_seq``, exactly once, in seq order,
+  from any process (this one need not write the session).
+* ``held_by(session_id) -> str | None``: who holds a live claim on the session
+  (``"process 4242"``, ``"host-a pid 4242"``), or ``None``.
+* ``ask_handoff(session_id, seconds) -> None``: ask whoever holds the session
+  (now, or in the next ``seconds``) to hand it over; the request stands for
+  ``seconds`` unless withdrawn, and is this store object's own (on `SQLiteStore`
+  this process's): a new request of it replaces its last one.
+* ``withdraw_handoff(session_id) -> None``: take this store object's request back
+  (it got the session, or gave up).
+* ``handoff_requests() -> list[str]``: the sessions this store object (this
+  process, for `SQLiteStore`) holds that another one asked for (a request that
+  stands, of an asker still alive where the store can tell).
+* ``wait_changed(after, timeout) -> int``: wait at most ``timeout`` seconds for
+  anything to change in the store (a commit, a claim, a release, a request)
+  after the change counter ``after``; returns the counter now.
+
+Neither reading nor watching takes a claim, so neither ever blocks a writer.
+
+Inside, imported one way from the bottom up: `feed` (the checks of the
+arguments, and `FollowedWatch`, the feed a reading thread fills), `follower`
+(`SQLiteFollower`: one per `SQLiteStore`, following its file for its watches
+and waits), then the functions above, which are this package's own. The
+SQLite implementations of the optional methods live with `SQLiteStore`, in
+`nous_actor.store.sqlite`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from nous_actor.core.args import check_seconds as _check_seconds
+from nous_actor.core.event import Event
+from nous_actor.errors import StoreError
+from nous_actor.store.base import Store, valid_store_id
+from nous_actor.store.shared.feed import DEFAULT_WATCH_BUFFER as DEFAULT_WATCH_BUFFER
+from nous_actor.store.shared.feed import FollowedWatch as FollowedWatch
+from nous_actor.store.shared.feed import _check_buffer, _check_from_seq, _fill
+from nous_actor.store.shared.follower import FOLLOW_INTERVAL as FOLLOW_INTERVAL
+from nous_actor.store.shared.follower import SQLiteFollower as SQLiteFollower
+from nous_actor.store.shared.follower import close_follower as close_follower
+from nous_actor.store.shared.follower import follower_of as follower_of
+from nous_actor.store.subscription import Subscription
+
+__all__ = [
+    "FOLLOW_INTERVAL",
+    "FollowedWatch",
+    "ask_handoff",
+    "handoff_requests",
+    "held_by",
+    "load_since",
+    "next_seq",
+    "supports_handoff",
+    "wait_changed",
+    "watch",
+    "withdraw_handoff",
+]
+
+FALLBACK_INTERVAL: Final = 0.05
+"""How often a store without ``watch`` or ``wait_changed`` is read again by the
+fallbacks here."""
+
+
+# -- the functions users and the sessions layer call ------------------------------------------
+
+
+def _own(store: Store, name: str) -> Any:
+    """The store's own optional method ``name``, or ``None``."""
+    method = getattr(store, name, None)
+    return method if callable(method) else None
+
+
+def load_since(store: Store, session_id: str, from_seq: int = 0) -> list[Event]:
+    """The stored events of ``session_id`` with ``seq >= from_seq``, in seq order,
+    read without claiming the session (``[]`` if it has none).
+
+    Raises:
+        TypeError, ValueError: ``from_seq`` is not an int >= 0.
+        StoreError: the session id is not valid, or the store failed.
+    """
+    from_seq = _check_from_seq(from_seq)
+    own: Callable[[str, int], list[Event]] | None = _own(store, "load_since")
+    if own is not None:
+        return list(own(session_id, from_seq))
+    valid_store_id(session_id)
+    return [ev for ev in store.load(session_id) if ev.seq >= from_seq]
+
+
+def next_seq(store: Store, session_id: str) -> int:
+    """The next seq of ``session_id``'s stored history (its last event's seq + 1, 0 if
+    it has none), read without claiming the session and without decoding it when the
+    store can tell by itself (SQLite: one indexed ``max``).
+
+    Raises:
+        StoreError: the session id is not valid, or the store failed.
+    """
+    own: Callable[[str], int] | None = _own(store, "next_seq")
+    if own is not None:
+        return int(own(session_id))
+    events = load_since(store, session_id)
+    return events[-1].seq + 1 if events else 0
+
+
+def watch(
+    store: Store,
+    session_id: str,
+    from_seq: int = 0,
+    *,
+    buffer: int = DEFAULT_WATCH_BUFFER,
+    timeout: float = 30.0,
+) -> Subscription:
+    """A live feed of ``session_id``'s committed events with ``seq >= from_seq``, from
+    any process: every one exactly once, in seq order, first those stored already,
+    then each as it commits. Close it when done (``with`` works).
+
+    A store without a ``watch`` of its own is read again every `FALLBACK_INTERVAL`
+    seconds by a thread of the feed's own.
+
+    Raises:
+        TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
+        StoreError: the session id is not valid, or the store is closed.
+    """
+    from_seq = _check_from_seq(from_seq)
+    buffer = _check_buffer(buffer)
+    own: Callable[..., Subscription] | None = _own(store, "watch")
+    if own is not None:
+        return own(session_id, from_seq, buffer=buffer, timeout=timeout)
+    session_id = valid_store_id(session_id)
+    store.load(session_id)  # a closed store says so now, not in the feed's thread
+    return _PollingWatch(store, session_id, from_seq, buffer, timeout)
+
+
+def held_by(store: Store, session_id: str) -> str | None:
+    """Who holds a live claim on ``session_id`` (e.g. ``"process 4242"``), or ``None``
+    if nobody does or the store cannot tell.
+
+    Raises:
+        StoreError: the session id is not valid, or the store failed.
+    """
+    own: Callable[[str], str | None] | None = _own(store, "held_by")
+    if own is not None:
+        return own(session_id)
+    valid_store_id(session_id)
+    return None
+
+
+def supports_handoff(store: Store) -> bool:
+    """Whether ``store`` carries hand-off requests (``ask_handoff`` and ``handoff_requests``)."""
+    return _own(store, "ask_handoff") is not None and _own(store, "handoff_requests") is not None
+
+
+def ask_handoff(store: Store, session_id: str, seconds: float) -> bool:
+    """Ask the live holder of ``session_id`` to hand it over; the request stands for
+    ``seconds``. ``False`` if the store carries no requests (then only waiting for
+    the holder to let go by itself helps).
+
+    Raises:
+        TypeError, ValueError: ``seconds`` is not a finite number > 0.
+        StoreError: the session id is not valid, or the store failed.
+    """
+    seconds = _check_seconds(seconds, "seconds")
+    if not supports_handoff(store):
+        valid_store_id(session_id)
+        return False
+    _own(store, "ask_handoff")(session_id, seconds)
+    return True
+
+
+def withdraw_handoff(store: Store, session_id: str) -> None:
+    """Take back this store object's request for ``session_id`` (no-op if none, or if the
+    store carries no requests).
+
+    Raises:
+        StoreError: the session id is not valid, or the store failed.
+    """
+    own: Callable[[str], None] | None = _own(store, "withdraw_handoff")
+    if own is not None:
+        own(session_id)
+
+
+def handoff_requests(store: Store) -> list[str]:
+    """The sessions this store object holds that another process asked for since it
+    claimed them (``[]`` for a store that carries no requests).
+
+    Raises:
+        StoreError: the store failed.
+    """
+    own: Callable[[], Sequence[str]] | None = _own(store, "handoff_requests")
+    return sorted(own()) if own is not None else []
+
+
+def wait_changed(store: Store, after: int, timeout: float) -> int:
+    """Wait at most ``timeout`` seconds until something changed in ``store`` after the
+    change counter ``after`` (a commit, claim, release or hand-off request, by any
+    process); returns the counter now (pass it as ``after`` next time; ``-1`` the
+    first time returns at once).
+
+    A store without a ``wait_changed`` of its own is taken to change every
+    `FALLBACK_INTERVAL` seconds.
+
+    Raises:
+        StoreError: the store is closed or failed.
+    """
+    own: Callable[[int, float], int] | None = _own(store, "wait_changed")
+    if own is not None:
+        return own(after, timeout)
+    if after >= 0:
+        threading.Event().wait(min(max(timeout, 0.0), FALLBACK_INTERVAL))
+    return after + 1
+
+
+# -- the fallback feed -----------------------------------------------------------------------
+
+
+class _PollingWatch(FollowedWatch):
+    """The fallback feed: reads the store again every `FALLBACK_INTERVAL` on a thread."""
+
+    def __init__(
+        self, store: Store, session_id: str, from_seq: int, buffer: int, timeout: float
+    ) -> None:
+        self._wake = threading.Event()
+        super().__init__(session_id, from_seq, buffer, timeout, None, self._wake.set)
+        self._store = store
+        threading.Thread(target=self._run, name="nous-watch", daemon=True).start()
+
+    def _read(self, session_id: str, from_seq: int, limit: int) -> list[Event]:
+        return load_since(self._store, session_id, from_seq)[:limit]
+
+    def _run(self) -> None:
+        while not self.ended:
+            try:
+                more = _fill(self, self._read)
+            except StoreError as exc:
+                self._finish(exc)
+                return
+            if not more:
+                self._wake.wait(FALLBACK_INTERVAL)
+                self._wake.clear()
+
+    def close(self) -> None:
+        super().close()
+        self._wake.set()
+
+
+# The public classes are named by this package, where users import them from.
+FollowedWatch.__module__ = __name__
+SQLiteFollower.__module__ = __name__

@@ -1,0 +1,231 @@
+"""Following a SQLite file: `SQLiteFollower`, one per `SQLiteStore`, which reads on
+a connection of its own and notices every commit of any process, for the
+store's watches and its waits (``wait_changed``).
+
+`follower_of` gives a store's follower (made on first use); `close_follower`
+ends it when the store closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from nous_actor.core.codec import CodecError, event_from_row
+from nous_actor.core.event import Event
+from nous_actor.errors import StoreError
+from nous_actor.store.shared.feed import FollowedWatch, _fill
+from nous_actor.store.subscription import Subscription
+
+if TYPE_CHECKING:
+    from nous_actor.store.sqlite import SQLiteStore
+
+FOLLOW_INTERVAL: Final = 0.004
+"""How often a SQLite file is looked at (``PRAGMA data_version``) while someone
+watches it or waits for it to change: a commit of another process is seen within
+this, plus the time to read it."""
+
+_ROWS: Final = (
+    "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? "
+    "ORDER BY seq LIMIT ?"
+)
+
+
+class SQLiteFollower:
+    """One SQLite store's look at its file: a connection of its own, read only, and a
+    thread that notices every commit (``PRAGMA data_version``, every `FOLLOW_INTERVAL`
+    while anyone watches or waits) and feeds the store's watches.
+
+    It holds the store weakly: a store nobody uses is collected, and the thread ends.
+    """
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = weakref.ref(store)
+        self.path = store.path
+        self._cond = threading.Condition()
+        self._conn_lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self.version = 0
+        self._waiting = 0
+        self._watches: dict[str, list[FollowedWatch]] = {}
+        self._poked = False
+        self._ended: StoreError | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- the connection --------------------------------------------------------------------
+
+    def _store_or_fail(self) -> SQLiteStore:
+        store = self._store()
+        if store is None or store._closed:
+            raise StoreError(f"the store {self.path} is closed; open a new one")
+        return store
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Rows of one read, on the follower's own connection (the store's own for
+        ``":memory:"``, which no other connection can see)."""
+        store = self._store_or_fail()
+        if self.path == ":memory:":
+            with store._locked(None, "read the store") as conn:
+                return conn.execute(sql, params).fetchall()
+        with self._conn_lock, store._translate(None, "read the store"):
+            if self._conn is None:
+                self._conn = store._connect(self.path, 5.0, uri=False)
+            return self._conn.execute(sql, params).fetchall()
+
+    def _mark(self) -> int:
+        """What changes whenever anything is committed to the file."""
+        store = self._store_or_fail()
+        if self.path == ":memory:":
+            with store._locked(None, "follow the store") as conn:
+                return conn.total_changes
+        return int(self.query("PRAGMA data_version")[0][0])
+
+    def close(self) -> None:
+        with self._conn_lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self._end(StoreError(f"the store {self.path} was closed; the watch has ended"))
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- interest ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="nous-sqlite-follow", daemon=True
+            )
+            self._thread.start()
+
+    def add(self, session_id: str, from_seq: int, buffer: int, timeout: float) -> FollowedWatch:
+        self._store_or_fail()
+        w = FollowedWatch(session_id, from_seq, buffer, timeout, self._remove, self.poke)
+        with self._cond:
+            if self._ended is not None:
+                raise self._ended
+            self._watches.setdefault(session_id, []).append(w)
+            self._poked = True
+            self._start()
+            self._cond.notify_all()
+        return w
+
+    def _remove(self, sub: Subscription) -> None:
+        with self._cond:
+            ws = self._watches.get(sub.session_id, [])
+            if sub in ws:
+                ws.remove(sub)
+            if not ws:
+                self._watches.pop(sub.session_id, None)
+
+    def poke(self) -> None:
+        with self._cond:
+            self._poked = True
+            self._cond.notify_all()
+
+    def wait_changed(self, after: int, timeout: float) -> int:
+        self._store_or_fail()
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self._cond:
+            self._start()
+            if not (self._waiting or self._watches or self._poked):
+                self._cond.notify_all()  # the thread may sleep with nothing to follow
+            self._waiting += 1
+            try:
+                while self.version <= after and self._ended is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if self._ended is not None:
+                    raise self._ended
+                return self.version
+            finally:
+                self._waiting -= 1
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last: int | None = None
+        while True:
+            with self._cond:
+                while not (self._watches or self._waiting or self._poked):
+                    store = self._store()
+                    if self._ended is not None or store is None or store._closed:
+                        return
+                    del store
+                    self._cond.wait(1.0)
+                if self._ended is not None:
+                    return
+                poked, self._poked = self._poked, False
+            try:
+                mark = self._mark()
+                changed = mark != last
+                last = mark
+                if changed:
+                    with self._cond:
+                        self.version += 1
+                        self._cond.notify_all()
+                more = self._feed(everyone=changed or poked) if (changed or poked) else False
+            except StoreError as exc:
+                self._end(exc)
+                return
+            if not more:
+                with self._cond:
+                    if not self._poked:
+                        self._cond.wait(FOLLOW_INTERVAL)
+
+    def _feed(self, everyone: bool) -> bool:
+        with self._cond:
+            watches = [w for ws in self._watches.values() for w in ws]
+        more = False
+        for w in watches:
+            if everyone or w.starved:
+                more |= _fill(w, self._read)
+        return more
+
+    def _read(self, session_id: str, from_seq: int, limit: int) -> list[Event]:
+        rows = self.query(_ROWS, (session_id, from_seq, limit))
+        try:
+            return [event_from_row(*r) for r in rows]
+        except CodecError as exc:
+            raise StoreError(
+                f"stored event is malformed in {self.path}: {exc}", session_id=session_id
+            ) from exc
+
+    def _end(self, err: StoreError) -> None:
+        with self._cond:
+            if self._ended is None:
+                self._ended = err
+            watches = [w for ws in self._watches.values() for w in ws]
+            self._watches.clear()
+            self._cond.notify_all()
+        for w in watches:
+            w._finish(err)
+
+
+_followers: weakref.WeakKeyDictionary[SQLiteStore, SQLiteFollower] = weakref.WeakKeyDictionary()
+_followers_lock = threading.Lock()
+
+
+def follower_of(store: SQLiteStore) -> SQLiteFollower:
+    """The one `SQLiteFollower` of ``store`` (made on first use)."""
+    with _followers_lock:
+        f = _followers.get(store)
+        if f is None:
+            f = _followers[store] = SQLiteFollower(store)
+        return f
+
+
+def close_follower(store: SQLiteStore) -> None:
+    """End ``store``'s follower, if it has one (the store is closing)."""
+    with _followers_lock:
+        f = _followers.pop(store, None)
+    if f is not None:
+        f.close()

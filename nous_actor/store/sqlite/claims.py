@@ -1,0 +1,128 @@
+"""Claims of a SQLite store: taking them, and which still have a live writer.
+
+A claim is a row of the ``writers`` table naming a process and a token. A row
+of another process is live while that process runs (`_pid_alive`); a row of
+this process is live while its token is in `_live_tokens`, the claims held by
+live writers of this process, whatever store object made them. That set and
+its lock are module state: one object each for the process, read by the
+store's claims, its index and its hand-off requests alike.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from datetime import UTC, datetime
+
+from nous_actor.errors import ConflictError
+from nous_actor.store.sqlite.base import _IN_CHUNK
+from nous_actor.store.sqlite.connection import _Connection
+
+# Claim tokens held by live writers of this process, whatever store object made them.
+_live_tokens: set[str] = set()
+_live_lock = threading.Lock()
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs; a zombie (dead, not yet reaped) does not.
+
+    Where `/proc` exists the process state is read from `/proc/<pid>/stat`;
+    elsewhere a zombie still counts as alive (see docs/persistence.md).
+    """
+    if not 0 < pid < 2**31:  # kill(0 or -n) would signal a group; no real pid is this big
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except FileNotFoundError:  # gone meanwhile, or no /proc here (then trust kill)
+        return not os.path.exists("/proc/self")
+    except OSError:
+        return True
+    # The state follows the command name, which is in parentheses and may hold any byte.
+    fields = text.rpartition(b")")[2].split()
+    return not (fields and fields[0] in (b"Z", b"X", b"x"))
+
+
+def _holder_alive(holder_pid: int, holder_token: str, pid: int) -> bool:
+    """Whether the claim row (``holder_pid``, ``holder_token``) still has a live writer:
+    a token of this process that was not released, or another process that has not ended.
+    Call it under ``_live_lock``."""
+    return holder_token in _live_tokens if holder_pid == pid else _pid_alive(holder_pid)
+
+
+def _holder_name(pid: object, token: object, me: int) -> str | None:
+    """Who a ``writers`` row names, if it is live (call under ``_live_lock``)."""
+    if not isinstance(pid, int) or not isinstance(token, str):
+        return None
+    if not _holder_alive(pid, token, me):
+        return None
+    return "this process" if pid == me else f"process {pid}"
+
+
+def _claim_all(store: _Connection, ids: list[str]) -> list[str | ConflictError]:
+    """Claim each of ``ids`` (valid, at least one) in one transaction of ``store``: for
+    each id, in order, its token or the `ConflictError` that refused it (see
+    `SQLiteStore.claim_many`)."""
+    out: list[str | ConflictError] = []
+    pid = os.getpid()
+    since = datetime.now(UTC).isoformat()
+    taken: list[str] = []
+    only = ids[0] if len(ids) == 1 else None
+    try:
+        with store._transaction(only, "claim the session", synced=False) as conn, _live_lock:
+            held: dict[str, tuple[int, str]] = {}
+            for lo in range(0, len(ids), _IN_CHUNK):
+                chunk = ids[lo : lo + _IN_CHUNK]
+                held.update(
+                    (sid, (holder_pid, holder_token))
+                    for sid, holder_pid, holder_token in conn.execute(
+                        "SELECT session_id, pid, token FROM writers WHERE session_id IN "
+                        f"({','.join('?' * len(chunk))})",
+                        chunk,
+                    )
+                )
+            rows: list[tuple[str, int, str, str]] = []
+            for sid in ids:
+                holder = held.get(sid)
+                where = None if holder is None else _holder_name(*holder, pid)
+                if where is not None:
+                    out.append(
+                        ConflictError(
+                            f"already has a live writer in {where}; use that session's "
+                            "handle, or stop it first",
+                            session_id=sid,
+                        )
+                    )
+                    continue
+                token = uuid.uuid4().hex
+                # Under _live_lock and before COMMIT: another store object of this
+                # process that reads the row next also finds the token live.
+                _live_tokens.add(token)
+                taken.append(token)
+                held[sid] = (pid, token)
+                rows.append((sid, pid, token, since))
+                out.append(token)
+            conn.executemany(
+                "INSERT OR REPLACE INTO writers (session_id, pid, token, since) "
+                "VALUES (?, ?, ?, ?)",
+                rows,
+            )
+            asked = store._asked & {row[0] for row in rows}
+            if asked:  # a claim withdraws this process's own hand-off requests
+                conn.executemany(
+                    "DELETE FROM handoffs WHERE session_id = ? AND pid = ?",
+                    [(sid, pid) for sid in asked],
+                )
+                store._asked -= asked
+    except BaseException:
+        with _live_lock:
+            _live_tokens.difference_update(taken)
+        raise
+    return out
