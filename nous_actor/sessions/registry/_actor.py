@@ -1,0 +1,414 @@
+"""`RegistryActor`: the actor behind a `Sessions` registry, a dynamic supervisor of sessions.
+
+It starts, finds, restarts, gives up and stops the sessions, one decision at
+a time, in its own thread; the facade (`Sessions`) only asks it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from nous_actor._log import get_logger
+from nous_actor.errors import SessionStopped, TooManySessions
+from nous_actor.runtime import scheduling, telemetry
+from nous_actor.sessions.actor import SessionActor, _safe_str
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.registry._base import GiveUp, _not_running
+from nous_actor.supervision import (
+    HANDLED_LATER,
+    Exit,
+    RestartIntensityExceeded,
+    RestartPolicy,
+    SupervisedActor,
+    start_monitored,
+)
+
+if TYPE_CHECKING:
+    from nous_actor.sessions.registry._facade import Sessions
+
+logger = get_logger("nous_actor.sessions.registry")
+
+
+Started = tuple[pykka.ActorRef[Any], "SessionFuture[None] | None"]
+"""A session's actor, and the future of its recovery while it still recovers."""
+
+
+def _tell_started(registry: pykka.ActorRef[Any], session_id: str, urn: str) -> None:
+    try:
+        registry.tell(("started", session_id, urn))
+    except pykka.ActorDeadError:
+        pass
+
+
+class RegistryActor(SupervisedActor):
+    """The actor behind a `Sessions` registry: a dynamic supervisor of sessions.
+
+    Every decision about a session (start, find, restart, give up, stop)
+    is made in this actor's thread, one at a time. Exits of sessions reach it
+    as messages from their monitors; restarts after a backoff as messages
+    from the scheduler. When it stops, or crashes, its sessions stop first.
+    """
+
+    def __init__(self, facade: Sessions) -> None:
+        super().__init__()
+        self.facade = facade
+        self.policy = RestartPolicy(
+            facade.max_restarts, facade.max_seconds, facade.backoff, facade.clock, facade.scheduler
+        )
+        on_give_up = facade.on_give_up
+        if on_give_up is None:
+            on_give_up = "escalate" if self._monitor is not None else "log"
+        self.on_give_up: GiveUp = on_give_up
+        self.live: dict[str, pykka.ActorRef[Any]] = {}
+        self.restarts: dict[str, int] = {}
+        self.gave_up: dict[str, str] = {}
+        self.expected: set[str] = set()  # urns of sessions stopped on purpose
+        self.previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
+        # Sessions recovering from the store, by urn: (id, ready). Opens wait for
+        # ``ready`` themselves, never in this actor: many sessions recover at once.
+        self.starting: dict[str, tuple[str, SessionFuture[None]]] = {}
+        self.closed = False
+
+    # -- life --------------------------------------------------------------------------------
+
+    def on_stop(self) -> None:
+        self._stop_all("registry closed", self.facade.timeout)
+
+    def _cleanup(self) -> None:
+        # However the registry ended (a crash skips on_stop), no session outlives it.
+        if self.live:
+            self._stop_all("registry stopped", self.facade.timeout)
+
+    def _stop_all(self, why: str, timeout: float) -> None:
+        self.closed = True
+        for sid in reversed(list(self.live)):
+            self._stop_session(sid, why, timeout)
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        if type(message) is not tuple or not message or type(message[0]) is not str:
+            return super().on_receive(message)
+        kind, *args = message
+        handler: Callable[..., Any] | None = getattr(self, f"m_{kind}", None)
+        if handler is None:
+            return super().on_receive(message)
+        return handler(*args)
+
+    def m_reply(self, answer: SessionFuture[Any], kind: str, *args: Any) -> None:
+        """Run message ``kind`` and answer ``answer`` (which asyncio can await)."""
+        try:
+            answer._resolve(getattr(self, f"m_{kind}")(*args))
+        except Exception as exc:
+            answer._fail(exc)
+
+    def m_open(self, session_id: str) -> Started:
+        if self.gave_up.pop(session_id, None) is not None:
+            self.policy.forget(session_id)  # a fresh chance, asked for by name
+        return self.m_resolve(session_id)
+
+    def m_started(self, session_id: str, urn: str) -> None:
+        """A session's recovery finished (its ``ready`` is answered)."""
+        entry = self.starting.pop(urn, None)
+        if entry is None or self.closed:
+            return
+        if entry[1].failed():
+            self._failed_start(session_id, urn)
+
+    def _failed_start(self, session_id: str, urn: str) -> None:
+        """The actor ``urn`` of ``session_id`` failed to start: it is not live, and its
+        exit is not a crash (the failure went to whoever started it)."""
+        ref = self.live.get(session_id)
+        if ref is not None and ref.actor_urn == urn:
+            del self.live[session_id]
+            self.previous[session_id] = ref
+        self.expected.add(urn)
+
+    def m_resolve(self, session_id: str) -> Started:
+        if self.closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        reason = self.gave_up.get(session_id)
+        if reason is not None:
+            raise SessionStopped(
+                session_id,
+                f"gave up after {self.restarts.get(session_id, 0)} restarts ({reason}); "
+                "open() it again to retry",
+            )
+        ref = self.live.get(session_id)
+        if ref is not None and ref.is_alive():
+            entry = self.starting.get(ref.actor_urn)
+            return ref, None if entry is None else entry[1]
+        return self._start_session(session_id)
+
+    def m_live_ref(self, session_id: str) -> pykka.ActorRef[Any] | None:
+        ref = self.live.get(session_id)
+        if ref is None or not ref.is_alive():
+            return None
+        entry = self.starting.get(ref.actor_urn)
+        if entry is not None and not entry[1].done():
+            return None  # still recovering: nothing to hand over yet
+        return ref
+
+    def m_live(self) -> list[str]:
+        return sorted(sid for sid, ref in self.live.items() if ref.is_alive())
+
+    def m_restart_count(self, session_id: str) -> int:
+        return self.restarts.get(session_id, 0)
+
+    def m_passivate(self, now: float) -> list[str]:
+        idle_timeout = self.facade.idle_timeout
+        if idle_timeout is None:
+            return []
+        last_used = self.facade._last_used
+        idle = [
+            sid
+            for sid, ref in self.live.items()
+            if now - last_used.get(sid, now) >= idle_timeout and ref.is_alive()
+        ]
+        for sid in idle:
+            self._stop_session(sid, "idle")
+        return idle
+
+    def m_close(self, timeout: float) -> None:
+        self._stop_all("registry closed", timeout)
+
+    def m_exit(self, session_id: str, exit: Exit) -> None:
+        try:
+            self._exited(session_id, exit)
+        finally:
+            if exit.finished is not None:  # handled: now the session counts as finished
+                exit.finished.set()
+
+    def _actor_loop_teardown(self) -> None:
+        # Exits that will never be handled: their sessions are finished all the same.
+        inbox = self.actor_inbox
+        kept = []
+        while not inbox.empty():
+            envelope = inbox.get()
+            msg = envelope.message
+            if type(msg) is tuple and msg and msg[0] == "exit" and msg[2].finished is not None:
+                msg[2].finished.set()
+            elif type(msg) is tuple and msg and msg[0] == "reply":  # an aopen's: never run
+                msg[1]._fail(_not_running(msg[3] if len(msg) > 3 else "?"))
+                continue
+            kept.append(envelope)
+        for envelope in kept:
+            inbox.put(envelope)
+        super()._actor_loop_teardown()
+
+    def _exited(self, session_id: str, exit: Exit) -> None:
+        if exit.urn in self.expected:
+            self.expected.discard(exit.urn)
+            return  # stopped on purpose
+        if not exit.normal and self.starting.pop(exit.urn, None) is not None:
+            # It died recovering (e.g. another process holds it), and this exit came
+            # before the news of its failed start: its openers are told, it is no crash.
+            self._failed_start(session_id, exit.urn)
+            self.expected.discard(exit.urn)
+            return
+        ref = self.live.get(session_id)
+        current = ref is not None and ref.actor_urn == exit.urn
+        if current:
+            assert ref is not None
+            del self.live[session_id]
+            self.previous[session_id] = ref
+        if exit.normal or self.closed:
+            return
+        assert exit.reason is not None
+        reason = f"{type(exit.reason).__name__}: {_safe_str(exit.reason)}"
+        if current:
+            self._crashed(session_id, reason)
+            return
+        # A caller reopened the session before this exit was handled: still a
+        # crash, counted and logged, but nothing to restart.
+        self._count_crash(session_id, reason, reopened_by_caller=True)
+
+    def m_restart(self, session_id: str, reason: str) -> None:
+        """Start ``session_id`` again after the crash ``reason`` (logged with the recovery)."""
+        if self.closed or session_id in self.gave_up:
+            return
+        ref = self.live.get(session_id)
+        if ref is not None and ref.is_alive():
+            return  # a caller reopened it meanwhile
+        # A restart (rare) waits for its recovery here, on the registry's own thread
+        # (the reading is done by the reader pool): its outcome decides what is next.
+        try:
+            ref, ready = self._start_session(session_id, restarted=True)
+        except Exception as exc:  # e.g. the previous actor still holds the store
+            self._crashed(session_id, f"restart failed: {type(exc).__name__}: {_safe_str(exc)}")
+            return
+        try:
+            assert ready is not None
+            ready.get()
+        except Exception as exc:  # e.g. the store failed on load: a crash too
+            self._failed_start(session_id, ref.actor_urn)
+            self._crashed(session_id, f"restart failed: {type(exc).__name__}: {_safe_str(exc)}")
+            return
+        logger.info(
+            "session.recovered_after_crash",
+            session_id=session_id,
+            reason=reason,
+            restart_count=self.restarts.get(session_id, 0),
+        )
+        sink = telemetry.sink
+        if sink is not None:
+            sink.restarted(reason.partition(":")[0])  # the crash's type: few values
+
+    # -- the work ------------------------------------------------------------------------------
+
+    def _start_session(self, session_id: str, restarted: bool = False) -> Started:
+        """Start ``session_id``'s actor; it recovers from the store off this actor, and
+        the caller waits for the ``ready`` returned (`m_started` sees how an open ended;
+        a restart is waited for by `m_restart`)."""
+        facade = self.facade
+        # len(live) is an upper bound (stopped sessions whose exit is not handled yet
+        # are still in it): they are counted exactly only near the limit.
+        if session_id not in self.live and len(self.live) >= facade.max_sessions:
+            live = sum(1 for r in self.live.values() if r.is_alive())
+            if live >= facade.max_sessions:
+                raise TooManySessions(
+                    f"cannot open session {session_id!r}: {live} sessions are live "
+                    f"(max_sessions={facade.max_sessions}); close or passivate some "
+                    "(idle_timeout=), or raise max_sessions"
+                )
+        previous = self.previous.pop(session_id, None)
+        dead = self.live.get(session_id)
+        if dead is not None and not dead.is_alive():  # stopped; its exit not yet handled
+            previous = dead
+        if previous is not None:  # its appends still in flight must land first
+            released: threading.Event | None = getattr(previous, "released", None)
+            if released is not None and not released.wait(facade.timeout):
+                self.previous[session_id] = previous
+                raise SessionStopped(
+                    session_id,
+                    f"its previous actor still holds the store after {facade.timeout:g} s "
+                    "(a commit is stuck); try again later",
+                )
+        ready: SessionFuture[None] = SessionFuture(session_id, facade.timeout)
+        me = self.actor_ref
+
+        def monitor(exit: Exit) -> Any:  # the exiting session's last act; never blocks
+            # The registry sets the session's ``finished`` once it handled the exit:
+            # whoever saw the session end sees the registry's answer to it.
+            try:
+                me.tell(("exit", session_id, exit))
+            except pykka.ActorDeadError:
+                return None  # nobody to answer: finished now
+            return HANDLED_LATER
+
+        ref = start_monitored(
+            lambda: SessionActor.start(
+                session_id,
+                None,
+                facade.store,
+                ready,
+                crash_on_store_failure=True,
+                dispatcher=facade.dispatcher,
+            ),
+            monitor,
+        )
+        self.live[session_id] = ref
+        facade._last_used[session_id] = facade.clock()
+        if restarted:
+            return ref, ready
+        urn = ref.actor_urn
+        self.starting[urn] = (session_id, ready)
+        ready.add_done_callback(partial(_tell_started, me, session_id, urn))
+        return ref, ready
+
+    def _stop_session(self, session_id: str, why: str, timeout: float | None = None) -> None:
+        ref = self.live.pop(session_id, None)
+        if ref is None:
+            return
+        self.expected.add(ref.actor_urn)
+        self.previous[session_id] = ref
+        bound = self.facade.timeout if timeout is None else timeout
+        try:
+            ref.stop(block=True, timeout=bound)
+        except pykka.Timeout:
+            logger.error(
+                "session.shutdown_timeout",
+                session_id=session_id,
+                reason=f"did not stop in time ({why}); abandoned",
+            )
+        else:
+            released = getattr(ref, "released", None)
+            if released is not None:  # its claim is given up (off its thread) before this returns
+                released.wait(bound)
+        logger.info(
+            "session.passivated" if why == "idle" else "session.stopped",
+            session_id=session_id,
+            reason=why,
+        )
+
+    def _count_crash(
+        self, session_id: str, reason: str, *, reopened_by_caller: bool = False
+    ) -> float | None:
+        """Count a crash against the session's intensity and log the restart; the wait
+        before it, or ``None`` when the session was given up (or the registry escalated)."""
+        delay = self.policy.delay(session_id)
+        if delay is None:
+            self._give_up(session_id, reason)
+            return None
+        count = self.restarts[session_id] = self.restarts.get(session_id, 0) + 1
+        logger.warning(
+            "session.restart",
+            session_id=session_id,
+            reason=reason,
+            restart_count=count,
+            delay=round(delay, 6),
+            reopened_by_caller=reopened_by_caller,
+        )
+        return delay
+
+    def _crashed(self, session_id: str, reason: str) -> None:
+        """Count a crash against the session's intensity; restart it, or give up."""
+        delay = self._count_crash(session_id, reason)
+        if delay is None:
+            return
+        if delay > 0:
+            me, home = self.actor_ref, threading.get_ident()
+
+            def fire() -> None:
+                # Done when this returns (a test's scheduler relies on it): in this
+                # actor's thread directly, from any other by an ask.
+                if threading.get_ident() == home and scheduling.host is None:
+                    self.m_restart(session_id, reason)
+                    return
+                try:
+                    if scheduling.host is not None:  # a simulation's timer task: no wait
+                        me.tell(("restart", session_id, reason))
+                    else:
+                        me.ask(("restart", session_id, reason), timeout=self.facade.timeout)
+                except (pykka.ActorDeadError, pykka.Timeout):
+                    pass
+
+            self.policy.later(delay, fire)
+        else:
+            self.m_restart(session_id, reason)
+
+    def _give_up(self, session_id: str, reason: str) -> None:
+        self.gave_up[session_id] = reason
+        count = self.restarts.get(session_id, 0)
+        if self.on_give_up == "escalate":
+            logger.error(
+                "session.escalated",
+                session_id=session_id,
+                reason=reason,
+                restart_count=count,
+            )
+            self._stop_all("registry escalated", self.facade.timeout)
+            self._crash(
+                RestartIntensityExceeded(
+                    f"session {session_id!r} crashed more than {self.policy.max_restarts} times "
+                    f"in {self.policy.max_seconds:g} s (last: {reason}); the registry escalates"
+                )
+            )
+            return
+        logger.error("session.gave_up", session_id=session_id, reason=reason, restart_count=count)
+        self._stop_session(session_id, "gave up")
