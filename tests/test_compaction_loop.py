@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nous_actor import CompactionError, Compactor, Session, SessionFuture
+from nous_actor import CompactionError, Compactor, Session, SessionFuture, SessionStopped
 
 BOUND = 10.0
 
@@ -87,3 +87,19 @@ def test_no_summary_needed_leaves_no_task_behind(chat: Session) -> None:
         return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
 
     assert asyncio.run(main()) == 0
+
+
+def test_a_compaction_answered_without_a_summary_leaves_no_task_on_the_loop() -> None:
+    """A coroutine summariser's place on the caller's loop (a task) ends when its
+    compaction is answered without running it, here because the session stopped
+    before the call reached it; it stayed pending for the life of the loop."""
+
+    async def main() -> None:
+        session = Session.start("gone", timeout=BOUND)
+        await session.astop()
+        with pytest.raises(SessionStopped):
+            await session.compact(_compactor())
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.wait_for(asyncio.gather(*others), BOUND)
+
+    asyncio.run(main())

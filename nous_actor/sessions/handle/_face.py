@@ -239,6 +239,9 @@ class SessionHandle:
         fut = self._call(SessionActor.h_compact, req)
         if slot is not None:
             fut._needs_loop = slot.loop  # a blocking get() from that loop would never end
+            # Answered without a summary (refused, or the session stopped before the
+            # call ran): the slot's task on the caller's loop ends too (a no-op once used).
+            fut.add_done_callback(slot.release)
         return fut
 
     def fork(self, through_seq: int, new_id: str | None = None) -> SessionFuture[Log]:
