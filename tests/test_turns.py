@@ -505,3 +505,20 @@ def test_turn_repr_names_the_turn(chat: Session) -> None:
     turn = chat.turn(owner="run-1")
     assert repr(turn) == f"<Turn {turn.turn_id!r} of 'run-1' on 'chat' new>"
     assert isinstance(turn, Turn)
+
+
+def test_a_session_in_a_turn_is_not_passivated_as_idle() -> None:
+    """A run may hold its turn open longer than the registry's idle timeout (waiting on
+    a model): passivation leaves that session alone, so the turn is not interrupted;
+    once the turn ends the session is idle like any other."""
+    with Sessions(MemoryStore(), idle_timeout=60.0, timeout=BOUND) as reg:
+        chat = reg.open("c")
+        turn = chat.turn(owner="run-1").open()
+        turn.append("user_message", {"content": "question"}).get(timeout=BOUND)
+        later = reg.clock() + 3600
+        assert reg.passivate_idle(now=later) == []
+        assert reg.live() == ["c"]
+        turn.append("assistant_message", {"content": "answer"}).get(timeout=BOUND)
+        turn.close()
+        assert reg.passivate_idle(now=reg.clock() + 3600) == ["c"]
+        assert [e["how"] for e in turns(reg.open("c").log().get(timeout=BOUND))] == ["closed"]

@@ -168,7 +168,11 @@ class RegistryActor(SupervisedActor):
         idle = [
             sid
             for sid, ref in self.live.items()
-            if now - last_used.get(sid, now) >= idle_timeout and ref.is_alive()
+            if now - last_used.get(sid, now) >= idle_timeout
+            and ref.is_alive()
+            # A turn held open (its run waits on a model) is not idle: its lease,
+            # not the idle timeout, says when its holder has gone.
+            and not getattr(ref, "in_turn", False)
         ]
         for sid in idle:
             self._stop_session(sid, "idle")

@@ -59,6 +59,8 @@ class TurnHost(TurnKeeper):
         table = self._current(now)
         if table is None:
             table = self.turns = TurnTable()
+            # Read by the registry's passivation: a session in a turn is not idle.
+            setattr(self.actor_ref, "in_turn", True)  # noqa: B010
         cur = table.open
         if cur is None:
             return self._grant(table, req, now, ())
@@ -169,6 +171,7 @@ class TurnHost(TurnKeeper):
         table, self.turns = self.turns, None
         if table is None:
             return
+        setattr(self.actor_ref, "in_turn", False)  # noqa: B010
         for w in table.waiting:
             if w.fut is not None:
                 w.fut._fail(err)

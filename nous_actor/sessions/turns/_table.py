@@ -251,6 +251,7 @@ class TurnKeeper:
     def _drop_if_idle(self, table: TurnTable) -> bool:
         if table.open is None and not table.waiting and self.turns is table:
             self.turns = None  # an idle session keeps no table
+            setattr(self.actor_ref, "in_turn", False)  # noqa: B010
             return True
         return False
 
