@@ -349,7 +349,7 @@ def test_a_registry_that_holds_nothing_stops_following_the_file(tmp_path: Path) 
         chat.stop()
         handover = sessions._handover
         deadline = time.monotonic() + 10
-        while follower._waiting:  # (it rests)
+        while not handover.resting or follower._waiting:
             assert time.monotonic() < deadline, "the hand-over side never rests"
             handover._stop.wait(0.01)
         before = polls[0]

@@ -159,6 +159,7 @@ class HandOver:
         self.handed = 0  # sessions handed over (for tests and the benchmark)
         self._seen: dict[str, float] = {}  # when each standing request was first seen
         self._opened = threading.Event()  # a session opened since the thread last looked
+        self.resting = False  # the thread rests: this registry holds no session
 
     def start(self) -> None:
         """Start the thread unless it runs (or the store carries no requests); called
@@ -210,8 +211,10 @@ class HandOver:
                 # every few ms). An open wakes it.
                 self._opened.clear()
                 while not self._holds_any():
+                    self.resting = True
                     if self._opened.wait(REST) or self._stop.is_set() or facade._closed:
                         break
+                self.resting = False
                 next_look = time.monotonic() + REST
             try:
                 version = shared.wait_changed(store, version, GRACE if waiting else 0.25)
