@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray") if not os.environ.get("CI") else __import__("ray")
 
-from nous_actor import MemoryStore, TurnBusy, TurnInterrupted  # noqa: E402
+from nous_actor import Compactor, MemoryStore, TurnBusy, TurnInterrupted  # noqa: E402
 from nous_actor.cluster.ray import RaySessions  # noqa: E402
 from nous_actor.core.history import turns  # noqa: E402
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE  # noqa: E402
@@ -66,3 +66,30 @@ def test_rollback_through_a_ray_handle(cluster: RaySessions) -> None:
         old.append("assistant_message", {"content": "late"}).get()
     assert [m.content for m in h.derive_messages().get()] == [DEFAULT_ROLLBACK_NOTE, "whole"]
     assert [t["how"] for t in turns(h.log().get())] == ["rolled_back", "closed"]
+
+
+def test_a_turn_through_a_ray_handle_compacts_in_the_shard(cluster: RaySessions) -> None:
+    """A run compacts through its turn on a remote session as on a local one: the
+    compactor travels to the shard and runs there, inside the turn; a plain compaction
+    waits for the turn, as a plain write does."""
+
+    def summarise(messages: Any) -> str:  # (a closure: pickled by value for the shard)
+        return f"summary of {len(messages)}"
+
+    h = cluster.open(_sid())
+    with h.turn(owner="run-1") as turn:
+        for i in range(6):
+            turn.append("user_message", {"content": f"message {i} " * 20}).get()
+        result = turn.compact(Compactor(budget=1, keep_recent=2, summarise=summarise)).get()
+        assert result.summary_seq is not None
+        plain = h.compact(Compactor(budget=1, keep_recent=1, summarise=summarise))
+        turn.append("assistant_message", {"content": "after"}).get()
+        assert not plain.done()
+    assert plain.get().summary_seq is not None
+    log = h.log().get()
+    assert [t["how"] for t in turns(log)] == ["closed"]
+    assert h.derive_messages().get()[-1].content == "after"
+    starts = [e.seq for e in log.events() if e.type == "turn_start"]
+    ends = [e.seq for e in log.events() if e.type == "turn_end"]
+    replaces = [e.seq for e in log.events() if e.surface_op is not None]
+    assert starts[0] < replaces[0] < ends[0] < replaces[1]  # one inside the turn, one after

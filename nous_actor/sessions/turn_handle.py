@@ -285,12 +285,17 @@ class Turn(SessionHandle):
         if name not in THROUGH:
             return self._failed(TypeError(f"{name!r} cannot be called through a turn"))
         if name == "h_compact" and not isinstance(self._handle, Session):
-            return self._failed(
-                TypeError(
-                    "a turn compacts only a session of this process; compact through "
-                    "the handle once the turn is closed"
+            # A remote handle (Ray) sends the compactor itself, to run where the
+            # session runs, through this turn there.
+            compact = getattr(self._handle, "_compact", None)
+            if compact is None:
+                return self._failed(
+                    TypeError(
+                        f"a turn of a {type(self._handle).__name__} cannot compact; compact "
+                        "through the handle once the turn is closed"
+                    )
                 )
-            )
+            return compact(args[0], self.turn_id)  # type: ignore[no-any-return]
         via = SessionActor.h_turn_read if name in _READ_LIKE else SessionActor.h_turn_call
         return self._handle._call(via, self.turn_id, name, args)
 

@@ -19,7 +19,7 @@ from nous_actor.core._frozen import short_repr
 from nous_actor.errors import ClusterError, NousActorError, SessionCrashed
 from nous_actor.sessions.actor import Handler, SessionActor
 
-PROTOCOL: Final = 1
+PROTOCOL: Final = 2  # 2: a compaction may travel through a turn
 """The version of what drivers and shards say to each other; both sides check it."""
 
 MAX_BATCH: Final = 1000

@@ -59,22 +59,26 @@ class RaySession(SessionHandle):
 
     def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
         if handler is SessionActor.h_compact:
-            req: _Compaction = args[0]
-            try:
-                blob = cloudpickle.dumps(req.compactor)  # type: ignore[no-untyped-call]
-            except Exception as exc:
-                return self._failed(
-                    TypeError(
-                        "the compactor runs in the session's shard, so it (and its "
-                        "summariser) must be picklable: "
-                        f"{type(exc).__name__}: {short_repr(exc)}"
-                    )
-                )
-            return self._send(COMPACT, "", (blob, req.time, req.force, req.cid, req.explicit))
+            return self._compact(args[0], None)
         name = getattr(handler, "__name__", "")
         if name not in _CALLS:
             return self._failed(NousActorError(f"a RaySession cannot send {name!r}"))
         return self._send(CALL, name, args)
+
+    def _compact(self, req: _Compaction, turn_id: str | None) -> SessionFuture[Any]:
+        """Send compaction ``req`` to the shard (through open turn ``turn_id``, if one):
+        the compactor travels pickled, and runs there."""
+        try:
+            blob = cloudpickle.dumps(req.compactor)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            return self._failed(
+                TypeError(
+                    "the compactor runs in the session's shard, so it (and its "
+                    "summariser) must be picklable: "
+                    f"{type(exc).__name__}: {short_repr(exc)}"
+                )
+            )
+        return self._send(COMPACT, "", (blob, req.time, req.force, req.cid, req.explicit, turn_id))
 
     def _register(self, sub: Subscription, timeout: float) -> None:
         """The shard holds the session's subscriber; ``sub`` is fed from it by long polls."""

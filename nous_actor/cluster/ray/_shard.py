@@ -177,7 +177,7 @@ class _Shard:
                 return self._later(call)  # it may wait for a turn: the batch does not
             return _WAIT, call
         if kind == COMPACT:
-            blob, at, force, cid, explicit = args
+            blob, at, force, cid, explicit, turn_id = args
             try:
                 compactor = pickle.loads(blob)
             except Exception as exc:
@@ -188,7 +188,9 @@ class _Shard:
                     "there, or ship it with Ray's runtime_env)"
                 ) from None
             req = _Compaction(compactor, at, force, cid, explicit, asyncio.get_running_loop())
-            return self._later(h._call(SessionActor.h_compact, req))
+            if turn_id is None:
+                return self._later(h._call(SessionActor.h_compact, req))
+            return self._later(h._call(SessionActor.h_turn_call, turn_id, "h_compact", (req,)))
         if kind == STOP:
             return self._later(asyncio.ensure_future(h.astop(args[0])))
         raise NousActorError(f"a shard runs no call of kind {kind!r}")
