@@ -58,9 +58,8 @@ class TurnHost(TurnKeeper):
         now = scheduling.monotonic()
         table = self._current(now)
         if table is None:
-            table = self.turns = TurnTable()
-            # Read by the registry's passivation: a session in a turn is not idle.
-            setattr(self.actor_ref, "in_turn", True)  # noqa: B010
+            table = TurnTable()
+            self._keep_turns(table)
         cur = table.open
         if cur is None:
             return self._grant(table, req, now, ())
@@ -168,10 +167,10 @@ class TurnHost(TurnKeeper):
 
     def _turns_shut(self, err: SessionStopped) -> None:
         """The session stops: every call waiting for a turn is answered with ``err``."""
-        table, self.turns = self.turns, None
+        table = self.turns
         if table is None:
             return
-        setattr(self.actor_ref, "in_turn", False)  # noqa: B010
+        self._keep_turns(None)
         for w in table.waiting:
             if w.fut is not None:
                 w.fut._fail(err)

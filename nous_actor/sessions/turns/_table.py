@@ -250,10 +250,16 @@ class TurnKeeper:
 
     def _drop_if_idle(self, table: TurnTable) -> bool:
         if table.open is None and not table.waiting and self.turns is table:
-            self.turns = None  # an idle session keeps no table
-            setattr(self.actor_ref, "in_turn", False)  # noqa: B010
+            self._keep_turns(None)  # an idle session keeps no table
             return True
         return False
+
+    def _keep_turns(self, table: TurnTable | None) -> None:
+        """Keep ``table`` (``None``: no turn open or waited for), and tell the session's
+        ref whether there is one: the registry's passivation reads it (a session in a
+        turn is not idle)."""
+        self.turns = table
+        setattr(self.actor_ref, "in_turn", table is not None)  # noqa: B010
 
     def _arm(self, table: TurnTable, now: float) -> None:
         """Have the alarm tell this session when the next deadline passes."""
