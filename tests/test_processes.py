@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench.fleet import Fleet, ask, check_histories, open_store, run_clients
+from bench.fleet import Fleet, Worker, ask, check_histories, open_store, run_clients
 from nous_actor import ConflictError, Sessions, SQLiteStore
 from nous_actor.core.compaction import Compactor
 from nous_actor.store import MemoryStore, shared
@@ -128,16 +128,21 @@ def test_a_request_to_the_holder_of_another_worker_is_handed_over(
     assert rids == ["one", "two"]
 
 
+def _a_worker_holding(fleet_on: Any, tmp_path: Path, session_id: str) -> Worker:
+    """One worker on ``app.db`` that served one request (``"one"``) for ``session_id``,
+    so it holds that session now."""
+    (worker,) = fleet_on(f"sqlite:{tmp_path / 'app.db'}", 1).live()
+    reply = ask(worker, session_id, "one")
+    assert reply is not None
+    assert reply["ok"]
+    return worker  # type: ignore[no-any-return]
+
+
 def test_open_without_wait_is_refused_at_once_naming_the_holder(
     fleet_on: Any, tmp_path: Path
 ) -> None:
     """Without ``wait`` another process's live session is refused at once, as before."""
-    spec = f"sqlite:{tmp_path / 'app.db'}"
-    fleet = fleet_on(spec, 1)
-    (worker,) = fleet.live()
-    reply = ask(worker, "chat", "one")
-    assert reply is not None
-    assert reply["ok"]
+    worker = _a_worker_holding(fleet_on, tmp_path, "chat")
     with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
         started = time.monotonic()
         with pytest.raises(ConflictError, match=f"process {worker.pid}"):
@@ -260,12 +265,7 @@ def test_nous_session_get_items_reads_a_session_another_worker_holds(
 
     from nous_actor.integrations.openai_agents import NousSession
 
-    spec = f"sqlite:{tmp_path / 'app.db'}"
-    fleet = fleet_on(spec, 1)
-    (worker,) = fleet.live()
-    reply = ask(worker, "user-1", "one")
-    assert reply is not None
-    assert reply["ok"]
+    worker = _a_worker_holding(fleet_on, tmp_path, "user-1")
     with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
         nous = NousSession("user-1", sessions)
         items = asyncio.run(nous.get_items())
