@@ -29,6 +29,7 @@ from bench import (
     cluster,
     core,
     durable,
+    flood,
     lifetime,
     plot,
     postgres,
@@ -37,6 +38,8 @@ from bench import (
     session,
     simulation,
     telemetry,
+    vacuum,
+    viewer,
 )
 from bench.harness import Benchmark, Config, progress
 from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
@@ -53,6 +56,9 @@ MODULES: Final[tuple[ModuleType, ...]] = (
     cluster,
     adk,
     simulation,
+    vacuum,
+    viewer,
+    flood,
 )
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 

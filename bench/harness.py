@@ -123,6 +123,12 @@ GOALS: Final[dict[str, str]] = {
     "G24": "4 web-worker processes on one SQLite file, 20 sessions, 32 concurrent clients in "
     "random order (read, then write one turn): >= 500 requests/s",
     "G25": "a cold read of a 1k-event session by a process that does not hold it <= 5 ms",
+    "G26": "a snapshot that drops >= 50% of a SQLite file's events leaves the file <= 1.2x "
+    "a VACUUMed copy of it",
+    "G27": "the viewer's page of a 100k-event session: first rows drawn in a real browser "
+    "<= 1 s while another process keeps both CPUs busy",
+    "G28": "one session flooded by 50 threads: the other sessions' p99 append latency "
+    "<= 5 ms meanwhile",
 }
 """The DESIGN.md §8 goals the suite judges, by id, in the order of the brief."""
 
