@@ -264,3 +264,35 @@ def test_a_turn_is_a_span_with_its_owner_and_how_it_ended(reported: Reported) ->
     assert span.attributes["session.id"] == "turned"
     assert span.attributes["nous_actor.turn.owner"] == "run-1"
     assert span.attributes["nous_actor.turn.end"] == "closed"
+
+
+def test_a_restart_is_counted_when_the_next_call_reopens_the_session_before_the_backoff(
+    reported: Reported, path: Path
+) -> None:
+    """The usual case in a busy app: the caller's next call reopens the crashed session
+    before the supervisor's restart fires; the late restart then finds it live. The crash
+    is counted once, as the registry's own restart count counts it."""
+
+    class Boom(BaseException):
+        pass
+
+    held: queue.Queue[Callable[[], None]] = queue.Queue()
+
+    def scheduler(delay: float, fn: Callable[[], None]) -> None:  # fired by the test, later
+        held.put(fn)
+
+    with SQLiteStore(path) as store:
+        registry = Sessions(store, timeout=BOUND, scheduler=scheduler)
+        try:
+            h = registry.open("busy")
+            h.append("user_message", {"content": "before"}).get(timeout=BOUND)
+            with pytest.raises(SessionCrashed):
+                crash(h, Boom("injected")).get(timeout=BOUND)
+            late_restart = held.get(timeout=BOUND)
+            assert h.count().get(timeout=BOUND) == 1  # the caller's next call reopens it
+            late_restart()  # finds it live: nothing to restart, nothing counted twice
+            assert registry.restart_count("busy") == 1
+        finally:
+            registry.close(timeout=BOUND)
+    assert reported.total("nous_actor.session.restarts", **{"nous_actor.reason": "Boom"}) == 1
+    assert reported.total("nous_actor.session.restarts") == 1

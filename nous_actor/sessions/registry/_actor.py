@@ -259,9 +259,6 @@ class RegistryActor(SupervisedActor):
             reason=reason,
             restart_count=self.restarts.get(session_id, 0),
         )
-        sink = telemetry.sink
-        if sink is not None:
-            sink.restarted(reason.partition(":")[0])  # the crash's type: few values
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -360,6 +357,11 @@ class RegistryActor(SupervisedActor):
             self._give_up(session_id, reason)
             return None
         count = self.restarts[session_id] = self.restarts.get(session_id, 0) + 1
+        # Told here, where the restart is counted, whoever then reopens the session
+        # (the backoff's restart, or, more often, the caller's next call).
+        sink = telemetry.sink
+        if sink is not None:
+            sink.restarted(reason.partition(":")[0])  # the crash's type: few values
         logger.warning(
             "session.restart",
             session_id=session_id,
