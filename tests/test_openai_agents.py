@@ -491,6 +491,35 @@ def test_session_settings_limit_is_the_default(sessions: Sessions) -> None:
     run(main())
 
 
+def test_session_settings_limit_zero_means_no_items(sessions: Sessions, tmp_path: Path) -> None:
+    """session_settings={"limit": 0} is taken, as the SDK's sessions take it (its own
+    test_session_settings_constructor_normalizes_dictionary): get_items() then gives no
+    item, an explicit limit still wins, and a RunConfig's settings resolve over it."""
+    sdk = SQLiteSession("x", session_settings={"limit": 0})
+    assert sdk.session_settings is not None
+    assert sdk.session_settings.limit == 0
+    sdk.close()
+
+    async def main() -> None:
+        nous = NousSession("limit-zero", sessions, session_settings={"limit": 0})
+        assert isinstance(nous.session_settings, SessionSettings)
+        assert nous.session_settings.limit == 0
+        assert nous.session_settings.resolve({"limit": 4}).limit == 4
+        await nous.add_items([user(str(i)) for i in range(3)])
+        assert await nous.get_items() == []
+        assert await nous.get_items(limit=2) == [user("1"), user("2")]
+        also = NousSession("limit-zero", sessions, session_settings=SessionSettings(limit=0))
+        assert await also.get_items() == []
+        on_file = NousSession.sqlite("x", tmp_path / "chat.db", session_settings={"limit": 0})
+        try:
+            assert on_file.session_settings is not None
+            assert on_file.session_settings.limit == 0
+        finally:
+            on_file.close()
+
+    run(main())
+
+
 def test_pop_on_an_empty_session_returns_none_and_appends_nothing(sessions: Sessions) -> None:
     """pop_item on a session with no item returns None and leaves the log as it was."""
 
@@ -784,16 +813,10 @@ BAD_ARGUMENTS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         "session_settings must be an agents SessionSettings, a dict or None, got int",
     ),
     (
-        "limit_zero",
-        {"session_settings": {"limit": 0}},
-        ValueError,
-        "limit must be at least 1, got 0; give None for every item",
-    ),
-    (
         "limit_negative",
         {"session_settings": SessionSettings(limit=-1)},
         ValueError,
-        "limit must be at least 1, got -1",
+        "limit must be 0 or more, got -1; give None for every item",
     ),
     (
         "limit_a_str",
@@ -842,7 +865,7 @@ SQLITE_BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         TypeError,
         "Unknown session settings: order",
     ),
-    ("limit_zero", {"session_settings": {"limit": 0}}, ValueError, "at least 1, got 0"),
+    ("limit_negative", {"session_settings": {"limit": -2}}, ValueError, "0 or more, got -2"),
 ]
 
 

@@ -43,7 +43,8 @@ def _prepare(items: object) -> Pending:
 
 def _settings(value: SessionSettings | Mapping[str, Any] | None) -> SessionSettings:
     """The checked settings: unknown keys and bad limits refused, as the SDK's
-    `coerce_session_settings` refuses them (and more strictly for `limit`)."""
+    `coerce_session_settings` refuses them (and more strictly for `limit`: a negative one
+    is refused; 0 is taken and means no item)."""
     if value is None:
         settings = SessionSettings()
     elif isinstance(value, SessionSettings):
@@ -75,8 +76,8 @@ def _check_limit(limit: object) -> None:
             f"session_settings limit must be an int (how many of the latest items "
             f"get_items returns) or None (every item), got {type(limit).__name__}"
         )
-    if limit < 1:
+    if limit < 0:
         raise ValueError(
-            f"session_settings limit must be at least 1, got {limit}; give None for every "
-            "item (get_items(limit=0) still gives none for one call)"
+            f"session_settings limit must be 0 or more, got {limit}; give None for every "
+            "item (0 gives none)"
         )

@@ -68,7 +68,8 @@ class NousSession(_SessionCore):
         session_id: the session's id (see `nous_actor.core.ids`).
         sessions: the registry that runs the session; its store keeps it.
         session_settings: the SDK's `SessionSettings` (or a dict of them); its
-            `limit` is the default of `get_items`.
+            `limit` is the default of `get_items` (``0``: no item, as the SDK's
+            own sessions read it).
 
     Every argument is checked here, before anything is opened.
 
@@ -79,7 +80,7 @@ class NousSession(_SessionCore):
             does not have (``Unknown session settings: limitt``, as the SDK
             says), or a `limit` that is not an int or None.
         ValueError: `session_id` is not a valid id, or the settings' `limit`
-            is below 1 (give None for every item).
+            is negative (give None for every item; 0 means none).
     """
 
     session_id: str
@@ -128,7 +129,7 @@ class NousSession(_SessionCore):
             TypeError: `session_id` is not a str, `path` is not a str or a
                 path, or `session_settings` is not what `NousSession` takes.
             ValueError: `session_id` is not a valid id, `path` is empty, or
-                the settings' `limit` is below 1.
+                the settings' `limit` is negative.
             StoreError: the file cannot be opened as a store (for instance,
                 another application's database, which is left unchanged).
         """
