@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from nous_actor import Event, Log, Session
+from nous_actor import Event, InvalidEvent, Log, Session
 from nous_actor.core.codec import CodecError, to_jsonl
-from nous_actor.errors import ConflictError, StoreError
+from nous_actor.errors import ConflictError, SessionStopped, StoreError
 from nous_actor.store import (
     MemoryStore,
     SessionInfo,
@@ -32,6 +32,8 @@ from nous_actor.store import (
     import_session,
     list_sessions,
 )
+from nous_actor.store.committer import Committer
+from nous_actor.testing.store_suite._helpers import POISONS, _poisoned
 from nous_actor.testing.stores import DelegatingStore
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -596,3 +598,94 @@ def test_session_info_is_a_frozen_value() -> None:
     with pytest.raises(AttributeError):
         info.events = 2  # type: ignore[misc]
     assert json.dumps(info.session_id) == '"s"'
+
+
+# -- one session's unstorable value never fails another's commit (issue 30, item 4) ----------
+
+
+class _Gated(DelegatingStore):
+    """A store whose first write waits for ``release``, so that what is submitted
+    meanwhile goes into the committer's next transaction, together."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(BOUND)
+        return self.inner.write(appends)
+
+
+@pytest.mark.parametrize("how", POISONS)
+def test_a_poisoned_session_in_a_group_commit_fails_alone(
+    store: Store, how: str, tmp_path: Path
+) -> None:
+    """Through the committer: one transaction holds healthy sessions and one whose event
+    the store cannot store; the healthy ones are acknowledged and stored, the poisoned
+    one alone fails with StoreError (its items of that transaction), and the committer
+    writes on."""
+    if isinstance(store, MemoryStore) and how != "seq":
+        pytest.skip("a MemoryStore keeps values as they are: only a seq past 2**63 is refused")
+    gated = _Gated(store)
+    committer = Committer(gated)
+    try:
+        answers: dict[str, list[StoreError | None]] = {}
+
+        def note(sid: str) -> Callable[[StoreError | None], None]:
+            return lambda err: answers.setdefault(sid, []).append(err)
+
+        committer.submit("gate", [ev(0)], note("gate"))
+        assert gated.entered.wait(BOUND)
+        committer.submit("a", [ev(0), ev(1)], note("a"))
+        committer.submit("bad", [ev(0), _poisoned(1, how)], note("bad"))
+        committer.submit("bad", [ev(2)], note("bad"))
+        committer.submit("b", [ev(0)], note("b"))
+        done = threading.Event()
+        committer.submit("b", [ev(1)], lambda err: (note("b")(err), done.set()))
+        gated.release.set()
+        assert done.wait(BOUND)
+        assert answers["gate"] == [None]
+        assert answers["a"] == [None]
+        assert answers["b"] == [None, None]
+        assert len(answers["bad"]) == 2  # both in the one write of the session: both fail
+        for err in answers["bad"]:
+            assert isinstance(err, StoreError)
+            assert err.session_id == "bad"
+        assert [e.seq for e in store.load("a")] == [0, 1]
+        assert [e.seq for e in store.load("b")] == [0, 1]
+        assert store.load("bad") == []
+        committer.reset("bad")  # as a restarted session does, having reloaded the store
+        again = threading.Event()
+        committer.submit("bad", [ev(0)], lambda err: (note("again")(err), again.set()))
+        assert again.wait(BOUND)
+        assert answers["again"] == [None]
+    finally:
+        committer.close(BOUND)
+
+
+def test_sessions_writing_beside_an_unstorable_append_at_all_commit(tmp_path: Path) -> None:
+    """Through sessions: appends of other sessions sharing group commits with an
+    ``append_at(2**63)`` are all acknowledged and stored, and never raise."""
+    store = SQLiteStore(tmp_path / "s.db")
+    healthy = [Session.start(f"ok-{i}", store=store, timeout=BOUND) for i in range(4)]
+    poisoned = Session.start("poisoned", store=store, timeout=BOUND)
+    try:
+        futures = []
+        for n in range(50):
+            for s in healthy:
+                futures.append(s.append_or_log("user_message", {"content": f"m{n}"}))
+            if n % 10 == 0:
+                bad = poisoned.append_at(2**63, "user_message", {"content": "far"})
+                with pytest.raises((InvalidEvent, StoreError, SessionStopped)):
+                    bad.get(timeout=BOUND)
+        got = [f.get(timeout=BOUND) for f in futures]
+        assert all(isinstance(e, Event) for e in got)
+        for s in healthy:
+            assert len(store.load(s.session_id)) == 50
+    finally:
+        for s in [*healthy, poisoned]:
+            s.stop()
+        store.close()

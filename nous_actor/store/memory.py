@@ -16,6 +16,9 @@ from nous_actor.store.subscription import Subscription
 
 __all__ = ["MemoryStore"]
 
+_SEQ_END = 2**63
+"""Seqs are below this in every store (the SQL stores' integers are 64-bit)."""
+
 
 class MemoryStore:
     """A `Store` in a dict: same rules, no durability.
@@ -61,6 +64,14 @@ class MemoryStore:
             for sid, events in appends.items():
                 stored = self._events.get(sid, {})
                 seqs = [ev.seq for ev in events]
+                if any(not 0 <= s < _SEQ_END for s in seqs):
+                    refused[sid] = StoreError(
+                        f"seq {max(seqs)} is not below 2**63, the largest a store keeps "
+                        "(as SQL's 64-bit integers); none of this write's events of this "
+                        "session were stored",
+                        session_id=sid,
+                    )
+                    continue
                 taken = [s for s in seqs if s in stored]
                 if taken or len(set(seqs)) != len(seqs):
                     refused[sid] = ConflictError(

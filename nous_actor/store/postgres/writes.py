@@ -13,13 +13,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
 import psycopg.errors
 
 from nous_actor._log import get_logger
-from nous_actor.core.codec import CodecError, encode_data
+from nous_actor.core._frozen import describe_error
+from nous_actor.core.codec import CodecError, encode_data, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import valid_store_id
@@ -98,29 +100,28 @@ def _batches(
     appends: Mapping[str, Sequence[Event]],
 ) -> tuple[list[tuple[str, list[Event]]], dict[str, StoreError]]:
     """The sessions of a `PostgresStore.write` to write, with their events, and those
-    refused at once (a seq repeated in the call, with `ConflictError`).
+    refused at once: a seq repeated in the call (`ConflictError`), a seq that does
+    not fit in 64 bits (`StoreError`; the other sessions are still written).
 
     Raises:
-        StoreError: a session id is not valid, or a seq does not fit in 64 bits.
+        StoreError: a session id is not valid.
     """
     batches: list[tuple[str, list[Event]]] = []
     for sid, evs in appends.items():
         if not evs:
             continue
         sid = valid_store_id(sid)
-        events = list(evs)
-        for ev in events:
-            if ev.seq > _MAX_SEQ:
-                raise StoreError(
-                    f"seq {ev.seq} does not fit in PostgreSQL's bigint; seqs must be below 2**63",
-                    session_id=sid,
-                )
-        batches.append((sid, events))
+        batches.append((sid, list(evs)))
     refused: dict[str, StoreError] = {}
     todo: list[tuple[str, list[Event]]] = []
     for sid, events in batches:
         seqs = [ev.seq for ev in events]
-        if len(set(seqs)) != len(seqs):
+        big = [s for s in seqs if not 0 <= s <= _MAX_SEQ]
+        if big:
+            refused[sid] = _unstorable(
+                sid, OverflowError(f"seq {big[0]} does not fit in PostgreSQL's bigint")
+            )
+        elif len(set(seqs)) != len(seqs):
             refused[sid] = ConflictError(
                 "a seq appears twice in this write; reopen the session to continue from the store",
                 session_id=sid,
@@ -128,6 +129,43 @@ def _batches(
         else:
             todo.append((sid, events))
     return todo, refused
+
+
+def _unstorable(sid: str, exc: BaseException) -> StoreError:
+    return StoreError(
+        f"an event of this session cannot be stored ({describe_error(exc)}; seqs must be "
+        "below 2**63), so none of this write's events of it were; the other sessions' "
+        "events were: refuse such a value before appending it, and restart the session "
+        "(it reloads from the store)",
+        session_id=sid,
+    )
+
+
+def _plain_time(t: datetime) -> datetime:
+    """``t`` as an exact `datetime` (a subclass's text form is checked, not trusted)."""
+    if type(t) is datetime:
+        return t
+    back = datetime.fromisoformat(format_time(t))
+    if back.tzinfo is None or back != t:
+        raise ValueError(f"the time's text form {format_time(t)!r} is not it")
+    return back
+
+
+def _encode(
+    batches: list[tuple[str, list[Event]]], refused: dict[str, StoreError]
+) -> dict[str, list[tuple[int, str, datetime, str]]]:
+    """Each session's rows (seq, type, time, data), made apart: a session whose rows
+    cannot be made (data the codec cannot encode, a time without a text form) is
+    put into ``refused`` alone."""
+    encoded: dict[str, list[tuple[int, str, datetime, str]]] = {}
+    for sid, events in batches:
+        try:
+            encoded[sid] = [
+                (ev.seq, ev.type.value, _plain_time(ev.time), encode_data(ev)) for ev in events
+            ]
+        except Exception as exc:
+            refused[sid] = _unstorable(sid, exc)
+    return encoded
 
 
 class _Unknown(Exception):
@@ -159,16 +197,20 @@ class _Write:
         self.leases = leases
         self.closing = closing
         self.check_open = check_open
-        self.sids = [sid for sid, _ in batches]
-        self.encoded = {
-            sid: [(ev.seq, ev.type.value, ev.time, encode_data(ev)) for ev in events]
-            for sid, events in batches
-        }
+        # Sessions whose rows cannot be made are refused before any attempt.
+        self.unstorable: dict[str, StoreError] = {}
+        self.encoded = _encode(batches, self.unstorable)
+        self.sids = [sid for sid, _ in batches if sid in self.encoded]
         # Of the attempt being committed: who was refused, and the epoch of each row.
         self.refused: dict[str, StoreError] = {}
         self.epochs: dict[str, int] = {}
 
     def run(self) -> dict[str, StoreError]:
+        """Write the sessions; returns those refused (see `PostgresStore.write`)."""
+        refused = self._run() if self.sids else {}
+        return {**refused, **self.unstorable}
+
+    def _run(self) -> dict[str, StoreError]:
         deadline = time.monotonic() + self.ctx.timeout
         delay = 0.0
         sid = self.sids[0] if len(self.sids) == 1 else None
@@ -202,7 +244,9 @@ class _Write:
                 return self.refused
             try:
                 xid = self._insert(conn, list(self.epochs))
-            except psycopg.errors.UniqueViolation:
+            except (psycopg.errors.UniqueViolation, psycopg.DataError):
+                # A conflict, or a value the server refuses: session by session, so
+                # that it refuses its own session alone.
                 conn.execute("ROLLBACK")
                 return self._one_by_one(conn)
         except BaseException:
@@ -252,7 +296,8 @@ class _Write:
         return str(row[0])
 
     def _one_by_one(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
-        """The slow path after a conflict: each session in a savepoint of its own."""
+        """The slow path after a conflict or a refused value: each session in a
+        savepoint of its own."""
         q = self.q
         conn.execute("BEGIN")
         try:
@@ -274,6 +319,10 @@ class _Write:
                         "the session to continue from the store",
                         session_id=sid,
                     )
+                except psycopg.DataError as exc:
+                    conn.execute("ROLLBACK TO SAVEPOINT session_write")
+                    del self.epochs[sid]
+                    self.refused[sid] = _unstorable(sid, exc)
                 conn.execute("RELEASE SAVEPOINT session_write")
             if not self.epochs:
                 conn.execute("ROLLBACK")

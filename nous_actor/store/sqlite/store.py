@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from nous_actor.core.args import check_flag, check_seconds
-from nous_actor.core.codec import CodecError, encode_data, event_from_row, format_time
+from nous_actor.core.codec import CodecError, event_from_row
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import SessionInfo
@@ -38,7 +38,7 @@ from nous_actor.store.sqlite.sharing import (
     sqlite_watch,
     sqlite_withdraw_handoff,
 )
-from nous_actor.store.sqlite.writes import _insert_rows, _write_each
+from nous_actor.store.sqlite.writes import _UNBINDABLE, _insert_rows, _session_rows, _write_each
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["SQLiteStore"]
@@ -153,32 +153,34 @@ class SQLiteStore(_Opening):
     def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
         """Store each session's events in one transaction (see `Store.write`).
 
+        A session whose events cannot be stored (a seq not below 2**63, data the
+        codec cannot encode, a time without a text form, a value SQLite cannot
+        bind) is refused alone with `StoreError`, as a conflict is: the other
+        sessions' events commit.
+
         Raises:
             StoreError: nothing was stored: a session id is not valid (see
                 `nous_actor.core.ids`), the file was removed or replaced, or SQLite failed.
         """
-        batches = [
-            (
-                self._valid_id(sid),
-                [
-                    (sid, ev.seq, ev.type.value, format_time(ev.time), encode_data(ev))
-                    for ev in evs
-                ],
-            )
-            for sid, evs in appends.items()
-            if evs
-        ]
         refused: dict[str, StoreError] = {}
+        batches = []
+        for sid, evs in appends.items():
+            if evs:
+                sid = self._valid_id(sid)
+                rows = _session_rows(sid, evs, refused)
+                if rows is not None:
+                    batches.append((sid, rows))
         if not batches:
             return refused
         only = batches[0][0] if len(batches) == 1 else None
         with self._transaction(only, "append events") as conn:
             # Every session's rows in one statement (each statement hands the GIL
-            # back and forth); only when one of them conflicts, session by session.
+            # back and forth); only when a row is refused (a conflict, a value SQLite
+            # cannot bind), session by session, so that it refuses its session alone.
             conn.execute("SAVEPOINT batch_write")
             try:
                 _insert_rows(conn, [row for _, rows in batches for row in rows])
-            except sqlite3.IntegrityError:
+            except (sqlite3.IntegrityError, *_UNBINDABLE):
                 conn.execute("ROLLBACK TO batch_write")
                 _write_each(conn, batches, refused)
             conn.execute("RELEASE batch_write")

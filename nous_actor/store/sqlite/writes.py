@@ -1,5 +1,7 @@
-"""How a SQLite store's write puts its rows in: many rows a statement, and, only
-when a seq is already stored, session by session under savepoints.
+"""How a SQLite store's write puts its rows in: each session's rows made apart (a
+value that cannot be stored refuses its own session, never the others), many
+rows a statement, and, only when a row is refused, session by session under
+savepoints.
 
 Durability is the write transaction's (`SQLiteStore._transaction`); these
 run inside it.
@@ -8,8 +10,13 @@ run inside it.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Final
 
+from nous_actor.core._frozen import describe_error
+from nous_actor.core.codec import encode_data, format_time
+from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 
 _INSERT = "INSERT INTO events (session_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
@@ -18,6 +25,55 @@ _ROWS_PER_INSERT: Final = 200
 """Rows per multi-row INSERT (5 parameters each, far below SQLite's limit)."""
 
 _inserts: dict[int, str] = {}
+
+_SEQ_END: Final = 2**63
+"""Seqs are below this: SQLite's integers are 64-bit."""
+
+_UNBINDABLE: Final = (
+    sqlite3.InterfaceError,  # a value of a type sqlite3 cannot bind
+    sqlite3.DataError,  # a string or blob over SQLite's length limit
+    OverflowError,  # an int past 64 bits
+    UnicodeEncodeError,  # a str holding a lone surrogate
+    ValueError,
+    TypeError,
+)
+"""What binding one session's row can raise without the store itself being at fault."""
+
+
+def _unstorable(sid: str, exc: BaseException) -> StoreError:
+    return StoreError(
+        f"an event of this session cannot be stored ({describe_error(exc)}), so none of "
+        "this write's events of it were; the other sessions' events were: refuse such "
+        "a value before appending it, and restart the session (it reloads from the store)",
+        session_id=sid,
+    )
+
+
+def _session_rows(
+    sid: str, events: Sequence[Event], refused: dict[str, StoreError]
+) -> list[tuple[Any, ...]] | None:
+    """The rows of one session's events, or ``None`` with the session put into
+    ``refused`` when one of them cannot be made (a seq past 64 bits, data the
+    codec cannot encode, a time without a text form)."""
+    try:
+        rows = [
+            (sid, ev.seq, ev.type.value, format_time(ev.time), encode_data(ev)) for ev in events
+        ]
+        for row in rows:
+            seq = row[1]
+            if not 0 <= seq < _SEQ_END:
+                raise OverflowError(f"seq {seq} is not below 2**63, the largest a store keeps")
+            if type(row[3]) is not str or type(row[4]) is not str:
+                raise TypeError("an event's time or data did not encode to text")
+        for ev in events:
+            if type(ev.time) is not datetime:  # a subclass's text is checked, not trusted
+                back = datetime.fromisoformat(format_time(ev.time))
+                if back.tzinfo is None or back != ev.time:
+                    raise ValueError(f"the time's text form {format_time(ev.time)!r} is not it")
+    except Exception as exc:
+        refused[sid] = _unstorable(sid, exc)
+        return None
+    return rows
 
 
 def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
@@ -44,7 +100,8 @@ def _write_each(
     refused: dict[str, StoreError],
 ) -> None:
     """Store each session's rows under a savepoint of its own, refusing the
-    sessions whose seqs are already stored."""
+    sessions whose seqs are already stored (`ConflictError`) or whose rows
+    SQLite cannot take (`StoreError`)."""
     for sid, rows in batches:
         conn.execute("SAVEPOINT session_write")
         try:
@@ -56,4 +113,7 @@ def _write_each(
                 "reopen the session to continue from the store",
                 session_id=sid,
             )
+        except _UNBINDABLE as exc:
+            conn.execute("ROLLBACK TO session_write")
+            refused[sid] = _unstorable(sid, exc)
         conn.execute("RELEASE session_write")

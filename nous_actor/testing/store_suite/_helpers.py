@@ -8,8 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from nous_actor.core._frozen import FrozenDict
 from nous_actor.core.codec import to_jsonl
-from nous_actor.core.event import Event, EventType, Replace
+from nous_actor.core.event import Event, EventType, Replace, trusted_event
 from nous_actor.core.log import Log
 from nous_actor.errors import StoreError
 from nous_actor.store.base import Store, export_session, import_session
@@ -28,6 +29,38 @@ def _ev(
     time: datetime = T0,
 ) -> Event:
     return Event(seq, etype, time, {"content": f"event {seq}"} if data is None else data)
+
+
+class _Unprintable(datetime):
+    """A time whose text form cannot be made (its ``isoformat`` raises)."""
+
+    def isoformat(self, *args: Any, **kwargs: Any) -> str:
+        raise ValueError("this time has no text form")
+
+
+def _poisoned(seq: int, how: str) -> Event:
+    """An event past every check of `Event` that a store may be unable to store:
+    ``"seq"`` (a seq of 2**63, past SQL's 64-bit integers), ``"data"`` (an object
+    JSON cannot encode in its data), ``"int"`` (an int of 5,000 digits, past
+    Python's int-to-text limit), ``"time"`` (a time whose text form raises)."""
+    data: Any = {"content": f"event {seq}"}
+    time: datetime = T0
+    if how == "seq":
+        seq = 2**63
+    elif how == "data":
+        data = {"content": object()}
+    elif how == "int":
+        data = {"content": 10**5000}
+    elif how == "time":
+        time = _Unprintable(2026, 1, 1, tzinfo=UTC)
+    else:  # pragma: no cover - a typo in a test
+        raise ValueError(how)
+    frozen = dict.__new__(FrozenDict)
+    dict.update(frozen, data)  # not through freeze(): these values must reach the store
+    return trusted_event(seq, EventType.USER_MESSAGE, time, frozen, None)
+
+
+POISONS = ("seq", "data", "int", "time")
 
 
 def _varied_log() -> Log:
@@ -89,10 +122,13 @@ _CALLS_ON_A_CLOSED_STORE: list[tuple[str, Callable[[Store], object]]] = [
 
 
 def _stored_or_store_error(store: Store, session_id: str, events: list[Event]) -> None:
-    """Write ``events``: they must load back exactly, or the store must say StoreError."""
+    """Write ``events``: they must load back exactly, or the store must say StoreError
+    (raised, or returned as the session's refusal, with none of its events stored)."""
     try:
         refused = store.write({session_id: events})
-        assert session_id not in refused, refused
+        if session_id in refused:
+            assert isinstance(refused[session_id], StoreError), refused
+            raise refused[session_id]
         got = store.load(session_id)
     except StoreError:
         # Refusing is fine; leaving the store unusable or half-written is not.

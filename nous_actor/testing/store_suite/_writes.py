@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from nous_actor.core.event import Replace
 from nous_actor.core.log import Log
-from nous_actor.errors import ConflictError
+from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import Store
 from nous_actor.testing.store_machine import assert_same_events
 from nous_actor.testing.store_suite._helpers import (
+    POISONS,
     _ev,
     _nested,
     _odd_times,
+    _poisoned,
     _varied_log,
 )
 
@@ -176,3 +180,41 @@ class WriteRules:
         store.write({"s": [_ev(0)]})
         assert store.write({"s": [_ev(1)]}) == {}
         assert [e.seq for e in store.load("s")] == [0, 1]
+
+    # -- one session's value never fails another's write ---------------------------------
+
+    @pytest.mark.parametrize("how", POISONS)
+    def test_a_session_that_cannot_be_stored_never_fails_the_others(
+        self, store: Store, how: str
+    ) -> None:
+        """An event the store cannot store (a seq of 2**63, data it cannot encode, a
+        time without a text form) refuses its own session alone, or is stored whole:
+        every other session in the same write commits, and the store goes on."""
+        store.write({"b": [_ev(0)]})
+        appends = {
+            "a": [_ev(0), _ev(1)],
+            "bad": [_ev(0), _poisoned(1, how), _ev(2)],
+            "b": [_ev(1)],
+        }
+        refused = store.write(appends)
+        assert set(refused) <= {"bad"}, refused
+        assert [e.seq for e in store.load("a")] == [0, 1]
+        assert [e.seq for e in store.load("b")] == [0, 1]
+        if "bad" in refused:
+            assert isinstance(refused["bad"], StoreError)
+            assert refused["bad"].session_id == "bad"
+            assert store.load("bad") == []  # none of its events: a session's write is atomic
+        assert store.write({"bad": [_ev(5)], "a": [_ev(2)]}) == {}
+        assert [e.seq for e in store.load("a")] == [0, 1, 2]
+
+    def test_a_seq_of_2_to_the_63_is_refused_for_its_session(self, store: Store) -> None:
+        """Seqs are below 2**63 in every store (SQL's integers are 64-bit): a larger one
+        refuses its session's write with StoreError, beside a conflict of another one."""
+        store.write({"c": [_ev(0)]})
+        refused = store.write({"big": [_poisoned(0, "seq")], "c": [_ev(0)], "ok": [_ev(0)]})
+        assert set(refused) == {"big", "c"}
+        assert isinstance(refused["c"], ConflictError)
+        assert type(refused["big"]) is StoreError
+        assert "2**63" in str(refused["big"])
+        assert store.load("big") == []
+        assert [e.seq for e in store.load("ok")] == [0]
