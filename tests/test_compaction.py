@@ -296,7 +296,7 @@ def test_boundary_moves_back_to_keep_a_tool_call_with_its_results() -> None:
         .append("tool_result", result("c1", "r1"), T0)
         .append("tool_result", result("c2", "r2"), T0)
     )
-    out = Compactor(budget=1, keep_recent=1, summarise=summarise).compact(log)
+    out = Compactor(budget=1, keep_recent=1, summarise=lambda ms: "S").compact(log)
     assert [e.seq for e in out.log.surface()] == [0, out.summary_seq, 2, 3, 4]
     assert out.summarised == (1, 1)
 
@@ -576,6 +576,17 @@ compactors = st.builds(
 )
 
 
+def compact(c: Compactor, log: Log, **kwargs: Any) -> CompactionResult:
+    """``c.compact(log)``, where a compaction refused because its summary would make the
+    surface larger counts as none (after checking the log was left as it was)."""
+    try:
+        return c.compact(log, **kwargs)
+    except CompactionError as exc:
+        assert "would make the surface larger" in str(exc)
+        est = c.estimate(log.derive_messages())
+        return CompactionResult(log, est, est, budget=c.budget)
+
+
 def orphaned_tool_results(messages: Sequence[Message]) -> list[int]:
     """Indices of tool messages whose call is not made by an assistant message before them."""
     called: set[Any] = set()
@@ -595,9 +606,9 @@ def test_property_no_orphaned_tool_result_after_any_compaction(
     c: Compactor,
 ) -> None:
     """After any compaction, for every keep_recent, every tool result follows its call."""
-    log = c.compact(build(first)).log
+    log = compact(c, build(first)).log
     assert orphaned_tool_results(log.derive_messages()) == []
-    log = c.compact(build(second, log)).log
+    log = compact(c, build(second, log)).log
     assert orphaned_tool_results(log.derive_messages()) == []
 
 
@@ -609,7 +620,7 @@ def test_property_the_recent_tail_and_leading_system_messages_are_untouched(
     of the original surface at least keep_recent long (or all of it)."""
     log = build(steps)
     before = log.derive_indexed()
-    out = c.compact(log)
+    out = compact(c, log)
     after = out.log.derive_indexed()
     if out.summary_seq is None:
         assert len(after) == len(before)
@@ -632,8 +643,8 @@ def test_property_repeated_compaction_is_stable(
     steps: list[tuple[str, dict[str, Any]]], c: Compactor, force: bool
 ) -> None:
     """Compacting a compacted log again, with nothing appended in between, changes nothing."""
-    once = c.compact(build(steps), force=force).log
-    again = c.compact(once, force=force)
+    once = compact(c, build(steps), force=force).log
+    again = compact(c, once, force=force)
     assert again.log is once
     assert not again.changed
 
@@ -644,14 +655,15 @@ def test_property_compaction_with_snapshot_leaves_the_same_surface(
 ) -> None:
     """snapshot=True gives the surface, seqs and count of a plain compaction, minus shadowed."""
     log = build(steps)
-    plain = c.compact(log, time=T1, compaction_id="c1").log
-    snap = Compactor(
+    plain = compact(c, log, time=T1, compaction_id="c1").log
+    snapper = Compactor(
         budget=c.budget,
         summarise=c.summarise,
         keep_recent=c.keep_recent,
         prune_over=c.prune_over,
         snapshot=True,
-    ).compact(log, time=T1, compaction_id="c1")
+    )
+    snap = compact(snapper, log, time=T1, compaction_id="c1")
     assert snap.log.derive_indexed() == plain.derive_indexed()
     assert snap.log.count() == plain.count()
     assert snap.log.events() == plain.snapshot().events()
@@ -664,6 +676,75 @@ def test_property_the_input_log_is_never_changed(
     """compact leaves the log it was given exactly as it was (a Log is a value)."""
     log = build(steps)
     events, surface = log.events(), log.derive_indexed()
-    c.compact(log)
+    compact(c, log)
     assert log.events() == events
     assert log.derive_indexed() == surface
+
+
+@pytest.mark.parametrize(
+    ("returned", "named"),
+    [(42, "int"), (None, "NoneType"), (b"summary", "bytes"), (["a", "b"], "list")],
+)
+def test_a_summariser_returning_no_str_is_named_for_what_it_returned(
+    returned: object, named: str
+) -> None:
+    """A summariser that returns something other than a str is told so: the error names
+    the type it returned and says to return a str (not "an empty summary"); nothing
+    is appended."""
+    log = tool_log()
+    c = Compactor(budget=1, keep_recent=2, prune_over=100, summarise=lambda ms: returned)
+    with pytest.raises(CompactionError) as info:
+        c.compact(log)
+    text = str(info.value)
+    assert f"returned {named}" in text
+    assert "return the summary text as a str" in text
+    assert "empty" not in text
+    assert "log unchanged" in text
+    assert log.count() == 6
+
+
+def test_a_summary_larger_than_what_it_replaces_is_refused() -> None:
+    """A compaction whose own estimate says the surface grew (``estimate_after >
+    estimate_before``) is refused with CompactionError naming both estimates; nothing is
+    appended and nothing is logged as compacted."""
+    log = chat(*SEED)
+    long = "a long summary " * 50
+    c = Compactor(budget=1, keep_recent=2, summarise=lambda ms: long)
+    before = estimate_tokens(log.derive_messages())
+    with capture_logs() as logs, pytest.raises(CompactionError) as info:
+        c.compact(log)
+    text = str(info.value)
+    assert f"estimate {before}" in text
+    assert "larger" in text and "log unchanged" in text
+    assert log.count() == len(SEED)
+    assert not [e for e in logs if e["event"] == "log.compacted"]
+
+
+@given(extra=st.integers(min_value=0, max_value=400))
+def test_a_compaction_never_makes_the_surface_larger(extra: int) -> None:
+    """Whatever the summary's length: either the compaction is refused and the log is
+    unchanged, or the surface's estimate after it is at most the one before (property)."""
+    log = chat(*SEED)
+    c = Compactor(budget=1, keep_recent=2, summarise=lambda ms: "s" * (1 + extra))
+    before = estimate_tokens(log.derive_messages())
+    try:
+        out = c.compact(log)
+    except CompactionError as exc:
+        assert "larger" in str(exc)
+        assert log.count() == len(SEED)
+    else:
+        assert out.estimate_before == before
+        assert out.estimate_after == estimate_tokens(out.log.derive_messages()) <= before
+
+
+def test_a_summary_of_the_same_size_is_kept() -> None:
+    """Equal estimates are not growth: the compaction applies (the rule is ``after >
+    before``), as a forced compaction of a tiny session whose summary costs what it
+    replaces does."""
+    log = chat(("user", "Q1"), ("assistant", "A1"))
+    before = estimate_tokens(log.derive_messages())
+    same = "x" * ((before - 4) * 4)  # one message of the same estimate
+    c = Compactor(budget=10_000, keep_recent=0, summarise=lambda ms: same)
+    out = c.compact(log, force=True)
+    assert (out.estimate_before, out.estimate_after) == (before, before)
+    assert out.changed

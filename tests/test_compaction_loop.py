@@ -103,3 +103,26 @@ def test_a_compaction_answered_without_a_summary_leaves_no_task_on_the_loop() ->
         await asyncio.wait_for(asyncio.gather(*others), BOUND)
 
     asyncio.run(main())
+
+
+# -- what the summary must be, on a session ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("summary", "said"),
+    [
+        (42, r"returned int \(42\), not a str: return the summary text as a str"),
+        ("long " * 400, r"would make the surface larger: estimate \d+ before, \d+ after"),
+    ],
+)
+def test_a_session_refuses_a_summary_that_is_no_str_or_too_large(
+    chat: Session, summary: object, said: str
+) -> None:
+    """On a session as on a log: a summariser's non-str answer is named, and a summary
+    that would make the surface larger is refused; the log is unchanged, the session
+    runs on."""
+    before = chat.log().get()
+    with pytest.raises(CompactionError, match=said):
+        chat.compact(Compactor(budget=1, keep_recent=2, summarise=lambda ms: summary)).get()
+    assert chat.log().get().events() == before.events()
+    assert chat.append("user_message", {"content": "still here"}).get().seq == before.count()

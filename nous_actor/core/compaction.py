@@ -357,12 +357,12 @@ class Compactor:
         until the events are appended).
 
         Raises:
-            CompactionError: the plan needs a summary and ``summary`` is empty.
+            CompactionError: the plan needs a summary and ``summary`` is not a str
+                (the error names what it is) or is empty; or the surface would end
+                larger than it was by this compactor's own estimate.
         """
-        if plan.needs_summary and (not isinstance(summary, str) or not summary.strip()):
-            raise CompactionError(
-                f"the summariser returned an empty summary ({short_repr(summary)}); log unchanged"
-            )
+        if plan.needs_summary:
+            _check_summary(summary)
         out: list[tuple[str, dict[str, Any]]] = [("tool_result", d) for _, _, d, _ in plan.prunes]
         pruned = tuple(seq for seq, _, _, _ in plan.prunes)
         seq = first_seq + len(out)
@@ -388,6 +388,13 @@ class Compactor:
             seq += 1
         surface_after.extend(plan.tail)
         after = self.estimate(surface_after)
+        if after > plan.before:
+            raise CompactionError(
+                f"the compaction would make the surface larger: estimate {plan.before} "
+                f"before, {after} after (the summary is larger than what it replaces); "
+                "log unchanged; make the summariser return a shorter summary, or compact "
+                "more messages at once (a smaller keep_recent)"
+            )
         out.append(
             (
                 "step_end",
@@ -435,8 +442,10 @@ class Compactor:
         use ``await compactor.acompact(log)`` instead).
 
         Raises:
-            CompactionError: the summariser failed or returned an empty summary;
-                ``log`` is unchanged (it is a value: nothing was appended to it).
+            CompactionError: the summariser failed, returned something other than a
+                str, or an empty summary; or the summary would make the surface
+                larger (``estimate_after > estimate_before``): ``log`` is unchanged
+                (it is a value: nothing was appended to it).
         """
         plan, summary = self._plan_and_summarise(log, force)
         if plan.empty:
@@ -494,8 +503,9 @@ class Compactor:
         """Append ``plan`` (with its ``summary``) to ``log``.
 
         Raises:
-            CompactionError: the summary is empty, or a replace appended since the
-                plan was made overlaps it.
+            CompactionError: the summary is not a str or is empty, it would make the
+                surface larger, or a replace appended since the plan was made
+                overlaps it.
         """
         clash = plan.overlaps(log.since(plan.count))
         if clash is not None:
@@ -531,6 +541,23 @@ def run_summariser(compactor: Compactor, messages: Sequence[Message]) -> Any:
         return compactor.summarise(list(messages))
     except Exception as exc:
         raise _summariser_failed(exc) from exc
+
+
+def _check_summary(summary: object) -> None:
+    """Refuse a summary that is not a non-blank str, saying what was wrong.
+
+    Raises:
+        CompactionError: ``summary`` is not a str (named with its type) or is blank.
+    """
+    if not isinstance(summary, str):
+        raise CompactionError(
+            f"the summariser returned {type(summary).__name__} ({short_repr(summary)}), "
+            "not a str: return the summary text as a str; log unchanged"
+        )
+    if not summary.strip():
+        raise CompactionError(
+            f"the summariser returned an empty summary ({short_repr(summary)}); log unchanged"
+        )
 
 
 def _summariser_failed(exc: BaseException) -> CompactionError:

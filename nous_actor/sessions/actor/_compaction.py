@@ -68,7 +68,7 @@ class Compacting(SessionState):
             times = self._compaction_times
             if times is None:
                 times = self._compaction_times = {}
-            times.setdefault(req.cid, [time.time_ns(), 0, 0])
+            times.setdefault(req.cid, [time.time_ns(), 0, 0, req.context])
         if not plan.needs_summary:
             return self._commit_compaction(req, plan, None)
         fut = self._fut
@@ -169,7 +169,11 @@ class Compacting(SessionState):
                 f"a replace appended while the summary was written (seq {clash.seq}) overlaps "
                 f"the compaction's range, {req.attempt + 1} times; compact again later"
             )
-        specs, result = req.compactor.events(plan, summary, self.next_seq, req.cid)
+        try:
+            specs, result = req.compactor.events(plan, summary, self.next_seq, req.cid)
+        except CompactionError:  # refused (no str, or larger): not recorded, not reported
+            self._report_compaction(req.cid, report=False)
+            raise
         t = _utcnow() if req.time is None else req.time
         events = tuple(
             new_event(self.next_seq + k, etype, data, t) for k, (etype, data) in enumerate(specs)
@@ -205,9 +209,9 @@ class Compacting(SessionState):
         sink = telemetry.sink
         if started is None or sink is None or not report:
             return
-        start, summary_start, summary_end = started
+        start, summary_start, summary_end, context = started
         summary = (summary_start, summary_end) if summary_end else None
-        sink.compacted(self.session_id, start, time.time_ns(), summary)
+        sink.compacted(self.session_id, start, time.time_ns(), summary, context)
 
     def _known_compaction(self, req: _Compaction) -> CompactionResult | None:
         """The result of compaction ``req.cid`` if it is in the log already (only an id

@@ -28,6 +28,7 @@ from nous_actor.core.event import (
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.log import Log, _utcnow, message_event
 from nous_actor.core.message import Message
+from nous_actor.runtime import telemetry
 from nous_actor.sessions.actor import (
     EventParts,
     Handler,
@@ -211,8 +212,9 @@ class SessionHandle:
         future resolves to what that one did (so a retried call applies once).
 
         Raises (through the future):
-            CompactionError: nothing was appended (an empty summary, a summariser
-                that failed, an overlap that persisted).
+            CompactionError: nothing was appended (a summary that is not a str or
+                is empty, or that would make the surface larger by the compactor's
+                own estimate; a summariser that failed; an overlap that persisted).
         """
         if not isinstance(compactor, Compactor):
             raise TypeError(
@@ -235,6 +237,7 @@ class SessionHandle:
             explicit,
             None if slot is None else slot.loop,
             slot=slot,
+            context=telemetry.context(),  # the caller's, for the compaction's span
         )
         fut = self._call(SessionActor.h_compact, req)
         if slot is not None:
