@@ -3,10 +3,12 @@ and exporter (real instruments, real spans), and how the sink is turned on and o
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -296,3 +298,225 @@ def test_a_restart_is_counted_when_the_next_call_reopens_the_session_before_the_
             registry.close(timeout=BOUND)
     assert reported.total("nous_actor.session.restarts", **{"nous_actor.reason": "Boom"}) == 1
     assert reported.total("nous_actor.session.restarts") == 1
+
+
+# -- spans join the caller's trace ----------------------------------------------------------
+
+
+@pytest.fixture
+def tracer(reported: Reported) -> Any:
+    """The application's own tracer, on the same SDK as the sink's."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(reported.spans))
+    return provider.get_tracer("app")
+
+
+def _one(reported: Reported, name: str) -> Any:
+    (span,) = [sp for sp in reported.spans.get_finished_spans() if sp.name == name]
+    return span
+
+
+def test_a_turn_span_is_a_child_of_the_span_current_where_the_turn_was_opened(
+    reported: Reported, tracer: Any
+) -> None:
+    s = Session.start("traced-turn", timeout=BOUND)
+    with tracer.start_as_current_span("request") as request, s.turn(owner="run-1") as turn:
+        turn.append("user_message", {"content": "inside"}).get(timeout=BOUND)
+    s.stop(timeout=BOUND)
+    span = _one(reported, "nous_actor.turn")
+    assert span.context.trace_id == request.get_span_context().trace_id
+    assert span.parent is not None
+    assert span.parent.span_id == request.get_span_context().span_id
+    assert not span.parent.is_remote
+
+
+def test_a_turn_opened_in_an_asyncio_task_is_a_child_of_that_task_s_span(
+    reported: Reported, tracer: Any
+) -> None:
+    s = Session.start("traced-async-turn", timeout=BOUND)
+    ids: dict[str, int] = {}
+
+    async def run(name: str) -> None:
+        with tracer.start_as_current_span(name) as current:
+            ids[name] = current.get_span_context().span_id
+            async with s.turn(owner=name, policy="enqueue") as turn:
+                await turn.append("user_message", {"content": name})
+
+    async def main() -> None:
+        await asyncio.wait_for(asyncio.gather(run("a"), run("b")), BOUND)
+
+    asyncio.run(main())
+    s.stop(timeout=BOUND)
+    spans = [sp for sp in reported.spans.get_finished_spans() if sp.name == "nous_actor.turn"]
+    assert len(spans) == 2
+    for sp in spans:
+        assert sp.parent is not None
+        assert sp.parent.span_id == ids[sp.attributes["nous_actor.turn.owner"]]
+
+
+def test_a_turn_opened_outside_any_span_is_a_root(reported: Reported) -> None:
+    s = Session.start("untraced-turn", timeout=BOUND)
+    with s.turn(owner="run-1"):
+        pass
+    s.stop(timeout=BOUND)
+    assert _one(reported, "nous_actor.turn").parent is None
+
+
+def test_a_compaction_span_is_a_child_of_the_span_current_at_the_compact_call(
+    reported: Reported, tracer: Any
+) -> None:
+    s = Session.start("traced-compaction", timeout=BOUND)
+    for k in range(12):
+        s.append("user_message", {"content": f"message number {k} " * 20}).get(timeout=BOUND)
+    compactor = Compactor(budget=200, summarise=lambda messages: "a short summary", keep_recent=2)
+    with tracer.start_as_current_span("maintenance") as maintenance:
+        future = s.compact(compactor)
+    future.get(timeout=BOUND)  # answered after the caller's span ended: still its child
+    s.stop(timeout=BOUND)
+    span = _one(reported, "nous_actor.compaction")
+    assert span.parent is not None
+    assert span.parent.span_id == maintenance.get_span_context().span_id
+    summarise = _one(reported, "nous_actor.compaction.summarise")
+    assert summarise.parent is not None
+    assert summarise.parent.span_id == span.context.span_id
+    assert summarise.context.trace_id == maintenance.get_span_context().trace_id
+
+
+def test_a_recovery_links_to_the_span_of_the_caller_that_opened_the_session(
+    reported: Reported, tracer: Any, path: Path
+) -> None:
+    with SQLiteStore(path) as store:
+        s = Session.start("traced-open", store=store, timeout=BOUND)
+        s.append("user_message", {"content": "kept"}).get(timeout=BOUND)
+        s.stop(timeout=BOUND)
+        registry = Sessions(store, timeout=BOUND)
+        try:
+            with tracer.start_as_current_span("handler") as handler:
+                registry.open("traced-open").count().get(timeout=BOUND)
+        finally:
+            registry.close(timeout=BOUND)
+        with tracer.start_as_current_span("direct") as direct:
+            Session.start("traced-open", store=store, timeout=BOUND).stop(timeout=BOUND)
+    first, second = [
+        sp for sp in reported.spans.get_finished_spans() if sp.name == "nous_actor.session.recover"
+    ]
+    for span, caller in ((first, handler), (second, direct)):
+        assert span.parent is None  # it serves every caller that waits for it
+        assert [link.context.span_id for link in span.links] == [caller.get_span_context().span_id]
+
+
+def test_a_recovery_links_to_every_caller_that_waited_for_it(
+    reported: Reported, tracer: Any, path: Path
+) -> None:
+    """Callers that arrive while a session is being read wait for that read: its span
+    links to each of them."""
+    with SQLiteStore(path) as store:
+        s = Session.start("shared-open", store=store, timeout=BOUND)
+        s.append_many([("user_message", {"content": f"m{k}"}) for k in range(2000)]).get(
+            timeout=BOUND
+        )
+        s.stop(timeout=BOUND)
+        gate = threading.Barrier(4)
+        callers: list[int] = []
+        registry = Sessions(store, timeout=BOUND)
+
+        def caller(k: int) -> None:
+            with tracer.start_as_current_span(f"caller-{k}") as span:
+                callers.append(span.get_span_context().span_id)
+                gate.wait(timeout=BOUND)
+                registry.open("shared-open").count().get(timeout=BOUND)
+
+        try:
+            threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=BOUND)
+        finally:
+            registry.close(timeout=BOUND)
+    span = _one(reported, "nous_actor.session.recover")
+    linked = {link.context.span_id for link in span.links}
+    assert linked  # the first opener at least; the others if they came while it read
+    assert linked <= set(callers)
+    assert span.parent is None
+
+
+def test_a_ray_batch_links_to_the_spans_of_the_calls_it_carried(
+    reported: Reported, tracer: Any
+) -> None:
+    pytest.importorskip("ray")
+    from concurrent.futures import Future
+
+    from nous_actor.cluster.ray._base import NOW
+    from nous_actor.cluster.ray._link import _Link
+    from nous_actor.sessions.future import SessionFuture
+
+    class Shard:  # answers a batch when the test says so
+        def __init__(self) -> None:
+            self.pending: list[tuple[Future[Any], int]] = []
+            self.run = self
+
+        def remote(
+            self, protocol: int, link: str, number: int, reset: bool, ops: list[Any]
+        ) -> Any:
+            answer: Future[Any] = Future()
+            self.pending.append((answer, len(ops)))
+            return type("Ref", (), {"future": lambda _: answer})()
+
+    shard = Shard()
+    link = _Link(shard, 0, max_in_flight=1)
+    futures: list[SessionFuture[Any]] = []
+    spans: list[int] = []
+    for k in range(5):  # the first goes alone; the other four wait and go as one batch
+        with tracer.start_as_current_span(f"call-{k}") as call:
+            spans.append(call.get_span_context().span_id)
+            fut: SessionFuture[Any] = SessionFuture("s", BOUND)
+            link.submit((k, "s", "h_count", ()), fut)
+            futures.append(fut)
+    with tracer.start_as_current_span("untraced-twin") as twin:  # the same span twice: one link
+        spans.append(twin.get_span_context().span_id)
+        for _ in range(2):
+            fut = SessionFuture("s", BOUND)
+            link.submit((9, "s", "h_count", ()), fut)
+            futures.append(fut)
+    first, n = shard.pending[0]
+    first.set_result([(NOW, 0)] * n)
+    second, n = shard.pending[1]
+    second.set_result([(NOW, 0)] * n)
+    for f in futures:
+        f.get(timeout=BOUND)
+    batches = [sp for sp in reported.spans.get_finished_spans() if sp.name == "nous_actor.batch"]
+    assert [sp.attributes["nous_actor.calls"] for sp in batches] == [1, 6]
+    assert [[lk.context.span_id for lk in sp.links] for sp in batches] == [spans[:1], spans[1:]]
+    assert all(sp.parent is None for sp in batches)
+
+
+def test_appends_never_take_the_caller_s_context(reported: Reported, tracer: Any) -> None:
+    """Capturing a context is kept off the hot path: appends and reads take none."""
+    taken = []
+    capture = reported.sink.context
+
+    def counting() -> Any:
+        taken.append(1)
+        return capture()
+
+    reported.sink.context = counting  # type: ignore[method-assign]
+    telemetry.install(reported.sink)  # the sink's context is looked up when installed
+    s = Session.start("hot", timeout=BOUND)
+    taken.clear()  # (a start takes one, for its recovery)
+    with tracer.start_as_current_span("busy"):
+        for k in range(50):
+            s.append("user_message", {"content": f"m{k}"})
+        s.append_many([("user_message", {"content": "x"})] * 3)
+        s.count().get(timeout=BOUND)
+        s.derive_messages().get(timeout=BOUND)
+    s.stop(timeout=BOUND)
+    assert taken == []
+
+
+def test_without_a_sink_no_context_is_taken() -> None:
+    old = telemetry.install(None)
+    try:
+        assert telemetry.context() is None
+    finally:
+        telemetry.install(old)

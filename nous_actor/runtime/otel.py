@@ -38,24 +38,85 @@ across threads): ``nous_actor.session.recover`` (an open's read of its store),
 ``nous_actor.compaction`` with its child ``nous_actor.compaction.summarise``, and
 ``nous_actor.turn``, each with ``session.id``; and ``nous_actor.batch``, a batch
 of calls to a Ray shard (``nous_actor.target``, ``nous_actor.calls``).
+
+They join the caller's trace. A turn's span is a child of the span current where
+the turn was opened, a compaction's of the one current at the ``compact`` call
+(captured on the caller's thread or asyncio task, as the work runs elsewhere); a
+recovery and a batch serve many callers, so their spans are roots that link to
+each caller's span (at most `MAX_LINKS`, distinct). A caller's context is kept
+as a plain tuple (trace id, span id, flags, trace state, process id), so that it
+travels to a Ray shard with the call.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import pykka
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context
 
 from nous_actor._version import __version__
 
-__all__ = ["METER", "OpenTelemetrySink"]
+__all__ = ["MAX_LINKS", "METER", "OpenTelemetrySink"]
 
 METER: Final = "nous_actor"
 """The name of the library's meter and tracer."""
+
+MAX_LINKS: Final = 128
+"""The most callers a recovery or batch span links to (the SDK's default limit)."""
+
+# A caller's span, as captured: trace id, span id, trace flags, trace state (its
+# header, "" if none), the capturing process's id (a parent from elsewhere is remote).
+Captured = tuple[int, int, int, str, int]
+
+
+def _capture() -> Captured | None:
+    sc = trace.get_current_span().get_span_context()
+    if not sc.is_valid:
+        return None
+    state = sc.trace_state.to_header() if sc.trace_state else ""
+    return (sc.trace_id, sc.span_id, int(sc.trace_flags), state, os.getpid())
+
+
+def _span_context(captured: object) -> trace.SpanContext | None:
+    """The span context a capture stands for (``None``: not one of ours)."""
+    if type(captured) is not tuple or len(captured) != 5:
+        return None
+    trace_id, span_id, flags, state, pid = captured
+    return trace.SpanContext(
+        trace_id,
+        span_id,
+        is_remote=pid != os.getpid(),
+        trace_flags=trace.TraceFlags(flags),
+        trace_state=trace.TraceState.from_header([state]) if state else None,
+    )
+
+
+def _parent(captured: object | None) -> Context | None:
+    sc = None if captured is None else _span_context(captured)
+    return None if sc is None else trace.set_span_in_context(trace.NonRecordingSpan(sc))
+
+
+def _links(captured: Sequence[object]) -> list[trace.Link] | None:
+    if not captured:
+        return None
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for c in captured:
+        sc = _span_context(c)
+        if sc is None or (sc.trace_id, sc.span_id) in seen:
+            continue
+        seen.add((sc.trace_id, sc.span_id))
+        out.append(trace.Link(sc))
+        if len(out) == MAX_LINKS:
+            break
+    return out or None
+
 
 _OK: Final = {"nous_actor.outcome": "ok"}
 _FAILED: Final = {"nous_actor.outcome": "failed"}
@@ -126,10 +187,22 @@ class OpenTelemetrySink:
             "Actors waiting for a dispatcher thread",
         )
 
+    # -- the caller's thread ------------------------------------------------------------------
+
+    def context(self) -> Captured | None:
+        """The span current on the calling thread (or task), if any, as a plain tuple."""
+        return _capture()
+
     # -- the hooks (runtime threads) ---------------------------------------------------------
 
     def recovered(
-        self, session_id: str, outcome: str, events: int, start_ns: int, end_ns: int
+        self,
+        session_id: str,
+        outcome: str,
+        events: int,
+        start_ns: int,
+        end_ns: int,
+        links: Sequence[object] = (),
     ) -> None:
         attributes = {"nous_actor.outcome": outcome}
         self.opens.add(1, attributes)
@@ -142,6 +215,7 @@ class OpenTelemetrySink:
             end_ns,
             {"session.id": session_id, "nous_actor.outcome": outcome, "nous_actor.events": events},
             failed=outcome == "failed",
+            links=links,
         )
 
     def appended(self, events: int) -> None:
@@ -162,36 +236,55 @@ class OpenTelemetrySink:
         self.restarts.add(1, {"nous_actor.reason": reason})
 
     def compacted(
-        self, session_id: str, start_ns: int, end_ns: int, summary: tuple[int, int] | None
+        self,
+        session_id: str,
+        start_ns: int,
+        end_ns: int,
+        summary: tuple[int, int] | None,
+        parent: object | None = None,
     ) -> None:
         self.compactions.add(1)
         self.compaction.record((end_ns - start_ns) / 1e9)
         attributes = {"session.id": session_id}
-        parent = self.tracer.start_span("nous_actor.compaction", attributes=attributes,
-                                        start_time=start_ns)  # fmt: skip
+        span = self.tracer.start_span(
+            "nous_actor.compaction", _parent(parent), attributes=attributes, start_time=start_ns
+        )
         if summary is not None:
             self.summariser.record((summary[1] - summary[0]) / 1e9)
             child = self.tracer.start_span(
                 "nous_actor.compaction.summarise",
-                trace.set_span_in_context(parent),
+                trace.set_span_in_context(span),
                 attributes=attributes,
                 start_time=summary[0],
             )
             child.end(summary[1])
-        parent.end(end_ns)
+        span.end(end_ns)
 
     def turn_ended(
-        self, session_id: str, owner: str, how: str, start_ns: int, end_ns: int
+        self,
+        session_id: str,
+        owner: str,
+        how: str,
+        start_ns: int,
+        end_ns: int,
+        parent: object | None = None,
     ) -> None:
         self._span(
             "nous_actor.turn",
             start_ns,
             end_ns,
             {"session.id": session_id, "nous_actor.turn.owner": owner, "nous_actor.turn.end": how},
+            parent=parent,
         )
 
     def batch_done(
-        self, target: str, calls: int, start_ns: int, end_ns: int, failed: bool
+        self,
+        target: str,
+        calls: int,
+        start_ns: int,
+        end_ns: int,
+        failed: bool,
+        links: Sequence[object] = (),
     ) -> None:
         self.batches.record(calls, _FAILED if failed else _OK)
         self._span(
@@ -200,6 +293,7 @@ class OpenTelemetrySink:
             end_ns,
             {"nous_actor.target": target, "nous_actor.calls": calls},
             failed=failed,
+            links=links,
         )
 
     def lagged(self) -> None:
@@ -216,8 +310,16 @@ class OpenTelemetrySink:
         attributes: dict[str, Any],
         *,
         failed: bool = False,
+        parent: object | None = None,
+        links: Sequence[object] = (),
     ) -> None:
-        span = self.tracer.start_span(name, attributes=attributes, start_time=start_ns)
+        span = self.tracer.start_span(
+            name,
+            _parent(parent),
+            attributes=attributes,
+            links=_links(links),
+            start_time=start_ns,
+        )
         if failed:
             span.set_status(trace.StatusCode.ERROR)
         span.end(end_ns)

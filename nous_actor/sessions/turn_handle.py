@@ -20,6 +20,7 @@ from typing import Any
 
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout
+from nous_actor.runtime import telemetry
 from nous_actor.sessions.actor import _WAIT_FOR_COMMITS, Handler, SessionActor
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle
@@ -159,7 +160,15 @@ class Turn(SessionHandle):
                 "open a new one with session.turn(...)"
             )
         self._state = _OPENING
-        req = TurnRequest(self.turn_id, self.owner, self.policy, self.lease, self.wait, self.note)
+        req = TurnRequest(
+            self.turn_id,
+            self.owner,
+            self.policy,
+            self.lease,
+            self.wait,
+            self.note,
+            telemetry.context(),  # the caller's, for the turn's span
+        )
         fut: SessionFuture[Event] = self._handle._call(SessionActor.h_turn_open, req)
         fut._timeout = self.wait + self.timeout  # the wait for the turn, then a call's bound
         return fut

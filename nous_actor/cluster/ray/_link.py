@@ -24,8 +24,9 @@ from nous_actor.errors import SessionStopped
 from nous_actor.runtime import telemetry
 from nous_actor.sessions.future import SessionFuture
 
-# A batch ready to go: its calls, their futures, its number, whether it resets the count.
-_Batch = tuple[list[Op], list[SessionFuture[Any]], int, bool]
+# A batch ready to go: its calls, their futures, its number, whether it resets the count,
+# its callers' trace contexts (telemetry; empty while no sink is installed).
+_Batch = tuple[list[Op], list[SessionFuture[Any]], int, bool, list[object]]
 
 
 class _Link:
@@ -39,6 +40,7 @@ class _Link:
     """
 
     __slots__ = (
+        "_contexts",
         "_futs",
         "_in_flight",
         "_lock",
@@ -62,6 +64,10 @@ class _Link:
         self._lock = threading.Lock()
         self._ops: list[Op] = []
         self._futs: list[SessionFuture[Any]] = []
+        # The callers' trace contexts, beside their calls while a sink is installed (for
+        # the links of a batch's span; a sink installed or removed meanwhile may shift
+        # a batch's links by a few calls).
+        self._contexts: list[object] = []
         self._in_flight = 0
         self._next = 0  # the number of the next batch
         self._reset = True  # the next batch starts the shard's count for this link
@@ -73,9 +79,12 @@ class _Link:
         if self.closed is not None:
             fut._fail(SessionStopped(op[1], self.closed))
             return
+        context = None if telemetry.sink is None else telemetry.context()
         with self._lock:
             self._ops.append(op)
             self._futs.append(fut)
+            if context is not None:
+                self._contexts.append(context)
             batch = self._take()
         if batch is not None:
             self._send(*batch)
@@ -84,16 +93,18 @@ class _Link:
         """The next batch to send, if one may go now (under the lock)."""
         if not self._ops or self._in_flight >= (1 if self._reset else self.max_in_flight):
             return None
-        ops, futs = self._ops, self._futs
+        ops, futs, contexts = self._ops, self._futs, self._contexts
         if len(ops) > MAX_BATCH:
             self._ops, self._futs = ops[MAX_BATCH:], futs[MAX_BATCH:]
             ops, futs = ops[:MAX_BATCH], futs[:MAX_BATCH]
         else:
             self._ops, self._futs = [], []
+        if contexts:
+            self._contexts, contexts = contexts[len(ops) :], contexts[: len(ops)]
         number, reset = self._next, self._reset
         self._next += 1
         self._in_flight += 1
-        return ops, futs, number, reset
+        return ops, futs, number, reset, contexts
 
     def _release(self, *, reset: bool) -> _Batch | None:
         """A batch was answered (or failed as a whole, ``reset``): one fewer in flight;
@@ -104,7 +115,12 @@ class _Link:
             return self._take()
 
     def _send(
-        self, ops: list[Op], futs: list[SessionFuture[Any]], number: int, reset: bool
+        self,
+        ops: list[Op],
+        futs: list[SessionFuture[Any]],
+        number: int,
+        reset: bool,
+        contexts: list[object],
     ) -> None:
         start = time.time_ns() if telemetry.sink is not None else 0
         try:
@@ -114,10 +130,15 @@ class _Link:
             return
         self.calls += 1
         self.sent += len(ops)
-        ref.future().add_done_callback(partial(self._done, ops, futs, start))
+        ref.future().add_done_callback(partial(self._done, ops, futs, start, contexts))
 
     def _done(
-        self, ops: list[Op], futs: list[SessionFuture[Any]], start: int, answer: Future[Any]
+        self,
+        ops: list[Op],
+        futs: list[SessionFuture[Any]],
+        start: int,
+        contexts: list[object],
+        answer: Future[Any],
     ) -> None:
         # In Ray's callback thread. The next batch goes first, then this one is answered.
         try:
@@ -125,10 +146,10 @@ class _Link:
             if not isinstance(outcomes, list) or len(outcomes) != len(ops):
                 raise _mismatch(self.index, None)
         except Exception as exc:
-            self._report(start, len(ops), failed=True)
+            self._report(start, len(ops), contexts, failed=True)
             self._finished(ops, futs, exc, lost=True)
             return
-        self._report(start, len(ops), failed=False)
+        self._report(start, len(ops), contexts, failed=False)
         batch = self._release(reset=False)
         if batch is not None:
             self._send(*batch)
@@ -140,10 +161,11 @@ class _Link:
             else:
                 self._follow(op[1], fut, value)
 
-    def _report(self, start: int, calls: int, *, failed: bool) -> None:
+    def _report(self, start: int, calls: int, contexts: list[object], *, failed: bool) -> None:
         sink = telemetry.sink
         if sink is not None and start:
-            sink.batch_done(f"shard-{self.index}", calls, start, time.time_ns(), failed)
+            end = time.time_ns()
+            sink.batch_done(f"shard-{self.index}", calls, start, end, failed, contexts)
 
     def _finished(
         self, ops: list[Op], futs: list[SessionFuture[Any]], exc: BaseException, *, lost: bool

@@ -72,6 +72,7 @@ class SessionState(DispatchedSupervisedActor):
         crash_on_store_failure: bool
         released: Flag
         _ready: SessionFuture[None] | None
+        _trace_links: list[object] | None
         _fut: SessionFuture[Any] | None
         _done: list[tuple[tuple[Event, ...], StoreError | None]]
         _done_lock: threading.Lock
@@ -82,7 +83,7 @@ class SessionState(DispatchedSupervisedActor):
         _feed_error: SessionStopped | None
         _compacting: dict[str, SessionFuture[Any] | None]
         _compaction_ids: dict[str, int] | None
-        _compaction_times: dict[str, list[int]] | None
+        _compaction_times: dict[str, list[Any]] | None
         _loading: bool
         _closing_subs: list[Subscription]
 

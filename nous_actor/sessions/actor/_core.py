@@ -79,6 +79,7 @@ class SessionActor(TurnHost, StoreSide, Compacting, Writes, Reads):
         "_ready",
         "_shutting",
         "_store_ops",
+        "_trace_links",
         "_wake_sent",
         "_want_wake",
         "claim_token",
@@ -107,6 +108,7 @@ class SessionActor(TurnHost, StoreSide, Compacting, Writes, Reads):
         crash_on_store_failure: bool = False,
         dispatcher: Dispatcher | None = None,
         pinned: bool = False,
+        trace_links: list[object] | None = None,
     ) -> None:
         super().__init__()
         telemetry.probe()
@@ -129,6 +131,9 @@ class SessionActor(TurnHost, StoreSide, Compacting, Writes, Reads):
         self.turns: TurnTable | None = None  # made by the first turn (see TurnHost)
         self.crash: BaseException | None = None
         self._ready = ready
+        # The trace contexts of the callers waiting for the recovery (telemetry); more
+        # may join (from the registry's thread) until the store is read.
+        self._trace_links = trace_links
         self._fut: SessionFuture[Any] | None = None
         # Commits land here (committer thread) and are applied by the actor when it
         # next runs. The committer wakes the actor only when something waits for
@@ -142,8 +147,9 @@ class SessionActor(TurnHost, StoreSide, Compacting, Writes, Reads):
         self._feed_error: SessionStopped | None = None  # how the feeds end, once stopped
         self._compacting: dict[str, SessionFuture[Any] | None] = {}  # summary being written
         self._compaction_ids: dict[str, int] | None = None  # id -> record seq, built on use
-        # id -> [start, summariser start, summariser end] (time_ns), while telemetry is on
-        self._compaction_times: dict[str, list[int]] | None = None
+        # id -> [start, summariser start, summariser end] (time_ns) and the caller's
+        # trace context, while telemetry is on
+        self._compaction_times: dict[str, list[Any]] | None = None
         self._loading = False  # the store is being read: calls wait in ``parked``
         # Subscribers of a stopped session that still wait for its appends in flight.
         self._closing_subs: list[Subscription] = []  # (a fresh list only when stopping)

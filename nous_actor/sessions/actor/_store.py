@@ -60,7 +60,9 @@ class StoreSide(SessionState):
         if sink is not None:
             end = time.time_ns()
             outcome = "failed" if log is None else "recovered" if log.count() else "new"
-            sink.recovered(self.session_id, outcome, retained, end - int(took * 1e9), end)
+            links = () if self._trace_links is None else tuple(self._trace_links)
+            sink.recovered(self.session_id, outcome, retained, end - int(took * 1e9), end, links)
+        self._trace_links = None
         if exc is not None:
             self._start_failed(exc)
             return

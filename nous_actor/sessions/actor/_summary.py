@@ -30,6 +30,7 @@ class _Compaction:
     loop: asyncio.AbstractEventLoop | None  # the caller's loop, for a coroutine summariser
     attempt: int = 0
     slot: SummarySlot | None = None  # its place on that loop, taken at the call
+    context: object = None  # the caller's trace context, for the compaction's span
 
 
 _LOOP_ENDED = (

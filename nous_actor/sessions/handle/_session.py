@@ -15,6 +15,7 @@ from nous_actor.errors import (
     NousActorError,
     SessionStopped,
 )
+from nous_actor.runtime import telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import (
     Handler,
@@ -109,8 +110,15 @@ class Session(SessionHandle):
                     f"store must implement nous_actor.store.Store, got {type(store).__name__}"
                 )
         ready: SessionFuture[None] = SessionFuture(session_id, timeout)
+        context = None if store is None else telemetry.context()  # for its recovery's span
         ref = SessionActor.start(
-            session_id, log, store, ready, dispatcher=dispatcher, pinned=pinned
+            session_id,
+            log,
+            store,
+            ready,
+            dispatcher=dispatcher,
+            pinned=pinned,
+            trace_links=None if context is None else [context],
         )
         try:
             ready.get()

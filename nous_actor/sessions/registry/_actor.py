@@ -71,7 +71,8 @@ class RegistryActor(SupervisedActor):
         self.previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
         # Sessions recovering from the store, by urn: (id, ready). Opens wait for
         # ``ready`` themselves, never in this actor: many sessions recover at once.
-        self.starting: dict[str, tuple[str, SessionFuture[None]]] = {}
+        # urn -> (session id, ready, the trace contexts of the callers waiting for it)
+        self.starting: dict[str, tuple[str, SessionFuture[None], list[object]]] = {}
         self.closed = False
 
     # -- life --------------------------------------------------------------------------------
@@ -107,10 +108,10 @@ class RegistryActor(SupervisedActor):
         except Exception as exc:
             answer._fail(exc)
 
-    def m_open(self, session_id: str) -> Started:
+    def m_open(self, session_id: str, context: object = None) -> Started:
         if self.gave_up.pop(session_id, None) is not None:
             self.policy.forget(session_id)  # a fresh chance, asked for by name
-        return self.m_resolve(session_id)
+        return self.m_resolve(session_id, context)
 
     def m_started(self, session_id: str, urn: str) -> None:
         """A session's recovery finished (its ``ready`` is answered)."""
@@ -129,7 +130,10 @@ class RegistryActor(SupervisedActor):
             self.previous[session_id] = ref
         self.expected.add(urn)
 
-    def m_resolve(self, session_id: str) -> Started:
+    def m_resolve(self, session_id: str, context: object = None) -> Started:
+        """The live actor of ``session_id`` (started if need be) and the ``ready`` of its
+        recovery if that is under way; ``context``: the caller's trace context, linked
+        from the recovery's span (telemetry)."""
         if self.closed:
             raise SessionStopped(session_id, "the registry is closed")
         reason = self.gave_up.get(session_id)
@@ -142,8 +146,12 @@ class RegistryActor(SupervisedActor):
         ref = self.live.get(session_id)
         if ref is not None and ref.is_alive():
             entry = self.starting.get(ref.actor_urn)
-            return ref, None if entry is None else entry[1]
-        return self._start_session(session_id)
+            if entry is None:
+                return ref, None
+            if context is not None:  # it waits for that recovery too
+                entry[2].append(context)
+            return ref, entry[1]
+        return self._start_session(session_id, context=context)
 
     def m_live_ref(self, session_id: str) -> pykka.ActorRef[Any] | None:
         ref = self.live.get(session_id)
@@ -262,7 +270,9 @@ class RegistryActor(SupervisedActor):
 
     # -- the work ------------------------------------------------------------------------------
 
-    def _start_session(self, session_id: str, restarted: bool = False) -> Started:
+    def _start_session(
+        self, session_id: str, restarted: bool = False, context: object = None
+    ) -> Started:
         """Start ``session_id``'s actor; it recovers from the store off this actor, and
         the caller waits for the ``ready`` returned (`m_started` sees how an open ended;
         a restart is waited for by `m_restart`)."""
@@ -291,6 +301,7 @@ class RegistryActor(SupervisedActor):
                     "(a commit is stuck); try again later",
                 )
         ready: SessionFuture[None] = SessionFuture(session_id, facade.timeout)
+        links: list[object] = [] if context is None else [context]
         me = self.actor_ref
 
         def monitor(exit: Exit) -> Any:  # the exiting session's last act; never blocks
@@ -310,6 +321,7 @@ class RegistryActor(SupervisedActor):
                 ready,
                 crash_on_store_failure=True,
                 dispatcher=facade.dispatcher,
+                trace_links=links,
             ),
             monitor,
         )
@@ -318,7 +330,7 @@ class RegistryActor(SupervisedActor):
         if restarted:
             return ref, ready
         urn = ref.actor_urn
-        self.starting[urn] = (session_id, ready)
+        self.starting[urn] = (session_id, ready, links)
         ready.add_done_callback(partial(_tell_started, me, session_id, urn))
         return ref, ready
 

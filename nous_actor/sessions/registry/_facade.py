@@ -18,7 +18,7 @@ import pykka
 from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, SessionStopped
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
@@ -183,7 +183,7 @@ class Sessions(RegistryLife):
         return check_seconds(wait, "wait", low_open=False)
 
     def _open_now(self, session_id: str) -> Session:
-        ref, ready = self._ask(("open", session_id), session_id)
+        ref, ready = self._ask(("open", session_id, telemetry.context()), session_id)
         if ready is not None:  # recovering: wait here, not in the registry
             ready.get()
         self._handover.start()
@@ -279,7 +279,7 @@ class Sessions(RegistryLife):
         )
 
     def _resolve_now(self, session_id: str) -> pykka.ActorRef[Any]:
-        ref, ready = self._ask(("resolve", session_id), session_id)
+        ref, ready = self._ask(("resolve", session_id, telemetry.context()), session_id)
         if ready is not None:  # (re)starting: its calls would wait for the log anyway
             ready.get()
         return ref  # type: ignore[no-any-return]

@@ -63,6 +63,7 @@ class TurnRequest:
     lease: float
     wait: float  # seconds an ``enqueue`` turn waits for the open one
     note: str  # the system note a ``rollback`` leaves
+    context: object = None  # the caller's trace context, for the turn's span (telemetry)
 
 
 class _Open:

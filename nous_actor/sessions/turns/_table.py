@@ -170,7 +170,9 @@ class TurnKeeper:
         """The ``turn_end`` data of the open turn ``cur``, ending now as ``how``."""
         sink = telemetry.sink
         if sink is not None:
-            sink.turn_ended(self.session_id, cur.req.owner, how, cur.started, time.time_ns())
+            sink.turn_ended(
+                self.session_id, cur.req.owner, how, cur.started, time.time_ns(), cur.req.context
+            )
         return {
             "turn_id": cur.req.turn_id,
             "owner": cur.req.owner,
