@@ -533,3 +533,104 @@ def test_an_in_memory_store_is_not_a_file(tmp_path: Path, monkeypatch: pytest.Mo
         assert store.load("s") == [ev(0)]
         assert store.path == ":memory:"
     assert list(tmp_path.iterdir()) == []
+
+
+# -- schema objects we did not make; the schema version in every write (issue 30, item 6) ----
+
+EXTRA_OBJECTS = {
+    "trigger": "CREATE TRIGGER rewrite AFTER INSERT ON events BEGIN "
+    "UPDATE events SET data = '{}' WHERE session_id = new.session_id AND seq = new.seq; END",
+    "view": "CREATE VIEW recent AS SELECT * FROM events",
+    "index": "CREATE INDEX by_type ON events (type)",
+    "table": "CREATE TABLE notes (body TEXT)",
+    "events-trigger-on-writers": "CREATE TRIGGER gone AFTER DELETE ON writers BEGIN "
+    "DELETE FROM events; END",
+}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["marked", "made-before-application-id"])
+@pytest.mark.parametrize("extra", EXTRA_OBJECTS.values(), ids=EXTRA_OBJECTS.keys())
+def test_a_store_file_with_a_schema_object_we_did_not_make_is_refused_unchanged(
+    tmp_path: Path, extra: str, marked: bool
+) -> None:
+    """A file of ours that carries a trigger, view, index or table we never make is
+    another application's now: refused as a foreign file, left byte for byte."""
+    path = tmp_path / "s.db"
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute(extra)
+        if not marked:
+            conn.execute("PRAGMA application_id = 0")
+        conn.execute("PRAGMA journal_mode = DELETE")  # nothing beside it: all in the file
+    before = _files(tmp_path)
+    for create in (True, False):
+        with pytest.raises(StoreError, match=r"another application's.*left unchanged"):
+            SQLiteStore(path, create=create)
+    assert _files(tmp_path) == before
+
+
+def test_the_tables_a_store_makes_later_and_analyze_statistics_are_ours(path: Path) -> None:
+    """The hand-off table (made on the first request) and ANALYZE's statistics tables
+    are not foreign: the file opens again."""
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+        store.ask_handoff("s", 1.0)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("ANALYZE")
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert {"handoffs", "sqlite_stat1"} <= names
+    with SQLiteStore(path, create=False) as store:
+        assert store.load("s") == [ev(0)]
+
+
+def test_a_write_after_another_process_bumps_the_schema_version_is_refused(path: Path) -> None:
+    """A process never writes a file whose schema version it does not know: once another
+    connection changes ``user_version``, the next write raises StoreError saying so,
+    stores nothing, and so does every later one."""
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("PRAGMA user_version = 2")
+        with pytest.raises(StoreError, match=r"schema version 2.*upgrade nous_actor"):
+            store.write({"s": [ev(1)], "t": [ev(0)]})
+        with pytest.raises(StoreError, match="schema version 2"):
+            store.claim("u")
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            rows = other.execute("SELECT session_id, seq FROM events ORDER BY 1, 2").fetchall()
+            assert rows == [("s", 0)]
+            assert other.execute("SELECT count(*) FROM writers").fetchone()[0] == 0
+
+
+def test_a_write_after_another_process_adds_a_trigger_is_refused(path: Path) -> None:
+    """A schema object we did not make, added while the store is open, is seen by the
+    next write transaction (the schema changed): refused, nothing written."""
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute(EXTRA_OBJECTS["trigger"])
+        with pytest.raises(StoreError, match="another application's"):
+            store.write({"s": [ev(1)]})
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            assert other.execute("SELECT seq FROM events").fetchall() == [(0,)]
+
+
+def test_the_schema_version_check_reads_no_schema_while_the_schema_is_unchanged(
+    path: Path,
+) -> None:
+    """Counting work: a write transaction reads the schema table again only when the
+    schema changed since the last look (one cookie read otherwise)."""
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+        seen: list[str] = []
+        store._conn.set_trace_callback(seen.append)
+        try:
+            for i in range(1, 20):
+                store.write({"s": [ev(i)]})
+        finally:
+            store._conn.set_trace_callback(None)
+        assert not [s for s in seen if "sqlite_master" in s]

@@ -36,6 +36,7 @@ class _Connection(ClosingStore):
     _lost: str | None
     _file: tuple[str, int, int] | None  # (absolute path, st_dev, st_ino)
     _conn: sqlite3.Connection
+    _cookie: int = -1  # the schema cookie last checked (`_check_schema`); -1: not yet
 
     def _connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -107,6 +108,7 @@ class _Connection(ClosingStore):
             try:
                 self._begin(conn)
                 try:
+                    self._check_schema(conn)  # before anything is written
                     yield conn
                     self._check_file()  # under the write lock, before anything is committed
                 except BaseException:
@@ -139,6 +141,10 @@ class _Connection(ClosingStore):
                 step = min(step * 2, _BUSY_STEP_S)
         finally:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """Refuse to write a file whose schema is not ours any more (`_Opening` checks)."""
+        raise NotImplementedError
 
     def _check_file(self) -> None:
         """Fail closed if the path no longer names the file opened (one `stat` a transaction)."""

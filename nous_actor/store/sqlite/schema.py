@@ -38,18 +38,47 @@ _SCHEMA: Final = (
 )""",
 )
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+_MADE_LATER: Final = (
+    # The hand-off requests (`store.sqlite.sharing`), made on the first request; and
+    # their first layout, of development builds before requests stood per asker.
+    """CREATE TABLE IF NOT EXISTS handoffs (
+    session_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    until TEXT NOT NULL,
+    PRIMARY KEY (session_id, pid)
+)""",
+    """CREATE TABLE IF NOT EXISTS handoffs (
+    session_id TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    asked_at TEXT NOT NULL,
+    until TEXT NOT NULL
+)""",
+)
+_STATISTICS: Final = frozenset({"sqlite_stat1", "sqlite_stat2", "sqlite_stat3", "sqlite_stat4"})
+"""The tables SQLite's ``ANALYZE`` makes: statistics for the query planner, which
+change no row; a file holding them is still ours."""
 
 
 @cache
 def _our_objects() -> frozenset[tuple[str, str, str | None]]:
-    """The `sqlite_master` rows our schema makes, as SQLite itself normalises their SQL."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        for statement in _SCHEMA:
-            conn.execute(statement)
-        return frozenset(conn.execute("SELECT type, name, sql FROM sqlite_master"))
-    finally:
-        conn.close()
+    """The `sqlite_master` rows our schema (and what a store makes later) can hold, as
+    SQLite itself normalises their SQL."""
+    found: set[tuple[str, str, str | None]] = set()
+    for later in _MADE_LATER:
+        conn = sqlite3.connect(":memory:")
+        try:
+            for statement in (*_SCHEMA, later):
+                conn.execute(statement)
+            found.update(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+        finally:
+            conn.close()
+    return frozenset(found)
+
+
+def _theirs(objects: frozenset[tuple[str, str, str | None]]) -> set[tuple[str, str, str | None]]:
+    """The schema objects (tables, indexes, views, triggers) of a file that no store of
+    ours makes: a trigger could rewrite what we store, a view or index is someone else's."""
+    return {o for o in objects - _our_objects() if not (o[0] == "table" and o[1] in _STATISTICS)}
 
 
 def _non_empty(path: str) -> bool:
@@ -71,6 +100,12 @@ def _ours_or_blank(header: bytes) -> bool:
     return user_version == 0 and app_id == 0 and header[100] == 0x0D and schema_cells == 0
 
 
+def _named(layout: _Layout) -> str:
+    theirs = sorted(_theirs(layout.objects), key=lambda o: (o[0], o[1]))
+    shown = ", ".join(f"{kind} {name!r}" for kind, name, _ in theirs[:5])
+    return shown + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+
+
 class _Layout:
     """What a SQLite file holds, read in one read transaction without writing anything."""
 
@@ -88,15 +123,12 @@ class _Layout:
 
     @property
     def foreign(self) -> bool:
-        """Another application's database: marked as theirs, or holding what we never make."""
-        if self.app_id == APPLICATION_ID:
-            return False
-        if self.app_id != 0:
+        """Another application's database: marked as theirs, or holding a schema object
+        we never make (a table, index, view or trigger of theirs: marked as ours or made
+        before the mark, a file that holds one is not ours any more)."""
+        if self.app_id not in (0, APPLICATION_ID):
             return True
-        made_before_application_id = (
-            self.version == SCHEMA_VERSION and {"events", "writers"} <= self.tables
-        )
-        return not (made_before_application_id or self.objects <= _our_objects())
+        return bool(_theirs(self.objects))
 
     @property
     def blank(self) -> bool:
@@ -203,20 +235,57 @@ class _Opening(_Connection):
             conn.close()
         self._check_ours(layout)
 
-    def _foreign_message(self) -> str:
+    def _foreign_message(self, layout: _Layout | None = None) -> str:
+        extra = _named(layout) if layout is not None else ""
+        holding = f" (it holds schema objects nous_actor does not make: {extra})" if extra else ""
         return (
             f"{self.path} is another application's SQLite database, not a nous_actor "
-            "store; it was left unchanged: use a new file"
+            f"store{holding}; it was left unchanged: use a new file"
         )
 
     def _check_ours(self, layout: _Layout) -> None:
         if layout.foreign:
-            raise StoreError(self._foreign_message())
+            raise StoreError(self._foreign_message(layout))
         if layout.version not in (0, SCHEMA_VERSION):
             raise StoreError(
                 f"{self.path} has schema version {layout.version}; this nous_actor reads "
                 f"version {SCHEMA_VERSION}: upgrade nous_actor"
             )
+
+    # -- every write transaction: is the file still one this process may write? ----------
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """Inside a write transaction, before anything is written: the file's schema
+        version is still ours, and, if its schema changed since the last look (the
+        schema cookie, which SQLite changes with any schema change, moved), it holds
+        nothing we did not make and is still marked as ours. Two pragmas read from
+        the header (about 2 us); the schema table is read only when the cookie moved.
+
+        Raises:
+            StoreError: not so; the store fails closed (every later call raises it).
+        """
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+        if version == SCHEMA_VERSION and cookie == self._cookie:
+            return
+        if version != SCHEMA_VERSION:
+            self._lost = (
+                f"{self.path} now has schema version {version} (another process changed it, "
+                f"an upgrade?); this nous_actor writes version {SCHEMA_VERSION} only, so "
+                "nothing more is written to it: upgrade nous_actor in every process that "
+                "uses the file, then reopen the store"
+            )
+            raise StoreError(self._lost)
+        layout = _Layout(conn, in_transaction=True)
+        if layout.foreign or layout.app_id != APPLICATION_ID:
+            self._lost = (
+                f"{self.path} is now another application's SQLite database (it holds schema "
+                f"objects nous_actor does not make: {_named(layout)}, or another "
+                "application id), so nothing more is written to it; it was left unchanged "
+                "by this write: remove what was added, or use a new file"
+            )
+            raise StoreError(self._lost)
+        self._cookie = cookie
 
     def _create(self, conn: sqlite3.Connection) -> None:
         """Write the schema and the file's marks in one transaction: all of it, or nothing."""

@@ -77,7 +77,9 @@ class SQLiteStore(_Opening):
       `application_id`, or one left half-made by an older release, is
       completed);
     * anything else (another application's SQLite database, a file that is
-      not SQLite, a store of a newer schema version, a directory) is refused
+      not SQLite, a store of a newer schema version, a store of ours that
+      holds a schema object we do not make: a trigger, view, index or table
+      of someone else's, a directory) is refused
       with `StoreError` **before anything is written to it**: the file is
       left byte for byte as it was, and an unfinished transaction of the
       other application is not recovered. The journal is switched to WAL
@@ -86,7 +88,12 @@ class SQLiteStore(_Opening):
     While open, every write transaction checks (one `stat` per transaction) that
     the path still names the file that was opened; if the file or its folder
     was removed or replaced, the write fails with `StoreError` and so does
-    every later call: nothing is acknowledged into a file that is gone.
+    every later call: nothing is acknowledged into a file that is gone. It
+    also reads the schema version (``PRAGMA user_version``) and SQLite's schema
+    cookie (about 2 us in all): once another process has changed the version,
+    or added a schema object we do not make, the write fails with `StoreError`
+    before anything is written, and so does every later call; a process never
+    writes a file whose version it does not know.
 
     Args:
         path: the database file, or `":memory:"`.
