@@ -10,12 +10,16 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("starlette", reason="the viewer needs the serve extra")
 
@@ -36,7 +40,7 @@ from nous_actor.errors import StoreError
 from nous_actor.store import MemoryStore, SQLiteStore
 from nous_actor.viewer import ReadOnlyStore, create_app, read_only_sqlite
 from nous_actor.viewer.app import WINDOW_MAX
-from nous_actor.viewer.server import make_server
+from nous_actor.viewer.server import is_loopback, make_server
 from nous_actor.viewer.timeline import MAX_LANES, Timeline
 
 
@@ -425,3 +429,165 @@ def test_a_loopback_server_answers_only_loopback_names(db: Path) -> None:
             assert c.get("/api/sessions").status_code == 400
     finally:
         store.close()
+
+
+# -- headers and hosts -----------------------------------------------------------------------
+
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'self'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+
+
+def _secured(response: Any) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        assert response.headers.get(name) == value, (response.url, name, response.headers)
+
+
+def test_every_response_carries_the_security_headers(db: Path) -> None:
+    """Pages, the API, static files, errors and refusals: each says the page may load
+    only from the viewer, may not be framed, is not sniffed and sends no referrer."""
+    store = read_only_sqlite(db)
+    try:
+        app = make_server(store).config.app
+        with TestClient(app, base_url="http://127.0.0.1:8470") as c:
+            answers = [
+                c.get("/"),
+                c.get("/session", params={"id": "chat"}),
+                c.get("/session", params={"id": "nope"}),
+                c.get("/session"),
+                c.get("/api/sessions"),
+                c.get("/api/session", params={"id": "chat"}),
+                c.get("/api/rows", params={"id": "chat"}),
+                c.get("/api/tail", params={"id": "chat"}),
+                c.get("/api/spans", params={"id": "chat"}),
+                c.get("/api/event", params={"id": "chat", "seq": 0}),
+                c.get("/api/surface", params={"id": "chat"}),
+                c.get("/api/rows", params={"id": "chat", "lo": "x"}),
+                c.get("/static/viewer.js"),
+                c.get("/static/viewer.css"),
+                c.get("/static/nothing.js"),
+                c.get("/favicon.ico"),
+                c.get("/nowhere"),
+                c.post("/api/sessions"),
+            ]
+            assert {r.status_code for r in answers} == {200, 204, 400, 404, 405}
+            for r in answers:
+                _secured(r)
+        with TestClient(app, base_url="http://rebound.example:8470") as c:
+            refused = c.get("/")
+            assert refused.status_code == 400
+            _secured(refused)
+    finally:
+        store.close()
+
+
+def test_the_live_feed_carries_the_security_headers(db: Path) -> None:
+    store = read_only_sqlite(db)
+    port = _free_port()
+    server = make_server(store, port=port)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:  # bounded
+            assert time.monotonic() < deadline, "the server did not start"
+            assert thread.is_alive(), "the server did not start"
+            time.sleep(0.01)
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/api/live?id=chat", timeout=10
+        ) as live:
+            for name, value in SECURITY_HEADERS.items():
+                assert live.headers.get(name) == value
+            assert live.readline() == b"retry: 2000\n"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        store.close()
+    assert not thread.is_alive()
+
+
+LOOPBACK_BINDS = ["127.0.0.1", "127.0.0.2", "127.255.255.254", "localhost", "::1", "[::1]",
+                  "::ffff:127.0.0.1", "::ffff:7f00:2", "[::ffff:127.0.0.1]"]  # fmt: skip
+OTHER_BINDS = ["0.0.0.0", "::", "192.0.2.7", "::ffff:192.0.2.7", "10.0.0.1", "example.org"]
+
+
+@pytest.mark.parametrize("host", LOOPBACK_BINDS)
+def test_a_server_on_any_loopback_address_answers_only_loopback_names(db: Path, host: str) -> None:
+    """Bound to any loopback address (IPv4, IPv6, IPv4-mapped IPv6), the viewer checks
+    the Host header as it does on 127.0.0.1: loopback names and addresses only."""
+    assert is_loopback(host)
+    store = read_only_sqlite(db)
+    try:
+        app = make_server(store, host=host).config.app
+        for base in ("http://127.0.0.1:8470", "http://localhost", "http://127.0.0.2:1",
+                     "http://[::1]:8470", "http://[::ffff:7f00:1]:8470"):  # fmt: skip
+            with TestClient(app, base_url=base) as c:
+                assert c.get("/api/sessions").status_code == 200, base
+        for base in ("http://rebound.example:8470", "http://127.0.0.1.example",
+                     "http://192.0.2.7:8470", "http://[::ffff:192.0.2.7]"):  # fmt: skip
+            with TestClient(app, base_url=base) as c:
+                assert c.get("/api/sessions").status_code == 400, base
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("host", OTHER_BINDS)
+def test_a_server_on_another_address_answers_any_name(db: Path, host: str) -> None:
+    assert not is_loopback(host)
+    store = read_only_sqlite(db)
+    try:
+        app = make_server(store, host=host).config.app
+        with TestClient(app, base_url="http://viewer.example:8470") as c:
+            assert c.get("/api/sessions").status_code == 200
+    finally:
+        store.close()
+
+
+@given(st.ip_addresses())
+def test_loopback_is_what_the_address_says_also_when_mapped(address: Any) -> None:
+    mapped = address.ipv4_mapped if address.version == 6 else None
+    expected = address.is_loopback or (mapped is not None and mapped.is_loopback)
+    assert is_loopback(str(address)) == expected
+    if address.version == 4:
+        assert is_loopback(f"::ffff:{address}") == address.is_loopback
+    else:
+        assert is_loopback(f"[{address}]") == expected
+
+
+@pytest.mark.parametrize(("host", "warned"), [("127.0.0.2", False), ("::ffff:127.0.0.1", False),
+                                              ("192.0.2.7", True)])  # fmt: skip
+def test_serve_warns_about_a_bind_beyond_loopback_by_the_same_rule(
+    db: Path, host: str, warned: bool
+) -> None:
+    """The command's note about a bind anyone can reach follows `is_loopback` (the bind
+    fails here: TEST-NET is no address of this machine, the port is taken)."""
+    taken = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        try:
+            taken.bind((host, 0))
+            port = taken.getsockname()[1]
+        except OSError:
+            port = _free_port()
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "nous_actor",
+                "serve",
+                str(db),
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        taken.close()
+    assert out.returncode == 1, out.stderr
+    assert ("whoever reaches this machine" in out.stderr) == warned, out.stderr

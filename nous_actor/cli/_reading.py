@@ -110,13 +110,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from nous_actor.viewer import serve
+        from nous_actor.viewer.server import is_loopback
     except ImportError as exc:
         _fail(f"{exc}; the viewer needs the serve extra: pip install 'nous-actor[serve]'")
     store = _open_existing(args.db, args.schema, read_only=True)
     host = f"[{args.host}]" if ":" in args.host else args.host
     where = getattr(store, "where", None) or _where(store)
     _out(f"nous-actor: serving {where} read-only at http://{host}:{args.port}/ (Ctrl-C stops)\n")
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(args.host):
         _note(f"bound to {args.host}: whoever reaches this machine can read every session")
     try:
         listened = serve(store, host=args.host, port=args.port)

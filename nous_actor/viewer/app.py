@@ -15,6 +15,12 @@ API (JSON): ``/api/sessions`` (a page of the session list), ``/api/session``
 audit), ``/api/surface`` (the messages as of a seq) and ``/api/live`` (server-sent
 events: the session's next seq each time events are committed, from the
 store's watch).
+
+Every response says that the page loads only from the viewer and may not be
+framed (`SECURITY_HEADERS`: a content security policy, no type sniffing, no
+referrer); the page's script and style are files, never inline, so the policy
+holds. With ``allowed_hosts``, a request addressed to any other host is refused
+(400) before it reaches a route.
 """
 
 from __future__ import annotations
@@ -32,11 +38,17 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import CallTimeout, NousActorError, SessionStopped, StoreError
@@ -44,7 +56,15 @@ from nous_actor.store import Store
 from nous_actor.viewer.source import SORT_KEYS, ReadOnlyStore, SessionIndex
 from nous_actor.viewer.timeline import Timeline
 
-__all__ = ["create_app"]
+__all__ = ["SECURITY_HEADERS", "create_app"]
+
+SECURITY_HEADERS: Final = (
+    ("content-security-policy", "default-src 'self'; frame-ancestors 'none'"),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+)
+"""Sent with every response: load only from the viewer, never framed, never sniffed,
+no referrer to anywhere."""
 
 CACHED_SESSIONS: Final = 4
 """Timelines kept in memory (the sessions looked at last)."""
@@ -118,6 +138,69 @@ class Timelines:
             return tl
 
 
+def _host_of(header: str) -> str | None:
+    """The host part of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``),
+    lower case, IPv6 without brackets; ``None`` if it is malformed."""
+    text = header.strip().lower()
+    if text.startswith("["):
+        end = text.find("]")
+        rest = text[end + 1 :]
+        if end < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return text[1:end]
+    name, colon, port = text.partition(":")
+    if colon and not port.isdigit():
+        return None
+    return name or None
+
+
+class _Guard:
+    """ASGI middleware: refuses a request addressed to a host that is not allowed (400),
+    and adds `SECURITY_HEADERS` to every response, the refusal included."""
+
+    def __init__(
+        self, app: ASGIApp, allowed: Sequence[str] | Callable[[str], bool] | None
+    ) -> None:
+        self.app = app
+        if allowed is None or callable(allowed):
+            self.allowed = allowed
+        else:
+            names = frozenset(_host_of(h) or h.lower() for h in allowed)
+            self.allowed = names.__contains__
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                present = {k.lower() for k, _ in headers}
+                for name, value in SECURITY_HEADERS:
+                    if name.encode() not in present:
+                        headers.append((name.encode(), value.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        if self.allowed is not None:
+            header = ""
+            for key, value in scope.get("headers", ()):
+                if key == b"host":
+                    header = value.decode("latin-1")
+                    break
+            host = _host_of(header)
+            if host is None or not self.allowed(host):
+                refusal = PlainTextResponse(
+                    "Invalid host header: this viewer answers only requests addressed to "
+                    "its own loopback names",
+                    status_code=400,
+                )
+                await refusal(scope, receive, secured)
+                return
+        await self.app(scope, receive, secured)
+
+
 def _int(request: Request, name: str, default: int | None = None, low: int = 0) -> int:
     text = request.query_params.get(name)
     if text is None or text == "":
@@ -162,7 +245,10 @@ def _shell(view: str, title: str, session_id: str = "") -> HTMLResponse:
 
 
 def create_app(
-    store: Store, *, where: str | None = None, allowed_hosts: Sequence[str] | None = None
+    store: Store,
+    *,
+    where: str | None = None,
+    allowed_hosts: Sequence[str] | Callable[[str], bool] | None = None,
 ) -> Starlette:
     """The viewer of ``store`` as an ASGI app (serve it with uvicorn, or test it with
     Starlette's ``TestClient``).
@@ -171,10 +257,12 @@ def create_app(
         store: the store; it is read through a `ReadOnlyStore`, which refuses every
             write (`read_only_sqlite` opens a SQLite file with read-only connections).
         where: how the pages name the store (default: its file or server).
-        allowed_hosts: the host names a request may address (its ``Host`` header),
-            or ``None`` for any. A server on loopback should allow only its own
-            names, so that no web page elsewhere can reach it through a DNS name
-            it controls (`nous_actor.viewer.serve` does).
+        allowed_hosts: the host names a request may address (its ``Host`` header,
+            without the port), or a function that says whether a host may be
+            addressed, or ``None`` for any. A server on loopback should allow only
+            loopback names, so that no web page elsewhere can reach it through a DNS
+            name it controls (`nous_actor.viewer.serve` passes
+            `nous_actor.viewer.server.is_loopback`).
     """
     if not isinstance(store, ReadOnlyStore):
         store = ReadOnlyStore(store)
@@ -364,9 +452,7 @@ def create_app(
             "/static", app=StaticFiles(packages=[("nous_actor.viewer", "static")]), name="static"
         ),
     ]
-    middleware = []
-    if allowed_hosts is not None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    middleware = [Middleware(_Guard, allowed=allowed_hosts)]
     app = Starlette(
         routes=routes,
         middleware=middleware,
