@@ -6,13 +6,16 @@ import asyncio
 import functools
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import pytest
 from structlog.testing import capture_logs
 
 from nous_actor import (
     CallTimeout,
+    Compactor,
     ConflictError,
     MemoryStore,
     Message,
@@ -31,6 +34,7 @@ from nous_actor.sessions.faults import crash
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE
 
 BOUND = 10.0
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -195,11 +199,17 @@ def test_rollback_note_is_configurable(chat: Session) -> None:
 # -- the plain handle ---------------------------------------------------------------------
 
 
+def _in_another_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` (e.g. a call on a session, returning its future) in a thread of its own."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result(timeout=BOUND)
+
+
 def test_plain_writes_wait_for_the_open_turn_and_reads_do_not(chat: Session) -> None:
-    """A write through the plain handle runs once the turn ends (after its turn_end); a
-    read answers at once."""
+    """A write through the plain handle (from another thread than the turn's) runs once
+    the turn ends (after its turn_end); a read answers at once."""
     with chat.turn(owner="run-1") as turn:
-        waiting = chat.append("user_message", {"content": "plain"})
+        waiting = _in_another_thread(lambda: chat.append("user_message", {"content": "plain"}))
         assert contents(chat) == []  # a read: answered while the turn is open
         assert not waiting.done()  # the read was handled after the write arrived
         turn.append("assistant_message", {"content": "turn"}).get()
@@ -209,13 +219,16 @@ def test_plain_writes_wait_for_the_open_turn_and_reads_do_not(chat: Session) -> 
 
 
 def test_a_plain_write_that_waits_out_its_bound_names_the_turn() -> None:
-    """A write through the plain handle fails with TurnBusy before its own bound, saying
-    to write through the turn; nothing is applied."""
+    """A write through the plain handle (from another thread than the turn's) fails with
+    TurnBusy before its own bound, saying to write through the turn; nothing is applied."""
     s = Session.start("bounded", timeout=1.0)
     try:
         with s.turn(owner="run-1") as turn:
-            with pytest.raises(TurnBusy, match=r"'run-1'.*write through the turn") as caught:
-                s.append("user_message", {"content": "plain"}).get(timeout=BOUND)
+            waiting = _in_another_thread(lambda: s.append("user_message", {"content": "x"}))
+            with pytest.raises(
+                TurnBusy, match=r"'run-1'.*waited .*write through the turn"
+            ) as caught:
+                waiting.get(timeout=BOUND)
             assert caught.value.turn_id == turn.turn_id
         assert contents(s) == []
     finally:
@@ -230,10 +243,103 @@ def test_compaction_through_the_plain_handle_waits_too(chat: Session) -> None:
         chat.append("user_message", {"content": f"m{i}"}).get()
     compactor = Compactor(budget=1, keep_recent=1, summarise=lambda ms: "sum")
     with chat.turn(owner="run-1"):
-        fut = chat.compact(compactor, force=True)
+        fut = _in_another_thread(lambda: chat.compact(compactor, force=True))
         chat.count().get()
         assert not fut.done()
     assert fut.get().summary_seq is not None
+
+
+def test_a_plain_write_from_the_turns_own_thread_fails_at_once() -> None:
+    """A write through the plain handle from the thread that entered the open turn's
+    ``with`` would wait for its own turn to end: it fails at once with TurnBusy saying
+    to write through the turn (not after waiting out its bound), with any handle of the
+    session; nothing is applied and the turn goes on."""
+    with Sessions(MemoryStore(), timeout=BOUND) as reg:
+        s, other = reg.open("own"), reg.open("own")
+        with s.turn(owner="run-1") as turn:
+            writes = [
+                s.append("user_message", {"content": "plain"}),
+                other.append_many([("user_message", {"content": "plain"})]),
+                s.append_message(Message.user("plain")),
+                s.compact(Compactor(budget=1, keep_recent=0, summarise=lambda ms: "s")),
+            ]
+            s.count().get()  # every write above was handled before this read
+            for fut in writes:
+                assert fut.done()
+                with pytest.raises(TurnBusy, match=r"turn\.append\(\.\.\.\)") as caught:
+                    fut.get()
+                assert caught.value.turn_id == turn.turn_id
+                assert "thread" in str(caught.value)
+            turn.append("user_message", {"content": "through the turn"}).get()
+        assert contents(s) == ["through the turn"]
+        s.append("user_message", {"content": "after"}).get()  # the block ended: it runs
+
+
+def test_other_threads_plain_writes_still_wait_for_the_turn(chat: Session) -> None:
+    """Only the thread in the turn's block fails at once: another thread's plain write
+    waits for the turn to end, then runs."""
+    with chat.turn(owner="run-1") as turn:
+        waiting = _in_another_thread(lambda: chat.append("user_message", {"content": "b"}))
+        chat.count().get()
+        assert not waiting.done()
+        turn.append("user_message", {"content": "a"}).get()
+    assert waiting.get().seq == 3
+    assert contents(chat) == ["a", "b"]
+
+
+def test_a_turns_thread_waits_for_a_turn_that_took_over_its_own() -> None:
+    """A thread whose turn another turn interrupted is no longer in the open turn: its
+    plain write waits for that other turn (it does not fail at once), then runs."""
+    s = Session.start("taken", timeout=BOUND)
+    try:
+
+        def first() -> None:  # leaving the block: its turn was taken (TurnInterrupted)
+            with s.turn(owner="first"):
+                taker = _in_another_thread(lambda: s.turn("interrupt", owner="taker").open())
+                waiting = s.append("user_message", {"content": "plain"})
+                s.count().get()
+                assert not waiting.done()
+                taker.append("user_message", {"content": "taker's"}).get()
+                _in_another_thread(taker.close)
+                assert waiting.get().seq == 5
+
+        with pytest.raises(TurnInterrupted):
+            first()
+        assert contents(s) == ["taker's", "plain"]
+    finally:
+        s.stop()
+
+
+def test_a_plain_write_from_the_turns_own_task_fails_at_once_and_other_tasks_wait() -> None:
+    """In asyncio the caller is the task, not the thread: a plain write from the task in
+    the turn's ``async with`` fails at once; another task on the same loop (one started
+    inside the block included) waits for the turn and then runs."""
+    s = Session.start("tasks", timeout=BOUND)
+
+    async def other(sent: asyncio.Event) -> int:
+        fut = s.append("user_message", {"content": "other task"})
+        sent.set()
+        return (await fut).seq
+
+    async def main() -> None:
+        sent = asyncio.Event()
+        async with s.turn(owner="task-1") as turn:
+            own = s.append("user_message", {"content": "own task"})
+            task = asyncio.create_task(other(sent))
+            await sent.wait()
+            await s.count()
+            assert own.done()
+            with pytest.raises(TurnBusy, match=r"asyncio task.*turn\.append"):
+                await own
+            assert not task.done()
+            await turn.append("user_message", {"content": "through the turn"})
+        assert await task == 3
+
+    try:
+        asyncio.run(main())
+        assert contents(s) == ["through the turn", "other task"]
+    finally:
+        s.stop()
 
 
 # -- leases -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from nous_actor.sessions.turns import (
     THROUGH,
     TurnRequest,
 )
+from nous_actor.sessions.turns._rules import entered, left
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["Turn", "check_turn_args", "default_owner"]
@@ -96,7 +97,10 @@ class Turn(SessionHandle):
     leaving closes it (``how: "closed"``, or ``"failed"`` when the block
     raised). Inside, write and read through the turn: it has every call
     method of the session's handle. While it is open, writes through the
-    plain handle wait for it to end; reads never wait.
+    plain handle wait for it to end; reads never wait. A plain write from the
+    thread (in asyncio, the task) inside this block would wait for its own
+    turn: it fails at once with `nous_actor.TurnBusy` (other threads' and
+    tasks' writes wait as said).
 
     Every call through it renews its lease (so does `renew`). Once the turn
     is no longer open — interrupted or rolled back by another turn, expired,
@@ -243,9 +247,12 @@ class Turn(SessionHandle):
         return self._send_close("failed", exc_type.__name__)
 
     def __enter__(self) -> Turn:
-        return self.open()
+        self.open()
+        entered(self.turn_id)  # this thread's plain writes now fail at once (see _turn_holds)
+        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        left(self.turn_id)
         if exc_type is None:
             self.close()
             return
@@ -257,9 +264,12 @@ class Turn(SessionHandle):
                 pass
 
     async def __aenter__(self) -> Turn:
-        return await self.aopen()
+        await self.aopen()
+        entered(self.turn_id)  # this task's plain writes now fail at once
+        return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        left(self.turn_id)
         if exc_type is None:
             await self.aclose()
             return

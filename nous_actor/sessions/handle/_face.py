@@ -282,7 +282,10 @@ class SessionHandle:
         the session while no other run does: while it is open, writes through
         the plain handle wait for it to end (at most their bound less a
         quarter of it, or less 1 s if that is shorter; then
-        `nous_actor.TurnBusy`); reads never wait. It is recorded
+        `nous_actor.TurnBusy`); reads never wait. A plain write from the
+        thread (in asyncio, the task) inside the open turn's ``with`` (``async
+        with``) block would wait for its own turn: it fails at once with
+        `nous_actor.TurnBusy`, saying to write through the turn. It is recorded
         by ``turn_start``/``turn_end`` events (turn id, owner, policy, and how
         it ended).
 

@@ -25,6 +25,7 @@ from nous_actor.sessions.actor import (
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle._checks import _check_handle_args, check_placement
 from nous_actor.sessions.handle._face import SessionHandle
+from nous_actor.sessions.turns._rules import _ENTERED, HELD, held_future
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import ChildSpec, RestartType
@@ -189,7 +190,13 @@ class Session(SessionHandle):
         return ref
 
     def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
-        fut: SessionFuture[Any] = SessionFuture(self.session_id, self.timeout)
+        fut: SessionFuture[Any] | None = None
+        if _ENTERED.get() and getattr(handler, "__name__", "") in HELD:
+            # A write from inside a turn's block: the session fails it at once if
+            # that turn is the open one (it would wait for its own turn to end).
+            fut = held_future(self.session_id, self.timeout)
+        if fut is None:
+            fut = SessionFuture(self.session_id, self.timeout)
         if self._touch is not None:
             self._touch()
         try:

@@ -16,6 +16,7 @@ from nous_actor.sessions.turns._rules import (
     DEFER,
     HELD,
     THROUGH,
+    HeldFuture,
     TurnRequest,
     TurnTable,
     _bound,
@@ -135,7 +136,8 @@ class TurnHost(TurnKeeper):
         """Whether this call, a write through the plain handle, must wait for the open
         turn: then it waits in the table (at most its caller's bound less a quarter
         of it, or less 1 s if shorter; then `TurnBusy`) and runs when the turn ends,
-        in arrival order."""
+        in arrival order. A write from the thread (or asyncio task) inside the open
+        turn's block would wait for its own turn: it fails at once with `TurnBusy`."""
         table = self.turns
         if table is None or table.open is None or getattr(handler, "__name__", "") not in HELD:
             return False
@@ -143,6 +145,18 @@ class TurnHost(TurnKeeper):
         table = self._current(now)
         if table is None or table.open is None:
             return False
+        if isinstance(fut, HeldFuture) and table.open.req.turn_id in fut.turn_ids:
+            where = "asyncio task" if fut.from_task else "thread"
+            fut._fail(
+                self._busy(
+                    table.open,
+                    now,
+                    f"this write through the plain handle comes from the {where} inside "
+                    "that turn's block, and would wait for its own turn to end; nothing "
+                    "was applied; write through the turn (turn.append(...))",
+                )
+            )
+            return True
         table.waiting.append(_Waiter(now + _bound(fut), fut, None, handler, args))
         self._arm(table, now)
         return True
