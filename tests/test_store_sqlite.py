@@ -23,10 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from nous_actor import Event, Log, Replace, Session
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store import SQLiteStore, import_session
+from nous_actor.store.sqlite import vacuum as sqlite_vacuum
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 BOUND = 20.0  # seconds: the bound of every wait on a child process
@@ -634,3 +636,111 @@ def test_the_schema_version_check_reads_no_schema_while_the_schema_is_unchanged(
         finally:
             store._conn.set_trace_callback(None)
         assert not [s for s in seen if "sqlite_master" in s]
+
+
+# -- snapshots give the file's space back (issue 30, item 9) ------------------------------------
+
+
+def _fill(store: SQLiteStore, sessions: int, events: int, size: int = 600) -> None:
+    """``sessions`` sessions of ``events`` events each, written interleaved (as group
+    commits do), whose last event replaces all but the last fifth: a snapshot drops 80%."""
+    logs = {}
+    for s in range(sessions):
+        log = Log()
+        for i in range(events - 1):
+            log = log.append("user_message", {"content": f"{s}:{i}:" + "x" * size}, T0)
+        logs[f"s{s:03d}"] = log.append(
+            "system_message",
+            {"content": "summary", "surface_op": Replace(0, events * 4 // 5 - 1)},
+            T0,
+        )
+    for lo in range(0, events, 25):
+        store.write({sid: log.events()[lo : lo + 25] for sid, log in logs.items()})
+
+
+def _packed_size(path: Path, tmp_path: Path) -> int:
+    copy = tmp_path / "packed.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("VACUUM INTO ?", (str(copy),))
+    return copy.stat().st_size
+
+
+def test_snapshots_that_drop_most_events_leave_the_file_near_a_packed_copy(
+    path: Path, tmp_path: Path
+) -> None:
+    """After snapshots that drop 80% of a file's events (each session its own, through
+    the public path), the file is at most 1.2x a VACUUMed copy of it, and every kept
+    event is there."""
+    with SQLiteStore(path, durability="normal") as store:
+        _fill(store, sessions=20, events=100)
+        for sid in store.sessions():
+            chat = Session.start(sid, store=store, timeout=BOUND)
+            try:
+                assert chat.snapshot().get(timeout=BOUND) == 80
+            finally:
+                chat.stop()
+        kept = {sid: len(store.load(sid)) for sid in store.sessions()}
+    assert kept == {f"s{s:03d}": 20 for s in range(20)}
+    size = path.stat().st_size
+    assert size <= 1.2 * _packed_size(path, tmp_path), size
+
+
+def test_snapshots_vacuum_a_bounded_number_of_times(path: Path) -> None:
+    """Counting work: 40 snapshots of one file vacuum it a few times, not 40 (a vacuum
+    waits until the bytes dropped since the last reach an eighth of the file)."""
+    with SQLiteStore(path, durability="normal") as store:
+        _fill(store, sessions=40, events=50)
+        with capture_logs() as logs:
+            for sid in store.sessions():
+                store.drop(sid, range(40))
+        vacuums = [e for e in logs if e["event"] == "store.vacuumed"]
+        assert 1 <= len(vacuums) <= 8, len(vacuums)
+
+
+def test_a_file_over_the_bound_is_not_vacuumed_by_itself_and_says_so(
+    path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past the size a snapshot vacuums by itself, the drop only logs (once) that
+    ``vacuum()`` gives the space back; ``vacuum()`` then does."""
+    monkeypatch.setattr(sqlite_vacuum, "_AUTO_MAX_BYTES", 64 * 1024)
+    with SQLiteStore(path, durability="normal") as store:
+        _fill(store, sessions=10, events=100)
+        with capture_logs() as logs:
+            for sid in store.sessions():
+                store.drop(sid, range(80))
+        events = [e["event"] for e in logs]
+        assert "store.vacuumed" not in events
+        assert events.count("store.vacuum_skipped") == 1
+        before = sqlite_vacuum.file_bytes(store._conn)
+        after = store.vacuum()
+        assert path.stat().st_size == after < before / 2
+        assert all(len(store.load(sid)) == 20 for sid in store.sessions())
+    assert path.stat().st_size <= 1.2 * _packed_size(path, tmp_path)
+
+
+def test_a_process_killed_while_vacuuming_leaves_every_event(
+    path: Path, children: list[Child]
+) -> None:
+    """SIGKILL during a vacuum (a real kill, in a child that vacuums in a loop): the
+    store opens again, healthy, with every event it held."""
+    with SQLiteStore(path) as store:
+        _fill(store, sessions=10, events=100, size=2000)
+        for sid in store.sessions():
+            store.drop(sid, range(0, 80, 2))
+        want = {sid: store.load(sid) for sid in store.sessions()}
+    child = Child(
+        "import sys\n"
+        "from nous_actor.store import SQLiteStore\n"
+        "store = SQLiteStore(sys.argv[1])\n"
+        "while True:\n"
+        "    print('vacuum', flush=True)\n"
+        "    store.vacuum()\n",
+        str(path),
+    )
+    children.append(child)
+    for _ in range(3):
+        child.expect("vacuum")  # the loop is almost all vacuum: the kill lands in one
+    child.kill()
+    with SQLiteStore(path, create=False) as store:
+        assert store.integrity_check() == "ok"
+        assert {sid: store.load(sid) for sid in store.sessions()} == want

@@ -1,0 +1,129 @@
+"""Giving a SQLite store's file back its dropped space: a snapshot's drop counts the
+bytes it deletes, and once they reach a share of the file the store rewrites it
+(``VACUUM``), so that the file stays within about `_SHARE` of a packed copy.
+
+Deleting rows leaves free pages and half-empty pages in the file; SQLite reuses
+them but never shrinks the file by itself (``auto_vacuum`` is off in stores
+made so far, and an incremental vacuum would only hand back wholly free pages,
+not pack the half-empty ones a snapshot of interleaved events leaves). A
+``VACUUM`` packs every page. It is one transaction (a crash or a full disk
+during it leaves the file as it was) and holds the write lock while it copies
+the file (about 0.7 s for 115 MB on a 2-CPU machine), so it is bounded twice:
+
+* it runs only once the bytes dropped by this store since its last vacuum
+  reach `_SHARE` of the file, so the copying costs at most about
+  ``1 / _SHARE`` bytes per byte dropped, however many snapshots there are;
+* it runs by itself only on files of at most `_AUTO_MAX_BYTES`; a larger
+  file is left as it is (logged once, ``store.vacuum_skipped``) until the user
+  calls `SQLiteStore.vacuum` at a quiet time.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from nous_actor._log import get_logger
+from nous_actor.store.sqlite.base import _IN_CHUNK
+
+if TYPE_CHECKING:
+    from nous_actor.store.sqlite.store import SQLiteStore
+
+logger = get_logger("nous_actor.store.sqlite")
+
+_SHARE: Final = 0.125
+"""The share of the file the dropped bytes must reach before a snapshot vacuums it."""
+
+_AUTO_MIN_BYTES: Final = 256 * 1024
+"""Dropped bytes below which no vacuum is worth its transaction (small files)."""
+
+_AUTO_MAX_BYTES: Final = 256 * 1024 * 1024
+"""The largest file a snapshot vacuums by itself (a few seconds of write lock at most
+on a slow disk; other processes wait for it up to their ``timeout``)."""
+
+_ROW_OVERHEAD: Final = 16
+"""Bytes a stored row costs beyond its values (record header, cell pointer, seq)."""
+
+
+def dropped_bytes(conn: sqlite3.Connection, session_id: str, seqs: Sequence[int]) -> int:
+    """Inside the drop's transaction, before its delete: about how many bytes of the
+    file the rows of ``seqs`` take (their values plus a row's overhead)."""
+    total = 0
+    wanted = [s for s in seqs if isinstance(s, int) and 0 <= s < 2**63]
+    for lo in range(0, len(wanted), _IN_CHUNK):
+        chunk = wanted[lo : lo + _IN_CHUNK]
+        row = conn.execute(
+            "SELECT count(*), total(length(CAST(session_id AS BLOB)) + length(type) + "
+            "length(time) + length(CAST(data AS BLOB))) FROM events WHERE session_id = ? "
+            f"AND seq IN ({','.join('?' * len(chunk))})",
+            [session_id, *chunk],
+        ).fetchone()
+        total += int(row[1]) + _ROW_OVERHEAD * int(row[0])
+    return total
+
+
+def file_bytes(conn: sqlite3.Connection) -> int:
+    """The size of the database (its pages), as the file will be once checkpointed."""
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    return int(pages) * int(size)
+
+
+def due(store: SQLiteStore, size: int) -> bool:
+    """Whether the bytes dropped since the last vacuum call for one now (see the module);
+    logs once when only the file's size keeps it from running."""
+    dropped = store._dropped
+    if dropped < _AUTO_MIN_BYTES or dropped < _SHARE * size:
+        return False
+    if size > _AUTO_MAX_BYTES:
+        if not store._vacuum_skipped:
+            store._vacuum_skipped = True
+            logger.warning(
+                "store.vacuum_skipped",
+                store=store.path,
+                file_bytes=size,
+                dropped_bytes=dropped,
+                limit=_AUTO_MAX_BYTES,
+                error="snapshots dropped a share of the file, but it is too large to "
+                "rewrite by itself while other writers wait; call SQLiteStore.vacuum() "
+                "at a quiet time to give the space back",
+            )
+        return False
+    return True
+
+
+def vacuum(store: SQLiteStore, conn: sqlite3.Connection) -> None:
+    """Under the store's lock, outside any transaction: pack the file (``VACUUM``),
+    then empty the WAL it went through, and forget the bytes dropped so far.
+
+    Raises:
+        sqlite3.Error: the vacuum failed (the file is as it was: it is one transaction).
+    """
+    # A write of its own: only into a file this process may still write.
+    store._begin(conn)
+    try:
+        store._check_schema(conn)
+        store._check_file()
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+    before = file_bytes(conn)
+    conn.execute("VACUUM")
+    store._dropped = 0
+    store._vacuum_skipped = False
+    # The vacuum went through the WAL (as big as the file); give that space back too,
+    # without waiting long for readers (a later checkpoint finishes it).
+    conn.execute("PRAGMA busy_timeout = 100")
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {store._busy_ms}")
+    logger.info(
+        "store.vacuumed",
+        store=store.path,
+        before_bytes=before,
+        after_bytes=file_bytes(conn),
+        pid=os.getpid(),
+    )
