@@ -15,12 +15,12 @@ from nous_actor.runtime.dispatcher import (
     default_dispatcher,
     default_threads,
 )
-from nous_actor.runtime.exit import FLUSH_BOUND, at_exit
+from nous_actor.runtime.exit import SLOW_EXIT, at_exit
 from nous_actor.runtime.flag import Flag
 
 __all__ = [
     "DEFAULT_THROUGHPUT",
-    "FLUSH_BOUND",
+    "SLOW_EXIT",
     "DispatchedActor",
     "Dispatcher",
     "Flag",

@@ -1,46 +1,52 @@
 """What happens when a program ends without closing anything.
 
 The runtime's threads are daemon threads, so they never keep the interpreter
-alive. Before it goes, the hooks registered here run once (from `atexit`, also
-after an uncaught exception), sharing one bound of `FLUSH_BOUND` seconds: the
-session layer uses it so that every append whose call had returned is
-committed before the process ends.
+alive. Before it goes, the hooks registered here run once, in the order they
+were registered (from `atexit`: after the program's last line, an uncaught
+exception or `sys.exit`). A hook has no time bound of its own: the session
+layer's waits until every append whose call had returned is committed or has
+failed with a store error, says so on the log once that takes longer than
+`SLOW_EXIT` seconds, and gives up only on a store that stopped answering.
+With nothing in flight the hooks return at once.
+
+Nothing of the library closes a store from `atexit` itself (a `weakref.finalize`
+hook would run before these, LIFO, and fail the appends still in flight): a
+store's connections and files end with the process.
 """
 
 from __future__ import annotations
 
 import atexit
-import time
 from collections.abc import Callable
 from typing import Final
 
 from nous_actor._log import get_logger
 
-__all__ = ["FLUSH_BOUND", "at_exit", "run_exit_hooks"]
+__all__ = ["SLOW_EXIT", "at_exit", "run_exit_hooks"]
 
 logger = get_logger(__name__)
 
-FLUSH_BOUND: Final = 2.0
-"""Seconds that every exit hook together may take."""
+SLOW_EXIT: Final = 2.0
+"""Seconds after which a hook still waiting at exit says so (a warning); it goes on waiting."""
 
-ExitHook = Callable[[float], None]
-"""``hook(deadline)``: finish by ``deadline`` (a `time.monotonic` value)."""
+ExitHook = Callable[[], None]
+"""``hook()``: run at interpreter exit; returns once its work is done or cannot be."""
 
 _hooks: list[ExitHook] = []
 
 
 def at_exit(hook: ExitHook) -> None:
-    """Run ``hook(deadline)`` when the interpreter exits (once per hook object)."""
+    """Run ``hook()`` when the interpreter exits (once per hook object, in this order)."""
     if hook not in _hooks:
         _hooks.append(hook)
 
 
-def run_exit_hooks(bound: float = FLUSH_BOUND) -> None:
-    """Run every exit hook within ``bound`` seconds in all (what ``atexit`` calls)."""
-    deadline = time.monotonic() + bound
+def run_exit_hooks() -> None:
+    """Run every exit hook in turn (what ``atexit`` calls); one failing never keeps the
+    others from running."""
     for hook in list(_hooks):
         try:
-            hook(deadline)
+            hook()
         except BaseException as exc:  # one hook must not keep the others from running
             logger.error("runtime.exit_hook_failed", reason=type(exc).__name__, error=str(exc))
 

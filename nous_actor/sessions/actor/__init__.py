@@ -36,7 +36,6 @@ from nous_actor.sessions.actor._base import _crashed as _crashed
 from nous_actor.sessions.actor._base import _Envelope as _Envelope
 from nous_actor.sessions.actor._base import _safe_str as _safe_str
 from nous_actor.sessions.actor._compaction import MAX_COMPACTION_RETRIES as MAX_COMPACTION_RETRIES
-from nous_actor.sessions.actor._core import FLUSH_TIMEOUT as FLUSH_TIMEOUT
 from nous_actor.sessions.actor._core import SessionActor as SessionActor
 from nous_actor.sessions.actor._core import _flush_at_exit as _flush_at_exit
 from nous_actor.sessions.actor._store import _WAIT_FOR_COMMITS as _WAIT_FOR_COMMITS

@@ -153,6 +153,12 @@ class PostgresStore(ClosingStore):
         self._finalizer = weakref.finalize(
             self, _shutdown, self._closing, self._main, self._leases, self._listeners
         )
+        # Never at interpreter exit: `weakref.finalize`'s exit hook runs before the
+        # runtime's (atexit is last in, first out) and would close the store under the
+        # appends still in flight, which the runtime waits for (nous_actor.runtime.exit);
+        # it could also wait on the main connection's lock behind a blocked write. The
+        # process's end closes the connections; the server then drops the claims' locks.
+        self._finalizer.atexit = False
 
     @staticmethod
     def describe(dsn: str, schema: str = "nous_actor") -> str:
