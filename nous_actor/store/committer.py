@@ -5,6 +5,13 @@ are told, in order, which of them are durably stored. Appends that arrive
 while a transaction is being written (from one session or many) go into the
 next transaction together, so the cost of a commit (an fsync with
 ``durability="full"``) is shared.
+
+A transaction is shared fairly: the writer keeps what waits per session and
+fills each transaction round robin, first the oldest item of every session
+that has one, then more of each up to ``share`` events a session. A session
+flooded with appends thus writes its backlog ``share`` events at a time, and
+another session's append goes into the next transaction, not behind the
+backlog (first in, first out put it behind every queued event of the flood).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -31,6 +39,10 @@ Notify = Callable[[StoreError | None], None]
 """``notify(error)``: an item is done: stored (``None``), or not (the error)."""
 
 MAX_BATCH: Final = 2000
+"""Events a transaction holds at most (one larger item goes alone)."""
+SHARE: Final = 256
+"""Events of one session a transaction holds at most (one larger item goes alone): a
+flooded session's commits stay short, so that another session waits for little."""
 
 
 class _Item:
@@ -58,10 +70,12 @@ class Committer:
     its ``notify`` calls come in that order too; once an item of a session
     fails, every later item of that session fails without being written
     (until `reset`), so the store never holds a later event without
-    an earlier one.
+    an earlier one. Each transaction holds the oldest waiting item of every
+    session that has one (while ``max_batch`` events allow), and at most
+    ``share`` events of any one session (an item larger than that goes alone).
     """
 
-    def __init__(self, store: Store, *, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, store: Store, *, max_batch: int = MAX_BATCH, share: int = SHARE) -> None:
         # A weak reference, so that a store nobody uses any more is collected
         # and its writer thread ends (it checks once a second while idle).
         try:
@@ -69,6 +83,7 @@ class Committer:
         except TypeError:  # a store class without __weakref__: keep it alive
             self._store = lambda: store
         self.max_batch = max_batch
+        self.share = share
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._failed: dict[str, StoreError] = {}
         self._failed_lock = threading.Lock()
@@ -102,29 +117,38 @@ class Committer:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        intake = self._queue
+        waiting: dict[str, deque[_Item]] = {}  # per session, in the order served
+        stop = False
         while True:
-            try:
-                first = self._queue.get(timeout=1.0)
-            except queue.Empty:
-                if self._store() is None:
+            if not waiting:
+                if stop:
                     return
-                continue
-            if first is None:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < self.max_batch:
                 try:
-                    item = self._queue.get_nowait()
+                    first = intake.get(timeout=1.0)
+                except queue.Empty:
+                    if self._store() is None:
+                        return
+                    continue
+                if first is None:
+                    return
+                waiting[first.session_id] = deque((first,))
+            # Everything queued now joins the per-session queues before the next
+            # transaction is filled (what arrives meanwhile waits for the one after).
+            for _ in range(0 if stop else intake.qsize()):
+                try:
+                    item = intake.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:
                     stop = True
                     break
-                batch.append(item)
-            self._write(batch)
-            if stop:
-                return
+                mine = waiting.get(item.session_id)
+                if mine is None:
+                    waiting[item.session_id] = deque((item,))
+                else:
+                    mine.append(item)
+            self._write(_fill(waiting, self.max_batch, self.share))
 
     def _write(self, batch: list[_Item]) -> None:
         """Commit one batch and answer its items (never raises: the writer lives on)."""
@@ -215,6 +239,43 @@ class Committer:
                         error=str(err),
                     )
         return interrupt
+
+
+def _fill(waiting: dict[str, deque[_Item]], budget: int, share: int) -> list[_Item]:
+    """The next transaction: the oldest item of every waiting session (while they fit in
+    ``budget`` events), then more of each, up to ``share`` events a session. Sessions
+    that keep items move behind the others; an item larger than the budget or the
+    share is taken alone. Takes the items out of ``waiting``."""
+    batch: list[_Item] = []
+    taken: dict[str, int] = {}
+    size = 0
+    for sid, mine in waiting.items():
+        if size >= budget:
+            break
+        n = _size(mine[0])
+        if batch and size + n > budget:
+            continue
+        batch.append(mine.popleft())
+        taken[sid] = n
+        size += n
+    for sid, n in taken.items():
+        mine = waiting[sid]
+        while mine and size < budget:
+            more = _size(mine[0])
+            if n + more > share or size + more > budget:
+                break
+            batch.append(mine.popleft())
+            n += more
+            size += more
+        # Served: to the back of the round (or out, once it has nothing waiting).
+        del waiting[sid]
+        if mine:
+            waiting[sid] = mine
+    return batch
+
+
+def _size(item: _Item) -> int:
+    return max(1, len(item.events))
 
 
 def _for_session(err: StoreError, session_id: str) -> StoreError:

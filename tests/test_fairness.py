@@ -1,0 +1,199 @@
+"""One flooded session never makes the others wait for its backlog: the store's committer
+takes a share of every session that has work into each group commit (issue 30, item 18).
+
+Fairness is checked by counting commits, never by timing them: a store whose first
+write waits for a gate holds the committer while a flood and a quiet append are
+queued behind it; once the gate opens, the quiet append must be in the first commit
+after it (a first-in-first-out committer put it behind the whole backlog, two
+2,000-event commits later).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nous_actor import Event, MemoryStore, Session, SQLiteStore, Store, StoreError
+from nous_actor.sessions.actor import SessionActor
+from nous_actor.store.committer import Committer
+from nous_actor.testing import DelegatingStore
+
+BOUND = 10.0  # seconds: the bound on every wait in this file
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+FLOOD = 5000  # items of the flooded session queued behind the gate: 2.5 commits of MAX_BATCH
+
+
+def ev(seq: int) -> Event:
+    return Event(seq, "user_message", T0, {"content": f"m{seq}"})
+
+
+class Recording(DelegatingStore):
+    """Records what each write holds (session -> seqs), in order; the first write waits
+    for ``opened`` so that what is submitted meanwhile queues behind it."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        self.writes: list[dict[str, list[int]]] = []
+        self._lock = threading.Lock()
+
+    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.opened.wait(BOUND)
+        with self._lock:
+            self.writes.append({sid: [e.seq for e in evs] for sid, evs in appends.items()})
+        return self.inner.write(appends)
+
+    def first_write_with(self, session_id: str) -> int:
+        """The index of the first write holding ``session_id`` (0 is the gated one)."""
+        with self._lock:
+            for i, w in enumerate(self.writes):
+                if session_id in w:
+                    return i
+        raise AssertionError(f"{session_id} was never written")
+
+
+def test_a_quiet_sessions_item_goes_into_the_first_commit_after_a_flood() -> None:
+    """5,000 items of one session are queued before one item of another: the other's
+    item is in the first commit after the gate, not behind the backlog."""
+    store = Recording(MemoryStore())
+    committer = Committer(store)
+    try:
+        done = threading.Event()
+        committer.submit("gate", [ev(0)], lambda err: None)
+        assert store.entered.wait(BOUND)
+        for seq in range(FLOOD):
+            committer.submit("flood", [ev(seq)], lambda err: None)
+        answers: list[StoreError | None] = []
+        committer.submit("quiet", [ev(0)], lambda err: (answers.append(err), done.set()))
+        last = threading.Event()
+        committer.submit("flood", [ev(FLOOD)], lambda err: last.set())
+        store.opened.set()
+        assert done.wait(BOUND)
+        assert last.wait(BOUND)
+        assert answers == [None]
+        assert store.first_write_with("quiet") == 1
+        flooded = [seq for w in store.writes for seq in w.get("flood", [])]
+        assert flooded == list(range(FLOOD + 1))  # all of it, in order
+    finally:
+        committer.close(BOUND)
+
+
+def test_a_flooded_session_takes_a_bounded_share_of_each_commit() -> None:
+    """A session alone with a backlog writes it in commits of at most ``share`` events, so
+    an append of another session that arrives meanwhile waits for a small commit, never
+    for a whole batch of the flood; an item larger than the share is never split."""
+    store = Recording(MemoryStore())
+    committer = Committer(store, share=100)
+    try:
+        last = threading.Event()
+        committer.submit("gate", [ev(0)], lambda err: None)
+        assert store.entered.wait(BOUND)
+        for seq in range(1000):
+            committer.submit("flood", [ev(seq)], lambda err: None)
+        committer.submit("flood", [ev(s) for s in range(1000, 1250)], lambda err: None)
+        committer.submit("flood", [ev(1250)], lambda err: last.set())
+        store.opened.set()
+        assert last.wait(BOUND)
+        sizes = [len(w["flood"]) for w in store.writes[1:]]
+        assert sizes == [100] * 10 + [250, 1]
+    finally:
+        committer.close(BOUND)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdef"), st.integers(1, 5)),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 8),
+    st.integers(1, 12),
+)
+def test_every_waiting_session_gets_into_the_next_commit_and_order_holds(
+    plan: list[tuple[str, int]], share: int, max_batch: int
+) -> None:
+    """Items of several sessions (of 1-5 events each) queued behind a gated commit: every
+    session that has items waiting gets at least one into the next commit (fewer
+    sessions than the batch holds); each commit holds at most ``max_batch`` events and
+    at most ``share`` of one session, unless a single item is larger; each session's
+    events are written once, in order, and its answers come in order."""
+    store = Recording(MemoryStore())
+    committer = Committer(store, max_batch=max_batch, share=share)
+    try:
+        committer.submit("gate", [ev(0)], lambda err: None)
+        assert store.entered.wait(BOUND)
+        next_seq: dict[str, int] = {}
+        items: dict[str, list[int]] = {}  # session -> sizes of its items, in order
+        answered: dict[str, list[int]] = {}
+        for sid, size in plan:
+            first = next_seq.get(sid, 0)
+            next_seq[sid] = first + size
+            items.setdefault(sid, []).append(size)
+            n = len(items[sid]) - 1
+            committer.submit(
+                sid,
+                [ev(s) for s in range(first, first + size)],
+                lambda err, sid=sid, n=n: (
+                    answered.setdefault(sid, []).append(n) if err is None else None
+                ),
+            )
+        done = threading.Event()
+        committer.submit("end", [ev(0)], lambda err: done.set())
+        store.opened.set()
+        assert done.wait(BOUND)
+        if sum(sizes[0] for sizes in items.values()) <= max_batch:
+            assert set(items) <= set(store.writes[1])  # the head item of each
+        for w in store.writes[1:]:
+            events = sum(len(seqs) for seqs in w.values())
+            assert events <= max_batch or len(w) == 1  # one item larger than the batch
+        for sid, sizes in items.items():
+            seqs = [s for w in store.writes for s in w.get(sid, [])]
+            assert seqs == list(range(next_seq[sid]))
+            assert answered[sid] == list(range(len(sizes)))
+            starts = {sum(sizes[:k]) for k in range(len(sizes))}
+            for w in store.writes[1:]:
+                mine = w.get(sid, [])
+                assert len(mine) <= share or len(starts.intersection(mine)) == 1
+    finally:
+        committer.close(BOUND)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_quiet_session_is_committed_in_the_first_commit_during_a_flood(
+    kind: str, tmp_path: Path
+) -> None:
+    """Through sessions: one session has 5,000 appends queued at the committer (not
+    waited for) when another session appends one event; the quiet append is
+    acknowledged by the first commit after the one in progress, and the flood's
+    appends are all acknowledged, in order."""
+    inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "f.db")
+    store = Recording(inner)
+    gate = Session.start("gate", store=store, timeout=BOUND)
+    flood = Session.start("flood", store=store, timeout=BOUND)
+    quiet = Session.start("quiet", store=store, timeout=BOUND)
+    try:
+        gate.append("user_message", {"content": "hold the writer"})
+        assert store.entered.wait(BOUND)
+        flooded = [flood.append("user_message", {"content": f"f{i}"}) for i in range(FLOOD)]
+        flood._call(SessionActor.h_ping).get(timeout=BOUND)  # all handed to the committer
+        mine = quiet.append("user_message", {"content": "a quiet question"})
+        quiet._call(SessionActor.h_ping).get(timeout=BOUND)
+        store.opened.set()
+        assert mine.get(timeout=BOUND).seq == 0
+        assert [f.get(timeout=BOUND).seq for f in flooded] == list(range(FLOOD))
+        assert store.first_write_with("quiet") == 1
+    finally:
+        for s in (gate, flood, quiet):
+            s.stop(timeout=BOUND)
+        if kind == "sqlite":
+            inner.close()
