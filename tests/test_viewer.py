@@ -591,3 +591,89 @@ def test_serve_warns_about_a_bind_beyond_loopback_by_the_same_rule(
         taken.close()
     assert out.returncode == 1, out.stderr
     assert ("whoever reaches this machine" in out.stderr) == warned, out.stderr
+
+
+# -- the newest rows first ------------------------------------------------------------------
+
+
+class _CountingStore(MemoryStore):
+    """A MemoryStore that records the seq each read of events starts from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int] = []
+
+    def load_since(self, session_id: str, from_seq: int) -> list[Any]:
+        self.reads.append(from_seq)
+        return super().load_since(session_id, from_seq)
+
+
+def test_the_page_and_its_newest_rows_do_not_wait_for_the_whole_timeline() -> None:
+    """Opening a long session reads only its newest events; the whole timeline is
+    read when first asked for (the meta, a window, the surface), not before."""
+    log = long_log(5000, 100)
+    store = _CountingStore()
+    store.write({"long": log.events()})
+    with TestClient(create_app(store)) as c:
+        assert c.get("/session", params={"id": "long"}).status_code == 200
+        tail = c.get("/api/tail", params={"id": "long", "n": 50}).json()
+        assert store.reads == [log.count() - 50]  # the newest 50, nothing else
+        assert tail["ready"] is False
+        total = log.count()
+        assert (tail["lo"], tail["rows_total"], tail["next_seq"]) == (total - 50, total, total)
+        assert [r["row"] for r in tail["rows"]] == list(range(total - 50, total))
+        assert c.get("/session", params={"id": "nope"}).status_code == 404
+        assert c.get("/api/tail", params={"id": "nope"}).status_code == 404
+        assert c.get("/api/tail", params={"id": "long", "n": 0}).status_code == 400
+        whole = c.get("/api/rows", params={"id": "long", "lo": total - 50, "hi": total}).json()
+        assert store.reads[-1] == 0  # now the timeline is read
+        assert strip_turn(whole["rows"]) == strip_turn(tail["rows"])
+        again = c.get("/api/tail", params={"id": "long", "n": 50}).json()
+        assert again["ready"] is True
+        assert again["rows"] == whole["rows"]
+
+
+def strip_turn(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "turn"} for r in rows]
+
+
+@st.composite
+def _logs(draw: st.DrawFn) -> Log:
+    """Messages, turns and replaces (prunes, summaries, summaries of summaries) at random."""
+    log = Log().append("system_message", {"content": "start"})
+    for _ in range(draw(st.integers(1, 60))):
+        n = log.count()
+        kind = draw(st.sampled_from(["user", "assistant", "replace", "turn"]))
+        if kind == "replace" and n > 2:
+            start = draw(st.integers(1, n - 1))
+            stop = draw(st.integers(start, n - 1))
+            data = {"content": f"summary {n}", "surface_op": ("replace", start, stop)}
+            log = log.append("system_message", data)
+        elif kind == "turn":
+            log = log.append("turn_start", {"turn_id": f"t{n}", "owner": "o", "policy": "enqueue"})
+        else:
+            role = "assistant" if kind == "assistant" else "user"
+            log = log.append(f"{role}_message", {"content": f"{role} {n}"})
+    return log
+
+
+@given(_logs(), st.integers(1, 80), st.integers(0, 10))
+def test_the_newest_rows_read_alone_are_the_whole_timeline_s(
+    log: Log, n: int, dropped: int
+) -> None:
+    """Folded on their own, the newest n events are shadowed, greyed, badged and placed
+    as in the whole timeline (what shadows an event comes after it), also with seqs
+    dropped before them (a snapshot)."""
+    events = log.events()
+    kept = [ev for ev in events if not (0 < ev.seq <= dropped and ev.surface_op is None)]
+    fresh, built = MemoryStore(), MemoryStore()
+    for store in (fresh, built):
+        store.write({"s": kept})
+    with TestClient(create_app(fresh)) as c, TestClient(create_app(built)) as whole:
+        tail = c.get("/api/tail", params={"id": "s", "n": n}).json()
+        assert tail["ready"] is False
+        rows = whole.get(
+            "/api/rows", params={"id": "s", "lo": tail["lo"], "hi": tail["rows_total"]}
+        ).json()["rows"]
+        assert tail["rows_total"] == len(kept)
+    assert strip_turn(tail["rows"]) == strip_turn(rows)

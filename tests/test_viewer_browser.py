@@ -106,18 +106,37 @@ def served(tmp_path: Path) -> Iterator[Served]:
         s.stop()
 
 
+CSP = "default-src 'self'; frame-ancestors 'none'"
+
+
+def _watched(p: Page, errors: list[str]) -> Page:
+    """``p``, with its script errors, console errors (a refusal by the content security
+    policy among them) and responses without the policy collected in ``errors``."""
+    p.on("pageerror", lambda exc: errors.append(f"script: {exc}"))
+    p.on(
+        "console",
+        lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None,
+    )
+
+    def check(response: Any) -> None:
+        if response.headers.get("content-security-policy") != CSP:
+            errors.append(f"no policy on {response.url}")
+
+    p.on("response", check)
+    return p
+
+
 @pytest.fixture
 def page(browser: Browser, served: Served) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 820})
     context.set_default_timeout(WAIT_MS)
-    p = context.new_page()
     errors: list[str] = []
-    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    p = _watched(context.new_page(), errors)
     try:
         yield p
     finally:
         context.close()
-    assert errors == [], f"the page's script failed: {errors}"
+    assert errors == [], f"the page failed: {errors}"
 
 
 def _expect() -> Any:
@@ -247,9 +266,10 @@ def test_a_long_session_opens_and_scrolls_a_window_at_a_time(
     served = Served(long_db)
     context = browser.new_context(viewport={"width": 1400, "height": 820})
     context.set_default_timeout(WAIT_MS * 3)
+    errors: list[str] = []
     try:
         expect = _expect()
-        page = context.new_page()
+        page = _watched(context.new_page(), errors)
         loc = page.locator
         began = time.perf_counter()
         page.goto(served.url + "/session?id=long")
@@ -265,6 +285,81 @@ def test_a_long_session_opens_and_scrolls_a_window_at_a_time(
         # A generous bound for a shared machine; the docs give the measured figure.
         print(f"a 100k-event session with 1k compactions opened in {opened:.2f} s")
         assert opened < 5.0, f"the long session took {opened:.2f} s to open"
+    finally:
+        context.close()
+        served.stop()
+    assert errors == [], f"the page failed: {errors}"
+
+
+def test_a_long_session_draws_its_newest_rows_before_the_rest_is_read(
+    browser: Browser, long_db: Path
+) -> None:
+    """The newest rows are drawn, at the bottom of the whole, while the rest of the
+    session is still being read (here held back until they are seen), with a line
+    saying so; then every feature is there: the counts, the spans, the surface, live."""
+    served = Served(long_db)
+    context = browser.new_context(viewport={"width": 1400, "height": 820})
+    context.set_default_timeout(WAIT_MS * 3)
+    errors: list[str] = []
+    held: list[Any] = []
+    try:
+        expect = _expect()
+        page = _watched(context.new_page(), errors)
+
+        def hold(route: Any) -> None:  # the whole timeline waits
+            held.append(route)
+
+        page.route("**/api/session?*", hold)
+        loc = page.locator
+        page.goto(served.url + "/session?id=long")
+        last = long_log(100_000, 100).count() - 1
+        expect(loc(f".row[data-seq='{last}']")).to_be_visible()
+        expect(loc("#summary")).to_contain_text(f"the newest 200 of {last + 1:,} events")
+        expect(loc("#status")).to_have_text("reading the session…")
+        page.evaluate("document.getElementById('timeline').scrollTop -= 200 * 24")
+        expect(loc("#older")).to_be_visible()  # above the newest rows: what is still read
+        expect(loc("#older")).to_contain_text(f"Reading the {last + 1 - 200:,} older events")
+        assert loc(".span").count() > 0  # the replaces over the newest rows
+        assert held, "the whole timeline was asked for"
+        for route in held:
+            route.continue_()
+        page.unroute("**/api/session?*", hold)
+        expect(loc("#summary")).to_contain_text("1000 summaries")
+        expect(loc("#older")).to_have_count(0)
+        expect(loc("#status")).to_have_text("live")
+        expect(loc(f".row[data-seq='{last}']")).to_be_visible()  # following the tail
+        expect(loc("#surface-title")).to_contain_text(f"as of seq {last} (now)")
+    finally:
+        context.close()
+        served.stop()
+    assert errors == [], f"the page failed: {errors}"
+
+
+def test_five_digit_seq_ranges_stay_in_their_column(
+    browser: Browser, long_db: Path, tmp_path: Path
+) -> None:
+    """A replace's range of 5-digit seqs fits its column: nothing spills into the text."""
+    served = Served(long_db)
+    context = browser.new_context(viewport={"width": 1400, "height": 820})
+    context.set_default_timeout(WAIT_MS * 3)
+    try:
+        expect = _expect()
+        page = context.new_page()
+        page.goto(served.url + "/session?id=long")
+        expect(page.locator("#summary")).to_contain_text("1000 summaries")
+        ops = page.locator(".row .op .badge.summary")
+        expect(ops.first).to_be_visible()
+        page.screenshot(path=str(tmp_path / "five-digits.png"))
+        spills = page.evaluate(
+            """() => [...document.querySelectorAll('.row')].flatMap((row) => {
+                const op = row.querySelector('.op'), text = row.querySelector('.text');
+                const cells = [...row.querySelectorAll('.seq, .type, .op')];
+                const clipped = cells.filter((c) => c.scrollWidth > c.clientWidth);
+                const over = op.getBoundingClientRect().right > text.getBoundingClientRect().left;
+                return clipped.length || over ? [row.dataset.seq + ': ' + op.textContent] : [];
+            })"""
+        )
+        assert spills == []
     finally:
         context.close()
         served.stop()

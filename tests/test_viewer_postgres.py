@@ -27,6 +27,17 @@ def test_the_viewer_reads_a_postgres_store(pg_stores: Any) -> None:
         assert rows[4]["shadowed_by"] == PRUNE_SEQ
         info = c.get("/api/event", params={"id": "chat", "seq": OUTER_SUMMARY_SEQ}).json()
         assert info["replaces"]["count"] == 32
+    with TestClient(create_app(store)) as c:  # a fresh viewer: the newest rows first
+        assert c.get("/session", params={"id": "chat"}).status_code == 200
+        tail = c.get("/api/tail", params={"id": "chat", "n": 10}).json()
+        assert tail["ready"] is False
+        assert [r["row"] for r in tail["rows"]] == list(
+            range(OUTER_SUMMARY_SEQ - 9, OUTER_SUMMARY_SEQ + 1)
+        )
+        assert [r["shadowed_by"] for r in tail["rows"]] == [
+            r["shadowed_by"] for r in rows[OUTER_SUMMARY_SEQ - 9 :]
+        ]
+        assert c.get("/session", params={"id": "nope"}).status_code == 404
     with pytest.raises(StoreError, match="never writes"):
         store.write({"chat": []})
 

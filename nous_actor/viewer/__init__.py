@@ -7,6 +7,14 @@ loopback unless told otherwise. Importing ``nous_actor`` never imports this
 package.
 """
 
+from nous_actor.runtime.extras import missing_extra
+
+try:
+    import starlette  # noqa: F401  (the serve extra: the app)
+    import uvicorn  # noqa: F401  (the serve extra: the server)
+except ImportError as exc:
+    missing_extra("serve", __name__, exc)
+
 from nous_actor.viewer.app import create_app
 from nous_actor.viewer.server import DEFAULT_HOST, DEFAULT_PORT, serve
 from nous_actor.viewer.source import ReadOnlyStore, read_only_sqlite

@@ -10,7 +10,8 @@ JSON error saying what was wrong, never a traceback: an unknown or invalid
 session id (404), a malformed parameter (400), a store that fails (503).
 
 API (JSON): ``/api/sessions`` (a page of the session list), ``/api/session``
-(one session at a glance), ``/api/rows`` (a window of its timeline),
+(one session at a glance), ``/api/tail`` (its newest rows, drawn first: they
+do not wait for the whole timeline), ``/api/rows`` (a window of its timeline),
 ``/api/spans`` (the replaces over a window), ``/api/event`` (one event and its
 audit), ``/api/surface`` (the messages as of a seq) and ``/api/live`` (server-sent
 events: the session's next seq each time events are committed, from the
@@ -72,6 +73,9 @@ CACHED_SESSIONS: Final = 4
 WINDOW_MAX: Final = 1000
 """The most rows one ``/api/rows`` call returns."""
 
+TAIL: Final = 200
+"""The newest rows ``/api/tail`` returns by default (at most `WINDOW_MAX`)."""
+
 KEEPALIVE: Final = 15.0
 """Seconds between comments on a quiet live feed (so proxies keep it open)."""
 
@@ -108,10 +112,7 @@ class Timelines:
             _NoSession: the id is not valid, or the session has no stored event.
             StoreError: the store failed.
         """
-        try:
-            check_session_id(session_id, "id")
-        except (TypeError, ValueError) as exc:
-            raise _NoSession(str(exc)) from None
+        self._check(session_id)
         with self._lock:
             gate = self._loading.get(session_id)
             if gate is None:
@@ -124,10 +125,7 @@ class Timelines:
             if tl is None:
                 events = self.store.load_since(session_id, 0)
                 if not events:
-                    raise _NoSession(
-                        f"no session {session_id!r} in {self.store.where}; the list of "
-                        "sessions is at /"
-                    )
+                    raise self._missing(session_id)
                 tl = Timeline(session_id, events)
                 with self._lock:
                     self._cache[session_id] = tl
@@ -136,6 +134,89 @@ class Timelines:
             else:
                 tl.extend(self.store.load_since(session_id, tl.next_seq))
             return tl
+
+    def built(self, session_id: str) -> Timeline | None:
+        """The timeline of ``session_id`` if one is kept (not brought up to date)."""
+        with self._lock:
+            return self._cache.get(session_id)
+
+    def exists(self, session_id: str) -> None:
+        """Check that ``session_id`` is valid and stored, without reading its events.
+
+        Raises:
+            _NoSession: it is not valid, or the session has no stored event.
+            StoreError: the store failed.
+        """
+        self._check(session_id)
+        if self.built(session_id) is None and self.store.info(session_id) is None:
+            raise self._missing(session_id)
+
+    def tail(self, session_id: str, n: int) -> dict[str, Any]:
+        """The newest ``n`` rows of ``session_id`` with the spans over them, without
+        building its whole timeline when none is kept: they are read from the store
+        (its index gives their row numbers) and folded on their own, which gives
+        every one of them what the whole would (what shadows an event comes after it:
+        those replaces are among the rows read), except the turn of the rows before
+        the first turn boundary read. ``ready``: the whole timeline is kept.
+
+        Raises:
+            _NoSession: it is not valid, or the session has no stored event.
+            StoreError: the store failed.
+        """
+        self._check(session_id)
+        tl = self.built(session_id)
+        if tl is None:
+            info = self.store.info(session_id)
+            if info is None:
+                raise self._missing(session_id)
+            if info.error is None:
+                events = self.store.load_since(session_id, max(0, info.next_seq - n))
+                if not events:
+                    raise self._missing(session_id)
+                part = Timeline(session_id, events)
+                # The events up to the index's last seq are its last rows; any appended
+                # since come after them.
+                base = info.events - sum(1 for ev in events if ev.seq < info.next_seq)
+                count = len(events)
+                rows = part.rows(0, count)
+                for r in rows:
+                    r["row"] += base
+                spans = part.spans_over(0, count)
+                for s in spans["spans"]:
+                    s["lo"] += base
+                    s["hi"] += base
+                return {
+                    "lo": base,
+                    "rows": rows,
+                    "spans": spans,
+                    "rows_total": base + count,
+                    "next_seq": part.next_seq,
+                    "ready": False,
+                }
+            tl = self.get(session_id)  # a damaged index entry: read it all, as the rows will
+        with tl._lock:
+            total = len(tl.events)
+            lo = max(0, total - n)
+            return {
+                "lo": lo,
+                "rows": tl.rows(lo, total),
+                "spans": tl.spans_over(lo, total),
+                "rows_total": total,
+                "next_seq": tl.next_seq,
+                "ready": True,
+            }
+
+    @staticmethod
+    def _check(session_id: str) -> None:
+        try:
+            check_session_id(session_id, "id")
+        except (TypeError, ValueError) as exc:
+            raise _NoSession(str(exc)) from None
+
+    def _missing(self, session_id: str) -> _NoSession:
+        return _NoSession(
+            f"no session {session_id!r} in {self.store.where}; the list of sessions is at /"
+        )
 
 
 def _host_of(header: str) -> str | None:
@@ -287,8 +368,8 @@ def create_app(
         sid = request.query_params.get("id")
         if sid is None:
             return _page("No session named", "<p>Give one: <code>/session?id=ID</code>.</p>", 400)
-        try:
-            await run_in_threadpool(timelines.get, sid)
+        try:  # the page does not wait for the timeline: it draws the newest rows first
+            await run_in_threadpool(timelines.exists, sid)
         except _NoSession as exc:
             return _page("No such session", f"<p>{html.escape(str(exc))}</p>", 404)
         except StoreError as exc:
@@ -325,6 +406,13 @@ def create_app(
 
     async def session_api(request: Request) -> Response:
         return await api(lambda: {**timelines.get(_session_id(request)).meta(), "store": label})
+
+    async def tail_api(request: Request) -> Response:
+        def work() -> Any:
+            n = min(_int(request, "n", TAIL, low=1), WINDOW_MAX)
+            return {**timelines.tail(_session_id(request), n), "store": label}
+
+        return await api(work)
 
     async def rows_api(request: Request) -> Response:
         def work() -> Any:
@@ -442,6 +530,7 @@ def create_app(
         Route("/session", session_page),
         Route("/api/sessions", sessions_api),
         Route("/api/session", session_api),
+        Route("/api/tail", tail_api),
         Route("/api/rows", rows_api),
         Route("/api/spans", spans_api),
         Route("/api/event", event_api),

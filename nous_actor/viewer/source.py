@@ -95,6 +95,12 @@ class ReadOnlyStore:
     def index(self) -> list[SessionInfo]:
         return list_sessions(self.inner)
 
+    def info(self, session_id: str) -> SessionInfo | None:
+        """``session_id``'s entry in the index (``None``: no stored event), read without
+        decoding an event (one indexed query on SQLite and PostgreSQL)."""
+        found = list_sessions(self.inner, prefix=session_id, limit=1)
+        return found[0] if found and found[0].session_id == session_id else None
+
     def load_since(self, session_id: str, from_seq: int) -> list[Event]:
         return shared.load_since(self.inner, session_id, from_seq)
 

@@ -1,8 +1,9 @@
 // The viewer's page script: plain JavaScript, no library, nothing fetched from elsewhere.
-// The list page pages through /api/sessions; the session page draws only the rows in
-// view (fetched a chunk at a time from /api/rows), the spans over them (/api/spans), the
-// surface as of a seq (/api/surface), one event's audit (/api/event), and follows the
-// session live (/api/live, server-sent events).
+// The list page pages through /api/sessions; the session page draws its newest rows
+// first (/api/tail: they do not wait for the whole timeline, which the server reads
+// meanwhile), then only the rows in view (fetched a chunk at a time from /api/rows), the
+// spans over them (/api/spans), the surface as of a seq (/api/surface), one event's audit
+// (/api/event), and follows the session live (/api/live, server-sent events).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -102,13 +103,19 @@ function startList() {
 // -- one session --------------------------------------------------------------------------
 
 const CHUNK = 200;
+const TAIL = 200;  // the newest rows, drawn before the whole timeline is read
 const KEEP_CHUNKS = 40;
 const ROW = 24;
 const LANE = 10;
 const view = {
   id: "", meta: null, chunks: new Map(), pending: new Set(), asOf: null, selected: null,
   spans: { spans: [], more: 0 }, spanKey: "", generation: 0,
+  tail: null,  // the newest rows, until the whole timeline is read (view.meta)
 };
+
+function totalRows() {
+  return view.meta ? view.meta.rows : view.tail ? view.tail.rows_total : 0;
+}
 
 function turnColour(seq) {
   return `hsl(${(seq * 47) % 360} 55% 72%)`;
@@ -148,7 +155,7 @@ function drawRow(r) {
 function visibleRange() {
   const t = $("timeline");
   const first = Math.max(0, Math.floor(t.scrollTop / ROW) - 20);
-  const last = Math.min(view.meta.rows, Math.ceil((t.scrollTop + t.clientHeight) / ROW) + 20);
+  const last = Math.min(totalRows(), Math.ceil((t.scrollTop + t.clientHeight) / ROW) + 20);
   return [first, last];
 }
 
@@ -174,8 +181,24 @@ function render() {
   frame = requestAnimationFrame(() => { frame = 0; renderNow(); });
 }
 
+function renderTail() {
+  // The newest rows only: the older ones are being read (a line says so above them).
+  const tail = view.tail;
+  const [first, last] = visibleRange();
+  const out = tail.rows.filter((r) => r.row >= first && r.row < last).map(drawRow);
+  if (tail.lo > 0 && first < tail.lo) {
+    const waiting = el("div", "row pending", `Reading the ${tail.lo.toLocaleString()} older events…`);
+    waiting.id = "older";
+    waiting.style.top = (tail.lo - 1) * ROW + "px";
+    out.push(waiting);
+  }
+  $("rows").replaceChildren(...out);
+  view.spans = tail.spans;
+  drawSpans();
+}
+
 function renderNow() {
-  if (!view.meta) return;
+  if (!view.meta) { if (view.tail) renderTail(); return; }
   const [first, last] = visibleRange();
   const rows = $("rows");
   const out = [];
@@ -324,6 +347,7 @@ async function loadSurface() {
 }
 
 function setAsOf(seq) {
+  if (!view.meta) return;  // the whole timeline is still being read
   view.asOf = seq;
   const last = view.meta.next_seq - 1;
   $("asof-range").value = seq === null ? last : seq;
@@ -377,17 +401,35 @@ function follow() {
   };
 }
 
+async function showTail() {
+  // The newest rows, at their place in the whole: the page shows them at once.
+  const tail = await getJSON("/api/tail", { id: view.id, n: TAIL });
+  if (tail.ready) return;  // the whole timeline is read already: no need
+  view.tail = tail;
+  $("where").textContent = tail.store;
+  $("title").textContent = view.id;
+  $("summary").textContent =
+    `the newest ${tail.rows.length} of ${tail.rows_total.toLocaleString()} events; ` +
+    "reading the older ones…";
+  setStatus("reading the session…");
+  $("spacer").style.height = tail.rows_total * ROW + "px";
+  scrollToRow(tail.rows_total - 1, true);
+  renderNow();
+}
+
 async function startSession() {
   $("session-view").hidden = false;
   view.id = document.body.dataset.session;
+  $("timeline").addEventListener("scroll", render);
+  window.addEventListener("resize", render);
   try {
+    await showTail();
     await loadMeta();
   } catch (err) {
     setStatus("error: " + err.message);
     return;
   }
-  $("timeline").addEventListener("scroll", render);
-  window.addEventListener("resize", render);
+  view.tail = null;
   $("asof-range").addEventListener("input", () => setAsOf(Number($("asof-range").value)));
   $("asof-seq").addEventListener("change", () => {
     const v = Number($("asof-seq").value);
