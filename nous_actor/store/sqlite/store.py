@@ -202,8 +202,8 @@ class SQLiteStore(_Opening):
 
     def drop(self, session_id: str, seqs: Sequence[int]) -> None:
         """Delete the given seqs of one session (see `Store.drop`), then, once what
-        snapshots dropped reaches an eighth of the file, give the space back: the
-        file is rewritten packed (``VACUUM``), by itself for files up to 256 MiB
+        snapshots dropped reaches a tenth of the file, give the space back: the
+        file is rewritten packed (``VACUUM``), by itself for files up to 128 MiB
         (see `vacuum`). A vacuum that fails is logged; the drop stands."""
         if not seqs:
             return
@@ -239,9 +239,9 @@ class SQLiteStore(_Opening):
         leaves the file as it was), then empty the WAL; returns the file's size
         in bytes after.
 
-        Snapshots call it by themselves for files up to 256 MiB; call it on a
+        Snapshots call it by themselves for files up to 128 MiB; call it on a
         larger file at a quiet time: it holds the write lock while it copies
-        the file (about 0.7 s per 100 MB on a 2-CPU machine), and every write
+        the file (0.7 to 1.5 s per 100 MB on 2 CPUs), and every write
         meanwhile, from this process or another, waits (up to its ``timeout``).
         It needs free disk space of about the file's size.
 

@@ -8,7 +8,9 @@ made so far, and an incremental vacuum would only hand back wholly free pages,
 not pack the half-empty ones a snapshot of interleaved events leaves). A
 ``VACUUM`` packs every page. It is one transaction (a crash or a full disk
 during it leaves the file as it was) and holds the write lock while it copies
-the file (about 0.7 s for 115 MB on a 2-CPU machine), so it is bounded twice:
+the file (measured on 2 CPUs: 0.7 s for a 115 MB file when idle, up to 1.5 s
+for 96 MB when shared with other work); it runs on the store's writer thread,
+so this process's appends wait for it too. So it is bounded twice:
 
 * it runs only once the bytes dropped by this store since its last vacuum
   reach `_SHARE` of the file, so the copying costs at most about
@@ -33,34 +35,52 @@ if TYPE_CHECKING:
 
 logger = get_logger("nous_actor.store.sqlite")
 
-_SHARE: Final = 0.125
+_SHARE: Final = 0.1
 """The share of the file the dropped bytes must reach before a snapshot vacuums it."""
 
-_AUTO_MIN_BYTES: Final = 256 * 1024
+_AUTO_MIN_BYTES: Final = 64 * 1024
 """Dropped bytes below which no vacuum is worth its transaction (small files)."""
 
-_AUTO_MAX_BYTES: Final = 256 * 1024 * 1024
+_AUTO_MAX_BYTES: Final = 128 * 1024 * 1024
 """The largest file a snapshot vacuums by itself (a few seconds of write lock at most
 on a slow disk; other processes wait for it up to their ``timeout``)."""
 
-_ROW_OVERHEAD: Final = 16
-"""Bytes a stored row costs beyond its values (record header, cell pointer, seq)."""
+_CELL_OVERHEAD: Final = 12
+"""Bytes a stored row costs beyond its record's values: the record header, the payload
+length, the cell pointer, an overflow pointer."""
+
+
+def _row_bytes(payload: int, usable: int) -> int:
+    """The bytes of the file one row of ``payload`` bytes takes, overflow pages included
+    (SQLite's rule for the cells of a ``WITHOUT ROWID`` table, whose rows are stored as
+    an index's: what does not fit in the page spills to pages of ``usable - 4``)."""
+    most = (usable - 12) * 64 // 255 - 23
+    if payload <= most:
+        return payload + _CELL_OVERHEAD
+    least = (usable - 12) * 32 // 255 - 23
+    local = least + (payload - least) % (usable - 4)
+    if local > most:
+        local = least
+    pages = -(-(payload - local) // (usable - 4))
+    return local + _CELL_OVERHEAD + pages * usable
 
 
 def dropped_bytes(conn: sqlite3.Connection, session_id: str, seqs: Sequence[int]) -> int:
     """Inside the drop's transaction, before its delete: about how many bytes of the
-    file the rows of ``seqs`` take (their values plus a row's overhead)."""
+    file the rows of ``seqs`` take (their values, a row's overhead, and the overflow
+    pages of a row too large for one page)."""
+    usable = int(conn.execute("PRAGMA page_size").fetchone()[0])
     total = 0
     wanted = [s for s in seqs if isinstance(s, int) and 0 <= s < 2**63]
     for lo in range(0, len(wanted), _IN_CHUNK):
         chunk = wanted[lo : lo + _IN_CHUNK]
-        row = conn.execute(
-            "SELECT count(*), total(length(CAST(session_id AS BLOB)) + length(type) + "
-            "length(time) + length(CAST(data AS BLOB))) FROM events WHERE session_id = ? "
+        rows = conn.execute(
+            "SELECT length(CAST(session_id AS BLOB)) + length(type) + length(time) + "
+            "length(CAST(data AS BLOB)) + 8 FROM events WHERE session_id = ? "
             f"AND seq IN ({','.join('?' * len(chunk))})",
             [session_id, *chunk],
-        ).fetchone()
-        total += int(row[1]) + _ROW_OVERHEAD * int(row[0])
+        ).fetchall()
+        total += sum(_row_bytes(int(r[0]), usable) for r in rows)
     return total
 
 
