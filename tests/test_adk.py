@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 
 import pytest
 from google.adk.agents.llm_agent import LlmAgent
+from google.adk.agents.run_config import RunConfig
 from google.adk.apps.app import App, EventsCompactionConfig
 from google.adk.apps.llm_event_summarizer import LlmEventSummarizer
+from google.adk.errors import StaleSessionError
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions, EventCompaction
 from google.adk.models.base_llm import BaseLlm
@@ -26,8 +28,9 @@ from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.adk.sessions.session import Session as AdkSession
+from google.adk.tools.tool_context import ToolContext
 from google.genai import types
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import Field
 
@@ -41,6 +44,7 @@ from nous_actor.integrations.adk import (
     NousRunPlugin,
     NousSessionService,
     parse_key,
+    refused_by_turn,
     session_key,
 )
 from nous_actor.sessions.faults import crash
@@ -419,6 +423,198 @@ def test_a_stale_session_object_appends_in_order(sessions: Sessions) -> None:
     run(body())
 
 
+def test_a_stale_session_object_that_would_lose_an_update_is_refused(sessions: Sessions) -> None:
+    """A Session object whose state delta writes a key another writer changed since it was
+    loaded is refused with ADK's StaleSessionError, nothing stored; other keys, and the
+    object's own earlier writes, never make it stale."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+
+        async def load() -> AdkSession:
+            got = await service.get_session(app_name="a", user_id="u", session_id="s")
+            assert got is not None
+            return got
+
+        def delta(**kv: Any) -> Event:
+            return Event(author="user", actions=EventActions(state_delta=kv))
+
+        one, two = await load(), await load()
+        await service.append_event(one, delta(n=1))
+        await service.append_event(one, delta(n=2))  # its own write: not stale
+        await service.append_event(two, delta(m=1))  # another key: kept
+        await service.append_event(two, Event(author="user", content=text("hi")))  # no state
+        with pytest.raises(StaleSessionError):
+            await service.append_event(two, delta(n=10))
+        with pytest.raises(StaleSessionError):  # user: keys too
+            await service.append_event(one, delta(**{"user:k": 1, "m": 5}))
+        got = await load()
+        assert got.state == {"n": 2, "m": 1}
+        assert len(got.events) == 4
+        assert [e.actions.state_delta for e in two.events] == [{"m": 1}, {}]
+        await service.append_event(got, delta(n=3, m=3))  # loaded after: current
+        await service.append_event(one, delta(**{"user:k": 1}))
+        with pytest.raises(StaleSessionError):
+            await service.append_event(got, delta(**{"user:k": 2}))
+        final = await load()
+        assert final.state == {"n": 3, "m": 3, "user:k": 1}
+
+    run(body())
+
+
+STALE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("load"), st.integers(0, 2)),
+        st.tuples(
+            st.just("write"),
+            st.integers(0, 2),
+            st.sets(st.sampled_from(["k", "j", "user:k", "app:k"]), min_size=1, max_size=2),
+        ),
+        st.tuples(st.just("event"), st.integers(0, 2)),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(STALE_OPS)
+def test_stale_is_refused_exactly_where_an_update_would_be_lost(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    """Three Session objects of one session write state keys (session, user: and app:) in any
+    order: a write is refused as stale exactly when one of its keys was written, since the
+    object was loaded, by someone else (or by it, then by someone else); the stored state
+    is the model's."""
+    store = MemoryStore()
+    registry = Sessions(store, timeout=20)
+    service = NousSessionService(registry)
+
+    async def body() -> None:
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        clock = 0
+        last: dict[str, int] = {}  # key -> clock of its last stored write
+        state: dict[str, int] = {}
+        objects: dict[int, tuple[AdkSession, int, dict[str, int]]] = {}
+
+        async def load(i: int) -> None:
+            got = await service.get_session(app_name="a", user_id="u", session_id="s")
+            assert got is not None
+            objects[i] = (got, clock, {})
+
+        for i in range(3):
+            await load(i)
+        for op in ops:
+            clock += 1
+            if op[0] == "load":
+                await load(op[1])
+                continue
+            obj, loaded, own = objects[op[1]]
+            if op[0] == "event":
+                await service.append_event(obj, Event(author="user", content=text("x")))
+                continue
+            keys = sorted(op[2])
+            stale = any(last.get(k, -1) > own.get(k, loaded) for k in keys)
+            event = Event(
+                author="user", actions=EventActions(state_delta=dict.fromkeys(keys, clock))
+            )
+            if stale:
+                with pytest.raises(StaleSessionError):
+                    await service.append_event(obj, event)
+                continue
+            await service.append_event(obj, event)
+            for k in keys:
+                last[k] = own[k] = clock
+                state[k] = clock
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        assert got.state == state
+
+    try:
+        run(body())
+    finally:
+        registry.close()
+        store.close()
+
+
+def test_two_runs_without_the_plugin_do_not_lose_a_state_update(sessions: Sessions) -> None:
+    """Without the plugin, two concurrent runs whose tool read-modify-writes user:calls: the
+    second write would lose the first, so it is refused (StaleSessionError, as ADK's
+    database service refuses it), and the stored count is the first run's."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        both_read = asyncio.Barrier(2)
+
+        async def count(tool_context: ToolContext) -> int:
+            """Counts a call."""
+            seen = int(tool_context.state.get("user:calls", 0))
+            await asyncio.wait_for(both_read.wait(), BOUND)
+            tool_context.state["user:calls"] = seen + 1
+            return seen + 1
+
+        async def script(request: LlmRequest, n: int) -> LlmResponse:
+            if request.contents[-1].parts[0].function_response is None:  # type: ignore[index]
+                return LlmResponse(
+                    content=types.Content(
+                        role="model", parts=[types.Part.from_function_call(name="count", args={})]
+                    )
+                )
+            return model_text("counted")
+
+        agent = LlmAgent(name="helper", model=ScriptedLlm(script=script), tools=[count])
+        runner = Runner(app=App(name="a", root_agent=agent), session_service=service)
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        done = await asyncio.gather(
+            collect(runner, "s", "one"), collect(runner, "s", "two"), return_exceptions=True
+        )
+        failed = [r for r in done if isinstance(r, BaseException)]
+        assert len(failed) == 1, done
+        assert isinstance(failed[0], StaleSessionError), failed
+        assert await service.get_user_state(app_name="a", user_id="u") == {"calls": 1}
+
+    run(body())
+
+
+def test_listed_last_update_time_is_get_sessions(sessions: Sessions) -> None:
+    """list_sessions gives each session the last_update_time get_session gives it: after a
+    run in a turn (its turn_end written after the last event), events stamped in the past,
+    events with and without state, a checkpoint."""
+    service = NousSessionService(sessions)
+
+    async def answer(request: LlmRequest, n: int) -> LlmResponse:
+        return model_text("ok")
+
+    runner = make_runner(service, ScriptedLlm(script=answer), service.plugin())
+
+    async def body() -> None:
+        s1 = await service.create_session(app_name="a", user_id="u", session_id="run")
+        await collect(runner, "run", "hello")
+        s2 = await service.create_session(app_name="a", user_id="u", session_id="past")
+        await service.append_event(s2, Event(author="user", content=text("x"), timestamp=5.5))
+        s3 = await service.create_session(app_name="a", user_id="u", session_id="state")
+        await service.append_event(
+            s3, Event(author="user", actions=EventActions(state_delta={"k": 1}), timestamp=7.25)
+        )
+        await service.append_event(s3, Event(author="user", content=text("y"), timestamp=6.0))
+        s4 = await service.create_session(app_name="a", user_id="u", session_id="long")
+        for i in range(adk.CHECKPOINT_EVERY + 1):
+            await service.append_event(s4, Event(author="user", timestamp=100.0 + i))
+        await service.create_session(app_name="a", user_id="u", session_id="fresh")
+        del s1
+        listed = (await service.list_sessions(app_name="a", user_id="u")).sessions
+        assert len(listed) == 5
+        for every in (listed, (await service.list_sessions(app_name="a")).sessions):
+            for x in every:
+                got = await service.get_session(app_name="a", user_id="u", session_id=x.id)
+                assert got is not None
+                assert x.last_update_time == got.last_update_time, x.id
+        assert {x.id: x.last_update_time for x in listed}["past"] == 5.5
+        assert {x.id: x.last_update_time for x in listed}["state"] == 6.0
+
+    run(body())
+
+
 # -- runs -------------------------------------------------------------------------------------
 
 
@@ -567,6 +763,197 @@ def test_a_run_with_policy_reject_fails_while_another_holds_the_session(
         assert [e.content.parts[0].text for e in got.events] == ["A", "done"]  # type: ignore[union-attr,index]
 
     run(body())
+
+
+def test_queued_runs_start_from_every_event_committed_before_them(sessions: Sessions) -> None:
+    """Ten runs queued behind a first one: each model request holds the whole conversation
+    committed before it (the last one all eleven user messages and ten answers)."""
+    service = NousSessionService(sessions)
+    names = [f"m{i}" for i in range(1, 11)]
+
+    async def body() -> None:
+        reached = {n: asyncio.Event() for n in names}
+        first_in_model = asyncio.Event()
+        release = asyncio.Event()
+
+        async def script(request: LlmRequest, n: int) -> LlmResponse:
+            last = request_texts(request)[-1]
+            if last == "m0":
+                first_in_model.set()
+                await asyncio.wait_for(release.wait(), BOUND)
+            return model_text(f"answer to {last}")
+
+        llm = ScriptedLlm(script=script)
+        runner = make_runner(service, llm, SignallingPlugin(service, reached))
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        first = asyncio.ensure_future(collect(runner, "s", "m0"))
+        await asyncio.wait_for(first_in_model.wait(), BOUND)
+        queued = [asyncio.ensure_future(collect(runner, "s", n)) for n in names]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in reached.values())), BOUND)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, *queued), BOUND)
+        assert len(llm.seen) == 11
+        for i, request in enumerate(llm.seen):
+            texts = request_texts(request)
+            assert len(texts) == 2 * i + 1, (i, texts)
+            asked = texts[0::2]
+            assert texts[1::2] == [f"answer to {q}" for q in asked[:-1]]
+        assert sorted(request_texts(llm.seen[-1])[0::2]) == sorted(["m0", *names])
+
+    run(body())
+
+
+@pytest.mark.parametrize("recent", [0, 1, 2, 5])
+def test_a_queued_run_keeps_what_it_loaded_and_gains_what_was_committed_since(
+    sessions: Sessions, recent: int
+) -> None:
+    """A run that read the latest ``recent`` events (its get_session_config) and then waited
+    for another run's turn starts from those events plus every one committed since: never
+    fewer, never the older ones it did not read."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        s = await service.create_session(app_name="a", user_id="u", session_id="s")
+        for i, t in enumerate(["u1", "a1", "u2", "a2"], start=1):
+            await service.append_event(s, Event(author="user", content=text(t), timestamp=i))
+        reached = {"B": asyncio.Event()}
+        a_in_model = asyncio.Event()
+
+        async def script(request: LlmRequest, n: int) -> LlmResponse:
+            last = request_texts(request)[-1]
+            if last == "A":
+                a_in_model.set()
+                await asyncio.wait_for(reached["B"].wait(), BOUND)
+            return model_text(f"answer to {last}")
+
+        llm = ScriptedLlm(script=script)
+        runner = make_runner(service, llm, SignallingPlugin(service, reached))
+        first = asyncio.ensure_future(collect(runner, "s", "A"))
+        await asyncio.wait_for(a_in_model.wait(), BOUND)
+        config = RunConfig(get_session_config=GetSessionConfig(num_recent_events=recent))
+        second = [
+            e
+            async for e in runner.run_async(
+                user_id="u", session_id="s", new_message=text("B"), run_config=config
+            )
+        ]
+        await asyncio.wait_for(first, BOUND)
+        assert second
+        loaded = ["u1", "a1", "u2", "a2", "A"][5 - recent :] if recent else []
+        assert request_texts(llm.seen[-1]) == [*loaded, "answer to A", "B"]
+
+    run(body())
+
+
+@pytest.mark.filterwarnings(r"ignore:\[EXPERIMENTAL\]:UserWarning")  # ADK's compaction config
+def test_compaction_after_a_run_is_stored_while_a_queued_run_holds_the_session(
+    store: Store,
+) -> None:
+    """ADK compacts after a run, outside its turn, while the run queued behind it already
+    holds the session: the compaction is stored at once (not after the later run, nor
+    refused at the bound), and both runs complete."""
+    registry = Sessions(store, timeout=5)
+    service = NousSessionService(registry)
+
+    async def body() -> None:
+        reached = {"B": asyncio.Event()}
+        a_in_model = asyncio.Event()
+        first: asyncio.Future[list[Event]] | None = None
+
+        async def answer(request: LlmRequest, n: int) -> LlmResponse:
+            last = request_texts(request)[-1]
+            if last == "A":
+                a_in_model.set()
+                await asyncio.wait_for(reached["B"].wait(), BOUND)
+            elif last == "B":  # hold B's turn until A (with its compaction) is done
+                assert first is not None
+                await asyncio.wait([first], timeout=BOUND)
+            return model_text(f"answer to {last}")
+
+        async def summarise(request: LlmRequest, n: int) -> LlmResponse:
+            return model_text(f"SUMMARY {n}")
+
+        agent = LlmAgent(name="helper", model=ScriptedLlm(script=answer))
+        compaction = EventsCompactionConfig(
+            summarizer=LlmEventSummarizer(llm=ScriptedLlm(script=summarise)),
+            compaction_interval=1,
+            overlap_size=0,
+        )
+        plugin = SignallingPlugin(service, reached)
+        app = App(
+            name="a", root_agent=agent, plugins=[plugin], events_compaction_config=compaction
+        )
+        runner = Runner(app=app, session_service=service)
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        first = asyncio.ensure_future(collect(runner, "s", "A"))
+        await asyncio.wait_for(a_in_model.wait(), BOUND)
+        second = asyncio.ensure_future(collect(runner, "s", "B"))
+        done = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), BOUND)
+        assert not [r for r in done if isinstance(r, BaseException)], done
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert got is not None
+        assert [e.actions.compaction is not None for e in got.events].count(True) >= 1
+        plain = [e.content.parts[0].text for e in got.events if e.content]  # type: ignore[index]
+        assert plain == ["A", "answer to A", "B", "answer to B"]
+        handle = await registry.aopen(session_key("a", "u", "s"))
+        log = await handle.events()
+        starts = [e.seq for e in log if e.type is EventType.TURN_START]
+        ends = [e.seq for e in log if e.type is EventType.TURN_END]
+        [a_summary] = [
+            e for e in log if e.surface_op is not None and e.data["content"] == "SUMMARY 1"
+        ]
+        assert ends[0] < starts[1] < a_summary.seq < ends[1]  # after A's turn, in B's
+
+    try:
+        run(body())
+    finally:
+        registry.close()
+
+
+def test_a_refused_run_is_told_apart_from_other_errors(sessions: Sessions) -> None:
+    """refused_by_turn finds the TurnBusy inside the RuntimeError ADK's plugin manager raises
+    for a refused run, and nothing in other errors."""
+    service = NousSessionService(sessions)
+
+    async def body() -> None:
+        release = asyncio.Event()
+        a_in_model = asyncio.Event()
+
+        async def script(request: LlmRequest, n: int) -> LlmResponse:
+            if request_texts(request)[-1] == "A":
+                a_in_model.set()
+                await asyncio.wait_for(release.wait(), BOUND)
+            return model_text("done")
+
+        runner = make_runner(service, ScriptedLlm(script=script), service.plugin("reject"))
+        await service.create_session(app_name="a", user_id="u", session_id="s")
+        first = asyncio.ensure_future(collect(runner, "s", "A"))
+        await asyncio.wait_for(a_in_model.wait(), BOUND)
+        try:
+            await collect(runner, "s", "B")
+        except RuntimeError as exc:
+            busy = refused_by_turn(exc)
+            assert isinstance(busy, TurnBusy)
+            assert busy is exc.__cause__
+        else:
+            raise AssertionError("the second run was not refused")
+        release.set()
+        await asyncio.wait_for(first, BOUND)
+
+    run(body())
+    assert refused_by_turn(RuntimeError("other")) is None
+    assert refused_by_turn(ValueError("x")) is None
+    busy = TurnBusy("the session is in a turn", holder="someone")
+    assert refused_by_turn(busy) is busy
+    wrapped = RuntimeError("twice")
+    wrapped.__cause__ = RuntimeError("once")
+    wrapped.__cause__.__cause__ = busy
+    assert refused_by_turn(wrapped) is busy  # however deep ADK's wrapping
+    unrelated = RuntimeError("a failure while handling one")
+    unrelated.__context__ = busy  # a TurnBusy only as context: not what refused the run
+    assert refused_by_turn(unrelated) is None
+    with pytest.raises(TypeError, match="takes an exception"):
+        refused_by_turn("TurnBusy")  # type: ignore[arg-type]
 
 
 def test_a_crash_of_the_session_mid_run_recovers(sessions: Sessions) -> None:

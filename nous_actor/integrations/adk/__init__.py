@@ -91,7 +91,7 @@ from nous_actor.integrations.adk.ids import (
     session_key,
     user_key,
 )
-from nous_actor.integrations.adk.runs import NousRunPlugin
+from nous_actor.integrations.adk.runs import NousRunPlugin, refused_by_turn
 from nous_actor.integrations.adk.service import NousSessionService
 
 __all__ = [
@@ -102,6 +102,7 @@ __all__ = [
     "directory_key",
     "event_data",
     "parse_key",
+    "refused_by_turn",
     "session_key",
     "user_key",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Final, Literal
 
 try:
+    from google.adk.errors import StaleSessionError
     from google.adk.errors.already_exists_error import AlreadyExistsError
     from google.adk.errors.session_not_found_error import SessionNotFoundError
     from google.adk.events.event import Event as AdkEvent
@@ -45,6 +46,7 @@ __all__ = [
     "Kind",
     "ListSessionsResponse",
     "SessionNotFoundError",
+    "StaleSessionError",
     "State",
     "to_jsonable_python",
 ]
@@ -56,8 +58,9 @@ RECORD_KEY: Final = "adk"
 """Top-level ``data`` key of the service's own records (``request_header`` events):
 ``{"op": "create", "state": {...}}``, ``{"op": "delete"}``, ``{"op": "state",
 "delta": {...}}``, ``{"op": "checkpoint", "upto": seq, "state": {...}}`` and, in a
-user's directory, ``{"op": "session", "id": ..., "seq": ..., "state": {...}}`` (what
-`list_sessions` reads)."""
+user's directory, ``{"op": "session", "id": ..., "seq": ..., "ts": ..., "state": {...}}``
+(what `list_sessions` reads: ``ts`` the session's last update time as of the event at
+``seq``, ``state`` present when it is written whole)."""
 
 STATE_KEY: Final = "adk_state"
 """Top-level ``data`` key holding the session-scoped part of an event's state delta."""

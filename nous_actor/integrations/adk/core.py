@@ -8,15 +8,25 @@ session refused it (and opening a run's turn again when a restart ended it).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import weakref
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from nous_actor.core.event import Event, EventType
 from nous_actor.core.log import Log
 from nous_actor.errors import SessionStopped, TurnInterrupted
 from nous_actor.integrations._resend import refused, resend
-from nous_actor.integrations.adk.base import CACHE_SIZE, MAX_ATTEMPTS, BaseSessionService
+from nous_actor.integrations.adk.base import (
+    CACHE_SIZE,
+    MAX_ATTEMPTS,
+    AdkSession,
+    BaseSessionService,
+)
 from nous_actor.integrations.adk.folds import _StateView, _View
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
@@ -25,6 +35,24 @@ from nous_actor.sessions.turns import Policy
 from nous_actor.store.sqlite import SQLiteStore
 
 F = TypeVar("F", _View, _StateView)
+
+Scope = Literal["session", "user", "app"]
+
+
+@dataclass
+class _Load:
+    """What a `Session` object this service returned has seen of the logs it reads: each
+    log's count when it was loaded (``seen``), the seq of the first event it was given
+    (``first``), and the keys it wrote since, each with the count after its write."""
+
+    seen: dict[Scope, int]
+    first: int
+    own: dict[tuple[Scope, str], int] = field(default_factory=dict)
+    ref: weakref.ref[AdkSession] | None = None
+
+    def since(self, scope: Scope, key: str) -> int:
+        """The first seq of ``scope``'s log whose write of ``key`` this object has not seen."""
+        return self.own.get((scope, key), self.seen[scope])
 
 
 class _ServiceCore(BaseSessionService):
@@ -42,6 +70,55 @@ class _ServiceCore(BaseSessionService):
         self._views: OrderedDict[str, _View] = OrderedDict()
         self._states: OrderedDict[str, _StateView] = OrderedDict()
         self._turns: dict[tuple[str, str], Turn] = {}
+        self._opening: dict[str, list[asyncio.Future[Any]]] = {}  # turns asked for, not open
+        self._loads: dict[int, _Load] = {}  # by id() of the Session objects returned
+        self._guards: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def _remember(self, session: AdkSession, load: _Load) -> None:
+        """Keep what ``session`` (an object returned to a caller) has seen, for as long as
+        it lives."""
+        key = id(session)
+        known = self._loads.get(key)
+        if known is not None and known.ref is not None and known.ref() is session:
+            load.ref = known.ref
+        else:
+            loads = self._loads
+
+            def forget(_: object) -> None:
+                loads.pop(key, None)
+
+            load.ref = weakref.ref(session, forget)
+        self._loads[key] = load
+
+    def _load_of(self, session: AdkSession) -> _Load | None:
+        load = self._loads.get(id(session))
+        if load is None or load.ref is None or load.ref() is not session:
+            return None
+        return load
+
+    @contextlib.asynccontextmanager
+    async def _guard(self, names: list[str]) -> AsyncIterator[None]:
+        """Hold the service's locks named ``names`` (in that order), each made when first
+        asked for and let go when nobody holds or waits for it."""
+        counted: list[str] = []
+        acquired: list[asyncio.Lock] = []
+        try:
+            for name in names:
+                lock, users = self._guards.get(name) or (asyncio.Lock(), 0)
+                self._guards[name] = (lock, users + 1)
+                counted.append(name)
+                await lock.acquire()
+                acquired.append(lock)
+            yield
+        finally:
+            for lock in reversed(acquired):
+                lock.release()
+            for name in counted:
+                lock, users = self._guards[name]
+                if users == 1:
+                    del self._guards[name]
+                else:
+                    self._guards[name] = (lock, users - 1)
 
     async def _handle(self, key: str) -> Session:
         handle = self._handles.get(key)
@@ -89,14 +166,26 @@ class _ServiceCore(BaseSessionService):
         key: str,
         items: list[tuple[EventType, dict[str, Any], datetime]],
         invocation_id: str | None = None,
+        any_turn: bool = False,
     ) -> list[Event]:
-        """Append ``items`` as one batch: through the run's turn when one is open."""
+        """Append ``items`` as one batch: through the run's turn when one is open; with
+        ``any_turn`` (a write that may land inside whichever run holds the session, as a
+        compaction's replace of earlier events may), through the turn of the run of this
+        service that holds the session or is being given it, instead of waiting for it."""
         for attempt in range(MAX_ATTEMPTS):
             turn = self._turns.get((key, invocation_id)) if invocation_id else None
+            borrowed = False
+            if turn is None and any_turn:
+                turn = await self._turn_on(key)
+                borrowed = turn is not None
             if turn is not None:
                 try:
                     return await turn.append_many(items)
-                except TurnInterrupted as exc:
+                except (TurnInterrupted, RuntimeError) as exc:
+                    if borrowed and attempt < MAX_ATTEMPTS - 1:
+                        continue  # that run's turn ended meanwhile: write again
+                    if not isinstance(exc, TurnInterrupted):
+                        raise
                     if attempt == MAX_ATTEMPTS - 1 or not await self._ended_by_restart(key, exc):
                         raise
                     await self._open_turn(
@@ -135,5 +224,27 @@ class _ServiceCore(BaseSessionService):
         """Open a turn of session ``key`` for run ``invocation``: its writes go through it."""
         handle = await self._handle(key)
         turn = handle.turn(policy, owner=owner, lease=lease, timeout=wait)
-        await turn.aopen()
-        self._turns[(key, invocation)] = turn
+        opening = asyncio.ensure_future(turn.aopen())
+        waiting = self._opening.setdefault(key, [])
+        waiting.append(opening)
+        try:
+            await opening
+            self._turns[(key, invocation)] = turn
+        finally:
+            waiting.remove(opening)
+            if not waiting and self._opening.get(key) is waiting:
+                del self._opening[key]
+
+    async def _turn_on(self, key: str) -> Turn | None:
+        """The open turn of a run of this service on session ``key``; else, if one is being
+        opened, that one once it is open (the session may have given it already); else
+        ``None``."""
+        for _ in range(MAX_ATTEMPTS):
+            for (k, _run), turn in reversed(self._turns.items()):
+                if k == key:
+                    return turn
+            waiting = self._opening.get(key)
+            if not waiting:
+                return None
+            await asyncio.wait([waiting[0]])  # bounded: an open waits at most its `wait`
+        return None

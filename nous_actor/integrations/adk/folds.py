@@ -28,6 +28,7 @@ class _View:
     last_update: float = 0.0
     checkpoint: int = -1  # seq of the latest checkpoint (or create) record
     log: Log | None = None
+    writes: dict[str, int] = field(default_factory=dict)  # state key -> seq of its last write
 
     def catch_up(self, log: Log) -> None:
         if log.count() <= self.seen:  # nothing new (or an older snapshot of the log)
@@ -42,13 +43,14 @@ class _View:
                 if op == "create":
                     self.created = self.checkpoint = ev.seq
                     self.state = thaw(rec.get("state") or {})
+                    self.writes = dict.fromkeys(self.state, ev.seq)
                     self.seqs, self.times, self.positions, self.decoded = [], [], [], {}
                     self.last_update = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
                     continue
                 if op == "delete":
                     self.created = None
                     self.state, self.seqs, self.times, self.decoded = {}, [], [], {}
-                    self.positions = []
+                    self.positions, self.writes = [], {}
                     continue
             if self.created is None or _adk_payload(ev) is None:
                 continue
@@ -59,6 +61,8 @@ class _View:
             delta = ev.data.get(STATE_KEY)
             if delta:
                 self.state.update(thaw(delta))
+                for key in delta:
+                    self.writes[key] = ev.seq
             self.last_update = ts
         self.seen = log.count()
         self.log = log
@@ -137,12 +141,26 @@ def _tail(log: Log, n: int) -> _Tail | None:
 
 
 @dataclass
+class _Listed:
+    """A session as its user's directory lists it: its state as of the event at
+    ``state_seq``, its last update time as of the event at ``ts_seq`` (``None``: written
+    before directories kept it)."""
+
+    state_seq: int
+    state: dict[str, Any]
+    ts_seq: int = -1
+    ts: float | None = None
+
+
+@dataclass
 class _StateView:
     """App or user state, or a user's directory of sessions."""
 
     seen: int = 0
     state: dict[str, Any] = field(default_factory=dict)
-    directory: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+    writes: dict[str, int] = field(default_factory=dict)  # state key -> seq of its last write
+    directory: dict[str, _Listed] = field(default_factory=dict)
+    deleted: dict[str, int] = field(default_factory=dict)  # session id -> seq of its deletion
 
     def catch_up(self, log: Log) -> None:
         if log.count() <= self.seen:
@@ -153,15 +171,31 @@ class _StateView:
                 continue
             op = rec.get("op")
             if op == "state":
-                self.state.update(thaw(rec.get("delta") or {}))
+                delta = rec.get("delta") or {}
+                self.state.update(thaw(delta))
+                for key in delta:
+                    self.writes[key] = ev.seq
             elif op == "session":
-                sid, seq = str(rec.get("id")), int(rec.get("seq", 0))
-                known = self.directory.get(sid)
-                if known is None or known[0] <= seq:
-                    self.directory[sid] = (seq, thaw(rec.get("state") or {}))
+                self._listed(rec)
             elif op == "session_deleted":
                 sid, seq = str(rec.get("id")), int(rec.get("seq", 0))
                 known = self.directory.get(sid)
-                if known is None or known[0] <= seq:
+                if known is None or max(known.state_seq, known.ts_seq) <= seq:
                     self.directory.pop(sid, None)
+                    self.deleted[sid] = max(seq, self.deleted.get(sid, -1))
         self.seen = log.count()
+
+    def _listed(self, rec: Any) -> None:
+        """Fold one ``session`` record: records of one session may arrive out of order
+        (concurrent appends), so each part keeps the one of the latest event."""
+        sid, seq = str(rec.get("id")), int(rec.get("seq", 0))
+        if seq <= self.deleted.get(sid, -1):
+            return  # a record of the session before it was deleted
+        known = self.directory.get(sid)
+        if known is None:
+            known = self.directory[sid] = _Listed(-1, {})
+        if "state" in rec and known.state_seq <= seq:
+            known.state_seq, known.state = seq, thaw(rec.get("state") or {})
+        ts = rec.get("ts")
+        if ts is not None and known.ts_seq <= seq:
+            known.ts_seq, known.ts = seq, float(ts)

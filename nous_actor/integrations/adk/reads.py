@@ -11,6 +11,7 @@ from urllib.parse import unquote
 
 from nous_actor.core._frozen import thaw
 from nous_actor.integrations.adk.base import AdkSession, GetSessionConfig, ListSessionsResponse
+from nous_actor.integrations.adk.core import _Load
 from nous_actor.integrations.adk.events import _decode
 from nous_actor.integrations.adk.folds import _StateView, _tail
 from nous_actor.integrations.adk.ids import _part, directory_key, parse_key, session_key
@@ -64,19 +65,24 @@ class _ReadService(_StateService):
                 if not log.count():
                     await self._let_go(key)
                 return None
-            return AdkSession(
+            merged, seen = await self._merged_seen(app_name, user_id, tail.state)
+            session = AdkSession(
                 id=sid,
                 app_name=app_name,
                 user_id=user_id,
-                state=await self._merged(app_name, user_id, tail.state),
+                state=merged,
                 events=[_decode(ev) for ev in tail.events],
                 last_update_time=tail.last_update,
             )
+            first = tail.events[0].seq if tail.events else log.count()
+            self._remember(session, _Load({"session": log.count(), **seen}, first))
+            return session
         view = await self._view(key)
         if view.created is None:
             if not view.seen:
                 await self._let_go(key)
             return None
+        own, seen_here, last_update = dict(view.state), view.seen, view.last_update
         first = 0
         n = len(view.seqs)
         if config is not None:
@@ -89,15 +95,18 @@ class _ReadService(_StateService):
                 if i >= first:
                     first = i + 1
         events = view.events(first) if first < n else []
-        merged = await self._merged(app_name, user_id, view.state)
-        return AdkSession(
+        first_seq = view.seqs[first] if first < n else seen_here
+        merged, seen = await self._merged_seen(app_name, user_id, own)
+        session = AdkSession(
             id=sid,
             app_name=app_name,
             user_id=user_id,
             state=merged,
             events=events,
-            last_update_time=view.last_update,
+            last_update_time=last_update,
         )
+        self._remember(session, _Load({"session": seen_here, **seen}, first_seq))
+        return session
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -146,12 +155,15 @@ class _ReadService(_StateService):
             directory, merged = known[user]
             for sid, info in groups[user]:
                 entry = directory.directory.get(sid)
-                if entry is None:
+                if entry is None or entry.state_seq < 0:
                     continue  # deleted (or never created: only opened)
-                state: dict[str, Any] = thaw(entry[1])  # each session's own, nested too
+                state: dict[str, Any] = thaw(entry.state)  # each session's own, nested too
                 if merged:
                     state.update(thaw(merged))
-                stamp = info.last_time.timestamp() if info.last_time is not None else 0.0
+                if entry.ts is not None:  # the time of its latest ADK event, as get_session's
+                    stamp = entry.ts
+                else:  # listed before directories kept it: the latest time of its log
+                    stamp = info.last_time.timestamp() if info.last_time is not None else 0.0
                 found.append(_listed(sid, app_name, user, state, stamp))
         found.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse.model_construct(sessions=found)

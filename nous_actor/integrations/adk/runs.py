@@ -4,10 +4,12 @@ run's `Session` object up to date with what runs before it wrote)."""
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any
 
-from nous_actor.errors import TurnInterrupted
+from nous_actor.errors import TurnBusy, TurnInterrupted
 from nous_actor.integrations.adk.base import AdkSession, BasePlugin, State
+from nous_actor.integrations.adk.core import _Load
 from nous_actor.integrations.adk.ids import session_key
 from nous_actor.integrations.adk.state import _StateService
 from nous_actor.sessions.turns import Policy
@@ -15,7 +17,7 @@ from nous_actor.sessions.turns import Policy
 if TYPE_CHECKING:  # for the annotation alone: at run time imports go one way, up to service
     from nous_actor.integrations.adk.service import NousSessionService
 
-__all__ = ["NousRunPlugin"]
+__all__ = ["NousRunPlugin", "refused_by_turn"]
 
 
 class _RunService(_StateService):
@@ -49,21 +51,67 @@ class _RunService(_StateService):
             pass  # ended already (a restart, an expired lease): nothing left to close
 
     async def _refresh(self, session: AdkSession) -> None:
-        """Bring ``session`` (a run's object) up to date with what other runs wrote."""
-        view = await self._view(session_key(session.app_name, session.user_id, session.id))
+        """Bring ``session`` (a run's object) up to date with what other runs wrote: it
+        keeps the events it was given and gains every event committed since (never
+        fewer), and its state becomes the stored one (its ``temp:`` keys kept)."""
+        key = session_key(session.app_name, session.user_id, session.id)
+        view = await self._view(key)
         if view.created is None:
             return
-        have = session.events[-1].id if session.events else None
-        now = view.events(len(view.seqs) - 1)[0].id if view.seqs else None
-        if have == now:
-            return
-        keep = len(session.events)
-        session.events[:] = view.events(max(0, len(view.seqs) - keep) if keep else 0)
+        load = self._load_of(session)
+        start = bisect.bisect_left(view.seqs, load.first) if load is not None else 0
+        session.events[:] = view.events(start) if start < len(view.seqs) else []
+        first = view.seqs[start] if start < len(view.seqs) else view.seen
+        own, seen_here, last_update = dict(view.state), view.seen, view.last_update
+        merged, seen = await self._merged_seen(session.app_name, session.user_id, own)
         temp = {k: v for k, v in session.state.items() if k.startswith(State.TEMP_PREFIX)}
         session.state.clear()
-        session.state.update(await self._merged(session.app_name, session.user_id, view.state))
+        session.state.update(merged)
         session.state.update(temp)
-        session.last_update_time = view.last_update
+        session.last_update_time = last_update
+        self._remember(session, _Load({"session": seen_here, **seen}, first))
+
+
+def refused_by_turn(error: BaseException) -> TurnBusy | None:
+    """The `nous_actor.TurnBusy` that refused a run, when ``error`` is one or was raised
+    from one; else ``None``.
+
+    ADK's plugin manager turns an error raised in a plugin's hook into a
+    `RuntimeError` ("Error in plugin 'nous_actor_turns' during
+    'on_user_message_callback' callback: ...") raised *from* it. So a run refused
+    because another run holds its session (`NousSessionService.plugin` with policy
+    ``reject``, or ``enqueue`` after waiting ``wait`` seconds) reaches the caller of
+    ``runner.run_async`` as that `RuntimeError`, with the `TurnBusy` as its
+    ``__cause__``. Tell it from other failures so::
+
+        try:
+            async for event in runner.run_async(...):
+                ...
+        except RuntimeError as exc:
+            busy = refused_by_turn(exc)
+            if busy is None:
+                raise
+            ...  # the session is busy (busy.holder runs it): nothing was stored
+
+    Follows the ``__cause__`` chain (how ADK wraps it), not ``__context__`` (an
+    error raised while handling a `TurnBusy` was not caused by it).
+
+    Raises:
+        TypeError: ``error`` is not an exception.
+    """
+    if not isinstance(error, BaseException):
+        raise TypeError(
+            f"refused_by_turn takes an exception (what runner.run_async raised), "
+            f"got {type(error).__name__}"
+        )
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, TurnBusy):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 class NousRunPlugin(BasePlugin):

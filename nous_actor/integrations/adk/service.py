@@ -24,7 +24,10 @@ from nous_actor.integrations.adk.base import (
     AdkSession,
     AlreadyExistsError,
     SessionNotFoundError,
+    StaleSessionError,
+    State,
 )
+from nous_actor.integrations.adk.core import _Load
 from nous_actor.integrations.adk.events import _text_of, _utc, event_data
 from nous_actor.integrations.adk.folds import _View
 from nous_actor.integrations.adk.ids import session_key
@@ -168,11 +171,13 @@ class NousSessionService(_ReadService, _RunService):
                     raise
                 self._handles.pop(key, None)
         await self._write_scoped(app_name, user_id, app, user)
-        await self._write_directory(app_name, user_id, sid, ev.seq, own)
-        merged = await self._merged(app_name, user_id, own)
-        return AdkSession(
+        await self._write_directory(app_name, user_id, sid, ev.seq, own, now)
+        merged, seen = await self._merged_seen(app_name, user_id, own)
+        session = AdkSession(
             id=sid, app_name=app_name, user_id=user_id, state=merged, last_update_time=now
         )
+        self._remember(session, _Load({"session": ev.seq + 1, **seen}, ev.seq + 1))
+        return session
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete the session for ADK: it is gone from `get_session` and listings, and its
@@ -194,7 +199,7 @@ class NousSessionService(_ReadService, _RunService):
             return
         record = {RECORD_KEY: {"op": "delete"}}
         [ev] = await self._write(key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))])
-        await self._write_directory(app_name, user_id, sid, ev.seq, None)
+        await self._write_directory(app_name, user_id, sid, ev.seq, None, deleted=True)
 
     async def append_event(self, session: AdkSession, event: AdkEvent) -> AdkEvent:
         """Append ``event`` to ``session`` (the stored one and the object), applying its
@@ -226,26 +231,81 @@ class NousSessionService(_ReadService, _RunService):
         view = await self._view(key)
         if view.created is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
+        delta = dict(event.actions.state_delta) if event.actions else {}
+        stored = {k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)}
+        app, user, own = _split(_json_state(stored, "the event's state delta"))
+        load = self._load_of(session)
+        in_turn = (key, event.invocation_id) in self._turns
+        if load is None or in_turn or not (app or user or own):
+            return await self._append(session, event, key, view, load, app, user, own)
+        # Outside a run's turn, a write of a key changed since the object saw it would lose
+        # that change: checked and written under the service's locks of what it writes
+        # (the app's state, the user's, the session's; always in that order).
+        guards = [f"a/{session.app_name}"] if app else []
+        if user:
+            guards.append(f"u/{session.app_name}/{session.user_id}")
+        guards.append(f"s/{key}")
+        async with self._guard(guards):
+            view = await self._view(key)
+            if view.created is None:
+                raise SessionNotFoundError(f"Session {session.id} not found.")
+            stale = [k for k in own if view.writes.get(k, -1) >= load.since("session", k)]
+            if view.created >= load.seen["session"] and own:
+                stale = sorted(own)  # deleted and created again since it was loaded
+            stale += await self._stale_keys(
+                session.app_name, session.user_id, load, {"app": app, "user": user}
+            )
+            if stale:
+                raise StaleSessionError(
+                    f"The session {session.id} has been modified in storage since it was "
+                    f"loaded: {', '.join(sorted(stale))} changed, and this event's state "
+                    "delta would overwrite that. Reload the session (get_session) and "
+                    "apply the change again, or run through the service's plugin (runs "
+                    "take turns). Nothing was stored."
+                )
+            return await self._append(session, event, key, view, load, app, user, own)
+
+    async def _append(
+        self,
+        session: AdkSession,
+        event: AdkEvent,
+        key: str,
+        view: _View,
+        load: _Load | None,
+        app: dict[str, Any],
+        user: dict[str, Any],
+        own: dict[str, Any],
+    ) -> AdkEvent:
+        """`append_event`'s writes, checked already: the event, a checkpoint when due, the
+        app and user state, the session's directory entry; then the object."""
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
-        delta = dict(event.actions.state_delta) if event.actions else {}
-        app, user, own = _split(_json_state(delta, "the event's state delta"))
         etype, data = event_data(event)
         if own:
             data[STATE_KEY] = own
         compaction = event.actions.compaction if event.actions else None
         if compaction is not None:
             etype, data = self._as_replace(view, compaction, data)
-        [ev] = await self._write(key, [(etype, data, _utc(event.timestamp))], event.invocation_id)
+        [ev] = await self._write(
+            key,
+            [(etype, data, _utc(event.timestamp))],
+            event.invocation_id,
+            any_turn=compaction is not None,  # a replace of earlier events: never waits for a run
+        )
         if ev.seq - view.checkpoint >= CHECKPOINT_EVERY:
             view.checkpoint = ev.seq  # (one checkpoint, whoever else appends meanwhile)
             await self._checkpoint(key, event.invocation_id)
-        await self._write_scoped(session.app_name, session.user_id, app, user)
-        if own:
-            view = await self._view(key)
-            await self._write_directory(
-                session.app_name, session.user_id, session.id, ev.seq, view.state
-            )
+        seqs = await self._write_scoped(session.app_name, session.user_id, app, user)
+        state = (await self._view(key)).state if own else None
+        await self._write_directory(
+            session.app_name, session.user_id, session.id, ev.seq, state, event.timestamp
+        )
+        if load is not None:
+            for k in own:
+                load.own["session", k] = ev.seq + 1
+            for scope, keys in (("app", app), ("user", user)):
+                for k in keys:
+                    load.own[scope, k] = seqs[scope] + 1  # type: ignore[index]
         self._update_session_state(session, event)
         session.events.append(event)
         session.last_update_time = event.timestamp

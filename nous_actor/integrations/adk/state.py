@@ -12,7 +12,7 @@ from typing import Any, cast
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import EventType
 from nous_actor.integrations.adk.base import RECORD_KEY, State, to_jsonable_python
-from nous_actor.integrations.adk.core import _ServiceCore
+from nous_actor.integrations.adk.core import Scope, _Load, _ServiceCore
 from nous_actor.integrations.adk.ids import app_key, directory_key, user_key
 
 
@@ -46,6 +46,13 @@ class _StateService(_ServiceCore):
     """`NousSessionService`'s state: the merged view, the scoped writes, the directory."""
 
     async def _merged(self, app_name: str, user_id: str, own: Mapping[str, Any]) -> dict[str, Any]:
+        merged, _ = await self._merged_seen(app_name, user_id, own)
+        return merged
+
+    async def _merged_seen(
+        self, app_name: str, user_id: str, own: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[Scope, int]]:
+        """The merged state, and how much of the user's and the app's logs it holds."""
         app, user = await asyncio.gather(
             self._state(app_key(app_name)), self._state(user_key(app_name, user_id))
         )
@@ -54,20 +61,43 @@ class _StateService(_ServiceCore):
             merged[State.APP_PREFIX + k] = thaw(v)
         for k, v in user.state.items():
             merged[State.USER_PREFIX + k] = thaw(v)
-        return merged
+        return merged, {"user": user.seen, "app": app.seen}
+
+    async def _stale_keys(
+        self, app_name: str, user_id: str, load: _Load, delta: dict[Scope, dict[str, Any]]
+    ) -> list[str]:
+        """The keys of ``delta`` (by scope) written since the object of ``load`` saw them:
+        writing them would lose that write."""
+        stale: list[str] = []
+        for scope, keys in delta.items():
+            if not keys:
+                continue
+            if scope == "session":
+                continue  # the caller checks the session's own keys against its view
+            view = await self._state(
+                app_key(app_name) if scope == "app" else user_key(app_name, user_id)
+            )
+            prefix = State.APP_PREFIX if scope == "app" else State.USER_PREFIX
+            stale += [prefix + k for k in keys if view.writes.get(k, -1) >= load.since(scope, k)]
+        return stale
 
     async def _write_scoped(
         self, app_name: str, user_id: str, app: dict[str, Any], user: dict[str, Any]
-    ) -> None:
+    ) -> dict[Scope, int]:
+        """Write the app and user parts of a delta; the seq of each write, by scope."""
         now = datetime.now(UTC)
+        seqs: dict[Scope, int] = {}
         if app:
             record = {RECORD_KEY: {"op": "state", "delta": app}}
-            await self._write(app_key(app_name), [(EventType.REQUEST_HEADER, record, now)])
+            [ev] = await self._write(app_key(app_name), [(EventType.REQUEST_HEADER, record, now)])
+            seqs["app"] = ev.seq
         if user:
             record = {RECORD_KEY: {"op": "state", "delta": user}}
-            await self._write(
+            [ev] = await self._write(
                 user_key(app_name, user_id), [(EventType.REQUEST_HEADER, record, now)]
             )
+            seqs["user"] = ev.seq
+        return seqs
 
     async def _write_directory(
         self,
@@ -76,12 +106,18 @@ class _StateService(_ServiceCore):
         session_id: str,
         seq: int,
         state: Mapping[str, Any] | None,
+        ts: float | None = None,
+        deleted: bool = False,
     ) -> None:
-        op = (
-            {"op": "session", "state": dict(state)}
-            if state is not None
-            else {"op": "session_deleted"}
-        )
+        """Write the session's entry in its user's directory as of its event at ``seq``:
+        its last update time ``ts``, its whole state if given; or its deletion."""
+        op: dict[str, Any]
+        if deleted:
+            op = {"op": "session_deleted"}
+        else:
+            op = {"op": "session", "ts": ts}
+            if state is not None:
+                op["state"] = dict(state)
         record = {RECORD_KEY: {**op, "id": session_id, "seq": seq}}
         await self._write(
             directory_key(app_name, user_id),
