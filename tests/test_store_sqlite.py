@@ -744,3 +744,16 @@ def test_a_process_killed_while_vacuuming_leaves_every_event(
     with SQLiteStore(path, create=False) as store:
         assert store.integrity_check() == "ok"
         assert {sid: store.load(sid) for sid in store.sessions()} == want
+
+
+def test_the_demos_mark_in_its_store_is_ours(path: Path) -> None:
+    """The table ``nous-actor demo`` marks its store with is one the library makes: the
+    file opens again and takes writes after it was marked (also while open)."""
+    from nous_actor.cli.agents_demo import _mark_as_demo
+
+    with SQLiteStore(path) as store:
+        store.write({"s": [ev(0)]})
+        _mark_as_demo(path, 1, 1, 1)
+        store.write({"s": [ev(1)]})
+    with SQLiteStore(path, create=False) as store:
+        assert [e.seq for e in store.load("s")] == [0, 1]

@@ -54,6 +54,11 @@ _MADE_LATER: Final = (
     until TEXT NOT NULL
 )""",
 )
+_DEMO_MARK: Final = (
+    # The mark `nous-actor demo` leaves in a store it made (cli.agents_demo: DEMO_TABLE).
+    "CREATE TABLE IF NOT EXISTS nous_actor_demo "
+    "(made TEXT NOT NULL, agents INTEGER, turns INTEGER, seed INTEGER)"
+)
 _STATISTICS: Final = frozenset({"sqlite_stat1", "sqlite_stat2", "sqlite_stat3", "sqlite_stat4"})
 """The tables SQLite's ``ANALYZE`` makes: statistics for the query planner, which
 change no row; a file holding them is still ours."""
@@ -67,7 +72,7 @@ def _our_objects() -> frozenset[tuple[str, str, str | None]]:
     for later in _MADE_LATER:
         conn = sqlite3.connect(":memory:")
         try:
-            for statement in (*_SCHEMA, later):
+            for statement in (*_SCHEMA, later, _DEMO_MARK):
                 conn.execute(statement)
             found.update(conn.execute("SELECT type, name, sql FROM sqlite_master"))
         finally:
