@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo test lint typecheck bench docs clean
@@ -10,6 +11,11 @@ BENCH_STAMP := $(VENV)/.installed-bench
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The demo needs the package alone (Pykka and structlog), no extra.
+$(DEMO_STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(DEMO_STAMP)
 
 $(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
@@ -23,7 +29,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,docs,bench]'
 	touch $(BENCH_STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/nous-actor demo
 
 lint: $(STAMP)

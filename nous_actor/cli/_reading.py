@@ -111,8 +111,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from nous_actor.viewer import serve
         from nous_actor.viewer.server import is_loopback
-    except ImportError as exc:
-        _fail(f"{exc}; the viewer needs the serve extra: pip install 'nous-actor[serve]'")
+    except ImportError as exc:  # says which extra to install
+        _fail(str(exc))
     store = _open_existing(args.db, args.schema, read_only=True)
     host = f"[{args.host}]" if ":" in args.host else args.host
     where = getattr(store, "where", None) or _where(store)

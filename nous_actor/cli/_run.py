@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from nous_actor.cli._base import _emit, _err, _fail, _log_to_file, _out, _stdout_failed
 from nous_actor.cli._stores import _is_dsn, _not_a_file
@@ -59,8 +59,8 @@ def _demo_postgres(args: argparse.Namespace, dsn: str) -> int:
             run_demo_postgres,
         )
         from nous_actor.store.postgres import PostgresStore
-    except ImportError as exc:
-        _fail(f"{exc}; the demo on PostgreSQL needs: pip install 'nous-actor[postgres]'")
+    except ImportError as exc:  # says which extra to install
+        _fail(str(exc))
     where = PostgresStore.describe(dsn, args.schema)  # refuses a malformed DSN, connects not
     log_path = Path(f"nous-demo-{args.schema}.log")
     refusal = check_demo_schema(dsn, args.schema, keep=args.keep) or check_demo_log(
@@ -112,9 +112,26 @@ def cmd_tour(args: argparse.Namespace) -> int:
     return status
 
 
+# Runs the suite as ``python -m bench`` would; a package it needs that is missing ends it
+# with one line naming the package and the extra (status 2), never a traceback.
+_BENCH: Final = """
+import runpy, sys
+try:
+    runpy.run_module("bench", run_name="__main__", alter_sys=True)
+except ImportError as exc:
+    missing = exc.name or "a package"
+    sys.stderr.write(
+        f"nous-actor: the benchmark suite needs {missing}, which it cannot import ({exc}); "
+        "install the bench extra in this environment: pip install -e '.[bench]' "
+        "(from the checkout), or run 'make bench' there\\n"
+    )
+    sys.exit(2)
+"""
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     root = Path(__file__).resolve().parents[2]  # the checkout: nous_actor/cli/ is two down
     if not (root / "bench" / "__main__.py").is_file():
         _fail("the benchmark suite ships with the source tree: run 'make bench' in a checkout")
-    cmd = [sys.executable, "-m", "bench", *[a for a in args.bench_args if a != "--"]]
+    cmd = [sys.executable, "-c", _BENCH, *[a for a in args.bench_args if a != "--"]]
     return subprocess.call(cmd, cwd=root)

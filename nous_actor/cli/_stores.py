@@ -126,11 +126,8 @@ def _not_quite_a_dsn(db: str) -> str | None:
 def _open_postgres(dsn: str, schema: str, *, create: bool) -> Store:
     try:
         from nous_actor.store.postgres import PostgresStore
-    except ImportError as exc:
-        _fail(
-            f"{exc.msg if hasattr(exc, 'msg') else exc}; a PostgreSQL DSN needs the postgres "
-            "extra: pip install 'nous-actor[postgres]'"
-        )
+    except ImportError as exc:  # says which extra to install
+        _fail(str(exc))
     try:
         return PostgresStore(dsn, schema=schema, create=create)
     except StoreError as exc:

@@ -57,8 +57,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import pykka
-from opentelemetry import metrics, trace
-from opentelemetry.context import Context
+
+from nous_actor.runtime.extras import missing_extra
+
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.context import Context
+except ImportError as exc:
+    missing_extra("otel", __name__, exc)
 
 from nous_actor._version import __version__
 

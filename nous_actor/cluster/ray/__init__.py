@@ -49,6 +49,13 @@ options) and ``_driver`` (`RaySessions`).
 
 from __future__ import annotations
 
+from nous_actor.runtime.extras import missing_extra
+
+try:
+    import ray  # noqa: F401  (the ray extra: every module below imports it)
+except ImportError as exc:
+    missing_extra("ray", __name__, exc)
+
 from nous_actor.cluster.ray._base import _CALLS as _CALLS
 from nous_actor.cluster.ray._base import _READS as _READS
 from nous_actor.cluster.ray._base import _WAIT as _WAIT

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from nous_actor.runtime.extras import missing_extra
+
 try:
     from google.adk.errors import StaleSessionError
     from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -24,10 +26,7 @@ try:
     from google.adk.sessions.state import State
     from pydantic_core import to_jsonable_python
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise ImportError(
-        "nous_actor.integrations.adk needs Google ADK; "
-        "install it with: pip install 'nous-actor[adk]'"
-    ) from exc
+    missing_extra("adk", "nous_actor.integrations.adk", exc)
 
 __all__ = [
     "ADK_EVENT_KEY",

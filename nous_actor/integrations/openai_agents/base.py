@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from nous_actor.runtime.extras import missing_extra
+
 try:
     from agents.items import TResponseInputItem
     from agents.memory import Session as AgentsSession
     from agents.memory import SessionSettings
     from agents.memory.session_settings import coerce_session_settings
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise ImportError(
-        "nous_actor.integrations.openai_agents needs the OpenAI Agents SDK; "
-        "install it with: pip install 'nous-actor[openai-agents]'"
-    ) from exc
+    missing_extra("openai-agents", "nous_actor.integrations.openai_agents", exc)
 
 from nous_actor.core.event import EventType
 from nous_actor.errors import SessionStopped

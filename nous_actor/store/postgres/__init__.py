@@ -55,6 +55,13 @@ opening a schema), `leases` (claims, takeovers and the renewer), `writes`
 (`PostgresWatch` and the listener), and `store` (`PostgresStore`, the face).
 """
 
+from nous_actor.runtime.extras import missing_extra
+
+try:
+    import psycopg  # noqa: F401  (the postgres extra: every module below imports it)
+except ImportError as exc:
+    missing_extra("postgres", __name__, exc)
+
 from nous_actor.errors import FencedError
 from nous_actor.store.postgres.schema import (
     APPLICATION as APPLICATION,
