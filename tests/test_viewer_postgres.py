@@ -31,7 +31,7 @@ def test_the_viewer_reads_a_postgres_store(pg_stores: Any) -> None:
         assert c.get("/session", params={"id": "chat"}).status_code == 200
         tail = c.get("/api/tail", params={"id": "chat", "n": 10}).json()
         assert tail["ready"] is False
-        assert [r["row"] for r in tail["rows"]] == list(
+        assert [r["seq"] for r in tail["rows"]] == list(
             range(OUTER_SUMMARY_SEQ - 9, OUTER_SUMMARY_SEQ + 1)
         )
         assert [r["shadowed_by"] for r in tail["rows"]] == [

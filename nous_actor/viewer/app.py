@@ -26,9 +26,11 @@ holds. With ``allowed_hosts``, a request addressed to any other host is refused
 
 from __future__ import annotations
 
+import bisect
 import html
 import json
 import threading
+import urllib.parse
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -148,16 +150,19 @@ class Timelines:
             StoreError: the store failed.
         """
         self._check(session_id)
-        if self.built(session_id) is None and self.store.info(session_id) is None:
+        if self.built(session_id) is None and self.store.next_seq(session_id) == 0:
             raise self._missing(session_id)
 
     def tail(self, session_id: str, n: int) -> dict[str, Any]:
-        """The newest ``n`` rows of ``session_id`` with the spans over them, without
-        building its whole timeline when none is kept: they are read from the store
-        (its index gives their row numbers) and folded on their own, which gives
-        every one of them what the whole would (what shadows an event comes after it:
-        those replaces are among the rows read), except the turn of the rows before
-        the first turn boundary read. ``ready``: the whole timeline is kept.
+        """The newest rows of ``session_id`` (the events from seq ``next_seq - n`` on) with
+        the spans over them. When no timeline is kept they are read from the store and
+        folded on their own, without building the whole, which gives each of them what
+        the whole would (what shadows an event comes after it: those replaces are among
+        the rows read), except the turn of the rows before the first turn boundary read;
+        their ``row`` then counts from the first of them (``lo`` is ``None``: how many
+        rows come before is not known without reading them all), and ``older`` says
+        whether earlier seqs exist. ``ready``: the whole timeline is kept (``lo`` and
+        ``row`` are then its row numbers).
 
         Raises:
             _NoSession: it is not valid, or the session has no stored event.
@@ -166,42 +171,29 @@ class Timelines:
         self._check(session_id)
         tl = self.built(session_id)
         if tl is None:
-            info = self.store.info(session_id)
-            if info is None:
+            top = self.store.next_seq(session_id)  # one indexed max: no count, no decoding
+            first = max(0, top - n)
+            events = self.store.load_since(session_id, first) if top else []
+            if not events:
                 raise self._missing(session_id)
-            if info.error is None:
-                events = self.store.load_since(session_id, max(0, info.next_seq - n))
-                if not events:
-                    raise self._missing(session_id)
-                part = Timeline(session_id, events)
-                # The events up to the index's last seq are its last rows; any appended
-                # since come after them.
-                base = info.events - sum(1 for ev in events if ev.seq < info.next_seq)
-                count = len(events)
-                rows = part.rows(0, count)
-                for r in rows:
-                    r["row"] += base
-                spans = part.spans_over(0, count)
-                for s in spans["spans"]:
-                    s["lo"] += base
-                    s["hi"] += base
-                return {
-                    "lo": base,
-                    "rows": rows,
-                    "spans": spans,
-                    "rows_total": base + count,
-                    "next_seq": part.next_seq,
-                    "ready": False,
-                }
-            tl = self.get(session_id)  # a damaged index entry: read it all, as the rows will
+            part = Timeline(session_id, events)
+            count = len(events)
+            return {
+                "lo": None,
+                "rows": part.rows(0, count),
+                "spans": part.spans_over(0, count),
+                "older": first > 0,
+                "next_seq": part.next_seq,
+                "ready": False,
+            }
         with tl._lock:
             total = len(tl.events)
-            lo = max(0, total - n)
+            lo = max(0, bisect.bisect_left(tl.seqs, tl.next_seq - n))
             return {
                 "lo": lo,
                 "rows": tl.rows(lo, total),
                 "spans": tl.spans_over(lo, total),
-                "rows_total": total,
+                "older": lo > 0,
                 "next_seq": tl.next_seq,
                 "ready": True,
             }
@@ -317,10 +309,18 @@ def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
 
 def _shell(view: str, title: str, session_id: str = "") -> HTMLResponse:
     template = (_STATIC / "page.html").read_text(encoding="utf-8")
+    preload = ""
+    if view == "session":  # the newest rows are asked for with the page's script and style
+        tail = "/api/tail?" + urllib.parse.urlencode({"id": session_id, "n": TAIL})
+        preload = (
+            f'<link id="tail" rel="preload" as="fetch" crossorigin="anonymous" '
+            f'href="{html.escape(tail, quote=True)}">'
+        )
     page = (
         template.replace("{{view}}", view)
         .replace("{{title}}", html.escape(title))
         .replace("{{session}}", html.escape(session_id, quote=True))
+        .replace("{{preload}}", preload)
     )
     return HTMLResponse(page)
 

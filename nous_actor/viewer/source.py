@@ -95,6 +95,11 @@ class ReadOnlyStore:
     def index(self) -> list[SessionInfo]:
         return list_sessions(self.inner)
 
+    def next_seq(self, session_id: str) -> int:
+        """The seq ``session_id``'s next event gets (0: no stored event), read without
+        decoding an event (SQLite: one indexed ``max``)."""
+        return shared.next_seq(self.inner, session_id)
+
     def info(self, session_id: str) -> SessionInfo | None:
         """``session_id``'s entry in the index (``None``: no stored event), read without
         decoding an event (one indexed query on SQLite and PostgreSQL)."""

@@ -16,7 +16,11 @@ const el = (tag, cls, text) => {
 const q = (params) => new URLSearchParams(params).toString();
 
 async function getJSON(path, params) {
-  const r = await fetch(path + "?" + q(params));
+  return fetchJSON(path + "?" + q(params));
+}
+
+async function fetchJSON(url) {
+  const r = await fetch(url);
   const body = await r.json();
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;
@@ -114,7 +118,7 @@ const view = {
 };
 
 function totalRows() {
-  return view.meta ? view.meta.rows : view.tail ? view.tail.rows_total : 0;
+  return view.meta ? view.meta.rows : view.tail ? view.tail.rows.length + view.tail.offset : 0;
 }
 
 function turnColour(seq) {
@@ -182,14 +186,15 @@ function render() {
 }
 
 function renderTail() {
-  // The newest rows only: the older ones are being read (a line says so above them).
+  // The newest rows only, below a line that says the older ones are being read.
   const tail = view.tail;
   const [first, last] = visibleRange();
   const out = tail.rows.filter((r) => r.row >= first && r.row < last).map(drawRow);
-  if (tail.lo > 0 && first < tail.lo) {
-    const waiting = el("div", "row pending", `Reading the ${tail.lo.toLocaleString()} older events…`);
+  if (tail.offset && first === 0) {
+    const waiting = el("div", "row pending",
+      `Reading the older events (seq ${tail.rows[0].seq - 1} and before)…`);
     waiting.id = "older";
-    waiting.style.top = (tail.lo - 1) * ROW + "px";
+    waiting.style.top = "0px";
     out.push(waiting);
   }
   $("rows").replaceChildren(...out);
@@ -403,17 +408,25 @@ function follow() {
 
 async function showTail() {
   // The newest rows, at their place in the whole: the page shows them at once.
-  const tail = await getJSON("/api/tail", { id: view.id, n: TAIL });
+  // The page asked for them already (a preload beside its script): the same URL.
+  const preloaded = $("tail");
+  const tail = await (preloaded
+    ? fetchJSON(preloaded.getAttribute("href"))
+    : getJSON("/api/tail", { id: view.id, n: TAIL }));
   if (tail.ready) return;  // the whole timeline is read already: no need
+  // Drawn in a frame of their own (one line above them while older ones are read).
+  tail.offset = tail.older ? 1 : 0;
+  for (const r of tail.rows) r.row += tail.offset;
+  for (const s of tail.spans.spans) { s.lo += tail.offset; s.hi += tail.offset; }
   view.tail = tail;
   $("where").textContent = tail.store;
   $("title").textContent = view.id;
   $("summary").textContent =
-    `the newest ${tail.rows.length} of ${tail.rows_total.toLocaleString()} events; ` +
+    `the newest ${tail.rows.length} events (seq ${tail.rows[0].seq} to ${tail.next_seq - 1}); ` +
     "reading the older ones…";
   setStatus("reading the session…");
-  $("spacer").style.height = tail.rows_total * ROW + "px";
-  scrollToRow(tail.rows_total - 1, true);
+  $("spacer").style.height = totalRows() * ROW + "px";
+  scrollToRow(totalRows() - 1, true);
   renderNow();
 }
 
