@@ -126,8 +126,11 @@ def turns(log: Log) -> list[dict[str, Any]]:
     while open) ``end_seq``, ``how`` (``closed``, ``failed``,
     ``interrupted``, ``rolled_back``, ``expired``, ``abandoned``), ``by``
     (the turn that interrupted or rolled it back), ``reason`` (``restart``
-    when a restart ended it) and ``note_seq`` (the replace that hid a rolled
-    back turn; `replaced` of it lists what it hides).
+    when a restart ended it), ``note_seq`` (the replace that hid a rolled
+    back turn; `replaced` of it lists what it hides), and for a turn whose
+    holder was gone ``dangling`` (what was done with its half run:
+    ``rollback`` or ``close_tool_calls``) and ``closed_calls`` (the ids of
+    the tool calls it left without a result, answered as interrupted).
     """
     out: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
@@ -146,12 +149,14 @@ def turns(log: Log) -> list[dict[str, Any]]:
                 "by": None,
                 "reason": None,
                 "note_seq": None,
+                "dangling": None,
+                "closed_calls": None,
             }
             by_id[tid] = rec
             out.append(rec)
         elif ev.type is EventType.TURN_END and tid in by_id:
             rec = by_id[tid]
             rec["end_seq"] = ev.seq
-            for key in ("how", "by", "reason", "note_seq"):
+            for key in ("how", "by", "reason", "note_seq", "dangling", "closed_calls"):
                 rec[key] = ev.data.get(key)
     return out

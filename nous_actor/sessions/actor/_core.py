@@ -38,7 +38,7 @@ from nous_actor.sessions.actor._store import _WAIT_FOR_COMMITS, StoreSide
 from nous_actor.sessions.actor._writes import Writes
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.recovery import recover
-from nous_actor.sessions.turns import TurnHost, TurnTable
+from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, TurnHost, TurnTable
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer
 from nous_actor.store.subscription import Subscription
@@ -86,6 +86,7 @@ class SessionActor(TurnHost, StoreSide, Compacting, Writes, Reads):
         "committer",
         "crash",
         "crash_on_store_failure",
+        "dangling_turns",
         "failed",
         "inflight",
         "log",
@@ -109,6 +110,7 @@ class SessionActor(TurnHost, StoreSide, Compacting, Writes, Reads):
         dispatcher: Dispatcher | None = None,
         pinned: bool = False,
         trace_links: list[object] | None = None,
+        dangling_turns: str = DEFAULT_DANGLING_TURNS,
     ) -> None:
         super().__init__()
         telemetry.probe()
@@ -116,6 +118,7 @@ class SessionActor(TurnHost, StoreSide, Compacting, Writes, Reads):
             self._use_dispatcher = dispatcher
         self._pin = pinned
         self.crash_on_store_failure = crash_on_store_failure
+        self.dangling_turns = dangling_turns  # a gone holder's turn (sessions.turns)
         self.session_id = session_id
         self.log = Log() if log is None else log
         self.store = store

@@ -25,6 +25,7 @@ from nous_actor.sessions.actor import (
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle._checks import _check_handle_args, check_placement
 from nous_actor.sessions.handle._face import SessionHandle
+from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.sessions.turns._rules import _ENTERED, HELD, held_future
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
@@ -78,6 +79,7 @@ class Session(SessionHandle):
         timeout: float = DEFAULT_TIMEOUT,
         dispatcher: Dispatcher | None = None,
         pinned: bool = False,
+        dangling_turns: DanglingTurns = DEFAULT_DANGLING_TURNS,
     ) -> Session:
         """Start a standalone session and return its handle once it is running.
 
@@ -92,6 +94,9 @@ class Session(SessionHandle):
         The session runs on ``dispatcher`` (default: the process's shared
         `nous_actor.Dispatcher`), or with ``pinned=True`` on a thread of its own.
 
+        ``dangling_turns`` says what becomes of the half run of a turn the
+        stored log leaves open whose holder is gone (see `nous_actor.Sessions`).
+
         Raises:
             ValueError, TypeError: bad arguments (nothing is started).
             ConflictError: another live writer holds the session in ``store``.
@@ -99,6 +104,7 @@ class Session(SessionHandle):
         """
         _check_handle_args(session_id, timeout)
         check_placement(dispatcher, pinned)
+        check_dangling_turns(dangling_turns)
         if log is not None and not isinstance(log, Log):
             raise TypeError(f"log must be a nous_actor.Log, got {type(log).__name__}")
         if store is not None:
@@ -120,6 +126,7 @@ class Session(SessionHandle):
             dispatcher=dispatcher,
             pinned=pinned,
             trace_links=None if context is None else [context],
+            dangling_turns=dangling_turns,
         )
         try:
             ready.get()
@@ -138,6 +145,7 @@ class Session(SessionHandle):
         restart: RestartType = "permanent",
         shutdown_timeout: float = 5.0,
         timeout: float = DEFAULT_TIMEOUT,
+        dangling_turns: DanglingTurns = DEFAULT_DANGLING_TURNS,
     ) -> tuple[Session, ChildSpec]:
         """A session to run under a `Supervisor` of your own: its handle and its spec.
 
@@ -145,7 +153,8 @@ class Session(SessionHandle):
         first and each restart) starts a `SessionActor` that claims the session
         and recovers it from ``store``; a store failure after which memory and
         disk may disagree crashes it, so that the supervisor restarts it from
-        the store. The handle reaches whichever actor is current: a call made
+        the store (``dangling_turns`` as for `nous_actor.Sessions`). The handle
+        reaches whichever actor is current: a call made
         while the session is down fails with `SessionStopped`, later calls
         reach the restarted session.
 
@@ -153,6 +162,7 @@ class Session(SessionHandle):
             ValueError, TypeError: bad arguments.
         """
         _check_handle_args(session_id, timeout)
+        check_dangling_turns(dangling_turns)
         if not isinstance(store, Store):
             raise TypeError(
                 f"store must implement nous_actor.store.Store, got {type(store).__name__}"
@@ -161,7 +171,14 @@ class Session(SessionHandle):
         started = threading.Event()
 
         def start() -> pykka.ActorRef[SessionActor]:
-            ref = SessionActor.start(session_id, None, store, None, crash_on_store_failure=True)
+            ref = SessionActor.start(
+                session_id,
+                None,
+                store,
+                None,
+                crash_on_store_failure=True,
+                dangling_turns=dangling_turns,
+            )
             current[0] = ref
             started.set()
             return ref

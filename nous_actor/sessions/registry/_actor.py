@@ -321,6 +321,7 @@ class RegistryActor(SupervisedActor):
                 ready,
                 crash_on_store_failure=True,
                 dispatcher=facade.dispatcher,
+                dangling_turns=facade.dangling_turns,
                 trace_links=links,
             ),
             monitor,

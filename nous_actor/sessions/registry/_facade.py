@@ -33,6 +33,7 @@ from nous_actor.sessions.registry._base import (
     check_capacity,
 )
 from nous_actor.sessions.registry._life import RegistryLife
+from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
@@ -73,6 +74,16 @@ class Sessions(RegistryLife):
             by default for another process that holds the session to hand it
             over (``None``, the default: not at all, `ConflictError` at once).
             See `open`.
+        dangling_turns: what a session does, when it starts, with the half run of
+            a turn whose holder is gone (the process that ran it died, or its
+            lease ran out): ``"close_tool_calls"`` (the default) keeps the half
+            run and answers each tool call it left without a result with a
+            ``tool_result`` saying it was interrupted (a provider refuses a
+            request holding a call without its result); ``"rollback"`` hides the
+            half run behind one system note (one replace, history kept, as the
+            ``rollback`` policy does); ``"keep"`` leaves it as it is. A turn whose
+            holder still runs (the session's actor crashed, this process did
+            not) just ends as interrupted, and its holder may go on in a new turn.
 
     Whatever ``handoff_wait`` says, a registry hands over the sessions other
     processes ask for (``open(id, wait=...)`` there) as soon as each is idle,
@@ -96,6 +107,7 @@ class Sessions(RegistryLife):
         start: bool = True,
         dispatcher: Dispatcher | None = None,
         handoff_wait: float | None = None,
+        dangling_turns: DanglingTurns = DEFAULT_DANGLING_TURNS,
     ) -> None:
         if store is not None and not isinstance(store, Store):
             raise TypeError(
@@ -112,6 +124,7 @@ class Sessions(RegistryLife):
         check_flag(start, "start")
         if handoff_wait is not None:
             handoff_wait = check_seconds(handoff_wait, "handoff_wait", low_open=False)
+        check_dangling_turns(dangling_turns)
         if clock is time.monotonic and scheduling.host is not None:
             clock = scheduling.host.now  # a simulation's virtual clock
         self.store: Store = MemoryStore() if store is None else store
@@ -126,6 +139,7 @@ class Sessions(RegistryLife):
         self.scheduler = scheduler
         self.dispatcher = dispatcher
         self.handoff_wait = handoff_wait
+        self.dangling_turns: DanglingTurns = dangling_turns
         self._handover = HandOver(self)
         self._ref: pykka.ActorRef[RegistryActor] | None = None
         self._ref_changed = threading.Condition()

@@ -28,23 +28,32 @@ the actor's hooks).
 from __future__ import annotations
 
 from nous_actor.sessions.turns._host import TurnHost as TurnHost
+from nous_actor.sessions.turns._rules import DANGLING_TURNS as DANGLING_TURNS
+from nous_actor.sessions.turns._rules import DEFAULT_DANGLING_TURNS as DEFAULT_DANGLING_TURNS
 from nous_actor.sessions.turns._rules import DEFAULT_LEASE as DEFAULT_LEASE
 from nous_actor.sessions.turns._rules import DEFAULT_ROLLBACK_NOTE as DEFAULT_ROLLBACK_NOTE
 from nous_actor.sessions.turns._rules import DEFER as DEFER
 from nous_actor.sessions.turns._rules import HELD as HELD
+from nous_actor.sessions.turns._rules import INTERRUPTED_TOOL_RESULT as INTERRUPTED_TOOL_RESULT
 from nous_actor.sessions.turns._rules import POLICIES as POLICIES
 from nous_actor.sessions.turns._rules import THROUGH as THROUGH
+from nous_actor.sessions.turns._rules import DanglingTurns as DanglingTurns
 from nous_actor.sessions.turns._rules import Policy as Policy
 from nous_actor.sessions.turns._rules import TurnRequest as TurnRequest
 from nous_actor.sessions.turns._rules import TurnTable as TurnTable
+from nous_actor.sessions.turns._rules import check_dangling_turns as check_dangling_turns
 from nous_actor.sessions.turns._rules import open_turn as open_turn
 from nous_actor.sessions.turns._table import ALARMS as ALARMS
 from nous_actor.sessions.turns._table import TurnKeeper as TurnKeeper
 
 __all__ = [
+    "DANGLING_TURNS",
+    "DEFAULT_DANGLING_TURNS",
     "DEFAULT_LEASE",
     "DEFAULT_ROLLBACK_NOTE",
     "DEFER",
+    "INTERRUPTED_TOOL_RESULT",
+    "DanglingTurns",
     "POLICIES",
     "Policy",
     "TurnHost",

@@ -21,6 +21,8 @@ from nous_actor.sessions.turns._rules import (
     TurnTable,
     _bound,
     _Waiter,
+    ended,
+    holder_alive,
     open_turn,
 )
 from nous_actor.sessions.turns._table import TurnKeeper
@@ -163,7 +165,13 @@ class TurnHost(TurnKeeper):
 
     def _end_orphan_turn(self) -> None:
         """At start: a managed turn the log leaves open (the session stopped, crashed or
-        moved with it open) ends as interrupted, with ``reason: "restart"``."""
+        moved with it open) ends as interrupted, with ``reason: "restart"``.
+
+        If its holder may still run (this process granted the turn and its lease
+        has not run out: the actor crashed or stopped, the process did not), that is
+        all: the holder hears `TurnInterrupted` and may open a new turn and go on.
+        Otherwise its holder is gone (its process died, or its lease ran out) and
+        the session's ``dangling_turns`` says what becomes of its half run."""
         start = open_turn(self.log)
         if start is None:
             return
@@ -177,7 +185,14 @@ class TurnHost(TurnKeeper):
             how="interrupted",
             reason="restart",
         )
-        self._record((new_event(self.next_seq, EventType.TURN_END, data, None),))
+        turn_id = data.get("turn_id")
+        alive = isinstance(turn_id, str) and holder_alive(turn_id, scheduling.monotonic())
+        if isinstance(turn_id, str):
+            ended(turn_id)
+        if alive:
+            self._record((new_event(self.next_seq, EventType.TURN_END, data, None),))
+        else:
+            self._record(self._gone_events(start.seq, data, "restart"))
 
     def _turns_shut(self, err: SessionStopped) -> None:
         """The session stops: every call waiting for a turn is answered with ``err``."""

@@ -10,12 +10,14 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, Final, Literal, TypeVar
 
 from nous_actor.core.event import Event, EventType
 from nous_actor.core.log import Log
+from nous_actor.core.message import tool_call_parts
+from nous_actor.runtime import scheduling
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 
 Policy = Literal["reject", "enqueue", "interrupt", "rollback"]
@@ -28,6 +30,38 @@ DEFAULT_LEASE: Final = 300.0
 
 DEFAULT_ROLLBACK_NOTE: Final = "[an earlier attempt was interrupted and rolled back]"
 """The system note a rollback leaves where the rolled-back turn's messages were."""
+
+DanglingTurns = Literal["keep", "rollback", "close_tool_calls"]
+
+DANGLING_TURNS: Final[tuple[str, ...]] = ("keep", "rollback", "close_tool_calls")
+"""What a session does with the half run of a turn whose holder is gone (its process
+died, or its lease ran out): ``keep`` it on the surface as it is; ``rollback``, one
+replace hiding the turn behind a system note (history kept); ``close_tool_calls``,
+answer each tool call it left without a result with a `INTERRUPTED_TOOL_RESULT`."""
+
+DEFAULT_DANGLING_TURNS: Final = "close_tool_calls"
+"""The default of ``dangling_turns``: the half run stays, and no tool call is left
+without a result (a provider refuses a request holding one)."""
+
+INTERRUPTED_TOOL_RESULT: Final = (
+    "[interrupted: the run that made this tool call ended before its result was "
+    "recorded; the call may or may not have taken effect]"
+)
+"""The content of the ``tool_result`` that closes a dangling tool call."""
+
+
+def check_dangling_turns(value: object) -> str:
+    """``value`` if it is one of `DANGLING_TURNS`.
+
+    Raises:
+        ValueError: it is not (naming the values to pass).
+    """
+    if not isinstance(value, str) or value not in DANGLING_TURNS:
+        raise ValueError(
+            f"dangling_turns must be one of {', '.join(map(repr, DANGLING_TURNS))}, got {value!r}"
+        )
+    return value
+
 
 DEFER: Final[Any] = object()
 """A handler's result meaning "the future is answered later" (by a commit, or by the
@@ -169,6 +203,72 @@ class TurnTable:
         self.open: _Open | None = None
         self.waiting: deque[_Waiter] = deque()
         self.armed: float | None = None  # the earliest alarm asked for
+
+
+# The turns granted by a session of this process and not ended yet, by id: a session
+# restarted in this process (its actor crashed, the process did not) finds its open
+# turn here while the turn's lease runs, so its holder is alive; a turn not found here
+# was held in a process that is gone (or its lease ran out). Kept by the actors, read
+# at a restart.
+_GRANTED: dict[str, _Open] = {}
+_GRANTED_LOCK = threading.Lock()
+_prune_at = 1024
+
+
+def granted(turn: _Open) -> None:
+    """Turn ``turn`` was granted by a session of this process."""
+    global _prune_at
+    with _GRANTED_LOCK:
+        _GRANTED[turn.req.turn_id] = turn
+        if len(_GRANTED) >= _prune_at:  # turns left open in stopped sessions: their lease ran
+            now = scheduling.monotonic()
+            for tid in [t for t, o in _GRANTED.items() if o.deadline <= now]:
+                del _GRANTED[tid]
+            _prune_at = max(1024, 2 * len(_GRANTED))
+
+
+def ended(turn_id: str) -> None:
+    """Turn ``turn_id`` ended (a no-op if it was not granted here)."""
+    with _GRANTED_LOCK:
+        _GRANTED.pop(turn_id, None)
+
+
+def holder_alive(turn_id: str, now: float) -> bool:
+    """Whether the holder of turn ``turn_id``, left open in a session's log, may still
+    be running: this process granted it and its lease has not run out."""
+    with _GRANTED_LOCK:
+        turn = _GRANTED.get(turn_id)
+    return turn is not None and now < turn.deadline
+
+
+def dangling_calls(
+    log: Log, start_seq: int, later: Iterable[Event] = ()
+) -> list[tuple[str, str | None]]:
+    """``(id, name)`` of each tool call on ``log``'s surface made after ``start_seq``
+    (and in ``later``, events appended after ``log``: a session's appends not yet
+    committed) that no ``tool_result`` there answers, in the order they were made. A
+    call without an id cannot be answered and is not counted. O(the events since
+    ``start_seq``)."""
+    mine: list[Event] = []
+    for ev in reversed(log.surface()):  # position order: stop at the turn's start
+        if ev.position < start_seq:
+            break
+        if ev.seq > start_seq:
+            mine.append(ev)
+    mine.reverse()
+    mine.extend(later)
+    calls: dict[str, str | None] = {}
+    answered: set[object] = set()
+    for ev in mine:
+        if ev.type is EventType.TOOL_RESULT:
+            answered.add(ev.data.get("tool_call_id"))
+        elif ev.type is EventType.ASSISTANT_MESSAGE:
+            made = ev.data.get("tool_calls")
+            for call in made if isinstance(made, Sequence) else ():
+                cid, name, _ = tool_call_parts(call)
+                if isinstance(cid, str):
+                    calls.setdefault(cid, name if isinstance(name, str) else None)
+    return [(cid, name) for cid, name in calls.items() if cid not in answered]
 
 
 def open_turn(log: Log) -> Event | None:

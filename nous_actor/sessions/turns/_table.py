@@ -25,7 +25,18 @@ from nous_actor.core.log import Log, _utcnow, new_event
 from nous_actor.errors import TurnBusy, TurnInterrupted
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.turns._rules import TurnRequest, TurnTable, _ended, _Open, _Waiter
+from nous_actor.sessions.turns._rules import (
+    DEFAULT_ROLLBACK_NOTE,
+    INTERRUPTED_TOOL_RESULT,
+    TurnRequest,
+    TurnTable,
+    _ended,
+    _Open,
+    _Waiter,
+    dangling_calls,
+    ended,
+    granted,
+)
 
 logger = get_logger("nous_actor.sessions.turns")
 
@@ -98,6 +109,8 @@ class TurnKeeper:
         next_seq: int
         log: Log
         turns: TurnTable | None
+        dangling_turns: str  # what becomes of a gone holder's turn (DANGLING_TURNS)
+        inflight: deque[Event]  # appended, not yet committed (nor in ``log``)
         failed: Any
         _fut: SessionFuture[Any] | None
         actor_ref: pykka.ActorRef[Any]
@@ -162,12 +175,14 @@ class TurnKeeper:
         t = _utcnow()
         events = tuple(new_event(seq + k, et, d, t) for k, (et, d) in enumerate(specs))
         table.open = _Open(req, events[-1].seq, now + req.lease)
+        granted(table.open)
         result = self._submit(events, events[-1])
         self._arm(table, now)
         return result
 
     def _end_data(self, cur: _Open, how: str) -> dict[str, Any]:
         """The ``turn_end`` data of the open turn ``cur``, ending now as ``how``."""
+        ended(cur.req.turn_id)
         sink = telemetry.sink
         if sink is not None:
             sink.turn_ended(
@@ -222,9 +237,61 @@ class TurnKeeper:
         )
         data = self._end_data(cur, "expired")
         data["lease"] = cur.req.lease
-        self._record((new_event(self.next_seq, EventType.TURN_END, data, None),))
+        self._record(self._gone_events(cur.start_seq, data, "lease"))
         self._next(table, now)
         return True
+
+    def _gone_events(self, start_seq: int, data: dict[str, Any], reason: str) -> tuple[Event, ...]:
+        """The events that end a turn whose holder is gone (``reason``: ``"restart"``,
+        its process died; ``"lease"``, its lease ran out), begun at ``start_seq``, with
+        ``turn_end`` data ``data``: the session's ``dangling_turns`` says what becomes
+        of its half run (``keep``: nothing; ``rollback``: a note replaces it;
+        ``close_tool_calls``: a ``tool_result`` answers each call it left open)."""
+        seq = self.next_seq
+        how = self.dangling_turns
+        ending: tuple[Event, ...]
+        turn_id = data.get("turn_id")
+        if how == "rollback":
+            data.update(dangling="rollback", note_seq=seq + 1)
+            note = {
+                "content": DEFAULT_ROLLBACK_NOTE,
+                "surface_op": ["replace", start_seq, seq],
+                "rolled_back_turn": turn_id,
+                "reason": reason,
+            }
+            ending = (
+                new_event(seq, EventType.TURN_END, data, None),
+                new_event(seq + 1, EventType.SYSTEM_MESSAGE, note, None),
+            )
+        else:
+            calls = (
+                dangling_calls(self.log, start_seq, self.inflight)
+                if how == "close_tool_calls"
+                else []
+            )
+            results = []
+            for k, (call_id, name) in enumerate(calls):
+                result = {
+                    "content": INTERRUPTED_TOOL_RESULT,
+                    "tool_call_id": call_id,
+                    "name": name,
+                    "metadata": {"interrupted": {"turn_id": turn_id, "reason": reason}},
+                }
+                results.append(new_event(seq + k, EventType.TOOL_RESULT, result, None))
+            if calls:
+                data.update(dangling="close_tool_calls", closed_calls=[c for c, _ in calls])
+            ending = (*results, new_event(seq + len(results), EventType.TURN_END, data, None))
+        if "dangling" in data:  # something was done to the half run
+            logger.warning(
+                "session.dangling_turn",
+                session_id=self.session_id,
+                turn_id=turn_id,
+                owner=data.get("owner"),
+                reason=reason,
+                dangling=how,
+                closed_calls=len(data.get("closed_calls", ())),
+            )
+        return ending
 
     def _next(self, table: TurnTable, now: float) -> None:
         """No turn is open: run the waiters in arrival order (held writes run, the
