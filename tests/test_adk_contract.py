@@ -16,7 +16,8 @@ dialect, read-only session factories, Spanner), ``SqliteSessionService`` URL
 parsing, rollback-on-commit-failure spies, ``prepare_tables`` races,
 ``_get_or_create_state`` rows, row-level locking, stale-session rejection
 ("modified in storage": here one actor writes each session, so a stale
-`Session` object's append is kept in order instead; see test_adk.py),
+`Session` object's append is kept in order, and refused only where its state
+delta would lose an update; see test_adk.py),
 timestamp-drift and storage-marker checks, the in-memory service's
 same-object append, and Vertex AI's ``NotImplementedError``.
 """

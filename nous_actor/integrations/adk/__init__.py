@@ -60,7 +60,16 @@ session when a run starts (ADK's ``on_user_message_callback``, else
 (``after_run_callback``, ``on_run_error_callback``). A concurrent run on the
 same session then waits for it (policy ``enqueue``, the default) instead of
 interleaving its events, and its `Session` object is brought up to date with
-the first run's events before it goes on.
+the first run's events before it goes on (it keeps the events it loaded and
+gains every one committed since). A refused run reaches the caller as the
+`RuntimeError` ADK's plugin manager raises from the `nous_actor.TurnBusy`:
+`refused_by_turn` finds it. A compaction ADK writes after a run (outside its
+turn) goes through the turn of the run after it, never waiting for it.
+
+**Stale objects.** Appends of events never fail as stale; outside a run's
+turn, an append whose state delta writes a key changed in storage since its
+`Session` object was loaded raises ADK's ``StaleSessionError`` (it would lose
+that change).
 
 **Layout.** `base` holds ADK's names, the keys written and the bounds; `ids`
 the ids of sessions, state and directories; `events` the mapping of ADK

@@ -55,9 +55,14 @@ class NousSessionService(_ReadService, _RunService):
       read from the tail of the log (recent events: without decoding the
       others).
     * One writer per session: the registry's session actor serialises every
-      write, so appends from concurrent runs never fail as stale (ADK's
-      database service raises "modified in storage"); with `plugin`, runs of
-      one session take turns instead of interleaving.
+      write, so appends of events from concurrent runs never fail as stale
+      (ADK's database service raises "modified in storage"); with `plugin`,
+      runs of one session take turns instead of interleaving, and a queued
+      run's `Session` keeps the events it loaded and gains every one
+      committed before its turn.
+    * No lost update: outside a run's turn, an `append_event` whose state
+      delta writes a key written in storage since that `Session` object was
+      loaded raises ADK's `StaleSessionError`, nothing stored.
     * A crash of a session is survived: the registry restarts it from the
       store, and a write it refused is sent again (up to `MAX_ATTEMPTS`
       times); a run's turn that the restart ended is opened again.
@@ -219,7 +224,13 @@ class NousSessionService(_ReadService, _RunService):
             TurnInterrupted: the run's turn was taken by another run (policy
                 ``interrupt`` or ``rollback``); nothing was stored.
             TurnBusy: another run holds the session, and this write (outside
-                any run) waited its bound.
+                any run) waited its bound. A compaction event does not wait for
+                a run of this service: it is written through that run's turn.
+            StaleSessionError: (ADK's) outside a run's turn, the delta writes a
+                key (session, ``app:`` or ``user:``) written in storage since
+                ``session`` was loaded by this service (`get_session`,
+                `create_session`): storing it would lose that write. Nothing
+                was stored; reload the session and apply the change again.
         """
         if not isinstance(session, AdkSession):
             raise TypeError(f"session must be an ADK Session, got {type(session).__name__}")
