@@ -118,9 +118,11 @@ class Committer:
 
     def _run(self) -> None:
         intake = self._queue
+        budget, share = self.max_batch, self.share
         waiting: dict[str, deque[_Item]] = {}  # per session, in the order served
         stop = False
         while True:
+            fresh: list[_Item] = []
             if not waiting:
                 if stop:
                     return
@@ -132,9 +134,9 @@ class Committer:
                     continue
                 if first is None:
                     return
-                waiting[first.session_id] = deque((first,))
-            # Everything queued now joins the per-session queues before the next
-            # transaction is filled (what arrives meanwhile waits for the one after).
+                fresh.append(first)
+            # Everything queued now is seen before the next transaction is filled
+            # (what arrives meanwhile waits for the one after).
             for _ in range(0 if stop else intake.qsize()):
                 try:
                     item = intake.get_nowait()
@@ -143,12 +145,17 @@ class Committer:
                 if item is None:
                     stop = True
                     break
+                fresh.append(item)
+            if not waiting and _fits(fresh, budget, share):
+                self._write(fresh)  # no backlog: all of it, in the order it came
+                continue
+            for item in fresh:
                 mine = waiting.get(item.session_id)
                 if mine is None:
                     waiting[item.session_id] = deque((item,))
                 else:
                     mine.append(item)
-            self._write(_fill(waiting, self.max_batch, self.share))
+            self._write(_fill(waiting, budget, share))
 
     def _write(self, batch: list[_Item]) -> None:
         """Commit one batch and answer its items (never raises: the writer lives on)."""
@@ -245,14 +252,15 @@ def _fill(waiting: dict[str, deque[_Item]], budget: int, share: int) -> list[_It
     """The next transaction: the oldest item of every waiting session (while they fit in
     ``budget`` events), then more of each, up to ``share`` events a session. Sessions
     that keep items move behind the others; an item larger than the budget or the
-    share is taken alone. Takes the items out of ``waiting``."""
+    share is taken alone (an item counts its events, a drop one). Takes the items out
+    of ``waiting``."""
     batch: list[_Item] = []
     taken: dict[str, int] = {}
     size = 0
     for sid, mine in waiting.items():
         if size >= budget:
             break
-        n = _size(mine[0])
+        n = len(mine[0].events) or 1
         if batch and size + n > budget:
             continue
         batch.append(mine.popleft())
@@ -261,7 +269,7 @@ def _fill(waiting: dict[str, deque[_Item]], budget: int, share: int) -> list[_It
     for sid, n in taken.items():
         mine = waiting[sid]
         while mine and size < budget:
-            more = _size(mine[0])
+            more = len(mine[0].events) or 1
             if n + more > share or size + more > budget:
                 break
             batch.append(mine.popleft())
@@ -274,8 +282,20 @@ def _fill(waiting: dict[str, deque[_Item]], budget: int, share: int) -> list[_It
     return batch
 
 
-def _size(item: _Item) -> int:
-    return max(1, len(item.events))
+def _fits(items: list[_Item], budget: int, share: int) -> bool:
+    """Whether one transaction may take all of ``items``, as `_fill` would."""
+    if len(items) > budget:  # (every item counts at least one event)
+        return False
+    per: dict[str, int] = {}
+    total = 0
+    for item in items:
+        n = len(item.events) or 1
+        total += n
+        had = per.get(item.session_id, 0)
+        if had and had + n > share:
+            return False
+        per[item.session_id] = had + n
+    return total <= budget or len(items) == 1
 
 
 def _for_session(err: StoreError, session_id: str) -> StoreError:
