@@ -601,14 +601,29 @@ def test_listed_last_update_time_is_get_sessions(sessions: Sessions) -> None:
         for i in range(adk.CHECKPOINT_EVERY + 1):
             await service.append_event(s4, Event(author="user", timestamp=100.0 + i))
         await service.create_session(app_name="a", user_id="u", session_id="fresh")
+        s6 = await service.create_session(app_name="a", user_id="u", session_id="raced")
+        await asyncio.gather(  # concurrent appends: their directory records race too
+            *(
+                service.append_event(
+                    s6,
+                    Event(
+                        author="user",
+                        actions=EventActions(state_delta={f"k{i}": i} if i % 2 else {}),
+                        timestamp=50.0 + i,
+                    ),
+                )
+                for i in range(12)
+            )
+        )
         del s1
         listed = (await service.list_sessions(app_name="a", user_id="u")).sessions
-        assert len(listed) == 5
+        assert len(listed) == 6
         for every in (listed, (await service.list_sessions(app_name="a")).sessions):
             for x in every:
                 got = await service.get_session(app_name="a", user_id="u", session_id=x.id)
                 assert got is not None
                 assert x.last_update_time == got.last_update_time, x.id
+                assert x.state == got.state, x.id
         assert {x.id: x.last_update_time for x in listed}["past"] == 5.5
         assert {x.id: x.last_update_time for x in listed}["state"] == 6.0
 
