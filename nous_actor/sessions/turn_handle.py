@@ -109,6 +109,11 @@ class Turn(SessionHandle):
     block normally (its work may have been hidden by a rollback: the error
     says so). A turn is used once.
 
+    A turn whose holder is gone (its process died, or its lease ran out) is
+    ended by the session, which does with its half run what the registry's
+    ``dangling_turns`` says (by default, each tool call it left without a
+    result is answered as interrupted; see `nous_actor.Sessions`).
+
     Attributes:
         turn_id: the turn's id (in its ``turn_start``/``turn_end`` events).
         owner, policy, lease, wait, note: as given to ``turn()``.
