@@ -9,17 +9,22 @@ mutating method raises `TypeError` and says how to make a changed copy.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+from nous_actor.core.limits import INT_BOUND, MAX_DATA_DEPTH, MAX_INT_DIGITS
 
 __all__ = [
     "FrozenDict",
     "FrozenList",
     "NotJSON",
     "describe_error",
+    "encode_json",
     "freeze",
+    "freeze_measured",
     "short_repr",
     "thaw",
 ]
@@ -27,6 +32,19 @@ __all__ = [
 
 def _keep_tracked(value: object) -> None:
     """Where the collector cannot be told (not CPython): leave ``value`` tracked."""
+
+
+def _recursion_errors() -> tuple[type[BaseException], ...]:
+    """What running out of recursion raises: ``RecursionError``, or ctypes' ``ArgumentError``
+    when it happens while `untrack`'s argument is converted (in a decoder's hook)."""
+    try:
+        from ctypes import ArgumentError
+    except ImportError:  # a build without ctypes
+        return (RecursionError,)
+    return (RecursionError, ArgumentError)
+
+
+RECURSION_ERRORS: Final = _recursion_errors()
 
 
 def _gc_untracker() -> Callable[[object], None]:
@@ -75,7 +93,26 @@ def _refuse_list(self: object, *args: object, **kwargs: object) -> NoReturn:
     )
 
 
-class FrozenDict(dict[str, Any]):
+class _BuiltOnce(type):
+    """The metaclass of FrozenDict and FrozenList: ``cls(...)`` builds the value in
+    ``__new__`` alone, so ``__init__`` (which would fill it again) is never part of
+    construction, and called on a built value it refuses."""
+
+    if not TYPE_CHECKING:  # to a type checker, construction is __new__'s, as it is
+
+        def __call__(cls, *args, **kwargs):
+            return cls.__new__(cls, *args, **kwargs)
+
+
+def _refuse_init(self: object, *args: object, **kwargs: object) -> NoReturn:
+    name = type(self).__name__
+    raise TypeError(
+        f"{name} is immutable: it was built already, and __init__ cannot build it again; "
+        f"make a new one, e.g. {name}(...)"
+    )
+
+
+class FrozenDict(dict[str, Any], metaclass=_BuiltOnce):
     """A ``dict`` that cannot be changed; equal to the plain dict it came from.
 
     >>> d = FrozenDict({"a": 1})
@@ -85,13 +122,16 @@ class FrozenDict(dict[str, Any]):
     Traceback (most recent call last):
     ...
     TypeError: FrozenDict is immutable (it is part of an append-only log); ...
+
+    A subclass is kept by the cyclic collector (it may gain a ``__dict__``, so
+    it can be on a cycle); only FrozenDict itself is taken out of it.
     """
 
     __slots__ = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FrozenDict:
-        # Deep-freeze (and so validate) whatever is given; __init__ does nothing,
-        # so calling it again on a FrozenDict cannot change it.
+        # Deep-freeze (and so validate) whatever is given; the metaclass never calls
+        # __init__, which refuses: a built FrozenDict cannot be filled again.
         self = dict.__new__(cls)
         try:
             plain = dict(*args, **kwargs)
@@ -100,11 +140,12 @@ class FrozenDict(dict[str, Any]):
         except Exception as exc:
             raise NotJSON("FrozenDict", _unreadable(args[0] if args else kwargs, exc)) from exc
         dict.update(self, freeze(plain, "FrozenDict"))
-        untrack(self)
+        if cls is FrozenDict:
+            untrack(self)
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        _refuse_init(self)  # construction never calls it (see _BuiltOnce)
 
     __setitem__ = _refuse_dict
     __delitem__ = _refuse_dict
@@ -128,7 +169,7 @@ class FrozenDict(dict[str, Any]):
         return (FrozenDict, (dict(self),))
 
 
-class FrozenList(list[Any]):
+class FrozenList(list[Any], metaclass=_BuiltOnce):
     """A ``list`` that cannot be changed; equal to the plain list it came from.
 
     >>> FrozenList([1, 2]) == [1, 2]
@@ -146,11 +187,12 @@ class FrozenList(list[Any]):
         except Exception as exc:
             raise NotJSON("FrozenList", _unreadable(iterable, exc)) from exc
         list.extend(self, freeze(plain, "FrozenList"))
-        untrack(self)
+        if cls is FrozenList:
+            untrack(self)
         return self
 
-    def __init__(self, iterable: Iterable[Any] = ()) -> None:
-        pass
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _refuse_init(self)  # construction never calls it (see _BuiltOnce)
 
     __setitem__ = _refuse_list
     __delitem__ = _refuse_list
@@ -192,7 +234,7 @@ def _dict_of(items: dict[str, Any]) -> FrozenDict:
 
 def _list_from(items: list[Any]) -> FrozenList:
     """A FrozenList over already frozen values (no second walk)."""
-    fl = list.__new__(FrozenList)
+    fl: FrozenList = list.__new__(FrozenList)
     list.extend(fl, items)
     untrack(fl)
     return fl
@@ -211,33 +253,85 @@ class NotJSON(TypeError):
         self.detail = detail
 
 
-def _list_of(items: Iterable[Any], path: str) -> FrozenList:
-    out = [_freeze(v, f"{path}[{i}]") for i, v in enumerate(items)]
-    return _list_from(out) if out else EMPTY_LIST
+_SMALL: Final = 2**64
+"""Ints in ``-_SMALL < n < _SMALL`` (at most 20 digits) need no look at their length."""
+
+Meter = list[int]
+"""What `freeze_measured` counted, in one number (one addition a container): the
+weight ``chars + 6 * entries``, where ``chars`` are the characters of every key,
+string and long int, and ``entries`` the entries of every object and array."""
+
+
+def json_size_bounds(meter: Meter) -> tuple[int, int]:
+    """Bounds ``(low, high)`` of the UTF-8 size of the compact JSON of a value
+    `freeze_measured` counted.
+
+    Each counted character takes one to six bytes (``\\u001f``, a 4-byte UTF-8
+    character, ``\\"``) and each entry at least one byte besides them (a comma,
+    a digit, a bracket) and at most 32 (quotes, colon, comma and a number of at
+    most 24 characters, a literal or a container's brackets); the outermost
+    brackets add 2. So the size is at least ``weight / 6`` and at most
+    ``6 * weight + 2``.
+    """
+    weight = meter[0]
+    return weight // 6, 6 * weight + 2
 
 
 def freeze(value: Any, path: str = "value") -> Any:
     """Return a deeply immutable copy of the JSON value ``value``.
 
     Reading ``value`` runs the caller's code (a mapping's ``items``, a list
-    subclass's ``__iter__``, ...). Whatever that raises (an ``Exception``,
-    ``RecursionError`` included) becomes `NotJSON` naming the container
-    that could not be read; nothing else escapes.
+    subclass's ``__iter__``, ...). Each container is read once, and what is
+    returned is what was read and checked. Whatever that reading raises (an
+    ``Exception``, ``RecursionError`` included) becomes `NotJSON` naming the
+    container that could not be read; nothing else escapes. Keys and strings
+    come back as exact ``str``, numbers as exact ``int``/``float``.
 
     Raises:
         NotJSON: something at ``path`` (or below it) is not a JSON value:
             a non-``str`` key, a set, bytes, an arbitrary object, NaN or ±inf,
-            a container that raises when read, or nesting so deep (or cyclic)
-            that it cannot be walked.
+            an int of more than `MAX_INT_DIGITS` digits, a container that
+            raises when read, or nesting deeper than `MAX_DATA_DEPTH`
+            containers (a cyclic value is one).
     """
+    return freeze_measured(value, path)[0]
+
+
+def freeze_measured(value: Any, path: str = "value") -> tuple[Any, Meter]:
+    """`freeze`, also returning what it counted for `json_size_bounds`, in the same walk."""
+    meter: Meter = [0]
     try:
-        return _freeze(value, path)
+        return _freeze(value, path, MAX_DATA_DEPTH, meter), meter
     except RecursionError:
         raise NotJSON(
             path,
-            "nested too deeply (or it contains itself, or reading it recursed without end); "
-            "JSON values must be finite trees",
+            "could not be walked: reading it recursed without end, or this thread's "
+            f"recursion limit ({sys.getrecursionlimit()}) ran out before the value's end "
+            f"(values may nest {MAX_DATA_DEPTH} containers deep); JSON values must be "
+            "finite trees",
         ) from None
+
+
+def _too_deep(path: str) -> NoReturn:
+    raise NotJSON(
+        path,
+        f"nested deeper than {MAX_DATA_DEPTH} containers, the limit every reader of the log "
+        "accepts (a value that contains itself is one); flatten it, or store the deep "
+        "part as a JSON string",
+    )
+
+
+def _big_int(n: int, path: str, meter: Meter) -> int:
+    """``n`` (at least 20 digits) if it has at most `MAX_INT_DIGITS` digits; counts them."""
+    if -INT_BOUND < n < INT_BOUND:
+        meter[0] += int((n.bit_length() - 1) * 0.30102999566398) + 1  # its digits, or fewer
+        return n
+    raise NotJSON(
+        path,
+        f"an int of about {int(n.bit_length() * 0.30103)} digits is longer than "
+        f"{MAX_INT_DIGITS} digits, the most every reader of the log reads back; "
+        "store it as a string",
+    )
 
 
 def _check_text(text: str, path: str) -> str:
@@ -254,22 +348,43 @@ def _check_text(text: str, path: str) -> str:
     return text
 
 
-def _freeze(value: Any, path: str) -> Any:
+def _freeze(
+    value: Any,
+    path: str,
+    room: int,
+    meter: Meter,
+    _small: int = _SMALL,
+    _low: int = -_SMALL,
+    _len: Callable[[Any], int] = len,
+) -> Any:
+    """``value`` frozen; ``room`` is how many more containers deep it may nest (a
+    container here takes one), ``meter`` what it weighs (see `Meter`).
+
+    (The keyword defaults are locals, not globals: every entry of every append is
+    counted and every int compared, so each lookup saved is a saving per append.)
+    """
     t = type(value)
     if t is str:
+        meter[0] += _len(value)
         return _check_text(value, path)
-    if t is int or t is bool or value is None:
+    if t is int:
+        return value if _low < value < _small else _big_int(value, path, meter)
+    if t is bool or value is None:
         return value
     if t is float:
         if math.isfinite(value):
             return value
         raise NotJSON(path, f"{value!r} is not a JSON number; use a finite float or None")
     if t is FrozenDict or t is FrozenList:
+        _measure(value, path, room, meter)
         return value
     try:  # free unless raised; the caller's own code runs below (items, __iter__, ...)
         if t is dict or isinstance(value, Mapping):
+            if not room:
+                _too_deep(path)
             out: dict[str, Any] = {}
             converted: set[str] | None = None  # keys that were str subclasses
+            weight = 0
             for k, v in value.items():
                 if type(k) is not str:
                     if not isinstance(k, str):
@@ -292,25 +407,38 @@ def _freeze(value: Any, path: str) -> Any:
                 # Atomic values inline; the path is spelled out only to go deeper.
                 tv = type(v)
                 if tv is str:
+                    weight += _len(k) + _len(v)
                     out[k] = v if v.isascii() else _check_text(v, f"{path}[{k!r}]")
-                elif tv is int or tv is bool or v is None:
+                elif tv is int:
+                    weight += _len(k)
+                    out[k] = v if _low < v < _small else _big_int(v, f"{path}[{k!r}]", meter)
+                elif tv is bool or v is None:
+                    weight += _len(k)
                     out[k] = v
                 else:
-                    out[k] = _freeze(v, f"{path}[{k!r}]")
+                    weight += _len(k)
+                    out[k] = _freeze(v, f"{path}[{k!r}]", room - 1, meter)
             if not out:
                 return EMPTY_DICT
+            meter[0] += weight + 6 * _len(out)
             fd = _new_dict(FrozenDict)  # _dict_of, inline: this is every append's path
             _fill_dict(fd, out)
             untrack(fd)
             return fd
         if t is list or t is tuple or isinstance(value, (list, tuple)):
-            return _list_of(value, path)
+            if not room:
+                _too_deep(path)
+            items = [_freeze(v, f"{path}[{i}]", room - 1, meter) for i, v in enumerate(value)]
+            if not items:
+                return EMPTY_LIST
+            meter[0] += 6 * _len(items)
+            return _list_from(items)
         if isinstance(value, str):
-            return _check_text(str.__str__(value), path)
+            return _freeze(str.__str__(value), path, room, meter)
         if isinstance(value, int):
-            return int.__int__(value)
+            return _freeze(int.__int__(value), path, room, meter)
         if isinstance(value, float):
-            return _freeze(float.__float__(value), path)
+            return _freeze(float.__float__(value), path, room, meter)
     except (NotJSON, RecursionError, MemoryError):
         raise
     except Exception as exc:
@@ -320,6 +448,115 @@ def _freeze(value: Any, path: str) -> Any:
         f"{_type_name(value)} value {short_repr(value)} is not JSON; "
         "use str, int, float, bool, None, list or a dict with str keys",
     )
+
+
+def _measure(value: FrozenDict | FrozenList, path: str, room: int, meter: Meter) -> None:
+    """Weigh an already frozen ``value`` as `_freeze` weighs what it freezes, and hold
+    it to the limits where it is put (it may be deep itself, or come from a decoder
+    in a process that allowed longer ints)."""
+    if not room:
+        _too_deep(path)
+    weight = 0
+    if isinstance(value, FrozenDict):
+        for k, v in value.items():
+            weight += len(k)
+            tv = type(v)
+            if tv is str:
+                weight += len(v)
+            elif tv is int:
+                if not -_SMALL < v < _SMALL:
+                    _big_int(v, f"{path}[{k!r}]", meter)
+            elif tv is FrozenDict or tv is FrozenList:
+                _measure(v, f"{path}[{k!r}]", room - 1, meter)
+    else:
+        for i, v in enumerate(value):
+            tv = type(v)
+            if tv is str:
+                weight += len(v)
+            elif tv is int:
+                if not -_SMALL < v < _SMALL:
+                    _big_int(v, f"{path}[{i}]", meter)
+            elif tv is FrozenDict or tv is FrozenList:
+                _measure(v, f"{path}[{i}]", room - 1, meter)
+    meter[0] += weight + 6 * len(value)
+
+
+# -- JSON text: one encoder, whatever the recursion limit ---------------------------------
+
+JSON_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+"""The one encoder of stored JSON text: compact, UTF-8 as it is, no NaN."""
+
+_encode_str: Final[Callable[[str], str]] = getattr(json.encoder, "encode_basestring")  # noqa: B009
+
+
+def encode_json(value: Any) -> str:
+    """``value`` (a frozen or plain JSON value) as compact JSON text.
+
+    The C encoder recurses once per container; should this thread's recursion
+    limit run out before a value's end (it may nest `MAX_DATA_DEPTH` deep), the
+    same text is made without recursion.
+    """
+    try:
+        return JSON_ENCODER.encode(value)
+    except RecursionError:
+        return "".join(_iter_json(value))
+
+
+def _atom_json(v: Any) -> str:
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, str):
+        return _encode_str(v)
+    if isinstance(v, int):
+        return int.__repr__(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"Out of range float values are not JSON compliant: {v!r}")
+        return float.__repr__(v)
+    raise TypeError(f"Object of type {type(v).__name__} is not JSON serializable")
+
+
+def _iter_json(value: Any) -> Iterator[str]:
+    """The pieces of ``value``'s compact JSON, walked with a stack of its own."""
+    stack: list[tuple[Iterator[Any], bool]] = []  # (entries left, is an object)
+    v = value
+    while True:
+        if isinstance(v, dict):
+            yield "{"
+            stack.append((iter(dict.items(v)), True))
+            first = True
+        elif isinstance(v, (list, tuple)):
+            yield "["
+            stack.append((iter(v), False))
+            first = True
+        else:
+            yield _atom_json(v)
+            first = False
+        while stack:
+            entries, is_object = stack[-1]
+            nxt: Any = next(entries, _END)
+            if nxt is _END:
+                stack.pop()
+                yield "}" if is_object else "]"
+                first = False
+                continue
+            if not first:
+                yield ","
+            if is_object:
+                key, v = nxt
+                yield _encode_str(key) + ":"
+            else:
+                v = nxt
+            break
+        else:
+            return
+
+
+_END: Final = object()
 
 
 def _duplicate_key(path: str, key: str) -> NoReturn:

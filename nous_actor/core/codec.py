@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from builtins import type as type_of
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
 
 from nous_actor.core._frozen import (
+    JSON_ENCODER,
+    RECURSION_ERRORS,
     FrozenDict,
     FrozenList,
     _fill_dict,
     _list_from,
     _new_dict,
+    encode_json,
     thaw,
     untrack,
 )
@@ -43,6 +47,7 @@ from nous_actor.core.event import (
     passing_event,
     trusted_event,
 )
+from nous_actor.core.limits import MAX_SEQ
 from nous_actor.core.log import Log
 from nous_actor.core.message import Message
 
@@ -68,13 +73,26 @@ _FIELD_SET = frozenset(_FIELDS)
 
 
 class CodecError(ValueError):
-    """A record could not be decoded; ``line`` (1-based, if known) and ``field`` say where."""
+    """A record could not be decoded; ``line`` (1-based, if known) and ``field`` say where.
 
-    def __init__(self, message: str, *, line: int | None = None, field: str | None = None):
+    ``reason`` is the `InvalidEvent` reason when the record decoded but holds an event
+    an append refuses (DESIGN.md §2: ``invalid_event``, ``unserializable_event_data``
+    ...), else ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        field: str | None = None,
+        reason: str | None = None,
+    ):
         where = f"line {line}: " if line is not None else ""
         super().__init__(where + message)
         self.line = line
         self.field = field
+        self.reason = reason
 
 
 def _fail(message: str, line: int | None, field: str | None) -> NoReturn:
@@ -128,14 +146,132 @@ _DECODER = json.JSONDecoder(
 _PASSING_DECODER = json.JSONDecoder(
     parse_constant=_reject_constant, parse_float=_finite_float, object_hook=_passing_object
 )
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ENCODER = JSON_ENCODER
+
+# -- the decoder without recursion ---------------------------------------------------------
+# The C scanner recurses once per container, so how deep it reads depends on the
+# reader's recursion limit (and on how deep the reader's own stack is). When it runs
+# out, the value is read again by this loop, which keeps its own stack: every reader
+# reads what any writer stored, whatever the recursion limits of both.
+
+_scanstring: Final[Callable[[str, int, bool], tuple[str, int]]] = getattr(  # noqa: B009
+    json.decoder, "scanstring"
+)
+_WHITESPACE: Final = re.compile(r"[ \t\n\r]*")
+
+
+def _ws(text: str, idx: int) -> int:
+    """Where the JSON whitespace from ``idx`` on ends."""
+    m = _WHITESPACE.match(text, idx)
+    return idx if m is None else m.end()
+
+
+_NUMBER: Final = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?").match
+_LITERALS: Final = (("null", None), ("true", True), ("false", False))
+
+
+def _scan_flat(
+    text: str, idx: int, make_object: Callable[[dict[str, Any]], FrozenDict]
+) -> tuple[Any, int]:
+    """The JSON value at ``text[idx:]`` and where it ends, frozen as the scanner's hook
+    freezes it, read with a stack of its own (no recursion).
+
+    Raises:
+        ValueError: not JSON (or NaN, ±Infinity, a float that overflows, an int
+            longer than the interpreter's digit limit).
+    """
+    ws = _ws
+    open_: list[dict[str, Any] | list[Any]] = []  # the containers being filled
+    keys: list[str] = []  # for each open object, the key its next value goes under
+    value: Any
+    while True:
+        idx = ws(text, idx)
+        ch = text[idx : idx + 1]
+        if ch == "{" or ch == "[":
+            idx = ws(text, idx + 1)
+            if text[idx : idx + 1] == ("}" if ch == "{" else "]"):
+                value, idx = (make_object({}) if ch == "{" else _list_from([])), idx + 1
+            else:
+                if ch == "{":
+                    key, idx = _object_key(text, idx)
+                    keys.append(key)
+                    open_.append({})
+                else:
+                    open_.append([])
+                continue
+        elif ch == '"':
+            value, idx = _scanstring(text, idx + 1, True)
+        else:
+            value, idx = _scalar(text, idx)
+        while True:  # a value is complete: put it in its container, close what ends
+            if not open_:
+                return value, idx
+            top = open_[-1]
+            if type(top) is dict:
+                top[keys[-1]] = value
+            else:
+                top.append(value)  # type: ignore[union-attr]
+            idx = ws(text, idx)
+            ch = text[idx : idx + 1]
+            if ch == ",":
+                if type(top) is dict:
+                    keys[-1], idx = _object_key(text, ws(text, idx + 1))
+                else:
+                    idx += 1
+                break
+            if ch != ("}" if type(top) is dict else "]"):
+                raise ValueError(f"Expecting ',' delimiter: char {idx}")
+            idx += 1
+            open_.pop()
+            if type(top) is dict:
+                keys.pop()
+                value = make_object(top)
+            else:
+                value = _list_from(top)  # type: ignore[arg-type]
+
+
+def _object_key(text: str, idx: int) -> tuple[str, int]:
+    if text[idx : idx + 1] != '"':
+        raise ValueError(f"Expecting property name enclosed in double quotes: char {idx}")
+    key, idx = _scanstring(text, idx + 1, True)
+    idx = _ws(text, idx)
+    if text[idx : idx + 1] != ":":
+        raise ValueError(f"Expecting ':' delimiter: char {idx}")
+    return key, _ws(text, idx + 1)
+
+
+def _scalar(text: str, idx: int) -> tuple[Any, int]:
+    for word, literal in _LITERALS:
+        if text.startswith(word, idx):
+            return literal, idx + len(word)
+    for name in ("NaN", "Infinity", "-Infinity"):
+        if text.startswith(name, idx):
+            _reject_constant(name)
+    m = _NUMBER(text, idx)
+    if m is None:
+        raise ValueError(f"Expecting value: char {idx}")
+    whole, frac, exp = m.groups()
+    if frac or exp:
+        return _finite_float(whole + (frac or "") + (exp or "")), m.end()
+    return int(whole), m.end()
+
+
+def _decode_text(text: str) -> Any:
+    """``text``, one JSON value and nothing else, decoded and frozen."""
+    try:
+        return _DECODER.decode(text)
+    except RECURSION_ERRORS:
+        value, end = _scan_flat(text, 0, _frozen_object)
+        if _ws(text, end) != len(text):
+            raise ValueError(f"Extra data: char {end}") from None
+        return value
 
 
 def _json_loads(text: str | bytes, line: int | None) -> Any:
     try:
         if isinstance(text, (bytes, bytearray)):
             text = text.decode("utf-8")
-        value = _DECODER.decode(text)
+        value = _decode_text(text)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         _fail(f"not valid JSON ({exc})", line, None)
     if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(value):
@@ -153,7 +289,7 @@ def _lone_surrogate(value: Any) -> bool:
     """Whether the decoded ``value`` holds a lone surrogate, which only a ``\\uD800``-
     ``\\uDFFF`` escape can spell in JSON text (the caller looks for one first)."""
     try:
-        _ENCODER.encode(value).encode("utf-8")
+        encode_json(value).encode("utf-8")
     except UnicodeEncodeError:
         return True
     return False
@@ -176,7 +312,7 @@ def event_to_dict(event: Event) -> dict[str, Any]:
 
 def dumps_event(event: Event) -> str:
     """The event as one line of JSON (no newline)."""
-    return _ENCODER.encode(
+    return encode_json(
         {
             "seq": event.seq,
             "type": event.type.value,
@@ -187,8 +323,9 @@ def dumps_event(event: Event) -> str:
 
 
 def encode_data(event: Event) -> str:
-    """The event's ``data`` as compact JSON text (the stored form)."""
-    return _ENCODER.encode(event.data)
+    """The event's ``data`` as compact JSON text (the stored form), whatever this
+    thread's recursion limit."""
+    return encode_json(event.data)
 
 
 def _json_kind(value: Any) -> str:
@@ -203,14 +340,19 @@ Scan = Callable[[str, int], tuple[Any, int]]
 RowDecoder = Callable[[int, str, str, "str | bytes"], Event]
 
 
-def _stored_loader(scan: Scan) -> Callable[[str | bytes, int], Any]:
+def _stored_loader(
+    scan: Scan, make_object: Callable[[dict[str, Any]], FrozenDict]
+) -> Callable[[str | bytes, int], Any]:
     def load_stored(data: str | bytes, seq: int) -> Any:
         """Decode a stored ``data`` column: the decoder's scanner called directly (no
         per-row Python frames), the text required to be one JSON value and nothing
-        else."""
+        else; read again without recursion if the scanner ran out of it."""
         try:
             text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-            value, end = scan(text, 0)
+            try:
+                value, end = scan(text, 0)
+            except RECURSION_ERRORS:
+                value, end = _scan_flat(text, 0, make_object)
         except StopIteration:
             _fail(f"seq {seq}: 'data' is not valid JSON (no value at the start)", None, "data")
         except (ValueError, RecursionError, UnicodeDecodeError, AttributeError, TypeError) as exc:
@@ -273,7 +415,7 @@ def _row_decoder(
     return event_from_row
 
 
-_load_stored = _stored_loader(getattr(_DECODER, "scan_once"))  # noqa: B009
+_load_stored = _stored_loader(getattr(_DECODER, "scan_once"), _frozen_object)  # noqa: B009
 event_from_row: Final[RowDecoder] = _row_decoder(_load_stored, trusted_event)
 """Decode an event stored as columns (``data`` as JSON text): the fast path of
 recovery. Only the rules a stored row could still break are checked (type, time,
@@ -281,7 +423,7 @@ recovery. Only the rules a stored row could still break are checked (type, time,
 Raises `CodecError` (``.field`` names the column) for a malformed one."""
 
 passing_event_from_row: Final[RowDecoder] = _row_decoder(
-    _stored_loader(getattr(_PASSING_DECODER, "scan_once")),  # noqa: B009
+    _stored_loader(getattr(_PASSING_DECODER, "scan_once"), _passing_object),  # noqa: B009
     passing_event,
 )
 """`event_from_row` for rows read to be looked at and dropped (a reader's cold read):
@@ -315,6 +457,13 @@ def event_from_dict(record: Any, *, line: int | None = None) -> Event:
     seq, etype, raw_time, data = (record[f] for f in _FIELDS)
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         _fail(f"'seq' must be an int >= 0, got {seq!r}", line, "seq")
+    if seq > MAX_SEQ:
+        raise CodecError(
+            f"invalid_event: seq {seq} is past the last seq a store keeps, 2**63 - 1",
+            line=line,
+            field="seq",
+            reason="invalid_event",
+        )
     if not isinstance(etype, str):
         _fail(f"'type' must be a string, got {type(etype).__name__}", line, "type")
     if not isinstance(raw_time, str):
@@ -330,8 +479,10 @@ def event_from_dict(record: Any, *, line: int | None = None) -> Event:
     try:
         return Event(seq, etype, t, data)
     except InvalidEvent as exc:
-        field = "type" if exc.reason == "unknown_event_type" else "data"
-        raise CodecError(f"{exc.reason}: {exc}", line=line, field=field) from None
+        field = {"unknown_event_type": "type", "invalid_event": "time"}.get(exc.reason, "data")
+        raise CodecError(
+            f"{exc.reason}: {exc}", line=line, field=field, reason=exc.reason
+        ) from None
 
 
 def loads_event(text: str | bytes, *, line: int | None = None) -> Event:

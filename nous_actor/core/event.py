@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final, NoReturn
 
+from nous_actor.core import limits as _limits
 from nous_actor.core._frozen import (
     EMPTY_DICT,
     EMPTY_LIST,
     FrozenDict,
     FrozenList,
     NotJSON,
+    _freeze,
+    _list_from,
     describe_error,
+    encode_json,
     freeze,
+    freeze_measured,
+    json_size_bounds,
     short_repr,
     untrack,
 )
+from nous_actor.core.limits import MAX_DATA_DEPTH, MAX_SEQ, describe_bytes
 from nous_actor.core.message import Message, Role, trusted_message
 
 __all__ = [
@@ -116,6 +123,11 @@ class Replace:
     stop: int
 
     def __init__(self, start: int, stop: int) -> None:
+        if _is_set(_START, self):
+            raise TypeError(
+                "Replace is immutable: it was built already, and __init__ cannot build it "
+                "again; make a new one, e.g. Replace(start, stop)"
+            )
         if not _is_int(start) or not _is_int(stop):
             _invalid_op(
                 f"start and stop must be ints, got {type(start).__name__} "
@@ -128,7 +140,8 @@ class Replace:
             _invalid_op(f"stop {stop} < start {start}")
         object.__setattr__(self, "start", start)
         object.__setattr__(self, "stop", stop)
-        untrack(self)
+        if type(self) is Replace:  # a subclass may have a __dict__, so be on a cycle
+            untrack(self)
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("Replace is immutable")
@@ -149,15 +162,33 @@ class Replace:
 
     def to_json(self) -> FrozenList:
         """The persisted form, ``["replace", start, stop]``."""
-        return FrozenList(["replace", self.start, self.stop])
+        return _list_from(["replace", self.start, self.stop])
+
+
+_START: Final = Replace.__dict__["start"].__get__
+_STOP: Final = Replace.__dict__["stop"].__get__
+
+
+def _is_set(get: Any, obj: object) -> bool:
+    """Whether the slot ``get`` reads is set on ``obj`` (its ``__init__`` ran already)."""
+    try:
+        get(obj)
+    except AttributeError:
+        return False
+    return True
 
 
 def parse_surface_op(raw: object) -> Replace | None:
-    """Read a ``surface_op`` value: ``None`` for a plain append, else a `Replace`."""
-    if raw is None or raw == "append":
+    """Read a ``surface_op`` value: ``None`` for a plain append, else a `Replace`.
+
+    A `Replace` subclass comes back as a plain `Replace` of the bounds it was
+    built with (its own attributes are never read)."""
+    if raw is None or (type(raw) is str and raw == "append"):
         return None
     if isinstance(raw, Replace):
-        return raw
+        return raw if type(raw) is Replace else Replace(_START(raw), _STOP(raw))
+    if isinstance(raw, str) and str.__str__(raw) == "append":
+        return None
     if isinstance(raw, (tuple, list)):
         if len(raw) == 3 and raw[0] == "replace":
             return Replace(raw[1], raw[2])
@@ -175,29 +206,46 @@ def check_event(
 
     Every argument is the caller's and may run the caller's code when read (a
     mapping's ``items``, a str subclass's ``__hash__``, a tzinfo's
-    ``utcoffset``). Whatever that raises (an ``Exception``, ``RecursionError``
-    included) is refused as `InvalidEvent` like any other bad input:
-    unreadable ``data`` is ``unserializable_event_data`` (JSON cannot carry
-    it; the message names the path), an unreadable ``surface_op`` is
-    ``invalid_surface_op``, an unreadable type ``unknown_event_type``, an
-    unreadable ``seq`` or ``time`` ``invalid_event``.
+    ``utcoffset``). Each is read once, and every rule is checked on what was
+    read: ``data`` is frozen first (keys, strings and numbers of exact types),
+    and its ``surface_op`` is the frozen value's, so what is checked is what is
+    stored. ``time`` becomes an exact UTC ``datetime`` read through
+    ``datetime``'s own fields (a subclass's methods are never called).
+
+    Whatever reading raises (an ``Exception``, ``RecursionError`` included) is
+    refused as `InvalidEvent` like any other bad input: unreadable ``data`` is
+    ``unserializable_event_data`` (JSON cannot carry it; the message names the
+    path), an unreadable ``surface_op`` is ``invalid_surface_op``, an
+    unreadable type ``unknown_event_type``, an unreadable ``seq`` or ``time``
+    ``invalid_event``. The limits of `nous_actor.core.limits` (depth, int
+    length, size of ``data``; ``seq <= MAX_SEQ``) are checked here too.
 
     Raises:
         InvalidEvent: with the ``reason`` of the first rule that fails.
     """
     try:
-        # The common case, plain values of the exact types: no caller code can run
-        # while they are read, so none of the guards of the general path is needed.
+        # The common case, plain values of the exact types: the data is frozen (read
+        # once) and its surface_op read from the frozen value.
         if (
             type(seq) is int
-            and seq >= 0
+            and 0 <= seq <= MAX_SEQ
             and type(data) is dict
             and type(time) is datetime
             and time.tzinfo is UTC
         ):
             kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
-            if kind is not None and data.get("surface_op") is None:
-                return kind, time, _freeze_data(data), None
+            if kind is not None:
+                meter = [0]
+                try:
+                    frozen = _freeze(data, "data", MAX_DATA_DEPTH, meter)
+                except (NotJSON, RecursionError):
+                    pass  # the general path says which rule fails first
+                else:
+                    if frozen.get("surface_op") is None:
+                        if 6 * meter[0] + 2 > _limits._max_event_bytes:  # json_size_bounds
+                            _check_size(frozen, meter)
+                        return kind, time, frozen, None
+                    data = frozen  # a replace: its surface_op is checked on the frozen value
         return _check_event_guarded(seq, etype, time, data)
     except (InvalidEvent, MemoryError):
         raise
@@ -210,14 +258,116 @@ def check_event(
 
 
 def _freeze_data(data: Any) -> FrozenDict:
+    """``data`` frozen and held to the depth, int and size limits."""
     try:
-        frozen: FrozenDict = freeze(data, "data")
+        frozen, meter = freeze_measured(data, "data")
     except NotJSON as exc:
+        raise _not_json(exc) from None
+    if json_size_bounds(meter)[1] > _limits._max_event_bytes:
+        _check_size(frozen, meter)
+    result: FrozenDict = frozen
+    return result
+
+
+def _not_json(exc: NotJSON) -> InvalidEvent:
+    return InvalidEvent(
+        "unserializable_event_data", f"{exc.path} cannot be stored as JSON: {exc.detail}"
+    )
+
+
+def _check_size(frozen: FrozenDict, meter: list[int]) -> None:
+    """Refuse ``frozen`` if its compact UTF-8 JSON is over the size limit: without
+    encoding it when what was counted is over already, else by encoding it once."""
+    limit = _limits._max_event_bytes
+    low, _ = json_size_bounds(meter)
+    if low > limit:
+        size, exact = low, False
+    else:
+        text = encode_json(frozen)
+        size, exact = (len(text) if text.isascii() else len(text.encode("utf-8"))), True
+        if size <= limit:
+            return
+    raise InvalidEvent(
+        "unserializable_event_data",
+        f"data is {'' if exact else 'at least '}{size} bytes as JSON, over the event size "
+        f"limit of {describe_bytes(limit)}; store a large blob elsewhere (a file, an object "
+        "store) and put its reference in the event, or raise the limit with "
+        "nous_actor.core.limits.set_max_event_bytes",
+    )
+
+
+_YEAR, _MONTH, _DAY = (date.__dict__[f].__get__ for f in ("year", "month", "day"))
+_HOUR, _MINUTE, _SECOND, _MICRO = (
+    datetime.__dict__[f].__get__ for f in ("hour", "minute", "second", "microsecond")
+)
+_TD_DAYS, _TD_SECONDS, _TD_MICRO = (
+    timedelta.__dict__[f].__get__ for f in ("days", "seconds", "microseconds")
+)
+
+
+def _exact_time(time: datetime) -> datetime:
+    """``time`` as an exact ``datetime`` in UTC, read through ``datetime``'s own fields
+    and its tzinfo's ``utcoffset`` (called once); a subclass's methods never run.
+
+    Raises:
+        InvalidEvent: ``invalid_event``: naive, unreadable, or out of range in UTC.
+    """
+    try:
+        offset = datetime.utcoffset(time)
+    except Exception as exc:
+        raise _unreadable("invalid_event", "time", exc) from None
+    if offset is None:
         raise InvalidEvent(
-            "unserializable_event_data",
-            f"{exc.path} cannot be stored as JSON: {exc.detail}",
+            "invalid_event",
+            "time is a naive datetime; use datetime.now(timezone.utc) or attach a tzinfo",
+        )
+    try:
+        wall = datetime(
+            _YEAR(time), _MONTH(time), _DAY(time),
+            _HOUR(time), _MINUTE(time), _SECOND(time), _MICRO(time),
+        )  # fmt: skip
+        shift = timedelta(_TD_DAYS(offset), _TD_SECONDS(offset), _TD_MICRO(offset))
+        return (wall - shift).replace(tzinfo=UTC)
+    except OverflowError:
+        raise InvalidEvent(
+            "invalid_event",
+            f"time {datetime.isoformat(time)} is out of range once converted to UTC; "
+            "use a time between years 1 and 9999 in UTC",
         ) from None
-    return frozen
+
+
+def _top_level(data: Mapping[Any, Any]) -> tuple[dict[str, Any], NotJSON | None]:
+    """Read the caller's mapping once: its entries under exact ``str`` keys, and the first
+    key JSON cannot carry (reported after the ``surface_op`` rules, in §2 order)."""
+    out: dict[str, Any] = {}
+    bad: NotJSON | None = None
+    try:
+        entries = dict.items(data) if type(data) is dict else data.items()
+        for k, v in entries:
+            if type(k) is not str:
+                if not isinstance(k, str):
+                    kr = short_repr(k)
+                    bad = bad or NotJSON(
+                        f"data[{kr}]",
+                        f"key {kr} of type {_type_name(k)} is not a string; "
+                        "JSON objects take str keys only",
+                    )
+                    continue
+                k = str.__str__(k)
+            if k in out:
+                bad = bad or NotJSON(
+                    f"data[{k!r}]",
+                    "two keys of this object read as the same text (a str subclass with its "
+                    "own __eq__/__hash__); a JSON object holds each key once, so one would be "
+                    "lost",
+                )
+                continue
+            out[k] = v
+    except (MemoryError, RecursionError):
+        raise
+    except Exception as exc:
+        raise _unreadable_data("data", data, exc) from None
+    return out, bad
 
 
 def _check_event_guarded(
@@ -231,9 +381,13 @@ def _check_event_guarded(
         raise InvalidEvent(
             "invalid_event", f"seq must be an int >= 0 (not a bool), got {_short(seq)}"
         )
-    if data is None:
-        data = EMPTY_DICT
-    else:
+    if int.__int__(seq) > MAX_SEQ:  # type: ignore[arg-type]
+        raise InvalidEvent(
+            "invalid_event",
+            f"seq {int.__int__(seq)} is past the last seq a store keeps, 2**63 - 1 "  # type: ignore[arg-type]
+            f"({MAX_SEQ}, its signed 64-bit integer); use a smaller seq",
+        )
+    if data is not None:
         try:
             is_mapping = isinstance(data, Mapping)
         except Exception as exc:
@@ -249,15 +403,8 @@ def _check_event_guarded(
             "invalid_event",
             f"time must be a timezone-aware datetime, got {_type_name(time)}",
         )
-    try:
-        aware = time.tzinfo is not None and time.utcoffset() is not None
-    except Exception as exc:
-        raise _unreadable("invalid_event", "time", exc) from None
-    if not aware:
-        raise InvalidEvent(
-            "invalid_event",
-            "time is a naive datetime; use datetime.now(timezone.utc) or attach a tzinfo",
-        )
+    if type(time) is not datetime or time.tzinfo is not UTC:
+        time = _exact_time(time)
     try:
         if type(etype) is EventType:
             kind: EventType | None = etype
@@ -272,11 +419,11 @@ def _check_event_guarded(
             "unknown_event_type",
             f"unknown event type {_short(etype)}; use one of: {_TYPES_TEXT}",
         )
+    if data is None:
+        return kind, time, EMPTY_DICT, None
     assert isinstance(data, Mapping)
-    try:
-        raw_op = data.get("surface_op")
-    except Exception as exc:
-        raise _unreadable_data("data", data, exc) from None
+    entries, bad_key = _top_level(data)
+    raw_op = entries.get("surface_op")
     if raw_op is not None and kind not in SURFACE_TYPES:
         raise InvalidEvent(
             "surface_op_on_non_surface_event",
@@ -284,24 +431,23 @@ def _check_event_guarded(
             "system_message, user_message, assistant_message and tool_result enter the "
             "surface; drop the surface_op key",
         )
-    try:
-        op = parse_surface_op(raw_op)
-    except InvalidEvent:
-        raise
-    except Exception as exc:
-        _invalid_op(f"{_short(raw_op)} could not be read ({describe_error(exc)})")
-    if op is not None:
+    op = None
+    if raw_op is not None:
+        if not isinstance(raw_op, Replace):
+            try:  # parsed as it will be stored (and read back): frozen
+                raw_op = freeze(raw_op, "data['surface_op']")
+            except NotJSON as exc:
+                _invalid_op(f"{_short(raw_op)} is not a known form ({exc.detail})")
         try:
-            data = {**data, "surface_op": op.to_json()}
+            op = parse_surface_op(raw_op)
+        except InvalidEvent:
+            raise
         except Exception as exc:
-            raise _unreadable_data("data", data, exc) from None
-    frozen = _freeze_data(data)
-    if time.tzinfo is not UTC:
-        try:
-            time = time.astimezone(UTC)
-        except Exception as exc:
-            raise _unreadable("invalid_event", "time", exc) from None
-    return kind, time, frozen, op
+            _invalid_op(f"{_short(raw_op)} could not be read ({describe_error(exc)})")
+        entries["surface_op"] = raw_op if op is None else op.to_json()
+    if bad_key is not None:
+        raise _not_json(bad_key)
+    return kind, time, _freeze_data(entries), op
 
 
 def type_text(etype: object) -> str:
@@ -421,6 +567,11 @@ class Event(_EventSlots):
     _msg: Message | None
 
     def __init__(self, seq: int, type: EventType | str, time: datetime, data: Mapping[str, Any]):
+        if _is_set(_SEQ, self):
+            raise TypeError(
+                "Event is immutable: it was built already, and __init__ cannot build it "
+                "again; make a new Event (or use with_seq)"
+            )
         etype, t, frozen, op = check_event(seq, type, time, data)
         _fill(self, int.__int__(seq), etype, t, frozen, op)
 
@@ -491,7 +642,11 @@ def _fill(
     _set(ev, "_op", op)
     _set(ev, "_pos", seq if op is None else op.start)
     _set(ev, "_msg", None)
-    untrack(ev)
+    if type(ev) is Event:  # a subclass may have a __dict__, so be on a cycle
+        untrack(ev)
+
+
+_SEQ: Final = _EventSlots.__dict__["seq"].__get__
 
 
 def project(ev: Event) -> Message:

@@ -11,6 +11,13 @@ A valid session id is a `str` that:
 
 Anything else printable is fine, inner spaces and any script included:
 `"chat 42"`, `"ünïcødé-日本"`, `"team/agent:7"`.
+
+Ids are plain text compared code point by code point: no case folding and no
+Unicode normalisation, so `"café"` spelled with U+00E9 (NFC) and with
+`"e"` + U+0301 (NFD) are two sessions. Normalise ids yourself (e.g.
+`unicodedata.normalize("NFC", name)`) if they come from sources that differ.
+A `str` subclass is taken as its plain text: `check_session_id` returns an
+exact `str`, so an id's own `__hash__`/`__eq__` never makes it a second session.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Final
 
-__all__ = ["MAX_SESSION_ID_LENGTH", "check_session_id"]
+__all__ = ["MAX_SESSION_ID_LENGTH", "check_session_id", "plain_id"]
 
 MAX_SESSION_ID_LENGTH: Final = 256
 """The longest valid session id, in characters."""
@@ -43,10 +50,13 @@ def _shown(value: str) -> str:
 
 
 def check_session_id(value: object, what: str = "session_id") -> str:
-    """Return `value` if it is a valid session id (see the module docs), else raise.
+    """Return `value` as a plain `str` if it is a valid session id (see the module
+    docs), else raise.
 
-    Guarantee: a returned id is one every store keeps and every listing can
-    print on one line; the check has no side effect.
+    Guarantee: a returned id is an exact `str` (a subclass's text, its own
+    methods never called), one every store keeps and every listing can print on
+    one line; the check has no side effect. Use the returned id, not the
+    argument.
 
     Args:
         value: the candidate id.
@@ -57,8 +67,10 @@ def check_session_id(value: object, what: str = "session_id") -> str:
         ValueError: `value` breaks the rule; the message says which part and
             what a valid id is.
     """
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}; {_RULE}")
+    if type(value) is not str:
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str, got {type(value).__name__}; {_RULE}")
+        value = str.__str__(value)  # its plain text: the checks below run str's own code
     reason = None
     if not value:
         reason = "it is empty"
@@ -74,4 +86,12 @@ def check_session_id(value: object, what: str = "session_id") -> str:
                 break
     if reason is not None:
         raise ValueError(f"{what} {_shown(value)} is not a valid session id: {reason}; {_RULE}")
+    return value
+
+
+def plain_id(value: str) -> str:
+    """``value`` as an exact `str` (a subclass's text; its own methods are not called),
+    without checking it: for a store's lookups, which find nothing under an invalid id."""
+    if type(value) is not str and isinstance(value, str):
+        return str.__str__(value)
     return value
