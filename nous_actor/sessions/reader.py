@@ -67,7 +67,7 @@ class SessionReader:
     __slots__ = ("session_id", "store", "timeout")
 
     def __init__(self, session_id: str, store: Store, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         if not isinstance(store, Store):
             raise TypeError(
                 f"store must implement nous_actor.store.Store, got {type(store).__name__}"

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from nous_actor.core.args import check_seconds
 from nous_actor.core.event import Event
+from nous_actor.core.ids import plain_id
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.runtime import scheduling
 from nous_actor.store.base import SessionInfo, valid_store_id
@@ -49,6 +50,7 @@ class MemoryStore:
     _valid_id = staticmethod(valid_store_id)
 
     def load(self, session_id: str) -> list[Event]:
+        session_id = plain_id(session_id)
         with self._lock:
             self._check_open()
             stored = self._events.get(session_id, {})
@@ -56,12 +58,13 @@ class MemoryStore:
 
     def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
         refused: dict[str, StoreError] = {}
-        for sid, events in appends.items():
-            if events:
-                self._valid_id(sid)
+        # Plain ids: a str subclass with its own __hash__ is the session of its text.
+        checked = [
+            (self._valid_id(sid) if events else sid, events) for sid, events in appends.items()
+        ]
         with self._lock:
             self._check_open()
-            for sid, events in appends.items():
+            for sid, events in checked:
                 stored = self._events.get(sid, {})
                 seqs = [ev.seq for ev in events]
                 if any(not 0 <= s < _SEQ_END for s in seqs):
@@ -87,6 +90,7 @@ class MemoryStore:
         return refused
 
     def drop(self, session_id: str, seqs: Sequence[int]) -> None:
+        session_id = plain_id(session_id)
         with self._lock:
             self._check_open()
             stored = self._events.get(session_id)
@@ -101,6 +105,7 @@ class MemoryStore:
             return sorted(sid for sid, evs in self._events.items() if evs)
 
     def delete(self, session_id: str) -> None:
+        session_id = plain_id(session_id)
         with self._lock:
             self._check_open()
             self._events.pop(session_id, None)

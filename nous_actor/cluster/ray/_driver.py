@@ -254,11 +254,10 @@ class RaySessions:
 
     def shard_of(self, session_id: str) -> int:
         """The shard that hosts ``session_id`` (see `nous_actor.cluster.ray.shard_of`)."""
-        check_session_id(session_id)
-        return shard_of(session_id, self.shards)
+        return shard_of(check_session_id(session_id), self.shards)
 
     def _check_open(self, session_id: str) -> _Link:
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         if self._closed:
             raise SessionStopped(session_id, "the registry is closed")
         return self._links[shard_of(session_id, self.shards)]

@@ -47,8 +47,7 @@ class RaySession(SessionHandle):
     __slots__ = ("_link",)
 
     def __init__(self, session_id: str, link: _Link, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        _check_handle_args(session_id, timeout)
-        self.session_id = session_id
+        self.session_id = _check_handle_args(session_id, timeout)
         self.timeout = float(timeout)
         self._link = link
 

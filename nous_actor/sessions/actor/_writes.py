@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from nous_actor._log import get_logger
-from nous_actor.core.event import Event
+from nous_actor.core.event import Event, InvalidEvent
+from nous_actor.core.limits import MAX_SEQ
 from nous_actor.core.log import Log, _behind_head, new_event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.sessions.actor._base import _DEFER, EventParts, SessionState
@@ -35,6 +36,8 @@ class Writes(SessionState):
     def h_append(self, parts: EventParts) -> Any:
         """Append an event the caller's thread already checked and froze."""
         self._check_writable()
+        if self.next_seq > MAX_SEQ:
+            raise _past_last_seq(self.next_seq)
         ev = Event._trusted(self.next_seq, *parts)
         return self._submit((ev,), ev)
 
@@ -44,6 +47,8 @@ class Writes(SessionState):
         if not batch:
             return []
         first = self.next_seq
+        if first + len(batch) - 1 > MAX_SEQ:
+            raise _past_last_seq(first + len(batch) - 1)
         events = tuple(Event._trusted(first + k, *parts) for k, parts in enumerate(batch))
         return self._submit(events, list(events))
 
@@ -110,3 +115,13 @@ class Writes(SessionState):
             "session.forked", session_id=self.session_id, fork_id=new_id, through_seq=through_seq
         )
         return forked
+
+
+def _past_last_seq(seq: int) -> InvalidEvent:
+    """A session whose next seq is past the last a store keeps (after an ``append_at``
+    of the last one) refuses further appends at the call, as `Log.append` does."""
+    return InvalidEvent(
+        "invalid_event",
+        f"seq {seq} is past the last seq a store keeps, 2**63 - 1 ({MAX_SEQ}); "
+        "this session can take no more events",
+    )

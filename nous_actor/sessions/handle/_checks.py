@@ -39,11 +39,13 @@ def check_placement(dispatcher: object, pinned: object) -> None:
         )
 
 
-def _check_handle_args(session_id: object, timeout: object) -> None:
-    check_session_id(session_id)
+def _check_handle_args(session_id: object, timeout: object) -> str:
+    """Check a handle's arguments; returns the session id as a plain `str`."""
+    plain = check_session_id(session_id)
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
         or not 0 < timeout < float("inf")
     ):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return plain

@@ -260,7 +260,7 @@ class SessionHandle:
             ConflictError: ``new_id`` already has events.
         """
         if new_id is not None:
-            check_session_id(new_id, "new_id")
+            new_id = check_session_id(new_id, "new_id")
         return self._call(SessionActor.h_fork, through_seq, new_id)
 
     def as_of(self, seq: int) -> SessionFuture[Log]:

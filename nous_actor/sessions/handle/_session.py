@@ -62,8 +62,7 @@ class Session(SessionHandle):
         timeout: float = DEFAULT_TIMEOUT,
         touch: Callable[[], None] | None = None,
     ) -> None:
-        _check_handle_args(session_id, timeout)
-        self.session_id = session_id
+        self.session_id = _check_handle_args(session_id, timeout)
         self.timeout = float(timeout)
         self._resolve = resolve
         self._touch = touch
@@ -102,7 +101,7 @@ class Session(SessionHandle):
             ConflictError: another live writer holds the session in ``store``.
             StoreError: the store failed while recovering the session.
         """
-        _check_handle_args(session_id, timeout)
+        session_id = _check_handle_args(session_id, timeout)
         check_placement(dispatcher, pinned)
         check_dangling_turns(dangling_turns)
         if log is not None and not isinstance(log, Log):
@@ -161,7 +160,7 @@ class Session(SessionHandle):
         Raises:
             ValueError, TypeError: bad arguments.
         """
-        _check_handle_args(session_id, timeout)
+        session_id = _check_handle_args(session_id, timeout)
         check_dangling_turns(dangling_turns)
         if not isinstance(store, Store):
             raise TypeError(

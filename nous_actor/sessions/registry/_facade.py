@@ -184,7 +184,7 @@ class Sessions(RegistryLife):
             StoreError: the store failed while recovering the session.
             SessionStopped: the registry is closed (or not running).
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         wait = self._wait(wait)
         if not wait:
             return self._open_now(session_id)
@@ -216,7 +216,7 @@ class Sessions(RegistryLife):
             ValueError, TypeError: ``session_id`` is not a valid id.
             SessionStopped: the registry is closed.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         if self._closed:
             raise SessionStopped(session_id, "the registry is closed")
         return SessionReader(session_id, self.store, timeout=self.timeout)
@@ -226,7 +226,7 @@ class Sessions(RegistryLife):
         without blocking the loop, and without a thread per call: many sessions
         opened at once recover concurrently. A wait for a hand-off runs off the
         loop. Raises as `open` does."""
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         wait = self._wait(wait)
         try:
             return await self._aopen_now(session_id)
