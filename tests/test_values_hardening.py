@@ -700,3 +700,27 @@ def test_subclasses_with_a_dict_stay_collectable() -> None:
     assert _collected(lambda: MyList([1]))
     assert _collected(lambda: MyEvent(0, "user_message", T0, {"content": "x"}))
     assert _collected(lambda: MyReplace(0, 1))
+
+
+def test_no_depth_at_any_stack_height_escapes_as_another_error() -> None:
+    """The trial's failure: at some depths near the recursion limit (which depend on how
+    deep the reader's own stack is) the scanner ran out of recursion inside its hook,
+    and ``ctypes.ArgumentError`` escaped the decoder. Swept over depths and stack heights,
+    each row decodes."""
+    outcomes: set[str] = set()
+
+    def at_height(n: int) -> None:
+        if n:
+            return at_height(n - 1)
+        for depth in range(960, 1000):
+            text = '{"a":' * depth + "1" + "}" * depth
+            try:
+                codec.event_from_row(0, "tool_result", codec.format_time(T0), text)
+                outcomes.add("decoded")
+            except CodecError:
+                outcomes.add("CodecError")
+        return None
+
+    for height in range(0, 40, 3):
+        at_height(height)
+    assert outcomes == {"decoded"}
