@@ -604,18 +604,19 @@ def test_session_info_is_a_frozen_value() -> None:
 
 
 class _Gated(DelegatingStore):
-    """A store whose first write waits for ``release``, so that what is submitted
-    meanwhile goes into the committer's next transaction, together."""
+    """A store whose first write waits for ``opened``, so that what is submitted
+    meanwhile goes into the committer's next transaction, together (the gate is not
+    named ``release``: that is the store's own method, of a claim)."""
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
         self.entered = threading.Event()
-        self.release = threading.Event()
+        self.opened = threading.Event()
 
     def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
         if not self.entered.is_set():
             self.entered.set()
-            assert self.release.wait(BOUND)
+            assert self.opened.wait(BOUND)
         return self.inner.write(appends)
 
 
@@ -645,7 +646,7 @@ def test_a_poisoned_session_in_a_group_commit_fails_alone(
         committer.submit("b", [ev(0)], note("b"))
         done = threading.Event()
         committer.submit("b", [ev(1)], lambda err: (note("b")(err), done.set()))
-        gated.release.set()
+        gated.opened.set()
         assert done.wait(BOUND)
         assert answers["gate"] == [None]
         assert answers["a"] == [None]

@@ -16,7 +16,7 @@ so this process's appends wait for it too. So it is bounded twice:
   reach `_SHARE` of the file, so the copying costs at most about
   ``1 / _SHARE`` bytes per byte dropped, however many snapshots there are;
 * it runs by itself only on files of at most `_AUTO_MAX_BYTES`; a larger
-  file is left as it is (logged once, ``store.vacuum_skipped``) until the user
+  file is left as it is (logged once, ``store.vacuum_deferred``) until the user
   calls `SQLiteStore.vacuum` at a quiet time.
 """
 
@@ -101,7 +101,7 @@ def due(store: SQLiteStore, size: int) -> bool:
         if not store._vacuum_skipped:
             store._vacuum_skipped = True
             logger.warning(
-                "store.vacuum_skipped",
+                "store.vacuum_deferred",
                 store=store.path,
                 file_bytes=size,
                 dropped_bytes=dropped,
