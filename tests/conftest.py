@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bounds import BOUND
 
 # The PostgreSQL server and its helpers (see tests/postgres_server.py).
 from postgres_server import pg_server, pg_stores, pg_workers  # noqa: F401
@@ -13,6 +14,7 @@ from postgres_server import pg_server, pg_stores, pg_workers  # noqa: F401
 # The Ray cluster and its helpers (see tests/ray_cluster.py).
 from ray_cluster import ray_cluster, ray_scope  # noqa: F401
 
+from nous_actor import Session
 from nous_actor.sessions.actor import SessionActor
 
 
@@ -47,3 +49,18 @@ def _pinned_sessions(request: pytest.FixtureRequest) -> Iterator[None]:
             del SessionActor.start
         else:
             SessionActor.start = start  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def chat_id() -> str:
+    """The id of the `chat` fixture's session; a test file whose tests name another id
+    overrides this fixture."""
+    return "chat-42"
+
+
+@pytest.fixture
+def chat(chat_id: str) -> Iterator[Session]:
+    """A session with no store (its id: `chat_id`), stopped after the test."""
+    s = Session.start(chat_id, timeout=BOUND)
+    yield s
+    s.stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from bounds import RUN_BOUND as BOUND
 from google.adk.agents.llm_agent import LlmAgent
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps.app import App, EventsCompactionConfig
@@ -50,7 +51,6 @@ from nous_actor.integrations.adk import (
 from nous_actor.sessions.faults import crash
 
 T = TypeVar("T")
-BOUND = 60.0
 
 
 def run(coro: Awaitable[T]) -> T:

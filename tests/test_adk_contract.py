@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from bounds import RUN_BOUND as BOUND
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
@@ -44,7 +45,6 @@ from nous_actor import MemoryStore, Sessions, SQLiteStore
 from nous_actor.integrations.adk import NousSessionService
 
 T = TypeVar("T")
-BOUND = 60.0
 
 BACKENDS = ["nous_memory", "nous_sqlite", "adk_in_memory", "adk_database"]
 

@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from bounds import SLOW_BOUND as BOUND
 
 from nous_actor import CallTimeout, Log, MemoryStore, Message, Session, Sessions, StoreError
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-BOUND = 20.0
 
 
 async def ticks_while(work: Any, gate: threading.Event | None = None) -> tuple[Any, int]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import pytest
+from bounds import BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import Event, MemoryStore, Session, StoreError
 from nous_actor.testing import DelegatingStore
-
-BOUND = 10.0  # seconds: the bound on every wait in this file
 
 
 class InterruptedWrite(DelegatingStore):

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
+from bounds import BOUND
 
 from nous_actor import CompactionError, Compactor, Session, SessionFuture, SessionStopped
-
-BOUND = 10.0
 
 
 async def summarise(messages: object) -> str:
@@ -25,64 +23,65 @@ async def summarise(messages: object) -> str:
 
 
 @pytest.fixture
-def chat() -> Iterator[Session]:
-    s = Session.start("loop-chat", timeout=BOUND)
+def long_chat(chat: Session) -> Session:
+    """The shared chat with eight long messages: enough for a compaction to summarise."""
     for i in range(8):
-        s.append("user_message", {"content": f"message {i} " * 20}).get()
-    yield s
-    s.stop()
+        chat.append("user_message", {"content": f"message {i} " * 20}).get()
+    return chat
 
 
 def _compactor() -> Compactor:
     return Compactor(budget=1, keep_recent=2, summarise=summarise)
 
 
-def test_a_loop_that_ends_before_the_summary_fails_the_compaction_at_once(chat: Session) -> None:
+def test_a_loop_that_ends_before_the_summary_fails_the_compaction_at_once(
+    long_chat: Session,
+) -> None:
     """compact() inside asyncio.run() that returns before awaiting: CompactionError, fast."""
-    before = chat.count().get()
+    before = long_chat.count().get()
     futures: list[SessionFuture[object]] = []
 
     async def main() -> None:
-        futures.append(chat.compact(_compactor()))  # never awaited
+        futures.append(long_chat.compact(_compactor()))  # never awaited
 
     asyncio.run(main())
     started = time.monotonic()
     with pytest.raises(CompactionError, match=r"event loop .* ended before the summary ran"):
         futures[0].get(timeout=BOUND)
     assert time.monotonic() - started < BOUND / 2  # at once, not after the bound
-    assert chat.count().get() == before  # the log is unchanged
+    assert long_chat.count().get() == before  # the log is unchanged
 
 
-def test_a_blocking_get_inside_the_summary_loop_says_to_await(chat: Session) -> None:
+def test_a_blocking_get_inside_the_summary_loop_says_to_await(long_chat: Session) -> None:
     """get() from the loop that must run the summary raises at once; await then works."""
 
     async def main() -> object:
-        fut = chat.compact(_compactor())
+        fut = long_chat.compact(_compactor())
         with pytest.raises(RuntimeError, match="'await' the future instead"):
             fut.get(timeout=BOUND)
         return await fut
 
     result = asyncio.run(main())
     assert result.summary_seq is not None  # type: ignore[attr-defined]
-    assert chat.derive_messages().get()[0].content == "summary"
+    assert long_chat.derive_messages().get()[0].content == "summary"
 
 
-def test_an_awaited_coroutine_summary_applies(chat: Session) -> None:
+def test_an_awaited_coroutine_summary_applies(long_chat: Session) -> None:
     """The ordinary case still works: awaited on the loop, the summary replaces the range."""
 
     async def main() -> None:
-        await chat.compact(_compactor())
+        await long_chat.compact(_compactor())
 
     asyncio.run(main())
-    assert chat.derive_messages().get()[0].content == "summary"
+    assert long_chat.derive_messages().get()[0].content == "summary"
 
 
-def test_no_summary_needed_leaves_no_task_behind(chat: Session) -> None:
+def test_no_summary_needed_leaves_no_task_behind(long_chat: Session) -> None:
     """A compaction that needs no summary ends its waiting task on the loop."""
 
     async def main() -> int:
         c = Compactor(budget=10**9, keep_recent=2, summarise=summarise)
-        await chat.compact(c)
+        await long_chat.compact(c)
         await asyncio.sleep(0)  # let the released task finish its last step
         return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
 
@@ -116,13 +115,13 @@ def test_a_compaction_answered_without_a_summary_leaves_no_task_on_the_loop() ->
     ],
 )
 def test_a_session_refuses_a_summary_that_is_no_str_or_too_large(
-    chat: Session, summary: object, said: str
+    long_chat: Session, summary: object, said: str
 ) -> None:
     """On a session as on a log: a summariser's non-str answer is named, and a summary
     that would make the surface larger is refused; the log is unchanged, the session
     runs on."""
-    before = chat.log().get()
+    before = long_chat.log().get()
     with pytest.raises(CompactionError, match=said):
-        chat.compact(Compactor(budget=1, keep_recent=2, summarise=lambda ms: summary)).get()
-    assert chat.log().get().events() == before.events()
-    assert chat.append("user_message", {"content": "still here"}).get().seq == before.count()
+        long_chat.compact(Compactor(budget=1, keep_recent=2, summarise=lambda ms: summary)).get()
+    assert long_chat.log().get().events() == before.events()
+    assert long_chat.append("user_message", {"content": "still here"}).get().seq == before.count()

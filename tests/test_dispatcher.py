@@ -12,6 +12,7 @@ from typing import Any
 
 import pykka
 import pytest
+from bounds import BOUND
 from pykka._envelope import Envelope
 
 from nous_actor import (
@@ -28,8 +29,6 @@ from nous_actor import (
 )
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.testing import DelegatingStore
-
-BOUND = 10.0  # seconds: the bound on every wait in this file
 
 
 @pytest.fixture

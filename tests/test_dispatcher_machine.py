@@ -34,6 +34,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from bounds import BOUND
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -55,7 +56,6 @@ from nous_actor.sessions.future import SessionFuture
 from nous_actor.testing.sim_machine import schedules
 from nous_actor.testing.simulation import Schedule, Simulation
 
-BOUND = 10.0  # seconds: the bound on every wait
 IDS = ("a", "b", "c", "d")
 SWITCH_INTERVAL = 1e-5  # seconds between forced thread switches (Python's default: 5 ms)
 

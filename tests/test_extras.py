@@ -18,9 +18,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from bounds import EXTRAS_BOUND as BOUND
 
 ROOT = Path(__file__).resolve().parent.parent
-BOUND = 120.0
 
 # entry point (the import a user writes) -> (extra, the package it needs)
 ENTRIES = {

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from bounds import BOUND
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,6 @@ from nous_actor.sessions.actor import SessionActor
 from nous_actor.store.committer import Committer
 from nous_actor.testing import DelegatingStore
 
-BOUND = 10.0  # seconds: the bound on every wait in this file
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 FLOOD = 5000  # items of the flooded session queued behind the gate: 2.5 commits of MAX_BATCH
 

@@ -9,12 +9,11 @@ import time
 
 import pykka
 import pytest
+from bounds import BOUND
 
 from nous_actor import CallTimeout, InvalidEvent, Session, SessionFuture
 from nous_actor.runtime import DispatchedActor
 from nous_actor.sessions.actor import SessionActor
-
-BOUND = 10.0
 
 
 def test_get_returns_the_value_any_number_of_times() -> None:

@@ -36,6 +36,7 @@ from agents import (
 from agents.memory import Session as AgentsSession
 from agents.memory import SessionSettings, SQLiteSession
 from agents.models.interface import Model
+from bounds import RUN_BOUND as BOUND
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -76,7 +77,6 @@ from nous_actor.sessions.faults import crash
 set_tracing_disabled(True)  # no trace is ever sent anywhere
 
 T = TypeVar("T")
-BOUND = 60.0
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -16,13 +16,13 @@ from typing import Any, TypeVar, cast
 
 import pytest
 from agents.memory import OpenAIResponsesCompactionSession
+from bounds import RUN_BOUND as BOUND
 
 from nous_actor import MemoryStore, Sessions
 from nous_actor.core.history import replaced
 from nous_actor.integrations.openai_agents import ITEM_KEY, OP_KEY, NousSession
 
 T = TypeVar("T")
-BOUND = 60.0
 
 SUMMARY = {
     "type": "message",

@@ -13,13 +13,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from bounds import BOUND
 
 from nous_actor import ConflictError, Event, Session, Sessions, SQLiteStore, StoreError
 from nous_actor.core.log import new_event
 from nous_actor.sessions import recovery
 from nous_actor.testing import DelegatingStore
-
-BOUND = 10.0  # seconds: the bound on every wait in this file
 
 
 class CountingBatches(DelegatingStore):

@@ -18,6 +18,7 @@ from typing import Any
 
 import pykka
 import pytest
+from bounds import BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -38,7 +39,6 @@ from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.registry import DEFAULT_BACKOFF
 from nous_actor.supervision import _timer
 
-BOUND = 10.0
 # A fixed, tiny backoff: every restart goes through the (injected) scheduler.
 TICK = Backoff(0.001, 0.001, 0.0)
 

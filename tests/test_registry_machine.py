@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from bounds import BOUND
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -47,7 +48,6 @@ from nous_actor.testing.sim_machine import schedules
 from nous_actor.testing.simulation import Schedule, Simulation
 from nous_actor.testing.strategies import event_data, times
 
-BOUND = 10.0
 IDS = ("a", "b", "c")
 IDLE = 1000.0  # fake seconds; the registry's own reaper would wake every IDLE / 2 real seconds
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pykka
 import pytest
+from bounds import BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -24,14 +24,6 @@ from nous_actor import (
 from nous_actor.sessions.actor import SessionActor
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-BOUND = 10.0
-
-
-@pytest.fixture
-def chat() -> Iterator[Session]:
-    s = Session.start("chat-42", timeout=BOUND)
-    yield s
-    s.stop()
 
 
 def test_append_resolves_to_the_event_with_its_seq(chat: Session) -> None:

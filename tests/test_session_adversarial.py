@@ -16,6 +16,7 @@ from typing import Any
 
 import pykka
 import pytest
+from bounds import BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -32,9 +33,6 @@ from nous_actor import (
 )
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.store.memory import MemoryStore
-
-BOUND = 10.0
-
 
 # -- helpers -------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from bounds import BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -27,8 +28,6 @@ from nous_actor import (
 )
 from nous_actor.core.event import Event
 from nous_actor.testing import DelegatingStore
-
-BOUND = 10.0
 
 
 class Fencing(DelegatingStore):

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from bounds import BOUND
 
 from nous_actor import (
     CompactionError,
@@ -26,7 +27,6 @@ from nous_actor.core.history import compactions
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 2, 2, tzinfo=UTC)
-BOUND = 10.0
 
 SEED = [
     ("system_message", "sys"),

@@ -17,6 +17,7 @@ from typing import Any
 
 import pykka
 import pytest
+from bounds import SLOW_BOUND as BOUND
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -44,7 +45,6 @@ from nous_actor.store.memory import MemoryStore
 from nous_actor.testing.reference import reference_derive_indexed
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-BOUND = 20.0
 
 
 def summary(ms: Sequence[Message]) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pykka
 import pytest
+from bounds import BOUND
 
 from nous_actor import Event, InvalidEvent, Replace, Session, SessionFuture
 from nous_actor.errors import CallTimeout, ConflictError, StoreError
@@ -25,7 +26,6 @@ from nous_actor.store import MemoryStore, SQLiteStore, Store
 from nous_actor.testing.stores import DelegatingStore
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-BOUND = 10.0
 
 
 class Relay(DelegatingStore):

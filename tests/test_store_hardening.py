@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from bounds import SLOW_BOUND as BOUND
 
 from nous_actor import Event, InvalidEvent, Log, Session
 from nous_actor.core.codec import CodecError, to_jsonl
@@ -37,7 +38,6 @@ from nous_actor.testing.store_suite._helpers import POISONS, _poisoned
 from nous_actor.testing.stores import DelegatingStore
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-BOUND = 20.0  # seconds: the bound of every wait
 
 
 def ev(seq: int, content: str = "x", time: datetime = T0) -> Event:

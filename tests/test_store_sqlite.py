@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from bounds import SLOW_BOUND as BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import Event, Log, Replace, Session
@@ -31,7 +32,6 @@ from nous_actor.store import SQLiteStore, import_session
 from nous_actor.store.sqlite import vacuum as sqlite_vacuum
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-BOUND = 20.0  # seconds: the bound of every wait on a child process
 
 
 def ev(seq: int, content: str = "x") -> Event:

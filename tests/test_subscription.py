@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bounds import BOUND
 
 from nous_actor import (
     CallTimeout,
@@ -21,15 +21,6 @@ from nous_actor import (
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.store import MemoryStore, SQLiteStore, Store
 from nous_actor.testing import DelegatingStore
-
-BOUND = 10.0
-
-
-@pytest.fixture
-def chat() -> Iterator[Session]:
-    s = Session.start("sub-chat", timeout=BOUND)
-    yield s
-    s.stop()
 
 
 def _append(s: Session, n: int, start: int = 0) -> None:

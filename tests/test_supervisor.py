@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import pykka
 import pytest
+from bounds import BOUND
 from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
@@ -35,9 +36,6 @@ from nous_actor import (
     Supervisor,
 )
 from nous_actor.supervision import Exit, RestartIntensity, start_monitored
-
-BOUND = 10.0
-
 
 # -- test doubles ----------------------------------------------------------------------------
 

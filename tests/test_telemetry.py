@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bounds import BOUND
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -35,8 +36,6 @@ from nous_actor import (
 from nous_actor.runtime import telemetry
 from nous_actor.runtime.otel import OpenTelemetrySink
 from nous_actor.sessions.faults import crash
-
-BOUND = 10.0  # seconds: the bound on every wait in this file
 
 
 class Reported:

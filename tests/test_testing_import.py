@@ -13,8 +13,7 @@ import sys
 import textwrap
 
 import pytest
-
-BOUND = 60.0
+from bounds import INTERPRETER_BOUND as BOUND
 
 _BLOCKERS = {
     "sys_modules_none": """

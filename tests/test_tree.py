@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import pykka
 import pytest
+from bounds import SLOW_BOUND as BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -25,8 +26,6 @@ from nous_actor import (
     Supervisor,
 )
 from nous_actor.supervision import Exit, start_monitored
-
-BOUND = 20.0
 
 
 def crash(handle: Session) -> None:

@@ -6,11 +6,12 @@ import asyncio
 import functools
 import pickle
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import pytest
+from bounds import BOUND
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -33,15 +34,13 @@ from nous_actor.runtime import scheduling
 from nous_actor.sessions.faults import crash
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE
 
-BOUND = 10.0
 T = TypeVar("T")
 
 
 @pytest.fixture
-def chat() -> Iterator[Session]:
-    s = Session.start("chat", timeout=BOUND)
-    yield s
-    s.stop()
+def chat_id() -> str:
+    """The shared `chat` fixture's session is named ``chat`` here (a repr names it)."""
+    return "chat"
 
 
 def contents(s: Session) -> list[object]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from bounds import BOUND
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -43,7 +44,6 @@ from nous_actor.sessions.turns import (
 )
 from nous_actor.sessions.turns._rules import dangling_calls
 
-BOUND: Final = 10.0
 CALLS: Final = {
     "content": None,
     "tool_calls": [

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from bounds import BOUND
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -32,7 +33,6 @@ from nous_actor import (
 from nous_actor.core.history import explain, turns
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE
 
-BOUND = 10.0
 _ids = itertools.count()
 
 
