@@ -1079,7 +1079,8 @@ def test_without_adk_the_import_says_what_to_install() -> None:
 
 
 def test_google_adk_is_imported_by_the_adapter_alone() -> None:
-    """Of the package's modules, only nous_actor/integrations/adk/base.py imports google.adk."""
+    """Of the package's modules, only nous_actor/integrations/adk/framework.py imports
+    google.adk."""
     users = sorted(
         str(p.relative_to(ROOT / "nous_actor"))
         for p in (ROOT / "nous_actor").rglob("*.py")
@@ -1089,4 +1090,4 @@ def test_google_adk_is_imported_by_the_adapter_alone() -> None:
             for line in p.read_text(encoding="utf-8").splitlines()
         )
     )
-    assert users == ["integrations/adk/base.py"]
+    assert users == ["integrations/adk/framework.py"]

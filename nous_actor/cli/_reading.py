@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nous_actor.cli._base import (
+from nous_actor.cli._console import (
     _content_text,
     _emit,
     _event_rows,

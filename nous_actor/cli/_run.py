@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from nous_actor.cli._base import _emit, _err, _fail, _log_to_file, _out, _stdout_failed
+from nous_actor.cli._console import _emit, _err, _fail, _log_to_file, _out, _stdout_failed
 from nous_actor.cli._stores import _is_dsn, _not_a_file
 
 if TYPE_CHECKING:

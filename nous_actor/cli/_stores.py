@@ -8,7 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
-from nous_actor.cli._base import _fail, _note
+from nous_actor.cli._console import _fail, _note
 from nous_actor.core.log import Log
 from nous_actor.errors import StoreError
 from nous_actor.store import Store

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TypeVar
 
-from nous_actor.cli._base import _emit, _fail
+from nous_actor.cli._console import _emit, _fail
 from nous_actor.cli._stores import (
     _is_dsn,
     _load,

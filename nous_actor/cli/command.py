@@ -9,7 +9,7 @@ error is one line on stderr (when stderr is open), never a traceback; the
 library's own log records of a failed command are not shown beside it.
 
 This module parses the arguments and runs a command (`main`); the rest of the
-package, each module importing only those above it: ``_base`` (failing, the
+package, each module importing only those above it: ``_console`` (failing, the
 standard streams, output, logging), ``_stores`` (opening the store a command
 names), then the commands: ``_run`` (demo, tour, bench), ``_reading``
 (sessions, show, export, audit, serve) and ``_writing`` (import, fork,
@@ -24,8 +24,8 @@ import sys
 from collections.abc import Sequence
 
 from nous_actor._version import __version__
-from nous_actor.cli._base import _closed_standard_fds as _closed_standard_fds
-from nous_actor.cli._base import _configure_logging, _err, _fail, _Failure, _Held, _PipeClosed
+from nous_actor.cli._console import _closed_standard_fds as _closed_standard_fds
+from nous_actor.cli._console import _configure_logging, _err, _fail, _Failure, _Held, _PipeClosed
 from nous_actor.cli._reading import cmd_audit as cmd_audit
 from nous_actor.cli._reading import cmd_export as cmd_export
 from nous_actor.cli._reading import cmd_serve as cmd_serve

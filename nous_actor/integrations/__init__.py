@@ -1,6 +1,6 @@
 """Adapters that let other frameworks keep their history in nous_actor sessions.
 
-Each adapter is a package of its own, behind an optional extra, whose ``base``
+Each adapter is a package of its own, behind an optional extra, whose ``framework``
 module alone imports its framework (and says how to install it when it is
 missing); `nous_actor` itself never imports them:
 

@@ -39,7 +39,7 @@ write it::
   for good (`RaySessions.shutdown`, ``ray.kill(no_restart=True)``) is not
   restarted: its calls fail with `nous_actor.SessionCrashed` saying so.
 
-The package's modules, each importing only those above it: ``_base`` (the
+The package's modules, each importing only those above it: ``_protocol`` (the
 protocol between drivers and shards, `shard_of`, errors across the boundary),
 ``_shard`` (the shard actor), ``_link`` (links and batching), ``_feed``
 (subscriptions across the boundary), ``_session`` (the `RaySession` handle),
@@ -56,30 +56,6 @@ try:
 except ImportError as exc:
     missing_extra("ray", __name__, exc)
 
-from nous_actor.cluster.ray._base import _CALLS as _CALLS
-from nous_actor.cluster.ray._base import _READS as _READS
-from nous_actor.cluster.ray._base import _WAIT as _WAIT
-from nous_actor.cluster.ray._base import ALIVE as ALIVE
-from nous_actor.cluster.ray._base import CALL as CALL
-from nous_actor.cluster.ray._base import COMPACT as COMPACT
-from nous_actor.cluster.ray._base import DEFAULT_IN_FLIGHT as DEFAULT_IN_FLIGHT
-from nous_actor.cluster.ray._base import FAILED as FAILED
-from nous_actor.cluster.ray._base import LATER as LATER
-from nous_actor.cluster.ray._base import MAX_BATCH as MAX_BATCH
-from nous_actor.cluster.ray._base import MAX_POLL as MAX_POLL
-from nous_actor.cluster.ray._base import NOW as NOW
-from nous_actor.cluster.ray._base import OPEN as OPEN
-from nous_actor.cluster.ray._base import POLL_WAIT as POLL_WAIT
-from nous_actor.cluster.ray._base import PROTOCOL as PROTOCOL
-from nous_actor.cluster.ray._base import RESTARTS as RESTARTS
-from nous_actor.cluster.ray._base import STOP as STOP
-from nous_actor.cluster.ray._base import TURN_WAIT as TURN_WAIT
-from nous_actor.cluster.ray._base import Op as Op
-from nous_actor.cluster.ray._base import _gone as _gone
-from nous_actor.cluster.ray._base import _lost as _lost
-from nous_actor.cluster.ray._base import _mismatch as _mismatch
-from nous_actor.cluster.ray._base import _portable as _portable
-from nous_actor.cluster.ray._base import shard_of
 from nous_actor.cluster.ray._connect import _H2_PREFACE as _H2_PREFACE
 from nous_actor.cluster.ray._connect import _connect as _connect
 from nous_actor.cluster.ray._connect import _probe as _probe
@@ -91,6 +67,30 @@ from nous_actor.cluster.ray._link import _Link as _Link
 from nous_actor.cluster.ray._placement import _OWN_OPTIONS as _OWN_OPTIONS
 from nous_actor.cluster.ray._placement import _kill as _kill
 from nous_actor.cluster.ray._placement import _shard_options as _shard_options
+from nous_actor.cluster.ray._protocol import _CALLS as _CALLS
+from nous_actor.cluster.ray._protocol import _READS as _READS
+from nous_actor.cluster.ray._protocol import _WAIT as _WAIT
+from nous_actor.cluster.ray._protocol import ALIVE as ALIVE
+from nous_actor.cluster.ray._protocol import CALL as CALL
+from nous_actor.cluster.ray._protocol import COMPACT as COMPACT
+from nous_actor.cluster.ray._protocol import DEFAULT_IN_FLIGHT as DEFAULT_IN_FLIGHT
+from nous_actor.cluster.ray._protocol import FAILED as FAILED
+from nous_actor.cluster.ray._protocol import LATER as LATER
+from nous_actor.cluster.ray._protocol import MAX_BATCH as MAX_BATCH
+from nous_actor.cluster.ray._protocol import MAX_POLL as MAX_POLL
+from nous_actor.cluster.ray._protocol import NOW as NOW
+from nous_actor.cluster.ray._protocol import OPEN as OPEN
+from nous_actor.cluster.ray._protocol import POLL_WAIT as POLL_WAIT
+from nous_actor.cluster.ray._protocol import PROTOCOL as PROTOCOL
+from nous_actor.cluster.ray._protocol import RESTARTS as RESTARTS
+from nous_actor.cluster.ray._protocol import STOP as STOP
+from nous_actor.cluster.ray._protocol import TURN_WAIT as TURN_WAIT
+from nous_actor.cluster.ray._protocol import Op as Op
+from nous_actor.cluster.ray._protocol import _gone as _gone
+from nous_actor.cluster.ray._protocol import _lost as _lost
+from nous_actor.cluster.ray._protocol import _mismatch as _mismatch
+from nous_actor.cluster.ray._protocol import _portable as _portable
+from nous_actor.cluster.ray._protocol import shard_of
 from nous_actor.cluster.ray._session import RaySession
 from nous_actor.cluster.ray._shard import _Shard as _Shard
 

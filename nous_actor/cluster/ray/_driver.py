@@ -13,7 +13,10 @@ import ray
 import ray.exceptions
 
 from nous_actor._version import __version__
-from nous_actor.cluster.ray._base import (
+from nous_actor.cluster.ray._connect import _connect, _where
+from nous_actor.cluster.ray._link import _Link
+from nous_actor.cluster.ray._placement import _kill, _shard_options
+from nous_actor.cluster.ray._protocol import (
     DEFAULT_IN_FLIGHT,
     OPEN,
     PROTOCOL,
@@ -21,9 +24,6 @@ from nous_actor.cluster.ray._base import (
     _gone,
     shard_of,
 )
-from nous_actor.cluster.ray._connect import _connect, _where
-from nous_actor.cluster.ray._link import _Link
-from nous_actor.cluster.ray._placement import _kill, _shard_options
 from nous_actor.cluster.ray._session import RaySession
 from nous_actor.cluster.ray._shard import _Shard
 from nous_actor.core._frozen import short_repr

@@ -6,8 +6,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from nous_actor.cluster.ray._base import NOW, POLL_WAIT, _lost
 from nous_actor.cluster.ray._link import _Link
+from nous_actor.cluster.ray._protocol import NOW, POLL_WAIT, _lost
 from nous_actor.store.subscription import Subscription
 
 

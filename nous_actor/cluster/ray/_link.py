@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from nous_actor.cluster.ray._base import (
+from nous_actor.cluster.ray._protocol import (
     DEFAULT_IN_FLIGHT,
     FAILED,
     MAX_BATCH,

@@ -9,9 +9,9 @@ import ray
 import ray.exceptions
 from ray import cloudpickle
 
-from nous_actor.cluster.ray._base import _CALLS, ALIVE, CALL, COMPACT, FAILED, STOP, _lost
 from nous_actor.cluster.ray._feed import _drop_late, _Feed
 from nous_actor.cluster.ray._link import _Link
+from nous_actor.cluster.ray._protocol import _CALLS, ALIVE, CALL, COMPACT, FAILED, STOP, _lost
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import CallTimeout, NousActorError, SessionStopped
 from nous_actor.sessions.actor import Handler, SessionActor, _Compaction

@@ -18,7 +18,7 @@ import ray
 
 from nous_actor._log import get_logger
 from nous_actor._version import __version__
-from nous_actor.cluster.ray._base import (
+from nous_actor.cluster.ray._protocol import (
     _CALLS,
     _READS,
     _WAIT,

@@ -10,24 +10,20 @@ from typing import Any
 
 from nous_actor.core._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze
 from nous_actor.core.clock import utcnow
-from nous_actor.core.message._base import (
+from nous_actor.core.message._openai import (
+    _CALL_HELP,
     _OPENAI_KEYS,
-    _ROLE_VALUES,
-    _ROLES,
     DEVELOPER,
     OPENAI_EXTRA,
     OPENAI_ROLE,
-    Role,
     UnsendableMessage,
-)
-from nous_actor.core.message._openai import (
-    _CALL_HELP,
     _call_from_openai,
     _call_to_openai,
     _openai_role,
     _plain,
     _text_field,
 )
+from nous_actor.core.message._role import _ROLE_VALUES, _ROLES, Role
 
 __all__ = ["Message", "trusted_message"]
 

@@ -71,27 +71,18 @@ turn, an append whose state delta writes a key changed in storage since its
 `Session` object was loaded raises ADK's ``StaleSessionError`` (it would lose
 that change).
 
-**Layout.** `base` holds ADK's names, the keys written and the bounds; `ids`
+**Layout.** `framework` holds ADK's names; `records` the keys written; `ids`
 the ids of sessions, state and directories; `events` the mapping of ADK
 events to log events; `folds` what is read from a log; the service is built
-in layers, each in its module: `core` (caches and writes), `state`, `runs`
-(with `NousRunPlugin`), `reads` (get and list), and `service`, the public
-`NousSessionService`.
+in layers, each in its module: `logs` (handles, cached folds and writes),
+`state`, `runs` (with `NousRunPlugin`), `reads` (get and list), and
+`service`, the public `NousSessionService`.
 """
 
 from __future__ import annotations
 
-from nous_actor.integrations.adk.base import (
-    ADK_EVENT_KEY,
-)
-from nous_actor.integrations.adk.base import CACHE_SIZE as CACHE_SIZE
-from nous_actor.integrations.adk.base import CHECKPOINT_EVERY as CHECKPOINT_EVERY
-from nous_actor.integrations.adk.base import MAX_ATTEMPTS as MAX_ATTEMPTS
-from nous_actor.integrations.adk.base import RECORD_KEY as RECORD_KEY
-from nous_actor.integrations.adk.base import STATE_KEY as STATE_KEY
-from nous_actor.integrations.adk.base import TIME_KEY as TIME_KEY
-from nous_actor.integrations.adk.base import Kind as Kind
 from nous_actor.integrations.adk.events import event_data
+from nous_actor.integrations.adk.ids import Kind as Kind
 from nous_actor.integrations.adk.ids import _part as _part
 from nous_actor.integrations.adk.ids import (
     app_key,
@@ -100,6 +91,13 @@ from nous_actor.integrations.adk.ids import (
     session_key,
     user_key,
 )
+from nous_actor.integrations.adk.logs import CACHE_SIZE as CACHE_SIZE
+from nous_actor.integrations.adk.logs import MAX_ATTEMPTS as MAX_ATTEMPTS
+from nous_actor.integrations.adk.records import ADK_EVENT_KEY
+from nous_actor.integrations.adk.records import CHECKPOINT_EVERY as CHECKPOINT_EVERY
+from nous_actor.integrations.adk.records import RECORD_KEY as RECORD_KEY
+from nous_actor.integrations.adk.records import STATE_KEY as STATE_KEY
+from nous_actor.integrations.adk.records import TIME_KEY as TIME_KEY
 from nous_actor.integrations.adk.runs import NousRunPlugin, refused_by_turn
 from nous_actor.integrations.adk.service import NousSessionService
 

@@ -10,13 +10,8 @@ from typing import Any
 
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event, EventType
-from nous_actor.integrations.adk.base import (
-    ADK_EVENT_KEY,
-    RECORD_KEY,
-    TIME_KEY,
-    AdkEvent,
-    to_jsonable_python,
-)
+from nous_actor.integrations.adk.framework import AdkEvent, to_jsonable_python
+from nous_actor.integrations.adk.records import ADK_EVENT_KEY, RECORD_KEY, TIME_KEY
 
 __all__ = ["event_data"]
 

@@ -10,8 +10,9 @@ from typing import Any
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event
 from nous_actor.core.log import Log
-from nous_actor.integrations.adk.base import STATE_KEY, TIME_KEY, AdkEvent
 from nous_actor.integrations.adk.events import _adk_payload, _decode, _record
+from nous_actor.integrations.adk.framework import AdkEvent
+from nous_actor.integrations.adk.records import STATE_KEY, TIME_KEY
 
 
 @dataclass

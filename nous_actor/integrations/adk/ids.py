@@ -8,13 +8,15 @@ part percent-encoded where it must be, and `parse_key` gives the parts back.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 from urllib.parse import quote, unquote
 
 from nous_actor.core.ids import check_session_id
-from nous_actor.integrations.adk.base import Kind
 
 __all__ = ["app_key", "directory_key", "parse_key", "session_key", "user_key"]
+
+Kind = Literal["session", "user", "directory", "app"]
+"""What an id names: a session, a user's state, a user's directory, or an app's state."""
 
 
 def _escape(ch: str) -> str:

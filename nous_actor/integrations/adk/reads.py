@@ -10,11 +10,15 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from nous_actor.core._frozen import thaw
-from nous_actor.integrations.adk.base import AdkSession, GetSessionConfig, ListSessionsResponse
-from nous_actor.integrations.adk.core import _Load
 from nous_actor.integrations.adk.events import _decode
 from nous_actor.integrations.adk.folds import _StateView, _tail
+from nous_actor.integrations.adk.framework import (
+    AdkSession,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
 from nous_actor.integrations.adk.ids import _part, directory_key, parse_key, session_key
+from nous_actor.integrations.adk.logs import _Load
 from nous_actor.integrations.adk.state import _StateService
 from nous_actor.sessions.registry import Sessions
 from nous_actor.store.base import SessionInfo, list_sessions

@@ -1,23 +1,32 @@
-"""Runs: `NousRunPlugin`, ADK's plugin that makes each run a turn of its session, and
-`_RunService`, the service's side of it (open a run's turn, close it, and bring the
-run's `Session` object up to date with what runs before it wrote)."""
+"""Runs: `NousRunPlugin`, ADK's plugin that makes each run a turn of its session, the
+two calls it makes (`_Runs`), and `_RunService`, the service's side of them (open a
+run's turn, close it, and bring the run's `Session` object up to date with what runs
+before it wrote)."""
 
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nous_actor.errors import TurnBusy, TurnInterrupted
-from nous_actor.integrations.adk.base import AdkSession, BasePlugin, State
-from nous_actor.integrations.adk.core import _Load
+from nous_actor.integrations.adk.framework import AdkSession, BasePlugin, State
 from nous_actor.integrations.adk.ids import session_key
+from nous_actor.integrations.adk.logs import _Load
 from nous_actor.integrations.adk.state import _StateService
 from nous_actor.sessions.turns import Policy
 
-if TYPE_CHECKING:  # for the annotation alone: at run time imports go one way, up to service
-    from nous_actor.integrations.adk.service import NousSessionService
-
 __all__ = ["NousRunPlugin", "refused_by_turn"]
+
+
+class _Runs(Protocol):
+    """What `NousRunPlugin`'s hooks call: open a run's turn and close it (the service's
+    `_RunService` side is one; the plugin knows no more of the service)."""
+
+    async def _open_run(
+        self, plugin: NousRunPlugin, session: AdkSession, invocation: str
+    ) -> None: ...
+
+    async def _close_run(self, session: AdkSession, invocation: str, failed: bool) -> None: ...
 
 
 class _RunService(_StateService):
@@ -127,7 +136,7 @@ class NousRunPlugin(BasePlugin):
     hook holds the session until its lease runs out.
     """
 
-    def __init__(self, service: NousSessionService, policy: Policy, lease: float, wait: float):
+    def __init__(self, service: _Runs, policy: Policy, lease: float, wait: float):
         super().__init__(name="nous_actor_turns")
         self.service = service
         self.policy = policy

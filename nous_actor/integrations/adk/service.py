@@ -1,6 +1,6 @@
 """`NousSessionService`, the public face: its factory `sqlite`, `close`, `plugin`, and the
 writes of ADK's API (`create_session`, `delete_session`, `append_event`), on top of the
-reads (`reads`), the runs (`runs`), the state (`state`) and the plumbing (`core`)."""
+reads (`reads`), the runs (`runs`), the state (`state`) and the logs under them (`logs`)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,9 @@ from typing import Any
 from nous_actor.core.event import EventType, InvalidEvent
 from nous_actor.errors import SessionStopped
 from nous_actor.integrations._resend import refused
-from nous_actor.integrations.adk.base import (
-    CHECKPOINT_EVERY,
-    MAX_ATTEMPTS,
-    RECORD_KEY,
-    STATE_KEY,
-    TIME_KEY,
+from nous_actor.integrations.adk.events import _text_of, _utc, event_data
+from nous_actor.integrations.adk.folds import _View
+from nous_actor.integrations.adk.framework import (
     AdkEvent,
     AdkSession,
     AlreadyExistsError,
@@ -27,11 +24,10 @@ from nous_actor.integrations.adk.base import (
     StaleSessionError,
     State,
 )
-from nous_actor.integrations.adk.core import _Load
-from nous_actor.integrations.adk.events import _text_of, _utc, event_data
-from nous_actor.integrations.adk.folds import _View
 from nous_actor.integrations.adk.ids import session_key
+from nous_actor.integrations.adk.logs import MAX_ATTEMPTS, _Load
 from nous_actor.integrations.adk.reads import _ReadService
+from nous_actor.integrations.adk.records import CHECKPOINT_EVERY, RECORD_KEY, STATE_KEY, TIME_KEY
 from nous_actor.integrations.adk.runs import NousRunPlugin, _RunService
 from nous_actor.integrations.adk.state import _json_state, _split
 from nous_actor.sessions.registry import Sessions

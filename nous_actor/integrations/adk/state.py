@@ -11,9 +11,10 @@ from typing import Any, cast
 
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import EventType
-from nous_actor.integrations.adk.base import RECORD_KEY, State, to_jsonable_python
-from nous_actor.integrations.adk.core import Scope, _Load, _ServiceCore
+from nous_actor.integrations.adk.framework import State, to_jsonable_python
 from nous_actor.integrations.adk.ids import app_key, directory_key, user_key
+from nous_actor.integrations.adk.logs import Scope, _Load, _ServiceCore
+from nous_actor.integrations.adk.records import RECORD_KEY
 
 
 def _json_state(state: Mapping[str, Any], what: str) -> dict[str, Any]:

@@ -58,29 +58,25 @@ another run's turn waits for it (or applies its policy), and calls outside
 any turn wait for it to end (at most the registry's `timeout`, then
 `nous_actor.TurnBusy`).
 
-**Layout.** `base` holds the SDK's names, the keys written and
-`NousSessionClosed`; `items` the mapping between items and events; `surface`
-the replaces that hide items; `checks` the checks of what callers pass;
-`shared` the lock and state every `NousSession` of one session shares;
-`registries` the registries `NousSession.sqlite` opens; `calls` the plumbing
-a `NousSession` is built on; `turn` `RunTurn`; `session` `NousSession`.
+**Layout.** `framework` holds the SDK's names; `records` the keys written;
+`items` the mapping between items and events; `surface` the replaces that
+hide items; `checks` the checks of what callers pass; `shared` the lock and
+state every `NousSession` of one session shares; `registries` the registries
+`NousSession.sqlite` opens; `calls` the plumbing a `NousSession` is built on
+(and `NousSessionClosed`); `turn` `RunTurn`; `session` `NousSession`.
 """
 
 from __future__ import annotations
 
-from nous_actor.integrations.openai_agents.base import (
-    CLEARED_KEY,
-    ITEM_KEY,
-    OP_KEY,
-    NousSessionClosed,
-)
-from nous_actor.integrations.openai_agents.base import MAX_ATTEMPTS as MAX_ATTEMPTS
-from nous_actor.integrations.openai_agents.base import Pending as Pending
+from nous_actor.integrations.openai_agents.calls import MAX_ATTEMPTS as MAX_ATTEMPTS
+from nous_actor.integrations.openai_agents.calls import NousSessionClosed
+from nous_actor.integrations.openai_agents.calls import Pending as Pending
 from nous_actor.integrations.openai_agents.items import (
     event_for_item,
     items_from_messages,
     items_of_message,
 )
+from nous_actor.integrations.openai_agents.records import CLEARED_KEY, ITEM_KEY, OP_KEY
 from nous_actor.integrations.openai_agents.session import NousSession
 from nous_actor.integrations.openai_agents.shared import _Mutex as _Mutex
 from nous_actor.integrations.openai_agents.turn import RunTurn

@@ -1,4 +1,5 @@
-"""How a `NousSession`'s calls reach its session: `_SessionCore`, the plumbing under it.
+"""How a `NousSession`'s calls reach its session: `_SessionCore`, the plumbing under it,
+how often a call is sent again, and `NousSessionClosed`, what a closed one raises.
 
 Mutations run one at a time under the session's lock and finish even if their
 caller is cancelled; a call goes through the running task's turn when it is in
@@ -11,17 +12,34 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, Final, TypeVar
 
+from nous_actor.core.event import EventType
 from nous_actor.errors import SessionStopped
 from nous_actor.integrations._resend import refused, resend
-from nous_actor.integrations.openai_agents.base import MAX_ATTEMPTS, NousSessionClosed, Pending
 from nous_actor.integrations.openai_agents.shared import _Shared, _turn_of
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle
 from nous_actor.sessions.registry import Sessions
 
 T = TypeVar("T")
+
+MAX_ATTEMPTS: Final = 5
+"""How often a call is sent again when its session stopped before applying it."""
+
+
+Pending = list[tuple[EventType, dict[str, Any]]]
+
+
+class NousSessionClosed(SessionStopped, RuntimeError):
+    """A call on a `NousSession` after its `close()`.
+
+    A `SessionStopped` like every stopped call of this library, and a
+    `RuntimeError` like a call on a closed session of the SDK's own
+    (`SQLiteSession` raises ``RuntimeError("SQLiteSession is closed")``), so
+    code written for either catches it. Nothing was applied: make a new
+    `NousSession` to go on.
+    """
 
 
 class _SessionCore:

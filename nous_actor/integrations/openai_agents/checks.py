@@ -9,8 +9,8 @@ from typing import Any
 
 from nous_actor.core._frozen import NotJSON, freeze
 from nous_actor.core.event import InvalidEvent
-from nous_actor.integrations.openai_agents.base import (
-    Pending,
+from nous_actor.integrations.openai_agents.calls import Pending
+from nous_actor.integrations.openai_agents.framework import (
     SessionSettings,
     coerce_session_settings,
 )

@@ -15,7 +15,7 @@ from typing import Any, Final, cast
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import EventType
 from nous_actor.core.message import Message, Role, tool_call_parts
-from nous_actor.integrations.openai_agents.base import CLEARED_KEY, ITEM_KEY
+from nous_actor.integrations.openai_agents.records import CLEARED_KEY, ITEM_KEY
 
 __all__ = ["event_for_item", "items_from_messages", "items_of_message"]
 

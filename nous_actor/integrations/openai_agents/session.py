@@ -11,16 +11,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from nous_actor.core.event import EventType
 from nous_actor.core.ids import check_session_id
-from nous_actor.integrations.openai_agents.base import (
-    CLEARED_KEY,
-    OP_KEY,
+from nous_actor.integrations.openai_agents.calls import _SessionCore
+from nous_actor.integrations.openai_agents.checks import _prepare, _settings
+from nous_actor.integrations.openai_agents.framework import (
     AgentsSession,
     SessionSettings,
     TResponseInputItem,
 )
-from nous_actor.integrations.openai_agents.calls import _SessionCore
-from nous_actor.integrations.openai_agents.checks import _prepare, _settings
 from nous_actor.integrations.openai_agents.items import items_from_messages, items_of_message
+from nous_actor.integrations.openai_agents.records import CLEARED_KEY, OP_KEY
 from nous_actor.integrations.openai_agents.registries import (
     _acquire_registry,
     _Owned,

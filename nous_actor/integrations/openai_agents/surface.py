@@ -14,8 +14,8 @@ from typing import Any
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event, EventType
 from nous_actor.core.message import Message
-from nous_actor.integrations.openai_agents.base import CLEARED_KEY, OP_KEY
 from nous_actor.integrations.openai_agents.items import items_of_message
+from nous_actor.integrations.openai_agents.records import CLEARED_KEY, OP_KEY
 
 
 def _message(ev: Event) -> Message:

@@ -47,12 +47,14 @@ reorders keys, so events would not load back equal (and text is faster,
 see docs/persistence.md). Times are ``timestamptz`` (microseconds, UTC).
 
 The package keeps its parts in modules whose names say what they hold,
-imported one way, from the bottom up: `base` (limits, argument checks,
-messages), `connection` (a connection reopened with backoff, transactions,
-the one place psycopg's errors are translated), `schema` (the tables, and
-opening a schema), `leases` (claims, takeovers and the renewer), `writes`
-(fencing, one write transaction and its settlement), `watch`
-(`PostgresWatch` and the listener), and `store` (`PostgresStore`, the face).
+imported one way, from the bottom up: `failures` (how what went wrong is
+worded: a server named without its password, a lost connection, a claim held
+elsewhere or fenced), `connection` (a connection reopened with backoff,
+transactions, the one place psycopg's errors are translated), `schema` (the
+tables, their statements, and opening a schema), `leases` (claims, takeovers
+and the renewer), `writes` (fencing, one write transaction and its
+settlement), `watch` (`PostgresWatch` and the listener), and `store`
+(`PostgresStore`, the face, with the checks of its arguments).
 """
 
 from nous_actor.runtime.extras import missing_extra

@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.conninfo
@@ -22,15 +22,16 @@ from psycopg.types.string import TextLoader
 
 from nous_actor.core.codec import CodecError
 from nous_actor.errors import StoreError
-from nous_actor.store.postgres.base import (
+from nous_actor.store.postgres.failures import (
     _PERMANENT_CONNECT_SQLSTATES,
-    T,
     _connection_lost,
     _describe,
     _first_line,
     _lost_connection,
     _sqlstate,
 )
+
+T = TypeVar("T")
 
 # -- transactions ---------------------------------------------------------------------------
 

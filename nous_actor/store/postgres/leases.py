@@ -22,15 +22,11 @@ import psycopg
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.postgres.base import (
-    _RENEW_FRACTION,
-    T,
-    _fenced,
-    _first_line,
-    _held_elsewhere,
-    _Sql,
-)
-from nous_actor.store.postgres.connection import _Context, _Link, _rollback
+from nous_actor.store.postgres.connection import T, _Context, _Link, _rollback
+from nous_actor.store.postgres.failures import _fenced, _first_line, _held_elsewhere
+from nous_actor.store.postgres.schema import _Sql
+
+_RENEW_FRACTION: Final = 1 / 3  # renew this far into a lease
 
 logger = get_logger("nous_actor.store.postgres")  # the package's name
 

@@ -1,6 +1,7 @@
 """The tables of `nous_actor.store.postgres`, and opening a schema: look before writing.
 
-Holds the schema's version, its tables' definitions (`_DDL`), and
+Holds the schema's version, its tables' definitions (`_DDL`), the statements'
+table names of one schema (`_Sql`), and
 `prepare_schema`, which opens the store in a schema, making it in one
 transaction if the schema is missing or empty, and refuses (changing
 nothing) a schema holding another application's objects, a newer store or a
@@ -9,14 +10,38 @@ damaged one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
 from psycopg import sql
 
 from nous_actor.errors import StoreError
-from nous_actor.store.postgres.base import _describe, _Sql
 from nous_actor.store.postgres.connection import _Context, _transaction
+from nous_actor.store.postgres.failures import _describe
+
+
+@dataclass(frozen=True)
+class _Sql:
+    """The statements of one schema, composed once."""
+
+    events: str
+    claims: str
+    meta: str
+    epochs: str
+    channel: str
+
+    @classmethod
+    def of(cls, schema: str, conn: psycopg.Connection[Any]) -> _Sql:
+        def name(table: str) -> str:
+            return sql.Identifier(schema, table).as_string(conn)
+
+        return cls(name("events"), name("claims"), name("meta"), name("epochs"), _channel(schema))
+
+
+def _channel(schema: str) -> str:
+    return f"nous_actor:{schema}"
+
 
 SCHEMA_VERSION: Final = 1
 APPLICATION: Final = "nous_actor"

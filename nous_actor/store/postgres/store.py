@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import weakref
@@ -30,21 +31,85 @@ from nous_actor.store.base import (
     SessionInfo,
     valid_store_id,
 )
-from nous_actor.store.postgres.base import (
-    _MAX_SEQ,
-    _RENEW_FRACTION,
-    T,
-    _check_dsn,
-    _check_holder,
-    _check_schema,
-    _describe,
-    _parse_time,
-)
-from nous_actor.store.postgres.connection import _Context, _Link, _transaction
-from nous_actor.store.postgres.leases import _Leases
+from nous_actor.store.postgres.connection import T, _Context, _Link, _transaction
+from nous_actor.store.postgres.failures import _describe, _parse_time
+from nous_actor.store.postgres.leases import _RENEW_FRACTION, _Leases
 from nous_actor.store.postgres.schema import open_schema
 from nous_actor.store.postgres.watch import PostgresWatch, _Listener
-from nous_actor.store.postgres.writes import _batches, _fence, _Write
+from nous_actor.store.postgres.writes import _MAX_SEQ, _batches, _fence, _Write
+
+# -- the checks of the constructor's arguments ------------------------------------------------
+
+_MAX_SCHEMA_BYTES: Final = 63 - len("nous_actor:")  # the channel name must fit 63 bytes
+
+_SCHEMA_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_dsn(dsn: object) -> None:
+    """Refuse a DSN that is not a str (its content is checked when connecting).
+
+    Raises:
+        TypeError: not a str.
+    """
+    if not isinstance(dsn, str):
+        raise TypeError(
+            "dsn must be a str (a libpq connection string such as 'host=/run/postgresql "
+            f"dbname=agents', or a URI such as postgresql://user@host/db), got "
+            f"{type(dsn).__name__}"
+        )
+
+
+def _check_schema(schema: object) -> None:
+    """Refuse a schema name this store cannot use (see `PostgresStore` for the rule).
+
+    Raises:
+        TypeError: not a str.
+        ValueError: not 1 to 52 ASCII letters, digits and ``_`` (not starting with a
+            digit), or starting with ``pg_``.
+    """
+    if not isinstance(schema, str):
+        raise TypeError(f"schema must be a str, got {type(schema).__name__}")
+    size = len(schema.encode("utf-8", "surrogatepass"))
+    if not 0 < size <= _MAX_SCHEMA_BYTES:
+        raise ValueError(
+            f"schema must be 1 to {_MAX_SCHEMA_BYTES} bytes long (the store's change feed "
+            f"is the channel 'nous_actor:<schema>', and PostgreSQL names hold 63 bytes), "
+            f"got {size} bytes: {schema!r}"
+        )
+    if not schema.isascii() or not _SCHEMA_NAME.fullmatch(schema):
+        raise ValueError(
+            "schema must be a plain SQL name: ASCII letters, digits and _, not starting "
+            f"with a digit (e.g. 'nous_actor' or 'agents_2'), got {schema!r}"
+        )
+    if schema.startswith("pg_"):
+        raise ValueError(
+            "schema must not start with pg_ (the prefix pg_ is reserved for PostgreSQL's "
+            f"own schemas), got {schema!r}"
+        )
+
+
+def _check_holder(holder: object) -> None:
+    """Refuse a holder name that cannot be stored or shown.
+
+    Raises:
+        TypeError: not ``None`` or a str.
+        ValueError: empty or blank, or holding a NUL character (PostgreSQL text cannot).
+    """
+    if holder is None:
+        return
+    if not isinstance(holder, str):
+        raise TypeError(
+            "holder must be None or a str naming this process to others (e.g. "
+            f"'worker-a:8080'), got {type(holder).__name__}"
+        )
+    if not holder.strip():
+        raise ValueError(
+            "holder must not be empty: name this process (e.g. 'worker-a:8080'), or pass "
+            "None for '<host> pid <pid>'"
+        )
+    if "\x00" in holder:
+        raise ValueError(f"holder must not hold a NUL character, got {holder!r}")
+
 
 _MIN_LEASE_S: Final = 0.1  # renewed every lease / 3: a round trip to the server each time
 _MAX_LEASE_S: Final = 86_400  # a paused writer keeps its sessions at most a day

@@ -21,9 +21,10 @@ from psycopg import sql
 
 from nous_actor.core.codec import CodecError, event_from_row
 from nous_actor.errors import StoreError
-from nous_actor.store.postgres.base import _connection_lost, _Sql
+from nous_actor.store.feed import FollowedWatch
 from nous_actor.store.postgres.connection import _Context, _Link
-from nous_actor.store.shared import FollowedWatch
+from nous_actor.store.postgres.failures import _connection_lost
+from nous_actor.store.postgres.schema import _Sql
 from nous_actor.store.subscription import Subscription
 
 _IDLE_CHECK_S: Final = 5.0  # the listener checks an idle connection this often

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import psycopg.errors
@@ -25,18 +25,19 @@ from nous_actor.core.codec import CodecError, encode_data, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import valid_store_id
-from nous_actor.store.postgres.base import (
-    _MAX_SEQ,
+from nous_actor.store.postgres.connection import _Context, _Link, _rollback
+from nous_actor.store.postgres.failures import (
     _again,
     _connection_lost,
     _fenced,
     _first_line,
     _held_elsewhere,
     _lost_connection,
-    _Sql,
 )
-from nous_actor.store.postgres.connection import _Context, _Link, _rollback
 from nous_actor.store.postgres.leases import _Leases
+from nous_actor.store.postgres.schema import _Sql
+
+_MAX_SEQ: Final = 2**63 - 1
 
 logger = get_logger("nous_actor.store.postgres")  # the package's name
 

@@ -32,12 +32,11 @@ The optional methods a store of your own may offer (the shipped contract suite,
 
 Neither reading nor watching takes a claim, so neither ever blocks a writer.
 
-Inside, imported one way from the bottom up: `feed` (the checks of the
-arguments, and `FollowedWatch`, the feed a reading thread fills), `follower`
-(`SQLiteFollower`: one per `SQLiteStore`, following its file for its watches
-and waits), then the functions above, which are this package's own. The
-SQLite implementations of the optional methods live with `SQLiteStore`, in
-`nous_actor.store.sqlite`.
+The functions above are this package's own; it names for users the feed
+they build on (`FollowedWatch`, from `nous_actor.store.feed`) and the SQLite
+follower (`SQLiteFollower`, `FOLLOW_INTERVAL`, from
+`nous_actor.store.sqlite.follower`). The SQLite implementations of the
+optional methods live with `SQLiteStore`, in `nous_actor.store.sqlite`.
 """
 
 from __future__ import annotations
@@ -50,13 +49,13 @@ from nous_actor.core.args import check_seconds as _check_seconds
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store.base import Store, valid_store_id
-from nous_actor.store.shared.feed import DEFAULT_WATCH_BUFFER as DEFAULT_WATCH_BUFFER
-from nous_actor.store.shared.feed import FollowedWatch as FollowedWatch
-from nous_actor.store.shared.feed import _check_buffer, _check_from_seq, _fill
-from nous_actor.store.shared.follower import FOLLOW_INTERVAL as FOLLOW_INTERVAL
-from nous_actor.store.shared.follower import SQLiteFollower as SQLiteFollower
-from nous_actor.store.shared.follower import close_follower as close_follower
-from nous_actor.store.shared.follower import follower_of as follower_of
+from nous_actor.store.feed import DEFAULT_WATCH_BUFFER as DEFAULT_WATCH_BUFFER
+from nous_actor.store.feed import FollowedWatch as FollowedWatch
+from nous_actor.store.feed import _check_buffer, _check_from_seq, _fill
+from nous_actor.store.sqlite.follower import FOLLOW_INTERVAL as FOLLOW_INTERVAL
+from nous_actor.store.sqlite.follower import SQLiteFollower as SQLiteFollower
+from nous_actor.store.sqlite.follower import close_follower as close_follower
+from nous_actor.store.sqlite.follower import follower_of as follower_of
 from nous_actor.store.subscription import Subscription
 
 __all__ = [

@@ -14,13 +14,14 @@ wholly stored or wholly absent. The table's ``PRIMARY KEY (session_id, seq)``
 makes the database itself refuse a second writer's seq.
 
 The package keeps its parts in modules whose names say what they hold,
-imported one way, from the bottom up: `base` (limits, the check of the
-path), `connection` (connecting, the one place sqlite3's errors are
-translated, write transactions), `claims` (taking claims, the claims this
-process holds, whether a holder lives), `schema` (the tables, what makes a
-file a store, opening one), `writes` (how a write's rows go in), `sharing`
-(the optional methods of `nous_actor.store.shared`: reads without a claim,
-watches, hand-off requests), and `store` (`SQLiteStore`, the face).
+imported one way, from the bottom up: `connection` (connecting, the one
+place sqlite3's errors are translated, write transactions), `claims` (taking
+claims, the claims this process holds, whether a holder lives), `schema`
+(the tables, what makes a file a store, opening one), `writes` (how a
+write's rows go in), `follower` (`SQLiteFollower`: one per store, following
+its file for its watches and waits), `vacuum` (giving dropped space back),
+and `store` (`SQLiteStore`, the face, with the optional methods of
+`nous_actor.store.shared`).
 """
 
 from nous_actor.store.sqlite.claims import _live_lock as _live_lock

@@ -16,8 +16,7 @@ import uuid
 from datetime import UTC, datetime
 
 from nous_actor.errors import ConflictError
-from nous_actor.store.sqlite.base import _IN_CHUNK
-from nous_actor.store.sqlite.connection import _Connection
+from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
 
 # Claim tokens held by live writers of this process, whatever store object made them.
 _live_tokens: set[str] = set()

@@ -1,5 +1,7 @@
 """A SQLite store's connection: opening one, the one place sqlite3's errors are
-translated, calls made under the store's lock, and write transactions.
+translated, calls made under the store's lock, and write transactions (with
+how long one waits for another process's write lock, and how many ids one
+statement binds).
 
 `_Connection` is the bottom of `SQLiteStore`: what every call of the store
 goes through. ``_connect`` is the one method that opens a connection (the
@@ -15,12 +17,19 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from typing import Literal
+from typing import Final, Literal
 
 from nous_actor.core.codec import CodecError
 from nous_actor.errors import StoreError
 from nous_actor.store.base import ClosingStore, valid_store_id
-from nous_actor.store.sqlite.base import _BUSY_FIRST_S, _BUSY_STEP_S
+
+_IN_CHUNK: Final = 500
+"""Ids bound in one ``IN (...)`` (far below SQLite's bound on parameters)."""
+
+_BUSY_FIRST_S: Final = 0.0002
+_BUSY_STEP_S: Final = 0.002
+"""How long a write transaction waits, at first and at most, before it looks again
+for another process's write lock (see `SQLiteStore._begin`)."""
 
 
 class _Connection(ClosingStore):
@@ -31,6 +40,8 @@ class _Connection(ClosingStore):
     _busy_wait: float
     _busy_ms: int
     _asked: set[str]  # sessions this store asked for (store.shared)
+    _dropped: int  # bytes dropped by snapshots since the last vacuum (`vacuum`)
+    _vacuum_skipped: bool  # told the log that the file is too large to vacuum
     _lock: threading.Lock
     _closed: bool
     _lost: str | None

@@ -39,7 +39,7 @@ _SCHEMA: Final = (
 )
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 _MADE_LATER: Final = (
-    # The hand-off requests (`store.sqlite.sharing`), made on the first request; and
+    # The hand-off requests (`SQLiteStore.ask_handoff`), made on the first request; and
     # their first layout, of development builds before requests stood per asker.
     """CREATE TABLE IF NOT EXISTS handoffs (
     session_id TEXT NOT NULL,

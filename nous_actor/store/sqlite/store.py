@@ -1,11 +1,14 @@
-"""`SQLiteStore`, the face of `nous_actor.store.sqlite`: the `Store` protocol, the
-batches, the index, and the optional methods of `nous_actor.store.shared`.
+"""`SQLiteStore`, the face of `nous_actor.store.sqlite`: the checks of its arguments,
+the `Store` protocol, the batches, the index, and the optional methods of
+`nous_actor.store.shared` (reads without a claim and watches on the follower's
+connection, who holds a session, hand-off requests in the ``handoffs`` table).
 
 It stands on `_Opening` (`schema`: opening a file, looking before writing),
 which stands on `_Connection` (`connection`: the lock, the translation of
 sqlite3's errors, write transactions); a write's rows go in through `writes`,
-claims are taken and told live or dead by `claims`, and the sharing methods
-delegate to `sharing`.
+claims are taken and told live or dead by `claims`, reads without a claim and
+watches go through the store's `follower`, and snapshots' drops are given back
+by `vacuum`.
 """
 
 from __future__ import annotations
@@ -15,30 +18,27 @@ import os
 import sqlite3
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from nous_actor._log import get_logger
 from nous_actor.core.args import check_flag, check_seconds
-from nous_actor.core.codec import CodecError, event_from_row
+from nous_actor.core.codec import CodecError, event_from_row, passing_event_from_row
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import SessionInfo
-from nous_actor.store.shared.follower import close_follower
-from nous_actor.store.sqlite.base import _IN_CHUNK, _MAX_TIMEOUT_S, _check_path
-from nous_actor.store.sqlite.claims import _claim_all, _holder_name, _live_lock, _live_tokens
-from nous_actor.store.sqlite.schema import _Opening
-from nous_actor.store.sqlite.sharing import (
-    sqlite_ask_handoff,
-    sqlite_handoff_requests,
-    sqlite_held_by,
-    sqlite_load_since,
-    sqlite_next_seq,
-    sqlite_wait_changed,
-    sqlite_watch,
-    sqlite_withdraw_handoff,
+from nous_actor.store.base import SessionInfo, valid_store_id
+from nous_actor.store.feed import DEFAULT_WATCH_BUFFER, _check_buffer, _check_from_seq
+from nous_actor.store.sqlite.claims import (
+    _claim_all,
+    _holder_name,
+    _live_lock,
+    _live_tokens,
+    _pid_alive,
 )
+from nous_actor.store.sqlite.connection import _IN_CHUNK
+from nous_actor.store.sqlite.follower import close_follower, follower_of
+from nous_actor.store.sqlite.schema import _Opening
 from nous_actor.store.sqlite.vacuum import dropped_bytes, due, file_bytes
 from nous_actor.store.sqlite.vacuum import vacuum as _vacuum_file
 from nous_actor.store.sqlite.writes import _UNBINDABLE, _insert_rows, _session_rows, _write_each
@@ -47,6 +47,49 @@ from nous_actor.store.subscription import Subscription
 __all__ = ["SQLiteStore"]
 
 logger = get_logger("nous_actor.store.sqlite")
+
+_MAX_TIMEOUT_S: Final = 2_147_483
+"""The longest `timeout`: SQLite's busy timeout is a 32-bit count of milliseconds."""
+
+_HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
+    session_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    until TEXT NOT NULL,
+    PRIMARY KEY (session_id, pid)
+)"""
+"""Hand-off requests (`SQLiteStore.ask_handoff`): made on the first request."""
+
+
+def _check_path(path: object) -> str:
+    """``path`` as a str, if it names a file (or is ``":memory:"``).
+
+    Raises:
+        TypeError: not a str or an `os.PathLike` of str (bytes paths are refused).
+        ValueError: empty, or holding a NUL character.
+    """
+    if isinstance(path, os.PathLike):
+        text = os.fspath(path)
+        if not isinstance(text, str):
+            raise TypeError(
+                "path must be a str or an os.PathLike of str, not bytes: decode it "
+                "(os.fsdecode) or give a pathlib.Path"
+            )
+    elif isinstance(path, str):
+        text = path
+    else:
+        raise TypeError(
+            "path must be a str or an os.PathLike (e.g. a pathlib.Path) naming the database "
+            f"file, or ':memory:', got {type(path).__name__}"
+        )
+    if not text:
+        raise ValueError("path must not be empty: give a database file path, or ':memory:'")
+    if "\x00" in text:
+        raise ValueError(f"path must not hold a NUL character, got {text!r}")
+    return text
+
+
+def _now_text(delta: float = 0.0) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=delta)).isoformat()
 
 
 def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo:
@@ -389,10 +432,25 @@ class SQLiteStore(_Opening):
         Raises:
             StoreError: the id is not valid, the store is closed or failed.
         """
-        return sqlite_load_since(self, session_id, from_seq)
+        session_id = valid_store_id(session_id)
+        from_seq = _check_from_seq(from_seq)
+        # On the follower's connection: a read never waits behind this process's writes
+        # (which may be waiting for another process's write lock).
+        rows = follower_of(self).query(
+            "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? "
+            "ORDER BY seq",
+            (session_id, min(from_seq, 2**63 - 1)),
+        )
+        with self._translate(session_id, "load the session"):  # read to be looked at
+            return [passing_event_from_row(*row) for row in rows]
 
     def watch(
-        self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0
+        self,
+        session_id: str,
+        from_seq: int = 0,
+        *,
+        buffer: int = DEFAULT_WATCH_BUFFER,
+        timeout: float = 30.0,
     ) -> Subscription:
         """Every committed event of `session_id` with ``seq >= from_seq``, exactly once, in
         seq order, from any process: the file is followed (``PRAGMA data_version``, every
@@ -402,7 +460,10 @@ class SQLiteStore(_Opening):
             StoreError: the id is not valid, or the store is closed.
             TypeError, ValueError: `from_seq` or `buffer` is not valid.
         """
-        return sqlite_watch(self, session_id, from_seq, buffer=buffer, timeout=timeout)
+        session_id = valid_store_id(session_id)
+        from_seq = _check_from_seq(from_seq)
+        buffer = _check_buffer(buffer)
+        return follower_of(self).add(session_id, from_seq, buffer, timeout)
 
     def next_seq(self, session_id: str) -> int:
         """The next seq of `session_id`'s stored history (0 if it has none), from any
@@ -411,31 +472,78 @@ class SQLiteStore(_Opening):
         Raises:
             StoreError: the id is not valid, or the store is closed.
         """
-        return sqlite_next_seq(self, session_id)
+        session_id = valid_store_id(session_id)
+        rows = follower_of(self).query(
+            "SELECT max(seq) FROM events WHERE session_id = ?", (session_id,)
+        )
+        last = rows[0][0] if rows else None
+        return 0 if last is None else int(last) + 1
 
     def held_by(self, session_id: str) -> str | None:
         """``"this process"`` or ``"process <pid>"`` holding a live claim on
         `session_id`, or `None`."""
-        return sqlite_held_by(self, session_id)
+        session_id = valid_store_id(session_id)
+        rows = follower_of(self).query(
+            "SELECT pid, token FROM writers WHERE session_id = ?", (session_id,)
+        )
+        if not rows:
+            return None
+        pid, token = rows[0]
+        with _live_lock:
+            return _holder_name(pid, token, os.getpid())
 
     def ask_handoff(self, session_id: str, seconds: float) -> None:
         """Ask whoever holds `session_id` to hand it over: a request of this process, in
         the file, standing for `seconds` (or until this process claims the session, or
         withdraws it)."""
-        sqlite_ask_handoff(self, session_id, seconds)
+        session_id = valid_store_id(session_id)
+        seconds = check_seconds(seconds, "seconds")
+        with self._transaction(session_id, "ask for the session", synced=False) as conn:
+            conn.execute(_HANDOFFS_TABLE)
+            conn.execute(
+                "INSERT OR REPLACE INTO handoffs (session_id, pid, until) VALUES (?, ?, ?)",
+                (session_id, os.getpid(), _now_text(seconds)),
+            )
+            self._asked.add(session_id)  # (under the store's lock, as a claim reads it)
 
     def withdraw_handoff(self, session_id: str) -> None:
         """Take this process's request for `session_id` back."""
-        sqlite_withdraw_handoff(self, session_id)
+        session_id = valid_store_id(session_id)
+        if session_id not in self._asked:
+            return  # never asked, or withdrawn by the claim that took the session
+        with self._transaction(session_id, "withdraw the request", synced=False) as conn:
+            conn.execute(
+                "DELETE FROM handoffs WHERE session_id = ? AND pid = ?", (session_id, os.getpid())
+            )
+            self._asked.discard(session_id)
 
     def handoff_requests(self) -> list[str]:
         """The sessions this process holds that a live process asks for."""
-        return sqlite_handoff_requests(self)
+        try:
+            rows = follower_of(self).query(
+                "SELECT h.session_id, w.token, h.pid FROM handoffs AS h JOIN writers AS w "
+                "ON w.session_id = h.session_id WHERE w.pid = ? AND h.pid <> w.pid "
+                "AND h.until > ?",
+                (os.getpid(), _now_text()),
+            )
+        except StoreError as exc:
+            if "no such table" in str(exc):  # nobody ever asked
+                return []
+            raise
+        with _live_lock:
+            # Several processes may ask for one session: one row each.
+            held = [(str(sid), pid) for sid, token, pid in rows if token in _live_tokens]
+            stale = {(str(sid), str(token)) for sid, token, _ in rows if token not in _live_tokens}
+        for sid, token in sorted(stale):  # a claim of this process that no session holds any
+            self.release(sid, token)  # more (its release failed): let the asker have it
+        alive: dict[int, bool] = {}
+        # An asker that died asks nothing, and never hides the request of one that lives.
+        return sorted({sid for sid, pid in held if alive.setdefault(pid, _pid_alive(pid))})
 
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a commit to the file (by any process) after the
         change counter `after`; returns the counter now."""
-        return sqlite_wait_changed(self, after, timeout)
+        return follower_of(self).wait_changed(after, timeout)
 
     def close(self) -> None:
         with self._lock:

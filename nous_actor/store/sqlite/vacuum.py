@@ -25,13 +25,10 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from nous_actor._log import get_logger
-from nous_actor.store.sqlite.base import _IN_CHUNK
-
-if TYPE_CHECKING:
-    from nous_actor.store.sqlite.store import SQLiteStore
+from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
 
 logger = get_logger("nous_actor.store.sqlite")
 
@@ -91,7 +88,7 @@ def file_bytes(conn: sqlite3.Connection) -> int:
     return int(pages) * int(size)
 
 
-def due(store: SQLiteStore, size: int) -> bool:
+def due(store: _Connection, size: int) -> bool:
     """Whether the bytes dropped since the last vacuum call for one now (see the module);
     logs once when only the file's size keeps it from running."""
     dropped = store._dropped
@@ -114,7 +111,7 @@ def due(store: SQLiteStore, size: int) -> bool:
     return True
 
 
-def vacuum(store: SQLiteStore, conn: sqlite3.Connection) -> None:
+def vacuum(store: _Connection, conn: sqlite3.Connection) -> None:
     """Under the store's lock, outside any transaction: pack the file (``VACUUM``),
     then empty the WAL it went through, and forget the bytes dropped so far.
 

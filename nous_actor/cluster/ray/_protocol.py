@@ -1,4 +1,4 @@
-"""The bottom of `nous_actor.cluster.ray`: what drivers and shards say to each other.
+"""The protocol of `nous_actor.cluster.ray`: what drivers and shards say to each other.
 
 The protocol's version and limits, the shape of a call to a shard and of its
 outcome, the calls a shard runs, the session-to-shard hash (`shard_of`), and

@@ -1,10 +1,9 @@
-"""The bottom of `nous_actor.store.shared`: the checks of its arguments, and the
-feed that a reading thread fills.
+"""The feed that a reading thread fills, and the checks of a watch's arguments.
 
 `FollowedWatch` is the `Subscription` every watch of a store that is read by
-a thread of ours hands out (the SQLite follower's, the fallback's, and
-`PostgresStore`'s); `_fill` reads into one what it may take now. Imports
-nothing of the package: every other module of it builds on this one.
+a thread of ours hands out (the SQLite follower's, `PostgresStore`'s, and the
+fallback of `nous_actor.store.shared`, which names it for users); `_fill`
+reads into one what it may take now.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
-"""The bottom of `nous_actor.store.postgres`: its limits, and how it words what went wrong.
-
-Holds the package's logger, the constants its parts share, the checks of
-the constructor's arguments, the helpers that name a server without its
-password and tell a lost connection from a refusal, the statements' table
-names (`_Sql`), and the messages of a claim held elsewhere or fenced.
-Imports nothing of the package: every other module of it builds on this one.
+"""How `nous_actor.store.postgres` words what went wrong: a server named without its
+password, a lost connection (logged) told from a refusal, and the errors of a claim
+held elsewhere or fenced.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import psycopg
 import psycopg.conninfo
-from psycopg import sql
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, FencedError, StoreError
@@ -24,88 +17,11 @@ from nous_actor.errors import ConflictError, FencedError, StoreError
 # One logger for every module of the package, named for the package.
 logger = get_logger("nous_actor.store.postgres")
 
-T = TypeVar("T")
-
-_MAX_SEQ: Final = 2**63 - 1
-_RENEW_FRACTION: Final = 1 / 3  # renew this far into a lease
-
-_MAX_SCHEMA_BYTES: Final = 63 - len("nous_actor:")  # the channel name must fit 63 bytes
-_SCHEMA_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 # Connection-level errors a retry on a new connection may cure (the server's own codes).
 _TRANSIENT_SQLSTATES: Final = frozenset(
     {"57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004"}
 )
 _PERMANENT_CONNECT_SQLSTATES: Final = frozenset({"28000", "28P01", "3D000", "42501"})
-
-
-# -- checking the constructor's arguments ----------------------------------------------------
-
-
-def _check_dsn(dsn: object) -> None:
-    """Refuse a DSN that is not a str (its content is checked when connecting).
-
-    Raises:
-        TypeError: not a str.
-    """
-    if not isinstance(dsn, str):
-        raise TypeError(
-            "dsn must be a str (a libpq connection string such as 'host=/run/postgresql "
-            f"dbname=agents', or a URI such as postgresql://user@host/db), got "
-            f"{type(dsn).__name__}"
-        )
-
-
-def _check_schema(schema: object) -> None:
-    """Refuse a schema name this store cannot use (see `PostgresStore` for the rule).
-
-    Raises:
-        TypeError: not a str.
-        ValueError: not 1 to 52 ASCII letters, digits and ``_`` (not starting with a
-            digit), or starting with ``pg_``.
-    """
-    if not isinstance(schema, str):
-        raise TypeError(f"schema must be a str, got {type(schema).__name__}")
-    size = len(schema.encode("utf-8", "surrogatepass"))
-    if not 0 < size <= _MAX_SCHEMA_BYTES:
-        raise ValueError(
-            f"schema must be 1 to {_MAX_SCHEMA_BYTES} bytes long (the store's change feed "
-            f"is the channel 'nous_actor:<schema>', and PostgreSQL names hold 63 bytes), "
-            f"got {size} bytes: {schema!r}"
-        )
-    if not schema.isascii() or not _SCHEMA_NAME.fullmatch(schema):
-        raise ValueError(
-            "schema must be a plain SQL name: ASCII letters, digits and _, not starting "
-            f"with a digit (e.g. 'nous_actor' or 'agents_2'), got {schema!r}"
-        )
-    if schema.startswith("pg_"):
-        raise ValueError(
-            "schema must not start with pg_ (the prefix pg_ is reserved for PostgreSQL's "
-            f"own schemas), got {schema!r}"
-        )
-
-
-def _check_holder(holder: object) -> None:
-    """Refuse a holder name that cannot be stored or shown.
-
-    Raises:
-        TypeError: not ``None`` or a str.
-        ValueError: empty or blank, or holding a NUL character (PostgreSQL text cannot).
-    """
-    if holder is None:
-        return
-    if not isinstance(holder, str):
-        raise TypeError(
-            "holder must be None or a str naming this process to others (e.g. "
-            f"'worker-a:8080'), got {type(holder).__name__}"
-        )
-    if not holder.strip():
-        raise ValueError(
-            "holder must not be empty: name this process (e.g. 'worker-a:8080'), or pass "
-            "None for '<host> pid <pid>'"
-        )
-    if "\x00" in holder:
-        raise ValueError(f"holder must not hold a NUL character, got {holder!r}")
 
 
 # -- naming the server without its password ------------------------------------------------
@@ -162,31 +78,6 @@ def _lost_connection(exc: BaseException, conn: psycopg.Connection[Any] | None) -
     return isinstance(exc, psycopg.InterfaceError | psycopg.OperationalError) and (
         _sqlstate(exc) is None
     )
-
-
-# -- the statements of one schema ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Sql:
-    """The statements of one schema, composed once."""
-
-    events: str
-    claims: str
-    meta: str
-    epochs: str
-    channel: str
-
-    @classmethod
-    def of(cls, schema: str, conn: psycopg.Connection[Any]) -> _Sql:
-        def name(table: str) -> str:
-            return sql.Identifier(schema, table).as_string(conn)
-
-        return cls(name("events"), name("claims"), name("meta"), name("epochs"), _channel(schema))
-
-
-def _channel(schema: str) -> str:
-    return f"nous_actor:{schema}"
 
 
 # -- what a claim held elsewhere, or lost, is called -------------------------------------------

@@ -1,4 +1,5 @@
-"""`_ServiceCore`, the plumbing under `NousSessionService`: its caches and its writes.
+"""The logs under `NousSessionService` (`_ServiceCore`): a handle per session, the
+cached folds of their logs, and the writes to them.
 
 It keeps a handle per session and the folds of their logs (least recently
 used first out), reads a log again after a session stopped, and writes a
@@ -15,24 +16,26 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar, cast
 
 from nous_actor.core.event import Event, EventType
 from nous_actor.core.log import Log
 from nous_actor.errors import SessionStopped, TurnInterrupted
 from nous_actor.integrations._resend import refused, resend
-from nous_actor.integrations.adk.base import (
-    CACHE_SIZE,
-    MAX_ATTEMPTS,
-    AdkSession,
-    BaseSessionService,
-)
 from nous_actor.integrations.adk.folds import _StateView, _View
+from nous_actor.integrations.adk.framework import AdkSession, BaseSessionService
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import Turn
 from nous_actor.sessions.turns import Policy
 from nous_actor.store.sqlite import SQLiteStore
+
+MAX_ATTEMPTS: Final = 5
+"""How often a write is sent again when its session stopped (or restarted) before
+applying it."""
+
+CACHE_SIZE: Final = 1024
+"""How many sessions' decoded views a service keeps (least recently used first out)."""
 
 F = TypeVar("F", _View, _StateView)
 

@@ -1,4 +1,4 @@
-"""The bottom of the ``nous-actor`` command: how a command fails (one line, exit 1),
+"""What the ``nous-actor`` command says, and where: how a command fails (one line, exit 1),
 the standard streams (closed ones, a reader gone away), tables and JSON on standard
 output, and where the library's log records go."""
 

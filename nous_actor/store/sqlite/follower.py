@@ -14,16 +14,14 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from nous_actor.core.codec import CodecError, event_from_row
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
-from nous_actor.store.shared.feed import FollowedWatch, _fill
+from nous_actor.store.feed import FollowedWatch, _fill
+from nous_actor.store.sqlite.connection import _Connection
 from nous_actor.store.subscription import Subscription
-
-if TYPE_CHECKING:
-    from nous_actor.store.sqlite import SQLiteStore
 
 FOLLOW_INTERVAL: Final = 0.004
 """How often a SQLite file is looked at (``PRAGMA data_version``) while someone
@@ -44,7 +42,7 @@ class SQLiteFollower:
     It holds the store weakly: a store nobody uses is collected, and the thread ends.
     """
 
-    def __init__(self, store: SQLiteStore) -> None:
+    def __init__(self, store: _Connection) -> None:
         self._store = weakref.ref(store)
         self.path = store.path
         self._cond = threading.Condition()
@@ -59,7 +57,7 @@ class SQLiteFollower:
 
     # -- the connection --------------------------------------------------------------------
 
-    def _store_or_fail(self) -> SQLiteStore:
+    def _store_or_fail(self) -> _Connection:
         store = self._store()
         if store is None or store._closed:
             raise StoreError(f"the store {self.path} is closed; open a new one")
@@ -210,11 +208,11 @@ class SQLiteFollower:
             w._finish(err)
 
 
-_followers: weakref.WeakKeyDictionary[SQLiteStore, SQLiteFollower] = weakref.WeakKeyDictionary()
+_followers: weakref.WeakKeyDictionary[_Connection, SQLiteFollower] = weakref.WeakKeyDictionary()
 _followers_lock = threading.Lock()
 
 
-def follower_of(store: SQLiteStore) -> SQLiteFollower:
+def follower_of(store: _Connection) -> SQLiteFollower:
     """The one `SQLiteFollower` of ``store`` (made on first use)."""
     with _followers_lock:
         f = _followers.get(store)
@@ -223,7 +221,7 @@ def follower_of(store: SQLiteStore) -> SQLiteFollower:
         return f
 
 
-def close_follower(store: SQLiteStore) -> None:
+def close_follower(store: _Connection) -> None:
     """End ``store``'s follower, if it has one (the store is closing)."""
     with _followers_lock:
         f = _followers.pop(store, None)

@@ -1,0 +1,28 @@
+"""What the adapter writes into a log: the keys of its events' data and of its own
+records, and how often a session's state is written whole.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+ADK_EVENT_KEY: Final = "adk_event"
+"""Key of ``data["metadata"]`` under which a log event keeps its ADK event verbatim."""
+
+RECORD_KEY: Final = "adk"
+"""Top-level ``data`` key of the service's own records (``request_header`` events):
+``{"op": "create", "state": {...}}``, ``{"op": "delete"}``, ``{"op": "state",
+"delta": {...}}``, ``{"op": "checkpoint", "upto": seq, "state": {...}}`` and, in a
+user's directory, ``{"op": "session", "id": ..., "seq": ..., "ts": ..., "state": {...}}``
+(what `list_sessions` reads: ``ts`` the session's last update time as of the event at
+``seq``, ``state`` present when it is written whole)."""
+
+STATE_KEY: Final = "adk_state"
+"""Top-level ``data`` key holding the session-scoped part of an event's state delta."""
+
+TIME_KEY: Final = "adk_ts"
+"""Top-level ``data`` key holding the ADK timestamp (a float, exactly as given)."""
+
+CHECKPOINT_EVERY: Final = 256
+"""A session's state is written whole (a checkpoint record) after this many events, so
+that a recent-events read folds only the deltas since the last one."""
