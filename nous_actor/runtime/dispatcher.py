@@ -41,7 +41,6 @@ import threading
 from _thread import LockType, allocate_lock
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 from itertools import count
 from typing import Any, ClassVar, Final
 
@@ -295,8 +294,7 @@ class DispatchedActor(pykka.Actor):
 
     @staticmethod
     def _create_future() -> pykka.Future[Any]:
-        host = scheduling.host
-        return pykka.ThreadingFuture() if host is None else host.future()
+        return scheduling.current().future()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -310,9 +308,10 @@ class DispatchedActor(pykka.Actor):
         self._pin = type(self).pinned
 
     def _bind_dispatcher(self) -> Dispatcher:
-        host = scheduling.host
-        if host is not None:  # a simulation runs every actor, pinned ones too
-            return host.dispatcher  # type: ignore[no-any-return]
+        # A simulation's host runs every actor on its own dispatcher, pinned ones too.
+        return scheduling.current().dispatcher(self._own_dispatcher)  # type: ignore[no-any-return]
+
+    def _own_dispatcher(self) -> Dispatcher:
         if self._pin:
             return Dispatcher(1, name=f"nous-pinned-{type(self).__name__}")
         chosen = self._use_dispatcher
@@ -407,10 +406,9 @@ class Workers:
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on a worker thread; what it raises is logged, never passed on."""
-        host = scheduling.host
-        if host is not None:  # a task of the simulation
-            host.spawn(partial(_run_logged, fn), self.name)
-            return
+        scheduling.current().submit(self._put, fn, self.name)
+
+    def _put(self, fn: Callable[[], None]) -> None:
         self._q.put(fn)
         with self._lock:
             if self._waiting or self._threads >= self.size:

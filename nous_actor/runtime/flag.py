@@ -51,9 +51,9 @@ class Flag:
         whether it is set."""
         if self._set:
             return True
-        host = scheduling.host
-        if host is not None:  # a simulation: run its other tasks meanwhile
-            return host.wait(self.is_set, timeout)
+        return scheduling.current().wait(self.is_set, timeout, self._block)
+
+    def _block(self, timeout: float | None) -> bool:
         lock = allocate_lock()
         lock.acquire()
         with _guard:

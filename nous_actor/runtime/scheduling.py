@@ -2,112 +2,231 @@
 
 Everything the runtime would run on a thread of its own (the store's
 committer, the recovery readers, summarisers, the passivator, restart timers)
-and every place it waits goes through here. By default that is plain
-threading and ``time.monotonic``, at the cost of one module-global lookup.
+and every place it waits goes through the installed `Host`, `current()`. By
+default that is `RealHost`: plain threads, ``time.monotonic`` and the waits the
+caller hands it, each method as cheap as the thread or the wait it stands for.
 
-A deterministic simulation (`nous_actor.testing.simulation`) installs a `Host`
-instead: then actors, threads and timers become tasks that the host runs one
-step at a time on one thread, in an order it chooses, on a virtual clock; a
-wait runs other tasks until what it waits for is done (or its virtual bound
-passes). The layers above check `host` only where they start something or
-wait, never on the hot path of a call.
+A deterministic simulation (`nous_actor.testing.simulation`) installs a host
+of its own for the length of a test: then actors, threads and timers become
+tasks it runs one at a time, in an order it chooses, on a virtual clock, and a
+wait suspends the simulated thread that waits. The runtime calls the host; it
+never asks which host is installed.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
-__all__ = ["Host", "call_later", "host", "install", "monotonic", "spawn", "uninstall"]
+import pykka
+
+__all__ = [
+    "REAL",
+    "Host",
+    "RealHost",
+    "call_later",
+    "current",
+    "install",
+    "monotonic",
+    "spawn",
+    "uninstall",
+]
+
+Block = Callable[[float | None], bool]
+"""How a real thread waits: ``block(timeout)`` (seconds, ``None``: no bound) blocks on the
+waiter's own lock or condition and says whether what it waited for is done."""
 
 
 class Host(Protocol):
-    """What a simulation offers the runtime (see `nous_actor.testing.simulation`)."""
-
-    dispatcher: Any
-    """The dispatcher every dispatched actor runs on while the host is installed."""
+    """Threads, timers, the clock, waits, futures and queues: what the runtime asks of
+    the machine it runs on (`RealHost`, or a simulation's host)."""
 
     def now(self) -> float:
-        """The virtual clock, in seconds (stands for `time.monotonic`)."""
+        """The clock, in seconds (``time.monotonic``, or a virtual clock)."""
 
     def spawn(self, fn: Callable[[], None], name: str) -> None:
-        """Run ``fn`` as a task of its own (stands for a thread)."""
+        """Run ``fn`` on a daemon thread of its own."""
 
     def call_later(
         self, delay: float, fn: Callable[[], None], name: str, daemon: bool = False
     ) -> None:
-        """Run ``fn`` once the virtual clock has advanced ``delay`` seconds (a ``daemon``
-        timer, one that re-arms itself forever, never keeps a run going by itself)."""
+        """Run ``fn`` on a thread of its own once ``delay`` seconds passed (``daemon``: a
+        timer that re-arms itself forever, which alone keeps no simulated run going)."""
 
-    def wait(self, done: Callable[[], bool], timeout: float | None) -> bool:
-        """Run other tasks until ``done()`` (``True``) or ``timeout`` virtual seconds
-        passed with nothing left to run before it (``False``)."""
+    def call_at(self, when: float, fn: Callable[[], None], name: str) -> None:
+        """Run ``fn`` (short, never blocking) once `now` reaches ``when``; the real host
+        runs every such alarm on one shared thread."""
 
-    def adopt(self, actor: Any) -> None:
-        """Run a thread-per-actor Pykka actor (a supervisor, a registry) as a task."""
+    def service(
+        self, run: Callable[[], None], name: str, every: float, tick: Callable[[], bool]
+    ) -> Any:
+        """Start a service that lives as long as its owner: ``run`` on a daemon thread (what
+        is returned), or, where no thread may wait forever (a simulation), ``tick`` on a
+        daemon timer every ``every`` seconds while it returns ``True``."""
 
-    def future(self) -> Any:
-        """A Pykka future whose ``get`` waits by `wait`."""
+    def wait(self, done: Callable[[], bool], timeout: float | None, block: Block) -> bool:
+        """Wait until ``done()``, at most ``timeout`` seconds: the real host calls
+        ``block(timeout)``; a simulation suspends the simulated thread meanwhile. Whether
+        it is done."""
+
+    def future(self) -> pykka.Future[Any]:
+        """A Pykka future for an actor's answer (its ``get`` waits through this host)."""
+
+    def condition(self) -> threading.Condition:
+        """A condition variable for a wake-up another thread waits for (a simulation may
+        switch threads right after it is notified)."""
+
+    def dispatcher(self, own: Callable[[], Any]) -> Any:
+        """The dispatcher an actor runs on: ``own()`` (its pinned or chosen one), or the
+        host's."""
+
+    def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
+        """Start a thread-per-actor Pykka actor (``start``: Pykka's own start)."""
+
+    def submit(
+        self, put: Callable[[Callable[[], None]], None], fn: Callable[[], None], name: str
+    ) -> None:
+        """Run ``fn`` on a pool's thread: ``put(fn)`` hands it to the pool (``name``)."""
 
     def committer_queue(self, committer: Any) -> Any:
-        """The queue of a store's committer: its batches become tasks."""
+        """The queue of a store's committer, with its writer started (``committer._run``
+        on a thread of its own)."""
 
 
-host: Host | None = None
-"""The installed simulation, or ``None`` (real threads and real time)."""
+class RealHost:
+    """Threads and ``time.monotonic``: the host installed unless a simulation runs."""
 
+    now: Final = staticmethod(time.monotonic)
+
+    def __init__(self) -> None:
+        self._alarms_lock = threading.Condition(threading.Lock())
+        self._alarms: list[tuple[float, int, Callable[[], None]]] = []
+        self._alarm_order = itertools.count()
+        self._alarm_thread: threading.Thread | None = None
+
+    def spawn(self, fn: Callable[[], None], name: str) -> None:
+        threading.Thread(target=fn, name=name, daemon=True).start()
+
+    def call_later(
+        self, delay: float, fn: Callable[[], None], name: str, daemon: bool = False
+    ) -> None:
+        t = threading.Timer(delay, fn)
+        t.name = name
+        t.daemon = True
+        t.start()
+
+    def call_at(self, when: float, fn: Callable[[], None], name: str) -> None:
+        with self._alarms_lock:
+            heapq.heappush(self._alarms, (when, next(self._alarm_order), fn))
+            if self._alarm_thread is None:
+                self._alarm_thread = threading.Thread(target=self._ring, name=name, daemon=True)
+                self._alarm_thread.start()
+            elif self._alarms[0][0] == when:
+                self._alarms_lock.notify()
+
+    def _ring(self) -> None:
+        cond = self._alarms_lock
+        while True:
+            due: list[Callable[[], None]] = []
+            with cond:
+                while not due:
+                    now = time.monotonic()
+                    heap = self._alarms
+                    while heap and heap[0][0] <= now:
+                        due.append(heapq.heappop(heap)[2])
+                    if not due:  # idle: wake at the next alarm (or now and then)
+                        cond.wait(min(heap[0][0] - now, 60.0) if heap else 60.0)
+            for fn in due:
+                fn()
+
+    def service(
+        self, run: Callable[[], None], name: str, every: float, tick: Callable[[], bool]
+    ) -> threading.Thread:
+        t = threading.Thread(target=run, name=name, daemon=True)
+        t.start()
+        return t
+
+    def wait(self, done: Callable[[], bool], timeout: float | None, block: Block) -> bool:
+        return block(timeout)
+
+    def future(self) -> pykka.Future[Any]:
+        return pykka.ThreadingFuture()
+
+    def condition(self) -> threading.Condition:
+        return threading.Condition()
+
+    def dispatcher(self, own: Callable[[], Any]) -> Any:
+        return own()
+
+    def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
+        start()
+
+    def submit(
+        self, put: Callable[[Callable[[], None]], None], fn: Callable[[], None], name: str
+    ) -> None:
+        put(fn)
+
+    def committer_queue(self, committer: Any) -> Any:
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        committer._queue = q
+        t = committer._thread = threading.Thread(
+            target=committer._run, name="nous-committer", daemon=True
+        )
+        t.start()
+        return q
+
+
+REAL: Final = RealHost()
+"""The real host (threads, ``time.monotonic``)."""
+
+_host: Host = REAL
 _install_lock = threading.Lock()
+
+
+def current() -> Host:
+    """The installed host: `REAL`, or a simulation's while one runs."""
+    return _host
 
 
 def install(new: Host) -> None:
     """Make ``new`` the host of everything the runtime starts from now on.
 
     Raises:
-        RuntimeError: another host is installed (simulations do not nest).
+        RuntimeError: another simulation's host is installed (simulations do not nest).
     """
-    global host
+    global _host
     with _install_lock:
-        if host is not None:
+        if _host is not REAL:
             raise RuntimeError("a simulation is running already; simulations do not nest")
-        host = new
+        _host = new
 
 
 def uninstall(old: Host) -> None:
-    """Remove ``old`` (a no-op if it is not the installed host)."""
-    global host
+    """Put `REAL` back in place of ``old`` (a no-op if ``old`` is not installed)."""
+    global _host
     with _install_lock:
-        if host is old:
-            host = None
+        if _host is old:
+            _host = REAL
 
 
 def monotonic() -> float:
-    """`time.monotonic`, or the simulation's virtual clock."""
-    h = host
-    return time.monotonic() if h is None else h.now()
+    """The installed host's clock (``time.monotonic``, or a simulation's virtual clock)."""
+    return _host.now()
 
 
 def spawn(fn: Callable[[], None], name: str) -> None:
-    """Run ``fn`` on a daemon thread of its own (a task of the simulation, in one)."""
-    h = host
-    if h is None:
-        threading.Thread(target=fn, name=name, daemon=True).start()
-    else:
-        h.spawn(fn, name)
+    """Run ``fn`` on a daemon thread of its own (a simulated one, in a simulation)."""
+    _host.spawn(fn, name)
 
 
 def call_later(
     delay: float, fn: Callable[[], None], name: str = "nous-timer", *, daemon: bool = False
 ) -> None:
-    """Run ``fn`` after ``delay`` seconds, on a daemon timer thread (virtual seconds, on
-    a task, in a simulation; ``daemon``: a timer that re-arms itself forever, which
-    alone does not keep a simulated run going)."""
-    h = host
-    if h is None:
-        t = threading.Timer(delay, fn)
-        t.name = name
-        t.daemon = True
-        t.start()
-    else:
-        h.call_later(delay, fn, name, daemon)
+    """Run ``fn`` after ``delay`` seconds, on a daemon timer thread (``daemon``: a timer
+    that re-arms itself forever, which alone does not keep a simulated run going)."""
+    _host.call_later(delay, fn, name, daemon)

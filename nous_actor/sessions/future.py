@@ -164,12 +164,7 @@ class SessionFuture(pykka.Future[T]):
                     "'await' the future instead"
                 )
             bound = self._timeout if timeout is None else timeout
-            wait = bound
-            host = scheduling.host
-            if host is not None:  # a simulation: run its tasks meanwhile (virtual time)
-                host.wait(self.done, bound)
-                wait = 0
-            if not self._ready.acquire(True, min(max(wait, 0), threading.TIMEOUT_MAX)):
+            if not scheduling.current().wait(self.done, bound, self._acquire):
                 raise CallTimeout(
                     self._session_id, f"no answer within {bound:g} s; the call may still apply"
                 )
@@ -177,6 +172,10 @@ class SessionFuture(pykka.Future[T]):
         if self._state == _ERROR:
             raise self._value.with_traceback(self._tb)
         return self._value  # type: ignore[no-any-return]
+
+    def _acquire(self, timeout: float | None) -> bool:
+        bound = threading.TIMEOUT_MAX if timeout is None else timeout
+        return self._ready.acquire(True, min(max(bound, 0), threading.TIMEOUT_MAX))
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._get_hook is not None:  # map/filter/join: computed by a blocking get

@@ -171,29 +171,22 @@ class HandOver:
             return
         with self._lock:
             if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="nous-handover", daemon=True
+                self._thread = scheduling.current().service(
+                    self._run, "nous-handover", 0.25, self._poll_once
                 )
-                if scheduling.host is not None:  # a simulation: a timer task, no thread
-                    self._poll_later()
-                    return
-                self._thread.start()
 
-    def _poll_later(self) -> None:
-        """Under a simulation: look for requests now and then on its virtual clock."""
-
-        def tick() -> None:
-            if self._stop.is_set() or self._facade._closed:
-                return
-            try:
-                asked = shared.handoff_requests(self._facade.store)
-            except StoreError:
-                return
-            for session_id in asked:
-                self._offer(session_id)
-            self._poll_later()
-
-        scheduling.call_later(0.25, tick, "nous-handover", daemon=True)
+    def _poll_once(self) -> bool:
+        """Where the hand-over is a timer (a simulation's): look for requests once;
+        whether to look again."""
+        if self._stop.is_set() or self._facade._closed:
+            return False
+        try:
+            asked = shared.handoff_requests(self._facade.store)
+        except StoreError:
+            return False
+        for session_id in asked:
+            self._offer(session_id)
+        return True
 
     def stop(self) -> None:
         self._stop.set()

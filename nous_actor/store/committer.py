@@ -90,12 +90,8 @@ class Committer:
         self.commits = 0
         self.items = 0
         self._thread: threading.Thread | None = None
-        host = scheduling.host
-        if host is not None:  # a simulation: each batch it writes is a step of a task
-            self._queue = host.committer_queue(self)
-            return
-        self._thread = threading.Thread(target=self._run, name="nous-committer", daemon=True)
-        self._thread.start()
+        # Its writer: a thread (a task of a simulation, each batch a step).
+        self._queue = scheduling.current().committer_queue(self)
 
     def submit(self, session_id: str, events: Sequence[Event], notify: Notify) -> None:
         """Queue ``events`` of one session for the next transaction."""

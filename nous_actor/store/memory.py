@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from nous_actor.core.args import check_seconds
 from nous_actor.core.event import Event
@@ -236,21 +237,24 @@ class MemoryStore:
 
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a change after counter `after`; the counter now."""
-        host = scheduling.host
-        if host is not None:  # a simulation: its other tasks run while this one waits
-            host.wait(lambda: self._version > after or self._closed, max(timeout, 0.0))
-            with self._lock:
-                self._check_open()
-                return self._version
-        deadline = time.monotonic() + max(timeout, 0.0)
+        scheduling.current().wait(
+            lambda: self._version > after or self._closed,
+            max(timeout, 0.0),
+            partial(self._wait_version, after),
+        )
+        with self._lock:
+            self._check_open()
+            return self._version
+
+    def _wait_version(self, after: int, timeout: float | None) -> bool:
+        deadline = time.monotonic() + (timeout or 0.0)
         with self._lock:
             while self._version <= after and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._lock.wait(left)
-            self._check_open()
-            return self._version
+            return self._version > after or self._closed
 
     def close(self) -> None:
         with self._lock:

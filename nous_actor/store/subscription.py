@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
@@ -51,7 +50,7 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
         self.buffer = buffer
         self.timeout = timeout
         self._on_close = on_close
-        self._cond = threading.Condition()
+        self._cond = scheduling.current().condition()
         self._items: deque[Event] = deque()
         self._live = 0  # live (not catch-up) events among _items
         self._ended = False
@@ -126,21 +125,15 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
         """
         if timeout is None:
             timeout = self.timeout
-        deadline = time.monotonic() + timeout
-        host = scheduling.host
-        if host is not None and not self._items:  # a simulation: run its tasks meanwhile
-            host.wait(self._readable, timeout)
-            deadline = time.monotonic()  # virtual time has passed: no second wait
+        if not self._items:
+            scheduling.current().wait(self._readable, timeout, self._wait_readable)
         with self._cond:
-            while not self._items:
+            if not self._items:
                 if self._ended:
                     if self._error is not None:
                         raise self._error.with_traceback(None)
                     raise SessionStopped(self.session_id, "the subscription has ended")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise CallTimeout(self.session_id, f"no event within {timeout:g} s")
-                self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
+                raise CallTimeout(self.session_id, f"no event within {timeout:g} s")
             return self._pop_locked()
 
     def get_nowait(self) -> Event | None:
@@ -170,12 +163,16 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
     def _readable(self) -> bool:
         return bool(self._items) or self._ended
 
+    def _wait_readable(self, timeout: float | None) -> bool:
+        with self._cond:
+            bound = None if timeout is None else min(max(timeout, 0.0), threading.TIMEOUT_MAX)
+            return self._cond.wait_for(self._readable, bound)
+
     def __next__(self) -> Event:
-        host = scheduling.host
-        if host is not None and not self._items:  # a simulation: run its tasks meanwhile
-            host.wait(self._readable, self.timeout)
-            if not self._readable():
-                raise CallTimeout(self.session_id, f"no event within {self.timeout:g} s")
+        if not self._items and not scheduling.current().wait(
+            self._readable, None, self._wait_readable
+        ):
+            raise CallTimeout(self.session_id, "no event (nothing else could run)")
         with self._cond:
             while not self._items:
                 if self._ended:

@@ -195,15 +195,10 @@ class SupervisedActor(_Supervised, pykka.ThreadingActor):
 
     @staticmethod
     def _create_future() -> pykka.Future[Any]:
-        host = scheduling.host
-        return pykka.ThreadingFuture() if host is None else host.future()
+        return scheduling.current().future()
 
     def _start_actor_loop(self) -> None:
-        host = scheduling.host
-        if host is None:
-            super()._start_actor_loop()
-        else:  # a simulation runs it as a task, one message per step
-            host.adopt(self)
+        scheduling.current().start_actor(self, super()._start_actor_loop)
 
     def _actor_loop(self) -> None:
         try:

@@ -132,8 +132,8 @@ class RestartPolicy:
         self.max_restarts = max_restarts
         self.max_seconds = max_seconds
         self.backoff = backoff
-        if clock is time.monotonic and scheduling.host is not None:
-            clock = scheduling.host.now  # a simulation's virtual clock
+        if clock is time.monotonic:
+            clock = scheduling.current().now  # the host's (a simulation's virtual) clock
         self.clock = clock
         self.scheduler: Scheduler = _timer if scheduler is None else scheduler
         self._windows: dict[object, RestartIntensity] = {}

@@ -15,7 +15,7 @@ import pykka
 
 from nous_actor._log import get_logger
 from nous_actor.errors import SessionStopped, TooManySessions
-from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime import telemetry
 from nous_actor.sessions.actor import SessionActor, _safe_str
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.registry._base import GiveUp, _not_running
@@ -396,14 +396,11 @@ class RegistryActor(SupervisedActor):
             def fire() -> None:
                 # Done when this returns (a test's scheduler relies on it): in this
                 # actor's thread directly, from any other by an ask.
-                if threading.get_ident() == home and scheduling.host is None:
+                if threading.get_ident() == home:
                     self.m_restart(session_id, reason)
                     return
                 try:
-                    if scheduling.host is not None:  # a simulation's timer task: no wait
-                        me.tell(("restart", session_id, reason))
-                    else:
-                        me.ask(("restart", session_id, reason), timeout=self.facade.timeout)
+                    me.ask(("restart", session_id, reason), timeout=self.facade.timeout)
                 except (pykka.ActorDeadError, pykka.Timeout):
                     pass
 

@@ -125,8 +125,8 @@ class Sessions(RegistryLife):
         if handoff_wait is not None:
             handoff_wait = check_seconds(handoff_wait, "handoff_wait", low_open=False)
         check_dangling_turns(dangling_turns)
-        if clock is time.monotonic and scheduling.host is not None:
-            clock = scheduling.host.now  # a simulation's virtual clock
+        if clock is time.monotonic:
+            clock = scheduling.current().now  # the host's (a simulation's virtual) clock
         self.store: Store = MemoryStore() if store is None else store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
@@ -151,11 +151,9 @@ class Sessions(RegistryLife):
         if start:
             self._start_actor()
         if idle_timeout is not None:
-            if scheduling.host is None:
-                t = threading.Thread(target=self._reap, name="nous-passivator", daemon=True)
-                t.start()
-            else:  # a simulation: a timer on its virtual clock, armed again each time
-                self._reap_later()
+            scheduling.current().service(
+                self._reap, "nous-passivator", idle_timeout / 2, self._reap_tick
+            )
 
     # -- the user's side -------------------------------------------------------------------
 

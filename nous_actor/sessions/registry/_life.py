@@ -80,18 +80,20 @@ class RegistryLife:
             self._ref_changed.notify_all()
         return ref
 
+    def _started(self) -> bool:
+        return self._closed or self._ref is not None
+
+    def _wait_started(self, timeout: float | None) -> bool:
+        with self._ref_changed:
+            return self._ref_changed.wait_for(self._started, timeout=timeout)
+
     def _current(self, session_id: str) -> pykka.ActorRef[RegistryActor]:
         """The registry actor. Under a parent that has not started it yet, its first
         start is waited for, at most the handles' bound (a stopped one is not: the
         call fails at once, and one made after the parent restarted it reaches it)."""
-        host = scheduling.host
-        if host is not None and self._supervised and self._ref is None:  # a simulation
-            host.wait(lambda: self._closed or self._ref is not None, self.timeout)
+        if self._supervised and self._ref is None:
+            scheduling.current().wait(self._started, self.timeout, self._wait_started)
         with self._ref_changed:
-            if self._supervised and self._ref is None:
-                self._ref_changed.wait_for(
-                    lambda: self._closed or self._ref is not None, timeout=self.timeout
-                )
             ref = self._ref
         if self._closed:
             raise SessionStopped(session_id, "the registry is closed")
@@ -181,12 +183,10 @@ class RegistryLife:
                 error=_safe_str(exc),
             )
 
-    def _reap_later(self) -> None:
-        assert self.idle_timeout is not None
-
-        def tick() -> None:
-            if not self._reaper_stop.is_set():
-                self._reap_once()
-                self._reap_later()
-
-        scheduling.call_later(self.idle_timeout / 2, tick, "nous-passivator", daemon=True)
+    def _reap_tick(self) -> bool:
+        """One look of the passivator where it is a timer (a simulation's); whether to
+        look again."""
+        if self._reaper_stop.is_set():
+            return False
+        self._reap_once()
+        return True

@@ -7,14 +7,12 @@ a session to look (``h_turn_tick``).
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import pykka
@@ -42,46 +40,16 @@ logger = get_logger("nous_actor.sessions.turns")
 
 
 class _Alarms:
-    """One daemon thread for the whole process that tells sessions a deadline passed.
+    """Tells sessions a deadline passed: the host's alarms (one daemon thread for the
+    whole process, on real threads).
 
-    A session asks to be told at a monotonic time; the thread then sends it an
+    A session asks to be told at a monotonic time; it is then sent an
     ``h_turn_tick`` call, and the session looks at its table. Sessions are held
     weakly: a stopped session is simply not told.
     """
 
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, weakref.ref[Any]]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-
     def at(self, when: float, ref: pykka.ActorRef[Any]) -> None:
-        if scheduling.host is not None:  # a simulation: its virtual timer
-            weak = weakref.ref(ref)
-            delay = max(when - scheduling.monotonic(), 0.0)
-            scheduling.call_later(delay, lambda: _tell(weak), "nous-turns")
-            return
-        with self._cond:
-            heapq.heappush(self._heap, (when, next(self._order), weakref.ref(ref)))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="nous-turns", daemon=True)
-                self._thread.start()
-            elif self._heap[0][0] == when:
-                self._cond.notify()
-
-    def _loop(self) -> None:
-        while True:
-            due: list[weakref.ref[Any]] = []
-            with self._cond:
-                while not due:
-                    now = time.monotonic()
-                    heap = self._heap
-                    while heap and heap[0][0] <= now:
-                        due.append(heapq.heappop(heap)[2])
-                    if not due:  # idle: wake at the next deadline (or now and then)
-                        self._cond.wait(min(heap[0][0] - now, 60.0) if heap else 60.0)
-            for weak in due:
-                _tell(weak)
+        scheduling.current().call_at(when, partial(_tell, weakref.ref(ref)), "nous-turns")
 
 
 def _tell(weak: weakref.ref[Any]) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import heapq
 import inspect
 import random
+import threading
 import uuid
-from asyncio import events
+from _thread import allocate_lock
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from datetime import datetime, timedelta
@@ -19,7 +21,7 @@ import pykka
 
 from nous_actor.core import clock as core_clock
 from nous_actor.runtime import scheduling
-from nous_actor.runtime.dispatcher import DispatchedActor
+from nous_actor.runtime.dispatcher import DispatchedActor, _run_logged
 from nous_actor.store import committer as committer_module
 from nous_actor.testing.simulation import steps
 from nous_actor.testing.simulation.aio import SimEventLoop, describe
@@ -49,7 +51,7 @@ from nous_actor.testing.simulation.tasks import (
     nothing,
 )
 
-__all__ = ["Simulation"]
+__all__ = ["SimCondition", "Simulation"]
 
 Caller = Callable[[], Any] | Generator[Any, Any, Any] | Coroutine[Any, Any, Any]
 
@@ -87,8 +89,8 @@ class Simulation:
         self.rng = random.Random(schedule.seed)
         self._ids = random.Random(schedule.seed ^ 0x5EED)
         faults = schedule.faults
-        if not faults and schedule.rates is not None:
-            faults = schedule.rates.draw(random.Random(schedule.seed ^ 0xFA17))
+        if schedule.rates is not None:  # drawn from the seed, besides the explicit ones
+            faults = (*faults, *schedule.rates.draw(random.Random(schedule.seed ^ 0xFA17)))
         self._planned = tuple(faults)
         self.faults: deque[Fault] = deque(sorted(faults, key=lambda f: f.step))
         self._armed: list[Fault] = []
@@ -98,7 +100,7 @@ class Simulation:
         self.decisions: list[int] = []
         self.injected: list[Fault] = []
         self.commits = 0
-        self.dispatcher = SimDispatcher(self)
+        self._dispatcher = SimDispatcher(self)
         self._ready: list[Task] = []
         self._timers: list[tuple[float, int, Task, bool]] = []
         self._tasks: dict[int, Task] = {}  # id(obj) -> task, for actors and committers
@@ -107,7 +109,20 @@ class Simulation:
         self._coroutines: list[tuple[str, asyncio.Task[Any]]] = []  # started by go()
         self._loop: SimEventLoop | None = None
         self._loop_depth = 0  # > 0 while a callback of the loop runs
-        self._stack: list[Task] = []
+        self._stack: list[Task] = []  # tasks whose step is under way (maybe suspended)
+        self._me: dict[int, _Thread] = {}  # real thread ident -> simulated thread
+        self._main = _Thread("main", pooled=False)
+        self._suspended: list[_Thread] = []  # threads waiting, in the order they began
+        self._idle: list[_Thread] = []  # pooled threads with no step
+        self._threads: list[tuple[_Thread, threading.Thread]] = []
+        self._workers = 0
+        self._halt: BaseException | None = None  # the run cannot go on (max_steps, a defect)
+        self._unwinding = False
+        self._callers_ok = True
+        self._last = 0
+        self.preemptive = True
+        """Whether a session's turn may be switched away from right after it woke a
+        subscriber (``False``: each turn is one step, as before)."""
         self._next_id = 0
         self._failure: BaseException | None = None
         self._open = False
@@ -122,6 +137,9 @@ class Simulation:
             raise SimulationError("a Simulation runs once; make a new one")
         scheduling.install(self)
         self._open = True
+        main = self._main
+        main.ident = threading.get_ident()
+        self._me[main.ident] = main
         ids = self._ids
         self._saved = [
             uuid.uuid4,
@@ -147,6 +165,8 @@ class Simulation:
             except Exception:
                 if self._failure is None:
                     raise
+            finally:
+                self._unwind_threads()
         finally:
             self._open = False
             self._closed = True
@@ -194,11 +214,14 @@ class Simulation:
         """Run to the end whatever failed before (a closing run: its own limit)."""
         saved, self.max_steps = self.max_steps, self.steps + 100_000
         failure, self._failure = self._failure, None
+        halt, self._halt = self._halt, None
         try:
             self.run(callers=callers)
         finally:
             self.max_steps = saved
             self._failure = failure
+            if halt is not None:
+                self._halt = halt
 
     # -- the Host protocol (what the runtime calls) ----------------------------------------
 
@@ -228,10 +251,29 @@ class Simulation:
             self._timers, (self.now_seconds + max(delay, 0.0), self._next_id, task, daemon)
         )
 
+    def call_at(self, when: float, fn: Callable[[], None], name: str) -> None:
+        self.call_later(when - self.now_seconds, fn, name)
+
+    def service(
+        self, run: Callable[[], None], name: str, every: float, tick: Callable[[], bool]
+    ) -> Any:
+        def again() -> None:
+            if tick():
+                self.call_later(every, again, name, daemon=True)
+
+        self.call_later(every, again, name, daemon=True)
+        return again
+
     def future(self) -> Any:
         return SimFuture(self)
 
-    def adopt(self, actor: Any) -> None:
+    def condition(self) -> threading.Condition:
+        return SimCondition(self)
+
+    def dispatcher(self, own: Callable[[], Any]) -> Any:
+        return self._dispatcher
+
+    def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
         task = self._task(THREADED, actor_label(actor), actor)
         inbox = SimInbox(self, task, drain_queue(actor.actor_inbox))
         actor.actor_inbox = inbox
@@ -239,6 +281,11 @@ class Simulation:
         self._actors.append(task)
         self._tasks[id(actor)] = task
         self._make_ready(task)
+
+    def submit(
+        self, put: Callable[[Callable[[], None]], None], fn: Callable[[], None], name: str
+    ) -> None:
+        self.spawn(partial(_run_logged, fn), name)
 
     def committer_queue(self, committer: Any) -> Any:
         task = self._task(COMMITTER, "committer", committer)
@@ -268,23 +315,59 @@ class Simulation:
             task.queued = True
             self._ready.append(task)
 
-    # -- waiting -------------------------------------------------------------------------------
+    # -- waiting: a simulated thread suspends; the scheduler hands the baton on ---------------
 
-    def wait(self, done: Callable[[], bool], timeout: float | None) -> bool:
-        """Run other tasks until ``done()``; ``False`` once ``timeout`` virtual seconds
-        passed with nothing left to run before then (the clock is then at the bound)."""
-        if done():
-            return True
-        if self._closed:
-            return False
-        deadline = float("inf") if timeout is None else self.now_seconds + max(timeout, 0.0)
-        # Callers (and the event loop) run inside the waits of callers and of the test,
-        # never inside a wait of the runtime's tasks (an actor, the committer, a timer).
-        callers = all(t.kind == CALLER or t.kind == LOOP for t in self._stack)
-        while not done():
-            if not self._step(deadline, callers):
-                return done()
-        return True
+    def wait(
+        self,
+        done: Callable[[], bool],
+        timeout: float | None,
+        block: Callable[[float | None], bool] | None = None,
+    ) -> bool:
+        """Suspend the calling simulated thread until ``done()``, or until ``timeout``
+        virtual seconds passed (``False``); other threads run meanwhile, one at a time.
+        The test's own thread also gets ``False`` once nothing else can run."""
+        if block is None:
+            block = _ask(done)
+        if done() or self._closed or self._unwinding:
+            return block(0)
+        me = self._me.get(threading.get_ident())
+        if me is None:
+            raise SimulationError(
+                "a wait on a thread the simulation does not run (other threads of the "
+                "process must not use the runtime while a simulation runs)"
+            )
+        me.done = done
+        me.deadline = (
+            float("inf") if timeout is None else self.now_seconds + max(timeout, 0.0)
+        )
+        self._suspended.append(me)
+        self._hand_on(me)
+        me.done = None
+        if me.unwind:
+            raise _Unwound
+        if me is self._main and self._halt is not None:
+            raise self._halt
+        return block(0)
+
+    def preempt(self) -> None:
+        """A switch point (a subscriber was just woken): the schedule may run any other
+        thread before this one goes on, as real threads may. Only a session's turn
+        that holds none of its locks switches here (and never the test's own thread)."""
+        if not self._open or self._closed or self._unwinding or not self.preemptive:
+            return
+        me = self._me.get(threading.get_ident())
+        if me is None or me is self._main or me.task is None or me.task.kind != ACTOR:
+            return
+        lock = getattr(me.task.obj, "_done_lock", None)
+        if lock is not None and lock.locked():
+            return
+        me.done = _always
+        me.deadline = float("inf")
+        self._suspended.append(me)
+        self._hand_on(me)
+        me.done = None
+        if me.unwind:
+            raise _Unwound
 
     def sleep(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass, running other tasks meanwhile (for a
@@ -352,16 +435,32 @@ class Simulation:
     # -- running -------------------------------------------------------------------------------
 
     def run(self, *, callers: bool = True, until: float | None = None) -> None:
-        """Run until nothing is left to do (timers of the passivator alone do not keep it
-        going), or the virtual clock reaches ``until``.
+        """Run until nothing is left to do (timers that re-arm themselves forever, as the
+        passivator's, alone do not keep it going), or the virtual clock reaches ``until``.
 
         Raises:
             SimulationError: more than ``max_steps`` steps.
             Exception: whatever a caller raised (the run's failure).
         """
-        deadline = float("inf") if until is None else until
-        while self._step(deadline, callers, top=True):
-            pass
+        if self._closed:
+            raise SimulationError("the simulation has ended; make a new one")
+        main = self._main
+        if threading.get_ident() != main.ident:
+            raise SimulationError("run() is called by the thread that entered the simulation")
+        saved = self._callers_ok
+        self._callers_ok = callers
+        main.in_run = True
+        main.done = _never
+        main.deadline = float("inf") if until is None else until
+        self._suspended.append(main)
+        try:
+            self._hand_on(main)
+        finally:
+            main.in_run = False
+            main.done = None
+            self._callers_ok = saved
+        if self._halt is not None:
+            raise self._halt
         if until is not None and self.now_seconds < until:
             self.now_seconds = until
         if self._failure is not None:
@@ -378,19 +477,30 @@ class Simulation:
             return 0
         pinned = self.schedule.choices
         i = len(self.decisions)
-        if pinned is not None:
-            c = pinned[i] % n if i < len(pinned) else 0
+        if pinned is None:
+            c = self._draw(n)
         else:
-            c = self.rng.randrange(n)
+            c = pinned[i] % n if i < len(pinned) else 0
         self.decisions.append(c)
         return c
 
-    def _runnable(self, task: Task, callers: bool) -> bool:
-        if task in self._stack:
+    def _draw(self, n: int) -> int:
+        """A seeded decision: uniform, or (``bias``) the previous option kept with the
+        schedule's bias, else uniform among the others (long runs of one thread)."""
+        rng = self.rng
+        bias = self.schedule.bias
+        if bias and self._last < n and rng.random() < bias:
+            return self._last
+        c = rng.randrange(n)
+        self._last = c
+        return c
+
+    def _runnable(self, task: Task) -> bool:
+        if task.running:
             return False
         kind = task.kind
         if kind == CALLER:
-            if not callers:
+            if not self._callers_ok:
                 return False
             w = task.waiting
             if w is not None and is_done(w):
@@ -399,65 +509,170 @@ class Simulation:
         if kind == COMMITTER:
             return task.until <= self.now_seconds
         if kind == LOOP:
-            return callers and task.obj.runnable()
-        # A timer that re-arms itself forever (the passivator, the hand-over) may ask the
-        # registry; inside a wait of the registry's own step it could only wait out its
-        # bound. It runs where callers run (a thread's timer would wait for the registry).
-        return callers or not task.daemon
-
-    def _step(self, deadline: float, callers: bool, top: bool = False) -> bool:
-        """Take one step; ``False`` if nothing can run before ``deadline``."""
-        if self._failure is not None and top:
-            return False
-        while True:
-            self._fire_timers()
-            ready = [t for t in self._ready if self._runnable(t, callers)]
-            if ready:
-                break
-            nxt = self._next_wake(callers, top and deadline == float("inf"))
-            if nxt is None or nxt > deadline:
-                if deadline != float("inf") and self.now_seconds < deadline:
-                    self.now_seconds = deadline
-                return False
-            self.now_seconds = nxt
-        if self.steps >= self.max_steps:
-            raise SimulationError(
-                f"no end after {self.max_steps} steps (a livelock, or raise max_steps)"
-            )
-        inject_faults(self)
-        task = ready[self.choose(len(ready))]
-        self.steps += 1
-        self._stack.append(task)
-        try:
-            if self._loop_depth and task.kind != LOOP:
-                self._take_off_loop(task)  # as a thread would: no running loop
-            else:
-                self._take(task)
-        finally:
-            self._stack.pop()
+            return self._callers_ok and task.obj.runnable()
         return True
 
-    def _take_off_loop(self, task: Task) -> None:
-        prev = events._get_running_loop()
-        events._set_running_loop(None)
-        try:
-            self._take(task)
-        finally:
-            events._set_running_loop(prev)
+    def _wakes(self, th: _Thread) -> bool:
+        """Whether a suspended thread may go on: what it waits for is done, or its bound
+        passed (the test's thread in `run`: only at ``until``)."""
+        task = th.task
+        if task is not None and not self._callers_ok and task.kind in (CALLER, LOOP):
+            return False
+        if th.deadline <= self.now_seconds:
+            return True
+        done = th.done
+        return done is not None and done()
 
-    def _next_wake(self, callers: bool, quiet: bool) -> float | None:
-        """The next virtual time at which something becomes runnable (``quiet``: the
-        passivator's timers do not count)."""
-        times = [when for when, _, _, daemon in self._timers if not (daemon and quiet)]
+    def _hand_on(self, me: _Thread) -> None:
+        """``me`` gives up the baton: choose what runs next and hand it over; return when
+        ``me`` is chosen again (with a step to take, or its wait over)."""
+        while True:
+            runner = self._pick(me)
+            if runner is me:
+                return
+            runner.lock.release()
+            me.lock.acquire()
+            return
+
+    def _pick(self, me: _Thread) -> _Thread:
+        """The thread to run next, with its step assigned (the test's thread once nothing
+        else can run, the run failed or halted)."""
+        main = self._main
+        while True:
+            if self._halt is not None or (self._failure is not None and main.in_run):
+                return self._wake_main()
+            self._fire_timers()
+            cands: list[Task | _Thread] = [t for t in self._ready if self._runnable(t)]
+            cands += [th for th in self._suspended if self._wakes(th)]
+            if cands:
+                break
+            nxt = self._next_wake()
+            if nxt is None:
+                return self._wake_main()
+            self.now_seconds = nxt
+        if self.steps >= self.max_steps:
+            self._halt = SimulationError(
+                f"no end after {self.max_steps} steps (a livelock, or raise max_steps)"
+            )
+            return self._wake_main()
+        inject_faults(self)
+        chosen = cands[self.choose(len(cands))]
+        self.steps += 1
+        if isinstance(chosen, _Thread):
+            self._suspended.remove(chosen)
+            if chosen is not main:
+                self.trace.append(f"{self.steps} {chosen.label} goes on")
+            return chosen
+        runner = self._runner_for(chosen, me)
+        runner.task = chosen
+        chosen.running = True
+        self._stack.append(chosen)
+        return runner
+
+    def _wake_main(self) -> _Thread:
+        main = self._main
+        if main in self._suspended:
+            self._suspended.remove(main)
+        return main
+
+    def _runner_for(self, task: Task, me: _Thread) -> _Thread:
+        if task.kind in _DEDICATED:
+            th: _Thread | None = task.thread
+            if th is None:
+                th = task.thread = self._new_thread(f"nous-sim-{task.label}", pooled=False)
+            return th
+        if me.pooled and me.task is None:
+            return me
+        if self._idle:
+            return self._idle.pop()
+        self._workers += 1
+        return self._new_thread(f"nous-sim-worker-{self._workers}", pooled=True)
+
+    def _new_thread(self, name: str, pooled: bool) -> _Thread:
+        th = _Thread(name, pooled)
+        real = threading.Thread(target=self._serve, args=(th,), name=name, daemon=True)
+        self._threads.append((th, real))
+        real.start()
+        return th
+
+    def _serve(self, th: _Thread) -> None:
+        """A simulated thread: take each step it is handed, one at a time, with the baton."""
+        th.ident = threading.get_ident()
+        self._me[th.ident] = th
+        th.lock.acquire()
+        while not th.unwind:
+            task = th.task
+            assert task is not None
+            try:
+                if th.pooled:
+                    contextvars.Context().run(self._take, task)
+                else:
+                    self._take(task)
+            except _Unwound:
+                pass
+            except BaseException as exc:  # the simulation's own defect: fail the run
+                if self._halt is None and not self._unwinding:
+                    self._halt = exc
+            finally:
+                task.running = False
+                if task in self._stack:
+                    self._stack.remove(task)
+                th.task = None
+            if th.unwind:
+                break
+            if not th.pooled and task.ended:  # its task is over: so is this thread
+                th.finished = True
+                runner = self._pick(th)
+                runner.lock.release()
+                return
+            if th.pooled:
+                self._idle.append(th)
+            runner = self._pick(th)
+            if runner is th:
+                if th.pooled:
+                    self._idle.remove(th)
+                continue
+            runner.lock.release()
+            th.lock.acquire()
+        th.finished = True
+        self._main.lock.release()
+
+    def _unwind_threads(self) -> None:
+        """Wake every simulated thread still parked and let it end (a wait raises in it)."""
+        self._unwinding = True
+        main = self._main
+        for th, real in self._threads:
+            if th.finished:
+                continue
+            th.unwind = True
+            th.lock.release()
+            main.lock.acquire()
+            real.join(5.0)
+
+    def _next_wake(self) -> float | None:
+        """The next virtual time at which something becomes runnable; ``None`` if nothing
+        but timers that re-arm themselves forever would ever run."""
+        keep: list[float] = [when for when, _, _, daemon in self._timers if not daemon]
         for t in self._ready:
-            timed = t.kind == COMMITTER or (t.kind == CALLER and callers)
-            if timed and t.until > self.now_seconds:
-                times.append(t.until)
-        if callers and self._loop is not None:
+            timed = t.kind == COMMITTER or (t.kind == CALLER and self._callers_ok)
+            if timed and t.until > self.now_seconds and not t.running:
+                keep.append(t.until)
+        for th in self._suspended:
+            task = th.task
+            if task is not None and not self._callers_ok and task.kind in (CALLER, LOOP):
+                continue
+            if self.now_seconds < th.deadline != float("inf"):
+                keep.append(th.deadline)
+        if self._callers_ok and self._loop is not None:
             when = self._loop.next_timer()
             if when is not None:
-                times.append(when)
-        return min(times) if times else None
+                keep.append(when)
+        if not keep:
+            return None
+        nxt = min(keep)
+        if self._timers:  # a daemon timer due first fires on time
+            nxt = min(nxt, self._timers[0][0])
+        return max(nxt, self.now_seconds)
 
     def _fire_timers(self) -> None:
         timers = self._timers
@@ -504,3 +719,81 @@ class Simulation:
     def replay_schedule(self) -> Schedule:
         """This run as a pinned schedule (its decisions and the faults it injected)."""
         return Schedule(self.schedule.seed, tuple(self.decisions), self._planned)
+
+
+_DEDICATED = frozenset((CALLER, THREADED, COMMITTER, LOOP))
+"""Kinds of task that are one thread each (the others take their steps on pooled threads)."""
+
+
+class _Unwound(BaseException):
+    """Raised in a simulated thread still waiting when its simulation closes."""
+
+
+class _Thread:
+    """A simulated thread: a real thread that runs only while it holds the baton."""
+
+    __slots__ = (
+        "deadline",
+        "done",
+        "finished",
+        "ident",
+        "in_run",
+        "label",
+        "lock",
+        "pooled",
+        "task",
+        "unwind",
+    )
+
+    def __init__(self, label: str, pooled: bool) -> None:
+        self.label = label
+        self.pooled = pooled
+        self.lock = allocate_lock()
+        self.lock.acquire()  # released to hand it the baton
+        self.task: Task | None = None  # the step it takes (or is suspended in)
+        self.done: Callable[[], bool] | None = None  # what it waits for
+        self.deadline = float("inf")
+        self.ident = 0
+        self.in_run = False
+        self.unwind = False
+        self.finished = False
+
+    def __repr__(self) -> str:
+        return f"<simulated thread {self.label}>"
+
+
+class SimCondition(threading.Condition):
+    """A condition variable whose ``notify`` is a switch point of the schedule (once the
+    notifier leaves the ``with`` block): the woken thread may run before the notifier
+    goes on, as on real threads."""
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__()
+        self._sim = sim
+        self._notified = False
+
+    def notify(self, n: int = 1) -> None:
+        super().notify(n)
+        self._notified = True
+
+    def notify_all(self) -> None:
+        super().notify_all()
+        self._notified = True
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        if self._notified:
+            self._notified = False
+            self._sim.preempt()
+
+
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    return False
+
+
+def _ask(done: Callable[[], bool]) -> Callable[[float | None], bool]:
+    return lambda _timeout: done()

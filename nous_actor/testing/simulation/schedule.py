@@ -101,14 +101,22 @@ class Schedule:
 
     With ``choices`` (a pinned schedule) every decision of the run is read from
     it in turn (modulo the number of options); past its end the first option is
-    taken. Without, decisions are drawn from ``seed``. ``faults`` are injected as
-    they come due; with ``rates`` and no explicit faults they are drawn from the seed.
+    taken. Without, decisions are drawn from ``seed``: uniformly, or with ``bias``
+    (between 0 and 1) the thread chosen last is kept with that chance, which makes
+    the long runs of one thread that some races need likely. ``faults`` are injected
+    as they come due; with ``rates`` and no explicit faults they are drawn from the
+    seed (with both, the explicit faults and the drawn ones).
     """
 
     seed: int = 0
     choices: tuple[int, ...] | None = None
     faults: tuple[Fault, ...] = ()
     rates: FaultRates | None = None
+    bias: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.bias < 1.0:
+            raise ValueError(f"a schedule's bias is in [0, 1), got {self.bias!r}")
 
     def __str__(self) -> str:
         parts = [f"seed={self.seed}"]
@@ -116,4 +124,6 @@ class Schedule:
             parts.append(f"choices={list(self.choices)}")
         if self.faults:
             parts.append(f"faults={list(self.faults)}")
+        if self.bias:
+            parts.append(f"bias={self.bias:g}")
         return f"Schedule({', '.join(parts)})"

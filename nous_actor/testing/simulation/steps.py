@@ -4,12 +4,12 @@ a caller's resumption, a function or a timer."""
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nous_actor.runtime.dispatcher import receive_one
 from nous_actor.testing.simulation.faults import FailingStore, take_fault
 from nous_actor.testing.simulation.schedule import DEFAULT_WAIT
-from nous_actor.testing.simulation.tasks import CommitQueue, Task
+from nous_actor.testing.simulation.tasks import CommitQueue, Task, is_done
 
 if TYPE_CHECKING:
     from nous_actor.testing.simulation.core import Simulation
@@ -121,7 +121,7 @@ def commit_step(sim: Simulation, task: Task) -> None:
 def caller_step(sim: Simulation, task: Task) -> None:
     """A generator caller: resumed until its next ``yield``."""
     sim.trace.append(f"{sim.steps} {task.label}")
-    task.waiting = None
+    waited, task.waiting = task.waiting, None
     gen = task.gen
     try:
         if gen is None:
@@ -130,7 +130,7 @@ def caller_step(sim: Simulation, task: Task) -> None:
                 task.gen = gen = out
             else:
                 raise StopIteration
-        yielded = next(gen)
+        yielded = gen.send(_value_of(waited))
     except StopIteration:
         task.ended = True
         unqueue(sim, task)
@@ -138,6 +138,8 @@ def caller_step(sim: Simulation, task: Task) -> None:
     except BaseException as exc:
         task.ended = True
         unqueue(sim, task)
+        if sim._unwinding:
+            return
         sim.trace.append(f"{sim.steps} {task.label} failed {type(exc).__name__}")
         if sim._failure is None:
             sim._failure = exc
@@ -152,3 +154,14 @@ def caller_step(sim: Simulation, task: Task) -> None:
     task.waiting = yielded
     bound = getattr(yielded, "_timeout", None)
     task.until = sim.now_seconds + (DEFAULT_WAIT if bound is None else bound)
+
+
+def _value_of(fut: Any) -> Any:
+    """What ``x = yield fut`` gives: the future's value once answered (``None`` if it
+    failed or its bound passed first: its ``get()`` then raises)."""
+    if fut is None or not is_done(fut):
+        return None
+    try:
+        return fut.get(timeout=0)
+    except BaseException:
+        return None

@@ -36,7 +36,9 @@ class Task:
         "label",
         "obj",
         "queued",
+        "running",
         "send",
+        "thread",
         "until",
         "waiting",
     )
@@ -54,6 +56,8 @@ class Task:
         self.until = 0.0  # a caller's or committer's virtual wake time
         self.send: Any = None
         self.daemon = False  # a timer that re-arms itself forever
+        self.running = False  # a step of it is under way (perhaps suspended in a wait)
+        self.thread: Any = None  # the simulated thread of a task that is one
 
 
 class SimDispatcher(Dispatcher):
@@ -77,7 +81,7 @@ class SimFuture(pykka.ThreadingFuture[Any]):
         super().__init__()
         from nous_actor.testing.simulation.core import Simulation
 
-        host = scheduling.host if sim is None else sim
+        host = scheduling.current() if sim is None else sim
         if not isinstance(host, Simulation):
             raise SimulationError("a simulated future outside its simulation")
         self._sim = host
