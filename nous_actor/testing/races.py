@@ -22,6 +22,9 @@ raising ``AssertionError`` when it does not:
   on each call.
 * `restart_scenario`: a session crashes with appends in flight; once one is
   acknowledged, a read of the restarted session sees it.
+* `index_race_scenario`: a race planted in user code (an agent keeps indexes into
+  ``derive_messages()`` while an asyncio caller's compaction lands), which only a
+  long interleaving shows.
 
 `MUTATIONS` plants known defects (one per scenario and more) with `mutate`,
 to check that a simulation finds them.
@@ -59,6 +62,7 @@ __all__ = [
     "RealThreads",
     "compaction_scenario",
     "crash_session",
+    "index_race_scenario",
     "mutate",
     "registry_scenario",
     "restart_scenario",
@@ -467,6 +471,64 @@ def restart_scenario(appends: int = 4, store: str = "memory") -> Scenario:
 
             env.go(writer(), "writer")
             env.go(crasher(), "crasher")
+            env.run()
+            _close(reg)
+
+    return scenario
+
+
+def index_race_scenario(
+    messages: int = 8, work: int = 25, delay: int = 20, fixed: bool = False
+) -> Scenario:
+    """A race planted in *user* code: an agent keeps an index into ``derive_messages()``
+    across ``work`` reads of the session while an asyncio caller compacts it with a
+    coroutine summariser (after ``delay`` loop turns of its own). When the compaction
+    lands between the agent's two reads, the index points at another message (the
+    summary shifted the list) and the agent's check fails. The race needs a long
+    interleaving: the agent's first read before the compaction starts, and the
+    compaction's every step before the agent's last read. ``fixed``: the agent finds
+    its message again by its content (what a correct agent does)."""
+
+    def scenario(env: Env) -> None:
+        with _store_of("memory") as st:
+            reg = Sessions(st, timeout=_timeout(env))
+            h = _retry(env, lambda: reg.open("agent"))
+            for i in range(messages):
+                _retry(env, partial(_append_get, reg, "agent", f"m{i} " * 20))
+
+            async def summarise(ms: Any) -> str:
+                await asyncio.sleep(0)  # a model call (no virtual time: it races the agent)
+                return f"summary of {len(ms)}"
+
+            comp = Compactor(budget=1, summarise=summarise, keep_recent=3)
+
+            async def summariser() -> None:
+                for _ in range(delay):
+                    await asyncio.sleep(0)
+                with contextlib.suppress(CompactionError):
+                    await asettle(h.compact(comp, force=True))
+
+            def agent() -> Caller:
+                ms = yield h.derive_messages()
+                if ms is None:
+                    return
+                index = len(ms) - 2
+                kept = ms[index].content
+                for _ in range(work):  # the agent's own work (it never waits meanwhile)
+                    yield
+                now = yield h.derive_messages()
+                if now is None:
+                    return
+                if fixed:
+                    assert any(m.content == kept for m in now), "the agent's message is lost"
+                else:
+                    assert now[index].content == kept, (
+                        f"message {index} changed under the agent (a compaction landed "
+                        "while it kept indexes into derive_messages())"
+                    )
+
+            env.go(agent(), "agent")
+            env.go(summariser(), "summariser")
             env.run()
             _close(reg)
 

@@ -1,8 +1,10 @@
 """Hypothesis on top of the simulation: schedules that shrink, and a ready state machine.
 
-* `schedules`: a strategy for a pinned `Schedule` (its choices and its faults).
-  A failing schedule shrinks towards fewer faults and fewer, smaller choices:
-  past its end a run takes the first option at every step.
+* `schedules`: a strategy for a `Schedule`: a seed with a bias (swarm-style
+  distributions of choices, which find races that need long interleavings), or
+  pinned choices, and faults. A failing pinned schedule shrinks towards fewer
+  faults and fewer, smaller choices: past its end a run takes the first option
+  at every step.
 * `SimulationMachine`: a ``RuleBasedStateMachine`` that drives sessions of a
   registry under a `Simulation` (appends, compactions with a slow summariser,
   subscriptions, forks, crashes; appends and compactions from asyncio callers
@@ -37,7 +39,7 @@ from nous_actor.store.subscription import Subscription
 from nous_actor.testing.races import crash_session
 from nous_actor.testing.simulation import FAULT_KINDS, Fault, FaultKind, Schedule, Simulation
 
-__all__ = ["SimulationMachine", "faults", "schedules"]
+__all__ = ["BIASES", "SimulationMachine", "faults", "schedules"]
 
 _TOLERATED = (SessionStopped, StoreError, CompactionError, TooManySessions)
 
@@ -55,6 +57,11 @@ def faults(
     )
 
 
+BIASES: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9, 0.95)
+"""The biases a seeded schedule is drawn with (a swarm of choice distributions: from
+uniform to long runs of the thread chosen last)."""
+
+
 def schedules(
     *,
     max_choices: int = 400,
@@ -62,12 +69,25 @@ def schedules(
     kinds: tuple[FaultKind, ...] = FAULT_KINDS,
     horizon: int = 400,
 ) -> st.SearchStrategy[Schedule]:
-    """A pinned `Schedule`: up to ``max_choices`` choices and ``max_faults`` faults."""
-    return st.builds(
+    """A `Schedule` with up to ``max_faults`` faults: either a seed with a bias (each
+    run's choices drawn from the seed, each example from another distribution of
+    them, so that races needing long interleavings are likely), or up to
+    ``max_choices`` pinned choices (past their end a run takes the first option at
+    every step). A failing pinned schedule shrinks towards fewer faults and fewer,
+    smaller choices; a failing seeded one replays as it is (`shrink` makes it a
+    short pinned one)."""
+    pinned = st.builds(
         lambda choices, fs: Schedule(0, tuple(choices), tuple(fs)),
         st.lists(st.integers(0, 255), max_size=max_choices),
         st.lists(faults(kinds, horizon), max_size=max_faults),
     )
+    seeded = st.builds(
+        lambda seed, bias, fs: Schedule(seed, faults=tuple(fs), bias=bias),
+        st.integers(0, 2**32 - 1),
+        st.sampled_from(BIASES),
+        st.lists(faults(kinds, horizon), max_size=max_faults),
+    )
+    return st.one_of(pinned, seeded)
 
 
 class SimulationMachine(RuleBasedStateMachine):

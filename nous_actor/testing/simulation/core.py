@@ -337,9 +337,7 @@ class Simulation:
                 "process must not use the runtime while a simulation runs)"
             )
         me.done = done
-        me.deadline = (
-            float("inf") if timeout is None else self.now_seconds + max(timeout, 0.0)
-        )
+        me.deadline = float("inf") if timeout is None else self.now_seconds + max(timeout, 0.0)
         self._suspended.append(me)
         self._hand_on(me)
         me.done = None
@@ -477,10 +475,7 @@ class Simulation:
             return 0
         pinned = self.schedule.choices
         i = len(self.decisions)
-        if pinned is None:
-            c = self._draw(n)
-        else:
-            c = pinned[i] % n if i < len(pinned) else 0
+        c = self._draw(n) if pinned is None else (pinned[i] % n if i < len(pinned) else 0)
         self.decisions.append(c)
         return c
 

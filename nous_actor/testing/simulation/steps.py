@@ -122,6 +122,7 @@ def caller_step(sim: Simulation, task: Task) -> None:
     """A generator caller: resumed until its next ``yield``."""
     sim.trace.append(f"{sim.steps} {task.label}")
     waited, task.waiting = task.waiting, None
+    task.until = 0.0  # a bare ``yield`` next: runnable at once (not at an old bound)
     gen = task.gen
     try:
         if gen is None:
