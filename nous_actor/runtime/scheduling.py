@@ -77,6 +77,10 @@ class Host(Protocol):
     def future(self) -> pykka.Future[Any]:
         """A Pykka future for an actor's answer (its ``get`` waits through this host)."""
 
+    def restart_intensity(self, max_restarts: int, max_seconds: float) -> tuple[int, float]:
+        """The restart intensity a supervisor or registry asked for ``(max_restarts,
+        max_seconds)`` gets (a simulation, whose steps take no time, may allow more)."""
+
     def condition(self) -> threading.Condition:
         """A condition variable for a wake-up another thread waits for (a simulation may
         switch threads right after it is notified)."""
@@ -156,6 +160,9 @@ class RealHost:
 
     def future(self) -> pykka.Future[Any]:
         return pykka.ThreadingFuture()
+
+    def restart_intensity(self, max_restarts: int, max_seconds: float) -> tuple[int, float]:
+        return max_restarts, max_seconds
 
     def condition(self) -> threading.Condition:
         return threading.Condition()

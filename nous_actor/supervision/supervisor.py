@@ -129,11 +129,11 @@ class RestartPolicy:
             )
         if scheduler is not None:
             check_callable(scheduler, "scheduler", "scheduler(delay, fn)")
-        self.max_restarts = max_restarts
-        self.max_seconds = max_seconds
+        host = scheduling.current()
+        self.max_restarts, self.max_seconds = host.restart_intensity(max_restarts, max_seconds)
         self.backoff = backoff
         if clock is time.monotonic:
-            clock = scheduling.current().now  # the host's (a simulation's virtual) clock
+            clock = host.now  # the host's (a simulation's virtual) clock
         self.clock = clock
         self.scheduler: Scheduler = _timer if scheduler is None else scheduler
         self._windows: dict[object, RestartIntensity] = {}

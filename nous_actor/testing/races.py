@@ -70,7 +70,7 @@ __all__ = [
     "subscription_scenario",
 ]
 
-Env = Any  # a Simulation or RealThreads: go(caller, name), run(), sleep(seconds)
+Env = Any  # a Simulation or RealThreads: go(caller, name), run(), sleep(seconds), end_faults()
 Scenario = Callable[[Env], None]
 Caller = Generator[Any, Any, None]
 
@@ -115,6 +115,9 @@ class RealThreads:
 
     def sleep(self, seconds: float) -> None:
         """Nothing: real threads need no virtual time to pass."""
+
+    def end_faults(self) -> None:
+        """Nothing: no faults are injected on real threads."""
 
     def note(self, text: str) -> None:
         pass
@@ -302,6 +305,7 @@ def registry_scenario(
             for c in range(async_callers):
                 env.go(acaller(c), f"async{c}")
             env.run()
+            env.end_faults()  # the checks below see no more faults
             for sid, events in sorted(acked.items()):
                 stored = {ev.seq: ev.data.get("content") for ev in st.load(sid)}
                 lost = sorted(seq for seq, text in events.items() if stored.get(seq) != text)
@@ -344,6 +348,7 @@ def subscription_scenario(appends: int = 5, store: str = "memory") -> Scenario:
             env.go(writer(), "writer")
             env.go(reader(), "reader")
             env.run()
+            env.end_faults()  # the checks below see no more faults
             got: list[int] = []
             with contextlib.suppress(SessionStopped):
                 while (ev := sub.get_nowait()) is not None:
@@ -381,6 +386,7 @@ def stop_race_scenario(calls: int = 6, store: str = "memory") -> Scenario:
             env.go(caller(), "caller")
             env.go(stopper(), "stopper")
             env.run()
+            env.end_faults()  # the checks below see no more faults
             _close(reg)
 
     return scenario
@@ -424,6 +430,7 @@ def compaction_scenario(messages: int = 10, store: str = "memory") -> Scenario:
             env.go(compact(2), "retry")
             env.go(writer(), "writer")
             env.run()
+            env.end_faults()  # the checks below see no more faults
             events = _retry(env, lambda: reg.open("compact").events().get())
             records = [
                 ev.seq
@@ -472,6 +479,7 @@ def restart_scenario(appends: int = 4, store: str = "memory") -> Scenario:
             env.go(writer(), "writer")
             env.go(crasher(), "crasher")
             env.run()
+            env.end_faults()  # the checks below see no more faults
             _close(reg)
 
     return scenario
@@ -530,6 +538,7 @@ def index_race_scenario(
             env.go(agent(), "agent")
             env.go(summariser(), "summariser")
             env.run()
+            env.end_faults()  # the checks below see no more faults
             _close(reg)
 
     return scenario

@@ -19,6 +19,7 @@ from typing import Any
 
 import pykka
 
+from nous_actor import _log
 from nous_actor.core import clock as core_clock
 from nous_actor.runtime import scheduling
 from nous_actor.runtime.dispatcher import DispatchedActor, _run_logged
@@ -80,12 +81,18 @@ class Simulation:
         *,
         max_steps: int = 50_000,
         throughput: int = 1,
+        quiet: bool = True,
+        restarts: int = 1_000,
     ) -> None:
         if isinstance(schedule, int):
             schedule = Schedule(seed=schedule)
         self.schedule = schedule
         self.max_steps = max_steps
         self.throughput = throughput
+        self.quiet = quiet
+        self.restarts = restarts
+        self.logged: list[tuple[str, str, dict[str, Any]]] = []
+        """The runtime's log events of a quiet run: (level, event, context)."""
         self.rng = random.Random(schedule.seed)
         self._ids = random.Random(schedule.seed ^ 0x5EED)
         faults = schedule.faults
@@ -145,7 +152,15 @@ class Simulation:
             uuid.uuid4,
             core_clock.set_utcnow(self.utcnow),
             random.getstate(),
+            _log._Logger._emit,
         ]
+        if self.quiet:  # kept in `logged`, not printed (crashes are a simulation's point)
+            logged = self.logged
+
+            def keep(_self: Any, level: str, event: str, context: dict[str, Any]) -> None:
+                logged.append((level, event, context))
+
+            _log._Logger._emit = keep  # type: ignore[method-assign,assignment]
         uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
         random.seed(self.schedule.seed)  # Backoff's jitter draws from the module's generator
         return self
@@ -172,10 +187,11 @@ class Simulation:
             self._closed = True
             if self._loop is not None:
                 self._loop.close()
-            uuid4, clock, state = self._saved
+            uuid4, clock, state, emit = self._saved
             uuid.uuid4 = uuid4
             core_clock.set_utcnow(clock)
             random.setstate(state)
+            _log._Logger._emit = emit  # type: ignore[method-assign]
             with committer_module._committers_lock:
                 for store, c in self._committers:
                     if committer_module._committers.get(store) is c:
@@ -266,6 +282,17 @@ class Simulation:
 
     def future(self) -> Any:
         return SimFuture(self)
+
+    def restart_intensity(self, max_restarts: int, max_seconds: float) -> tuple[int, float]:
+        """At least `restarts` restarts in the window: a simulation's faults come many
+        per virtual second (its steps take no time), which no real window foresees."""
+        return max(max_restarts, self.restarts), max_seconds
+
+    def end_faults(self) -> None:
+        """End the fault window: no fault fires from now on (call it before a scenario's
+        own final checks)."""
+        self.faults.clear()
+        self._armed.clear()
 
     def condition(self) -> threading.Condition:
         return SimCondition(self)

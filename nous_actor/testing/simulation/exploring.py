@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import traceback
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from nous_actor.testing.simulation.core import Simulation
-from nous_actor.testing.simulation.schedule import FaultRates, Schedule, SimulationError
+from nous_actor.testing.simulation.schedule import Fault, FaultRates, Schedule, SimulationError
 
 __all__ = ["Outcome", "Scenario", "SimulationFailure", "explore", "find", "replay", "shrink"]
 
@@ -28,9 +29,16 @@ class Outcome:
     replay: Schedule = field(repr=False)
 
 
-def replay(scenario: Scenario, schedule: Schedule | int, *, max_steps: int = 50_000) -> Outcome:
-    """Run ``scenario`` once under ``schedule``: the same schedule, the same outcome."""
-    sim = Simulation(schedule, max_steps=max_steps)
+def replay(
+    scenario: Scenario,
+    schedule: Schedule | int,
+    *,
+    max_steps: int = 50_000,
+    quiet: bool = True,
+) -> Outcome:
+    """Run ``scenario`` once under ``schedule``: the same schedule, the same outcome
+    (``quiet=False``: the runtime's log events are printed as on threads)."""
+    sim = Simulation(schedule, max_steps=max_steps, quiet=quiet)
     error: BaseException | None = None
     try:
         with sim:
@@ -54,10 +62,20 @@ class SimulationFailure(AssertionError):
         super().__init__(
             f"the scenario failed under seed {self.seed} (schedule {tried} of the run): "
             f"{type(outcome.error).__name__}: {outcome.error}\n"
+            f"{_where(outcome.error)}"
             f"shortest failing schedule ({len(shrunk.schedule.choices or ())} choices, "
             f"{len(shrunk.schedule.faults)} faults, {shrunk.steps} steps): {shrunk.schedule}\n"
             f"replay it with nous_actor.testing.simulation.replay(scenario, {shrunk.schedule!r})"
         )
+
+
+def _where(error: BaseException | None) -> str:
+    """Where ``error`` was raised: its traceback (the scenario's frames, with their source
+    lines), or nothing."""
+    if error is None or error.__traceback__ is None:
+        return ""
+    frames = traceback.extract_tb(error.__traceback__)
+    return "where it failed:\n" + "".join(traceback.format_list(frames[-8:]))
 
 
 def explore(
@@ -65,18 +83,25 @@ def explore(
     seeds: Iterable[int] = range(200),
     *,
     rates: FaultRates | None = None,
+    faults: Sequence[Fault] = (),
     max_steps: int = 50_000,
     shrink_runs: int = 200,
+    quiet: bool = True,
 ) -> int:
     """Run ``scenario`` under each seed; the number of schedules run if none failed.
+
+    Each schedule injects ``faults`` (explicit) and those drawn from ``rates``;
+    ``quiet=False`` prints the runtime's log events as on threads.
 
     Raises:
         SimulationFailure: a schedule failed (with its seed and the shortest
             failing schedule found from it, pinned, to replay).
     """
     n = 0
+    planned = tuple(faults)
     for n, seed in enumerate(seeds, 1):
-        out = replay(scenario, Schedule(seed, rates=rates), max_steps=max_steps)
+        schedule = Schedule(seed, faults=planned, rates=rates)
+        out = replay(scenario, schedule, max_steps=max_steps, quiet=quiet)
         if out.error is not None:
             raise SimulationFailure(out, shrink(scenario, out, runs=shrink_runs), n)
     return n
@@ -87,11 +112,16 @@ def find(
     seeds: Iterable[int] = range(200),
     *,
     rates: FaultRates | None = None,
+    faults: Sequence[Fault] = (),
     max_steps: int = 50_000,
+    quiet: bool = True,
 ) -> tuple[int, Outcome] | None:
-    """The first failing schedule among ``seeds``: (how many were run, its outcome)."""
+    """The first failing schedule among ``seeds`` (each with ``faults`` and those drawn
+    from ``rates``): (how many were run, its outcome)."""
+    planned = tuple(faults)
     for n, seed in enumerate(seeds, 1):
-        out = replay(scenario, Schedule(seed, rates=rates), max_steps=max_steps)
+        schedule = Schedule(seed, faults=planned, rates=rates)
+        out = replay(scenario, schedule, max_steps=max_steps, quiet=quiet)
         if out.error is not None:
             return n, out
     return None
