@@ -131,7 +131,10 @@ def caller_step(sim: Simulation, task: Task) -> None:
                 task.gen = gen = out
             else:
                 raise StopIteration
-        yielded = gen.send(_value_of(waited))
+        # The value goes to the generator (``x = yield fut``), unless it delegates to a
+        # plain iterator (``yield from [f1, f2]``), which takes none.
+        sub = getattr(gen, "gi_yieldfrom", None)
+        yielded = gen.send(_value_of(waited) if sub is None or hasattr(sub, "send") else None)
     except StopIteration:
         task.ended = True
         unqueue(sim, task)
