@@ -1,19 +1,26 @@
-"""The bounds, in seconds, of the tests' waits: every wait in tests/ has one.
+"""The bounds, in seconds, of the tests' waits (every wait in tests/ has one), and the
+helpers that wait within one.
 
 A bound is how long a test waits before it fails, never a time it expects: a
 correct run ends far within it, so a loaded machine does not fail a test. A test
 file imports the bound it waits with; one whose waits are slower imports a
-larger one under its own name (``from bounds import SLOW_BOUND as BOUND``).
+larger one, named for what it bounds, as its BOUND
+(``from bounds import SLOW_BOUND as BOUND``).
 
 Helpers that test files import live in modules named for what they hold (this
 one, postgres_server.py, ray_cluster.py, cli_process.py); fixtures live in
-conftest.py. (A test file does not import conftest.py: pytest loads it under a
-name of its own choosing.)
+conftest.py. (A test file does not import conftest.py: pytest imports it itself,
+and the top-level conftest.py has the same module name.)
 """
 
 from __future__ import annotations
 
-from typing import Final
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
+
+T = TypeVar("T")
 
 BOUND: Final = 10.0
 """A call on an actor, a thread or a store in this process."""
@@ -30,3 +37,22 @@ INTERPRETER_BOUND: Final = 60.0
 
 EXTRAS_BOUND: Final = 120.0
 """A fresh Python interpreter that imports the optional extras (Ray, the bench suite)."""
+
+
+def run(coro: Awaitable[T], bound: float = RUN_BOUND) -> T:
+    """Run a coroutine on a fresh event loop; fail if it takes longer than ``bound``."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, bound)
+
+    return asyncio.run(bounded())
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail, naming ``what``, after ``timeout`` seconds
+    (for a state in another process, which no event of this one announces)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.01)

@@ -129,27 +129,42 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             f"no PostgreSQL server: set {DSN_ENV}, or install the server binaries "
             "(apt-get install -y postgresql) so that the tests start one"
         )
-    folder = Path(f"/tmp/nous-pg-{uuid.uuid4().hex[:8]}")  # a socket path must stay short
     try:
-        out = subprocess.run(
-            [str(SCRIPT), "start", str(folder)],
-            check=True,
-            timeout=120,
-            capture_output=True,
-            text=True,
-        ).stdout
+        dsn, folder = start_server()
     except (subprocess.SubprocessError, OSError) as exc:
         detail = getattr(exc, "stderr", "") or ""
         _unavailable(f"could not start a PostgreSQL server: {exc} {detail}".strip())
+    try:
+        yield Server(dsn, folder)
+    finally:
+        stop_server(folder)
+
+
+def start_server() -> tuple[str, Path]:
+    """Start a PostgreSQL server of its own in a new folder: its DSN and the folder.
+
+    Raises:
+        subprocess.SubprocessError, OSError: the server did not start.
+    """
+    folder = Path(f"/tmp/nous-pg-{uuid.uuid4().hex[:8]}")  # a socket path must stay short
+    out = subprocess.run(
+        [str(SCRIPT), "start", str(folder)],
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    ).stdout
     env = dict(
         shlex.split(line.removeprefix("export "))[0].split("=", 1)
         for line in out.splitlines()
         if line.startswith("export ")
     )
-    try:
-        yield Server(env[DSN_ENV], folder)
-    finally:
-        subprocess.run([str(SCRIPT), "stop", str(folder)], timeout=90, check=False)
+    return env[DSN_ENV], folder
+
+
+def stop_server(folder: Path) -> None:
+    """Stop the server `start_server` started in ``folder``."""
+    subprocess.run([str(SCRIPT), "stop", str(folder)], timeout=90, check=False)
 
 
 @dataclass
@@ -178,6 +193,14 @@ class Stores:
         for store in self.made:
             with contextlib.suppress(StoreError):
                 store.close()
+
+
+@pytest.fixture
+def schema(pg_server: Server) -> Iterator[str]:
+    """A schema name of this test's own on the test server (dropped after the test)."""
+    name = pg_server.fresh_schema()
+    yield name
+    pg_server.drop_schema(name)
 
 
 @pytest.fixture

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from bounds import RUN_BOUND as BOUND
+from bounds import run
 from google.adk.agents.llm_agent import LlmAgent
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps.app import App, EventsCompactionConfig
@@ -51,15 +52,6 @@ from nous_actor.integrations.adk import (
 from nous_actor.sessions.faults import crash
 
 T = TypeVar("T")
-
-
-def run(coro: Awaitable[T]) -> T:
-    """Run a coroutine on a fresh event loop, bounded."""
-
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, BOUND)
-
-    return asyncio.run(bounded())
 
 
 @pytest.fixture(params=["memory", "sqlite"])

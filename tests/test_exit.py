@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import shlex
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_server import SCRIPT, Server, _binaries, _unavailable
+from postgres_server import Server, _binaries, _unavailable, start_server, stop_server
 
 from nous_actor import SQLiteStore
 
@@ -456,23 +454,10 @@ class _OwnServer(Server):
 
     def stop(self) -> None:
         assert self.folder is not None
-        subprocess.run([str(SCRIPT), "stop", str(self.folder)], timeout=90, check=False)
+        stop_server(self.folder)
 
 
 def _throwaway_server() -> _OwnServer:
     if not _binaries():
         _unavailable("no PostgreSQL server binaries (apt-get install -y postgresql)")
-    folder = Path(f"/tmp/nous-pg-{uuid.uuid4().hex[:8]}")  # a socket path must stay short
-    out = subprocess.run(
-        [str(SCRIPT), "start", str(folder)],
-        check=True,
-        timeout=120,
-        capture_output=True,
-        text=True,
-    ).stdout
-    exports = dict(
-        shlex.split(line.removeprefix("export "))[0].split("=", 1)
-        for line in out.splitlines()
-        if line.startswith("export ")
-    )
-    return _OwnServer(exports["NOUS_ACTOR_TEST_PG_DSN"], folder)
+    return _OwnServer(*start_server())

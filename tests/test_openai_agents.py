@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import count
 from pathlib import Path
@@ -37,6 +37,7 @@ from agents.memory import Session as AgentsSession
 from agents.memory import SessionSettings, SQLiteSession
 from agents.models.interface import Model
 from bounds import RUN_BOUND as BOUND
+from bounds import run
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -78,15 +79,6 @@ set_tracing_disabled(True)  # no trace is ever sent anywhere
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(coro: Awaitable[T]) -> T:
-    """Run a coroutine on a fresh event loop, bounded."""
-
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, BOUND)
-
-    return asyncio.run(bounded())
 
 
 def make_store(kind: str, path: Path) -> Store:

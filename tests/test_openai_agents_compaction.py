@@ -9,14 +9,13 @@ The ``responses.compact`` call is faked (no network).
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 import pytest
 from agents.memory import OpenAIResponsesCompactionSession
-from bounds import RUN_BOUND as BOUND
+from bounds import run
 
 from nous_actor import MemoryStore, Sessions
 from nous_actor.core.history import replaced
@@ -29,13 +28,6 @@ SUMMARY = {
     "role": "user",
     "content": [{"type": "input_text", "text": "Summary: ann asked twice, got two answers."}],
 }
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, BOUND)
-
-    return asyncio.run(bounded())
 
 
 class FakeResponses:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from agents import Agent, Runner
-from test_openai_agents import ScriptedModel, add, run, user
+from bounds import run
+from test_openai_agents import ScriptedModel, add, user
 
 from nous_actor import MemoryStore, Sessions, TurnInterrupted
 from nous_actor.core.history import turns

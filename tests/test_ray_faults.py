@@ -13,13 +13,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from bounds import wait_until
 
 if TYPE_CHECKING:
     from postgres_server import Server
@@ -40,13 +39,6 @@ from nous_actor.store.postgres import PostgresStore  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def schema(pg_server: Server) -> Iterator[str]:
-    name = pg_server.fresh_schema()
-    yield name
-    pg_server.drop_schema(name)
-
-
 def _ids_on(shard: int, shards: int, n: int) -> list[str]:
     """``n`` fresh session ids that all live on ``shard``."""
     found: list[str] = []
@@ -55,14 +47,6 @@ def _ids_on(shard: int, shards: int, n: int) -> list[str]:
         if shard_of(sid, shards) == shard:
             found.append(sid)
     return found
-
-
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.01)
 
 
 class Writers:
@@ -133,13 +117,13 @@ def test_a_shard_killed_mid_writes_loses_nothing_acknowledged_and_handles_keep_w
         handles = [sessions.open(sid) for sid in _ids_on(0, 2, 3)]
         old_pid = sessions.shard_info()[0]["pid"]
         with Writers(handles) as writers:
-            _wait_for(lambda: writers.count() >= 150, 60, "150 appends acknowledged")
+            wait_until(lambda: writers.count() >= 150, 60, "150 appends acknowledged")
             if how == "sigkill":
                 os.kill(old_pid, signal.SIGKILL)
             else:
                 ray.kill(sessions.shard_actor(0), no_restart=False)
             at_kill = writers.count()
-            _wait_for(lambda: writers.count() >= at_kill + 150, 60, "appends after the kill")
+            wait_until(lambda: writers.count() >= at_kill + 150, 60, "appends after the kill")
         assert sessions.shard_info()[0]["pid"] != old_pid
         assert all(isinstance(e, SessionCrashed) for e in writers.failed), writers.failed
         for h in handles:

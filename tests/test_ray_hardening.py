@@ -17,11 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from bounds import wait_until
 
 if TYPE_CHECKING:
     from postgres_server import Server
@@ -40,21 +41,6 @@ from nous_actor.cluster.ray import RaySessions  # noqa: E402
 from nous_actor.store.postgres import PostgresStore  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def schema(pg_server: Server) -> Iterator[str]:
-    name = pg_server.fresh_schema()
-    yield name
-    pg_server.drop_schema(name)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.01)
 
 
 def _first_failure(call: Callable[[], Any], timeout: float) -> Exception:
@@ -120,7 +106,7 @@ def test_a_driver_that_reached_running_shards_by_name_leaves_them_serving_on_clo
         if detached:
             assert sorted(ray_scope.named_actors()) == [f"{name}.0", f"{name}.1"]
         else:  # its creator's close stops them
-            _wait_for(lambda: not ray_scope.named_actors(), 30, "the shards stopped")
+            wait_until(lambda: not ray_scope.named_actors(), 30, "the shards stopped")
     finally:
         first.shutdown()
 
@@ -135,7 +121,7 @@ def test_a_failed_start_stops_only_the_shards_it_created(ray_scope: RayScope) ->
         chat = first.open(next(f"s-{n}" for n in range(100) if first.shard_of(f"s-{n}") == 0))
         chat.append("user_message", {"content": "one"}).get()
         ray.kill(first.shard_actor(1), no_restart=True)
-        _wait_for(lambda: ray_scope.named_actors() == [f"{name}.0"], 30, "shard 1 gone")
+        wait_until(lambda: ray_scope.named_actors() == [f"{name}.0"], 30, "shard 1 gone")
         with pytest.raises(ClusterError, match="1 of 2 shards did not start within 2 s"):
             RaySessions(
                 MemoryStore,
@@ -146,7 +132,7 @@ def test_a_failed_start_stops_only_the_shards_it_created(ray_scope: RayScope) ->
                 actor_options={"resources": {"no-node-has-this": 1}},
             )
         assert chat.append("user_message", {"content": "two"}).get(timeout=30).seq == 1
-        _wait_for(lambda: ray_scope.named_actors() == [f"{name}.0"], 30, "the new shard 1 gone")
+        wait_until(lambda: ray_scope.named_actors() == [f"{name}.0"], 30, "the new shard 1 gone")
     finally:
         first.shutdown()
 

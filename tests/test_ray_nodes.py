@@ -14,7 +14,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -36,13 +35,6 @@ from nous_actor.store.postgres import PostgresStore  # noqa: E402
 BACK_WITHIN = 120.0
 """Seconds from the node's death to the sessions answering again, at most (the health
 checks take ~15 s of it with Ray's defaults; a new worker on a loaded machine, more)."""
-
-
-@pytest.fixture
-def schema(pg_server: Server) -> Iterator[str]:
-    name = pg_server.fresh_schema()
-    yield name
-    pg_server.drop_schema(name)
 
 
 def _head_node_id() -> str:

@@ -53,17 +53,19 @@ def _sid(prefix: str = "s") -> str:
 
 
 @pytest.fixture(scope="module")
-def schema(pg_server: Server) -> Iterator[str]:
+def module_schema(pg_server: Server) -> Iterator[str]:
+    """One schema for the whole module: the module's cluster journals in it, and tests
+    that meet the cluster's sessions open it too (see conftest's per-test ``schema``)."""
     name = pg_server.fresh_schema()
     yield name
     pg_server.drop_schema(name)
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_cluster: Any, pg_server: Server, schema: str) -> Iterator[RaySessions]:
+def cluster(ray_cluster: Any, pg_server: Server, module_schema: str) -> Iterator[RaySessions]:
     """Two shards on the test cluster, journaled in one schema of the test server."""
     sessions = RaySessions(
-        partial(PostgresStore, pg_server.dsn, schema=schema), shards=2, timeout=20
+        partial(PostgresStore, pg_server.dsn, schema=module_schema), shards=2, timeout=20
     )
     try:
         yield sessions
@@ -215,13 +217,13 @@ def test_calls_are_batched_and_applied_in_the_order_they_were_made(
 
 
 def test_with_several_batches_in_flight_a_sessions_calls_still_apply_in_order(
-    ray_cluster: Any, pg_server: Server, schema: str
+    ray_cluster: Any, pg_server: Server, module_schema: str
 ) -> None:
     """Four batches in flight to one shard while another thread keeps opening fresh
     sessions (a batch that opens one waits for the store): the shard starts batches
     in the order they were sent, so one caller's appends get their seqs in order."""
     sessions = RaySessions(
-        partial(PostgresStore, pg_server.dsn, schema=schema), shards=1, max_in_flight=4
+        partial(PostgresStore, pg_server.dsn, schema=module_schema), shards=1, max_in_flight=4
     )
     try:
         chat = sessions.open(_sid("order"))
@@ -432,13 +434,13 @@ def test_stop_then_call_starts_the_session_again_from_the_store(cluster: RaySess
 
 
 def test_a_second_writer_of_a_session_held_by_a_shard_is_refused(
-    cluster: RaySessions, pg_server: Server, schema: str
+    cluster: RaySessions, pg_server: Server, module_schema: str
 ) -> None:
     """The store alone decides who writes: a local session on the same journal cannot
     claim a session its shard holds."""
     sid = _sid("held")
     cluster.open(sid).append("user_message", {"content": "x"}).get()
-    with PostgresStore(pg_server.dsn, schema=schema) as store, pytest.raises(ConflictError):
+    with PostgresStore(pg_server.dsn, schema=module_schema) as store, pytest.raises(ConflictError):
         Session.start(sid, store=store, timeout=5)
 
 
@@ -556,9 +558,9 @@ def test_a_factory_that_makes_no_store_is_a_type_error(ray_cluster: Any) -> None
 
 
 def test_a_closed_registry_refuses_calls_with_session_stopped(
-    ray_cluster: Any, pg_server: Server, schema: str
+    ray_cluster: Any, pg_server: Server, module_schema: str
 ) -> None:
-    sessions = RaySessions(partial(PostgresStore, pg_server.dsn, schema=schema), shards=1)
+    sessions = RaySessions(partial(PostgresStore, pg_server.dsn, schema=module_schema), shards=1)
     chat = sessions.open(_sid("closed"))
     chat.append("user_message", {"content": "x"}).get()
     sessions.close()
