@@ -3,12 +3,15 @@
 Inside a `Simulation` every actor a test creates (sessions, registries,
 supervisors) and everything the runtime would run on a thread of its own (the
 store's committer, the recovery readers, summarisers, the passivator, restart
-timers) is a *task* that runs on the test's own thread, one step at a time, in
-an order chosen by a seed (or pinned, or drawn by Hypothesis). Time is
-virtual: call bounds, backoff, idle passivation and summariser delays advance
-the simulation's clock, never the wall clock. Faults are part of the schedule:
-a session crashes, a commit fails or is slow, a session is stopped, the
-registry crashes (its supervisor restarts it).
+timers) is a *task* of a simulated thread, and exactly one simulated thread
+runs at a time, one step at a time, in an order chosen by a seed (or pinned,
+or drawn by Hypothesis). Each simulated thread is a real thread handed a baton
+by the scheduler (as shuttle and Coyote do), so each has its own stack. Time
+is virtual: call bounds, backoff, idle passivation and summariser delays
+advance the simulation's clock, never the wall clock, and a timer fires when
+the clock reaches it. Faults are part of the schedule: a session crashes, a
+commit fails or is slow, a session is stopped, the registry crashes (its
+supervisor restarts it).
 
 The same schedule gives the same run, event for event: actor URNs, claim
 tokens, compaction ids, event times and restart jitter all come from the seed
@@ -17,28 +20,31 @@ and the virtual clock. `Simulation.trace` lists what ran at every step and
 
 Steps are taken by:
 
-* an actor on a dispatcher: one turn of at most ``throughput`` messages;
+* an actor on a dispatcher: one turn of at most ``throughput`` messages (a
+  turn that wakes a subscriber may be switched away from before it answers);
 * an actor with a thread of its own (a registry, a supervisor): one message;
 * the store's committer: one batch (its size is a choice of the schedule);
 * a reader, a summariser, a timer: the whole function;
 * a *caller*: a generator function given to `Simulation.go`, resumed until
-  its next ``yield`` (``yield future`` waits for it, ``yield seconds`` sleeps
-  on the virtual clock, ``yield`` alone lets others run);
+  its next ``yield`` (``x = yield future`` waits for it and gives its value,
+  ``yield seconds`` sleeps on the virtual clock, ``yield`` alone lets others
+  run);
 * the simulation's event loop (`Simulation.loop`, a `SimEventLoop`): one ready
   callback. Coroutines given to `Simulation.go` run on it, and so does a
   coroutine summariser of a compaction they ask for; ``asyncio.sleep`` and
   every other timer of the loop wait on the virtual clock.
 
-A blocking wait (``future.get()``, ``handle.stop()``, a registry's ask) runs
-other tasks until what it waits for is done, or its bound passes on the
-virtual clock. A wait inside a task runs only the runtime's tasks, never a
-caller or the loop (a caller never runs inside another's wait).
+A blocking wait (``future.get()``, ``handle.stop()``, a registry's ask, a
+turn's queue) suspends the simulated thread that waits until what it waits
+for is done, or its bound passes on the virtual clock; the others run
+meanwhile. A caller never runs inside another's wait.
 
 The modules: `schedule` (schedules and faults), `tasks` (the runtime's pieces
 as simulated: dispatcher, futures, inboxes, the committer's queue), `steps`
 (one step of each kind of task), `faults` (injection), `core` (`Simulation`,
-the scheduler), `aio` (the event loop), `exploring` (replay, explore, find,
-shrink). Stores under simulation: `MemoryStore` and `SQLiteStore`.
+the scheduler and its threads), `aio` (the event loop), `exploring` (replay,
+explore, find, shrink). Stores under simulation: `MemoryStore` and
+`SQLiteStore`.
 """
 
 from __future__ import annotations

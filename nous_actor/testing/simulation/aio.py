@@ -9,7 +9,7 @@ interleaved with the other tasks as the schedule chooses; a timer
 (``asyncio.sleep``, ``asyncio.wait_for``, a bound on an awaited call) comes
 due when the virtual clock reaches it, and the clock moves on to it when
 nothing else can run. ``run_in_executor`` runs its function as a task of the
-simulation (as a thread would, but on the test's thread).
+simulation (a simulated thread of its own).
 """
 
 from __future__ import annotations

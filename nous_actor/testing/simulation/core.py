@@ -1,4 +1,5 @@
-"""`Simulation`: the scheduler that steps every task on this thread, on a virtual clock."""
+"""`Simulation`: the scheduler that hands a baton to one simulated thread at a time, on a
+virtual clock."""
 
 from __future__ import annotations
 
@@ -58,14 +59,17 @@ Caller = Callable[[], Any] | Generator[Any, Any, Any] | Coroutine[Any, Any, Any]
 
 
 class Simulation:
-    """A deterministic run of actors, threads, timers and coroutines on this thread (a
-    context manager).
+    """A deterministic run of actors, threads, timers and coroutines, one simulated thread
+    at a time (a context manager).
 
     Args:
         schedule: the seed, or pinned choices, and the faults (default: seed 0,
             no faults). A plain int is a seed.
         max_steps: a run that takes more steps fails with `SimulationError`.
         throughput: messages a dispatched actor handles per step.
+        quiet: keep the runtime's log events in `logged` instead of printing them.
+        restarts: the least restart intensity (restarts per window) supervisors and
+            registries get (``0``: what they ask for).
 
     Use it as ``with Simulation(seed) as sim:``; create the registry, sessions
     and stores inside, start callers with `go` (generators, or coroutines: those
@@ -383,7 +387,7 @@ class Simulation:
         me = self._me.get(threading.get_ident())
         if me is None or me is self._main or me.task is None or me.task.kind != ACTOR:
             return
-        lock = getattr(me.task.obj, "_done_lock", None)
+        lock = getattr(getattr(me.task.obj, "ledger", None), "lock", None)
         if lock is not None and lock.locked():
             return
         me.done = _always
