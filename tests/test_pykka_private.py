@@ -4,19 +4,38 @@ in `nous_actor.runtime.pykka_private`, and each still exists in the installed Py
 Read from the source (not run): in every class of the package that derives from a
 Pykka actor or future (through the package's own classes too), each method defined
 and each ``self.``/``super().`` attribute whose name is one of Pykka's private
-names; and anywhere, such a name read off an ``actor`` (the dispatcher's turn and
-the simulation's steps work on the actor they are given).
+names; anywhere else, each ``._name`` of Pykka's (of its actors, futures, refs,
+proxies, registry and ``messages``) read or set on anything but the ``self`` of a
+class of ours that is no Pykka type (which may have a ``_stop`` of its own); and
+every import of a private Pykka module or name.
+
+Run: nothing of ours is set on Pykka's refs, and the part of Pykka's loop that
+the library copies (``COPIED``) is still what Pykka ships.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import inspect
+import textwrap
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pykka
+import pykka.messages
+import pytest
+from bounds import BOUND
 
-from nous_actor.runtime.pykka_private import PRIVATE
+from nous_actor.runtime import DispatchedActor
+from nous_actor.runtime.pykka_private import COPIED, PRIVATE
+from nous_actor.supervision import (
+    DispatchedSupervisedActor,
+    SupervisedActor,
+    cell_of,
+    start_monitored,
+)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nous_actor"
 PYKKA_TYPES = {
@@ -27,14 +46,29 @@ PYKKA_TYPES = {
 }
 
 
-def _pykka_private_names() -> set[str]:
-    names = {
+PYKKA_OBJECTS = (pykka.ActorRef, pykka.ActorProxy, pykka.ActorRegistry, pykka.messages)
+
+
+def _private(names: Any) -> set[str]:
+    return {
         n
-        for cls in PYKKA_TYPES.values()
-        for n in dir(cls)
+        for n in names
         if n.startswith("_") and not n.startswith("__") and n not in ("_abc_impl", "_is_protocol")
     }
-    return names | {n for n in vars(pykka.ThreadingFuture()) if n.startswith("_")}
+
+
+class _Probe(pykka.ThreadingActor):
+    pass
+
+
+def _pykka_private_names() -> set[str]:
+    """Pykka's private names: of its actor and future types, their instances, its refs,
+    proxies, registry and message module."""
+    names = _private(n for cls in PYKKA_TYPES.values() for n in dir(cls))
+    names |= _private(n for obj in PYKKA_OBJECTS for n in dir(obj))
+    names |= _private(vars(pykka.ThreadingFuture()))
+    actor = _Probe()  # never started: its fields and its ref's, as Pykka makes them
+    return names | _private(vars(actor)) | _private(vars(actor.actor_ref))
 
 
 def _base_name(node: ast.expr) -> str:
@@ -77,15 +111,32 @@ def _used(trees: list[tuple[Path, ast.Module]]) -> dict[str, set[str]]:
                     isinstance(owner, ast.Call) and _base_name(owner.func) == "super"
                 ):
                     used.setdefault(node.attr, set()).add(where)
+    ours = set(classes) - derived
     for path, tree in trees:
+        where = f"{path.relative_to(PACKAGE)}"
+        skip = {
+            id(node)
+            for cls in ast.walk(tree)
+            if isinstance(cls, ast.ClassDef) and cls.name in ours
+            for node in ast.walk(cls)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        }
         for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Attribute)
-                and node.attr in private
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "actor"
-            ):
-                used.setdefault(node.attr, set()).add(f"{path.relative_to(PACKAGE)}")
+            if isinstance(node, ast.Attribute) and node.attr in private and id(node) not in skip:
+                used.setdefault(node.attr, set()).add(where)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pykka"):
+                module = node.module or ""
+                for alias in node.names:
+                    if any(part.startswith("_") for part in module.split(".")):
+                        used.setdefault(f"{module}.{alias.name}", set()).add(where)
+                    elif alias.name.startswith("_"):
+                        used.setdefault(alias.name, set()).add(where)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if any(p.startswith("_") for p in alias.name.split(".")[1:]):
+                        used.setdefault(alias.name, set()).add(where)
     return used
 
 
@@ -118,3 +169,107 @@ def test_the_scan_sees_a_new_touch(tmp_path: Path) -> None:
     used = _used(trees)
     assert "runtime/mine.py:Mine" in used["_actor_loop_running"]
     assert "runtime/mine.py" in used["_get_hook_result"]
+
+
+@pytest.mark.parametrize(
+    ("source", "name"),
+    [
+        # the two the list missed: a ref reached through the actor's private field, and
+        # Pykka's private stop message
+        ("def f(a):\n    a._actor_ref.x = 1\n", "_actor_ref"),
+        ("from pykka import messages\nX = messages._ActorStop\n", "_ActorStop"),
+        ("import pykka\nX = pykka.messages._ActorStop\n", "_ActorStop"),
+        ("from pykka.messages import _ActorStop\n", "_ActorStop"),
+        ("from pykka._envelope import Envelope\n", "pykka._envelope.Envelope"),
+        ("def f(ref):\n    return ref._actor_weakref()\n", "_actor_weakref"),
+        ("from pykka import ActorRegistry\nX = ActorRegistry._actor_refs\n", "_actor_refs"),
+    ],
+)
+def test_the_scan_sees_any_private_name_read_off_a_pykka_object(source: str, name: str) -> None:
+    """A private name of Pykka's read anywhere (not only off ``self`` in an actor class
+    or off a variable named ``actor``), or imported, is seen."""
+    trees = [*_trees(), (PACKAGE / "runtime" / "mine.py", ast.parse(source))]
+    assert "runtime/mine.py" in _used(trees).get(name, set())
+
+
+def test_the_scan_leaves_our_own_classes_own_names_alone() -> None:
+    """A class of ours that is no Pykka type may have a ``_stop`` of its own."""
+    source = "class Pump:\n    def go(self):\n        self._stop = 1\n"
+    trees = [*_trees(), (PACKAGE / "runtime" / "mine.py", ast.parse(source))]
+    assert "runtime/mine.py" not in _used(trees).get("_stop", set())
+
+
+class _Plain(DispatchedActor):
+    pass
+
+
+class _Threaded(SupervisedActor):
+    pass
+
+
+class _Dispatched(DispatchedSupervisedActor):
+    pass
+
+
+@pytest.mark.parametrize("actor_type", [_Plain, _Threaded, _Dispatched])
+def test_nothing_of_ours_is_set_on_pykka_refs(
+    actor_type: type[pykka.Actor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pykka's ref gets what Pykka's ``ActorRef.__init__`` sets, once each, and nothing
+    else: no ``finished``/``started`` of ours, and its ``actor_stopped`` is never
+    replaced (a dispatched actor's Flag is the one the ref copied at its making)."""
+    sets: list[str] = []
+    real = pykka.ActorRef.__setattr__
+
+    def record(ref: pykka.ActorRef[Any], name: str, value: Any) -> None:
+        sets.append(name)
+        real(ref, name, value)
+
+    monkeypatch.setattr(pykka.ActorRef, "__setattr__", record)
+    ref = (
+        start_monitored(actor_type.start, lambda exit: None)
+        if (actor_type is not _Plain)
+        else actor_type.start()
+    )
+    ref.stop(block=True, timeout=BOUND)
+    monkeypatch.undo()
+    expected = sorted(vars(_Probe().actor_ref))
+    assert sorted(sets) == expected
+    assert sorted(vars(ref)) == expected
+    if actor_type is not _Threaded:
+        assert ref.actor_stopped.is_set()
+    if actor_type is not _Plain:
+        assert cell_of(ref).finished.wait(BOUND)
+
+
+def test_a_dispatched_actor_and_its_ref_share_one_stopped_flag() -> None:
+    """What ``is_alive`` reads off the ref is what the actor's stop sets."""
+    ref = _Plain.start()
+    assert ref.is_alive()
+    ref.stop(block=True, timeout=BOUND)
+    assert not ref.is_alive()
+
+
+def test_cell_of_a_ref_that_is_not_supervised_says_what_to_do() -> None:
+    ref = _Plain.start()
+    with pytest.raises(TypeError, match="start a SupervisedActor"):
+        cell_of(ref)
+    with pytest.raises(TypeError, match="is not the ref of a SupervisedActor"):
+        cell_of("not a ref")  # type: ignore[arg-type]
+
+
+# Pykka 4.5.0's ``Actor._actor_loop_running``, as ``ast.dump`` of its parsed source.
+_LOOP_RUNNING_4_5_0 = "408d2207fb0777878af32caef2e355c55300cc658d832f4cb98e8ed8777bb6e3"
+
+
+def test_the_copied_loop_is_still_what_pykka_ships() -> None:
+    """``receive_one`` copies the body of Pykka's message loop (why: ``COPIED``). A Pykka
+    release that changes that loop fails here: compare the copy with it, then update
+    the digest."""
+    assert set(COPIED) == {"Actor._actor_loop_running"}
+    tree = ast.parse(textwrap.dedent(inspect.getsource(pykka.Actor._actor_loop_running)))
+    digest = hashlib.sha256(ast.dump(tree.body[0]).encode()).hexdigest()
+    assert digest == _LOOP_RUNNING_4_5_0, (
+        f"Pykka {version('pykka')} changed Actor._actor_loop_running: port the change to "
+        "nous_actor.runtime.dispatcher.receive_one (or reuse it), then pin the new digest"
+    )

@@ -37,7 +37,7 @@ from nous_actor import (
 )
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.registry import DEFAULT_BACKOFF
-from nous_actor.supervision import _timer
+from nous_actor.supervision import _timer, cell_of
 
 # A fixed, tiny backoff: every restart goes through the (injected) scheduler.
 TICK = Backoff(0.001, 0.001, 0.0)
@@ -232,7 +232,7 @@ def crash(handle: Session, exc: BaseException | None = None) -> None:
     with pytest.raises(SessionCrashed):
         fut.get()
     if ref is not None:
-        assert getattr(ref, "finished").wait(BOUND)  # noqa: B009
+        assert cell_of(ref).finished.wait(BOUND)
 
 
 def append(handle: Session, text: str) -> Event:
@@ -602,7 +602,7 @@ def test_call_during_crash_teardown_reaches_the_restarted_session(
     finally:
         with pytest.raises(SessionCrashed):
             crashing.get()
-    assert getattr(old, "finished").wait(BOUND)  # noqa: B009  (its exit is reported)
+    assert cell_of(old).finished.wait(BOUND)  # its exit is reported
     assert reg.restart_count("chat") == 1
 
 

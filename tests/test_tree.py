@@ -25,7 +25,7 @@ from nous_actor import (
     SupervisedActor,
     Supervisor,
 )
-from nous_actor.supervision import Exit, start_monitored
+from nous_actor.supervision import Exit, cell_of, start_monitored
 
 
 def crash(handle: Session) -> None:
@@ -34,7 +34,7 @@ def crash(handle: Session) -> None:
     with pytest.raises(SessionCrashed):
         handle._call(lambda actor: (_ for _ in ()).throw(SystemExit())).get()
     assert ref is not None
-    assert getattr(ref, "finished").wait(BOUND)  # noqa: B009
+    assert cell_of(ref).finished.wait(BOUND)
 
 
 class Worker(SupervisedActor):
@@ -80,7 +80,7 @@ def test_a_session_beyond_its_intensity_escalates_to_the_parent_supervisor() -> 
     with capture_logs() as logs:
         crash(chat)  # restarted (1 of 1)
         crash(chat)  # beyond: the registry escalates
-        assert getattr(first, "finished").wait(BOUND)  # noqa: B009
+        assert cell_of(first).finished.wait(BOUND)
         wait_for(lambda: child_ref(parent) is not first, "the parent's restart of the registry")
     assert [e["event"] for e in logs if e["event"].startswith("session.")].count(
         "session.escalated"
@@ -131,7 +131,7 @@ def test_the_registry_restarts_with_its_sibling_and_recovers_every_session(
     first = parent.proxy().child_ref("sessions").get(timeout=BOUND)
     worker = parent.proxy().child_ref("worker").get(timeout=BOUND)
     worker.tell("crash")
-    assert getattr(first, "finished").wait(BOUND)  # noqa: B009
+    assert cell_of(first).finished.wait(BOUND)
     wait_for(lambda: len(Worker.starts) == 2, "the worker's restart")
     wait_for(lambda: sessions._ref is not first and sessions._ref is not None, "the registry")
     for k, h in enumerate(handles):
@@ -211,8 +211,8 @@ def test_a_registry_crash_stops_its_sessions() -> None:
     session_ref = chat._actor()
     assert session_ref is not None
     ref.tell(("exit",))  # a tell that raises (missing arguments) crashes it
-    assert getattr(ref, "finished").wait(BOUND)  # noqa: B009
-    assert getattr(session_ref, "finished").wait(BOUND)  # noqa: B009
+    assert cell_of(ref).finished.wait(BOUND)
+    assert cell_of(session_ref).finished.wait(BOUND)
     assert exits
     assert exits[0].reason is not None
     assert not pykka.ActorRegistry.get_by_urn(session_ref.actor_urn)
@@ -225,6 +225,6 @@ def test_escalation_error_names_the_session() -> None:
     ref = start_monitored(sessions.child_spec().start, exits.append)
     chat = sessions.open("chat")
     crash(chat)
-    assert getattr(ref, "finished").wait(BOUND)  # noqa: B009
+    assert cell_of(ref).finished.wait(BOUND)
     assert isinstance(exits[0].reason, RestartIntensityExceeded)
     assert "session 'chat'" in str(exits[0].reason)

@@ -8,8 +8,10 @@ to the next runnable actor.
 
 Built through the three hooks Pykka documents for implementors of new actor
 types (`_create_actor_inbox`, `_create_future`, `_start_actor_loop`); Pykka's
-own `_actor_loop_setup`, `_handle_receive`, stop message and
-`_actor_loop_teardown` are reused, so refs, ``ask``/``tell``, proxies, futures
+own `_actor_loop_setup`, `_handle_receive`, `_handle_failure`, `_stop`, stop
+message and `_actor_loop_teardown` are called, not copied; only the body of
+its message loop is (`receive_one`: why, in `nous_actor.runtime.pykka_private`),
+so refs, ``ask``/``tell``, proxies, futures
 and the `pykka.ActorRegistry` work as on a `pykka.ThreadingActor`.
 
 Guarantees:
@@ -45,7 +47,7 @@ from itertools import count
 from typing import Any, ClassVar, Final
 
 import pykka
-from pykka import ActorDeadError, ActorRegistry, messages
+from pykka import ActorRegistry
 
 from nous_actor._log import get_logger
 from nous_actor.runtime import scheduling, telemetry
@@ -296,10 +298,19 @@ class DispatchedActor(pykka.Actor):
     def _create_future() -> pykka.Future[Any]:
         return scheduling.current().future()
 
+    # Pykka's ``Actor.__init__`` assigns ``actor_stopped`` a `threading.Event` and then
+    # makes the ref, which copies it: this setter puts a `Flag` in its place, so the
+    # actor and its ref share the Flag and nothing is set on the ref afterwards.
+    @property  # type: ignore[override]
+    def actor_stopped(self) -> Flag:
+        return self._stopped
+
+    @actor_stopped.setter
+    def actor_stopped(self, _event: object) -> None:
+        self._stopped = Flag()
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.actor_stopped = Flag()  # type: ignore[assignment]
-        self._actor_ref.actor_stopped = self.actor_stopped
         self._began = False
         self._ended = False
         self._dispatcher: Dispatcher = _NOT_BOUND
@@ -350,28 +361,16 @@ class DispatchedActor(pykka.Actor):
         receive_one(self, envelope)
 
     def _actor_loop_teardown(self) -> None:
-        """Answer every queued ask (a stop request with ``None``), as Pykka does;
-        also for envelopes that land after the actor stopped."""
-        inbox = self.actor_inbox
-        while not inbox.empty():
-            envelope = inbox.get()
-            if envelope.reply_to is None:
-                continue
+        """Pykka's teardown: every queued ask is answered (a stop request with ``None``,
+        the others with `pykka.ActorDeadError`); also run for envelopes that land after
+        the actor stopped. An ask answered already is passed over (Pykka's loop would
+        end at it, leaving the rest unanswered)."""
+        while True:
             try:
-                if isinstance(envelope.message, messages._ActorStop):
-                    envelope.reply_to.set(None)
-                else:
-                    envelope.reply_to.set_exception(
-                        exc_info=(
-                            ActorDeadError,
-                            ActorDeadError(
-                                f"{self.actor_ref} stopped before handling the message"
-                            ),
-                            None,
-                        )
-                    )
-            except queue.Full:  # answered already
-                pass
+                super()._actor_loop_teardown()
+            except queue.Full:  # that envelope's future was set already: on to the next
+                continue
+            return
 
     def _actor_ended(self) -> None:
         """Hook: the actor has stopped and its inbox is answered (runs once)."""
@@ -445,7 +444,8 @@ def _run_logged(fn: Callable[[], None]) -> None:
 
 def receive_one(actor: Any, envelope: Any) -> None:
     """Pykka's ``_actor_loop_running`` body, for one envelope of ``actor`` (a dispatched
-    actor's turn, or a simulation's step of any actor)."""
+    actor's turn, or a simulation's step of any actor): the one copy of Pykka's loop,
+    and why it is a copy, is in `nous_actor.runtime.pykka_private` (`COPIED`)."""
     try:
         response = actor._handle_receive(envelope.message)
         if envelope.reply_to is not None:

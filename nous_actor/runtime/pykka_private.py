@@ -9,12 +9,21 @@ reuses. Nothing else of Pykka's private surface is used.
 
 `tests/test_pykka_private.py` keeps this list exact: it reads the package's
 source and fails on a private Pykka name used but not listed here (or listed
-and no longer used), and checks that each name still exists in the installed
-Pykka. CI installs the newest Pykka 4.x that pip resolves for ``pykka>=4,<5``,
-so a release that renames one of them fails the suite, not a user's program.
+and no longer used): a method of Pykka's defined in one of our actor or
+future classes, any ``._name`` of Pykka's read or set on anything (a ref, an
+actor, ``messages``), and any import of a private Pykka module or name
+(``pykka._envelope``, ``pykka.messages._ActorStop``). It checks that each name
+still exists in the installed Pykka, and that nothing of ours is set on
+Pykka's refs (our state lives beside them: `nous_actor.supervision.Cell`).
+CI installs the newest Pykka 4.x that pip resolves for ``pykka>=4,<5``, so a
+release that renames one of them fails the suite, not a user's program.
 
 Pykka's ``_stop`` must not be shadowed by a subclass: it is how
 ``ActorRef.stop`` reaches the actor.
+
+Pykka's loop is reused, not copied, except for one part, listed in `COPIED`
+with why (the test pins Pykka's original, so a Pykka release that changes it
+fails the suite until the copy is checked against it).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-__all__ = ["PRIVATE"]
+__all__ = ["COPIED", "PRIVATE"]
 
 PRIVATE: Final[Mapping[str, str]] = {
     # -- a new actor type (the three hooks Pykka documents for one) ----------------------
@@ -47,8 +56,8 @@ PRIVATE: Final[Mapping[str, str]] = {
         "from on_start stops only this actor (Pykka stops every actor)"
     ),
     "_actor_loop_teardown": (
-        "DispatchedActor: the last turn runs it, and answers asks that land after the "
-        "stop (Pykka's stop race); SessionActor and RegistryActor: answer what is left "
+        "DispatchedActor: the last turn calls Pykka's (and again for asks that land "
+        "after the stop: Pykka's stop race); SessionActor and RegistryActor: answer what is left "
         "in the inbox with the session's own errors; the simulation runs it as a step"
     ),
     "_handle_receive": (
@@ -75,3 +84,18 @@ PRIVATE: Final[Mapping[str, str]] = {
     ),
 }
 """Pykka's private name -> where the library uses it, and why."""
+
+COPIED: Final[Mapping[str, str]] = {
+    "Actor._actor_loop_running": (
+        "`nous_actor.runtime.dispatcher.receive_one` is the body of its loop, for one "
+        "envelope. Pykka's method cannot be called for that: it blocks on the inbox "
+        "until the actor stops (a dispatched turn ends after a quota of messages, a "
+        "simulation's step after one), and on a BaseException it calls the blocking "
+        "ActorRegistry.stop_all(), whose stop requests on a dispatcher thread would wait "
+        "for that very thread (the copy stops the others without waiting). Also left "
+        "out: Pykka's INFO log of an exception returned to the caller. Everything else "
+        "(the answer, set_exception, _handle_failure then on_failure, _stop) is as in "
+        "Pykka, which tests/pykka_port checks on DispatchedActor."
+    ),
+}
+"""Pykka's code that the library copies instead of calling -> where, and why."""

@@ -1,13 +1,15 @@
 """Supervision, OTP style, on Pykka: knows nothing of sessions or stores.
 
-`actor` holds `SupervisedActor` (exit reports, `BaseException` containment)
-and its `Exit`; `supervisor` holds `Supervisor`, `ChildSpec` and the
+`actor` holds `SupervisedActor` (exit reports, `BaseException` containment),
+its `Exit`, and the `Cell` beside its Pykka ref (``started``, ``finished``, the
+monitor); `supervisor` holds `Supervisor`, `ChildSpec` and the
 `RestartPolicy` that the session registry uses too.
 """
 
 from nous_actor.supervision.actor import (
     HANDLED_LATER,
     ActorCrashed,
+    Cell,
     Clock,
     DispatchedSupervisedActor,
     Exit,
@@ -17,6 +19,7 @@ from nous_actor.supervision.actor import (
     Scheduler,
     Strategy,
     SupervisedActor,
+    cell_of,
     start_monitored,
 )
 from nous_actor.supervision.supervisor import (
@@ -32,6 +35,7 @@ __all__ = [
     "HANDLED_LATER",
     "ActorCrashed",
     "Backoff",
+    "Cell",
     "ChildSpec",
     "Clock",
     "DispatchedSupervisedActor",
@@ -46,5 +50,6 @@ __all__ = [
     "SupervisedActor",
     "Supervisor",
     "_timer",
+    "cell_of",
     "start_monitored",
 ]

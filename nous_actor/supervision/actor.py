@@ -23,6 +23,8 @@ Where the library reaches into Pykka's private names (here: `_actor_loop`,
 from __future__ import annotations
 
 import contextvars
+import weakref
+from _thread import allocate_lock
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,10 +41,12 @@ from nous_actor.runtime.flag import Flag
 __all__ = [
     "HANDLED_LATER",
     "ActorCrashed",
+    "Cell",
     "DispatchedSupervisedActor",
     "Exit",
     "Monitor",
     "SupervisedActor",
+    "cell_of",
     "start_monitored",
 ]
 
@@ -82,6 +86,113 @@ HANDLED_LATER: Any = object()
 sees the supervisor's answer to it, and no thread ever blocks for that)."""
 
 Monitor = Callable[[Exit], Any]
+
+
+class Cell:
+    """Ours, beside a supervised actor's Pykka ref: its ``started`` and ``finished``
+    flags, and where its exit goes (Pykka's ref carries none of it).
+
+    Made by the actor when it is created; whoever starts the actor gets it with
+    `start_monitored` (or `cell_of`) and keeps it beside the ref (a supervisor's
+    child record, the registry's entry). The monitor is given to the cell
+    explicitly, by the ref ``start()`` returned: an exit that came first (the
+    actor ended before ``start()`` returned) is kept and handed over then, and
+    its ``finished`` is already set (no monitor could answer it earlier).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_ended",
+        "_exit",
+        "_lock",
+        "_monitor",
+        "finished",
+        "started",
+        "urn",
+    )
+
+    def __init__(self, urn: str) -> None:
+        self.urn = urn
+        self.started = Flag()
+        """Set once ``on_start`` has returned (or failed): a supervisor starts its
+        children one after the other, each done starting before the next."""
+        self.finished = Flag()
+        """Set when the actor is done (after its last look at the inbox) and its exit
+        is handled: the one signal that an actor has really stopped."""
+        self._lock = allocate_lock()
+        self._monitor: Monitor | None = None
+        self._exit: Exit | None = None  # an exit no monitor has seen yet
+        self._ended = False
+
+    def monitor(self, monitor: Monitor) -> None:
+        """Report the actor's exit to ``monitor`` (at once if it has ended already)."""
+        with self._lock:
+            if self._monitor is not None:
+                raise ValueError(f"actor {self.urn} has a monitor already (one per actor)")
+            self._monitor = monitor
+            exit, self._exit = self._exit, None
+        if exit is not None:
+            _deliver(monitor, exit)  # finished is set already: no answer to wait for
+
+    def exited(self, exit: Exit) -> None:
+        """The actor's last act: report ``exit``, then set ``finished`` (unless the
+        monitor returned `HANDLED_LATER`: then it sets it)."""
+        with self._lock:
+            if self._ended:  # reported once
+                return
+            self._ended = True
+            monitor = self._monitor
+            if monitor is None:
+                self._exit = exit
+        later = False
+        try:
+            if monitor is not None:
+                later = _deliver(monitor, exit) is HANDLED_LATER
+        finally:
+            if not later:
+                self.finished.set()  # the very last thing: the exit has been reported
+
+    def __repr__(self) -> str:
+        flags = f"started={self.started.is_set()} finished={self.finished.is_set()}"
+        return f"<Cell {self.urn} {flags}>"
+
+
+def _deliver(monitor: Monitor, exit: Exit) -> Any:
+    try:
+        return monitor(exit)
+    except Exception as exc:  # a broken monitor must not hide the exit
+        logger.error(
+            "actor.monitor_failed",
+            urn=exit.urn,
+            reason=type(exc).__name__,
+            error=short_repr(exc),
+        )
+        return None
+
+
+# Each supervised actor's cell, by its ref: how whoever holds only the ref (the ref
+# ``start()`` returned) finds the cell. Weak: an entry goes with its ref.
+_cells: weakref.WeakKeyDictionary[pykka.ActorRef[Any], Cell] = weakref.WeakKeyDictionary()
+
+
+def cell_of(ref: pykka.ActorRef[Any]) -> Cell:
+    """The `Cell` of a supervised actor's ref (its ``started``, ``finished`` and monitor).
+
+    Raises:
+        TypeError: ``ref`` is not the ref of a `SupervisedActor` (or of a
+            `DispatchedSupervisedActor`).
+    """
+    cell = _cells.get(ref) if isinstance(ref, pykka.ActorRef) else None
+    if cell is None:
+        raise TypeError(
+            f"{ref!r} is not the ref of a SupervisedActor: start a SupervisedActor "
+            "(or a DispatchedSupervisedActor) subclass to have its exit reported"
+        )
+    return cell
+
+
+# The monitor for the next actor created by start_monitored's start() (until the
+# registry no longer asks, at its creation, whether it is watched).
 _next_monitor: contextvars.ContextVar[Monitor | None] = contextvars.ContextVar(
     "nous_actor_next_monitor", default=None
 )
@@ -104,22 +215,26 @@ class _Supervised(pykka.Actor):
 
     Its exit (a normal stop, or a crash: an exception in a tell or in
     ``on_start``, a ``BaseException`` anywhere) is reported to the monitor
-    given by `start_monitored`. A ``BaseException`` stops only this actor.
+    given to its `Cell` (by `start_monitored`). A ``BaseException`` stops only
+    this actor.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._monitor = _next_monitor.get()
-        _next_monitor.set(None)  # only the first actor created by start() is the child
         self.exit_reason: BaseException | None = None
-        # Set when the actor is done (after its last look at the inbox): the one
-        # signal that an actor has really stopped. Reachable from its ref.
-        self.finished = Flag()
-        setattr(self.actor_ref, "finished", self.finished)  # noqa: B010
-        # Set once on_start has returned (or failed): a supervisor starts its
-        # children one after the other, each done starting before the next.
-        self.started = Flag()
-        setattr(self.actor_ref, "started", self.started)  # noqa: B010
+        self.cell = Cell(self.actor_urn)
+        _cells[self.actor_ref] = self.cell
+        monitor = _next_monitor.get()
+        if monitor is not None:
+            _next_monitor.set(None)  # only the first actor created by start() is the child
+            self.cell.monitor(monitor)
+        self.finished = self.cell.finished
+        self.started = self.cell.started
+
+    @property
+    def _monitor(self) -> Monitor | None:
+        """Whom its cell reports the exit to (``None``: nobody watches this actor)."""
+        return self.cell._monitor
 
     def _actor_loop_setup(self) -> None:
         try:
@@ -158,26 +273,10 @@ class _Supervised(pykka.Actor):
 
     def _report_exit(self) -> None:
         """Clean up, report the exit to the monitor, then set ``finished`` (runs once)."""
-        later = False
         try:
             self._cleanup()
-            monitor, self._monitor = self._monitor, None
-            if monitor is not None:
-                try:
-                    later = (
-                        monitor(Exit(self.actor_urn, self.exit_reason, self.finished))
-                        is HANDLED_LATER
-                    )
-                except Exception as exc:  # a broken monitor must not hide the exit
-                    logger.error(
-                        "actor.monitor_failed",
-                        urn=self.actor_urn,
-                        reason=type(exc).__name__,
-                        error=short_repr(exc),
-                    )
         finally:
-            if not later:
-                self.finished.set()  # the very last thing: the exit has been reported
+            self.cell.exited(Exit(self.actor_urn, self.exit_reason, self.finished))
 
 
 class SupervisedActor(_Supervised, pykka.ThreadingActor):
@@ -186,8 +285,8 @@ class SupervisedActor(_Supervised, pykka.ThreadingActor):
 
     Its exit (a normal stop, or a crash: an exception in a tell or in
     ``on_start``, a ``BaseException`` anywhere) is reported to the monitor
-    given by `start_monitored`. A ``BaseException`` stops only this actor.
-    Its thread is a daemon thread: it never keeps the program from exiting
+    given to its `Cell` (by `start_monitored`). A ``BaseException`` stops only
+    this actor. Its thread is a daemon thread: it never keeps the program from exiting
     (set ``use_daemon_thread = False`` on a subclass that must finish first).
     """
 

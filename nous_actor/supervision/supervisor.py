@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from nous_actor.core._frozen import safe_str
 from nous_actor.core.args import check_callable, check_seconds
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.supervision.actor import (
+    Cell,
     Clock,
     Exit,
     RestartIntensityExceeded,
@@ -25,6 +25,7 @@ from nous_actor.supervision.actor import (
     Scheduler,
     Strategy,
     SupervisedActor,
+    cell_of,
     start_monitored,
 )
 
@@ -254,6 +255,8 @@ class Supervisor(SupervisedActor):
         self.strategy = strategy
         self.policy = RestartPolicy(max_restarts, max_seconds, backoff, clock, scheduler)
         self.refs: dict[str, pykka.ActorRef[Any] | None] = {}
+        self.cells: dict[str, Cell] = {}
+        """Each running child's `Cell` (its ``started`` and ``finished``), beside its ref."""
         self.restarts = 0
         self._stopping = False
         self._expected_exits: set[str] = set()
@@ -289,8 +292,8 @@ class Supervisor(SupervisedActor):
                 pass
 
         ref = self.refs[spec.id] = start_monitored(spec.start, monitor)
-        started: threading.Event | None = getattr(ref, "started", None)
-        if started is not None and not started.wait(spec.shutdown_timeout):
+        cell = self.cells[spec.id] = cell_of(ref)
+        if not cell.started.wait(spec.shutdown_timeout):
             logger.warning(
                 "supervisor.slow_start",
                 supervisor=self.name,
@@ -351,6 +354,7 @@ class Supervisor(SupervisedActor):
             if spec.restart == "temporary":
                 self.specs.remove(spec)
                 self.refs.pop(child_id, None)
+                self.cells.pop(child_id, None)
             return
         delay = self.policy.delay()
         if delay is None:
@@ -399,6 +403,7 @@ class Supervisor(SupervisedActor):
             if s.restart == "temporary":
                 self.specs.remove(s)
                 self.refs.pop(s.id, None)
+                self.cells.pop(s.id, None)
                 group.remove(s)
         for s in group:
             if self.refs.get(s.id) is None:
@@ -435,6 +440,11 @@ class Supervisor(SupervisedActor):
     def child_ref(self, child_id: str) -> pykka.ActorRef[Any] | None:
         """The current ref of a child (changes when it restarts), or ``None``."""
         return self.refs.get(child_id)
+
+    def child_cell(self, child_id: str) -> Cell | None:
+        """The `Cell` of a child's current actor (its ``started`` and ``finished``),
+        or ``None`` before its first start."""
+        return self.cells.get(child_id)
 
     def restart_count(self) -> int:
         """Restarts made so far."""

@@ -29,7 +29,7 @@ from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, che
 from nous_actor.sessions.turns._rules import _ENTERED, HELD, held_future
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
-from nous_actor.supervision import ChildSpec, RestartType
+from nous_actor.supervision import ChildSpec, RestartType, cell_of
 
 
 class Session(SessionHandle):
@@ -274,7 +274,7 @@ class Session(SessionHandle):
         # request: Pykka leaves a request unanswered if it lands after the
         # actor's last look at its inbox.
         deadline = monotonic() + bound
-        finished: threading.Event = getattr(ref, "finished")  # noqa: B009
+        finished = cell_of(ref).finished
         released: threading.Event = getattr(ref, "released")  # noqa: B009
         for done, what in ((finished, "a long call is running"), (released, "a commit is slow")):
             if not done.wait(min(max(deadline - monotonic(), 0), threading.TIMEOUT_MAX)):
