@@ -333,8 +333,6 @@ PLACE_NAMES = {"base", "_base", "core", "_core", "_face", "_life"}
 # store/base.py is the public Store protocol, imported by that path.
 REMAINING_PLACE_NAMES = {
     "store/base.py",
-    "sessions/actor/_base.py",
-    "sessions/actor/_core.py",
     "sessions/handle/_face.py",
     "sessions/registry/_base.py",
     "sessions/registry/_life.py",

@@ -21,17 +21,16 @@ from typing import Any
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout
 from nous_actor.runtime import telemetry
-from nous_actor.sessions.actor import _WAIT_FOR_COMMITS, Handler, SessionActor
+from nous_actor.sessions.actor import _WAIT_FOR_COMMITS, THROUGH, Handler, SessionActor
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle
 from nous_actor.sessions.turns import (
     DEFAULT_LEASE,
     DEFAULT_ROLLBACK_NOTE,
     POLICIES,
-    THROUGH,
     TurnRequest,
 )
-from nous_actor.sessions.turns._rules import entered, left
+from nous_actor.sessions.turns._blocks import entered, left
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["Turn", "check_turn_args", "default_owner"]

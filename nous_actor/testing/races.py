@@ -591,13 +591,15 @@ def mutate(m: Mutation) -> Iterator[None]:
         setattr(owner, m.function, original)
 
 
-# The part of `SessionActor` where the mutated methods are defined (its store-facing side).
-_ACTOR = "nous_actor.sessions.actor._store:StoreSide"
+# Where the mutated methods are defined: `SessionActor`, and two of its collaborators.
+_ACTOR = "nous_actor.sessions.actor._session_actor:SessionActor"
+_LEDGER = "nous_actor.sessions.actor._ledger:CommitLedger"
+_COMPACTIONS = "nous_actor.sessions.actor._compactions:Compactions"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "subscription ended before acknowledged events reach it",
-        _ACTOR,
+        _LEDGER,
         "_shut",
         "if not idle:",
         "if False:",
@@ -613,9 +615,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "compaction applied twice after a retry",
-        _ACTOR,
-        "_apply",
-        "self._compaction_ids[cid] = ev.seq",
+        _COMPACTIONS,
+        "applied",
+        "ids[cid] = ev.seq",
         "pass",
         compaction_scenario,
     ),
@@ -629,9 +631,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "restart loses the last committed batch",
-        _ACTOR,
+        _LEDGER,
         "_shut",
-        "idle = self._store_ops == 0",
+        "idle = self.ops == 0",
         "idle = True",
         restart_scenario,
     ),

@@ -47,10 +47,9 @@ from nous_actor.errors import (
     StoreError,
     SubscriptionLagged,
 )
-from nous_actor.sessions.actor import SessionActor, _Compaction
+from nous_actor.sessions.actor import HELD, SessionActor, _Compaction
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
-from nous_actor.sessions.turns import HELD
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
 

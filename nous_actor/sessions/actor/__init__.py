@@ -19,26 +19,29 @@ Guarantees, for every call on a handle:
   (Pykka's default would stop every actor in the process); the call fails
   with `nous_actor.SessionCrashed`.
 
-The package's modules, each importing only those above it: ``_base`` (the
-shapes of a call, the actor's declared state, `SessionState`), ``_summary``
-(what a ``compact`` call carries; `SummarySlot`), ``_writes`` and ``_reads``
-(the write and read calls, the hand-off), ``_compaction`` (the ``compact``
-call's steps), ``_store`` (the claim, the committer, the stop) and ``_core``
-(`SessionActor`, combining them, and its loop).
+The package's modules, each importing only those before it: ``_calls`` (what a
+call is: its envelope, and the declaration of what its handler is),
+``_ledger`` (`CommitLedger`, what the actor and its store's committer share),
+``_feeds`` (`Feeds`, the subscriptions), ``_summary`` (what a ``compact`` call
+carries; `SummarySlot`), ``_compactions`` (`Compactions`, those in flight and
+those in the log), ``_session_actor`` (`SessionActor`: the loop and every
+call, holding those collaborators and the turn table of
+`nous_actor.sessions.turns`) and ``_exit`` (the exit hook).
 """
 
 from __future__ import annotations
 
-from nous_actor.sessions.actor._base import EventParts as EventParts
-from nous_actor.sessions.actor._base import Handler as Handler
-from nous_actor.sessions.actor._base import SessionState as SessionState
-from nous_actor.sessions.actor._base import _crashed as _crashed
-from nous_actor.sessions.actor._base import _Envelope as _Envelope
-from nous_actor.sessions.actor._base import _safe_str as _safe_str
-from nous_actor.sessions.actor._compaction import MAX_COMPACTION_RETRIES as MAX_COMPACTION_RETRIES
-from nous_actor.sessions.actor._core import SessionActor as SessionActor
-from nous_actor.sessions.actor._core import _flush_at_exit as _flush_at_exit
-from nous_actor.sessions.actor._store import _WAIT_FOR_COMMITS as _WAIT_FOR_COMMITS
+from nous_actor.sessions.actor._calls import EventParts as EventParts
+from nous_actor.sessions.actor._calls import Handler as Handler
+from nous_actor.sessions.actor._calls import _crashed as _crashed
+from nous_actor.sessions.actor._calls import _Envelope as _Envelope
+from nous_actor.sessions.actor._calls import _safe_str as _safe_str
+from nous_actor.sessions.actor._compactions import MAX_COMPACTION_RETRIES as MAX_COMPACTION_RETRIES
+from nous_actor.sessions.actor._exit import _flush_at_exit as _flush_at_exit
+from nous_actor.sessions.actor._session_actor import _WAIT_FOR_COMMITS as _WAIT_FOR_COMMITS
+from nous_actor.sessions.actor._session_actor import HELD as HELD
+from nous_actor.sessions.actor._session_actor import THROUGH as THROUGH
+from nous_actor.sessions.actor._session_actor import SessionActor as SessionActor
 from nous_actor.sessions.actor._summary import Deliver as Deliver
 from nous_actor.sessions.actor._summary import SummarySlot as SummarySlot
 from nous_actor.sessions.actor._summary import _Compaction as _Compaction

@@ -18,6 +18,7 @@ from nous_actor.errors import (
 from nous_actor.runtime import telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import (
+    HELD,
     Handler,
     SessionActor,
     _Envelope,
@@ -26,7 +27,7 @@ from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle._checks import _check_handle_args, check_placement
 from nous_actor.sessions.handle._face import SessionHandle
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
-from nous_actor.sessions.turns._rules import _ENTERED, HELD, held_future
+from nous_actor.sessions.turns._blocks import _ENTERED, held_future
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import ChildSpec, RestartType, cell_of

@@ -3,7 +3,7 @@
 A *turn* is a run of an agent on a session: opened by ``session.turn(...)``
 (the caller's side is `nous_actor.sessions.turn_handle.Turn`), written
 through, closed. The actor already runs its calls one at a time, so the turn
-table lives in it (`TurnHost`, a base of `SessionActor`): the open turn, its
+table lives in it (`TurnTable`, one of its collaborators): the open turn, its
 lease, and the calls that wait for it (turns that queued, writes through the
 plain handle). Nothing here blocks and nothing here owns a thread: deadlines
 (a lease running out, a waiter's bound) are kept by one process-wide alarm
@@ -19,32 +19,34 @@ A turn is recorded by the seed's bookkeeping events (DESIGN.md §2):
 ``expired`` (its lease ran out) or ``abandoned`` (its opener gave up waiting).
 A raw ``append("turn_start")`` is just an event: it opens no managed turn.
 
-The package's modules, each importing only those above it: ``_rules`` (the
-policies, the request, the table), ``_table`` (`TurnKeeper`: the table's
-keeping, and the alarm thread) and ``_host`` (`TurnHost`: the turn calls and
-the actor's hooks).
+The actor keeps a table only while a turn is open or waited for; it runs the
+turn calls (``h_turn_open``, ``h_turn_call``, ``h_turn_read``, ``h_turn_end``,
+``h_turn_tick``) and reads from each handler's own declaration whether a plain
+write waits for the open turn and what a turn may call
+(`nous_actor.sessions.actor`).
+
+The package's modules, each importing only those before it: ``_rules`` (the
+policies, the request, what a log says of its turns), ``_blocks`` (the turn
+blocks a caller is inside), ``_granted`` (the turns this process granted) and
+``_table`` (`TurnTable`, and the alarm).
 """
 
 from __future__ import annotations
 
-from nous_actor.sessions.turns._host import TurnHost as TurnHost
 from nous_actor.sessions.turns._rules import DANGLING_TURNS as DANGLING_TURNS
 from nous_actor.sessions.turns._rules import DEFAULT_DANGLING_TURNS as DEFAULT_DANGLING_TURNS
 from nous_actor.sessions.turns._rules import DEFAULT_LEASE as DEFAULT_LEASE
 from nous_actor.sessions.turns._rules import DEFAULT_ROLLBACK_NOTE as DEFAULT_ROLLBACK_NOTE
 from nous_actor.sessions.turns._rules import DEFER as DEFER
-from nous_actor.sessions.turns._rules import HELD as HELD
 from nous_actor.sessions.turns._rules import INTERRUPTED_TOOL_RESULT as INTERRUPTED_TOOL_RESULT
 from nous_actor.sessions.turns._rules import POLICIES as POLICIES
-from nous_actor.sessions.turns._rules import THROUGH as THROUGH
 from nous_actor.sessions.turns._rules import DanglingTurns as DanglingTurns
 from nous_actor.sessions.turns._rules import Policy as Policy
 from nous_actor.sessions.turns._rules import TurnRequest as TurnRequest
-from nous_actor.sessions.turns._rules import TurnTable as TurnTable
 from nous_actor.sessions.turns._rules import check_dangling_turns as check_dangling_turns
 from nous_actor.sessions.turns._rules import open_turn as open_turn
 from nous_actor.sessions.turns._table import ALARMS as ALARMS
-from nous_actor.sessions.turns._table import TurnKeeper as TurnKeeper
+from nous_actor.sessions.turns._table import TurnTable as TurnTable
 
 __all__ = [
     "DANGLING_TURNS",
@@ -56,11 +58,11 @@ __all__ = [
     "DanglingTurns",
     "POLICIES",
     "Policy",
-    "TurnHost",
+    "TurnTable",
     "TurnRequest",
     "open_turn",
 ]
 
 # The public classes are named by this package, where users import them from.
-TurnHost.__module__ = __name__
+TurnTable.__module__ = __name__
 TurnRequest.__module__ = __name__

@@ -1,8 +1,10 @@
-"""The turn table's keeping: grants, ends, expiries, the queue, and the alarm.
+"""`TurnTable`: a session's open turn, its lease, and the calls that wait for it.
 
-`TurnKeeper` is the lower half of `TurnHost`: what the handlers do to the
-table. Deadlines are kept by `ALARMS`, one process-wide thread that only tells
-a session to look (``h_turn_tick``).
+The table is a collaborator of the session's actor (`TurnSession`): the actor
+runs the turn calls and asks the table what they do; the table appends its
+bookkeeping through the actor (``_submit``) and hands back the calls whose wait
+is over (``_resume``). Deadlines are kept by `ALARMS`, which only tells a
+session to look (``h_turn_tick``).
 """
 
 from __future__ import annotations
@@ -10,124 +12,232 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import pykka
 
 from nous_actor._log import get_logger
 from nous_actor.core.event import Event, EventType
 from nous_actor.core.log import Log, _utcnow, new_event
-from nous_actor.errors import TurnBusy, TurnInterrupted
+from nous_actor.errors import SessionStopped, TurnBusy, TurnInterrupted
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.turns._blocks import HeldFuture
+from nous_actor.sessions.turns._granted import _Open, ended, granted, holder_alive
 from nous_actor.sessions.turns._rules import (
     DEFAULT_ROLLBACK_NOTE,
+    DEFER,
     INTERRUPTED_TOOL_RESULT,
     TurnRequest,
-    TurnTable,
+    _bound,
     _ended,
-    _Open,
-    _Waiter,
     dangling_calls,
-    ended,
-    granted,
+    open_turn,
 )
 
 logger = get_logger("nous_actor.sessions.turns")
 
 
-class _Alarms:
-    """Tells sessions a deadline passed: the host's alarms (one daemon thread for the
-    whole process, on real threads).
+class TurnSession(Protocol):
+    """What a turn table needs of its session's actor."""
 
-    A session asks to be told at a monotonic time; it is then sent an
-    ``h_turn_tick`` call, and the session looks at its table. Sessions are held
-    weakly: a stopped session is simply not told.
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def next_seq(self) -> int: ...
+    @property
+    def log(self) -> Log: ...
+    @property
+    def inflight(self) -> Sequence[Event]: ...  # appended, not yet committed (nor in ``log``)
+    @property
+    def dangling_turns(self) -> str: ...  # what becomes of a gone holder's turn
+    @property
+    def failed(self) -> object: ...  # a store failure: the session refuses appends
+    @property
+    def turns(self) -> TurnTable | None: ...
+    @property
+    def actor_ref(self) -> pykka.ActorRef[Any]: ...
+
+    def _submit(
+        self, events: tuple[Event, ...], result: Any, fut: SessionFuture[Any] | None
+    ) -> Any: ...
+    def _resume(self, waiter: _Waiter) -> None: ...
+    def _keep_turns(self, table: TurnTable | None) -> None: ...
+    def h_turn_tick(self) -> None: ...
+
+
+class _Waiter:
+    """A call waiting for the open turn to end: a queued turn (``req``) or a held write."""
+
+    __slots__ = ("args", "deadline", "fut", "handler", "req")
+
+    def __init__(
+        self,
+        deadline: float,
+        fut: SessionFuture[Any] | None,
+        req: TurnRequest | None = None,
+        handler: Callable[..., Any] | None = None,
+        args: tuple[Any, ...] = (),
+    ) -> None:
+        self.deadline = deadline
+        self.fut = fut
+        self.req = req
+        self.handler = handler
+        self.args = args
+
+
+_NOT_HERE: Final[Any] = object()  # `TurnTable.end`: no such turn open or waiting
+
+
+class TurnTable:
+    """A session's turns: made by its first turn, dropped when none is open or waiting.
+
+    Invariants: at most one turn is ``open``; it ends (closed, failed, interrupted,
+    rolled back, expired) with one ``turn_end`` appended; ``waiting`` holds, in
+    arrival order, the turns that queued for it and the plain writes held by it,
+    each answered once (run, granted, timed out or failed at the stop); ``armed``
+    is the earliest deadline the alarm was asked for (a lease, a waiter's bound).
     """
 
-    def at(self, when: float, ref: pykka.ActorRef[Any]) -> None:
-        scheduling.current().call_at(when, partial(_tell, weakref.ref(ref)), "nous-turns")
+    __slots__ = ("armed", "open", "session", "waiting")
 
+    def __init__(self, session: TurnSession) -> None:
+        self.session = session
+        self.open: _Open | None = None
+        self.waiting: deque[_Waiter] = deque()
+        self.armed: float | None = None  # the earliest alarm asked for
 
-def _tell(weak: weakref.ref[Any]) -> None:
-    """Have the session look at its turn table (if it still runs)."""
-    ref = weak()
-    if ref is None:
-        return
-    try:
-        ref.tell((TurnKeeper.h_turn_tick, (), None))
-    except pykka.ActorDeadError:  # stopped meanwhile: nothing to tell
-        pass
+    # -- the turn calls --------------------------------------------------------------------
 
+    def arrive(self, req: TurnRequest, fut: SessionFuture[Any] | None, now: float) -> Any:
+        """Turn ``req`` asks to open: grant it, or apply its policy to the open one."""
+        cur = self.open
+        if cur is None:
+            return self.grant(req, now, (), fut)
+        if cur.req.turn_id == req.turn_id:
+            raise ValueError(f"turn {req.turn_id!r} is open already")
+        if req.policy == "reject":
+            raise self.busy(cur, now, "policy 'reject' does not wait")
+        if req.policy == "enqueue":
+            self.waiting.append(_Waiter(now + req.wait, fut, req))
+            self.arm(now)
+            return DEFER
+        how = "rolled_back" if req.policy == "rollback" else "interrupted"
+        ending = self._end_events(cur, how, req)
+        logger.info(
+            "session.turn_ended",
+            session_id=self.session.session_id,
+            turn_id=cur.req.turn_id,
+            owner=cur.req.owner,
+            how=how,
+            reason=req.policy,
+        )
+        return self.grant(req, now, ending, fut)
 
-ALARMS: Final = _Alarms()
+    def end(
+        self, turn_id: str, how: str, error: str | None, fut: SessionFuture[Any] | None, now: float
+    ) -> Any:
+        """Close turn ``turn_id`` (its ``turn_end`` event, once committed), or stop its
+        waiting (``None``); `_NOT_HERE` if it is neither open nor waiting."""
+        s = self.session
+        cur = self.open
+        if cur is not None and cur.req.turn_id == turn_id:
+            data = self._end_data(cur, how)
+            if error is not None:
+                data["error"] = error
+            self.open = None
+            ev = new_event(s.next_seq, EventType.TURN_END, data, None)
+            result = s._submit((ev,), ev, fut) if s.failed is None else ev
+            self.next(now)
+            return result
+        for w in self.waiting:
+            if w.req is not None and w.req.turn_id == turn_id:
+                self.waiting.remove(w)
+                if w.fut is not None:
+                    w.fut._fail(self.busy(cur, now, "its opener gave up waiting"))
+                self.drop_if_idle()
+                return None
+        return _NOT_HERE
 
+    def renew(self, turn_id: str, now: float) -> bool:
+        """A call through turn ``turn_id``: renew its lease; ``False`` if it is not open."""
+        cur = self.open
+        if cur is None or cur.req.turn_id != turn_id:
+            return False
+        cur.deadline = now + cur.req.lease
+        return True
 
-class TurnKeeper:
-    """The turn table's keeping, under `TurnHost`'s handlers (a base class of it).
-
-    (No ``__slots__`` here: its attributes are `SessionActor`'s slots.)
-    """
-
-    if TYPE_CHECKING:
-        session_id: str
-        next_seq: int
-        log: Log
-        turns: TurnTable | None
-        dangling_turns: str  # what becomes of a gone holder's turn (DANGLING_TURNS)
-        inflight: deque[Event]  # appended, not yet committed (nor in ``log``)
-        failed: Any
-        _fut: SessionFuture[Any] | None
-        actor_ref: pykka.ActorRef[Any]
-
-        def _submit(self, events: tuple[Event, ...], result: Any) -> Any: ...
-
-        def _run(
-            self,
-            handler: Callable[..., Any],
-            args: tuple[Any, ...],
-            fut: SessionFuture[Any] | None,
-        ) -> None: ...
-
-        def _check_writable(self) -> None: ...
-
-    # -- the alarm -----------------------------------------------------------------------
-
-    def h_turn_tick(self) -> None:
-        """The alarm: a lease or a waiter's bound may have run out."""
-        now = scheduling.monotonic()
-        table = self.turns
-        if table is None:
+    def tick(self, now: float) -> None:
+        """The alarm: end an expired turn, fail the waiters past their bound."""
+        if self.armed is not None and self.armed <= now:
+            self.armed = None
+        self.expire(now)
+        if self.session.turns is not self:
             return
-        if table.armed is not None and table.armed <= now:
-            table.armed = None
-        table = self._current(now)
-        if table is None:
-            return
-        if table.open is not None and table.waiting:
+        if self.open is not None and self.waiting:
             keep: deque[_Waiter] = deque()
-            for w in table.waiting:
+            for w in self.waiting:
                 if w.deadline <= now:
-                    self._time_out(w, table.open, now)
+                    self._time_out(w, self.open, now)
                 else:
                     keep.append(w)
-            table.waiting = keep
-        if not self._drop_if_idle(table):
-            self._arm(table, now)
+            self.waiting = keep
+        if not self.drop_if_idle():
+            self.arm(now)
 
-    # -- the table -----------------------------------------------------------------------
-
-    def _grant(
+    def hold(
         self,
-        table: TurnTable,
+        handler: Callable[..., Any],
+        args: tuple[Any, ...],
+        fut: SessionFuture[Any] | None,
+        now: float,
+    ) -> bool:
+        """Whether a write through the plain handle must wait for the open turn: then it
+        waits here (at most its caller's bound less a quarter of it, or less 1 s if
+        shorter; then `TurnBusy`) and runs when the turn ends, in arrival order. A
+        write from the thread (or asyncio task) inside the open turn's block would
+        wait for its own turn: it fails at once with `TurnBusy`."""
+        cur = self.open
+        if cur is None:
+            return False
+        if isinstance(fut, HeldFuture) and cur.req.turn_id in fut.turn_ids:
+            where = "asyncio task" if fut.from_task else "thread"
+            fut._fail(
+                self.busy(
+                    cur,
+                    now,
+                    f"this write through the plain handle comes from the {where} inside "
+                    "that turn's block, and would wait for its own turn to end; nothing "
+                    "was applied; write through the turn (turn.append(...))",
+                )
+            )
+            return True
+        self.waiting.append(_Waiter(now + _bound(fut), fut, None, handler, args))
+        self.arm(now)
+        return True
+
+    def stop(self, err: SessionStopped) -> None:
+        """The session stops: every call waiting for a turn is answered with ``err``."""
+        for w in self.waiting:
+            if w.fut is not None:
+                w.fut._fail(err)
+        self.waiting.clear()
+
+    # -- the table's keeping ---------------------------------------------------------------
+
+    def grant(
+        self,
         req: TurnRequest,
         now: float,
         before: tuple[tuple[EventType, dict[str, Any]], ...],
+        fut: SessionFuture[Any] | None,
     ) -> Any:
-        seq = self.next_seq
+        """Open turn ``req`` (after the events ``before``, ending the one it takes over)."""
+        s = self.session
+        seq = s.next_seq
         specs = (
             *before,
             (
@@ -142,33 +252,22 @@ class TurnKeeper:
         )
         t = _utcnow()
         events = tuple(new_event(seq + k, et, d, t) for k, (et, d) in enumerate(specs))
-        table.open = _Open(req, events[-1].seq, now + req.lease)
-        granted(table.open)
-        result = self._submit(events, events[-1])
-        self._arm(table, now)
+        self.open = _Open(req, events[-1].seq, now + req.lease)
+        granted(self.open)
+        result = s._submit(events, events[-1], fut)
+        self.arm(now)
         return result
 
     def _end_data(self, cur: _Open, how: str) -> dict[str, Any]:
         """The ``turn_end`` data of the open turn ``cur``, ending now as ``how``."""
-        ended(cur.req.turn_id)
-        sink = telemetry.sink
-        if sink is not None:
-            sink.turn_ended(
-                self.session_id, cur.req.owner, how, cur.started, time.time_ns(), cur.req.context
-            )
-        return {
-            "turn_id": cur.req.turn_id,
-            "owner": cur.req.owner,
-            "policy": cur.req.policy,
-            "how": how,
-        }
+        return end_data(self.session.session_id, cur, how)
 
     def _end_events(
         self, cur: _Open, how: str, by: TurnRequest
     ) -> tuple[tuple[EventType, dict[str, Any]], ...]:
         """The events that end ``cur`` because turn ``by`` takes over (and, for a
         rollback, the one replace that hides it behind a system note)."""
-        end_seq = self.next_seq
+        end_seq = self.session.next_seq
         data = self._end_data(cur, how)
         data.update(by=by.turn_id, by_owner=by.owner)
         if how != "rolled_back":
@@ -182,22 +281,16 @@ class TurnKeeper:
         }
         return ((EventType.TURN_END, data), (EventType.SYSTEM_MESSAGE, note))
 
-    def _current(self, now: float) -> TurnTable | None:
-        """The table, after ending the open turn if its lease ran out."""
-        table = self.turns
-        if table is not None and self._expire(table, now):
-            table = self.turns
-        return table
-
-    def _expire(self, table: TurnTable, now: float) -> bool:
+    def expire(self, now: float) -> bool:
         """End the open turn if its lease ran out; ``True`` if it did."""
-        cur = table.open
+        cur = self.open
         if cur is None or now < cur.deadline:
             return False
-        table.open = None
+        s = self.session
+        self.open = None
         logger.warning(
             "session.turn_expired",
-            session_id=self.session_id,
+            session_id=s.session_id,
             turn_id=cur.req.turn_id,
             owner=cur.req.owner,
             reason="lease",
@@ -205,120 +298,42 @@ class TurnKeeper:
         )
         data = self._end_data(cur, "expired")
         data["lease"] = cur.req.lease
-        self._record(self._gone_events(cur.start_seq, data, "lease"))
-        self._next(table, now)
+        record(s, gone_events(s, cur.start_seq, data, "lease"))
+        self.next(now)
         return True
 
-    def _gone_events(self, start_seq: int, data: dict[str, Any], reason: str) -> tuple[Event, ...]:
-        """The events that end a turn whose holder is gone (``reason``: ``"restart"``,
-        its process died; ``"lease"``, its lease ran out), begun at ``start_seq``, with
-        ``turn_end`` data ``data``: the session's ``dangling_turns`` says what becomes
-        of its half run (``keep``: nothing; ``rollback``: a note replaces it;
-        ``close_tool_calls``: a ``tool_result`` answers each call it left open)."""
-        seq = self.next_seq
-        how = self.dangling_turns
-        ending: tuple[Event, ...]
-        turn_id = data.get("turn_id")
-        if how == "rollback":
-            data.update(dangling="rollback", note_seq=seq + 1)
-            note = {
-                "content": DEFAULT_ROLLBACK_NOTE,
-                "surface_op": ["replace", start_seq, seq],
-                "rolled_back_turn": turn_id,
-                "reason": reason,
-            }
-            ending = (
-                new_event(seq, EventType.TURN_END, data, None),
-                new_event(seq + 1, EventType.SYSTEM_MESSAGE, note, None),
-            )
-        else:
-            calls = (
-                dangling_calls(self.log, start_seq, self.inflight)
-                if how == "close_tool_calls"
-                else []
-            )
-            results = []
-            for k, (call_id, name) in enumerate(calls):
-                result = {
-                    "content": INTERRUPTED_TOOL_RESULT,
-                    "tool_call_id": call_id,
-                    "name": name,
-                    "metadata": {"interrupted": {"turn_id": turn_id, "reason": reason}},
-                }
-                results.append(new_event(seq + k, EventType.TOOL_RESULT, result, None))
-            if calls:
-                data.update(dangling="close_tool_calls", closed_calls=[c for c, _ in calls])
-            ending = (*results, new_event(seq + len(results), EventType.TURN_END, data, None))
-        if "dangling" in data:  # something was done to the half run
-            logger.warning(
-                "session.dangling_turn",
-                session_id=self.session_id,
-                turn_id=turn_id,
-                owner=data.get("owner"),
-                reason=reason,
-                dangling=how,
-                closed_calls=len(data.get("closed_calls", ())),
-            )
-        return ending
-
-    def _next(self, table: TurnTable, now: float) -> None:
+    def next(self, now: float) -> None:
         """No turn is open: run the waiters in arrival order (held writes run, the
         first queued turn opens and the rest wait for it)."""
-        saved = self._fut
-        try:
-            waiting = table.waiting
-            while table.open is None and waiting:
-                w = waiting.popleft()
-                if w.deadline <= now:
-                    self._time_out(w, None, now)
-                elif w.req is None:
-                    assert w.handler is not None
-                    self._run(w.handler, w.args, w.fut)
-                else:
-                    self._run(TurnKeeper._h_grant, (w.req,), w.fut)
-        finally:
-            self._fut = saved
-        self._drop_if_idle(table)
+        waiting = self.waiting
+        while self.open is None and waiting:
+            w = waiting.popleft()
+            if w.deadline <= now:
+                self._time_out(w, None, now)
+            else:
+                self.session._resume(w)
+        self.drop_if_idle()
 
-    def _h_grant(self, req: TurnRequest) -> Any:
-        table = self.turns
-        assert table is not None
-        return self._grant(table, req, scheduling.monotonic(), ())
-
-    def _drop_if_idle(self, table: TurnTable) -> bool:
-        if table.open is None and not table.waiting and self.turns is table:
-            self._keep_turns(None)  # an idle session keeps no table
+    def drop_if_idle(self) -> bool:
+        """Have the session drop this table if no turn is open or waiting (an idle
+        session keeps no table); ``True`` if it did."""
+        s = self.session
+        if self.open is None and not self.waiting and s.turns is self:
+            s._keep_turns(None)
             return True
         return False
 
-    def _keep_turns(self, table: TurnTable | None) -> None:
-        """Keep ``table`` (``None``: no turn open or waited for), and tell the session's
-        ref whether there is one: the registry's passivation reads it (a session in a
-        turn is not idle)."""
-        self.turns = table
-        setattr(self.actor_ref, "in_turn", table is not None)  # noqa: B010
-
-    def _arm(self, table: TurnTable, now: float) -> None:
-        """Have the alarm tell this session when the next deadline passes."""
-        when = [w.deadline for w in table.waiting]
-        if table.open is not None:
-            when.append(table.open.deadline)
+    def arm(self, now: float) -> None:
+        """Have the alarm tell the session when the next deadline passes."""
+        when = [w.deadline for w in self.waiting]
+        if self.open is not None:
+            when.append(self.open.deadline)
         if not when:
             return
         first = min(when)
-        if table.armed is None or first < table.armed:
-            table.armed = first
-            ALARMS.at(first, self.actor_ref)
-
-    def _record(self, events: tuple[Event, ...]) -> None:
-        """Append bookkeeping of the table's own (no caller is answered by it)."""
-        if self.failed is not None:  # the session refuses appends until it restarts
-            return
-        saved, self._fut = self._fut, None
-        try:
-            self._submit(events, None)
-        finally:
-            self._fut = saved
+        if self.armed is None or first < self.armed:
+            self.armed = first
+            ALARMS.at(first, self.session.actor_ref, type(self.session).h_turn_tick)
 
     def _time_out(self, w: _Waiter, cur: _Open | None, now: float) -> None:
         if w.fut is None:
@@ -331,39 +346,174 @@ class TurnKeeper:
                 "open; write through the turn (with session.turn(...) as turn: "
                 "turn.append(...)), or give the turn a shorter lease"
             )
-        w.fut._fail(self._busy(cur, now, why))
+        w.fut._fail(self.busy(cur, now, why))
 
-    def _busy(self, cur: _Open | None, now: float, why: str) -> TurnBusy:
+    def busy(self, cur: _Open | None, now: float, why: str) -> TurnBusy:
+        """`TurnBusy` for a call refused or timed out because ``cur`` is open."""
+        sid = self.session.session_id
         if cur is None:
-            return TurnBusy(
-                f"a turn was open; {why}", session_id=self.session_id, holder=None, turn_id=None
-            )
+            return TurnBusy(f"a turn was open; {why}", session_id=sid, holder=None, turn_id=None)
         left = max(cur.deadline - now, 0.0)
         return TurnBusy(
             f"turn {cur.req.turn_id!r} of {cur.req.owner!r} is open; {why}",
-            session_id=self.session_id,
+            session_id=sid,
             holder=cur.req.owner,
             lease_until=_utcnow() + timedelta(seconds=left),
             turn_id=cur.req.turn_id,
         )
 
-    def _not_open(self, turn_id: str) -> TurnInterrupted:
-        end = _ended(self.log, turn_id)
-        if end is None:
-            return TurnInterrupted(
-                self.session_id,
-                f"turn {turn_id!r} is not open here (the session restarted, or the turn never "
-                "opened); nothing was applied; open a new turn to go on",
-                turn_id=turn_id,
-            )
-        how = str(end.data.get("how"))
-        by = end.data.get("by")
-        who = f" by turn {by!r} of {end.data.get('by_owner')!r}" if by else ""
-        why = f", reason {end.data['reason']!r}" if "reason" in end.data else ""
-        return TurnInterrupted(
-            self.session_id,
-            f"turn {turn_id!r} ended ({how}{who}{why}, turn_end at seq {end.seq}); nothing "
-            "was applied; its events stay in the log; open a new turn to go on",
-            turn_id=turn_id,
-            how=how,
+
+def end_data(session_id: str, cur: _Open, how: str) -> dict[str, Any]:
+    """The ``turn_end`` data of open turn ``cur``, ending now as ``how`` (it is no longer
+    granted here; its span ends)."""
+    ended(cur.req.turn_id)
+    sink = telemetry.sink
+    if sink is not None:
+        sink.turn_ended(
+            session_id, cur.req.owner, how, cur.started, time.time_ns(), cur.req.context
         )
+    return {
+        "turn_id": cur.req.turn_id,
+        "owner": cur.req.owner,
+        "policy": cur.req.policy,
+        "how": how,
+    }
+
+
+def record(s: TurnSession, events: tuple[Event, ...]) -> None:
+    """Append bookkeeping of the turns' own (no caller is answered by it)."""
+    if s.failed is None:  # else the session refuses appends until it restarts
+        s._submit(events, None, None)
+
+
+def gone_events(
+    s: TurnSession, start_seq: int, data: dict[str, Any], reason: str
+) -> tuple[Event, ...]:
+    """The events that end a turn whose holder is gone (``reason``: ``"restart"``, its
+    process died; ``"lease"``, its lease ran out), begun at ``start_seq``, with
+    ``turn_end`` data ``data``: the session's ``dangling_turns`` says what becomes of
+    its half run (``keep``: nothing; ``rollback``: a note replaces it;
+    ``close_tool_calls``: a ``tool_result`` answers each call it left open)."""
+    seq = s.next_seq
+    how = s.dangling_turns
+    ending: tuple[Event, ...]
+    turn_id = data.get("turn_id")
+    if how == "rollback":
+        data.update(dangling="rollback", note_seq=seq + 1)
+        note = {
+            "content": DEFAULT_ROLLBACK_NOTE,
+            "surface_op": ["replace", start_seq, seq],
+            "rolled_back_turn": turn_id,
+            "reason": reason,
+        }
+        ending = (
+            new_event(seq, EventType.TURN_END, data, None),
+            new_event(seq + 1, EventType.SYSTEM_MESSAGE, note, None),
+        )
+    else:
+        calls = dangling_calls(s.log, start_seq, s.inflight) if how == "close_tool_calls" else []
+        results = []
+        for k, (call_id, name) in enumerate(calls):
+            result = {
+                "content": INTERRUPTED_TOOL_RESULT,
+                "tool_call_id": call_id,
+                "name": name,
+                "metadata": {"interrupted": {"turn_id": turn_id, "reason": reason}},
+            }
+            results.append(new_event(seq + k, EventType.TOOL_RESULT, result, None))
+        if calls:
+            data.update(dangling="close_tool_calls", closed_calls=[c for c, _ in calls])
+        ending = (*results, new_event(seq + len(results), EventType.TURN_END, data, None))
+    if "dangling" in data:  # something was done to the half run
+        logger.warning(
+            "session.dangling_turn",
+            session_id=s.session_id,
+            turn_id=turn_id,
+            owner=data.get("owner"),
+            reason=reason,
+            dangling=how,
+            closed_calls=len(data.get("closed_calls", ())),
+        )
+    return ending
+
+
+def end_orphan_turn(s: TurnSession) -> None:
+    """At start: a managed turn the log leaves open (the session stopped, crashed or
+    moved with it open) ends as interrupted, with ``reason: "restart"``.
+
+    If its holder may still run (this process granted the turn and its lease has
+    not run out: the actor crashed or stopped, the process did not), that is all:
+    the holder hears `TurnInterrupted` and may open a new turn and go on.
+    Otherwise its holder is gone (its process died, or its lease ran out) and the
+    session's ``dangling_turns`` says what becomes of its half run."""
+    start = open_turn(s.log)
+    if start is None:
+        return
+    data = {k: start.data[k] for k in ("turn_id", "owner", "policy") if k in start.data}
+    data.update(how="interrupted", reason="restart")
+    logger.info(
+        "session.turn_ended",
+        session_id=s.session_id,
+        turn_id=data.get("turn_id"),
+        owner=data.get("owner"),
+        how="interrupted",
+        reason="restart",
+    )
+    turn_id = data.get("turn_id")
+    alive = isinstance(turn_id, str) and holder_alive(turn_id, scheduling.monotonic())
+    if isinstance(turn_id, str):
+        ended(turn_id)
+    if alive:
+        record(s, (new_event(s.next_seq, EventType.TURN_END, data, None),))
+    else:
+        record(s, gone_events(s, start.seq, data, "restart"))
+
+
+def not_open(session_id: str, log: Log, turn_id: str) -> TurnInterrupted:
+    """`TurnInterrupted` for a call through turn ``turn_id``, which is not open."""
+    end = _ended(log, turn_id)
+    if end is None:
+        return TurnInterrupted(
+            session_id,
+            f"turn {turn_id!r} is not open here (the session restarted, or the turn never "
+            "opened); nothing was applied; open a new turn to go on",
+            turn_id=turn_id,
+        )
+    how = str(end.data.get("how"))
+    by = end.data.get("by")
+    who = f" by turn {by!r} of {end.data.get('by_owner')!r}" if by else ""
+    why = f", reason {end.data['reason']!r}" if "reason" in end.data else ""
+    return TurnInterrupted(
+        session_id,
+        f"turn {turn_id!r} ended ({how}{who}{why}, turn_end at seq {end.seq}); nothing "
+        "was applied; its events stay in the log; open a new turn to go on",
+        turn_id=turn_id,
+        how=how,
+    )
+
+
+class _Alarms:
+    """Tells sessions a deadline passed: the host's alarms (one daemon thread for the
+    whole process, on real threads).
+
+    A session asks to be told at a monotonic time; it is then sent an
+    ``h_turn_tick`` call, and the session looks at its table. Sessions are held
+    weakly: a stopped session is simply not told.
+    """
+
+    def at(self, when: float, ref: pykka.ActorRef[Any], tick: Callable[..., Any]) -> None:
+        scheduling.current().call_at(when, partial(_tell, weakref.ref(ref), tick), "nous-turns")
+
+
+def _tell(weak: weakref.ref[Any], tick: Callable[..., Any]) -> None:
+    """Have the session look at its turn table (if it still runs)."""
+    ref = weak()
+    if ref is None:
+        return
+    try:
+        ref.tell((tick, (), None))
+    except pykka.ActorDeadError:  # stopped meanwhile: nothing to tell
+        pass
+
+
+ALARMS: Final = _Alarms()

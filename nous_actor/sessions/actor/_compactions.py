@@ -1,0 +1,134 @@
+"""`Compactions`: a session's compactions in flight, and the ids of those in its log."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+from nous_actor.core.compaction import CompactionResult
+from nous_actor.core.event import Event, EventType
+from nous_actor.core.log import Log
+from nous_actor.errors import SessionStopped
+from nous_actor.runtime import telemetry
+from nous_actor.sessions.future import SessionFuture
+
+MAX_COMPACTION_RETRIES: Final = 2
+"""How often a compaction is planned again when a replace appended while its summary
+was being written overlaps it, before it fails with ``CompactionError``."""
+
+
+class Compactions:
+    """What a session's actor keeps of its compactions (made by its first ``compact``).
+
+    Invariants: ``running`` holds each compaction whose summary is being written off
+    the actor (by id, with the future of the call that waits for it): the session is
+    not idle while one is; each is answered once (by its result, or at the stop).
+    ``ids`` (built on first use, then kept current by `applied`) maps each compaction
+    id in the log to its record's seq, so a compaction id already applied is never
+    applied again. ``times`` holds the timing of each compaction being made while
+    telemetry is on (``[start, summariser start, summariser end, caller's context]``).
+    """
+
+    __slots__ = ("ids", "running", "times")
+
+    def __init__(self) -> None:
+        self.running: dict[str, SessionFuture[Any] | None] = {}
+        self.ids: dict[str, int] | None = None
+        self.times: dict[str, list[Any]] | None = None
+
+    # -- in flight -------------------------------------------------------------------------
+
+    def begin(self, cid: str, fut: SessionFuture[Any] | None) -> None:
+        """The summary of compaction ``cid`` is being written; ``fut`` waits for it."""
+        self.running[cid] = fut
+
+    def landed(self, cid: str) -> None:
+        """The summary of compaction ``cid`` came back (or was never sent)."""
+        self.running.pop(cid, None)
+
+    def stop(self, err: SessionStopped) -> None:
+        """The session stops: every call waiting for a summary is answered with ``err``."""
+        for fut in self.running.values():
+            if fut is not None:
+                fut._fail(err)
+        self.running.clear()
+
+    # -- the ids in the log ----------------------------------------------------------------
+
+    def applied(self, ev: Event) -> None:
+        """``ev`` (a ``step_end``) was applied: index it if it records a compaction."""
+        ids = self.ids
+        if ids is not None:
+            cid = compaction_id_of(ev)
+            if cid is not None:
+                ids[cid] = ev.seq
+
+    def known(self, log: Log, cid: str) -> CompactionResult | None:
+        """The result of compaction ``cid`` if ``log`` holds it already."""
+        ids = self.ids
+        if ids is None:  # first use: index the compaction records in the log
+            ids = {}
+            for ev in log.events():
+                if ev.type is EventType.STEP_END:
+                    found = compaction_id_of(ev)
+                    if found is not None:
+                        ids[found] = ev.seq
+            self.ids = ids
+        seq = ids.get(cid)
+        if seq is None:
+            return None
+        rec = log.since(seq)[:1]
+        data: Any = rec[0].data if rec and rec[0].seq == seq else {}
+        summarised = data.get("summarised")
+        return CompactionResult(
+            log._view(),
+            data.get("estimate_before", 0),
+            data.get("estimate_after", 0),
+            tuple(data.get("pruned") or ()),
+            tuple(summarised) if summarised else None,
+            data.get("summary_seq"),
+            seq,
+            cid,
+            data.get("budget"),
+        )
+
+    # -- timing (telemetry) ----------------------------------------------------------------
+
+    def timed(self, cid: str, context: object) -> None:
+        """Compaction ``cid`` is being made (timed from its first plan, retries included)."""
+        times = self.times
+        if times is None:
+            times = self.times = {}
+        times.setdefault(cid, [time.time_ns(), 0, 0, context])
+
+    def mark(self, cid: str, which: int) -> bool:
+        """Its summariser started (``which`` 1) or ended (2); ``False`` if not timed."""
+        times = self.times
+        if times is None or cid not in times:
+            return False
+        times[cid][which] = time.time_ns()
+        return True
+
+    def report(self, session_id: str, cid: str | None, *, report: bool = True) -> None:
+        """Compaction ``cid`` ended: its span is reported (unless not ``report``)."""
+        times = self.times
+        if times is None or cid is None:
+            return
+        started = times.pop(cid, None)
+        if not times:
+            self.times = None
+        sink = telemetry.sink
+        if started is None or sink is None or not report:
+            return
+        start, summary_start, summary_end, context = started
+        summary = (summary_start, summary_end) if summary_end else None
+        sink.compacted(session_id, start, time.time_ns(), summary, context)
+
+
+def compaction_id_of(ev: Event) -> str | None:
+    """The compaction id a ``step_end`` records, if it records a compaction."""
+    data = ev.data
+    if data.get("step") != "compaction":
+        return None
+    cid = data.get("compaction_id")
+    return cid if isinstance(cid, str) else None

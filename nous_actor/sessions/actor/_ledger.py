@@ -1,0 +1,155 @@
+"""`CommitLedger`: everything a session's actor and its store's committer thread share.
+
+The actor hands work to the committer (`begin`); the committer's thread records
+each batch as it commits (`committed`) and each other operation as it ends
+(`finished`); the actor takes the recorded batches when it next runs (`take`)
+and applies them. All of it under one lock, in this one object.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from nous_actor.core.event import Event
+from nous_actor.errors import SessionStopped, StoreError
+from nous_actor.runtime.flag import Flag
+from nous_actor.store.subscription import Subscription
+
+Done = tuple[tuple[Event, ...], "StoreError | None"]
+
+
+class CommitLedger:
+    """The commits between a session's actor and its store's committer.
+
+    Invariants (under ``lock``):
+
+    * ``ops`` counts the operations handed to the committer and not yet ended
+      (appends, snapshot drops, the start's read of the store).
+    * ``done`` holds, in commit order, the batches committed (or failed) that the
+      actor has not taken yet.
+    * The committer sends the actor one wake per batch of ``done`` (``wake_sent``),
+      and only while the actor asked for them (``want``: a parked call or a
+      subscriber waits) or a write failed.
+    * Once ``shutting`` (the session stopped), nothing goes to ``done``: each batch
+      that commits feeds ``closing`` (the stopped session's subscribers, ended with
+      ``feed_error`` after the last operation), and the operation that brings
+      ``ops`` to 0 lets go of the claim; ``released`` is set once it is let go (a
+      successor waits for it).
+
+    ``done`` and ``want`` are read without the lock on the actor's hot path (a stale
+    read only delays the actor's look by one call).
+    """
+
+    __slots__ = (
+        "closing",
+        "done",
+        "feed_error",
+        "lock",
+        "ops",
+        "released",
+        "shutting",
+        "wake_sent",
+        "want",
+    )
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done: list[Done] = []
+        self.want = False
+        self.wake_sent = False
+        self.ops = 0
+        self.shutting = False
+        self.feed_error: SessionStopped | None = None
+        self.closing: list[Subscription] = []  # (a fresh list only when stopping)
+        self.released = Flag()
+
+    # -- the actor -------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """One operation is handed to the committer."""
+        with self.lock:
+            self.ops += 1
+
+    def take(self) -> list[Done]:
+        """The batches recorded since the last take (the next one wakes the actor again)."""
+        with self.lock:
+            done, self.done = self.done, []
+            self.wake_sent = False
+        return done
+
+    def wanted(self, want: bool) -> bool:
+        """The actor now wants (or not) to be woken by commits; ``True`` if it must be
+        woken now (commits it wants are recorded and no wake is on its way)."""
+        with self.lock:
+            self.want = want
+            send = want and bool(self.done) and not self.wake_sent
+            if send:
+                self.wake_sent = True
+        return send
+
+    def _shut(
+        self, subs: list[Subscription], feed_error: SessionStopped | None
+    ) -> tuple[bool, list[Subscription]]:
+        """The session stopped (its actor's ``_shut``, this ledger's part of it): the
+        recorded commits go to ``subs``, and those still with the committer will too.
+        ``(idle, subscribers to end now)``: ``idle`` if no operation is in flight (then
+        the claim is let go now)."""
+        with self.lock:
+            self.shutting = True
+            self.feed_error = feed_error
+            idle = self.ops == 0
+            done, self.done = self.done, []
+            for events, failed in done:
+                if failed is None:
+                    for ev in events:
+                        subs = [s for s in subs if s._push(ev)]
+            if not idle:
+                self.closing = subs
+                subs = []
+        return idle, subs
+
+    def committed_since_taken(self) -> int:
+        """How many events are recorded as committed and not taken yet."""
+        with self.lock:
+            return sum(len(events) for events, err in self.done if err is None)
+
+    # -- the committer's thread ------------------------------------------------------------
+
+    def committed(self, events: tuple[Event, ...], err: StoreError | None) -> tuple[bool, bool]:
+        """Batch ``events`` committed (``err``: or failed). ``(last, wake)``: ``last`` if the
+        session stopped and this was its last operation in flight; ``wake`` if the
+        actor must be told (it wants commits, or the write failed)."""
+        with self.lock:
+            self.ops -= 1
+            last = self.shutting and self.ops == 0
+            if self.shutting:  # stopped: nobody applies it; its feeds still get it
+                if err is None and self.closing:
+                    subs = self.closing
+                    for ev in events:
+                        subs = [s for s in subs if s._push(ev)]
+                    self.closing = subs
+                return last, False
+            self.done.append((events, err))
+            wake = (self.want or err is not None) and not self.wake_sent
+            if wake:
+                self.wake_sent = True
+        return last, wake
+
+    def finished(self) -> bool:
+        """An operation other than a batch ended; ``True`` if the session stopped and it
+        was the last in flight."""
+        with self.lock:
+            self.ops -= 1
+            return self.shutting and self.ops == 0
+
+    def closing_feeds(self) -> tuple[list[Subscription], SessionStopped | None]:
+        """The stopped session's subscribers that waited for its last operation, and how
+        their feeds end."""
+        with self.lock:
+            subs, self.closing = self.closing, []
+        return subs, self.feed_error
+
+    def __repr__(self) -> str:
+        state: Any = "shutting" if self.shutting else "live"
+        return f"<CommitLedger {state} ops={self.ops} done={len(self.done)}>"

@@ -1,0 +1,58 @@
+"""The turns a session of this process granted and that have not ended, by id.
+
+A session restarted in this process (its actor crashed, the process did not) finds
+its open turn here while the turn's lease runs, so its holder is alive; a turn not
+found here was held in a process that is gone (or its lease ran out). Kept by the
+sessions' turn tables, read at a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from nous_actor.runtime import scheduling
+from nous_actor.sessions.turns._rules import TurnRequest
+
+
+class _Open:
+    """The open turn: its request, where it began, when its lease runs out."""
+
+    __slots__ = ("deadline", "req", "start_seq", "started")
+
+    def __init__(self, req: TurnRequest, start_seq: int, deadline: float) -> None:
+        self.req = req
+        self.start_seq = start_seq
+        self.deadline = deadline
+        self.started = time.time_ns()  # for its span (telemetry)
+
+
+_GRANTED: dict[str, _Open] = {}
+_GRANTED_LOCK = threading.Lock()
+_prune_at = 1024
+
+
+def granted(turn: _Open) -> None:
+    """Turn ``turn`` was granted by a session of this process."""
+    global _prune_at
+    with _GRANTED_LOCK:
+        _GRANTED[turn.req.turn_id] = turn
+        if len(_GRANTED) >= _prune_at:  # turns left open in stopped sessions: their lease ran
+            now = scheduling.monotonic()
+            for tid in [t for t, o in _GRANTED.items() if o.deadline <= now]:
+                del _GRANTED[tid]
+            _prune_at = max(1024, 2 * len(_GRANTED))
+
+
+def ended(turn_id: str) -> None:
+    """Turn ``turn_id`` ended (a no-op if it was not granted here)."""
+    with _GRANTED_LOCK:
+        _GRANTED.pop(turn_id, None)
+
+
+def holder_alive(turn_id: str, now: float) -> bool:
+    """Whether the holder of turn ``turn_id``, left open in a session's log, may still
+    be running: this process granted it and its lease has not run out."""
+    with _GRANTED_LOCK:
+        turn = _GRANTED.get(turn_id)
+    return turn is not None and now < turn.deadline
