@@ -387,7 +387,12 @@ class Simulation:
         me = self._me.get(threading.get_ident())
         if me is None or me is self._main or me.task is None or me.task.kind != ACTOR:
             return
-        lock = getattr(getattr(me.task.obj, "ledger", None), "lock", None)
+        actor = me.task.obj
+        # The lock the committer's thread shares with the actor (its commit ledger's): a
+        # switch while it is held could hand the baton to a thread that blocks on it.
+        lock = getattr(getattr(actor, "ledger", None), "lock", None)
+        if lock is None:
+            lock = getattr(actor, "_done_lock", None)
         if lock is not None and lock.locked():
             return
         me.done = _always
