@@ -287,6 +287,7 @@ def test_stop_storm_never_hangs() -> None:
         n = 4
         barrier = threading.Barrier(n + 1)
         started = threading.Event()
+        stopped = threading.Event()  # the stop has returned
         outcomes: list[str] = []
         lock = threading.Lock()
 
@@ -295,6 +296,7 @@ def test_stop_storm_never_hangs() -> None:
             s: Session = s,
             barrier: threading.Barrier = barrier,
             started: threading.Event = started,
+            stopped: threading.Event = stopped,
             outcomes: list[str] = outcomes,
             lock: threading.Lock = lock,
         ) -> None:
@@ -311,6 +313,11 @@ def test_stop_storm_never_hangs() -> None:
                     started.set()
                 if fut.done() and isinstance(_error_of(fut), SessionStopped):
                     break
+            else:
+                # A loaded machine ran every call before the stop was even sent: one
+                # more call once the stop has returned, which must be refused.
+                assert stopped.wait(BOUND * 3)
+                futs.append(s.append("user_message", {"content": "x"}))
             for f in futs:
                 try:
                     f.get(timeout=BOUND)
@@ -328,6 +335,7 @@ def test_stop_storm_never_hangs() -> None:
         barrier.wait(BOUND)
         assert started.wait(BOUND)
         s.stop()
+        stopped.set()
         for t in threads:
             t.join(BOUND * 3)
         assert not any(t.is_alive() for t in threads), "a caller thread hung"
