@@ -73,10 +73,15 @@ that change).
 
 **Layout.** `framework` holds ADK's names; `records` the keys written; `ids`
 the ids of sessions, state and directories; `events` the mapping of ADK
-events to log events; `folds` what is read from a log; the service is built
-in layers, each in its module: `logs` (handles, cached folds and writes),
-`state`, `runs` (with `NousRunPlugin`), `reads` (get and list), and
-`service`, the public `NousSessionService`.
+events to log events; `folds` what is read from a log. `service` holds
+`NousSessionService`, one class with ADK's writes, holding a collaborator per
+piece of its state, each in its module: `logs` (a handle per session and the
+cached folds of their logs), `loads` (what each `Session` object returned has
+seen), `locks` (the locks of a write checked for staleness), `turns` (the runs'
+turns, and every write, through a run's turn when one is open), `state` (app
+and user state, directories) and `reads` (the objects returned: get, list, a
+run's refresh). `runs` holds `NousRunPlugin`, which calls the service through
+a two-method protocol.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""Reads and listing: `_ReadService`, with `get_session` (from the tail of the log for a
-first read of the latest events) and `list_sessions` (from the store's index and each
-user's directory, no session's events read), and the fast build of listed sessions."""
+"""Reads: `_Reads`, which builds the `Session` objects a service returns: a session got
+(from the tail of the log for a first read of the latest events), the sessions listed
+(from the store's index and each user's directory, no session's events read, built
+fast), and a run's object brought up to date once its turn is open."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 from typing import Any, Final
 from urllib.parse import unquote
@@ -16,60 +18,43 @@ from nous_actor.integrations.adk.framework import (
     AdkSession,
     GetSessionConfig,
     ListSessionsResponse,
+    State,
 )
 from nous_actor.integrations.adk.ids import _part, directory_key, parse_key, session_key
-from nous_actor.integrations.adk.logs import _Load
-from nous_actor.integrations.adk.state import _StateService
+from nous_actor.integrations.adk.loads import _Load, _Loads
+from nous_actor.integrations.adk.logs import _Logs
+from nous_actor.integrations.adk.state import _ScopedState
 from nous_actor.sessions.registry import Sessions
 from nous_actor.store.base import SessionInfo, list_sessions
 
 
-class _ReadService(_StateService):
-    """`NousSessionService`'s reads: `get_session` and `list_sessions`."""
+class _Reads:
+    """The `Session` objects a service returns, built from the folds of ``logs`` and the
+    state of ``state``; each one's `_Load` (what it has seen) is kept in ``loads``."""
 
-    async def get_session(
-        self,
-        *,
-        app_name: str,
-        user_id: str,
-        session_id: str,
-        config: GetSessionConfig | None = None,
+    def __init__(self, logs: _Logs, loads: _Loads, state: _ScopedState) -> None:
+        self._logs = logs
+        self._loads = loads
+        self._state = state
+
+    async def get(
+        self, app_name: str, user_id: str, sid: str, config: GetSessionConfig | None
     ) -> AdkSession | None:
-        """The session, or ``None`` if there is none (never created, or deleted).
-
-        With ``config``: ``num_recent_events`` keeps the latest that many events
-        (0: none), ``after_timestamp`` the latest run of events with timestamps
-        at or after it (as ADK's in-memory service reads it); only those events
-        are decoded.
-
-        Raises:
-            TypeError: a name or id is not a str, or ``config`` is not a
-                `GetSessionConfig`.
-            ValueError: the encoded id is too long.
-        """
-        if config is not None and not isinstance(config, GetSessionConfig):
-            raise TypeError(
-                f"config must be a GetSessionConfig or None, got {type(config).__name__}"
-            )
-        if not isinstance(session_id, str):
-            raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
-        sid = session_id.strip()
-        if not sid:
-            return None
+        """The session ``sid`` (a non-blank id) as `get_session` gives it, or ``None``."""
         key = session_key(app_name, user_id, sid)
         if (
-            key not in self._views
+            not self._logs.folded(key)
             and config is not None
             and config.num_recent_events is not None
             and config.after_timestamp is None
         ):  # a first read of the latest events: from the tail, not the whole history
-            log = await self._log(key)
+            log = await self._logs.log(key)
             tail = _tail(log, config.num_recent_events)
             if tail is None:
                 if not log.count():
-                    await self._let_go(key)
+                    await self._logs.let_go(key)
                 return None
-            merged, seen = await self._merged_seen(app_name, user_id, tail.state)
+            merged, seen = await self._state.merged_seen(app_name, user_id, tail.state)
             session = AdkSession(
                 id=sid,
                 app_name=app_name,
@@ -79,12 +64,12 @@ class _ReadService(_StateService):
                 last_update_time=tail.last_update,
             )
             first = tail.events[0].seq if tail.events else log.count()
-            self._remember(session, _Load({"session": log.count(), **seen}, first))
+            self._loads.remember(session, _Load({"session": log.count(), **seen}, first))
             return session
-        view = await self._view(key)
+        view = await self._logs.view(key)
         if view.created is None:
             if not view.seen:
-                await self._let_go(key)
+                await self._logs.let_go(key)
             return None
         own, seen_here, last_update = dict(view.state), view.seen, view.last_update
         first = 0
@@ -100,7 +85,7 @@ class _ReadService(_StateService):
                     first = i + 1
         events = view.events(first) if first < n else []
         first_seq = view.seqs[first] if first < n else seen_here
-        merged, seen = await self._merged_seen(app_name, user_id, own)
+        merged, seen = await self._state.merged_seen(app_name, user_id, own)
         session = AdkSession(
             id=sid,
             app_name=app_name,
@@ -109,33 +94,24 @@ class _ReadService(_StateService):
             events=events,
             last_update_time=last_update,
         )
-        self._remember(session, _Load({"session": seen_here, **seen}, first_seq))
+        self._loads.remember(session, _Load({"session": seen_here, **seen}, first_seq))
         return session
 
-    async def list_sessions(
-        self, *, app_name: str, user_id: str | None = None
-    ) -> ListSessionsResponse:
-        """The sessions of ``app_name`` (of ``user_id``, or of every user when None),
-        without events, with their merged state, oldest update first.
-
-        Read from the store's index and each user's directory (a session per
-        user): no session's events are read.
-
-        Raises:
-            TypeError: ``app_name`` or ``user_id`` is not a str.
-        """
+    async def listing(self, app_name: str, user_id: str | None) -> ListSessionsResponse:
+        """The sessions of ``app_name`` (of ``user_id``, or of every user) as
+        `list_sessions` gives them."""
         app = _part(app_name, "app_name")
         if user_id is not None:
             prefix = f"adk/s/{app}/{_part(user_id, 'user_id')}/"
         else:
             prefix = f"adk/s/{app}/"
-        index = asyncio.ensure_future(asyncio.to_thread(_index, self.sessions, prefix))
+        index = asyncio.ensure_future(asyncio.to_thread(_index, self._logs.sessions, prefix))
         known: dict[str, tuple[_StateView, dict[str, Any]]] = {}
         if user_id is not None:  # read the user's directory and state meanwhile
             try:
                 known[user_id] = await asyncio.gather(
-                    self._state(directory_key(app_name, user_id)),
-                    self._merged(app_name, user_id, {}),
+                    self._logs.state(directory_key(app_name, user_id)),
+                    self._state.merged(app_name, user_id, {}),
                 )
             except BaseException:
                 index.cancel()
@@ -154,7 +130,8 @@ class _ReadService(_StateService):
         for user in sorted(groups):
             if user not in known:
                 known[user] = await asyncio.gather(
-                    self._state(directory_key(app_name, user)), self._merged(app_name, user, {})
+                    self._logs.state(directory_key(app_name, user)),
+                    self._state.merged(app_name, user, {}),
                 )
             directory, merged = known[user]
             for sid, info in groups[user]:
@@ -171,6 +148,27 @@ class _ReadService(_StateService):
                 found.append(_listed(sid, app_name, user, state, stamp))
         found.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse.model_construct(sessions=found)
+
+    async def refresh(self, session: AdkSession) -> None:
+        """Bring ``session`` (a run's object) up to date with what other runs wrote: it
+        keeps the events it was given and gains every event committed since (never
+        fewer), and its state becomes the stored one (its ``temp:`` keys kept)."""
+        key = session_key(session.app_name, session.user_id, session.id)
+        view = await self._logs.view(key)
+        if view.created is None:
+            return
+        load = self._loads.of(session)
+        start = bisect.bisect_left(view.seqs, load.first) if load is not None else 0
+        session.events[:] = view.events(start) if start < len(view.seqs) else []
+        first = view.seqs[start] if start < len(view.seqs) else view.seen
+        own, seen_here, last_update = dict(view.state), view.seen, view.last_update
+        merged, seen = await self._state.merged_seen(session.app_name, session.user_id, own)
+        temp = {k: v for k, v in session.state.items() if k.startswith(State.TEMP_PREFIX)}
+        session.state.clear()
+        session.state.update(merged)
+        session.state.update(temp)
+        session.last_update_time = last_update
+        self._loads.remember(session, _Load({"session": seen_here, **seen}, first))
 
 
 def _listed_fast(sid: str, app: str, user: str, state: dict[str, Any], stamp: float) -> AdkSession:

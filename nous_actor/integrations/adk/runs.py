@@ -1,84 +1,27 @@
 """Runs: `NousRunPlugin`, ADK's plugin that makes each run a turn of its session, the
-two calls it makes (`_Runs`), and `_RunService`, the service's side of them (open a
-run's turn, close it, and bring the run's `Session` object up to date with what runs
-before it wrote)."""
+two calls it makes (`_Runs`, which `NousSessionService` answers), and `refused_by_turn`,
+which tells a run refused because another run holds its session."""
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Protocol
 
-from nous_actor.errors import TurnBusy, TurnInterrupted
-from nous_actor.integrations.adk.framework import AdkSession, BasePlugin, State
-from nous_actor.integrations.adk.ids import session_key
-from nous_actor.integrations.adk.logs import _Load
-from nous_actor.integrations.adk.state import _StateService
+from nous_actor.errors import TurnBusy
+from nous_actor.integrations.adk.framework import AdkSession, BasePlugin
 from nous_actor.sessions.turns import Policy
 
 __all__ = ["NousRunPlugin", "refused_by_turn"]
 
 
 class _Runs(Protocol):
-    """What `NousRunPlugin`'s hooks call: open a run's turn and close it (the service's
-    `_RunService` side is one; the plugin knows no more of the service)."""
+    """What `NousRunPlugin`'s hooks call: open a run's turn and close it
+    (`NousSessionService` is one; the plugin knows no more of the service)."""
 
     async def _open_run(
         self, plugin: NousRunPlugin, session: AdkSession, invocation: str
     ) -> None: ...
 
     async def _close_run(self, session: AdkSession, invocation: str, failed: bool) -> None: ...
-
-
-class _RunService(_StateService):
-    """`NousSessionService`'s side of the runs: what `NousRunPlugin`'s hooks call."""
-
-    async def _open_run(self, plugin: NousRunPlugin, session: AdkSession, invocation: str) -> None:
-        key = session_key(session.app_name, session.user_id, session.id)
-        if (key, invocation) in self._turns:
-            return
-        await self._open_turn(
-            key,
-            invocation,
-            plugin.policy,
-            f"adk invocation {invocation}",
-            plugin.lease,
-            plugin.wait,
-        )
-        await self._refresh(session)
-
-    async def _close_run(self, session: AdkSession, invocation: str, failed: bool) -> None:
-        key = session_key(session.app_name, session.user_id, session.id)
-        turn = self._turns.pop((key, invocation), None)
-        if turn is None:
-            return
-        if failed:
-            await turn.__aexit__(RuntimeError, None, None)
-            return
-        try:
-            await turn.aclose()
-        except TurnInterrupted:
-            pass  # ended already (a restart, an expired lease): nothing left to close
-
-    async def _refresh(self, session: AdkSession) -> None:
-        """Bring ``session`` (a run's object) up to date with what other runs wrote: it
-        keeps the events it was given and gains every event committed since (never
-        fewer), and its state becomes the stored one (its ``temp:`` keys kept)."""
-        key = session_key(session.app_name, session.user_id, session.id)
-        view = await self._view(key)
-        if view.created is None:
-            return
-        load = self._load_of(session)
-        start = bisect.bisect_left(view.seqs, load.first) if load is not None else 0
-        session.events[:] = view.events(start) if start < len(view.seqs) else []
-        first = view.seqs[start] if start < len(view.seqs) else view.seen
-        own, seen_here, last_update = dict(view.state), view.seen, view.last_update
-        merged, seen = await self._merged_seen(session.app_name, session.user_id, own)
-        temp = {k: v for k, v in session.state.items() if k.startswith(State.TEMP_PREFIX)}
-        session.state.clear()
-        session.state.update(merged)
-        session.state.update(temp)
-        session.last_update_time = last_update
-        self._remember(session, _Load({"session": seen_here, **seen}, first))
 
 
 def refused_by_turn(error: BaseException) -> TurnBusy | None:

@@ -1,6 +1,9 @@
-"""`NousSessionService`, the public face: its factory `sqlite`, `close`, `plugin`, and the
-writes of ADK's API (`create_session`, `delete_session`, `append_event`), on top of the
-reads (`reads`), the runs (`runs`), the state (`state`) and the logs under them (`logs`)."""
+"""`NousSessionService`: ADK's session service, one class holding its collaborators, each
+owning its state: the logs and their cached folds (`logs`), what each returned `Session`
+object has seen (`loads`), the locks of a write checked for staleness (`locks`), the
+runs' turns that writes go through (`turns`), the app and user state and directories
+(`state`) and the builds of returned objects (`reads`). ADK's writes
+(`create_session`, `delete_session`, `append_event`) are its own."""
 
 from __future__ import annotations
 
@@ -20,16 +23,22 @@ from nous_actor.integrations.adk.framework import (
     AdkEvent,
     AdkSession,
     AlreadyExistsError,
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
     SessionNotFoundError,
     StaleSessionError,
     State,
 )
 from nous_actor.integrations.adk.ids import session_key
-from nous_actor.integrations.adk.logs import MAX_ATTEMPTS, _Load
-from nous_actor.integrations.adk.reads import _ReadService
+from nous_actor.integrations.adk.loads import _Load, _Loads
+from nous_actor.integrations.adk.locks import _NamedLocks
+from nous_actor.integrations.adk.logs import MAX_ATTEMPTS, _Logs
+from nous_actor.integrations.adk.reads import _Reads
 from nous_actor.integrations.adk.records import CHECKPOINT_EVERY, RECORD_KEY, STATE_KEY, TIME_KEY
-from nous_actor.integrations.adk.runs import NousRunPlugin, _RunService
-from nous_actor.integrations.adk.state import _json_state, _split
+from nous_actor.integrations.adk.runs import NousRunPlugin
+from nous_actor.integrations.adk.state import _json_state, _ScopedState, _split
+from nous_actor.integrations.adk.turns import _RunTurns
 from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import check_turn_args
 from nous_actor.sessions.turns import Policy
@@ -38,7 +47,7 @@ from nous_actor.store.sqlite import SQLiteStore
 __all__ = ["NousSessionService"]
 
 
-class NousSessionService(_ReadService, _RunService):
+class NousSessionService(BaseSessionService):
     """ADK's `BaseSessionService` over the sessions of `sessions` (any store).
 
     Guarantees:
@@ -75,6 +84,21 @@ class NousSessionService(_ReadService, _RunService):
     Raises:
         TypeError: ``sessions`` is not a `nous_actor.Sessions`.
     """
+
+    def __init__(self, sessions: Sessions) -> None:
+        if not isinstance(sessions, Sessions):
+            raise TypeError(
+                "NousSessionService takes a nous_actor.Sessions registry, got "
+                f"{type(sessions).__name__}; or use NousSessionService.sqlite(path)"
+            )
+        self.sessions = sessions
+        self._owned: SQLiteStore | None = None
+        self._logs = _Logs(sessions)
+        self._loads = _Loads()
+        self._locks = _NamedLocks()
+        self._turns = _RunTurns(self._logs)
+        self._state = _ScopedState(self._logs, self._turns)
+        self._reads = _Reads(self._logs, self._loads, self._state)
 
     @classmethod
     def sqlite(cls, path: str | Path) -> NousSessionService:
@@ -154,12 +178,12 @@ class NousSessionService(_ReadService, _RunService):
         key = session_key(app_name, user_id, sid)
         app, user, own = _split(_json_state(state or {}, "state"))
         now = time.time()
-        view = await self._view(key)
+        view = await self._logs.view(key)
         if view.created is not None:
             raise AlreadyExistsError(f"Session with id {sid} already exists.")
         record = {RECORD_KEY: {"op": "create", "state": own}, TIME_KEY: now}
         for attempt in range(MAX_ATTEMPTS):
-            handle = await self._handle(key)
+            handle = await self._logs.handle(key)
             try:  # at the seq after the log seen: a create that raced this one wins alone
                 ev = await handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now))
                 break
@@ -170,15 +194,60 @@ class NousSessionService(_ReadService, _RunService):
             except SessionStopped as exc:  # stopped by a lookup that found it empty
                 if not refused(exc) or attempt == MAX_ATTEMPTS - 1:
                     raise
-                self._handles.pop(key, None)
-        await self._write_scoped(app_name, user_id, app, user)
-        await self._write_directory(app_name, user_id, sid, ev.seq, own, now)
-        merged, seen = await self._merged_seen(app_name, user_id, own)
+                self._logs.forget(key)
+        await self._state.write_scoped(app_name, user_id, app, user)
+        await self._state.write_directory(app_name, user_id, sid, ev.seq, own, now)
+        merged, seen = await self._state.merged_seen(app_name, user_id, own)
         session = AdkSession(
             id=sid, app_name=app_name, user_id=user_id, state=merged, last_update_time=now
         )
-        self._remember(session, _Load({"session": ev.seq + 1, **seen}, ev.seq + 1))
+        self._loads.remember(session, _Load({"session": ev.seq + 1, **seen}, ev.seq + 1))
         return session
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> AdkSession | None:
+        """The session, or ``None`` if there is none (never created, or deleted).
+
+        With ``config``: ``num_recent_events`` keeps the latest that many events
+        (0: none), ``after_timestamp`` the latest run of events with timestamps
+        at or after it (as ADK's in-memory service reads it); only those events
+        are decoded.
+
+        Raises:
+            TypeError: a name or id is not a str, or ``config`` is not a
+                `GetSessionConfig`.
+            ValueError: the encoded id is too long.
+        """
+        if config is not None and not isinstance(config, GetSessionConfig):
+            raise TypeError(
+                f"config must be a GetSessionConfig or None, got {type(config).__name__}"
+            )
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
+        sid = session_id.strip()
+        if not sid:
+            return None
+        return await self._reads.get(app_name, user_id, sid, config)
+
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        """The sessions of ``app_name`` (of ``user_id``, or of every user when None),
+        without events, with their merged state, oldest update first.
+
+        Read from the store's index and each user's directory (a session per
+        user): no session's events are read.
+
+        Raises:
+            TypeError: ``app_name`` or ``user_id`` is not a str.
+        """
+        return await self._reads.listing(app_name, user_id)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete the session for ADK: it is gone from `get_session` and listings, and its
@@ -195,12 +264,14 @@ class NousSessionService(_ReadService, _RunService):
         if not sid:
             return
         key = session_key(app_name, user_id, sid)
-        view = await self._view(key)
+        view = await self._logs.view(key)
         if view.created is None:
             return
         record = {RECORD_KEY: {"op": "delete"}}
-        [ev] = await self._write(key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))])
-        await self._write_directory(app_name, user_id, sid, ev.seq, None, deleted=True)
+        [ev] = await self._turns.write(
+            key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))]
+        )
+        await self._state.write_directory(app_name, user_id, sid, ev.seq, None, deleted=True)
 
     async def append_event(self, session: AdkSession, event: AdkEvent) -> AdkEvent:
         """Append ``event`` to ``session`` (the stored one and the object), applying its
@@ -235,14 +306,14 @@ class NousSessionService(_ReadService, _RunService):
         if event.partial:
             return event
         key = session_key(session.app_name, session.user_id, session.id)
-        view = await self._view(key)
+        view = await self._logs.view(key)
         if view.created is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
         delta = dict(event.actions.state_delta) if event.actions else {}
         stored = {k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)}
         app, user, own = _split(_json_state(stored, "the event's state delta"))
-        load = self._load_of(session)
-        in_turn = (key, event.invocation_id) in self._turns
+        load = self._loads.of(session)
+        in_turn = self._turns.holds(key, event.invocation_id)
         if load is None or in_turn or not (app or user or own):
             return await self._append(session, event, key, view, load, app, user, own)
         # Outside a run's turn, a write of a key changed since the object saw it would lose
@@ -252,14 +323,14 @@ class NousSessionService(_ReadService, _RunService):
         if user:
             guards.append(f"u/{session.app_name}/{session.user_id}")
         guards.append(f"s/{key}")
-        async with self._guard(guards):
-            view = await self._view(key)
+        async with self._locks.hold(guards):
+            view = await self._logs.view(key)
             if view.created is None:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
             stale = [k for k in own if view.writes.get(k, -1) >= load.since("session", k)]
             if view.created >= load.seen["session"] and own:
                 stale = sorted(own)  # deleted and created again since it was loaded
-            stale += await self._stale_keys(
+            stale += await self._state.stale_keys(
                 session.app_name, session.user_id, load, {"app": app, "user": user}
             )
             if stale:
@@ -271,6 +342,29 @@ class NousSessionService(_ReadService, _RunService):
                     "take turns). Nothing was stored."
                 )
             return await self._append(session, event, key, view, load, app, user, own)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        """The user's ``user:`` state, without the prefix (``{}`` when there is none)."""
+        return await self._state.user_state(app_name, user_id)
+
+    # -- what NousRunPlugin's hooks call (runs.py's _Runs) ----------------------------------
+
+    async def _open_run(self, plugin: NousRunPlugin, session: AdkSession, invocation: str) -> None:
+        """Open run ``invocation``'s turn of ``session`` (once), then bring the run's
+        object up to date with what runs before it wrote."""
+        key = session_key(session.app_name, session.user_id, session.id)
+        if self._turns.holds(key, invocation):
+            return
+        owner = f"adk invocation {invocation}"
+        await self._turns.open(key, invocation, plugin.policy, owner, plugin.lease, plugin.wait)
+        await self._reads.refresh(session)
+
+    async def _close_run(self, session: AdkSession, invocation: str, failed: bool) -> None:
+        """Close run ``invocation``'s turn of ``session`` (as failed: ``how: "failed"``)."""
+        key = session_key(session.app_name, session.user_id, session.id)
+        await self._turns.close(key, invocation, failed)
+
+    # -- ADK's writes, under append_event ---------------------------------------------------
 
     async def _append(
         self,
@@ -293,7 +387,7 @@ class NousSessionService(_ReadService, _RunService):
         compaction = event.actions.compaction if event.actions else None
         if compaction is not None:
             etype, data = self._as_replace(view, compaction, data)
-        [ev] = await self._write(
+        [ev] = await self._turns.write(
             key,
             [(etype, data, _utc(event.timestamp))],
             event.invocation_id,
@@ -302,9 +396,9 @@ class NousSessionService(_ReadService, _RunService):
         if ev.seq - view.checkpoint >= CHECKPOINT_EVERY:
             view.checkpoint = ev.seq  # (one checkpoint, whoever else appends meanwhile)
             await self._checkpoint(key, event.invocation_id)
-        seqs = await self._write_scoped(session.app_name, session.user_id, app, user)
-        state = (await self._view(key)).state if own else None
-        await self._write_directory(
+        seqs = await self._state.write_scoped(session.app_name, session.user_id, app, user)
+        state = (await self._logs.view(key)).state if own else None
+        await self._state.write_directory(
             session.app_name, session.user_id, session.id, ev.seq, state, event.timestamp
         )
         if load is not None:
@@ -320,11 +414,11 @@ class NousSessionService(_ReadService, _RunService):
 
     async def _checkpoint(self, key: str, invocation_id: str | None) -> None:
         """Write the session's state as of the last event folded (a checkpoint record)."""
-        view = await self._view(key)
+        view = await self._logs.view(key)
         if view.created is None:
             return
         record = {RECORD_KEY: {"op": "checkpoint", "upto": view.seen - 1, "state": view.state}}
-        await self._write(
+        await self._turns.write(
             key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))], invocation_id
         )
 

@@ -1,4 +1,4 @@
-"""ADK's state: a state (or delta) split by scope and checked as JSON, and `_StateService`,
+"""ADK's state: a state (or delta) split by scope and checked as JSON, and `_ScopedState`,
 which reads the ``app:`` and ``user:`` state merged into a session's and writes app and
 user state and a user's directory of sessions, each in a session of its own."""
 
@@ -13,8 +13,10 @@ from nous_actor.core._frozen import thaw
 from nous_actor.core.event import EventType
 from nous_actor.integrations.adk.framework import State, to_jsonable_python
 from nous_actor.integrations.adk.ids import app_key, directory_key, user_key
-from nous_actor.integrations.adk.logs import Scope, _Load, _ServiceCore
+from nous_actor.integrations.adk.loads import Scope, _Load
+from nous_actor.integrations.adk.logs import _Logs
 from nous_actor.integrations.adk.records import RECORD_KEY
+from nous_actor.integrations.adk.turns import _RunTurns
 
 
 def _json_state(state: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -43,19 +45,25 @@ def _split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], di
     return app, user, own
 
 
-class _StateService(_ServiceCore):
-    """`NousSessionService`'s state: the merged view, the scoped writes, the directory."""
+class _ScopedState:
+    """The state kept beside the sessions: the app's and each user's (``app:`` and
+    ``user:`` keys, read merged into a session's), and each user's directory of sessions
+    (what `list_sessions` reads); read through ``logs``, written through ``turns``."""
 
-    async def _merged(self, app_name: str, user_id: str, own: Mapping[str, Any]) -> dict[str, Any]:
-        merged, _ = await self._merged_seen(app_name, user_id, own)
+    def __init__(self, logs: _Logs, turns: _RunTurns) -> None:
+        self._logs = logs
+        self._turns = turns
+
+    async def merged(self, app_name: str, user_id: str, own: Mapping[str, Any]) -> dict[str, Any]:
+        merged, _ = await self.merged_seen(app_name, user_id, own)
         return merged
 
-    async def _merged_seen(
+    async def merged_seen(
         self, app_name: str, user_id: str, own: Mapping[str, Any]
     ) -> tuple[dict[str, Any], dict[Scope, int]]:
         """The merged state, and how much of the user's and the app's logs it holds."""
         app, user = await asyncio.gather(
-            self._state(app_key(app_name)), self._state(user_key(app_name, user_id))
+            self._logs.state(app_key(app_name)), self._logs.state(user_key(app_name, user_id))
         )
         merged: dict[str, Any] = thaw(own)  # the caller's own copy, nested values too
         for k, v in app.state.items():
@@ -64,7 +72,7 @@ class _StateService(_ServiceCore):
             merged[State.USER_PREFIX + k] = thaw(v)
         return merged, {"user": user.seen, "app": app.seen}
 
-    async def _stale_keys(
+    async def stale_keys(
         self, app_name: str, user_id: str, load: _Load, delta: dict[Scope, dict[str, Any]]
     ) -> list[str]:
         """The keys of ``delta`` (by scope) written since the object of ``load`` saw them:
@@ -75,14 +83,14 @@ class _StateService(_ServiceCore):
                 continue
             if scope == "session":
                 continue  # the caller checks the session's own keys against its view
-            view = await self._state(
+            view = await self._logs.state(
                 app_key(app_name) if scope == "app" else user_key(app_name, user_id)
             )
             prefix = State.APP_PREFIX if scope == "app" else State.USER_PREFIX
             stale += [prefix + k for k in keys if view.writes.get(k, -1) >= load.since(scope, k)]
         return stale
 
-    async def _write_scoped(
+    async def write_scoped(
         self, app_name: str, user_id: str, app: dict[str, Any], user: dict[str, Any]
     ) -> dict[Scope, int]:
         """Write the app and user parts of a delta; the seq of each write, by scope."""
@@ -90,17 +98,19 @@ class _StateService(_ServiceCore):
         seqs: dict[Scope, int] = {}
         if app:
             record = {RECORD_KEY: {"op": "state", "delta": app}}
-            [ev] = await self._write(app_key(app_name), [(EventType.REQUEST_HEADER, record, now)])
+            [ev] = await self._turns.write(
+                app_key(app_name), [(EventType.REQUEST_HEADER, record, now)]
+            )
             seqs["app"] = ev.seq
         if user:
             record = {RECORD_KEY: {"op": "state", "delta": user}}
-            [ev] = await self._write(
+            [ev] = await self._turns.write(
                 user_key(app_name, user_id), [(EventType.REQUEST_HEADER, record, now)]
             )
             seqs["user"] = ev.seq
         return seqs
 
-    async def _write_directory(
+    async def write_directory(
         self,
         app_name: str,
         user_id: str,
@@ -120,12 +130,12 @@ class _StateService(_ServiceCore):
             if state is not None:
                 op["state"] = dict(state)
         record = {RECORD_KEY: {**op, "id": session_id, "seq": seq}}
-        await self._write(
+        await self._turns.write(
             directory_key(app_name, user_id),
             [(EventType.REQUEST_HEADER, record, datetime.now(UTC))],
         )
 
-    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+    async def user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
         """The user's ``user:`` state, without the prefix (``{}`` when there is none)."""
-        view = await self._state(user_key(app_name, user_id))
+        view = await self._logs.state(user_key(app_name, user_id))
         return thaw(view.state)  # type: ignore[no-any-return]
