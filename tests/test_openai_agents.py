@@ -1079,7 +1079,7 @@ def test_a_call_cancelled_while_waiting_for_its_turn_does_nothing(sessions: Sess
         holder = asyncio.ensure_future(nous.add_items([user("held")]))
         await until(lambda: inbox_size(handle) == 1)
         waiter = asyncio.ensure_future(nous.add_items([user("never")]))
-        await until(lambda: len(nous._shared.lock._waiters) == 1)
+        await until(lambda: len(nous._calls.shared.lock._waiters) == 1)
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter

@@ -62,8 +62,9 @@ any turn wait for it to end (at most the registry's `timeout`, then
 `items` the mapping between items and events; `surface` the replaces that
 hide items; `checks` the checks of what callers pass; `shared` the lock and
 state every `NousSession` of one session shares; `registries` the registries
-`NousSession.sqlite` opens; `calls` the plumbing a `NousSession` is built on
-(and `NousSessionClosed`); `turn` `RunTurn`; `session` `NousSession`.
+`NousSession.sqlite` opens; `calls` how a `NousSession`'s calls reach its
+session (`_Calls`, the collaborator it holds, and `NousSessionClosed`); `turn`
+`RunTurn`; `session` `NousSession`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""How a `NousSession`'s calls reach its session: `_SessionCore`, the plumbing under it,
-how often a call is sent again, and `NousSessionClosed`, what a closed one raises.
+"""How a `NousSession`'s calls reach its session: `_Calls`, the line a `NousSession` holds
+to its session (its handle, whether it is closed), how often a call is sent again, and
+`NousSessionClosed`, what a closed one raises.
 
 Mutations run one at a time under the session's lock and finish even if their
 caller is cancelled; a call goes through the running task's turn when it is in
@@ -17,7 +18,7 @@ from typing import Any, Final, TypeVar
 from nous_actor.core.event import EventType
 from nous_actor.errors import SessionStopped
 from nous_actor.integrations._resend import refused, resend
-from nous_actor.integrations.openai_agents.shared import _Shared, _turn_of
+from nous_actor.integrations.openai_agents.shared import _shared_for, _turn_of
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionHandle
 from nous_actor.sessions.registry import Sessions
@@ -42,30 +43,38 @@ class NousSessionClosed(SessionStopped, RuntimeError):
     """
 
 
-class _SessionCore:
-    """The plumbing of a `NousSession`: what its public calls (and `RunTurn`) are built on."""
+class _Calls:
+    """How the calls of one `NousSession` reach session ``session_id`` of ``sessions``:
+    the handle (opened on first use, reopened when its session stopped), the state
+    shared with every other `NousSession` on that id in the registry (``shared``: the
+    lock mutations take, the open turns), and whether the `NousSession` is closed
+    (then every call raises `NousSessionClosed`, and it stays closed)."""
 
-    session_id: str
-    sessions: Sessions
-    _shared: _Shared
-    _handle: Session | None
-    _closed: bool
+    def __init__(self, session_id: str, sessions: Sessions) -> None:
+        self.session_id = session_id
+        self.sessions = sessions
+        self.shared = _shared_for(sessions, session_id)
+        self.handle: Session | None = None
+        self.closed = False
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def close(self) -> None:
+        self.closed = True
+
+    def check_open(self) -> None:
+        if self.closed:
             raise NousSessionClosed(
                 self.session_id, "this NousSession is closed; make a new one to go on"
             )
 
-    async def _mutate(self, body: Callable[[], Awaitable[T]]) -> T:
+    async def mutate(self, body: Callable[[], Awaitable[T]]) -> T:
         """Run `body` holding the session's lock; once started, it finishes even if the
         caller is cancelled (then the cancellation is raised)."""
-        shared = self._shared
+        shared = self.shared
         if shared.turns and _turn_of(shared) is None:
             # Outside any turn, while turns are used here: wait for the open one to
             # end before taking the lock (a write waiting for it would hold the lock
             # the turn's own calls need).
-            await self._wait_for_turn()
+            await self.wait_for_turn()
         await shared.lock.acquire(self.sessions.timeout, self.session_id)
 
         async def locked() -> T:
@@ -90,11 +99,11 @@ class _SessionCore:
             raise cancelled
         return task.result()
 
-    async def _live(self) -> Session:
+    async def live(self) -> Session:
         """The handle, with its session running (started or restarted off the loop)."""
-        handle = self._handle
+        handle = self.handle
         if handle is None:
-            handle = self._handle = await asyncio.to_thread(self._open_handle)
+            handle = self.handle = await asyncio.to_thread(self._open_handle)
         elif not handle.is_alive():
             await asyncio.to_thread(_reopen, handle)
         return handle
@@ -104,24 +113,24 @@ class _SessionCore:
         handle.is_alive()  # resolves its actor here, in the worker thread
         return handle
 
-    async def _wait_for_turn(self) -> None:
+    async def wait_for_turn(self) -> None:
         """Answered once no turn is open (an empty append waits like a write)."""
-        await self._read(lambda h: h.append_many([]))
+        await self.read(lambda h: h.append_many([]))
 
-    async def _read(self, read: Callable[[SessionHandle], SessionFuture[T]]) -> T:
-        turn = _turn_of(self._shared)
+    async def read(self, read: Callable[[SessionHandle], SessionFuture[T]]) -> T:
+        turn = _turn_of(self.shared)
         if turn is not None:
             return await read(turn)
-        return await resend(self._live, read, MAX_ATTEMPTS)
+        return await resend(self.live, read, MAX_ATTEMPTS)
 
-    async def _append(self, pending: Pending, time: datetime) -> None:
+    async def append(self, pending: Pending, time: datetime) -> None:
         """Append `pending` in order; resend the part a stopped session refused."""
-        turn = _turn_of(self._shared)
+        turn = _turn_of(self.shared)
         if turn is not None:  # one atomic batch through the turn; never sent again
             await turn.append_many([(etype, data, time) for etype, data in pending])
             return
         for attempt in range(MAX_ATTEMPTS):
-            handle = await self._live()
+            handle = await self.live()
             done, error, clean = await _append_pinned(handle, pending, time)
             if error is None:
                 return

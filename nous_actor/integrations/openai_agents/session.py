@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from nous_actor.core.event import EventType
 from nous_actor.core.ids import check_session_id
-from nous_actor.integrations.openai_agents.calls import _SessionCore
+from nous_actor.integrations.openai_agents.calls import _Calls
 from nous_actor.integrations.openai_agents.checks import _prepare, _settings
 from nous_actor.integrations.openai_agents.framework import (
     AgentsSession,
@@ -25,7 +25,7 @@ from nous_actor.integrations.openai_agents.registries import (
     _Owned,
     _release_registry,
 )
-from nous_actor.integrations.openai_agents.shared import _shared_for, _turn_of
+from nous_actor.integrations.openai_agents.shared import _turn_of
 from nous_actor.integrations.openai_agents.surface import _is_marker, _marker, _message, _plan_pop
 from nous_actor.integrations.openai_agents.turn import RunTurn
 from nous_actor.sessions.handle import Session, SessionHandle
@@ -36,7 +36,7 @@ from nous_actor.sessions.turns import DEFAULT_LEASE, Policy
 __all__ = ["NousSession"]
 
 
-class NousSession(_SessionCore):
+class NousSession:
     """The Agents SDK's `Session` protocol over session `session_id` of `sessions`.
 
     Pass it wherever the SDK takes a session (`Runner.run(agent, input,
@@ -100,10 +100,8 @@ class NousSession(_SessionCore):
             )
         self.session_settings = _settings(session_settings)
         self.sessions = sessions
-        self._shared = _shared_for(sessions, self.session_id)
-        self._handle: Session | None = None
+        self._calls = _Calls(self.session_id, sessions)
         self._owned: _Owned | None = None
-        self._closed = False
 
     @classmethod
     def sqlite(
@@ -160,9 +158,9 @@ class NousSession(_SessionCore):
         (stopping its sessions; blocks until they stopped) and its store. A
         registry passed in stays open: it is yours.
         """
-        if self._closed:
+        if self._calls.closed:
             return
-        self._closed = True
+        self._calls.close()
         owned, self._owned = self._owned, None
         if owned is not None:
             _release_registry(owned)
@@ -194,18 +192,18 @@ class NousSession(_SessionCore):
             limit = self.session_settings.limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise TypeError(f"limit must be an int or None, got {type(limit).__name__}")
-        self._check_open()
-        await self._shared.lock.acquire(self.sessions.timeout, self.session_id)
+        self._calls.check_open()
+        await self._calls.shared.lock.acquire(self.sessions.timeout, self.session_id)
         try:
-            handle = self._handle
-            if _turn_of(self._shared) is None and (handle is None or not handle.is_alive()):
+            handle = self._calls.handle
+            if _turn_of(self._calls.shared) is None and (handle is None or not handle.is_alive()):
                 # Not held here (another worker process may hold it): read the committed
                 # history without taking the session.
                 messages = await self.sessions.read(self.session_id).derive_messages()
             else:
-                messages = await self._read(SessionHandle.derive_messages)
+                messages = await self._calls.read(SessionHandle.derive_messages)
         finally:
-            self._shared.lock.release()
+            self._calls.shared.lock.release()
         if limit is None or limit < 0:
             items = items_from_messages(messages)
         elif limit == 0:
@@ -251,14 +249,14 @@ class NousSession(_SessionCore):
             CallTimeout: no answer within the registry's `timeout`.
         """
         pending = _prepare(items)
-        self._check_open()
+        self._calls.check_open()
         if not pending:
             return
 
         async def body() -> None:
-            shared = self._shared
+            shared = self._calls.shared
             if shared.marker is not False:
-                surface = await self._read(SessionHandle.surface)
+                surface = await self._calls.read(SessionHandle.surface)
                 if surface and _is_marker(surface[-1]):
                     last = surface[-1]
                     etype, data = pending[0]
@@ -270,10 +268,10 @@ class NousSession(_SessionCore):
                             OP_KEY: {"op": "add_items", "replaces_seq": last.seq},
                         },
                     )
-            await self._append(pending, datetime.now(UTC))
+            await self._calls.append(pending, datetime.now(UTC))
             shared.marker = False
 
-        await self._mutate(body)
+        await self._calls.mutate(body)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Hide the most recent item and return it (as added), or `None` if there is none.
@@ -297,21 +295,21 @@ class NousSession(_SessionCore):
                 the popped item's position, so it cannot be hidden alone;
                 nothing was appended.
         """
-        self._check_open()
+        self._calls.check_open()
 
         async def body() -> dict[str, Any] | None:
-            surface = await self._read(SessionHandle.surface)
+            surface = await self._calls.read(SessionHandle.surface)
             plan = _plan_pop(surface)
             if plan is None:
                 return None
             popped, etype, data, time = plan
-            await self._append([(etype, data)], time)
+            await self._calls.append([(etype, data)], time)
             meta = data.get("metadata")
             if isinstance(meta, Mapping) and CLEARED_KEY in meta:
-                self._shared.marker = True
+                self._calls.shared.marker = True
             return popped
 
-        return cast("TResponseInputItem | None", await self._mutate(body))
+        return cast("TResponseInputItem | None", await self._calls.mutate(body))
 
     async def clear_session(self) -> None:
         """Hide every item; the session's history stays in the log.
@@ -328,20 +326,20 @@ class NousSession(_SessionCore):
             StoreError: the store failed; the clear may or may not be stored.
             CallTimeout: no answer within the registry's `timeout`.
         """
-        self._check_open()
+        self._calls.check_open()
 
         async def body() -> None:
-            surface = await self._read(SessionHandle.surface)
+            surface = await self._calls.read(SessionHandle.surface)
             count = sum(len(items_of_message(_message(ev))) for ev in surface)
             if not count:
                 return
             stop = max(ev.position for ev in surface)
             record = {"op": "clear_session", "items": count}
             data = _marker("clear_session", 0, stop, record)
-            await self._append([(EventType.SYSTEM_MESSAGE, data)], datetime.now(UTC))
-            self._shared.marker = True
+            await self._calls.append([(EventType.SYSTEM_MESSAGE, data)], datetime.now(UTC))
+            self._calls.shared.marker = True
 
-        await self._mutate(body)
+        await self._calls.mutate(body)
 
     # -- beyond the protocol -------------------------------------------------------------
 
@@ -356,12 +354,12 @@ class NousSession(_SessionCore):
             SessionStopped: the registry is closed, or it gave the session up.
             TooManySessions, ConflictError, StoreError: as `Sessions.open`.
         """
-        self._check_open()
-        await self._shared.lock.acquire(self.sessions.timeout, self.session_id)
+        self._calls.check_open()
+        await self._calls.shared.lock.acquire(self.sessions.timeout, self.session_id)
         try:
-            return await self._live()
+            return await self._calls.live()
         finally:
-            self._shared.lock.release()
+            self._calls.shared.lock.release()
 
     def turn(
         self,
@@ -386,8 +384,8 @@ class NousSession(_SessionCore):
             NousSessionClosed: this object is closed.
         """
         check_turn_args(policy, owner, lease, timeout, note)
-        self._check_open()
-        return RunTurn(self, policy, owner, lease, timeout, note)
+        self._calls.check_open()
+        return RunTurn(self._calls, policy, owner, lease, timeout, note)
 
 
 if TYPE_CHECKING:  # mypy checks that NousSession is a Session of the SDK

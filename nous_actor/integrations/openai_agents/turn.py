@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from nous_actor.integrations.openai_agents.calls import _SessionCore
+from nous_actor.integrations.openai_agents.calls import _Calls
 from nous_actor.integrations.openai_agents.shared import _IN_TURN, _Shared, _turn_of
 from nous_actor.sessions.turn_handle import Turn
 
@@ -23,32 +23,32 @@ class RunTurn:
 
     def __init__(
         self,
-        session: _SessionCore,
+        calls: _Calls,
         policy: str,
         owner: str | None,
         lease: float,
         timeout: float | None,
         note: str | None,
     ) -> None:
-        self._session = session
+        self._calls = calls
         self._args = (policy, owner, lease, timeout, note)
         self.turn: Turn | None = None
         self._token: contextvars.Token[tuple[tuple[_Shared, Turn], ...]] | None = None
 
     async def __aenter__(self) -> RunTurn:
-        session = self._session
-        session._check_open()
+        calls = self._calls
+        calls.check_open()
         if self.turn is not None:
             raise RuntimeError("a RunTurn is used once: call session.turn() for each run")
         policy, owner, lease, timeout, note = self._args
-        shared = session._shared
+        shared = calls.shared
         if _turn_of(shared) is not None:
             raise RuntimeError(
-                f"this task is in a turn of session {session.session_id!r} already; "
+                f"this task is in a turn of session {calls.session_id!r} already; "
                 "turns do not nest"
             )
         shared.turns = True
-        handle = await session._live()
+        handle = await calls.live()
         turn = handle.turn(policy, owner=owner, lease=lease, timeout=timeout, note=note)  # type: ignore[arg-type]
         await turn.aopen()
         self.turn = turn
