@@ -362,10 +362,6 @@ REMAINING_ASSEMBLED = {
     # sessions/ (other work): a SessionActor is a DispatchedSupervisedActor, which joins
     # supervision's _Supervised and the runtime's DispatchedActor.
     "SessionActor",
-    # store/sqlite: SQLiteStore joins its schema's _Opening, its _Connection and ClosingStore;
-    # the viewer's read-only store is an SQLiteStore, so it has all four.
-    "SQLiteStore",
-    "_ReadOnlySQLiteStore",
 }
 
 

@@ -333,7 +333,7 @@ def test_a_registry_that_holds_nothing_stops_following_the_file(tmp_path: Path) 
     with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
         chat = sessions.open("chat")
         chat.append("user_message", {"content": "hi"}).get(timeout=10)
-        follower = shared.follower_of(sessions.store)
+        follower = shared.follower_of(sessions.store._connection)  # type: ignore[attr-defined]
         polls = [0]
         mark = follower._mark
 

@@ -62,7 +62,7 @@ def raw(path: Path) -> Iterator[sqlite3.Connection]:
 
 def pragma(store: SQLiteStore, name: str) -> object:
     # The store's own connection: synchronous is a per-connection setting.
-    return store._conn.execute(f"PRAGMA {name}").fetchone()[0]
+    return store._connection.conn.execute(f"PRAGMA {name}").fetchone()[0]
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -629,12 +629,12 @@ def test_the_schema_version_check_reads_no_schema_while_the_schema_is_unchanged(
     with SQLiteStore(path) as store:
         store.write({"s": [ev(0)]})
         seen: list[str] = []
-        store._conn.set_trace_callback(seen.append)
+        store._connection.conn.set_trace_callback(seen.append)
         try:
             for i in range(1, 20):
                 store.write({"s": [ev(i)]})
         finally:
-            store._conn.set_trace_callback(None)
+            store._connection.conn.set_trace_callback(None)
         assert not [s for s in seen if "sqlite_master" in s]
 
 
@@ -711,7 +711,7 @@ def test_a_file_over_the_bound_is_not_vacuumed_by_itself_and_says_so(
         events = [e["event"] for e in logs]
         assert "store.vacuumed" not in events
         assert events.count("store.vacuum_deferred") == 1
-        before = sqlite_vacuum.file_bytes(store._conn)
+        before = sqlite_vacuum.file_bytes(store._connection.conn)
         after = store.vacuum()
         assert path.stat().st_size == after < before / 2
         assert all(len(store.load(sid)) == 20 for sid in store.sessions())

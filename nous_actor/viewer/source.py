@@ -23,6 +23,7 @@ from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store import SessionInfo, Store, list_sessions, shared
 from nous_actor.store.sqlite import SQLiteStore
+from nous_actor.store.sqlite.connection import _Connection
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["INDEX_TTL", "IndexPage", "ReadOnlyStore", "SessionIndex", "read_only_sqlite"]
@@ -34,19 +35,25 @@ SortKey = Literal["id", "events", "next_seq", "last_write"]
 SORT_KEYS: Final[tuple[str, ...]] = ("id", "events", "next_seq", "last_write")
 
 
-class _ReadOnlySQLiteStore(SQLiteStore):
-    """A `SQLiteStore` whose every connection is opened with ``mode=ro``.
+class _ReadOnlyConnection(_Connection):
+    """A SQLite store's connection whose every connection is opened with ``mode=ro``.
 
-    The store opens its connections in one method, ``_connect`` (the store's
-    own and its follower's, which watches the file); this is the one place
-    that is overridden, so that SQLite refuses any write whatever path it
-    would take. Opening checks the file as the store does (a foreign file is
-    refused, unchanged); a store that would need completing is refused.
+    The store opens its connections in one method, ``connect`` (the store's own
+    and its follower's, which watches the file); this is the one place that is
+    overridden, so that SQLite refuses any write whatever path it would take.
+    Opening checks the file as the store does (a foreign file is refused,
+    unchanged); a store that would need completing is refused.
     """
 
-    def _connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
+    def connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
         full = Path(os.path.abspath(self.path)).as_uri()
-        return super()._connect(f"{full}?mode=ro", timeout, uri=True)
+        return super().connect(f"{full}?mode=ro", timeout, uri=True)
+
+
+class _ReadOnlySQLiteStore(SQLiteStore):
+    """A `SQLiteStore` on a `_ReadOnlyConnection`."""
+
+    _connection_type = _ReadOnlyConnection
 
 
 def read_only_sqlite(path: str | os.PathLike[str]) -> ReadOnlyStore:

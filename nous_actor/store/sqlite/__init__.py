@@ -14,14 +14,16 @@ wholly stored or wholly absent. The table's ``PRIMARY KEY (session_id, seq)``
 makes the database itself refuse a second writer's seq.
 
 The package keeps its parts in modules whose names say what they hold,
-imported one way, from the bottom up: `connection` (connecting, the one
-place sqlite3's errors are translated, write transactions), `claims` (taking
-claims, the claims this process holds, whether a holder lives), `schema`
-(the tables, what makes a file a store, opening one), `writes` (how a
-write's rows go in), `follower` (`SQLiteFollower`: one per store, following
-its file for its watches and waits), `vacuum` (giving dropped space back),
-and `store` (`SQLiteStore`, the face, with the optional methods of
-`nous_actor.store.shared`).
+imported one way, from the bottom up: `schema` (the tables, what makes a file
+a store, and `_Opening`: opening one, and whether it is still ours at each
+write), `connection` (`_Connection`, the object that owns the store's
+connection: its lock, whether the store is closed or failed, the one place
+sqlite3's errors are translated, write transactions), `claims` (taking
+claims, the claims this process holds, whether a holder lives), `writes` (how
+a write's rows go in), `follower` (`SQLiteFollower`: one per store's
+connection, following its file for its watches and waits), `vacuum` (giving
+dropped space back), and `store` (`SQLiteStore`, the face, with the optional
+methods of `nous_actor.store.shared`, holding its `_Connection`).
 """
 
 from nous_actor.store.sqlite.claims import _live_lock as _live_lock

@@ -65,17 +65,21 @@ def _holder_name(pid: object, token: object, me: int) -> str | None:
     return "this process" if pid == me else f"process {pid}"
 
 
-def _claim_all(store: _Connection, ids: list[str]) -> list[str | ConflictError]:
-    """Claim each of ``ids`` (valid, at least one) in one transaction of ``store``: for
-    each id, in order, its token or the `ConflictError` that refused it (see
-    `SQLiteStore.claim_many`)."""
+def _claim_all(
+    connection: _Connection, asked: set[str], ids: list[str]
+) -> list[str | ConflictError]:
+    """Claim each of ``ids`` (valid, at least one) in one transaction on ``connection``:
+    for each id, in order, its token or the `ConflictError` that refused it (see
+    `SQLiteStore.claim_many`). The hand-off requests of ``asked`` (the sessions the
+    store asked for, read and changed under the connection's lock) that a claim
+    takes are withdrawn."""
     out: list[str | ConflictError] = []
     pid = os.getpid()
     since = datetime.now(UTC).isoformat()
     taken: list[str] = []
     only = ids[0] if len(ids) == 1 else None
     try:
-        with store._transaction(only, "claim the session", synced=False) as conn, _live_lock:
+        with connection.transaction(only, "claim the session", synced=False) as conn, _live_lock:
             held: dict[str, tuple[int, str]] = {}
             for lo in range(0, len(ids), _IN_CHUNK):
                 chunk = ids[lo : lo + _IN_CHUNK]
@@ -113,13 +117,13 @@ def _claim_all(store: _Connection, ids: list[str]) -> list[str | ConflictError]:
                 "VALUES (?, ?, ?, ?)",
                 rows,
             )
-            asked = store._asked & {row[0] for row in rows}
-            if asked:  # a claim withdraws this process's own hand-off requests
+            taken_asked = asked & {row[0] for row in rows}
+            if taken_asked:  # a claim withdraws this process's own hand-off requests
                 conn.executemany(
                     "DELETE FROM handoffs WHERE session_id = ? AND pid = ?",
-                    [(sid, pid) for sid in asked],
+                    [(sid, pid) for sid in taken_asked],
                 )
-                store._asked -= asked
+                asked.difference_update(taken_asked)
     except BaseException:
         with _live_lock:
             _live_tokens.difference_update(taken)

@@ -1,12 +1,15 @@
-"""A SQLite store's connection: opening one, the one place sqlite3's errors are
-translated, calls made under the store's lock, and write transactions (with
-how long one waits for another process's write lock, and how many ids one
-statement binds).
+"""A SQLite store's connection: `_Connection`, the object that owns it.
 
-`_Connection` is the bottom of `SQLiteStore`: what every call of the store
-goes through. ``_connect`` is the one method that opens a connection (the
-store's own and its follower's), so a subclass may override it (the viewer's
-read-only store does).
+It holds the store's one ``sqlite3`` connection, the lock every call takes, whether
+the store is closed or has failed (and why), the identity of the file it opened
+and the bytes snapshots dropped since the last vacuum; it is the one place
+sqlite3's errors are translated, and it runs write transactions (with how long
+one waits for another process's write lock, and how many ids one statement
+binds). Its `_Opening` (`schema`) opens the file and, at each write, says
+whether the file is still one this process may write.
+
+``connect`` is the one method that opens a connection (the store's own and its
+follower's), so a subclass may override it (the viewer's read-only store does).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Final, Literal
 
 from nous_actor.core.codec import CodecError
 from nous_actor.errors import StoreError
-from nous_actor.store.base import ClosingStore, valid_store_id
+from nous_actor.store.sqlite.schema import _Opening
 
 _IN_CHUNK: Final = 500
 """Ids bound in one ``IN (...)`` (far below SQLite's bound on parameters)."""
@@ -29,27 +32,46 @@ _IN_CHUNK: Final = 500
 _BUSY_FIRST_S: Final = 0.0002
 _BUSY_STEP_S: Final = 0.002
 """How long a write transaction waits, at first and at most, before it looks again
-for another process's write lock (see `SQLiteStore._begin`)."""
+for another process's write lock (see `_Connection.begin`)."""
 
 
-class _Connection(ClosingStore):
-    """The connection of a `SQLiteStore` and the calls made on it (see there)."""
+class _Connection:
+    """The connection of a `SQLiteStore` and the calls made on it (see the module).
 
-    path: str
-    durability: Literal["full", "normal"]
-    _busy_wait: float
-    _busy_ms: int
-    _asked: set[str]  # sessions this store asked for (store.shared)
-    _dropped: int  # bytes dropped by snapshots since the last vacuum (`vacuum`)
-    _vacuum_skipped: bool  # told the log that the file is too large to vacuum
-    _lock: threading.Lock
-    _closed: bool
-    _lost: str | None
-    _file: tuple[str, int, int] | None  # (absolute path, st_dev, st_ino)
-    _conn: sqlite3.Connection
-    _cookie: int = -1  # the schema cookie last checked (`_check_schema`); -1: not yet
+    Opening it opens the file (``path``, checked by the store), or raises
+    `StoreError` holding nothing.
 
-    def _connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
+    Attributes:
+        path: the database file, or ``":memory:"``.
+        durability: ``"full"`` or ``"normal"`` (see `nous_actor.store.sqlite`).
+        busy_ms: how long SQLite itself waits for another process's lock, in ms.
+        lock: held by every call on ``conn``.
+        conn: the ``sqlite3`` connection (use it under ``lock``, through `locked`).
+        closed: the store was closed.
+        lost: why nothing more is written (the store failed closed), or ``None``.
+        dropped: bytes dropped by snapshots since the last vacuum (`vacuum`).
+        vacuum_skipped: the log was told that the file is too large to vacuum.
+    """
+
+    def __init__(
+        self, path: str, durability: Literal["full", "normal"], timeout: float, create: bool
+    ) -> None:
+        self.path = path
+        self.durability = durability
+        self._busy_wait = timeout
+        self.busy_ms = int(timeout * 1000)
+        self.lock = threading.Lock()
+        self.closed = False
+        self.lost: str | None = None
+        self.dropped = 0
+        self.vacuum_skipped = False
+        self._opening = _Opening(path, self.connect)
+        with self.translate(None, "open the store"):
+            self.conn = self._opening.open(timeout, create)
+        self._file = self._opening.file  # (absolute path, st_dev, st_ino), or None
+
+    def connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
+        """A new connection to ``target`` with the store's settings."""
         conn = sqlite3.connect(
             target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri
         )
@@ -61,10 +83,18 @@ class _Connection(ClosingStore):
             raise
         return conn
 
+    def close(self) -> None:
+        """Close the connection (once; later calls raise `StoreError`)."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self.conn.close()
+
     # -- one place to translate sqlite3 errors -----------------------------------------
 
     @contextlib.contextmanager
-    def _translate(self, session_id: str | None, doing: str) -> Iterator[None]:
+    def translate(self, session_id: str | None, doing: str) -> Iterator[None]:
+        """Raise what sqlite3 (or the codec) raises inside as `StoreError`, saying what to do."""
         try:
             yield
         except StoreError:
@@ -96,32 +126,34 @@ class _Connection(ClosingStore):
             ) from exc
 
     @contextlib.contextmanager
-    def _locked(self, session_id: str | None, doing: str) -> Iterator[sqlite3.Connection]:
-        with self._lock, self._translate(session_id, doing):
-            if self._closed:
+    def locked(self, session_id: str | None, doing: str) -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock, with its errors translated; `StoreError` if
+        the store is closed or has failed."""
+        with self.lock, self.translate(session_id, doing):
+            if self.closed:
                 raise StoreError(f"the store {self.path} is closed; open a new one")
-            if self._lost is not None:
-                raise StoreError(self._lost)
-            yield self._conn
+            if self.lost is not None:
+                raise StoreError(self.lost)
+            yield self.conn
 
     @contextlib.contextmanager
-    def _transaction(
+    def transaction(
         self, session_id: str | None, doing: str, *, synced: bool = True
     ) -> Iterator[sqlite3.Connection]:
         """A write transaction; ``synced=False`` commits it without an fsync of its own
         even under ``durability="full"`` (for claims and releases: a claim lost with
         the machine's power is lost with its holder too; the next transaction that
         is fsynced carries it to disk, since the WAL is written in order)."""
-        with self._locked(session_id, doing) as conn:
+        with self.locked(session_id, doing) as conn:
             relax = not synced and self.durability == "full"
             if relax:
                 conn.execute("PRAGMA synchronous = NORMAL")
             try:
-                self._begin(conn)
+                self.begin(conn)
                 try:
-                    self._check_schema(conn)  # before anything is written
+                    self.check_writable(conn)  # before anything is written
                     yield conn
-                    self._check_file()  # under the write lock, before anything is committed
+                    self.check_file()  # under the write lock, before anything is committed
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
@@ -131,7 +163,7 @@ class _Connection(ClosingStore):
                 if relax:
                     conn.execute("PRAGMA synchronous = FULL")
 
-    def _begin(self, conn: sqlite3.Connection) -> None:
+    def begin(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE``, waiting at most ``timeout`` for another process's write lock
         in steps of at most `_BUSY_STEP_S`: SQLite's own busy handler sleeps up to 100 ms
         a time, long after the lock is free, which several processes writing one file
@@ -151,13 +183,23 @@ class _Connection(ClosingStore):
                 time.sleep(step)
                 step = min(step * 2, _BUSY_STEP_S)
         finally:
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
 
-    def _check_schema(self, conn: sqlite3.Connection) -> None:
-        """Refuse to write a file whose schema is not ours any more (`_Opening` checks)."""
-        raise NotImplementedError
+    # -- every write transaction: is the file still one this process may write? ----------
 
-    def _check_file(self) -> None:
+    def check_writable(self, conn: sqlite3.Connection) -> None:
+        """Inside a write transaction, before anything is written: the file's schema is
+        still ours (see `_Opening.still_ours`).
+
+        Raises:
+            StoreError: not so; the store fails closed (every later call raises it).
+        """
+        lost = self._opening.still_ours(conn)
+        if lost is not None:
+            self.lost = lost
+            raise StoreError(lost)
+
+    def check_file(self) -> None:
         """Fail closed if the path no longer names the file opened (one `stat` a transaction)."""
         if self._file is None:
             return
@@ -169,12 +211,10 @@ class _Connection(ClosingStore):
         else:
             same = (st.st_dev, st.st_ino) == (dev, ino)
         if not same:
-            self._lost = (
+            self.lost = (
                 f"the database file {self.path} was removed or replaced while the store had "
                 "it open (was its folder deleted?), so nothing more is acknowledged: what was "
                 "written since is not in any file at that path; restore the file or open a "
                 "new store, then restart the sessions"
             )
-            raise StoreError(self._lost)
-
-    _valid_id = staticmethod(valid_store_id)
+            raise StoreError(self.lost)

@@ -2,8 +2,10 @@
 a connection of its own and notices every commit of any process, for the
 store's watches and its waits (``wait_changed``).
 
-`follower_of` gives a store's follower (made on first use); `close_follower`
-ends it when the store closes.
+A follower belongs to the store's connection (`connection._Connection`), which it
+opens its own connection through and holds weakly: `follower_of` gives the
+connection's follower (made on first use); `close_follower` ends it when the
+store closes.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ class SQLiteFollower:
     thread that notices every commit (``PRAGMA data_version``, every `FOLLOW_INTERVAL`
     while anyone watches or waits) and feeds the store's watches.
 
-    It holds the store weakly: a store nobody uses is collected, and the thread ends.
+    It holds the store's connection weakly: a store nobody uses is collected, and the
+    thread ends.
     """
 
-    def __init__(self, store: _Connection) -> None:
-        self._store = weakref.ref(store)
-        self.path = store.path
+    def __init__(self, connection: _Connection) -> None:
+        self._store = weakref.ref(connection)
+        self.path = connection.path
         self._cond = threading.Condition()
         self._conn_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -59,7 +62,7 @@ class SQLiteFollower:
 
     def _store_or_fail(self) -> _Connection:
         store = self._store()
-        if store is None or store._closed:
+        if store is None or store.closed:
             raise StoreError(f"the store {self.path} is closed; open a new one")
         return store
 
@@ -68,18 +71,18 @@ class SQLiteFollower:
         ``":memory:"``, which no other connection can see)."""
         store = self._store_or_fail()
         if self.path == ":memory:":
-            with store._locked(None, "read the store") as conn:
+            with store.locked(None, "read the store") as conn:
                 return conn.execute(sql, params).fetchall()
-        with self._conn_lock, store._translate(None, "read the store"):
+        with self._conn_lock, store.translate(None, "read the store"):
             if self._conn is None:
-                self._conn = store._connect(self.path, 5.0, uri=False)
+                self._conn = store.connect(self.path, 5.0, uri=False)
             return self._conn.execute(sql, params).fetchall()
 
     def _mark(self) -> int:
         """What changes whenever anything is committed to the file."""
         store = self._store_or_fail()
         if self.path == ":memory:":
-            with store._locked(None, "follow the store") as conn:
+            with store.locked(None, "follow the store") as conn:
                 return conn.total_changes
         return int(self.query("PRAGMA data_version")[0][0])
 
@@ -155,7 +158,7 @@ class SQLiteFollower:
             with self._cond:
                 while not (self._watches or self._waiting or self._poked):
                     store = self._store()
-                    if self._ended is not None or store is None or store._closed:
+                    if self._ended is not None or store is None or store.closed:
                         return
                     del store
                     self._cond.wait(1.0)
@@ -212,18 +215,18 @@ _followers: weakref.WeakKeyDictionary[_Connection, SQLiteFollower] = weakref.Wea
 _followers_lock = threading.Lock()
 
 
-def follower_of(store: _Connection) -> SQLiteFollower:
-    """The one `SQLiteFollower` of ``store`` (made on first use)."""
+def follower_of(connection: _Connection) -> SQLiteFollower:
+    """The one `SQLiteFollower` of a store's ``connection`` (made on first use)."""
     with _followers_lock:
-        f = _followers.get(store)
+        f = _followers.get(connection)
         if f is None:
-            f = _followers[store] = SQLiteFollower(store)
+            f = _followers[connection] = SQLiteFollower(connection)
         return f
 
 
-def close_follower(store: _Connection) -> None:
-    """End ``store``'s follower, if it has one (the store is closing)."""
+def close_follower(connection: _Connection) -> None:
+    """End the follower of a store's ``connection``, if it has one (the store is closing)."""
     with _followers_lock:
-        f = _followers.pop(store, None)
+        f = _followers.pop(connection, None)
     if f is not None:
         f.close()

@@ -1,10 +1,11 @@
 """A SQLite store's file: its tables and marks, what makes a file a store, and
 opening one (looking before writing).
 
-`_Layout` reads what a file holds without writing anything; `_Opening` (the
-layer of `SQLiteStore` above its connection) opens a path, refuses a file
-that is not a store before anything is written to it, and writes the schema
-and the file's marks in one transaction where a new store is made.
+`_Layout` reads what a file holds without writing anything; `_Opening` (held
+by the store's connection, `connection._Connection`) opens a path, refuses a
+file that is not a store before anything is written to it, writes the schema
+and the file's marks in one transaction where a new store is made, and tells,
+at each write, whether the file is still one this process may write.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import sqlite3
 import stat
 from functools import cache
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from nous_actor.errors import StoreError
-from nous_actor.store.sqlite.connection import _Connection
 
 SCHEMA_VERSION: Final = 1
 APPLICATION_ID: Final = 0x6E6F7573  # "nous": marks the file as a nous_actor store
@@ -150,12 +150,38 @@ class _Layout:
         )
 
 
-class _Opening(_Connection):
-    """Opening a `SQLiteStore`'s file (see there for which files become a store)."""
+class Connect(Protocol):
+    """How a connection is opened (`_Connection.connect`)."""
+
+    def __call__(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection: ...
+
+
+class _Opening:
+    """Opening a `SQLiteStore`'s file (see there for which files become a store), and
+    at each write whether it is still one this process may write.
+
+    Attributes:
+        path: the database file, or ``":memory:"``.
+        file: the file opened (absolute path, ``st_dev``, ``st_ino``); ``None`` until
+            `open` returns, and for ``":memory:"``.
+    """
+
+    def __init__(self, path: str, connect: Connect) -> None:
+        self.path = path
+        self._connect = connect
+        self.file: tuple[str, int, int] | None = None
+        self._cookie = -1  # the schema cookie last checked (`still_ours`); -1: not yet
 
     # -- opening: look before writing ------------------------------------------------------
 
-    def _open(self, timeout: float, create: bool) -> sqlite3.Connection:
+    def open(self, timeout: float, create: bool) -> sqlite3.Connection:
+        """A connection to the store at ``path``, made if asked (see `SQLiteStore`).
+
+        Raises:
+            StoreError: the file is not a store (it was left unchanged), or there is
+                none and ``create`` is false.
+            sqlite3.Error: SQLite failed (the caller translates it).
+        """
         if self.path == ":memory:":
             conn = self._connect(":memory:", timeout, uri=False)
             self._create(conn)
@@ -200,7 +226,7 @@ class _Opening(_Connection):
                         f"{mode_now!r} mode); check that its folder is writable"
                     )
             st = os.stat(full)
-            self._file = (full, st.st_dev, st.st_ino)
+            self.file = (full, st.st_dev, st.st_ino)
         except BaseException:
             conn.close()
             raise
@@ -259,38 +285,34 @@ class _Opening(_Connection):
 
     # -- every write transaction: is the file still one this process may write? ----------
 
-    def _check_schema(self, conn: sqlite3.Connection) -> None:
-        """Inside a write transaction, before anything is written: the file's schema
-        version is still ours, and, if its schema changed since the last look (the
+    def still_ours(self, conn: sqlite3.Connection) -> str | None:
+        """Inside a write transaction, before anything is written: ``None`` if the file's
+        schema version is still ours and, if its schema changed since the last look (the
         schema cookie, which SQLite changes with any schema change, moved), it holds
-        nothing we did not make and is still marked as ours. Two pragmas read from
-        the header (about 2 us); the schema table is read only when the cookie moved.
-
-        Raises:
-            StoreError: not so; the store fails closed (every later call raises it).
-        """
+        nothing we did not make and is still marked as ours; else why nothing more may
+        be written to it. Two pragmas read from the header (about 2 us); the schema
+        table is read only when the cookie moved."""
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
         if version == SCHEMA_VERSION and cookie == self._cookie:
-            return
+            return None
         if version != SCHEMA_VERSION:
-            self._lost = (
+            return (
                 f"{self.path} now has schema version {version} (another process changed it, "
                 f"an upgrade?); this nous_actor writes version {SCHEMA_VERSION} only, so "
                 "nothing more is written to it: upgrade nous_actor in every process that "
                 "uses the file, then reopen the store"
             )
-            raise StoreError(self._lost)
         layout = _Layout(conn, in_transaction=True)
         if layout.foreign or layout.app_id != APPLICATION_ID:
-            self._lost = (
+            return (
                 f"{self.path} is now another application's SQLite database (it holds schema "
                 f"objects nous_actor does not make: {_named(layout)}, or another "
                 "application id), so nothing more is written to it; it was left unchanged "
                 "by this write: remove what was added, or use a new file"
             )
-            raise StoreError(self._lost)
         self._cookie = cookie
+        return None
 
     def _create(self, conn: sqlite3.Connection) -> None:
         """Write the schema and the file's marks in one transaction: all of it, or nothing."""

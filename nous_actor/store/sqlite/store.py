@@ -3,12 +3,13 @@ the `Store` protocol, the batches, the index, and the optional methods of
 `nous_actor.store.shared` (reads without a claim and watches on the follower's
 connection, who holds a session, hand-off requests in the ``handoffs`` table).
 
-It stands on `_Opening` (`schema`: opening a file, looking before writing),
-which stands on `_Connection` (`connection`: the lock, the translation of
-sqlite3's errors, write transactions); a write's rows go in through `writes`,
-claims are taken and told live or dead by `claims`, reads without a claim and
-watches go through the store's `follower`, and snapshots' drops are given back
-by `vacuum`.
+It holds its connection, a `_Connection` (`connection`: the lock, the
+translation of sqlite3's errors, write transactions, whether the store is
+closed or failed), which holds its `_Opening` (`schema`: opening a file,
+looking before writing, and whether it is still ours at each write); a write's
+rows go in through `writes`, claims are taken and told live or dead by
+`claims`, reads without a claim and watches go through the connection's
+`follower`, and snapshots' drops are given back by `vacuum`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
-import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,7 +27,7 @@ from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.codec import CodecError, event_from_row, passing_event_from_row
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import SessionInfo, valid_store_id
+from nous_actor.store.base import ClosingStore, SessionInfo, valid_store_id
 from nous_actor.store.feed import DEFAULT_WATCH_BUFFER, _check_buffer, _check_from_seq
 from nous_actor.store.sqlite.claims import (
     _claim_all,
@@ -36,9 +36,8 @@ from nous_actor.store.sqlite.claims import (
     _live_tokens,
     _pid_alive,
 )
-from nous_actor.store.sqlite.connection import _IN_CHUNK
+from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
 from nous_actor.store.sqlite.follower import close_follower, follower_of
-from nous_actor.store.sqlite.schema import _Opening
 from nous_actor.store.sqlite.vacuum import dropped_bytes, due, file_bytes
 from nous_actor.store.sqlite.vacuum import vacuum as _vacuum_file
 from nous_actor.store.sqlite.writes import _UNBINDABLE, _insert_rows, _session_rows, _write_each
@@ -107,7 +106,7 @@ def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo
     return SessionInfo(session_id, count, top + 1, when.astimezone(UTC), None)
 
 
-class SQLiteStore(_Opening):
+class SQLiteStore(ClosingStore):
     """Sessions' events in one SQLite file (or `":memory:"`).
 
     Safe to share between threads: calls are serialised on one connection.
@@ -166,6 +165,9 @@ class SQLiteStore(_Opening):
             (with `create=False`) holds no store yet.
     """
 
+    _connection_type: type[_Connection] = _Connection
+    """The class of the store's connection (the viewer's read-only store opens its own)."""
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -185,22 +187,17 @@ class SQLiteStore(_Opening):
         check_flag(create, "create")
         self.path = path if path == ":memory:" else str(Path(path))
         self.durability = durability
-        self._busy_wait = timeout
-        self._asked: set[str] = set()  # sessions this store asked for (store.shared)
-        self._busy_ms = int(timeout * 1000)
-        self._lock = threading.Lock()
-        self._closed = False
-        self._lost: str | None = None
-        self._file: tuple[str, int, int] | None = None  # (absolute path, st_dev, st_ino)
-        self._dropped = 0  # bytes dropped by snapshots since the last vacuum (store.sqlite.vacuum)
-        self._vacuum_skipped = False  # told the log that the file is too large to vacuum
-        with self._translate(None, "open the store"):
-            self._conn = self._open(timeout, create)
+        # Sessions this store asked for (store.shared), read and changed under the
+        # connection's lock, as a claim reads them.
+        self._asked: set[str] = set()
+        self._connection = self._connection_type(self.path, durability, timeout, create)
+
+    _valid_id = staticmethod(valid_store_id)
 
     # -- the Store protocol --------------------------------------------------------------
 
     def load(self, session_id: str) -> list[Event]:
-        with self._locked(session_id, "load the session") as conn:
+        with self._connection.locked(session_id, "load the session") as conn:
             rows = conn.execute(
                 "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
                 (session_id,),
@@ -230,7 +227,7 @@ class SQLiteStore(_Opening):
         if not batches:
             return refused
         only = batches[0][0] if len(batches) == 1 else None
-        with self._transaction(only, "append events") as conn:
+        with self._connection.transaction(only, "append events") as conn:
             # Every session's rows in one statement (each statement hands the GIL
             # back and forth); only when a row is refused (a conflict, a value SQLite
             # cannot bind), session by session, so that it refuses its session alone.
@@ -250,7 +247,7 @@ class SQLiteStore(_Opening):
         (see `vacuum`). A vacuum that fails is logged; the drop stands."""
         if not seqs:
             return
-        with self._transaction(session_id, "drop snapshotted events") as conn:
+        with self._connection.transaction(session_id, "drop snapshotted events") as conn:
             dropped = dropped_bytes(conn, session_id, seqs)
             conn.executemany(
                 "DELETE FROM events WHERE session_id = ? AND seq = ?",
@@ -260,13 +257,14 @@ class SQLiteStore(_Opening):
 
     def _reclaim(self, session_id: str, dropped: int) -> None:
         """Count bytes a drop deleted; vacuum the file if that is due (never raises)."""
-        with self._lock:
-            if self._closed or self._lost is not None:
+        connection = self._connection
+        with connection.lock:
+            if connection.closed or connection.lost is not None:
                 return
-            self._dropped += dropped
+            connection.dropped += dropped
             try:
-                if due(self, file_bytes(self._conn)):
-                    _vacuum_file(self, self._conn)
+                if due(connection, file_bytes(connection.conn)):
+                    _vacuum_file(connection, connection.conn)
             except (sqlite3.Error, StoreError) as exc:
                 logger.warning(
                     "store.vacuum_failed",
@@ -292,17 +290,17 @@ class SQLiteStore(_Opening):
             StoreError: the store is closed or failed, another process holds the
                 write lock past ``timeout``, or SQLite failed (the file is unchanged).
         """
-        with self._locked(None, "vacuum the store") as conn:
-            _vacuum_file(self, conn)
+        with self._connection.locked(None, "vacuum the store") as conn:
+            _vacuum_file(self._connection, conn)
             return file_bytes(conn)
 
     def sessions(self) -> list[str]:
-        with self._locked(None, "list sessions") as conn:
+        with self._connection.locked(None, "list sessions") as conn:
             rows = conn.execute("SELECT DISTINCT session_id FROM events ORDER BY session_id")
             return [r[0] for r in rows]
 
     def delete(self, session_id: str) -> None:
-        with self._transaction(session_id, "delete the session") as conn:
+        with self._connection.transaction(session_id, "delete the session") as conn:
             conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM writers WHERE session_id = ?", (session_id,))
 
@@ -335,7 +333,7 @@ class SQLiteStore(_Opening):
         ids = [self._valid_id(sid) for sid in session_ids]
         if not ids:
             return []
-        return _claim_all(self, ids)
+        return _claim_all(self._connection, self._asked, ids)
 
     def load_many(self, session_ids: Sequence[str]) -> dict[str, list[Event] | StoreError]:
         """`load` each of `session_ids` in one read: each id maps to its events in seq
@@ -347,7 +345,7 @@ class SQLiteStore(_Opening):
         """
         ids = list(dict.fromkeys(self._valid_id(sid) for sid in session_ids))
         rows: list[tuple[str, int, str, str, str | bytes]] = []
-        with self._locked(None, "load the sessions") as conn:
+        with self._connection.locked(None, "load the sessions") as conn:
             for lo in range(0, len(ids), _IN_CHUNK):
                 chunk = ids[lo : lo + _IN_CHUNK]
                 rows += conn.execute(
@@ -375,9 +373,9 @@ class SQLiteStore(_Opening):
     def release(self, session_id: str, token: str) -> None:
         with _live_lock:
             _live_tokens.discard(token)
-        if self._closed or self._lost is not None:
+        if self._connection.closed or self._connection.lost is not None:
             return
-        with self._transaction(session_id, "release the session", synced=False) as conn:
+        with self._connection.transaction(session_id, "release the session", synced=False) as conn:
             conn.execute(
                 "DELETE FROM writers WHERE session_id = ? AND token = ?", (session_id, token)
             )
@@ -405,7 +403,7 @@ class SQLiteStore(_Opening):
             where.append("session_id > ?")
             params.append(after)
         params.append(-1 if limit is None else limit)
-        with self._locked(None, "list sessions") as conn:
+        with self._connection.locked(None, "list sessions") as conn:
             rows = conn.execute(
                 "SELECT g.session_id, g.n, g.top, g.last, w.pid, w.token FROM "
                 "(SELECT session_id, COUNT(*) AS n, MAX(seq) AS top, MAX(time) AS last "
@@ -436,12 +434,12 @@ class SQLiteStore(_Opening):
         from_seq = _check_from_seq(from_seq)
         # On the follower's connection: a read never waits behind this process's writes
         # (which may be waiting for another process's write lock).
-        rows = follower_of(self).query(
+        rows = follower_of(self._connection).query(
             "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? "
             "ORDER BY seq",
             (session_id, min(from_seq, 2**63 - 1)),
         )
-        with self._translate(session_id, "load the session"):  # read to be looked at
+        with self._connection.translate(session_id, "load the session"):  # read to be looked at
             return [passing_event_from_row(*row) for row in rows]
 
     def watch(
@@ -463,7 +461,7 @@ class SQLiteStore(_Opening):
         session_id = valid_store_id(session_id)
         from_seq = _check_from_seq(from_seq)
         buffer = _check_buffer(buffer)
-        return follower_of(self).add(session_id, from_seq, buffer, timeout)
+        return follower_of(self._connection).add(session_id, from_seq, buffer, timeout)
 
     def next_seq(self, session_id: str) -> int:
         """The next seq of `session_id`'s stored history (0 if it has none), from any
@@ -473,7 +471,7 @@ class SQLiteStore(_Opening):
             StoreError: the id is not valid, or the store is closed.
         """
         session_id = valid_store_id(session_id)
-        rows = follower_of(self).query(
+        rows = follower_of(self._connection).query(
             "SELECT max(seq) FROM events WHERE session_id = ?", (session_id,)
         )
         last = rows[0][0] if rows else None
@@ -483,7 +481,7 @@ class SQLiteStore(_Opening):
         """``"this process"`` or ``"process <pid>"`` holding a live claim on
         `session_id`, or `None`."""
         session_id = valid_store_id(session_id)
-        rows = follower_of(self).query(
+        rows = follower_of(self._connection).query(
             "SELECT pid, token FROM writers WHERE session_id = ?", (session_id,)
         )
         if not rows:
@@ -498,7 +496,7 @@ class SQLiteStore(_Opening):
         withdraws it)."""
         session_id = valid_store_id(session_id)
         seconds = check_seconds(seconds, "seconds")
-        with self._transaction(session_id, "ask for the session", synced=False) as conn:
+        with self._connection.transaction(session_id, "ask for the session", synced=False) as conn:
             conn.execute(_HANDOFFS_TABLE)
             conn.execute(
                 "INSERT OR REPLACE INTO handoffs (session_id, pid, until) VALUES (?, ?, ?)",
@@ -511,7 +509,9 @@ class SQLiteStore(_Opening):
         session_id = valid_store_id(session_id)
         if session_id not in self._asked:
             return  # never asked, or withdrawn by the claim that took the session
-        with self._transaction(session_id, "withdraw the request", synced=False) as conn:
+        with self._connection.transaction(
+            session_id, "withdraw the request", synced=False
+        ) as conn:
             conn.execute(
                 "DELETE FROM handoffs WHERE session_id = ? AND pid = ?", (session_id, os.getpid())
             )
@@ -520,7 +520,7 @@ class SQLiteStore(_Opening):
     def handoff_requests(self) -> list[str]:
         """The sessions this process holds that a live process asks for."""
         try:
-            rows = follower_of(self).query(
+            rows = follower_of(self._connection).query(
                 "SELECT h.session_id, w.token, h.pid FROM handoffs AS h JOIN writers AS w "
                 "ON w.session_id = h.session_id WHERE w.pid = ? AND h.pid <> w.pid "
                 "AND h.until > ?",
@@ -543,18 +543,15 @@ class SQLiteStore(_Opening):
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a commit to the file (by any process) after the
         change counter `after`; returns the counter now."""
-        return follower_of(self).wait_changed(after, timeout)
+        return follower_of(self._connection).wait_changed(after, timeout)
 
     def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._conn.close()
-        close_follower(self)
+        self._connection.close()
+        close_follower(self._connection)
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` when healthy)."""
-        with self._locked(None, "check integrity") as conn:
+        with self._connection.locked(None, "check integrity") as conn:
             return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
 
     def __repr__(self) -> str:

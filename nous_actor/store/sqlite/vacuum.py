@@ -88,18 +88,18 @@ def file_bytes(conn: sqlite3.Connection) -> int:
     return int(pages) * int(size)
 
 
-def due(store: _Connection, size: int) -> bool:
+def due(connection: _Connection, size: int) -> bool:
     """Whether the bytes dropped since the last vacuum call for one now (see the module);
     logs once when only the file's size keeps it from running."""
-    dropped = store._dropped
+    dropped = connection.dropped
     if dropped < _AUTO_MIN_BYTES or dropped < _SHARE * size:
         return False
     if size > _AUTO_MAX_BYTES:
-        if not store._vacuum_skipped:
-            store._vacuum_skipped = True
+        if not connection.vacuum_skipped:
+            connection.vacuum_skipped = True
             logger.warning(
                 "store.vacuum_deferred",
-                store=store.path,
+                store=connection.path,
                 file_bytes=size,
                 dropped_bytes=dropped,
                 limit=_AUTO_MAX_BYTES,
@@ -111,35 +111,35 @@ def due(store: _Connection, size: int) -> bool:
     return True
 
 
-def vacuum(store: _Connection, conn: sqlite3.Connection) -> None:
-    """Under the store's lock, outside any transaction: pack the file (``VACUUM``),
+def vacuum(connection: _Connection, conn: sqlite3.Connection) -> None:
+    """Under the connection's lock, outside any transaction: pack the file (``VACUUM``),
     then empty the WAL it went through, and forget the bytes dropped so far.
 
     Raises:
         sqlite3.Error: the vacuum failed (the file is as it was: it is one transaction).
     """
     # A write of its own: only into a file this process may still write.
-    store._begin(conn)
+    connection.begin(conn)
     try:
-        store._check_schema(conn)
-        store._check_file()
+        connection.check_writable(conn)
+        connection.check_file()
     finally:
         if conn.in_transaction:
             conn.execute("COMMIT")
     before = file_bytes(conn)
     conn.execute("VACUUM")
-    store._dropped = 0
-    store._vacuum_skipped = False
+    connection.dropped = 0
+    connection.vacuum_skipped = False
     # The vacuum went through the WAL (as big as the file); give that space back too,
     # without waiting long for readers (a later checkpoint finishes it).
     conn.execute("PRAGMA busy_timeout = 100")
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     finally:
-        conn.execute(f"PRAGMA busy_timeout = {store._busy_ms}")
+        conn.execute(f"PRAGMA busy_timeout = {connection.busy_ms}")
     logger.info(
         "store.vacuumed",
-        store=store.path,
+        store=connection.path,
         before_bytes=before,
         after_bytes=file_bytes(conn),
         pid=os.getpid(),
