@@ -22,7 +22,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
+
+import pykka
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, NousActorError, SessionStopped, StoreError
@@ -31,9 +33,6 @@ from nous_actor.sessions.actor import SessionActor, _Envelope
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import shared
 from nous_actor.store.base import Store
-
-if TYPE_CHECKING:
-    from nous_actor.sessions.registry import Sessions
 
 __all__ = ["HandOver", "acquire"]
 
@@ -72,22 +71,22 @@ store wakes the hand-over thread)."""
 
 
 def acquire(
-    facade: Sessions,
+    store: Store,
     session_id: str,
     wait: float,
     open_now: Callable[[], T],
     refused: ConflictError | None = None,
 ) -> T:
-    """Open ``session_id`` with ``open_now``, asking its live holder for it and waiting
-    at most ``wait`` seconds for it to let go. ``refused``: the `ConflictError` of an
-    attempt the caller just made (then the first step is to ask).
+    """Open ``session_id`` with ``open_now``, asking its live holder for it (through
+    ``store``) and waiting at most ``wait`` seconds for it to let go. ``refused``:
+    the `ConflictError` of an attempt the caller just made (then the first step is
+    to ask).
 
     Raises:
         ConflictError: the holder kept the session for ``wait`` seconds (the message
             and ``holder`` name it).
         Whatever ``open_now`` raises, other than `ConflictError`.
     """
-    store = facade.store
     deadline = scheduling.monotonic() + wait
     version = shared.wait_changed(store, -1, 0.0)
     asked: tuple[str | None, float] | None = None
@@ -149,10 +148,30 @@ def _withdraw(store: Store, session_id: str) -> None:
 class HandOver:
     """The hand-over side of one registry: a thread that hands its sessions to the
     processes that ask for them (see the module docs). Started on demand, ended by
-    `stop` (or when the registry is collected)."""
+    `stop` (the registry's close).
 
-    def __init__(self, facade: Sessions) -> None:
-        self._facade = facade
+    What it knows of its registry is what it is given: the ``store`` the requests
+    arrive in, the bound of a call (``timeout``), and three questions it asks:
+    ``live()`` (the ids of the sessions running there; raises `NousActorError` when
+    the registry cannot tell), ``live_ref(id, timeout)`` (the running actor of a
+    session, or ``None``) and ``idle_for(id)`` (seconds since its last use, ``None``
+    if never).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        timeout: float,
+        live: Callable[[], list[str]],
+        live_ref: Callable[[str, float], pykka.ActorRef[Any] | None],
+        idle_for: Callable[[str], float | None],
+    ) -> None:
+        self._store = store
+        self._timeout = timeout
+        self._live = live
+        self._live_ref = live_ref
+        self._idle_for = idle_for
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -167,7 +186,7 @@ class HandOver:
         if self._thread is not None:
             self._opened.set()
             return
-        if not shared.supports_handoff(self._facade.store):
+        if not shared.supports_handoff(self._store):
             return
         with self._lock:
             if self._thread is None and not self._stop.is_set():
@@ -178,10 +197,10 @@ class HandOver:
     def _poll_once(self) -> bool:
         """Where the hand-over is a timer (a simulation's): look for requests once;
         whether to look again."""
-        if self._stop.is_set() or self._facade._closed:
+        if self._stop.is_set():
             return False
         try:
-            asked = shared.handoff_requests(self._facade.store)
+            asked = shared.handoff_requests(self._store)
         except StoreError:
             return False
         for session_id in asked:
@@ -189,15 +208,15 @@ class HandOver:
         return True
 
     def stop(self) -> None:
+        """End the thread (the registry closes: it hands nothing over any more)."""
         self._stop.set()
 
     def _run(self) -> None:
-        facade = self._facade
-        store = facade.store
+        store = self._store
         version = -1
         waiting = False  # a session asked for was busy: look again soon
         next_look = 0.0  # when to see again whether this registry holds anything
-        while not self._stop.is_set() and not facade._closed:
+        while not self._stop.is_set():
             if not waiting and time.monotonic() >= next_look:
                 # Rest while this registry holds no session: nothing to hand over, and
                 # no reason to keep the store followed (on SQLite, a poll of the file
@@ -205,7 +224,7 @@ class HandOver:
                 self._opened.clear()
                 while not self._holds_any():
                     self.resting = True
-                    if self._opened.wait(REST) or self._stop.is_set() or facade._closed:
+                    if self._opened.wait(REST) or self._stop.is_set():
                         break
                 self.resting = False
                 next_look = time.monotonic() + REST
@@ -227,22 +246,22 @@ class HandOver:
     def _holds_any(self) -> bool:
         """Whether this registry runs a session now (also when it cannot tell)."""
         try:
-            return bool(self._facade.live())
+            return bool(self._live())
         except NousActorError:
-            return not self._facade._closed
+            return not self._stop.is_set()
 
     def _offer(self, session_id: str, grace: bool = True) -> bool:
         """Ask the live actor of ``session_id`` in this registry, if any, to hand over;
         ``False`` if it is busy (ask again soon). With ``grace``, a session called
         within `GRACE` is left alone for now."""
-        facade = self._facade
-        last = facade._last_used.get(session_id)
-        if grace and last is not None and facade.clock() - last < GRACE:
-            return False
-        ref = facade._live_ref(session_id, OFFER_WAIT)
+        if grace:
+            idle = self._idle_for(session_id)
+            if idle is not None and idle < GRACE:
+                return False
+        ref = self._live_ref(session_id, OFFER_WAIT)
         if ref is None:
             return True
-        fut: SessionFuture[Any] = SessionFuture(session_id, self._facade.timeout)
+        fut: SessionFuture[Any] = SessionFuture(session_id, self._timeout)
         try:
             ref.actor_inbox.put(_Envelope((SessionActor.h_handoff, (), fut)))  # type: ignore[arg-type]
             handed = fut.get(timeout=OFFER_WAIT)

@@ -1,11 +1,12 @@
 """The caller's side of a turn: what ``session.turn(...)`` returns.
 
 See `nous_actor.sessions.turns` for what the session's actor keeps and
-guarantees. A `Turn` has every call method of the handle it came from
-(`nous_actor.SessionHandle`), with the same checks in the caller's thread;
-each call is sent through the turn, so it fails with
+guarantees. A `Turn` has every call method of the handle it came from (both
+are `nous_actor.sessions.handle.SessionCalls`), with the same checks in the
+caller's thread; each call is sent through the turn, so it fails with
 `nous_actor.TurnInterrupted` once the turn is no longer open, and renews
-the turn's lease.
+the turn's lease. A turn is no handle: it opens no turn and stops no session
+(`TurnSender` is what it needs of the handle it was opened on).
 """
 
 from __future__ import annotations
@@ -16,14 +17,20 @@ import os
 import socket
 import threading
 import uuid
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout
 from nous_actor.runtime import telemetry
-from nous_actor.sessions.actor import _WAIT_FOR_COMMITS, THROUGH, Handler, SessionActor
+from nous_actor.sessions.actor import (
+    _WAIT_FOR_COMMITS,
+    THROUGH,
+    Handler,
+    SessionActor,
+    _Compaction,
+)
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.handle import Session, SessionHandle
+from nous_actor.sessions.handle._calls import SessionCalls
 from nous_actor.sessions.turns import (
     DEFAULT_LEASE,
     DEFAULT_ROLLBACK_NOTE,
@@ -33,7 +40,7 @@ from nous_actor.sessions.turns import (
 from nous_actor.sessions.turns._blocks import entered, left
 from nous_actor.store.subscription import Subscription
 
-__all__ = ["Turn", "check_turn_args", "default_owner"]
+__all__ = ["Turn", "TurnSender", "check_turn_args", "default_owner"]
 
 _HOST = socket.gethostname()
 _READ_LIKE = frozenset(h.__name__ for h in _WAIT_FOR_COMMITS)
@@ -83,7 +90,22 @@ def check_turn_args(
         )
 
 
-class Turn(SessionHandle):
+class TurnSender(Protocol):
+    """What a turn needs of the handle it is opened on (a `nous_actor.SessionHandle`)."""
+
+    session_id: str
+    timeout: float
+
+    def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]: ...
+
+    def _register(self, sub: Subscription, timeout: float) -> None: ...
+
+    def _compact_in_turn(self, req: _Compaction, turn_id: str) -> SessionFuture[Any]: ...
+
+    def is_alive(self) -> bool: ...
+
+
+class Turn(SessionCalls):
     """One turn on a session: a run that writes the session while no other run does.
 
     Get one from ``session.turn(...)`` and use it as a context manager::
@@ -133,7 +155,7 @@ class Turn(SessionHandle):
 
     def __init__(
         self,
-        handle: SessionHandle,
+        handle: TurnSender,
         policy: str = "enqueue",
         *,
         owner: str | None = None,
@@ -141,13 +163,14 @@ class Turn(SessionHandle):
         timeout: float | None = None,
         note: str | None = None,
     ) -> None:
-        if not isinstance(handle, SessionHandle) or isinstance(handle, Turn):
+        # A handle is the one other kind of SessionCalls (a turn's calls go through it).
+        if not isinstance(handle, SessionCalls) or isinstance(handle, Turn):
             raise TypeError(
                 f"a Turn is opened on a session's handle, got {type(handle).__name__}; "
                 "get one with session.turn(...)"
             )
         check_turn_args(policy, owner, lease, timeout, note)
-        self._handle = handle
+        self._handle: TurnSender = handle
         self.session_id = handle.session_id
         self.timeout = handle.timeout
         self.policy = policy
@@ -307,36 +330,28 @@ class Turn(SessionHandle):
         name = handler.__name__
         if name not in THROUGH:
             return self._failed(TypeError(f"{name!r} cannot be called through a turn"))
-        if name == "h_compact" and not isinstance(self._handle, Session):
-            # A remote handle (Ray) sends the compactor itself, to run where the
-            # session runs, through this turn there.
-            compact = getattr(self._handle, "_compact", None)
-            if compact is None:
-                return self._failed(
-                    TypeError(
-                        f"a turn of a {type(self._handle).__name__} cannot compact; compact "
-                        "through the handle once the turn is closed"
-                    )
-                )
-            return compact(args[0], self.turn_id)  # type: ignore[no-any-return]
+        if name == "h_compact":  # the handle knows where the compactor runs
+            return self._handle._compact_in_turn(args[0], self.turn_id)
         via = SessionActor.h_turn_read if name in _READ_LIKE else SessionActor.h_turn_call
         return self._handle._call(via, self.turn_id, name, args)
 
     def _register(self, sub: Subscription, timeout: float) -> None:
         self._handle._register(sub, timeout)
 
-    def turn(self, *args: Any, **kwargs: Any) -> Turn:
+    def is_alive(self) -> bool:
+        """Whether the session (not the turn) runs now."""
+        return self._handle.is_alive()
+
+    # -- what a handle does and a turn does not: each says where to do it ---------------------
+
+    def turn(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Turns do not nest."""
         raise RuntimeError(
             "a turn cannot open another turn: open it on the session's handle "
             "(session.turn(...)) once this one is closed"
         )
 
-    def is_alive(self) -> bool:
-        """Whether the session (not the turn) runs now."""
-        return self._handle.is_alive()
-
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | None = None) -> NoReturn:
         """Not through a turn."""
         raise RuntimeError("stop the session through its handle, not through a turn")
 

@@ -20,7 +20,7 @@ from nous_actor.errors import SessionStopped
 from nous_actor.integrations._resend import refused, resend
 from nous_actor.integrations.openai_agents.shared import _shared_for, _turn_of
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.handle import Session, SessionHandle
+from nous_actor.sessions.handle import Session, SessionCalls
 from nous_actor.sessions.registry import Sessions
 
 T = TypeVar("T")
@@ -117,7 +117,7 @@ class _Calls:
         """Answered once no turn is open (an empty append waits like a write)."""
         await self.read(lambda h: h.append_many([]))
 
-    async def read(self, read: Callable[[SessionHandle], SessionFuture[T]]) -> T:
+    async def read(self, read: Callable[[SessionCalls], SessionFuture[T]]) -> T:
         turn = _turn_of(self.shared)
         if turn is not None:
             return await read(turn)

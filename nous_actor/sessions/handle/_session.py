@@ -21,11 +21,12 @@ from nous_actor.sessions.actor import (
     HELD,
     Handler,
     SessionActor,
+    _Compaction,
     _Envelope,
 )
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle._checks import _check_handle_args, check_placement
-from nous_actor.sessions.handle._face import SessionHandle
+from nous_actor.sessions.handle._session_handle import SessionHandle
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.sessions.turns._blocks import _ENTERED, held_future
 from nous_actor.store.base import Store
@@ -233,6 +234,10 @@ class Session(SessionHandle):
         # teardown, which answers the call with SessionStopped.
         ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
         return fut
+
+    def _compact_in_turn(self, req: _Compaction, turn_id: str) -> SessionFuture[Any]:
+        # Here the session runs the compaction itself, as any call through the turn.
+        return self._call(SessionActor.h_turn_call, turn_id, "h_compact", (req,))
 
     def _register(self, sub: Subscription, timeout: float) -> None:
         sub._on_close = self._unsubscribe

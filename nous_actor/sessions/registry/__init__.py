@@ -26,22 +26,26 @@ Every restart, recovery, give-up, stop and passivation is a structlog event
 with ``session_id`` and ``reason`` (and ``restart_count`` where it counts);
 docs/supervision.md lists every event the library logs.
 
-The package's modules, each importing only those above it: ``_base`` (the
-defaults, the capacity check), ``_actor`` (`RegistryActor`), ``_life`` (the
-registry's actor started, asked and closed; passivation) and ``_facade``
-(`Sessions`, and opening sessions).
+The package's modules, each importing only those above it: ``_settings`` (the
+defaults, their checks, the `Settings` the actor starts sessions with),
+``_passivation`` (`Passivation`: when each session was last used, the idle ones,
+the passivator), ``_supervisor`` (`RegistryActor`, the dynamic supervisor, and
+its `Restarts`) and ``_sessions`` (`Sessions`, the one class users hold; its
+hand-over is `nous_actor.sessions.handoff.HandOver`).
 """
 
 from __future__ import annotations
 
-from nous_actor.sessions.registry._actor import RegistryActor as RegistryActor
-from nous_actor.sessions.registry._actor import Started as Started
-from nous_actor.sessions.registry._base import DEFAULT_BACKOFF as DEFAULT_BACKOFF
-from nous_actor.sessions.registry._base import GiveUp as GiveUp
-from nous_actor.sessions.registry._base import _not_running as _not_running
-from nous_actor.sessions.registry._base import check_capacity as check_capacity
-from nous_actor.sessions.registry._facade import Sessions as Sessions
-from nous_actor.sessions.registry._life import RegistryLife as RegistryLife
+from nous_actor.sessions.registry._passivation import Passivation as Passivation
+from nous_actor.sessions.registry._sessions import Sessions as Sessions
+from nous_actor.sessions.registry._settings import DEFAULT_BACKOFF as DEFAULT_BACKOFF
+from nous_actor.sessions.registry._settings import GiveUp as GiveUp
+from nous_actor.sessions.registry._settings import Settings as Settings
+from nous_actor.sessions.registry._settings import _not_running as _not_running
+from nous_actor.sessions.registry._settings import check_capacity as check_capacity
+from nous_actor.sessions.registry._supervisor import RegistryActor as RegistryActor
+from nous_actor.sessions.registry._supervisor import Restarts as Restarts
+from nous_actor.sessions.registry._supervisor import Started as Started
 
 __all__ = ["DEFAULT_BACKOFF", "RegistryActor", "Sessions"]
 

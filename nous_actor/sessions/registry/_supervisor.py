@@ -1,7 +1,9 @@
 """`RegistryActor`: the actor behind a `Sessions` registry, a dynamic supervisor of sessions.
 
 It starts, finds, restarts, gives up and stops the sessions, one decision at
-a time, in its own thread; the facade (`Sessions`) only asks it.
+a time, in its own thread; `Sessions` only asks it. It holds the registry's
+`Settings`, its `Passivation` (when each session was last used) and its
+`Restarts` (each session's restart count and intensity, and who was given up).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pykka
 
@@ -18,7 +20,8 @@ from nous_actor.errors import SessionStopped, TooManySessions
 from nous_actor.runtime import telemetry
 from nous_actor.sessions.actor import SessionActor, _safe_str
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.registry._base import GiveUp, _not_running
+from nous_actor.sessions.registry._passivation import Passivation
+from nous_actor.sessions.registry._settings import Settings, _not_running
 from nous_actor.supervision import (
     HANDLED_LATER,
     Exit,
@@ -27,9 +30,6 @@ from nous_actor.supervision import (
     SupervisedActor,
     start_monitored,
 )
-
-if TYPE_CHECKING:
-    from nous_actor.sessions.registry._facade import Sessions
 
 logger = get_logger("nous_actor.sessions.registry")
 
@@ -45,6 +45,39 @@ def _tell_started(registry: pykka.ActorRef[Any], session_id: str, urn: str) -> N
         pass
 
 
+class Restarts:
+    """Each session's restarts: how many there were, the restart intensity they count
+    against (a `RestartPolicy`), and the sessions given up (with the last crash)."""
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.policy = policy
+        self._counts: dict[str, int] = {}
+        self._gave_up: dict[str, str] = {}
+
+    def count(self, session_id: str) -> int:
+        """How many times ``session_id`` was restarted after a crash."""
+        return self._counts.get(session_id, 0)
+
+    def given_up(self, session_id: str) -> str | None:
+        """Why ``session_id`` was given up (its last crash), or ``None``."""
+        return self._gave_up.get(session_id)
+
+    def retry(self, session_id: str) -> None:
+        """A session given up gets a fresh intensity (it is opened again by name)."""
+        if self._gave_up.pop(session_id, None) is not None:
+            self.policy.forget(session_id)
+
+    def crashed(self, session_id: str, reason: str) -> float | None:
+        """Count a crash of ``session_id`` against its intensity: the wait before its
+        restart, or ``None`` when the intensity is exceeded (the session is given up)."""
+        delay = self.policy.delay(session_id)
+        if delay is None:
+            self._gave_up[session_id] = reason
+            return None
+        self._counts[session_id] = self._counts.get(session_id, 0) + 1
+        return delay
+
+
 class RegistryActor(SupervisedActor):
     """The actor behind a `Sessions` registry: a dynamic supervisor of sessions.
 
@@ -54,19 +87,20 @@ class RegistryActor(SupervisedActor):
     from the scheduler. When it stops, or crashes, its sessions stop first.
     """
 
-    def __init__(self, facade: Sessions) -> None:
+    def __init__(self, settings: Settings, passivation: Passivation) -> None:
         super().__init__()
-        self.facade = facade
-        self.policy = RestartPolicy(
-            facade.max_restarts, facade.max_seconds, facade.backoff, facade.clock, facade.scheduler
+        self.settings = settings
+        self.passivation = passivation
+        self.restarts = Restarts(
+            RestartPolicy(
+                settings.max_restarts,
+                settings.max_seconds,
+                settings.backoff,
+                settings.clock,
+                settings.scheduler,
+            )
         )
-        on_give_up = facade.on_give_up
-        if on_give_up is None:
-            on_give_up = "escalate" if self._monitor is not None else "log"
-        self.on_give_up: GiveUp = on_give_up
         self.live: dict[str, pykka.ActorRef[Any]] = {}
-        self.restarts: dict[str, int] = {}
-        self.gave_up: dict[str, str] = {}
         self.expected: set[str] = set()  # urns of sessions stopped on purpose
         self.previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
         # Sessions recovering from the store, by urn: (id, ready). Opens wait for
@@ -78,12 +112,12 @@ class RegistryActor(SupervisedActor):
     # -- life --------------------------------------------------------------------------------
 
     def on_stop(self) -> None:
-        self._stop_all("registry closed", self.facade.timeout)
+        self._stop_all("registry closed", self.settings.timeout)
 
     def _cleanup(self) -> None:
         # However the registry ended (a crash skips on_stop), no session outlives it.
         if self.live:
-            self._stop_all("registry stopped", self.facade.timeout)
+            self._stop_all("registry stopped", self.settings.timeout)
 
     def _stop_all(self, why: str, timeout: float) -> None:
         self.closed = True
@@ -109,8 +143,7 @@ class RegistryActor(SupervisedActor):
             answer._fail(exc)
 
     def m_open(self, session_id: str, context: object = None) -> Started:
-        if self.gave_up.pop(session_id, None) is not None:
-            self.policy.forget(session_id)  # a fresh chance, asked for by name
+        self.restarts.retry(session_id)  # a fresh chance, asked for by name
         return self.m_resolve(session_id, context)
 
     def m_started(self, session_id: str, urn: str) -> None:
@@ -136,11 +169,11 @@ class RegistryActor(SupervisedActor):
         from the recovery's span (telemetry)."""
         if self.closed:
             raise SessionStopped(session_id, "the registry is closed")
-        reason = self.gave_up.get(session_id)
+        reason = self.restarts.given_up(session_id)
         if reason is not None:
             raise SessionStopped(
                 session_id,
-                f"gave up after {self.restarts.get(session_id, 0)} restarts ({reason}); "
+                f"gave up after {self.restarts.count(session_id)} restarts ({reason}); "
                 "open() it again to retry",
             )
         ref = self.live.get(session_id)
@@ -166,22 +199,10 @@ class RegistryActor(SupervisedActor):
         return sorted(sid for sid, ref in self.live.items() if ref.is_alive())
 
     def m_restart_count(self, session_id: str) -> int:
-        return self.restarts.get(session_id, 0)
+        return self.restarts.count(session_id)
 
     def m_passivate(self, now: float) -> list[str]:
-        idle_timeout = self.facade.idle_timeout
-        if idle_timeout is None:
-            return []
-        last_used = self.facade._last_used
-        idle = [
-            sid
-            for sid, ref in self.live.items()
-            if now - last_used.get(sid, now) >= idle_timeout
-            and ref.is_alive()
-            # A turn held open (its run waits on a model) is not idle: its lease,
-            # not the idle timeout, says when its holder has gone.
-            and not getattr(ref, "in_turn", False)
-        ]
+        idle = self.passivation.idle(now, self.live)
         for sid in idle:
             self._stop_session(sid, "idle")
         return idle
@@ -242,7 +263,7 @@ class RegistryActor(SupervisedActor):
 
     def m_restart(self, session_id: str, reason: str) -> None:
         """Start ``session_id`` again after the crash ``reason`` (logged with the recovery)."""
-        if self.closed or session_id in self.gave_up:
+        if self.closed or self.restarts.given_up(session_id) is not None:
             return
         ref = self.live.get(session_id)
         if ref is not None and ref.is_alive():
@@ -265,7 +286,7 @@ class RegistryActor(SupervisedActor):
             "session.recovered_after_crash",
             session_id=session_id,
             reason=reason,
-            restart_count=self.restarts.get(session_id, 0),
+            restart_count=self.restarts.count(session_id),
         )
 
     # -- the work ------------------------------------------------------------------------------
@@ -276,15 +297,15 @@ class RegistryActor(SupervisedActor):
         """Start ``session_id``'s actor; it recovers from the store off this actor, and
         the caller waits for the ``ready`` returned (`m_started` sees how an open ended;
         a restart is waited for by `m_restart`)."""
-        facade = self.facade
+        settings = self.settings
         # len(live) is an upper bound (stopped sessions whose exit is not handled yet
         # are still in it): they are counted exactly only near the limit.
-        if session_id not in self.live and len(self.live) >= facade.max_sessions:
+        if session_id not in self.live and len(self.live) >= settings.max_sessions:
             live = sum(1 for r in self.live.values() if r.is_alive())
-            if live >= facade.max_sessions:
+            if live >= settings.max_sessions:
                 raise TooManySessions(
                     f"cannot open session {session_id!r}: {live} sessions are live "
-                    f"(max_sessions={facade.max_sessions}); close or passivate some "
+                    f"(max_sessions={settings.max_sessions}); close or passivate some "
                     "(idle_timeout=), or raise max_sessions"
                 )
         previous = self.previous.pop(session_id, None)
@@ -293,14 +314,14 @@ class RegistryActor(SupervisedActor):
             previous = dead
         if previous is not None:  # its appends still in flight must land first
             released: threading.Event | None = getattr(previous, "released", None)
-            if released is not None and not released.wait(facade.timeout):
+            if released is not None and not released.wait(settings.timeout):
                 self.previous[session_id] = previous
                 raise SessionStopped(
                     session_id,
-                    f"its previous actor still holds the store after {facade.timeout:g} s "
+                    f"its previous actor still holds the store after {settings.timeout:g} s "
                     "(a commit is stuck); try again later",
                 )
-        ready: SessionFuture[None] = SessionFuture(session_id, facade.timeout)
+        ready: SessionFuture[None] = SessionFuture(session_id, settings.timeout)
         links: list[object] = [] if context is None else [context]
         me = self.actor_ref
 
@@ -317,17 +338,17 @@ class RegistryActor(SupervisedActor):
             lambda: SessionActor.start(
                 session_id,
                 None,
-                facade.store,
+                settings.store,
                 ready,
                 crash_on_store_failure=True,
-                dispatcher=facade.dispatcher,
-                dangling_turns=facade.dangling_turns,
+                dispatcher=settings.dispatcher,
+                dangling_turns=settings.dangling_turns,
                 trace_links=links,
             ),
             monitor,
         )
         self.live[session_id] = ref
-        facade._last_used[session_id] = facade.clock()
+        self.passivation.touch(session_id)
         if restarted:
             return ref, ready
         urn = ref.actor_urn
@@ -341,7 +362,7 @@ class RegistryActor(SupervisedActor):
             return
         self.expected.add(ref.actor_urn)
         self.previous[session_id] = ref
-        bound = self.facade.timeout if timeout is None else timeout
+        bound = self.settings.timeout if timeout is None else timeout
         try:
             ref.stop(block=True, timeout=bound)
         except pykka.Timeout:
@@ -365,11 +386,11 @@ class RegistryActor(SupervisedActor):
     ) -> float | None:
         """Count a crash against the session's intensity and log the restart; the wait
         before it, or ``None`` when the session was given up (or the registry escalated)."""
-        delay = self.policy.delay(session_id)
+        delay = self.restarts.crashed(session_id, reason)
         if delay is None:
             self._give_up(session_id, reason)
             return None
-        count = self.restarts[session_id] = self.restarts.get(session_id, 0) + 1
+        count = self.restarts.count(session_id)
         # Told here, where the restart is counted, whoever then reopens the session
         # (the backoff's restart, or, more often, the caller's next call).
         sink = telemetry.sink
@@ -400,29 +421,30 @@ class RegistryActor(SupervisedActor):
                     self.m_restart(session_id, reason)
                     return
                 try:
-                    me.ask(("restart", session_id, reason), timeout=self.facade.timeout)
+                    me.ask(("restart", session_id, reason), timeout=self.settings.timeout)
                 except (pykka.ActorDeadError, pykka.Timeout):
                     pass
 
-            self.policy.later(delay, fire)
+            self.restarts.policy.later(delay, fire)
         else:
             self.m_restart(session_id, reason)
 
     def _give_up(self, session_id: str, reason: str) -> None:
-        self.gave_up[session_id] = reason
-        count = self.restarts.get(session_id, 0)
-        if self.on_give_up == "escalate":
+        """``session_id`` is given up (`Restarts.crashed` said so): escalate, or log."""
+        count = self.restarts.count(session_id)
+        if self.settings.on_give_up == "escalate":
             logger.error(
                 "session.escalated",
                 session_id=session_id,
                 reason=reason,
                 restart_count=count,
             )
-            self._stop_all("registry escalated", self.facade.timeout)
+            self._stop_all("registry escalated", self.settings.timeout)
+            policy = self.restarts.policy
             self._crash(
                 RestartIntensityExceeded(
-                    f"session {session_id!r} crashed more than {self.policy.max_restarts} times "
-                    f"in {self.policy.max_seconds:g} s (last: {reason}); the registry escalates"
+                    f"session {session_id!r} crashed more than {policy.max_restarts} times "
+                    f"in {policy.max_seconds:g} s (last: {reason}); the registry escalates"
                 )
             )
             return

@@ -1,8 +1,8 @@
-"""`SessionHandle`: what every handle to a session offers, wherever the session runs.
+"""`SessionCalls`: the call methods a handle to a session and a turn on it share.
 
 Each method checks and freezes its input in the caller's thread, then sends
-one call (`_call`, which each kind of handle implements) and returns its
-`SessionFuture`.
+one call (`_call`, which each kind of handle, and a turn, implements) and
+returns its `SessionFuture`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nous_actor._log import get_logger
 from nous_actor.core.compaction import (
@@ -38,22 +38,19 @@ from nous_actor.sessions.actor import (
 )
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle._checks import _check_seq, _off_loop
-from nous_actor.sessions.turns import DEFAULT_LEASE, Policy
 from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
-
-if TYPE_CHECKING:
-    from nous_actor.sessions.turn_handle import Turn
 
 logger = get_logger("nous_actor.sessions.handle")
 
 
-class SessionHandle:
-    """What every handle to a session offers; every call returns a `SessionFuture`.
+class SessionCalls:
+    """The call methods of a session: appends, compaction, forks, reads, subscriptions;
+    every call returns a `SessionFuture`.
 
-    `Session` is the handle to a session in this process. A handle to a
-    session hosted elsewhere (e.g. ``nous_actor.cluster.ray.RaySession``) has
-    the same methods, the same checks in the caller's thread and the same typed
-    errors, so code written against this class runs on either.
+    Two kinds of object send them: a handle to the session (`SessionHandle`:
+    `Session` here, ``RaySession`` on a cluster), and a turn opened on one
+    (`nous_actor.Turn`), which sends each call through the turn. Each implements
+    `_call` and `_register`.
     """
 
     __slots__ = ("session_id", "timeout")
@@ -267,51 +264,6 @@ class SessionHandle:
         """The log as it was right after event ``seq`` (see `Log.as_of`)."""
         return self._call(SessionActor.h_read, "as_of", seq)
 
-    def turn(
-        self,
-        policy: Policy = "enqueue",
-        *,
-        owner: str | None = None,
-        lease: float = DEFAULT_LEASE,
-        timeout: float | None = None,
-        note: str | None = None,
-    ) -> Turn:
-        """A turn on this session: use it as ``with`` (or ``async with``) and write through it.
-
-        Entering opens it (nothing is sent before). A turn is a run that writes
-        the session while no other run does: while it is open, writes through
-        the plain handle wait for it to end (at most their bound less a
-        quarter of it, or less 1 s if that is shorter; then
-        `nous_actor.TurnBusy`); reads never wait. A plain write from the
-        thread (in asyncio, the task) inside the open turn's ``with`` (``async
-        with``) block would wait for its own turn: it fails at once with
-        `nous_actor.TurnBusy`, saying to write through the turn. It is recorded
-        by ``turn_start``/``turn_end`` events (turn id, owner, policy, and how
-        it ended).
-
-        ``policy`` says what this turn does when another is open: ``reject``
-        (`nous_actor.TurnBusy` at once, naming the open turn's owner),
-        ``enqueue`` (wait, first come first served, at most ``timeout``
-        seconds, default the handle's bound, then ``TurnBusy``),
-        ``interrupt`` (the open turn ends as interrupted; its holder's next
-        call through it fails with `nous_actor.TurnInterrupted`; its events
-        stay) or ``rollback`` (as ``interrupt``, and one replace hides the
-        interrupted turn's events behind a system note ``note``, by default
-        `nous_actor.sessions.turns.DEFAULT_ROLLBACK_NOTE`).
-
-        The turn holds a lease of ``lease`` seconds, renewed by every call
-        through it: if its holder goes silent that long, it ends as expired.
-        A restart of the session ends an open turn as interrupted.
-
-        ``owner`` names the holder (default: host, process id, thread, task).
-
-        Raises:
-            ValueError, TypeError: bad arguments (raised here; nothing is sent).
-        """
-        from nous_actor.sessions.turn_handle import Turn  # it builds on this class
-
-        return Turn(self, policy, owner=owner, lease=lease, timeout=timeout, note=note)
-
     # -- reads ---------------------------------------------------------------------------
 
     def derive_messages(self) -> SessionFuture[list[Message]]:
@@ -381,24 +333,6 @@ class SessionHandle:
         """`subscribe` for asyncio code: the registration is awaited without blocking the
         loop. Use the result with ``async with`` and ``async for`` (or ``aget``)."""
         return await _off_loop(partial(self.subscribe, from_seq, buffer=buffer, timeout=timeout))
-
-    # -- life ----------------------------------------------------------------------------
-
-    def is_alive(self) -> bool:
-        """Whether the session this handle talks to is running now."""
-        raise NotImplementedError
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the session after the calls already queued; waits at most ``timeout``.
-
-        Raises:
-            CallTimeout: not stopped within ``timeout``.
-        """
-        raise NotImplementedError
-
-    async def astop(self, timeout: float | None = None) -> None:
-        """`stop` for asyncio code: awaited without blocking the loop."""
-        await _off_loop(partial(self.stop, timeout))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.session_id!r}>"

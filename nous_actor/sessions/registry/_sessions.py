@@ -1,9 +1,12 @@
-"""`Sessions`: the registry users hold, and how it opens sessions.
+"""`Sessions`: the registry users hold: its actor started (on its own or under a parent
+`Supervisor`), asked and closed, and how it opens sessions.
 
 Opening a session asks the registry's actor (`RegistryActor`) to start or
 find it; when another process holds it, `open` and `aopen` can ask that
-process to hand it over (`nous_actor.sessions.handoff`). The registry's own
-life (its actor, closing, passivation) is `RegistryLife`.
+process to hand it over (`nous_actor.sessions.handoff.acquire`). Two
+collaborators own the rest of its state: its `Passivation` (when each session
+was last used; the passivator) and its `HandOver` (the thread that hands its
+sessions to the processes asking for them).
 """
 
 from __future__ import annotations
@@ -25,27 +28,30 @@ from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import Session, _off_loop, check_placement
 from nous_actor.sessions.handoff import HandOver, acquire
 from nous_actor.sessions.reader import SessionReader
-from nous_actor.sessions.registry._actor import RegistryActor
-from nous_actor.sessions.registry._base import (
+from nous_actor.sessions.registry._passivation import Passivation
+from nous_actor.sessions.registry._settings import (
     DEFAULT_BACKOFF,
     GiveUp,
+    Settings,
     _not_running,
     check_capacity,
 )
-from nous_actor.sessions.registry._life import RegistryLife
+from nous_actor.sessions.registry._supervisor import RegistryActor
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.supervision import (
     Backoff,
+    ChildSpec,
     Clock,
     RestartPolicy,
+    RestartType,
     Scheduler,
     _timer,
 )
 
 
-class Sessions(RegistryLife):
+class Sessions:
     """A registry of supervised sessions on one store (a context manager).
 
     Args:
@@ -140,20 +146,37 @@ class Sessions(RegistryLife):
         self.dispatcher = dispatcher
         self.handoff_wait = handoff_wait
         self.dangling_turns: DanglingTurns = dangling_turns
-        self._handover = HandOver(self)
+        self._settings = Settings(
+            self.store,
+            max_sessions,
+            max_restarts,
+            max_seconds,
+            # Unless told: escalate under a parent (one that child_spec() is for), else log.
+            on_give_up or ("log" if start else "escalate"),
+            backoff,
+            timeout,
+            clock,
+            scheduler,
+            dispatcher,
+            dangling_turns,
+        )
+        self._passivation = Passivation(idle_timeout, clock)
+        self._handover = HandOver(
+            self.store,
+            timeout=timeout,
+            live=self.live,
+            live_ref=self._live_ref,
+            idle_for=self._passivation.idle_for,
+        )
+        # The registry's actor: set at each start (by a parent, at each of its restarts).
         self._ref: pykka.ActorRef[RegistryActor] | None = None
         self._ref_changed = threading.Condition()
         self._supervised = not start
         self._spec_made = False
         self._closed = False
-        self._last_used: dict[str, float] = {}
-        self._reaper_stop = threading.Event()
         if start:
             self._start_actor()
-        if idle_timeout is not None:
-            scheduling.current().service(
-                self._reap, "nous-passivator", idle_timeout / 2, self._reap_tick
-            )
+        self._passivation.start(self.passivate_idle)
 
     # -- the user's side -------------------------------------------------------------------
 
@@ -186,7 +209,7 @@ class Sessions(RegistryLife):
         wait = self._wait(wait)
         if not wait:
             return self._open_now(session_id)
-        return acquire(self, session_id, wait, partial(self._open_now, session_id))
+        return acquire(self.store, session_id, wait, partial(self._open_now, session_id))
 
     def _wait(self, wait: object) -> float:
         """``wait`` (or the registry's default) as seconds to wait for a hand-off."""
@@ -233,7 +256,14 @@ class Sessions(RegistryLife):
                 raise
             refused = exc
         return await _off_loop(
-            partial(acquire, self, session_id, wait, partial(self._open_now, session_id), refused)
+            partial(
+                acquire,
+                self.store,
+                session_id,
+                wait,
+                partial(self._open_now, session_id),
+                refused,
+            )
         )
 
     async def _aopen_now(self, session_id: str) -> Session:
@@ -256,10 +286,79 @@ class Sessions(RegistryLife):
             session_id,
             partial(self._resolve, session_id),
             timeout=self.timeout,
-            touch=partial(self._touch, session_id),
+            touch=partial(self._passivation.touch, session_id),
         )
         handle._ref = ref
         return handle
+
+    def live(self) -> list[str]:
+        """Ids of the sessions running now, sorted."""
+        if self._closed or self._ref is None or not self._ref.is_alive():
+            return []
+        return self._ask(("live",))  # type: ignore[no-any-return]
+
+    def restart_count(self, session_id: str) -> int:
+        """How many times ``session_id`` was restarted after a crash."""
+        return self._ask(("restart_count", session_id), session_id)  # type: ignore[no-any-return]
+
+    def passivate_idle(self, now: float | None = None) -> list[str]:
+        """Stop the sessions idle for ``idle_timeout`` or longer; returns their ids."""
+        if self.idle_timeout is None:
+            return []
+        return self._ask(("passivate", self.clock() if now is None else now))  # type: ignore[no-any-return]
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop every session (most recently opened first), each within ``timeout``.
+
+        A registry running on its own stops too. One under a parent stays up,
+        refusing every call (the parent stops it with the rest of its tree).
+        """
+        if self._closed:
+            return
+        self._passivation.stop()
+        self._handover.stop()
+        ref = self._ref
+        if ref is not None and ref.is_alive():
+            try:
+                n = len(self.live())
+                # Each session gets its own bound; the whole wait is bounded by them.
+                ref.ask(("close", timeout), timeout=self.timeout + timeout * (n + 1))
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass
+            if not self._supervised:
+                ref.stop(block=True, timeout=self.timeout)
+        self._closed = True
+
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """`close` for asyncio code: awaited without blocking the loop."""
+        await _off_loop(partial(self.close, timeout))
+
+    def child_spec(
+        self,
+        id: str = "sessions",
+        *,
+        restart: RestartType = "permanent",
+        shutdown_timeout: float = 10.0,
+    ) -> ChildSpec:
+        """A `ChildSpec` that runs this registry under a parent `Supervisor`.
+
+        Each start (the first, and every restart by the parent) starts a fresh
+        registry actor; handles opened before keep working: their next call
+        reopens the session from the store.
+
+        Raises:
+            ValueError: the registry was made with ``start=True`` (it already runs
+                on its own), or a spec was already made for it.
+        """
+        if not self._supervised:
+            raise ValueError(
+                "this registry already runs on its own; make it with "
+                "Sessions(store, start=False) to put it under a Supervisor"
+            )
+        if self._spec_made:
+            raise ValueError("child_spec() was called already: a registry has one parent")
+        self._spec_made = True
+        return ChildSpec(id, self._start_actor, restart, shutdown_timeout)
 
     async def __aenter__(self) -> Sessions:
         return self
@@ -276,7 +375,53 @@ class Sessions(RegistryLife):
     def __repr__(self) -> str:
         return f"<Sessions store={self.store!r}>"
 
-    # -- internals ---------------------------------------------------------------------------
+    # -- its actor -------------------------------------------------------------------------
+
+    def _start_actor(self) -> pykka.ActorRef[RegistryActor]:
+        ref: pykka.ActorRef[RegistryActor] = RegistryActor.start(self._settings, self._passivation)
+        with self._ref_changed:
+            self._ref = ref
+            self._ref_changed.notify_all()
+        return ref
+
+    def _started(self) -> bool:
+        return self._closed or self._ref is not None
+
+    def _wait_started(self, timeout: float | None) -> bool:
+        with self._ref_changed:
+            return self._ref_changed.wait_for(self._started, timeout=timeout)
+
+    def _current(self, session_id: str) -> pykka.ActorRef[RegistryActor]:
+        """The registry actor. Under a parent that has not started it yet, its first
+        start is waited for, at most the handles' bound (a stopped one is not: the
+        call fails at once, and one made after the parent restarted it reaches it)."""
+        if self._supervised and self._ref is None:
+            scheduling.current().wait(self._started, self.timeout, self._wait_started)
+        with self._ref_changed:
+            ref = self._ref
+        if self._closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        if ref is None:
+            raise SessionStopped(
+                session_id,
+                f"its supervisor has not started the registry within {self.timeout:g} s",
+            )
+        return ref
+
+    def _ask(self, message: tuple[Any, ...], session_id: str = "?") -> Any:
+        if self._closed:
+            raise SessionStopped(session_id, "the registry is closed")
+        ref = self._current(session_id)
+        try:
+            return ref.ask(message, timeout=self.timeout)
+        except pykka.ActorDeadError:
+            raise _not_running(session_id) from None
+        except pykka.Timeout:
+            raise SessionStopped(
+                session_id, f"the registry did not answer within {self.timeout:g} s"
+            ) from None
+
+    # -- opening sessions --------------------------------------------------------------------
 
     def _resolve(self, session_id: str) -> pykka.ActorRef[Any]:
         try:
@@ -287,7 +432,11 @@ class Sessions(RegistryLife):
             refused = exc
         # Handed to another process meanwhile: ask for it back, as open() would.
         return acquire(
-            self, session_id, self.handoff_wait, partial(self._resolve_now, session_id), refused
+            self.store,
+            session_id,
+            self.handoff_wait,
+            partial(self._resolve_now, session_id),
+            refused,
         )
 
     def _resolve_now(self, session_id: str) -> pykka.ActorRef[Any]:

@@ -1,17 +1,40 @@
-"""The registry's settings and shared refusals: defaults, the capacity check, "not running"."""
+"""A registry's settings: the defaults, their checks, the `Settings` its actor starts
+sessions with, and the refusal of a registry that is not running."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from nous_actor.core.args import check_seconds
 from nous_actor.errors import SessionStopped
-from nous_actor.supervision import Backoff
+from nous_actor.runtime.dispatcher import Dispatcher
+from nous_actor.sessions.turns import DanglingTurns
+from nous_actor.store.base import Store
+from nous_actor.supervision import Backoff, Clock, Scheduler
 
 DEFAULT_BACKOFF = Backoff(0.005, 1.0, 0.1)
 """5 ms before the first restart, doubling up to 1 s, ±10 %."""
 
 GiveUp = Literal["escalate", "log"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What a `Sessions` registry's actor needs to start and supervise sessions, checked
+    by the registry (its constructor's arguments of the same names)."""
+
+    store: Store
+    max_sessions: int
+    max_restarts: int
+    max_seconds: float
+    on_give_up: GiveUp  # resolved: a registry under a parent escalates unless told
+    backoff: Backoff | None
+    timeout: float
+    clock: Clock
+    scheduler: Scheduler
+    dispatcher: Dispatcher | None
+    dangling_turns: DanglingTurns
 
 
 def check_capacity(max_sessions: Any, idle_timeout: Any) -> None:
