@@ -28,8 +28,10 @@ import pykka.messages
 import pytest
 from bounds import BOUND
 
+from nous_actor import MemoryStore, Sessions
 from nous_actor.runtime import DispatchedActor
 from nous_actor.runtime.pykka_private import COPIED, PRIVATE
+from nous_actor.sessions.actor import session_cell
 from nous_actor.supervision import (
     DispatchedSupervisedActor,
     SupervisedActor,
@@ -240,6 +242,49 @@ def test_nothing_of_ours_is_set_on_pykka_refs(
         assert ref.actor_stopped.is_set()
     if actor_type is not _Plain:
         assert cell_of(ref).finished.wait(BOUND)
+
+
+def test_nothing_of_ours_is_set_on_a_session_actors_ref(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session's ref (started by a registry with a store, its turn opened and closed,
+    then stopped and reopened) gets what Pykka sets and nothing else: its ``released``
+    and whether it is in a turn live in its `SessionCell`, beside the ref."""
+    sets: list[tuple[int, str]] = []
+    real = pykka.ActorRef.__setattr__
+
+    def record(ref: pykka.ActorRef[Any], name: str, value: Any) -> None:
+        sets.append((id(ref), name))
+        real(ref, name, value)
+
+    monkeypatch.setattr(pykka.ActorRef, "__setattr__", record)
+    reg = Sessions(MemoryStore(), timeout=BOUND)
+    refs: list[pykka.ActorRef[Any]] = []
+    try:
+        chat = reg.open("s1")
+        with chat.turn() as turn:
+            turn.append("user_message", {"content": "hi"}).get(timeout=BOUND)
+            refs.append(chat._actor())  # type: ignore[attr-defined]
+            assert session_cell(refs[-1]).in_turn
+        assert not session_cell(refs[-1]).in_turn
+        chat.stop(timeout=BOUND)
+        assert session_cell(refs[-1]).released.is_set()
+        # Reopened: a second actor.
+        chat.append("user_message", {"content": "again"}).get(timeout=BOUND)
+        refs.append(chat._actor())  # type: ignore[attr-defined]
+    finally:
+        reg.close()
+    monkeypatch.undo()
+    expected = sorted(vars(_Probe().actor_ref))
+    assert refs[0] is not refs[1]
+    for ref in refs:
+        assert sorted(name for who, name in sets if who == id(ref)) == expected
+        assert sorted(vars(ref)) == expected
+
+
+def test_session_cell_of_a_ref_that_is_no_session_says_what_to_do() -> None:
+    ref = start_monitored(_Dispatched.start, lambda exit: None)
+    with pytest.raises(TypeError, match="is not the ref of a SessionActor"):
+        session_cell(ref)
+    ref.stop(block=True, timeout=BOUND)
 
 
 def test_a_dispatched_actor_and_its_ref_share_one_stopped_flag() -> None:

@@ -27,7 +27,7 @@ import weakref
 from _thread import allocate_lock
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pykka
 
@@ -219,10 +219,13 @@ class _Supervised(pykka.Actor):
     this actor.
     """
 
+    cell_type: ClassVar[type[Cell]] = Cell
+    """What the actor's cell is (a subclass may keep more of its own in it)."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.exit_reason: BaseException | None = None
-        self.cell = Cell(self.actor_urn)
+        self.cell = self.cell_type(self.actor_urn)
         _cells[self.actor_ref] = self.cell
         monitor = _next_monitor.get()
         if monitor is not None:

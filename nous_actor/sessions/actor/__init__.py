@@ -42,6 +42,8 @@ from nous_actor.sessions.actor._session_actor import _WAIT_FOR_COMMITS as _WAIT_
 from nous_actor.sessions.actor._session_actor import HELD as HELD
 from nous_actor.sessions.actor._session_actor import THROUGH as THROUGH
 from nous_actor.sessions.actor._session_actor import SessionActor as SessionActor
+from nous_actor.sessions.actor._session_actor import SessionCell as SessionCell
+from nous_actor.sessions.actor._session_actor import session_cell as session_cell
 from nous_actor.sessions.actor._summary import Deliver as Deliver
 from nous_actor.sessions.actor._summary import SummarySlot as SummarySlot
 from nous_actor.sessions.actor._summary import _Compaction as _Compaction

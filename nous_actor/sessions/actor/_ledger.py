@@ -53,7 +53,7 @@ class CommitLedger:
         "want",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, released: Flag | None = None) -> None:
         self.lock = threading.Lock()
         self.done: list[Done] = []
         self.want = False
@@ -62,7 +62,8 @@ class CommitLedger:
         self.shutting = False
         self.feed_error: SessionStopped | None = None
         self.closing: list[Subscription] = []  # (a fresh list only when stopping)
-        self.released = Flag()
+        # Set once the claim is let go (the session's cell shows it beside its ref).
+        self.released = Flag() if released is None else released
 
     # -- the actor -------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from nous_actor.core.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.errors import ConflictError, FencedError, SessionStopped, StoreError
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
+from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.actor._calls import (
     ANSWERS,
     AT_ONCE,
@@ -63,7 +64,7 @@ from nous_actor.sessions.turns._table import _NOT_HERE, _Waiter, end_orphan_turn
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer, committer_for
 from nous_actor.store.subscription import Subscription
-from nous_actor.supervision import DispatchedSupervisedActor
+from nous_actor.supervision import Cell, DispatchedSupervisedActor, cell_of
 
 logger = get_logger("nous_actor.sessions.actor")
 
@@ -76,6 +77,36 @@ LOG_READS = frozenset(
     {"derive_messages", "derive_indexed", "surface", "events", "since", "count", "as_of"}
 )
 """The reads of the log (``h_read``'s first argument) a turn may make."""
+
+
+class SessionCell(Cell):
+    """Ours, beside a session actor's Pykka ref: its `Cell` (``started``, ``finished``,
+    where its exit goes) and what the registry and the handle read of the session
+    without asking it: ``released`` (its `CommitLedger`'s: set once its writer claim is
+    let go, which a successor waits for) and ``in_turn`` (a turn is open or waited
+    for: the passivation leaves it alone). Reach it with `session_cell`."""
+
+    __slots__ = ("in_turn", "released")
+
+    def __init__(self, urn: str) -> None:
+        super().__init__(urn)
+        self.released = Flag()
+        self.in_turn = False
+
+
+def session_cell(ref: pykka.ActorRef[Any]) -> SessionCell:
+    """The `SessionCell` of a session actor's ref.
+
+    Raises:
+        TypeError: ``ref`` is not the ref of a `SessionActor`.
+    """
+    cell = cell_of(ref)
+    if not isinstance(cell, SessionCell):
+        raise TypeError(
+            f"{ref!r} is not the ref of a SessionActor: ask a Session handle (or the "
+            "Sessions registry) for a session instead"
+        )
+    return cell
 
 
 class SessionActor(DispatchedSupervisedActor):
@@ -101,6 +132,9 @@ class SessionActor(DispatchedSupervisedActor):
     for), ``compactions`` (`Compactions`, once it compacted) and ``feeds``
     (`Feeds`, while it has a subscriber).
     """
+
+    cell_type = SessionCell
+    cell: SessionCell
 
     # Slots: an idle session stays small (an instance dict is not shared).
     __slots__ = (
@@ -162,12 +196,11 @@ class SessionActor(DispatchedSupervisedActor):
         # may join (from the registry's thread) until the store is read.
         self._trace_links = trace_links
         self._loading = False  # the store is being read: calls wait in ``parked``
-        self.ledger = CommitLedger()
+        # A successor waits for ``released`` (read off the cell) before it claims the session.
+        self.ledger = CommitLedger(self.cell.released)
         self.turns: TurnTable | None = None  # made by the first turn
         self.compactions: Compactions | None = None  # made by the first compaction
         self.feeds: Feeds | None = None  # made by the first subscriber
-        # A successor waits for ``released`` before it claims the session.
-        setattr(self.actor_ref, "released", self.ledger.released)  # noqa: B010
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -863,11 +896,11 @@ class SessionActor(DispatchedSupervisedActor):
             self._run(SessionActor._h_grant, (waiter.req,), waiter.fut, ANSWERS)
 
     def _keep_turns(self, table: TurnTable | None) -> None:
-        """Keep ``table`` (``None``: no turn open or waited for), and tell the session's
-        ref whether there is one: the registry's passivation reads it (a session in a
+        """Keep ``table`` (``None``: no turn open or waited for), and show in the cell
+        whether there is one: the registry's passivation reads it (a session in a
         turn is not idle)."""
         self.turns = table
-        setattr(self.actor_ref, "in_turn", table is not None)  # noqa: B010
+        self.cell.in_turn = table is not None
 
     # -- stopping: every waiting call answered, then the claim let go ------------------------
 

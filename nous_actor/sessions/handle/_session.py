@@ -23,6 +23,7 @@ from nous_actor.sessions.actor import (
     SessionActor,
     _Compaction,
     _Envelope,
+    session_cell,
 )
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle._checks import _check_handle_args, check_placement
@@ -31,7 +32,7 @@ from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, che
 from nous_actor.sessions.turns._blocks import _ENTERED, held_future
 from nous_actor.store.base import Store
 from nous_actor.store.subscription import Subscription
-from nous_actor.supervision import ChildSpec, RestartType, cell_of
+from nous_actor.supervision import ChildSpec, RestartType
 
 
 class Session(SessionHandle):
@@ -280,8 +281,8 @@ class Session(SessionHandle):
         # request: Pykka leaves a request unanswered if it lands after the
         # actor's last look at its inbox.
         deadline = monotonic() + bound
-        finished = cell_of(ref).finished
-        released: threading.Event = getattr(ref, "released")  # noqa: B009
+        cell = session_cell(ref)
+        finished, released = cell.finished, cell.released
         for done, what in ((finished, "a long call is running"), (released, "a commit is slow")):
             if not done.wait(min(max(deadline - monotonic(), 0), threading.TIMEOUT_MAX)):
                 raise CallTimeout(self.session_id, f"did not stop within {bound:g} s ({what})")

@@ -12,7 +12,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.errors import SessionStopped
 from nous_actor.runtime import scheduling
-from nous_actor.sessions.actor import _safe_str
+from nous_actor.sessions.actor import _safe_str, session_cell
 from nous_actor.supervision import Clock
 
 logger = get_logger("nous_actor.sessions.registry")
@@ -61,7 +61,7 @@ class Passivation:
             and ref.is_alive()
             # A turn held open (its run waits on a model) is not idle: its lease,
             # not the idle timeout, says when its holder has gone.
-            and not getattr(ref, "in_turn", False)
+            and not session_cell(ref).in_turn
         ]
 
     # -- the passivator ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.errors import SessionStopped, TooManySessions
 from nous_actor.runtime import telemetry
-from nous_actor.sessions.actor import SessionActor, _safe_str
+from nous_actor.sessions.actor import SessionActor, _safe_str, session_cell
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.registry._passivation import Passivation
 from nous_actor.sessions.registry._settings import Settings, _not_running
@@ -312,15 +312,14 @@ class RegistryActor(SupervisedActor):
         dead = self.live.get(session_id)
         if dead is not None and not dead.is_alive():  # stopped; its exit not yet handled
             previous = dead
-        if previous is not None:  # its appends still in flight must land first
-            released: threading.Event | None = getattr(previous, "released", None)
-            if released is not None and not released.wait(settings.timeout):
-                self.previous[session_id] = previous
-                raise SessionStopped(
-                    session_id,
-                    f"its previous actor still holds the store after {settings.timeout:g} s "
-                    "(a commit is stuck); try again later",
-                )
+        # Its appends still in flight must land first.
+        if previous is not None and not session_cell(previous).released.wait(settings.timeout):
+            self.previous[session_id] = previous
+            raise SessionStopped(
+                session_id,
+                f"its previous actor still holds the store after {settings.timeout:g} s "
+                "(a commit is stuck); try again later",
+            )
         ready: SessionFuture[None] = SessionFuture(session_id, settings.timeout)
         links: list[object] = [] if context is None else [context]
         me = self.actor_ref
@@ -371,10 +370,8 @@ class RegistryActor(SupervisedActor):
                 session_id=session_id,
                 reason=f"did not stop in time ({why}); abandoned",
             )
-        else:
-            released = getattr(ref, "released", None)
-            if released is not None:  # its claim is given up (off its thread) before this returns
-                released.wait(bound)
+        else:  # its claim is given up (off its thread) before this returns
+            session_cell(ref).released.wait(bound)
         logger.info(
             "session.passivated" if why == "idle" else "session.stopped",
             session_id=session_id,
