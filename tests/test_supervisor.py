@@ -35,7 +35,7 @@ from nous_actor import (
     SupervisedActor,
     Supervisor,
 )
-from nous_actor.supervision import Exit, RestartIntensity, start_monitored
+from nous_actor.supervision import Exit, RestartIntensity, cell_of, start_monitored
 
 # -- test doubles ----------------------------------------------------------------------------
 
@@ -437,6 +437,55 @@ def test_normal_stop_is_reported_as_a_normal_exit(journal: Journal) -> None:
     exit = exits.get(timeout=BOUND)
     assert exit.normal
     assert exit.reason is None
+
+
+def test_the_monitor_watches_the_actor_whose_ref_start_returned(journal: Journal) -> None:
+    """An actor that ``start()`` makes on the way (a helper, made first) is not the child:
+    the monitor watches the actor whose ref ``start()`` returned."""
+    exits: queue.Queue[Exit] = queue.Queue()
+    helpers: list[pykka.ActorRef[Any]] = []
+
+    def start() -> pykka.ActorRef[Any]:
+        helpers.append(Worker.start("helper", journal))
+        return Worker.start("w", journal)
+
+    ref = start_monitored(start, exits.put)
+    helpers[0].stop(timeout=BOUND)
+    ref.stop(timeout=BOUND)
+    exit = exits.get(timeout=BOUND)
+    assert exit.urn == ref.actor_urn
+    assert exits.empty()
+
+
+def test_an_exit_before_start_returned_is_handed_to_the_monitor(journal: Journal) -> None:
+    """An actor that ended before ``start()`` returned still reports its exit: to the
+    monitor once it is given, with ``finished`` already set."""
+    exits: queue.Queue[Exit] = queue.Queue()
+
+    def start() -> pykka.ActorRef[Any]:
+        ref = Worker.start("w", journal)
+        ref.tell("crash")
+        assert cell_of(ref).finished.wait(BOUND)  # ended, nobody watching yet
+        return ref
+
+    ref = start_monitored(start, exits.put)
+    exit = exits.get(timeout=BOUND)
+    assert exit.urn == ref.actor_urn
+    assert isinstance(exit.reason, RuntimeError)
+
+
+def test_start_monitored_of_an_unsupervised_actor_says_what_to_do() -> None:
+    """``start()`` returning the ref of an actor that reports no exit is refused, and that
+    actor is stopped (nothing would ever report its end)."""
+    refs: list[pykka.ActorRef[Any]] = []
+
+    def start() -> pykka.ActorRef[Any]:
+        refs.append(Plain.start())
+        return refs[0]
+
+    with pytest.raises(TypeError, match="start a SupervisedActor"):
+        start_monitored(start, lambda exit: None)
+    assert refs[0].actor_stopped.wait(BOUND)
 
 
 @pytest.mark.parametrize(

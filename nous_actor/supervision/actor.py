@@ -22,7 +22,6 @@ Where the library reaches into Pykka's private names (here: `_actor_loop`,
 
 from __future__ import annotations
 
-import contextvars
 import weakref
 from _thread import allocate_lock
 from collections.abc import Callable
@@ -191,23 +190,25 @@ def cell_of(ref: pykka.ActorRef[Any]) -> Cell:
     return cell
 
 
-# The monitor for the next actor created by start_monitored's start() (until the
-# registry no longer asks, at its creation, whether it is watched).
-_next_monitor: contextvars.ContextVar[Monitor | None] = contextvars.ContextVar(
-    "nous_actor_next_monitor", default=None
-)
-
-
 def start_monitored(
     start: Callable[[], pykka.ActorRef[Any]], monitor: Monitor
 ) -> pykka.ActorRef[Any]:
-    """Call ``start()``; the first `SupervisedActor` it creates reports its exit to
-    ``monitor``. Registered before the actor's thread runs, so no exit is missed."""
-    token = _next_monitor.set(monitor)
+    """Call ``start()``; the `SupervisedActor` whose ref it returns reports its exit to
+    ``monitor`` (an exit before ``start()`` returned is reported at once).
+
+    Raises:
+        TypeError: ``start()`` returned no ref of a `SupervisedActor` (the actor is
+            stopped: nothing would report its exit).
+    """
+    ref = start()
     try:
-        return start()
-    finally:
-        _next_monitor.reset(token)
+        cell = cell_of(ref)
+    except TypeError:
+        if isinstance(ref, pykka.ActorRef):
+            ref.stop(block=False)
+        raise
+    cell.monitor(monitor)
+    return ref
 
 
 class _Supervised(pykka.Actor):
@@ -227,17 +228,8 @@ class _Supervised(pykka.Actor):
         self.exit_reason: BaseException | None = None
         self.cell = self.cell_type(self.actor_urn)
         _cells[self.actor_ref] = self.cell
-        monitor = _next_monitor.get()
-        if monitor is not None:
-            _next_monitor.set(None)  # only the first actor created by start() is the child
-            self.cell.monitor(monitor)
         self.finished = self.cell.finished
         self.started = self.cell.started
-
-    @property
-    def _monitor(self) -> Monitor | None:
-        """Whom its cell reports the exit to (``None``: nobody watches this actor)."""
-        return self.cell._monitor
 
     def _actor_loop_setup(self) -> None:
         try:
