@@ -18,6 +18,7 @@ from nous_actor._version import __version__
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import ClusterError, NousActorError, SessionCrashed
 from nous_actor.sessions.actor import Handler, SessionActor
+from nous_actor.sessions.actor._calls import REMOTE, TURN_READS, handlers_with
 
 PROTOCOL: Final = 2  # 2: a compaction may travel through a turn
 """The version of what drivers and shards say to each other; both sides check it."""
@@ -46,25 +47,10 @@ OPEN, CALL, COMPACT, STOP, ALIVE, RESTARTS = range(6)
 NOW, FAILED, LATER = range(3)
 _WAIT = 3  # inside a shard only: (_WAIT, a future to await before answering)
 
-_CALLS: Final[dict[str, Handler]] = {
-    name: getattr(SessionActor, name)
-    for name in (
-        "h_append",
-        "h_append_many",
-        "h_append_at",
-        "h_snapshot",
-        "h_fork",
-        "h_read",
-        "h_log",
-        "h_turn_open",
-        "h_turn_call",
-        "h_turn_read",
-        "h_turn_end",
-    )
-}
-_READS: Final = frozenset(
-    {"derive_messages", "derive_indexed", "surface", "events", "since", "count", "as_of"}
-)
+_CALLS: Final[dict[str, Handler]] = {h.__name__: h for h in handlers_with(REMOTE)}
+"""The calls a shard runs, by name: the session actor's handlers declared `REMOTE`."""
+_READS: Final = TURN_READS[SessionActor.h_read]
+"""What a shard's ``h_read`` may be asked: the reads a turn may make."""
 
 
 def shard_of(session_id: str, shards: int) -> int:

@@ -4,7 +4,8 @@ Every message a session's actor reads is ``(handler, args, future)``: the actor
 runs ``handler(actor, *args)`` and answers ``future`` with what it returns. What
 a handler *is* (a read that waits for the commits before it, a write that waits
 for an open turn, a call a turn may make, a call that answers its future
-itself, a call a stopped session still runs) is declared once, where the
+itself, a call a stopped session still runs, a call a driver in another process may
+send) is declared once, where the
 handler is defined, with `call`; the actor's loop, its turn hooks and its stop
 read the declarations from `TRAITS` (and `WHEN_STOPPED`, `TURN_READS`). A
 function sent as a handler without a declaration is a plain call: it runs at
@@ -50,6 +51,10 @@ later: it returns `DEFER` then (an append answered by its commit, a turn that qu
 AT_ONCE: Final = 16
 """The actor's own news (the store was read, commits landed): it runs on arrival, never
 behind parked calls."""
+
+REMOTE: Final = 32
+"""A driver in another process may send it (`nous_actor.cluster.ray`: a shard runs the
+calls declared so, and no other): its arguments are plain data that survive the trip."""
 
 TRAITS: Final[dict[Handler, int]] = {}
 """Each declared handler's traits (undeclared: 0)."""

@@ -40,6 +40,7 @@ from nous_actor.sessions.actor._calls import (
     ANSWERS,
     AT_ONCE,
     HELD_BY_TURN,
+    REMOTE,
     SEES_COMMITS,
     THROUGH_TURN,
     TRAITS,
@@ -371,7 +372,7 @@ class SessionActor(DispatchedSupervisedActor):
                 session_id=self.session_id,
             )
 
-    @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN)
+    @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN | REMOTE)
     def h_append(self, fut: SessionFuture[Any] | None, parts: EventParts) -> Any:
         """Append an event the caller's thread already checked and froze."""
         self._check_writable()
@@ -380,7 +381,7 @@ class SessionActor(DispatchedSupervisedActor):
         ev = Event._trusted(self.next_seq, *parts)
         return self._submit((ev,), ev, fut)
 
-    @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN)
+    @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN | REMOTE)
     def h_append_many(self, fut: SessionFuture[Any] | None, batch: tuple[EventParts, ...]) -> Any:
         """Append several checked events under consecutive seqs, as one atomic commit."""
         self._check_writable()
@@ -392,7 +393,7 @@ class SessionActor(DispatchedSupervisedActor):
         events = tuple(Event._trusted(first + k, *parts) for k, parts in enumerate(batch))
         return self._submit(events, list(events), fut)
 
-    @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN)
+    @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN | REMOTE)
     def h_append_at(self, fut: SessionFuture[Any] | None, seq: int, parts: EventParts) -> Any:
         self._check_writable()
         if seq < self.next_seq:
@@ -400,7 +401,7 @@ class SessionActor(DispatchedSupervisedActor):
         ev = Event._trusted(seq, *parts)
         return self._submit((ev,), ev, fut)
 
-    @call(ANSWERS | SEES_COMMITS | THROUGH_TURN)
+    @call(ANSWERS | SEES_COMMITS | THROUGH_TURN | REMOTE)
     def h_snapshot(self, fut: SessionFuture[Any] | None) -> Any:
         before = self.log.events()
         self.log = self.log.snapshot()
@@ -421,7 +422,7 @@ class SessionActor(DispatchedSupervisedActor):
         self.committer.submit_drop(self.session_id, dropped, done)
         return _DEFER
 
-    @call(SEES_COMMITS | THROUGH_TURN)
+    @call(SEES_COMMITS | THROUGH_TURN | REMOTE)
     def h_fork(self, through_seq: int, new_id: str | None) -> Log:
         prefix = self.log.fork(through_seq)
         if self.store is None or new_id is None:
@@ -570,11 +571,11 @@ class SessionActor(DispatchedSupervisedActor):
         if self.feeds is not None and not self.feeds.remove(sub):
             self.feeds = None
 
-    @call(SEES_COMMITS | THROUGH_TURN, turn_reads=LOG_READS)
+    @call(SEES_COMMITS | THROUGH_TURN | REMOTE, turn_reads=LOG_READS)
     def h_read(self, name: str, *args: Any) -> Any:
         return getattr(self.log, name)(*args)
 
-    @call(SEES_COMMITS | THROUGH_TURN)
+    @call(SEES_COMMITS | THROUGH_TURN | REMOTE)
     def h_log(self) -> Log:
         return self.log._view()
 
@@ -799,7 +800,7 @@ class SessionActor(DispatchedSupervisedActor):
     # The turn table (`TurnTable`) keeps the open turn and the calls waiting for it; these
     # calls are what a turn's holder (`nous_actor.sessions.turn_handle.Turn`) sends.
 
-    @call(ANSWERS)
+    @call(ANSWERS | REMOTE)
     def h_turn_open(self, fut: SessionFuture[Any] | None, req: TurnRequest) -> Any:
         """Open turn ``req`` (resolves to its ``turn_start`` event once committed), or
         apply its policy to the open one (``reject``: `TurnBusy`; ``enqueue``: wait,
@@ -813,7 +814,7 @@ class SessionActor(DispatchedSupervisedActor):
             self._keep_turns(table)
         return table.arrive(req, fut, now)
 
-    @call(ANSWERS)
+    @call(ANSWERS | REMOTE)
     def h_turn_call(
         self, fut: SessionFuture[Any] | None, turn_id: str, name: str, args: tuple[Any, ...]
     ) -> Any:
@@ -835,7 +836,7 @@ class SessionActor(DispatchedSupervisedActor):
         table.renew(turn_id, now)
         return handler(self, fut, *args) if traits & ANSWERS else handler(self, *args)
 
-    @call(ANSWERS | SEES_COMMITS)
+    @call(ANSWERS | SEES_COMMITS | REMOTE)
     def h_turn_read(
         self, fut: SessionFuture[Any] | None, turn_id: str, name: str, args: tuple[Any, ...]
     ) -> Any:
@@ -843,7 +844,7 @@ class SessionActor(DispatchedSupervisedActor):
         compaction, a fork, a snapshot): it waits for their commits first."""
         return self.h_turn_call(fut, turn_id, name, args)
 
-    @call(ANSWERS)
+    @call(ANSWERS | REMOTE)
     def h_turn_end(
         self, fut: SessionFuture[Any] | None, turn_id: str, how: str, error: str | None
     ) -> Any:
