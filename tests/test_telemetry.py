@@ -446,8 +446,8 @@ def test_a_ray_batch_links_to_the_spans_of_the_calls_it_carried(
     pytest.importorskip("ray")
     from concurrent.futures import Future
 
-    from nous_actor.cluster.ray._protocol import NOW
     from nous_actor.cluster.ray._link import _Link
+    from nous_actor.cluster.ray._protocol import NOW
     from nous_actor.sessions.future import SessionFuture
 
     class Shard:  # answers a batch when the test says so
