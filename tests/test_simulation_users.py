@@ -127,7 +127,7 @@ def test_fault_rates_do_not_exhaust_the_default_restart_intensity() -> None:
         assert ref is not None
         registry = ref._actor_weakref()
         assert registry is not None
-        assert registry.gave_up == {}, registry.gave_up
+        assert registry.restarts.given_up("a") is None, registry.restarts.given_up("a")
         sessions.close()
 
     assert explore(scenario, range(20), rates=rates) == 20
