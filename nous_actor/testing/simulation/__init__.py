@@ -39,18 +39,18 @@ turn's queue) suspends the simulated thread that waits until what it waits
 for is done, or its bound passes on the virtual clock; the others run
 meanwhile. A caller never runs inside another's wait.
 
-The modules: `schedule` (schedules and faults), `tasks` (the runtime's pieces
-as simulated: dispatcher, futures, inboxes, the committer's queue), `steps`
-(one step of each kind of task), `faults` (injection), `core` (`Simulation`,
-the scheduler and its threads), `aio` (the event loop), `exploring` (replay,
-explore, find, shrink). Stores under simulation: `MemoryStore` and
-`SQLiteStore`.
+The modules, each importing only those before it: `schedule` (schedules and
+faults), `tasks` (the runtime's pieces as simulated: dispatcher, futures,
+inboxes, the committer's queue, condition variables), `faults` (the faults of a
+run and how an actor takes one), `aio` (the event loop), `scheduler`
+(`Simulation`: the scheduler, its threads and the step of each kind of task),
+`exploring` (replay, explore, find, shrink). Stores under simulation:
+`MemoryStore` and `SQLiteStore`.
 """
 
 from __future__ import annotations
 
 from nous_actor.testing.simulation.aio import SimEventLoop
-from nous_actor.testing.simulation.core import Simulation
 from nous_actor.testing.simulation.exploring import (
     Outcome,
     Scenario,
@@ -71,6 +71,7 @@ from nous_actor.testing.simulation.schedule import (
     SimulatedCrash,
     SimulationError,
 )
+from nous_actor.testing.simulation.scheduler import Simulation
 
 __all__ = [
     "DEFAULT_WAIT",

@@ -1,11 +1,13 @@
 """The simulation's event loop: asyncio callers and coroutine summarisers, one callback a step.
 
 `SimEventLoop` is an ``asyncio`` event loop owned by a `Simulation` (its
-``sim.loop``). It never blocks and never starts a thread: ``time()`` is the
+``sim.loop``), which it knows only as a `Stepper` (the clock, a task, a
+wait). It never blocks and never starts a thread: ``time()`` is the
 simulation's virtual clock; ``call_soon`` and ``call_soon_threadsafe`` (from
 a session's turn, the committer, a subscription's feed) queue a callback that
 the loop's task runs at one of its steps, one callback a step, in order,
-interleaved with the other tasks as the schedule chooses; a timer
+interleaved with the other tasks as the schedule chooses (what a callback
+raises goes to that step, which traces it); a timer
 (``asyncio.sleep``, ``asyncio.wait_for``, a bound on an awaited call) comes
 due when the virtual clock reaches it, and the clock moves on to it when
 nothing else can run. ``run_in_executor`` runs its function as a task of the
@@ -22,16 +24,26 @@ from asyncio import events
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from contextvars import Context
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from nous_actor.testing.simulation.schedule import SimulationError
-
-if TYPE_CHECKING:
-    from nous_actor.testing.simulation.core import Simulation
 
 __all__ = ["SimEventLoop"]
 
 T = TypeVar("T")
+
+
+class Stepper(Protocol):
+    """What the loop asks of the simulation that steps it."""
+
+    def now(self) -> float:
+        """The virtual clock, in seconds."""
+
+    def spawn(self, fn: Callable[[], None], name: str) -> None:
+        """Run ``fn`` as a task of the simulation (a simulated thread of its own)."""
+
+    def wait(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Suspend the calling simulated thread until ``done()`` (others run meanwhile)."""
 
 
 class SimEventLoop(asyncio.BaseEventLoop):
@@ -46,9 +58,11 @@ class SimEventLoop(asyncio.BaseEventLoop):
 
         def _check_running(self) -> None: ...
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: Stepper) -> None:
         super().__init__()
         self._sim = sim
+        self._stepping = False  # a callback taken by the simulation's step runs
+        self._raised: list[BaseException | None] = []  # by the callback of this step
         self._made = 0  # tasks created: their default names and their order
         # Held until done (asyncio holds its tasks weakly): a task nobody references any
         # more is still cancelled and run to its end when the simulation closes.
@@ -60,7 +74,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
 
     def time(self) -> float:
         """The simulation's virtual clock."""
-        return self._sim.now_seconds
+        return self._sim.now()
 
     def _write_to_self(self) -> None:  # nothing to wake: the simulation steps the loop
         pass
@@ -130,11 +144,12 @@ class SimEventLoop(asyncio.BaseEventLoop):
 
     def call_exception_handler(self, context: dict[str, Any]) -> None:
         """As asyncio does (log it); what a callback raised in a step is also kept in
-        `errors` and the trace (a failed callback is a defect a test should see)."""
-        if "handle" in context and self._sim._loop_depth:
+        `errors` and given to the step (a failed callback is a defect a test should see:
+        the simulation traces it)."""
+        if "handle" in context and self._stepping:
             exc = context.get("exception")
             self.errors.append(exc)
-            self._sim.trace.append(f"{self._sim.steps} loop error {type(exc).__name__}")
+            self._raised.append(exc)
         super().call_exception_handler(context)
 
     # -- what the simulation calls ---------------------------------------------------------------
@@ -144,7 +159,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
         ready = self._ready
         scheduled = self._scheduled
         if scheduled:
-            now = self._sim.now_seconds
+            now = self._sim.now()
             while scheduled and (scheduled[0]._cancelled or scheduled[0]._when <= now):
                 handle = heapq.heappop(scheduled)
                 if not handle._cancelled:
@@ -161,17 +176,27 @@ class SimEventLoop(asyncio.BaseEventLoop):
             heapq.heappop(scheduled)
         return scheduled[0]._when if scheduled else None
 
-    def run_handle(self, handle: asyncio.Handle) -> None:
+    def next_handle(self) -> asyncio.Handle:
+        """The next ready callback, taken (the loop's step runs it with `run_handle`)."""
+        handle: asyncio.Handle = self._ready.popleft()
+        return handle
+
+    def run_handle(self, handle: asyncio.Handle) -> list[BaseException | None]:
         """Run ``handle`` (the next ready callback, taken by the simulation's step) as the
-        loop does, on this thread."""
+        loop does, on this thread; what it raised (and asyncio would only have logged)."""
         prev = events._get_running_loop()
         events._set_running_loop(self)
         self._thread_id = threading.get_ident()  # is_running() while it runs
+        self._stepping = True
+        raised: list[BaseException | None] = []
+        self._raised = raised
         try:
             handle._run()
         finally:
+            self._stepping = False
             self._thread_id = None
             events._set_running_loop(prev)
+        return raised
 
     def pending_tasks(self) -> list[asyncio.Task[Any]]:
         """The loop's tasks not yet done, in creation order."""

@@ -7,8 +7,8 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from nous_actor.testing.simulation.core import Simulation
 from nous_actor.testing.simulation.schedule import Fault, FaultRates, Schedule, SimulationError
+from nous_actor.testing.simulation.scheduler import Simulation
 
 __all__ = ["Outcome", "Scenario", "SimulationFailure", "explore", "find", "replay", "shrink"]
 

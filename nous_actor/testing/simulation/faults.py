@@ -2,19 +2,64 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from nous_actor.errors import StoreError
 from nous_actor.testing.simulation.schedule import Fault, SimulatedCrash
-from nous_actor.testing.simulation.tasks import ACTOR, THREADED, finished
-
-if TYPE_CHECKING:
-    from nous_actor.testing.simulation.core import Simulation
+from nous_actor.testing.simulation.tasks import ACTOR, THREADED, Task
 
 __all__: list[str] = []
 
 COMMIT_FAULTS = ("fail_commit", "doubt_commit", "slow_commit")
 """Faults taken by the committer's next step (not applied to an actor)."""
+
+
+class Faults:
+    """The faults of one run, each where it stands: planned, pending until its step, armed
+    until it finds a target (an actor, or the committer's next step), then injected."""
+
+    __slots__ = ("armed", "injected", "pending", "planned")
+
+    def __init__(self, planned: Iterable[Fault]) -> None:
+        self.planned = tuple(planned)
+        self.pending: deque[Fault] = deque(sorted(self.planned, key=lambda f: f.step))
+        self.armed: list[Fault] = []
+        self.injected: list[Fault] = []
+
+    def inject(self, step: int, strike: Callable[[Fault], bool]) -> None:
+        """Arm the faults due at ``step``; apply the armed ones that find a target
+        (``strike(fault)``: whether one took it). The committer's stay armed for its next
+        step."""
+        pending = self.pending
+        while pending and pending[0].step <= step:
+            self.armed.append(pending.popleft())
+        if not self.armed:
+            return
+        keep: list[Fault] = []
+        for fault in self.armed:
+            if fault.kind in COMMIT_FAULTS:
+                keep.append(fault)  # taken by the committer's next step
+            elif strike(fault):
+                self.injected.append(fault)
+            else:
+                keep.append(fault)
+        self.armed = keep
+
+    def take(self, kind: str) -> Fault | None:
+        """The first armed fault of ``kind``, taken (recorded as injected), or ``None``."""
+        for i, fault in enumerate(self.armed):
+            if fault.kind == kind:
+                del self.armed[i]
+                self.injected.append(fault)
+                return fault
+        return None
+
+    def end(self) -> None:
+        """No fault fires from now on."""
+        self.pending.clear()
+        self.armed.clear()
 
 
 class FailingStore:
@@ -38,77 +83,45 @@ class FailingStore:
         return getattr(self._store, name)
 
 
-def inject_faults(sim: Simulation) -> None:
-    """Arm the faults due at this step; apply the armed ones that find a target."""
-    faults = sim.faults
-    while faults and faults[0].step <= sim.steps:
-        sim._armed.append(faults.popleft())
-    if not sim._armed:
-        return
-    keep: list[Fault] = []
-    for fault in sim._armed:
-        if fault.kind in COMMIT_FAULTS:
-            keep.append(fault)  # taken by the committer's next step
-        elif not apply_fault(sim, fault):
-            keep.append(fault)
-    sim._armed = keep
-
-
-def take_fault(sim: Simulation, kind: str) -> Fault | None:
-    """The first armed fault of ``kind``, taken (recorded as injected), or ``None``."""
-    for i, fault in enumerate(sim._armed):
-        if fault.kind == kind:
-            del sim._armed[i]
-            sim.injected.append(fault)
-            return fault
-    return None
-
-
-def apply_fault(sim: Simulation, fault: Fault) -> bool:
-    """Crash or stop the fault's target; ``False`` if no actor can take it now."""
-    sim._actors = [t for t in sim._actors if not finished(t)]
-    stack = sim._stack
+def targets_of(fault: Fault, actors: Iterable[Task], busy: Sequence[Task]) -> list[Task]:
+    """The actors that can take ``fault`` now (none whose step is under way, ``busy``):
+    the registry for ``restart_registry``, else the sessions that have begun."""
     if fault.kind == "restart_registry":
-        targets = [
+        return [
             t
-            for t in sim._actors
+            for t in actors
             if t.kind == THREADED
             and type(t.obj).__name__ == "RegistryActor"
             and not t.obj.actor_stopped.is_set()
             and t.began
-            and t not in stack
+            and t not in busy
         ]
-    else:
-        targets = [
-            t
-            for t in sim._actors
-            if hasattr(t.obj, "session_id")
-            and t.kind == ACTOR
-            and not t.obj.actor_stopped.is_set()
-            and not getattr(t.obj, "_loading", False)
-            and t.obj._began
-            and t not in stack
-        ]
-    if not targets:
-        return False
-    task = targets[fault.target % len(targets)]
+    return [
+        t
+        for t in actors
+        if hasattr(t.obj, "session_id")
+        and t.kind == ACTOR
+        and not t.obj.actor_stopped.is_set()
+        and not getattr(t.obj, "_loading", False)
+        and t.obj._began
+        and t not in busy
+    ]
+
+
+def strike(fault: Fault, task: Task, step: int) -> bool:
+    """Crash or stop the actor of ``task``; whether its task must be made ready (its
+    crash or teardown needs a step)."""
     actor = task.obj
-    sim.injected.append(fault)
-    sim.trace.append(f"{sim.steps} FAULT {fault.kind} {task.label}")
     if fault.kind == "stop":
         actor.actor_ref.stop(block=False)
-        return True
-    crash = SimulatedCrash(f"{fault.kind} at step {sim.steps} (a fault of the schedule)")
+        return False
+    crash = SimulatedCrash(f"{fault.kind} at step {step} (a fault of the schedule)")
     if task.kind == THREADED:
         actor._crash(crash)
-        sim._make_ready(task)
         return True
     die = getattr(actor, "_die", None)
     if die is not None:
         die(crash)
     else:
         actor._crash(crash)
-    inbox = actor.actor_inbox
-    if inbox._token.acquire(False):  # not scheduled: its teardown needs a turn
-        sim._make_ready(task)
-    return True
+    return bool(actor.actor_inbox._token.acquire(False))  # not scheduled: a turn tears it down

@@ -1,11 +1,16 @@
 """The runtime's pieces as a simulation runs them: tasks, the dispatcher, futures, inboxes,
-the committer's queue."""
+the committer's queue, condition variables.
+
+Each piece is handed what of the simulation it calls (make a task ready, take a switch
+point; a future waits through the host, the protocol the runtime calls), never the
+simulation's class."""
 
 from __future__ import annotations
 
+import threading
 from collections import deque
-from collections.abc import Generator, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Iterable
+from typing import Any
 
 import pykka
 
@@ -13,10 +18,8 @@ from nous_actor.runtime import scheduling
 from nous_actor.runtime.dispatcher import DispatchedActor, Dispatcher
 from nous_actor.testing.simulation.schedule import SimulationError
 
-if TYPE_CHECKING:
-    from nous_actor.testing.simulation.core import Simulation
-
 __all__: list[str] = []
+
 
 ACTOR, THREADED, FUNCTION, TIMER, CALLER, COMMITTER, LOOP = range(7)
 """The kinds of task: a dispatched actor, a thread-per-actor actor, a function (a thread
@@ -63,35 +66,38 @@ class Task:
 class SimDispatcher(Dispatcher):
     """The dispatcher of a simulation: a runnable actor becomes a ready task."""
 
-    def __init__(self, sim: Simulation) -> None:
-        super().__init__(1, throughput=sim.throughput, name="nous-sim")
-        self._sim = sim
+    def __init__(self, throughput: int, ready: Callable[[DispatchedActor], None]) -> None:
+        super().__init__(1, throughput=throughput, name="nous-sim")
+        self._ready = ready
 
     def _schedule(self, actor: DispatchedActor) -> None:
-        self._sim._actor_ready(actor)
+        self._ready(actor)
 
     def close(self, timeout: float = 5.0) -> None:  # a pinned actor's end: nothing to stop
         pass
 
 
 class SimFuture(pykka.ThreadingFuture[Any]):
-    """A Pykka future whose ``get`` runs the simulation while it waits."""
+    """A Pykka future whose ``get`` runs the simulation while it waits (the simulation it
+    is given, or, made with no argument as Pykka makes more of its class, the one
+    installed)."""
 
-    def __init__(self, sim: Simulation | None = None) -> None:
+    def __init__(self, host: scheduling.Host | None = None) -> None:
         super().__init__()
-        from nous_actor.testing.simulation.core import Simulation
-
-        host = scheduling.current() if sim is None else sim
-        if not isinstance(host, Simulation):
+        host = scheduling.current() if host is None else host
+        if host is scheduling.REAL:
             raise SimulationError("a simulated future outside its simulation")
-        self._sim = host
+        self._host = host
 
     def _done(self) -> bool:
         return self._result is not None
 
+    def _answered(self, _timeout: float | None) -> bool:
+        return self._result is not None
+
     def get(self, *, timeout: float | None = None) -> Any:
         if self._result is None and self._get_hook is None:
-            self._sim.wait(self._done, timeout)
+            self._host.wait(self._done, timeout, self._answered)
             if self._result is None:
                 raise pykka.Timeout(f"{timeout} seconds (virtual)")
         return super().get(timeout=timeout)
@@ -100,16 +106,16 @@ class SimFuture(pykka.ThreadingFuture[Any]):
 class SimInbox:
     """The inbox of a thread-per-actor actor under simulation: a put makes it ready."""
 
-    __slots__ = ("_q", "_sim", "_task")
+    __slots__ = ("_q", "_ready", "_task")
 
-    def __init__(self, sim: Simulation, task: Task, items: Iterable[Any]) -> None:
-        self._sim = sim
+    def __init__(self, task: Task, items: Iterable[Any], ready: Callable[[Task], None]) -> None:
         self._task = task
         self._q: deque[Any] = deque(items)
+        self._ready = ready
 
     def put(self, envelope: Any, /) -> None:
         self._q.append(envelope)
-        self._sim._make_ready(self._task)
+        self._ready(self._task)
 
     def put_nowait(self, envelope: Any, /) -> None:
         self.put(envelope)
@@ -130,24 +136,49 @@ class SimInbox:
 class CommitQueue:
     """A committer's queue under simulation: items wait for the committer's next step."""
 
-    __slots__ = ("_sim", "items", "task")
+    __slots__ = ("_ready", "items", "task")
 
-    def __init__(self, sim: Simulation, task: Task) -> None:
-        self._sim = sim
+    def __init__(self, task: Task, ready: Callable[[Task], None]) -> None:
         self.task = task
         self.items: deque[Any] = deque()
+        self._ready = ready
 
     def put(self, item: Any) -> None:
         if item is None:  # close(): nothing to stop
             return
         self.items.append(item)
-        self._sim._make_ready(self.task)
+        self._ready(self.task)
 
     def get_nowait(self) -> Any:
         return self.items.popleft()
 
     def empty(self) -> bool:
         return not self.items
+
+
+class SimCondition(threading.Condition):
+    """A condition variable whose ``notify`` is a switch point of the schedule (once the
+    notifier leaves the ``with`` block): the woken thread may run before the notifier
+    goes on, as on real threads."""
+
+    def __init__(self, preempt: Callable[[], None]) -> None:
+        super().__init__()
+        self._preempt = preempt
+        self._notified = False
+
+    def notify(self, n: int = 1) -> None:
+        super().notify(n)
+        self._notified = True
+
+    def notify_all(self) -> None:
+        super().notify_all()
+        self._notified = True
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        if self._notified:
+            self._notified = False
+            self._preempt()
 
 
 def finished(task: Task) -> bool:
@@ -165,6 +196,28 @@ def is_done(fut: Any) -> bool:
     if done is not None:
         return bool(done())
     return getattr(fut, "_result", None) is not None
+
+
+def run_inline(task: Task) -> None:
+    """A dispatched actor after the simulation ended: every message that lands, at once."""
+    actor = task.obj
+    inbox = actor.actor_inbox
+    while True:
+        actor._turn(1 << 30)
+        inbox._token.release()
+        if inbox._q.empty() or not inbox._token.acquire(False):
+            return
+
+
+def value_of(fut: Any) -> Any:
+    """What ``x = yield fut`` gives: the future's value once answered (``None`` if it
+    failed or its bound passed first: its ``get()`` then raises)."""
+    if fut is None or not is_done(fut):
+        return None
+    try:
+        return fut.get(timeout=0)
+    except BaseException:
+        return None
 
 
 def drain_queue(q: Any) -> list[Any]:

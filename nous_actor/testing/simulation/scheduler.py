@@ -1,5 +1,7 @@
 """`Simulation`: the scheduler that hands a baton to one simulated thread at a time, on a
-virtual clock."""
+virtual clock, and the step each kind of task takes with it (an actor's turn, a threaded
+actor's message, a commit, a caller's resumption, a callback of the loop, a function or a
+timer)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,12 @@ import pykka
 from nous_actor import _log
 from nous_actor.core import clock as core_clock
 from nous_actor.runtime import scheduling
-from nous_actor.runtime.dispatcher import DispatchedActor, _run_logged
+from nous_actor.runtime.dispatcher import DispatchedActor, _run_logged, receive_one
 from nous_actor.store import committer as committer_module
-from nous_actor.testing.simulation import steps
 from nous_actor.testing.simulation.aio import SimEventLoop, describe
-from nous_actor.testing.simulation.faults import inject_faults
+from nous_actor.testing.simulation.faults import FailingStore, Faults, strike, targets_of
 from nous_actor.testing.simulation.schedule import (
+    DEFAULT_WAIT,
     EPOCH,
     Fault,
     Schedule,
@@ -43,17 +45,21 @@ from nous_actor.testing.simulation.tasks import (
     THREADED,
     TIMER,
     CommitQueue,
+    SimCondition,
     SimDispatcher,
     SimFuture,
     SimInbox,
     Task,
     actor_label,
     drain_queue,
+    finished,
     is_done,
     nothing,
+    run_inline,
+    value_of,
 )
 
-__all__ = ["SimCondition", "Simulation"]
+__all__ = ["Simulation"]
 
 Caller = Callable[[], Any] | Generator[Any, Any, Any] | Coroutine[Any, Any, Any]
 
@@ -102,16 +108,13 @@ class Simulation:
         faults = schedule.faults
         if schedule.rates is not None:  # drawn from the seed, besides the explicit ones
             faults = (*faults, *schedule.rates.draw(random.Random(schedule.seed ^ 0xFA17)))
-        self._planned = tuple(faults)
-        self.faults: deque[Fault] = deque(sorted(faults, key=lambda f: f.step))
-        self._armed: list[Fault] = []
+        self._faults = Faults(faults)
         self.now_seconds = 0.0
         self.steps = 0
         self.trace: list[str] = []
         self.decisions: list[int] = []
-        self.injected: list[Fault] = []
         self.commits = 0
-        self._dispatcher = SimDispatcher(self)
+        self._dispatcher = SimDispatcher(throughput, self._actor_ready)
         self._ready: list[Task] = []
         self._timers: list[tuple[float, int, Task, bool]] = []
         self._tasks: dict[int, Task] = {}  # id(obj) -> task, for actors and committers
@@ -119,7 +122,6 @@ class Simulation:
         self._callers: list[Task] = []
         self._coroutines: list[tuple[str, asyncio.Task[Any]]] = []  # started by go()
         self._loop: SimEventLoop | None = None
-        self._loop_depth = 0  # > 0 while a callback of the loop runs
         self._stack: list[Task] = []  # tasks whose step is under way (maybe suspended)
         self._me: dict[int, _Thread] = {}  # real thread ident -> simulated thread
         self._main = _Thread("main", pooled=False)
@@ -129,6 +131,7 @@ class Simulation:
         self._workers = 0
         self._halt: BaseException | None = None  # the run cannot go on (max_steps, a defect)
         self._unwinding = False
+        self._striking = False  # a fault is being applied, inside the choice of a step
         self._callers_ok = True
         self._last = 0
         self.preemptive = True
@@ -209,7 +212,7 @@ class Simulation:
             if not task.ended:
                 task.ended = True
                 if task.queued:
-                    steps.unqueue(self, task)
+                    self._unqueue(task)
         loop = self._loop
         if loop is None:
             return
@@ -295,18 +298,27 @@ class Simulation:
     def end_faults(self) -> None:
         """End the fault window: no fault fires from now on (call it before a scenario's
         own final checks)."""
-        self.faults.clear()
-        self._armed.clear()
+        self._faults.end()
+
+    @property
+    def faults(self) -> deque[Fault]:
+        """The faults of the schedule not yet due, in the order of their steps."""
+        return self._faults.pending
+
+    @property
+    def injected(self) -> list[Fault]:
+        """The faults injected so far, in order."""
+        return self._faults.injected
 
     def condition(self) -> threading.Condition:
-        return SimCondition(self)
+        return SimCondition(self.preempt)
 
     def dispatcher(self, own: Callable[[], Any]) -> Any:
         return self._dispatcher
 
     def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
         task = self._task(THREADED, actor_label(actor), actor)
-        inbox = SimInbox(self, task, drain_queue(actor.actor_inbox))
+        inbox = SimInbox(task, drain_queue(actor.actor_inbox), self._make_ready)
         actor.actor_inbox = inbox
         actor.actor_ref.actor_inbox = inbox
         self._actors.append(task)
@@ -322,7 +334,7 @@ class Simulation:
         task = self._task(COMMITTER, "committer", committer)
         store = committer._store()
         self._committers.append((store, committer))
-        queue = CommitQueue(self, task)
+        queue = CommitQueue(task, self._make_ready)
         task.send = queue
         return queue
 
@@ -333,14 +345,14 @@ class Simulation:
             self._tasks[id(actor)] = task
             self._actors.append(task)
         if self._closed:  # the simulation ended: answer what lands, here
-            steps.run_inline(task)
+            run_inline(task)
             return
         self._make_ready(task)
 
     def _make_ready(self, task: Task) -> None:
         if self._closed and task.kind == THREADED:  # ended: answer what lands, here
             while not task.ended and not task.obj.actor_inbox.empty():
-                steps.threaded_step(self, task)
+                self._threaded_step(task)
             return
         if not task.queued and not task.ended:
             task.queued = True
@@ -383,6 +395,8 @@ class Simulation:
         thread before this one goes on, as real threads may. Only a session's turn
         that holds none of its locks switches here (and never the test's own thread)."""
         if not self._open or self._closed or self._unwinding or not self.preemptive:
+            return
+        if self._striking:  # the scheduler itself crashes an actor: no switch inside it
             return
         me = self._me.get(threading.get_ident())
         if me is None or me is self._main or me.task is None or me.task.kind != ACTOR:
@@ -586,7 +600,7 @@ class Simulation:
                 f"no end after {self.max_steps} steps (a livelock, or raise max_steps)"
             )
             return self._wake_main()
-        inject_faults(self)
+        self._faults.inject(self.steps, self._strike)
         chosen = cands[self.choose(len(cands))]
         self.steps += 1
         if isinstance(chosen, _Thread):
@@ -711,27 +725,175 @@ class Simulation:
             _, _, task, _ = heapq.heappop(timers)
             self._make_ready(task)
 
+    def _strike(self, fault: Fault) -> bool:
+        """Crash or stop the target of an armed fault; ``False`` if no actor can take it
+        now."""
+        self._actors = [t for t in self._actors if not finished(t)]
+        targets = targets_of(fault, self._actors, self._stack)
+        if not targets:
+            return False
+        task = targets[fault.target % len(targets)]
+        self.trace.append(f"{self.steps} FAULT {fault.kind} {task.label}")
+        self._striking = True
+        try:
+            ready = strike(fault, task, self.steps)
+        finally:
+            self._striking = False
+        if ready:
+            self._make_ready(task)
+        return True
+
+    # -- the steps: one of each kind of task ---------------------------------------------------
+
     def _take(self, task: Task) -> None:
         kind = task.kind
         if kind == ACTOR:
-            steps.turn(self, task)
+            self._turn(task)
         elif kind == THREADED:
-            steps.threaded_step(self, task)
+            self._threaded_step(task)
         elif kind == COMMITTER:
-            steps.commit_step(self, task)
+            self._commit_step(task)
         elif kind == CALLER:
-            steps.caller_step(self, task)
+            self._caller_step(task)
         elif kind == LOOP:
-            loop = task.obj
-            handle = loop._ready.popleft()
-            self.trace.append(f"{self.steps} {task.label} {describe(handle)}")
-            self._loop_depth += 1
-            try:
-                loop.run_handle(handle)
-            finally:
-                self._loop_depth -= 1
+            self._loop_step(task)
         else:  # a function or a timer: runs once
-            steps.run_once(self, task)
+            self._run_once(task)
+
+    def _unqueue(self, task: Task) -> None:
+        """Take ``task`` off the run list (it has nothing to do until made ready again)."""
+        self._ready.remove(task)
+        task.queued = False
+
+    def _run_once(self, task: Task) -> None:
+        """A function (a thread of the runtime) or a timer: runs whole, once."""
+        self._unqueue(task)
+        task.ended = True
+        self.trace.append(f"{self.steps} {task.label}")
+        task.obj()
+
+    def _turn(self, task: Task) -> None:
+        """A dispatched actor: one turn of at most ``throughput`` messages."""
+        self._unqueue(task)
+        actor = task.obj
+        inbox = actor.actor_inbox
+        self.trace.append(f"{self.steps} {task.label} {inbox.qsize()}")
+        try:
+            actor._turn(self.throughput)
+        except BaseException as exc:  # a turn never takes the simulation down (as a thread)
+            self.trace.append(f"{self.steps} {task.label} turn_failed {type(exc).__name__}")
+        inbox._token.release()
+        if not inbox._q.empty() and inbox._token.acquire(False):
+            self._make_ready(task)
+
+    def _threaded_step(self, task: Task) -> None:
+        """A thread-per-actor actor: its setup, one message, or its teardown."""
+        actor = task.obj
+        inbox = actor.actor_inbox
+        self.trace.append(f"{self.steps} {task.label} {inbox.qsize()}")
+        if not task.began:
+            task.began = True
+            actor._actor_loop_setup()
+        elif not actor.actor_stopped.is_set() and not inbox.empty():
+            receive_one(actor, inbox.get())
+        if actor.actor_stopped.is_set() and not task.ended:
+            task.ended = True
+            try:
+                actor._actor_loop_teardown()
+            finally:
+                report = getattr(actor, "_report_exit", None)
+                if report is not None:
+                    report()
+        idle = task.ended or (inbox.empty() and not actor.actor_stopped.is_set())
+        if idle and task.queued:
+            self._unqueue(task)
+
+    def _commit_step(self, task: Task) -> None:
+        """A store's committer: one batch (its size a choice of the schedule), or a stall."""
+        queue: CommitQueue = task.send
+        items = queue.items
+        committer = task.obj
+        if not items:
+            self._unqueue(task)
+            return
+        faults = self._faults
+        slow = faults.take("slow_commit")
+        if slow is not None:
+            task.until = self.now_seconds + slow.seconds
+            self.trace.append(f"{self.steps} {task.label} slow {slow.seconds:g}")
+            return
+        n = 1 + self.choose(min(len(items), 4))  # how much of the queue this batch takes
+        if n == min(len(items), 4):
+            n = len(items)
+        batch = [items.popleft() for _ in range(n)]
+        fail = faults.take("fail_commit") or faults.take("doubt_commit")
+        self.commits += 1
+        described = ",".join(
+            f"{item.session_id}:{'/'.join(str(ev.seq) for ev in item.events)}" for item in batch
+        )
+        tag = "" if fail is None else ("FAIL " if fail.kind == "fail_commit" else "DOUBT ")
+        self.trace.append(f"{self.steps} {task.label} {tag}{len(batch)} {described}")
+        if fail is not None:
+            real = committer._store
+            written = fail.kind == "doubt_commit"
+            committer._store = lambda: FailingStore(real(), written)
+            try:
+                committer._write(batch)
+            finally:
+                committer._store = real
+        else:
+            committer._write(batch)
+        if not items:
+            self._unqueue(task)
+
+    def _caller_step(self, task: Task) -> None:
+        """A generator caller: resumed until its next ``yield``."""
+        self.trace.append(f"{self.steps} {task.label}")
+        waited, task.waiting = task.waiting, None
+        task.until = 0.0  # a bare ``yield`` next: runnable at once (not at an old bound)
+        gen = task.gen
+        try:
+            if gen is None:
+                out = task.obj()
+                if isinstance(out, Generator):
+                    task.gen = gen = out
+                else:
+                    raise StopIteration
+            # The value goes to the generator (``x = yield fut``), unless it delegates to a
+            # plain iterator (``yield from [f1, f2]``), which takes none.
+            sub = getattr(gen, "gi_yieldfrom", None)
+            yielded = gen.send(value_of(waited) if sub is None or hasattr(sub, "send") else None)
+        except StopIteration:
+            task.ended = True
+            self._unqueue(task)
+            return
+        except BaseException as exc:
+            task.ended = True
+            self._unqueue(task)
+            if self._unwinding:
+                return
+            self.trace.append(f"{self.steps} {task.label} failed {type(exc).__name__}")
+            if self._failure is None:
+                self._failure = exc
+            return
+        if yielded is None:
+            return
+        if isinstance(yielded, int | float) and not isinstance(yielded, bool):
+            task.until = self.now_seconds + float(yielded)
+            return
+        # Wait for the future, at most its bound: then the caller goes on (its get()
+        # raises the timeout).
+        task.waiting = yielded
+        bound = getattr(yielded, "_timeout", None)
+        task.until = self.now_seconds + (DEFAULT_WAIT if bound is None else bound)
+
+    def _loop_step(self, task: Task) -> None:
+        """The event loop: one ready callback."""
+        loop: SimEventLoop = task.obj
+        handle = loop.next_handle()
+        self.trace.append(f"{self.steps} {task.label} {describe(handle)}")
+        for exc in loop.run_handle(handle):
+            self.trace.append(f"{self.steps} loop error {type(exc).__name__}")
 
     # -- results -------------------------------------------------------------------------------
 
@@ -749,7 +911,7 @@ class Simulation:
 
     def replay_schedule(self) -> Schedule:
         """This run as a pinned schedule (its decisions and the faults it injected)."""
-        return Schedule(self.schedule.seed, tuple(self.decisions), self._planned)
+        return Schedule(self.schedule.seed, tuple(self.decisions), self._faults.planned)
 
 
 _DEDICATED = frozenset((CALLER, THREADED, COMMITTER, LOOP))
@@ -791,31 +953,6 @@ class _Thread:
 
     def __repr__(self) -> str:
         return f"<simulated thread {self.label}>"
-
-
-class SimCondition(threading.Condition):
-    """A condition variable whose ``notify`` is a switch point of the schedule (once the
-    notifier leaves the ``with`` block): the woken thread may run before the notifier
-    goes on, as on real threads."""
-
-    def __init__(self, sim: Simulation) -> None:
-        super().__init__()
-        self._sim = sim
-        self._notified = False
-
-    def notify(self, n: int = 1) -> None:
-        super().notify(n)
-        self._notified = True
-
-    def notify_all(self) -> None:
-        super().notify_all()
-        self._notified = True
-
-    def __exit__(self, *exc: Any) -> None:
-        super().__exit__(*exc)
-        if self._notified:
-            self._notified = False
-            self._sim.preempt()
 
 
 def _always() -> bool:
