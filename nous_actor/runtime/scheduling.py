@@ -11,6 +11,13 @@ of its own for the length of a test: then actors, threads and timers become
 tasks it runs one at a time, in an order it chooses, on a virtual clock, and a
 wait suspends the simulated thread that waits. The runtime calls the host; it
 never asks which host is installed.
+
+A thread keeps the host that started it: `current` answers, on a thread the real
+host started (a committer, a hand-over or passivation service, a timer, a spawned
+function, a pool's task), the real host, whatever host is installed since. A real
+thread that outlives the test that started it (a registry never closed) thus goes
+on with real waits and the real clock while a later test's simulation runs,
+instead of asking that simulation to suspend a thread it does not run.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, Protocol
 
 import pykka
@@ -102,8 +110,42 @@ class Host(Protocol):
         on a thread of its own)."""
 
 
+class _Started(threading.local):
+    """The host that started the calling thread (``None``: no host did; then the
+    installed one answers)."""
+
+    host: Host | None = None
+
+
+_started = _Started()
+
+
+def _keeping(host: Host, fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, run as the body of a thread ``host`` starts: the thread keeps ``host``."""
+
+    def body() -> None:
+        _started.host = host
+        fn()
+
+    return body
+
+
+def _run_keeping(host: Host, fn: Callable[[], None]) -> None:
+    """Run ``fn`` (a task of a pool's thread, which others started) with ``host`` as the
+    thread's host meanwhile."""
+    started = _started
+    before = started.host
+    started.host = host
+    try:
+        fn()
+    finally:
+        started.host = before
+
+
 class RealHost:
-    """Threads and ``time.monotonic``: the host installed unless a simulation runs."""
+    """Threads and ``time.monotonic``: the host installed unless a simulation runs.
+
+    Every thread it starts keeps it as its host (see the module docs)."""
 
     now: Final = staticmethod(time.monotonic)
 
@@ -114,12 +156,12 @@ class RealHost:
         self._alarm_thread: threading.Thread | None = None
 
     def spawn(self, fn: Callable[[], None], name: str) -> None:
-        threading.Thread(target=fn, name=name, daemon=True).start()
+        threading.Thread(target=_keeping(self, fn), name=name, daemon=True).start()
 
     def call_later(
         self, delay: float, fn: Callable[[], None], name: str, daemon: bool = False
     ) -> None:
-        t = threading.Timer(delay, fn)
+        t = threading.Timer(delay, _keeping(self, fn))
         t.name = name
         t.daemon = True
         t.start()
@@ -128,7 +170,9 @@ class RealHost:
         with self._alarms_lock:
             heapq.heappush(self._alarms, (when, next(self._alarm_order), fn))
             if self._alarm_thread is None:
-                self._alarm_thread = threading.Thread(target=self._ring, name=name, daemon=True)
+                self._alarm_thread = threading.Thread(
+                    target=_keeping(self, self._ring), name=name, daemon=True
+                )
                 self._alarm_thread.start()
             elif self._alarms[0][0] == when:
                 self._alarms_lock.notify()
@@ -151,7 +195,7 @@ class RealHost:
     def service(
         self, run: Callable[[], None], name: str, every: float, tick: Callable[[], bool]
     ) -> threading.Thread:
-        t = threading.Thread(target=run, name=name, daemon=True)
+        t = threading.Thread(target=_keeping(self, run), name=name, daemon=True)
         t.start()
         return t
 
@@ -176,13 +220,13 @@ class RealHost:
     def submit(
         self, put: Callable[[Callable[[], None]], None], fn: Callable[[], None], name: str
     ) -> None:
-        put(fn)
+        put(partial(_run_keeping, self, fn))
 
     def committer_queue(self, committer: Any) -> Any:
         q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         committer._queue = q
         t = committer._thread = threading.Thread(
-            target=committer._run, name="nous-committer", daemon=True
+            target=_keeping(self, committer._run), name="nous-committer", daemon=True
         )
         t.start()
         return q
@@ -196,8 +240,9 @@ _install_lock = threading.Lock()
 
 
 def current() -> Host:
-    """The installed host: `REAL`, or a simulation's while one runs."""
-    return _host
+    """The calling thread's host: the one that started the thread, if a host did (see
+    the module docs); else the installed one, `REAL` or a simulation's while one runs."""
+    return _started.host or _host
 
 
 def install(new: Host) -> None:
@@ -223,12 +268,12 @@ def uninstall(old: Host) -> None:
 
 def monotonic() -> float:
     """The installed host's clock (``time.monotonic``, or a simulation's virtual clock)."""
-    return _host.now()
+    return (_started.host or _host).now()
 
 
 def spawn(fn: Callable[[], None], name: str) -> None:
     """Run ``fn`` on a daemon thread of its own (a simulated one, in a simulation)."""
-    _host.spawn(fn, name)
+    (_started.host or _host).spawn(fn, name)
 
 
 def call_later(
@@ -236,4 +281,4 @@ def call_later(
 ) -> None:
     """Run ``fn`` after ``delay`` seconds, on a daemon timer thread (``daemon``: a timer
     that re-arms itself forever, which alone does not keep a simulated run going)."""
-    _host.call_later(delay, fn, name, daemon)
+    (_started.host or _host).call_later(delay, fn, name, daemon)
