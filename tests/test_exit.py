@@ -24,6 +24,9 @@ import pytest
 from postgres_server import Server, _binaries, _unavailable, start_server, stop_server
 
 from nous_actor import SQLiteStore
+from nous_actor.errors import StoreError
+from nous_actor.sessions.actor._ledger import CommitLedger
+from nous_actor.store.committer import Committer
 
 EXIT_BOUND = 1.0
 """Seconds from a program's last line to its exit, with nothing in flight (DESIGN.md 4),
@@ -461,3 +464,54 @@ def _throwaway_server() -> _OwnServer:
     if not _binaries():
         _unavailable("no PostgreSQL server binaries (apt-get install -y postgresql)")
     return _OwnServer(*start_server())
+
+
+# -- the questions the exit hook asks (public answers of the committer and the ledger) ------
+
+
+class _RefusingStore:
+    """A store whose every write fails."""
+
+    def write(self, writes: dict[str, list[Any]]) -> dict[str, Any]:
+        raise StoreError("the disk is full")
+
+
+def test_the_committer_says_which_session_it_fails_until_that_session_is_reset() -> None:
+    """After a failed write the committer names the session's error (every later item of
+    it fails unwritten) and no other session's, until the session is reset."""
+    store = _RefusingStore()
+    committer = Committer(store)  # type: ignore[arg-type]
+    answered: queue.SimpleQueue[StoreError | None] = queue.SimpleQueue()
+    try:
+        assert committer.failed("s") is None
+        committer.submit("s", ["e"], answered.put)  # type: ignore[list-item]
+        err = answered.get(timeout=FLUSH_BOUND * 5)
+        assert isinstance(err, StoreError)
+        assert committer.failed("s") is err
+        assert committer.failed("t") is None
+        assert committer.commits == 1
+        committer.reset("s")
+        assert committer.failed("s") is None
+    finally:
+        committer.close(FLUSH_BOUND * 5)
+
+
+def test_the_ledger_counts_the_events_stored_also_once_the_session_stopped() -> None:
+    """`CommitLedger.stored` counts every event recorded as committed (never a failed
+    one), taken or not, and also those committed after the session stopped (which no
+    actor applies), and `in_flight` the operations not yet ended."""
+    ledger = CommitLedger()
+    assert (ledger.stored(), ledger.in_flight()) == (0, 0)
+    for _ in range(4):
+        ledger.begin()
+    ledger.committed(("a", "b"), None)  # type: ignore[arg-type]
+    ledger.committed(("c",), StoreError("refused"))  # type: ignore[arg-type]
+    assert (ledger.stored(), ledger.in_flight()) == (2, 2)
+    assert ledger.stored_untaken() == (2, 2)
+    ledger.take()
+    assert ledger.stored_untaken() == (2, 0)
+    ledger._shut([], None)
+    ledger.committed(("d",), None)  # type: ignore[arg-type]
+    assert (ledger.stored(), ledger.in_flight()) == (3, 1)
+    ledger.finished()
+    assert ledger.in_flight() == 0

@@ -73,6 +73,9 @@ class Committer:
     an earlier one. Each transaction holds the oldest waiting item of every
     session that has one (while ``max_batch`` events allow), and at most
     ``share`` events of any one session (an item larger than that goes alone).
+
+    ``commits`` (batches written, failed ones too) and ``items`` (items answered) are
+    counters anyone may read: they grow while the writer answers.
     """
 
     def __init__(self, store: Store, *, max_batch: int = MAX_BATCH, share: int = SHARE) -> None:
@@ -105,6 +108,12 @@ class Committer:
         """Forget an earlier failure of ``session_id`` (it was reloaded from the store)."""
         with self._failed_lock:
             self._failed.pop(session_id, None)
+
+    def failed(self, session_id: str) -> StoreError | None:
+        """The error that fails every later item of ``session_id`` without writing it
+        (an earlier write of it failed), until `reset`; ``None`` if it writes."""
+        with self._failed_lock:
+            return self._failed.get(session_id)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish what is queued, then stop the thread."""

@@ -37,8 +37,10 @@ def _flush_at_exit() -> None:
     waits: list[tuple[SessionActor, SessionFuture[Any], SessionFuture[Any]]] = []
     for ref in pykka.ActorRegistry.get_by_class(SessionActor):
         actor = ref.actor_inbox._actor  # type: ignore[attr-defined]
-        if not isinstance(actor, SessionActor) or (actor.committer is None and not actor._loading):
-            continue  # no store: nothing to make durable
+        if not isinstance(actor, SessionActor) or (
+            actor.committer is None and not actor.ledger.in_flight()
+        ):
+            continue  # no store (nor its first read under way): nothing to make durable
         counted: SessionFuture[Any] = SessionFuture(actor.session_id)
         flushed: SessionFuture[Any] = SessionFuture(actor.session_id)
         try:
@@ -86,8 +88,10 @@ def _flush_at_exit() -> None:
 
 
 def _uncommitted(actor: SessionActor) -> tuple[int, int]:
-    """(events not yet known committed, events applied): run by the actor at exit."""
-    return len(actor.inflight), actor.log.count()
+    """(events handed to the store and not yet known committed, the ledger's count of
+    events stored): run by the actor at exit, after every call queued before it."""
+    stored, untaken = actor.ledger.stored_untaken()
+    return len(actor.inflight) - untaken, stored
 
 
 def _settled(
@@ -100,13 +104,7 @@ def _settled(
     if flushed.done():
         return True
     committer = actor.committer
-    return committer is not None and actor.session_id in getattr(committer, "_failed", ())
-
-
-def _committed_since(actor: SessionActor, applied: int) -> int:
-    """Events of the session committed since it had ``applied`` events applied (those
-    the actor has applied, and those it has been told of and not applied yet)."""
-    return actor.log.count() - applied + actor.ledger.committed_since_taken()
+    return committer is not None and committer.failed(actor.session_id) is not None
 
 
 def _timeout_of(store: object) -> float:
@@ -137,8 +135,8 @@ def _report_lost(
         if not counted.done() or counted.failed():
             unknown += 1  # stopped before it could count
             continue
-        inflight, applied = counted.get(timeout=0)
-        lost += max(0, inflight - _committed_since(actor, applied))
+        unstored, stored = counted.get(timeout=0)
+        lost += max(0, unstored - (actor.ledger.stored() - stored))
     if sessions:
         logger.error(
             "session.exit_lost",

@@ -37,11 +37,15 @@ class CommitLedger:
       ``ops`` to 0 lets go of the claim; ``released`` is set once it is let go (a
       successor waits for it).
 
+    * ``stored()`` counts every event recorded as committed (a failed batch's are not),
+      also after the session stopped; it never decreases.
+
     ``done`` and ``want`` are read without the lock on the actor's hot path (a stale
     read only delays the actor's look by one call).
     """
 
     __slots__ = (
+        "_stored",
         "closing",
         "done",
         "feed_error",
@@ -59,6 +63,7 @@ class CommitLedger:
         self.want = False
         self.wake_sent = False
         self.ops = 0
+        self._stored = 0
         self.shutting = False
         self.feed_error: SessionStopped | None = None
         self.closing: list[Subscription] = []  # (a fresh list only when stopping)
@@ -110,10 +115,27 @@ class CommitLedger:
                 subs = []
         return idle, subs
 
-    def committed_since_taken(self) -> int:
-        """How many events are recorded as committed and not taken yet."""
+    # -- any thread (the exit hook) ---------------------------------------------------------
+
+    def stored(self) -> int:
+        """How many events have been recorded as committed so far (never a failed batch's;
+        also those committed after the session stopped, which no actor applies): the
+        difference of two answers is what reached the store in between."""
         with self.lock:
-            return sum(len(events) for events, err in self.done if err is None)
+            return self._stored
+
+    def stored_untaken(self) -> tuple[int, int]:
+        """(`stored`, how many of those events the actor has not taken yet), read at one
+        instant (a commit landing between two reads would be counted twice)."""
+        with self.lock:
+            untaken = sum(len(events) for events, err in self.done if err is None)
+            return self._stored, untaken
+
+    def in_flight(self) -> int:
+        """How many operations are with the committer and not ended (appends, snapshot
+        drops, the start's read of the store): 0 for a session that has no store work."""
+        with self.lock:
+            return self.ops
 
     # -- the committer's thread ------------------------------------------------------------
 
@@ -123,6 +145,8 @@ class CommitLedger:
         actor must be told (it wants commits, or the write failed)."""
         with self.lock:
             self.ops -= 1
+            if err is None:
+                self._stored += len(events)
             last = self.shutting and self.ops == 0
             if self.shutting:  # stopped: nobody applies it; its feeds still get it
                 if err is None and self.closing:
