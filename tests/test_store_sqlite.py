@@ -597,10 +597,10 @@ def test_a_write_after_another_process_bumps_the_schema_version_is_refused(path:
     with SQLiteStore(path) as store:
         store.write({"s": [ev(0)]})
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
-            other.execute("PRAGMA user_version = 2")
-        with pytest.raises(StoreError, match=r"schema version 2.*upgrade nous_actor"):
+            other.execute("PRAGMA user_version = 3")
+        with pytest.raises(StoreError, match=r"schema version 3.*upgrade nous_actor"):
             store.write({"s": [ev(1)], "t": [ev(0)]})
-        with pytest.raises(StoreError, match="schema version 2"):
+        with pytest.raises(StoreError, match="schema version 3"):
             store.claim("u")
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
             rows = other.execute("SELECT session_id, seq FROM events ORDER BY 1, 2").fetchall()

@@ -19,10 +19,11 @@ a store, and `_Opening`: opening one, and whether it is still ours at each
 write), `connection` (`_Connection`, the object that owns the store's
 connection: its lock, whether the store is closed or failed, the one place
 sqlite3's errors are translated, write transactions), `claims` (taking
-claims, the claims this process holds, whether a holder lives), `writes` (how
-a write's rows go in), `follower` (`SQLiteFollower`: one per store's
-connection, following its file for its watches and waits), `vacuum` (giving
-dropped space back), and `store` (`SQLiteStore`, the face, with the optional
+claims, the claims this process holds, whether a holder lives, where it
+answers), `writes` (how a write's rows go in), `follower` (`SQLiteFollower`:
+one per store's connection, following its file for its watches and waits),
+`keys` (the store's forwarding key), `vacuum` (giving dropped space back), and
+`store` (`SQLiteStore`, the face, with the optional
 methods of `nous_actor.store.shared`, holding its `_Connection`).
 """
 

@@ -1,11 +1,15 @@
-"""Claims of a SQLite store: taking them, and which still have a live writer.
+"""Claims of a SQLite store: taking them, which still have a live writer, and where
+their holders answer.
 
-A claim is a row of the ``writers`` table naming a process and a token. A row
+A claim is a row of the ``writers`` table naming a process, a token and (schema
+version 2) the address its holder advertised (`SQLiteStore.advertise`). A row
 of another process is live while that process runs (`_pid_alive`); a row of
 this process is live while its token is in `_live_tokens`, the claims held by
 live writers of this process, whatever store object made them. That set and
 its lock are module state: one object each for the process, read by the
-store's claims, its index and its hand-off requests alike.
+store's claims, its index and its hand-off requests alike. The claims one
+store object took, and the address it advertises for them, are its
+`_Holdings`.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
-from nous_actor.errors import ConflictError
+from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
 
 # Claim tokens held by live writers of this process, whatever store object made them.
@@ -65,12 +71,39 @@ def _holder_name(pid: object, token: object, me: int) -> str | None:
     return "this process" if pid == me else f"process {pid}"
 
 
+class _Holdings:
+    """The claims one store object took and still holds, and the address it
+    advertises for them (`SQLiteStore.advertise`).
+
+    Attributes:
+        tokens: the session id of each token this object took, read and changed
+            under ``_live_lock``; a token released by any store object of the
+            process (gone from `_live_tokens`) is forgotten by `live`.
+        address: what every claim this object takes is written with, read by a
+            claim inside its write transaction, so that an `advertise` and a
+            claim never cross: the claim writes the address set before it
+            commits, and an advertise's transaction, after, updates its row.
+    """
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, str] = {}
+        self.address: str | None = None
+
+    def live(self) -> list[tuple[str, str]]:
+        """``(session id, token)`` of each claim this object holds now (call under
+        ``_live_lock``); those released since are forgotten."""
+        for token in [t for t in self.tokens if t not in _live_tokens]:
+            del self.tokens[token]
+        return [(sid, token) for token, sid in self.tokens.items()]
+
+
 def _claim_all(
-    connection: _Connection, asked: set[str], ids: list[str]
+    connection: _Connection, asked: set[str], holdings: _Holdings, ids: list[str]
 ) -> list[str | ConflictError]:
     """Claim each of ``ids`` (valid, at least one) in one transaction on ``connection``:
     for each id, in order, its token or the `ConflictError` that refused it (see
-    `SQLiteStore.claim_many`). The hand-off requests of ``asked`` (the sessions the
+    `SQLiteStore.claim_many`). Each row is written with ``holdings.address``, and its
+    token kept in ``holdings``. The hand-off requests of ``asked`` (the sessions the
     store asked for, read and changed under the connection's lock) that a claim
     takes are withdrawn."""
     out: list[str | ConflictError] = []
@@ -91,7 +124,8 @@ def _claim_all(
                         chunk,
                     )
                 )
-            rows: list[tuple[str, int, str, str]] = []
+            address = holdings.address  # under the connection's lock, as advertise sets it
+            rows: list[tuple[str, int, str, str, str | None]] = []
             for sid in ids:
                 holder = held.get(sid)
                 where = None if holder is None else _holder_name(*holder, pid)
@@ -108,13 +142,14 @@ def _claim_all(
                 # Under _live_lock and before COMMIT: another store object of this
                 # process that reads the row next also finds the token live.
                 _live_tokens.add(token)
+                holdings.tokens[token] = sid
                 taken.append(token)
                 held[sid] = (pid, token)
-                rows.append((sid, pid, token, since))
+                rows.append((sid, pid, token, since, address))
                 out.append(token)
             conn.executemany(
-                "INSERT OR REPLACE INTO writers (session_id, pid, token, since) "
-                "VALUES (?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO writers (session_id, pid, token, since, address) "
+                "VALUES (?, ?, ?, ?, ?)",
                 rows,
             )
             taken_asked = asked & {row[0] for row in rows}
@@ -127,5 +162,25 @@ def _claim_all(
     except BaseException:
         with _live_lock:
             _live_tokens.difference_update(taken)
+            for token in taken:
+                holdings.tokens.pop(token, None)
         raise
     return out
+
+
+def _claim_row(
+    query: Callable[[str, Sequence[object]], list[Any]], session_id: str
+) -> tuple[object, object, object] | None:
+    """The ``writers`` row of ``session_id``, as ``(pid, token, address)``, read with
+    ``query``; a file still at schema version 1 (opened read-only, not migrated yet)
+    has no address column: its rows have the address ``None``."""
+    try:
+        rows = query("SELECT pid, token, address FROM writers WHERE session_id = ?", (session_id,))
+    except StoreError as exc:
+        if "no such column" not in str(exc):
+            raise
+        rows = query("SELECT pid, token, NULL FROM writers WHERE session_id = ?", (session_id,))
+    if not rows:
+        return None
+    pid, token, address = rows[0]
+    return pid, token, address

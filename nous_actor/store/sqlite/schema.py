@@ -4,8 +4,9 @@ opening one (looking before writing).
 `_Layout` reads what a file holds without writing anything; `_Opening` (held
 by the store's connection, `connection._Connection`) opens a path, refuses a
 file that is not a store before anything is written to it, writes the schema
-and the file's marks in one transaction where a new store is made, and tells,
-at each write, whether the file is still one this process may write.
+and the file's marks in one transaction where a new store is made (or a store
+of schema version 1 is migrated to version 2), and tells, at each write,
+whether the file is still one this process may write.
 """
 
 from __future__ import annotations
@@ -19,23 +20,51 @@ from typing import Final, Protocol
 
 from nous_actor.errors import StoreError
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 APPLICATION_ID: Final = 0x6E6F7573  # "nous": marks the file as a nous_actor store
-_SCHEMA: Final = (
-    """CREATE TABLE IF NOT EXISTS events (
+_EVENTS: Final = """CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL CHECK (seq >= 0),
     type TEXT NOT NULL,
     time TEXT NOT NULL,
     data TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
-) WITHOUT ROWID""",
+) WITHOUT ROWID"""
+_KEYS: Final = """CREATE TABLE IF NOT EXISTS keys (
+    name TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+)"""
+"""The store's secrets, by name: ``'forwarding'``, the key every process on the store
+shares (`SQLiteStore.forwarding_key`), made by the first process that asks."""
+_SCHEMA: Final = (
+    _EVENTS,
+    """CREATE TABLE IF NOT EXISTS writers (
+    session_id TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    since TEXT NOT NULL,
+    address TEXT
+)""",
+    _KEYS,
+)
+"""A new store's tables (schema version 2)."""
+_SCHEMA_V1: Final = (
+    _EVENTS,
     """CREATE TABLE IF NOT EXISTS writers (
     session_id TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,
     token TEXT NOT NULL,
     since TEXT NOT NULL
 )""",
+)
+"""The tables of schema version 1, as the releases before version 2 made them: a file
+holding them is ours, and is migrated (`_MIGRATION`) when opened for writing."""
+_MIGRATION: Final = (
+    # Version 1 to 2, in the one write transaction that also sets the version: the
+    # address where a claim's holder answers (NULL in the rows of version 1: none
+    # advertised), and the table of the store's secrets. Neither rewrites a row.
+    "ALTER TABLE writers ADD COLUMN address TEXT",
+    _KEYS,
 )
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 _MADE_LATER: Final = (
@@ -64,26 +93,47 @@ _STATISTICS: Final = frozenset({"sqlite_stat1", "sqlite_stat2", "sqlite_stat3", 
 change no row; a file holding them is still ours."""
 
 
+_LAYOUTS: Final = {
+    1: (_SCHEMA_V1,),
+    # Made new, or migrated from version 1 (ALTER TABLE rewrites the table's SQL text).
+    2: (_SCHEMA, (*_SCHEMA_V1, *_MIGRATION, *_SCHEMA)),
+}
+"""The statements that make each schema version's tables, one tuple per way it is made."""
+
+
 @cache
-def _our_objects() -> frozenset[tuple[str, str, str | None]]:
-    """The `sqlite_master` rows our schema (and what a store makes later) can hold, as
-    SQLite itself normalises their SQL."""
+def _our_objects(version: int) -> frozenset[tuple[str, str, str | None]]:
+    """The `sqlite_master` rows a store of schema ``version`` (and what a store makes
+    later) can hold, as SQLite itself normalises their SQL; for a version no release
+    wrote (0: a store an older release left half-made), those of every version."""
+    layouts = _LAYOUTS.get(version) or tuple(way for ways in _LAYOUTS.values() for way in ways)
     found: set[tuple[str, str, str | None]] = set()
-    for later in _MADE_LATER:
-        conn = sqlite3.connect(":memory:")
-        try:
-            for statement in (*_SCHEMA, later, _DEMO_MARK):
-                conn.execute(statement)
-            found.update(conn.execute("SELECT type, name, sql FROM sqlite_master"))
-        finally:
-            conn.close()
+    for layout in layouts:
+        for later in _MADE_LATER:
+            conn = sqlite3.connect(":memory:", isolation_level=None)
+            try:
+                for statement in (*layout, later, _DEMO_MARK):
+                    conn.execute(statement)
+                found.update(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+            finally:
+                conn.close()
     return frozenset(found)
 
 
-def _theirs(objects: frozenset[tuple[str, str, str | None]]) -> set[tuple[str, str, str | None]]:
-    """The schema objects (tables, indexes, views, triggers) of a file that no store of
-    ours makes: a trigger could rewrite what we store, a view or index is someone else's."""
-    return {o for o in objects - _our_objects() if not (o[0] == "table" and o[1] in _STATISTICS)}
+def _theirs(
+    objects: frozenset[tuple[str, str, str | None]], version: int
+) -> set[tuple[str, str, str | None]]:
+    """The schema objects (tables, indexes, views, triggers) of a file of schema
+    ``version`` that no store of ours of that version makes: a trigger could rewrite
+    what we store, a view or index is someone else's."""
+    ours = _our_objects(version)
+    return {o for o in objects - ours if not (o[0] == "table" and o[1] in _STATISTICS)}
+
+
+def _read_only(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused a write because the connection or the file is read-only."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_READONLY
 
 
 def _non_empty(path: str) -> bool:
@@ -106,7 +156,7 @@ def _ours_or_blank(header: bytes) -> bool:
 
 
 def _named(layout: _Layout) -> str:
-    theirs = sorted(_theirs(layout.objects), key=lambda o: (o[0], o[1]))
+    theirs = sorted(_theirs(layout.objects, layout.version), key=lambda o: (o[0], o[1]))
     shown = ", ".join(f"{kind} {name!r}" for kind, name, _ in theirs[:5])
     return shown + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
 
@@ -133,7 +183,7 @@ class _Layout:
         before the mark, a file that holds one is not ours any more)."""
         if self.app_id not in (0, APPLICATION_ID):
             return True
-        return bool(_theirs(self.objects))
+        return bool(_theirs(self.objects, self.version))
 
     @property
     def blank(self) -> bool:
@@ -146,8 +196,19 @@ class _Layout:
         return (
             self.app_id == APPLICATION_ID
             and self.version == SCHEMA_VERSION
-            and {"events", "writers"} <= self.tables
+            and {"events", "writers", "keys"} <= self.tables
         )
+
+    @property
+    def readable(self) -> bool:
+        """A whole store of schema version 1, which reads as it is (only a write needs
+        version 2): what a read-only opening that cannot migrate it reads."""
+        return self.version == 1 and {"events", "writers"} <= self.tables
+
+    @property
+    def newer(self) -> bool:
+        """A store of ours made by a newer release (a schema version past ours)."""
+        return self.version > SCHEMA_VERSION
 
 
 class Connect(Protocol):
@@ -160,16 +221,27 @@ class _Opening:
     """Opening a `SQLiteStore`'s file (see there for which files become a store), and
     at each write whether it is still one this process may write.
 
+    Versions: a new store is made at `SCHEMA_VERSION`; a store of version 1 (or one
+    an older release left half-made) is brought to it in the one write transaction
+    of `_create`, so a process killed in it leaves the file wholly as it was. Only a
+    connection that cannot write (``mode=ro``, a read-only file) opens a store of
+    version 1 as it is, writing nothing (``opened_at`` is then 1): its reads read
+    either layout, and a write is refused until the file has been migrated by a
+    process that can write it (`still_ours`), after which it writes version 2.
+
     Attributes:
         path: the database file, or ``":memory:"``.
         file: the file opened (absolute path, ``st_dev``, ``st_ino``); ``None`` until
             `open` returns, and for ``":memory:"``.
+        opened_at: the schema version the file had once opened: `SCHEMA_VERSION`, or
+            1 where a read-only connection could not migrate it.
     """
 
     def __init__(self, path: str, connect: Connect) -> None:
         self.path = path
         self._connect = connect
         self.file: tuple[str, int, int] | None = None
+        self.opened_at = SCHEMA_VERSION
         self._cookie = -1  # the schema cookie last checked (`still_ours`); -1: not yet
 
     # -- opening: look before writing ------------------------------------------------------
@@ -215,7 +287,12 @@ class _Opening:
                         f"there is no nous_actor store at {self.path}: it is an empty SQLite "
                         "database; open it with create=True to make a new store there"
                     )
-                self._create(conn)
+                try:
+                    self._create(conn)
+                except sqlite3.OperationalError as exc:
+                    if not (layout.readable and _read_only(exc)):
+                        raise
+                    self.opened_at = layout.version  # read as it is: nothing was written
             # Only now that the file is ours: WAL (a header write) and its identity.
             mode_now = conn.execute("PRAGMA journal_mode").fetchone()[0]
             if str(mode_now).lower() != "wal":
@@ -275,13 +352,16 @@ class _Opening:
         )
 
     def _check_ours(self, layout: _Layout) -> None:
+        newer = StoreError(
+            f"{self.path} has schema version {layout.version}; this nous_actor reads "
+            f"versions 1 to {SCHEMA_VERSION}: upgrade nous_actor"
+        )
+        if layout.app_id == APPLICATION_ID and layout.newer:
+            raise newer  # marked as ours: a newer release's tables are no stranger's
         if layout.foreign:
             raise StoreError(self._foreign_message(layout))
-        if layout.version not in (0, SCHEMA_VERSION):
-            raise StoreError(
-                f"{self.path} has schema version {layout.version}; this nous_actor reads "
-                f"version {SCHEMA_VERSION}: upgrade nous_actor"
-            )
+        if layout.version not in (0, 1, SCHEMA_VERSION):
+            raise newer
 
     # -- every write transaction: is the file still one this process may write? ----------
 
@@ -291,11 +371,27 @@ class _Opening:
         schema cookie, which SQLite changes with any schema change, moved), it holds
         nothing we did not make and is still marked as ours; else why nothing more may
         be written to it. Two pragmas read from the header (about 2 us); the schema
-        table is read only when the cookie moved."""
+        table is read only when the cookie moved.
+
+        A store opened read-only at version 1 (``opened_at``) that is still at version 1
+        raises `StoreError` here instead (the store stays open for reading); once another
+        process has migrated the file, its schema is read again and it writes version 2.
+
+        Raises:
+            StoreError: the store was opened at version 1 without migrating it, and
+                the file is still at version 1.
+        """
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
         if version == SCHEMA_VERSION and cookie == self._cookie:
             return None
+        if version == self.opened_at < SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version} and this store opened it "
+                f"read-only, without migrating it to version {SCHEMA_VERSION}, so it writes "
+                "nothing to it: open the store once from a process that can write the file "
+                "(it migrates it), then write"
+            )
         if version != SCHEMA_VERSION:
             return (
                 f"{self.path} now has schema version {version} (another process changed it, "
@@ -315,11 +411,21 @@ class _Opening:
         return None
 
     def _create(self, conn: sqlite3.Connection) -> None:
-        """Write the schema and the file's marks in one transaction: all of it, or nothing."""
+        """Make the store, or bring one of version 1 (or one an older release left
+        half-made) to `SCHEMA_VERSION` (`_MIGRATION`): the tables, the migration and
+        the file's marks in one write transaction, all of it or nothing (DDL is
+        transactional in SQLite: a process killed in it leaves the file as it was)."""
         conn.execute("BEGIN IMMEDIATE")
         try:
+            layout = _Layout(conn, in_transaction=True)
             if self.path != ":memory:":  # another process may have made it meanwhile
-                self._check_ours(_Layout(conn, in_transaction=True))
+                self._check_ours(layout)
+            if layout.complete:  # made, or migrated, by another process meanwhile
+                conn.execute("ROLLBACK")
+                return
+            if "writers" in layout.tables and not _has_address(conn):
+                for statement in _MIGRATION:
+                    conn.execute(statement)
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
@@ -329,3 +435,9 @@ class _Opening:
                 conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+
+def _has_address(conn: sqlite3.Connection) -> bool:
+    """Whether the ``writers`` table has version 2's ``address`` column."""
+    found = conn.execute("SELECT 1 FROM pragma_table_info('writers') WHERE name = 'address'")
+    return found.fetchone() is not None

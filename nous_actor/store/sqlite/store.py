@@ -1,15 +1,18 @@
 """`SQLiteStore`, the face of `nous_actor.store.sqlite`: the checks of its arguments,
 the `Store` protocol, the batches, the index, and the optional methods of
 `nous_actor.store.shared` (reads without a claim and watches on the follower's
-connection, who holds a session, hand-off requests in the ``handoffs`` table).
+connection, who holds a session and where it answers, hand-off requests in the
+``handoffs`` table, the store's forwarding key).
 
 It holds its connection, a `_Connection` (`connection`: the lock, the
 translation of sqlite3's errors, write transactions, whether the store is
 closed or failed), which holds its `_Opening` (`schema`: opening a file,
 looking before writing, and whether it is still ours at each write); a write's
 rows go in through `writes`, claims are taken and told live or dead by
-`claims`, reads without a claim and watches go through the connection's
-`follower`, and snapshots' drops are given back by `vacuum`.
+`claims` (the claims this store object holds, and the address it advertises for
+them, are its `claims._Holdings`), reads without a claim and watches go through
+the connection's `follower`, the forwarding key is kept by `keys`, and
+snapshots' drops are given back by `vacuum`.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ from nous_actor.store.base import ClosingStore, SessionInfo, valid_store_id
 from nous_actor.store.feed import DEFAULT_WATCH_BUFFER, _check_buffer, _check_from_seq
 from nous_actor.store.sqlite.claims import (
     _claim_all,
+    _claim_row,
     _holder_name,
+    _Holdings,
     _live_lock,
     _live_tokens,
     _pid_alive,
 )
 from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
 from nous_actor.store.sqlite.follower import close_follower, follower_of
+from nous_actor.store.sqlite.keys import forwarding_key as _forwarding_key
 from nous_actor.store.sqlite.vacuum import dropped_bytes, due, file_bytes
 from nous_actor.store.sqlite.vacuum import vacuum as _vacuum_file
 from nous_actor.store.sqlite.writes import _UNBINDABLE, _insert_rows, _session_rows, _write_each
@@ -46,6 +52,9 @@ from nous_actor.store.subscription import Subscription
 __all__ = ["SQLiteStore"]
 
 logger = get_logger("nous_actor.store.sqlite")
+
+_MAX_ADDRESS: Final = 1024
+"""The longest address a store object advertises (`SQLiteStore.advertise`), in characters."""
 
 _MAX_TIMEOUT_S: Final = 2_147_483
 """The longest `timeout`: SQLite's busy timeout is a 32-bit count of milliseconds."""
@@ -85,6 +94,35 @@ def _check_path(path: object) -> str:
     if "\x00" in text:
         raise ValueError(f"path must not hold a NUL character, got {text!r}")
     return text
+
+
+def _check_address(address: object) -> str | None:
+    """``address`` if it is one a store can keep (see `SQLiteStore.advertise`).
+
+    Raises:
+        TypeError: not a str or ``None``.
+        ValueError: longer than 1024 characters, or not valid Unicode text.
+    """
+    if address is None:
+        return None
+    if not isinstance(address, str):
+        raise TypeError(
+            "address must be a str (where this process answers calls) or None (it answers "
+            f"none), got {type(address).__name__}"
+        )
+    if len(address) > _MAX_ADDRESS:
+        raise ValueError(
+            f"address must be at most {_MAX_ADDRESS} characters, got {len(address)}: "
+            "advertise a shorter address (a socket path, or a name that leads to one)"
+        )
+    try:
+        address.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"address must be valid Unicode text, got {address!r} ({exc.reason}); "
+            "encode a path of undecodable bytes with os.fsdecode"
+        ) from None
+    return str(address)
 
 
 def _now_text(delta: float = 0.0) -> str:
@@ -190,6 +228,7 @@ class SQLiteStore(ClosingStore):
         # Sessions this store asked for (store.shared), read and changed under the
         # connection's lock, as a claim reads them.
         self._asked: set[str] = set()
+        self._holdings = _Holdings()  # the claims this object holds, and its address
         self._connection = self._connection_type(self.path, durability, timeout, create)
 
     _valid_id = staticmethod(valid_store_id)
@@ -333,7 +372,7 @@ class SQLiteStore(ClosingStore):
         ids = [self._valid_id(sid) for sid in session_ids]
         if not ids:
             return []
-        return _claim_all(self._connection, self._asked, ids)
+        return _claim_all(self._connection, self._asked, self._holdings, ids)
 
     def load_many(self, session_ids: Sequence[str]) -> dict[str, list[Event] | StoreError]:
         """`load` each of `session_ids` in one read: each id maps to its events in seq
@@ -373,6 +412,7 @@ class SQLiteStore(ClosingStore):
     def release(self, session_id: str, token: str) -> None:
         with _live_lock:
             _live_tokens.discard(token)
+            self._holdings.tokens.pop(token, None)
         if self._connection.closed or self._connection.lost is not None:
             return
         with self._connection.transaction(session_id, "release the session", synced=False) as conn:
@@ -489,6 +529,74 @@ class SQLiteStore(ClosingStore):
         pid, token = rows[0]
         with _live_lock:
             return _holder_name(pid, token, os.getpid())
+
+    def advertise(self, address: str | None) -> None:
+        """Where this store object's process answers calls for the sessions it holds
+        (``None``: it answers none): written with every claim this store object takes
+        from now on, in the claim's own transaction (`claim`, `claim_many`), and at once
+        into the rows of the claims it holds now, in one transaction. Opaque text of at
+        most 1024 characters.
+
+        A claim and an advertise never cross: a claim committed before this call's
+        transaction has its row updated by it, one after carries the new address.
+        Claims of other store objects, of this process or another, keep theirs.
+        If it raises `StoreError` after the checks, later claims still carry the new
+        address, and the rows held now may not: call it again.
+
+        Raises:
+            TypeError: ``address`` is not a str or ``None``.
+            ValueError: ``address`` is longer than 1024 characters or not valid
+                Unicode text (nothing was changed).
+            StoreError: the store is closed or failed.
+        """
+        self._holdings.address = _check_address(address)
+        with self._connection.transaction(None, "advertise the address", synced=False) as conn:
+            with _live_lock:
+                held = self._holdings.live()
+            now = self._holdings.address  # the last one set, if two advertises cross
+            for lo in range(0, len(held), _IN_CHUNK):
+                conn.executemany(
+                    "UPDATE writers SET address = ? WHERE session_id = ? AND token = ?",
+                    [(now, sid, token) for sid, token in held[lo : lo + _IN_CHUNK]],
+                )
+
+    def holder_address(self, session_id: str) -> tuple[str, str | None] | None:
+        """Who holds a live claim on `session_id` and where it answers: ``(holder,
+        address)``, ``holder`` as `held_by` names it, ``address`` as the holder
+        advertised it when it took or last advertised the claim (``None``: none
+        advertised, as in every claim of a release before schema version 2);
+        ``None`` when no live claim (the liveness rule of `held_by`). Read on the
+        follower's connection, without a claim.
+
+        Raises:
+            StoreError: the id is not valid, the store is closed or failed.
+        """
+        session_id = valid_store_id(session_id)
+        connection = self._connection
+        if connection.lost is not None:
+            raise StoreError(connection.lost, session_id=session_id)
+        row = _claim_row(follower_of(connection).query, session_id)
+        if row is None:
+            return None
+        pid, token, address = row
+        with _live_lock:
+            holder = _holder_name(pid, token, os.getpid())
+        if holder is None:
+            return None
+        return holder, address if isinstance(address, str) else None
+
+    def forwarding_key(self) -> bytes:
+        """This store's shared secret: 32 random bytes (``os.urandom``), made once per
+        store by the first process that asks, in a write transaction that stores a
+        key only where none is (two processes asking at once get the same bytes), and
+        kept in the file's ``keys`` table, so every process that opens the store reads
+        the same bytes. Whoever can read the file can read it.
+
+        Raises:
+            StoreError: the store is closed or failed, or it cannot be made (a store
+                opened read-only at schema version 1: open it once for writing).
+        """
+        return _forwarding_key(self._connection)
 
     def ask_handoff(self, session_id: str, seconds: float) -> None:
         """Ask whoever holds `session_id` to hand it over: a request of this process, in
