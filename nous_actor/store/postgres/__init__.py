@@ -40,6 +40,17 @@ What it guarantees, beyond the `Store` protocol:
 * **Someone else's schema is left alone.** Every table lives in ``schema``,
   created (in one transaction) if missing or empty; a schema holding
   another application's tables is refused without changing anything.
+* **Every process writes the schema's version.** A store of an older
+  version is migrated in one transaction when opened (a process killed
+  during it leaves the old version, whole); a trigger of the schema
+  refuses inserted events and taken claims of a process of another version
+  (an older release still running), which gets a `StoreError` saying to
+  upgrade.
+* **Forwarding.** `PostgresStore.advertise` writes where this process
+  answers into its claims, `PostgresStore.holder_address` reads a live
+  holder's, and `PostgresStore.forwarding_key` is the store's shared
+  secret (a row of the schema's ``meta`` table: whoever reads the schema
+  reads it).
 
 Event data is stored as JSON text, not ``jsonb``: ``jsonb`` turns ``-0.0``
 into ``0``, ``1e308`` into a 309-digit integer, refuses ``"\\u0000"`` and

@@ -24,7 +24,7 @@ from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.postgres.connection import T, _Context, _Link, _rollback
 from nous_actor.store.postgres.failures import _fenced, _first_line, _held_elsewhere
-from nous_actor.store.postgres.schema import _Sql
+from nous_actor.store.postgres.schema import BEGIN_WRITE, _Sql
 
 _RENEW_FRACTION: Final = 1 / 3  # renew this far into a lease
 
@@ -86,7 +86,8 @@ class _Leases:
         self.closing = closing
         self.mutex = threading.Lock()
         self.claims: dict[str, _Claim] = {}
-        self.pending: set[str] = set()
+        self.pending: dict[str, str] = {}  # the sessions being claimed: their new tokens
+        self.address: str | None = None  # written with every claim (see `advertise`)
         self.link = _Link("lease", self.ctx.reconnect, self.where, self.closing, self._relock)
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
@@ -159,6 +160,37 @@ class _Leases:
         key = self._key(sid, token)
         conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
+    # -- where this store answers: written with its claims ------------------------------------
+
+    def advertise(self, address: str | None) -> None:
+        """Write ``address`` into the claim rows this store holds now (those whose token
+        is ours: a claim taken over meanwhile is not touched) in one statement (one
+        transaction), and with every claim it takes from now on.
+
+        Runs on the lease connection, under its lock, as claims do: a claim is either
+        taken before (its row is updated here, also when this store has not yet
+        recorded it) or after (it writes ``address`` itself). ``address`` becomes this
+        store's only once the update committed: a failed call changes nothing.
+
+        Raises:
+            StoreError: the store is closed, or the server failed.
+        """
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            with self.mutex:
+                held = {sid: c.token for sid, c in self.claims.items()}
+                held.update(self.pending)
+            if held:
+                conn.execute(
+                    f"UPDATE {self.claims_table} AS c SET address = %s "
+                    "FROM unnest(%b::text[], %b::text[]) AS u(s, t) "
+                    "WHERE c.session_id = u.s AND c.token = u.t",
+                    (address, list(held), list(held.values())),
+                )
+            self.address = address
+
+        self._call(None, "advertise the store's address", work)
+
     # -- claim and release -------------------------------------------------------------------
 
     def claim(self, session_id: str) -> str:
@@ -170,8 +202,8 @@ class _Leases:
                     session_id=session_id,
                     holder=self.holder,
                 )
-            self.pending.add(session_id)
-        token = uuid.uuid4().hex
+            token = uuid.uuid4().hex
+            self.pending[session_id] = token
         try:
             started = time.monotonic()
             epoch, locked = self._call(
@@ -183,7 +215,7 @@ class _Leases:
                 )
         finally:
             with self.mutex:
-                self.pending.discard(session_id)
+                self.pending.pop(session_id, None)
         self._start_renewer()
         return token
 
@@ -208,7 +240,7 @@ class _Leases:
                 locked = self._try_lock(conn, sid, token)
             return locked
 
-        conn.execute("BEGIN")
+        conn.execute(BEGIN_WRITE)
         try:
             conn.execute(f"SET LOCAL lock_timeout = {self.claim_wait_ms}")
             for _ in range(3):
@@ -216,10 +248,10 @@ class _Leases:
                 if row is None:
                     new = conn.execute(
                         f"INSERT INTO {table} (session_id, epoch, token, holder, claimed_at, "
-                        f"lease_until, locked) VALUES (%s, nextval(%s::regclass), %s, %s, "
-                        f"clock_timestamp(), {lease}, %s) ON CONFLICT (session_id) DO NOTHING "
-                        "RETURNING epoch",
-                        (sid, self.epochs_name, token, self.holder, lock()),
+                        f"lease_until, locked, address) VALUES (%s, nextval(%s::regclass), %s, "
+                        f"%s, clock_timestamp(), {lease}, %s, %s) ON CONFLICT (session_id) "
+                        "DO NOTHING RETURNING epoch",
+                        (sid, self.epochs_name, token, self.holder, lock(), self.address),
                     ).fetchone()
                     if new is None:
                         continue  # another claimer inserted it meanwhile: look again
@@ -230,7 +262,8 @@ class _Leases:
                 ):  # our own claim, committed by an attempt whose answer was lost
                     epoch = row.epoch
                     conn.execute(
-                        f"UPDATE {table} SET locked = %s WHERE session_id = %s", (lock(), sid)
+                        f"UPDATE {table} SET locked = %s, address = %s WHERE session_id = %s",
+                        (lock(), self.address, sid),
                     )
                     break
                 reason = self.may_take_over(conn, sid, row, "already has a live writer elsewhere")
@@ -245,8 +278,8 @@ class _Leases:
                 new = conn.execute(
                     f"UPDATE {table} SET epoch = nextval(%s::regclass), token = %s, "
                     f"holder = %s, claimed_at = clock_timestamp(), lease_until = {lease}, "
-                    "locked = %s WHERE session_id = %s RETURNING epoch",
-                    (self.epochs_name, token, self.holder, locked, sid),
+                    "locked = %s, address = %s WHERE session_id = %s RETURNING epoch",
+                    (self.epochs_name, token, self.holder, locked, self.address, sid),
                 ).fetchone()
                 assert new is not None
                 epoch = int(new[0])

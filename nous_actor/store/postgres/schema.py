@@ -1,11 +1,13 @@
 """The tables of `nous_actor.store.postgres`, and opening a schema: look before writing.
 
-Holds the schema's version, its tables' definitions (`_DDL`), the statements'
-table names of one schema (`_Sql`), and
-`prepare_schema`, which opens the store in a schema, making it in one
-transaction if the schema is missing or empty, and refuses (changing
-nothing) a schema holding another application's objects, a newer store or a
-damaged one.
+Holds the schema's version, its tables' definitions (`_DDL`), the statements
+taking a store of an older version to the next one (`_UPGRADES`), the guard
+that keeps a process of another version from writing (`_guard_ddl`), the
+statements' table names of one schema (`_Sql`), and `prepare_schema`, which
+opens the store in a schema, making it in one transaction if the schema is
+missing or empty, migrating it in one transaction if it is of an older
+version, and refusing (changing nothing) a schema holding another
+application's objects, a newer store or a damaged one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
+from nous_actor._log import get_logger
 from nous_actor.errors import StoreError
 from nous_actor.store.postgres.connection import _Context, _transaction
 from nous_actor.store.postgres.failures import _describe
@@ -30,25 +33,92 @@ class _Sql:
     meta: str
     epochs: str
     channel: str
+    guard: str
 
     @classmethod
     def of(cls, schema: str, conn: psycopg.Connection[Any]) -> _Sql:
         def name(table: str) -> str:
             return sql.Identifier(schema, table).as_string(conn)
 
-        return cls(name("events"), name("claims"), name("meta"), name("epochs"), _channel(schema))
+        return cls(
+            name("events"),
+            name("claims"),
+            name("meta"),
+            name("epochs"),
+            _channel(schema),
+            name(_GUARD),
+        )
+
+    def names(self) -> dict[str, str]:
+        """The objects' qualified names, for the ``{...}`` of `_DDL` and `_UPGRADES`."""
+        return {
+            "events": self.events,
+            "claims": self.claims,
+            "meta": self.meta,
+            "epochs": self.epochs,
+            "guard": self.guard,
+        }
+
+
+logger = get_logger("nous_actor.store.postgres")  # the package's name
 
 
 def _channel(schema: str) -> str:
     return f"nous_actor:{schema}"
 
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 APPLICATION: Final = "nous_actor"
 MIN_SERVER_VERSION: Final = 130000  # pg_current_xact_id / pg_xact_status
-_OUR_RELATIONS: Final = frozenset(
+
+VERSION_SETTING: Final = "nous_actor.schema_version"
+"""The setting a write transaction of this release sets (``SET LOCAL``) to the schema
+version it writes; the schema's guard refuses a write without it, or of another version."""
+
+BEGIN_WRITE: Final = f"BEGIN; SET LOCAL {VERSION_SETTING} = '{SCHEMA_VERSION}'"
+"""How every transaction that inserts events or takes a claim begins (one round trip)."""
+
+_GUARD: Final = "refuse_other_version"  # the guard's function, in the store's schema
+
+# The objects (relations, and functions) of the store at each version, by name.
+_V1_OBJECTS: Final = frozenset(
     {"events", "events_pkey", "claims", "claims_pkey", "epochs", "meta", "meta_pkey"}
 )
+_LAYOUT: Final = {1: _V1_OBJECTS, 2: _V1_OBJECTS | {_GUARD}}
+_OUR_RELATIONS: Final = _LAYOUT[SCHEMA_VERSION]
+
+
+def _guard_ddl(version: int) -> tuple[str, ...]:
+    """The guard of a store of ``version``: statement-level triggers refusing a
+    transaction that did not set `VERSION_SETTING` to ``version`` (a process of an
+    older release, or one that opened the store before another process migrated it)
+    when it inserts events, takes a claim (an insert) or takes one over (an update of
+    its epoch or token). Renewals of the claims such a process holds, its releases
+    and deletes, and its reads are let through: it cannot write, nor claim anew, and
+    its claims end with it."""
+    return (
+        f"""CREATE OR REPLACE FUNCTION {{guard}}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('{VERSION_SETTING}', true) IS DISTINCT FROM '{version}' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'object_not_in_prerequisite_state',
+            MESSAGE = format('the nous_actor store in schema %s is of schema version '
+                '{version}, and this process writes as version %s (it opened the store '
+                'before another process migrated it, or is of an older release): nothing '
+                'was written; upgrade nous_actor in this process and restart it',
+                TG_TABLE_SCHEMA,
+                coalesce(nullif(current_setting('{VERSION_SETTING}', true), ''), '1'));
+    END IF;
+    RETURN NULL;
+END
+$$""",
+        "CREATE TRIGGER version_guard BEFORE INSERT ON {events} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION {guard}()",
+        "CREATE TRIGGER version_guard BEFORE INSERT OR UPDATE OF epoch, token ON {claims} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION {guard}()",
+    )
+
+
 _DDL: Final = (
     """CREATE TABLE {events} (
     session_id text COLLATE "C" NOT NULL,
@@ -66,11 +136,27 @@ _DDL: Final = (
     holder text NOT NULL,
     claimed_at timestamptz NOT NULL,
     lease_until timestamptz NOT NULL,
-    locked boolean NOT NULL
+    locked boolean NOT NULL,
+    address text
 )""",
     "CREATE SEQUENCE {epochs} AS bigint MINVALUE 1",
     "CREATE TABLE {meta} (key text PRIMARY KEY, value text NOT NULL)",
+    *_guard_ddl(SCHEMA_VERSION),
 )
+
+_UPGRADES: Final = {
+    # Version 1 to 2: the address where a claim's holder answers (NULL for the claims
+    # of version 1: their holders advertised none), and the guard of version 2. The
+    # store's shared secret ('forwarding_key') is a row of meta, made on first use.
+    1: (
+        "ALTER TABLE {claims} ADD COLUMN address text",
+        *_guard_ddl(2),
+        "UPDATE {meta} SET value = '2' WHERE key = 'schema_version'",
+    ),
+}
+"""The statements that take a store from the version (the key) to the next one, run in
+the opening transaction (PostgreSQL's DDL is transactional: a migration cut anywhere
+leaves the schema as it was)."""
 
 
 def open_schema(ctx: _Context, create: bool) -> tuple[psycopg.Connection[Any], _Sql]:
@@ -98,7 +184,14 @@ def open_schema(ctx: _Context, create: bool) -> tuple[psycopg.Connection[Any], _
 
 
 def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create: bool) -> None:
-    """Open the store in ``ctx.schema``, making it in one transaction if missing or empty.
+    """Open the store in ``ctx.schema``, making it in one transaction if missing or empty,
+    or migrating a store of an older version to `SCHEMA_VERSION` in one transaction.
+
+    One process at a time makes or migrates a schema (a transaction-level advisory
+    lock of the schema's name); a process that waited for another finds the store
+    made or migrated, and only opens it. A migration cut anywhere (the process
+    killed, the connection lost, a lock not had within ``timeout``) is rolled back:
+    the schema is wholly of its old version, and the next opening migrates it.
 
     Raises:
         StoreError: the schema holds another application's objects, a store of a
@@ -111,7 +204,7 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             (f"nous_actor schema {ctx.schema}",),
         )
-        state = _inspect(conn, ctx, q)
+        state, version = _inspect(conn, ctx, q)
         if state != "ours":
             if not create:
                 raise StoreError(
@@ -119,13 +212,20 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
                     f"{state}); check the schema name, or open it with create=True"
                 )
             _create(conn, ctx.schema, q, state)
+            return
+        while version < SCHEMA_VERSION:
+            for statement in _UPGRADES[version]:
+                conn.execute(statement.format(**q.names()))
+            version += 1
+            logger.info("store.schema_migrated", store=ctx.location, schema_version=version)
 
 
-def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> str:
-    """``"missing"``, ``"empty"`` or ``"ours"``; raises for anything else."""
+def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> tuple[str, int]:
+    """``"missing"``, ``"empty"`` or ``"ours"``, and the store's schema version (0 when
+    not ours); raises for anything else."""
     row = conn.execute("SELECT oid FROM pg_namespace WHERE nspname = %s", (ctx.schema,)).fetchone()
     if row is None:
-        return "missing"
+        return "missing", 0
     oid = row[0]
     names = {
         str(r[0])
@@ -138,7 +238,7 @@ def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> str:
         )
     }
     if not names:
-        return "empty"
+        return "empty", 0
     app = version = None
     if "meta" in names:
         meta = dict(conn.execute(f"SELECT key, value FROM {q.meta}").fetchall())
@@ -150,26 +250,26 @@ def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> str:
             f"application's objects ({shown}), not a nous_actor store; it was left "
             "unchanged: pass another schema="
         )
-    if version != str(SCHEMA_VERSION):
+    known = {str(v): v for v in _LAYOUT}
+    if version not in known:
         raise StoreError(
             f"{ctx.location} is a nous_actor store of schema version {version}; this "
             f"nous_actor reads version {SCHEMA_VERSION}: upgrade nous_actor"
         )
-    missing = sorted(_OUR_RELATIONS - names)
+    missing = sorted(_LAYOUT[known[version]] - names)
     if missing:
         raise StoreError(
             f"{ctx.location} is a damaged nous_actor store: {', '.join(missing)} "
             "is missing; restore it from a backup or use another schema"
         )
-    return "ours"
+    return "ours", known[version]
 
 
 def _create(conn: psycopg.Connection[Any], schema: str, q: _Sql, state: str) -> None:
     if state == "missing":
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    names = {"events": q.events, "claims": q.claims, "epochs": q.epochs, "meta": q.meta}
     for statement in _DDL:
-        conn.execute(statement.format(**names))
+        conn.execute(statement.format(**q.names()))
     conn.execute(
         f"INSERT INTO {q.meta} (key, value) VALUES ('application', %s), ('schema_version', %s)",
         (APPLICATION, str(SCHEMA_VERSION)),

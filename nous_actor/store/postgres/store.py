@@ -111,6 +111,42 @@ def _check_holder(holder: object) -> None:
         raise ValueError(f"holder must not hold a NUL character, got {holder!r}")
 
 
+_MAX_ADDRESS: Final = 1024  # characters of an advertised address
+
+
+def _check_address(address: object) -> str | None:
+    """Refuse an address that cannot be advertised (see `PostgresStore.advertise`).
+
+    Raises:
+        TypeError: not ``None`` or a str.
+        ValueError: longer than 1024 characters, or not storable as PostgreSQL text
+            (a NUL character, a lone surrogate).
+    """
+    if address is None:
+        return None
+    if not isinstance(address, str):
+        raise TypeError(
+            "address must be None or a str saying where this process answers calls (e.g. "
+            f"'/run/agents/worker-a.sock'), got {type(address).__name__}"
+        )
+    if len(address) > _MAX_ADDRESS:
+        raise ValueError(
+            f"address must be at most {_MAX_ADDRESS} characters, got {len(address)}: "
+            "advertise a shorter name (a socket path, host:port) and keep the rest elsewhere"
+        )
+    if "\x00" in address:
+        raise ValueError(f"address must not hold a NUL character, got {address!r}")
+    try:
+        address.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"address must be text PostgreSQL can store (UTF-8), got {address!r}: {exc.reason}"
+        ) from None
+    return address
+
+
+_KEY_BYTES: Final = 32  # the forwarding key: os.urandom(32), kept as 64 hex digits
+
 _MIN_LEASE_S: Final = 0.1  # renewed every lease / 3: a round trip to the server each time
 _MAX_LEASE_S: Final = 86_400  # a paused writer keeps its sessions at most a day
 _MAX_TIMEOUT_S: Final = 2_147_483  # lock_timeout is a 32-bit count of milliseconds
@@ -211,6 +247,7 @@ class PostgresStore(ClosingStore):
             claim_wait_ms=self._claim_wait_ms,
         )
         self._listeners: list[_Listener] = []  # at most one, made on the first watch
+        self._forwarding_key: bytes | None = None  # read from the store once
         self._listener_lock = threading.Lock()
 
         # A store nobody uses any more stops its threads and closes its connections
@@ -482,6 +519,102 @@ class PostgresStore(ClosingStore):
             return str(row[0]), when
 
         return self._call(self._main, session_id, "read the session's claim", work)
+
+    # -- forwarding: where a holder answers, and the store's secret ---------------------------
+
+    def advertise(self, address: str | None) -> None:
+        """The address where this store object's process answers calls for the sessions
+        it holds (``None``: it answers none).
+
+        Written with every claim this store object takes from now on, in the claim's
+        own transaction, and at once into the claim rows it holds now (one
+        transaction; only rows whose token is this store's, so a claim taken over
+        meanwhile keeps its new holder's address). Opaque text of at most 1024
+        characters. A refused or failed call changes nothing.
+
+        Raises:
+            TypeError: ``address`` is not ``None`` or a str.
+            ValueError: ``address`` is longer than 1024 characters, or holds a NUL
+                character or a lone surrogate (PostgreSQL text cannot).
+            StoreError: the store is closed or failed.
+        """
+        address = _check_address(address)
+        self._check_open()
+        self._leases.advertise(address)
+
+    def holder_address(self, session_id: str) -> tuple[str, str | None] | None:
+        """Who holds a live claim on ``session_id`` and where it answers: ``(holder,
+        address)``, or ``None`` when nobody holds a live claim.
+
+        ``holder`` is named as `held_by` names it (the claim's holder, this store's
+        `holder` for its own claims); ``address`` as the holder advertised it when it
+        took the claim or since (``None``: it advertised none, or its claim was
+        written by a release of schema version 1). Live means what it means for
+        `held_by`: the lease has not expired by the database's clock (a holder whose
+        process died is named until a claim takes the session over).
+
+        Raises:
+            StoreError: ``session_id`` is not valid, or the store is closed or failed.
+        """
+        self._check_open()
+        session_id = self._valid_id(session_id)
+        query = (
+            f"SELECT holder, address FROM {self._sql.claims} "
+            "WHERE session_id = %s AND lease_until > clock_timestamp()"
+        )
+
+        def work(conn: psycopg.Connection[Any]) -> tuple[str, str | None] | None:
+            row = conn.execute(query, (session_id,)).fetchone()
+            if row is None:
+                return None
+            return str(row[0]), None if row[1] is None else str(row[1])
+
+        return self._call(self._main, session_id, "read the session's claim", work)
+
+    def forwarding_key(self) -> bytes:
+        """This store's shared secret: 32 random bytes (`os.urandom`), made by the first
+        process that asks and kept in the store (the row ``forwarding_key`` of the
+        schema's ``meta`` table, as hex), so every process that opens the store reads
+        the same bytes.
+
+        Race-free: two processes asking at once insert with ``ON CONFLICT DO
+        NOTHING`` and then both read the one row that won. Whoever can read the
+        schema can read the key, and so may call its sessions.
+
+        Raises:
+            StoreError: the store is closed or failed, or the stored key is damaged.
+        """
+        self._check_open()
+        if self._forwarding_key is not None:
+            return self._forwarding_key
+        meta = self._sql.meta
+        read = f"SELECT value FROM {meta} WHERE key = 'forwarding_key'"
+
+        def work(conn: psycopg.Connection[Any]) -> str:
+            row = conn.execute(read).fetchone()
+            if row is None:
+                conn.execute(
+                    f"INSERT INTO {meta} (key, value) VALUES ('forwarding_key', %s) "
+                    "ON CONFLICT (key) DO NOTHING",
+                    (os.urandom(_KEY_BYTES).hex(),),
+                )
+                row = conn.execute(read).fetchone()  # a new snapshot: the row that won
+            assert row is not None
+            return str(row[0])
+
+        text = self._call(self._main, None, "read the forwarding key", work)
+        try:
+            key = bytes.fromhex(text)
+        except ValueError:
+            key = b""
+        if len(key) != _KEY_BYTES:
+            raise StoreError(
+                f"the forwarding key of {self.location} is damaged (not {2 * _KEY_BYTES} hex "
+                "digits); delete the row 'forwarding_key' of its meta table to make a new "
+                "one, then restart every process on the store"
+            )
+        self._forwarding_key = key
+        return key
 
     def watch(
         self, session_id: str, from_seq: int = 0, *, buffer: int = 1000, timeout: float = 30.0

@@ -35,7 +35,7 @@ from nous_actor.store.postgres.failures import (
     _lost_connection,
 )
 from nous_actor.store.postgres.leases import _Leases
-from nous_actor.store.postgres.schema import _Sql
+from nous_actor.store.postgres.schema import BEGIN_WRITE, _Sql
 
 _MAX_SEQ: Final = 2**63 - 1
 
@@ -237,7 +237,7 @@ class _Write:
             delay = min(max(delay * 2, 0.02), 1.0)
 
     def _attempt(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
-        conn.execute("BEGIN")
+        conn.execute(BEGIN_WRITE)
         try:
             self.refused, self.epochs = _fence(conn, self.leases, self.sids)
             if not self.epochs:
@@ -300,7 +300,7 @@ class _Write:
         """The slow path after a conflict or a refused value: each session in a
         savepoint of its own."""
         q = self.q
-        conn.execute("BEGIN")
+        conn.execute(BEGIN_WRITE)
         try:
             self.refused, self.epochs = _fence(conn, self.leases, self.sids)
             for sid in list(self.epochs):
