@@ -614,3 +614,39 @@ def test_a_damaged_forwarding_key_is_a_store_error(
     pg_server.sql(f"INSERT INTO \"{schema}\".meta VALUES ('forwarding_key', 'abc')")
     with pytest.raises(StoreError, match=r"forwarding key .* is damaged.*delete the row"):
         store.forwarding_key()
+
+
+def test_a_role_that_does_not_own_the_tables_may_not_migrate_them(
+    pg_server: Server, schema: str, stores: list[PostgresStore]
+) -> None:
+    """A role with the rights to use a version-1 store but not to alter its tables is
+    refused, saying to open it once as their owner, and nothing changes; once the owner
+    opened it, that role opens and writes version 2."""
+    make_v1_store(pg_server, schema)
+    role = f"r_{schema}"
+    pg_server.sql(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        pg_server.sql(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        pg_server.sql(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"'
+        )
+        pg_server.sql(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{schema}" TO "{role}"')
+        params = psycopg.conninfo.conninfo_to_dict(pg_server.dsn)
+        params["user"] = role
+        dsn = psycopg.conninfo.make_conninfo(**params)
+        before = snapshot(pg_server, schema)
+        with pytest.raises(StoreError, match=r"schema version 1.*may not migrate.*owner"):
+            PostgresStore(dsn, schema=schema)
+        assert snapshot(pg_server, schema) == before
+        opened(stores, pg_server, schema)  # the owner migrates it
+        user = PostgresStore(dsn, schema=schema, holder="the role")
+        try:
+            user.advertise("r:1")
+            user.claim("new")
+            assert user.write({"new": [ev(0)]}) == {}
+            assert user.holder_address("new") == ("the role", "r:1")
+        finally:
+            user.close()
+    finally:
+        pg_server.sql(f'DROP OWNED BY "{role}"')
+        pg_server.sql(f'DROP ROLE "{role}"')

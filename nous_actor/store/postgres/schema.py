@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
+import psycopg.errors
 from psycopg import sql
 
 from nous_actor._log import get_logger
@@ -195,7 +196,9 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
 
     Raises:
         StoreError: the schema holds another application's objects, a store of a
-            newer version or a damaged one, or (with ``create=False``) no store.
+            newer version or a damaged one, or (with ``create=False``) no store; or
+            it holds an older store and this role may not migrate it (it does not
+            own the tables).
         psycopg.Error: the server refused (the caller translates it).
     """
     with _transaction(conn):
@@ -214,8 +217,16 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
             _create(conn, ctx.schema, q, state)
             return
         while version < SCHEMA_VERSION:
-            for statement in _UPGRADES[version]:
-                conn.execute(statement.format(**q.names()))
+            try:
+                for statement in _UPGRADES[version]:
+                    conn.execute(statement.format(**q.names()))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise StoreError(
+                    f"{ctx.location} is a nous_actor store of schema version {version}, and "
+                    f"this role may not migrate it to version {SCHEMA_VERSION} ({exc}; only "
+                    "the owner of its tables may alter them): open it once as that role, "
+                    "then again as this one; nothing was changed"
+                ) from exc
             version += 1
             logger.info("store.schema_migrated", store=ctx.location, schema_version=version)
 
