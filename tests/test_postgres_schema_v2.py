@@ -650,3 +650,36 @@ def test_a_role_that_does_not_own_the_tables_may_not_migrate_them(
     finally:
         pg_server.sql(f'DROP OWNED BY "{role}"')
         pg_server.sql(f'DROP ROLE "{role}"')
+
+
+def test_advertise_reaches_a_claim_committed_but_not_yet_recorded(
+    pg_server: Server, schema: str, stores: list[PostgresStore]
+) -> None:
+    """A claim whose transaction committed (with the old address) while the store has
+    not yet recorded it gets the address advertised meanwhile: advertise updates the
+    claims being taken too."""
+    a = opened(stores, pg_server, schema, holder="worker-a")
+    leases = a._leases
+    committed, go_on = threading.Event(), threading.Event()
+    real = leases._call
+
+    def call_then_wait(*args: Any) -> Any:
+        result = real(*args)
+        committed.set()
+        assert go_on.wait(BOUND)
+        return result
+
+    leases._call = call_then_wait  # type: ignore[method-assign]
+    claimer = threading.Thread(target=a.claim, args=("s",))
+    claimer.start()
+    try:
+        assert committed.wait(BOUND)
+        assert a.holder_address("s") == ("worker-a", None)
+        assert "s" not in leases.claims
+        leases._call = real  # type: ignore[method-assign]
+        a.advertise("/run/a.sock")
+    finally:
+        go_on.set()
+        claimer.join(BOUND)
+    assert a.holder_address("s") == ("worker-a", "/run/a.sock")
+    assert "s" in leases.claims
