@@ -90,6 +90,11 @@ class _Connection:
                 self.closed = True
                 self.conn.close()
 
+    def release_file(self) -> None:
+        """Every connection to the file is closed (the store's and its follower's): an
+        opening in this process may read the file's header again (`schema._held`)."""
+        self._opening.release()
+
     # -- one place to translate sqlite3 errors -----------------------------------------
 
     @contextlib.contextmanager

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Final, Protocol
@@ -88,6 +89,15 @@ _DEMO_MARK: Final = (
     "CREATE TABLE IF NOT EXISTS nous_actor_demo "
     "(made TEXT NOT NULL, agents INTEGER, turns INTEGER, seed INTEGER)"
 )
+_held: dict[tuple[int, int], int] = {}
+_held_lock = threading.Lock()
+"""The files (``st_dev``, ``st_ino``) the stores of this process hold open, with how many
+hold each: module state, one for the process. Their header is never read with plain file
+I/O (`_Opening._probe`): closing any descriptor of a file drops every POSIX lock the
+process holds on it, SQLite's among them, and another process that then opens and
+closes the file takes it for unused and deletes its WAL under a connection still
+writing it (its later commits would be lost)."""
+
 _STATISTICS: Final = frozenset({"sqlite_stat1", "sqlite_stat2", "sqlite_stat3", "sqlite_stat4"})
 """The tables SQLite's ``ANALYZE`` makes: statistics for the query planner, which
 change no row; a file holding them is still ours."""
@@ -242,6 +252,7 @@ class _Opening:
         self._connect = connect
         self.file: tuple[str, int, int] | None = None
         self.opened_at = SCHEMA_VERSION
+        self._holding: tuple[int, int] | None = None  # its key in `_held`, until `release`
         self._cookie = -1  # the schema cookie last checked (`still_ours`); -1: not yet
 
     # -- opening: look before writing ------------------------------------------------------
@@ -274,7 +285,7 @@ class _Opening:
                     f"there is no nous_actor store at {self.path}: it {what}; check the path, "
                     "or open it with create=True to make a new store there"
                 )
-        else:
+        elif not _holds(st):  # (a file this process holds is a store of ours)
             self._probe(full, timeout)  # refuses what is not ours, writing nothing
         mode = "rwc" if st is None else "rw"  # never create a file that was not asked for
         conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
@@ -304,10 +315,24 @@ class _Opening:
                     )
             st = os.stat(full)
             self.file = (full, st.st_dev, st.st_ino)
+            self._holding = (st.st_dev, st.st_ino)
+            with _held_lock:
+                _held[self._holding] = _held.get(self._holding, 0) + 1
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def release(self) -> None:
+        """The store has closed every connection to its file (once; later calls do
+        nothing): an opening in this process may read its header again."""
+        key, self._holding = self._holding, None
+        if key is None:
+            return
+        with _held_lock:
+            left = _held.pop(key, 1) - 1
+            if left > 0:
+                _held[key] = left
 
     def _probe(self, full: str, timeout: float) -> None:
         """Refuse a non-empty file that is not ours, without writing to it.
@@ -435,6 +460,12 @@ class _Opening:
                 conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+
+def _holds(st: os.stat_result) -> bool:
+    """Whether a store of this process holds the file open (see `_held`)."""
+    with _held_lock:
+        return (st.st_dev, st.st_ino) in _held
 
 
 def _has_address(conn: sqlite3.Connection) -> bool:

@@ -656,6 +656,7 @@ class SQLiteStore(ClosingStore):
     def close(self) -> None:
         self._connection.close()
         close_follower(self._connection)
+        self._connection.release_file()
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` when healthy)."""
