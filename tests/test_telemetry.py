@@ -447,7 +447,7 @@ def test_a_ray_batch_links_to_the_spans_of_the_calls_it_carried(
     from concurrent.futures import Future
 
     from nous_actor.cluster.ray._link import _Link
-    from nous_actor.cluster.ray._protocol import NOW
+    from nous_actor.cluster.ray._protocol import NOW, _pack, _unpack
     from nous_actor.sessions.future import SessionFuture
 
     class Shard:  # answers a batch when the test says so
@@ -455,11 +455,9 @@ def test_a_ray_batch_links_to_the_spans_of_the_calls_it_carried(
             self.pending: list[tuple[Future[Any], int]] = []
             self.run = self
 
-        def remote(
-            self, protocol: int, link: str, number: int, reset: bool, ops: list[Any]
-        ) -> Any:
+        def remote(self, batch: bytes) -> Any:  # (protocol, link, number, reset, count, ops)
             answer: Future[Any] = Future()
-            self.pending.append((answer, len(ops)))
+            self.pending.append((answer, _unpack(batch)[4]))
             return type("Ref", (), {"future": lambda _: answer})()
 
     shard = Shard()
@@ -479,9 +477,9 @@ def test_a_ray_batch_links_to_the_spans_of_the_calls_it_carried(
             link.submit((9, "s", "h_count", ()), fut)
             futures.append(fut)
     first, n = shard.pending[0]
-    first.set_result([(NOW, 0)] * n)
+    first.set_result(_pack([(NOW, 0)] * n))
     second, n = shard.pending[1]
-    second.set_result([(NOW, 0)] * n)
+    second.set_result(_pack([(NOW, 0)] * n))
     for f in futures:
         f.get(timeout=BOUND)
     batches = [sp for sp in reported.spans.get_finished_spans() if sp.name == "nous_actor.batch"]

@@ -15,10 +15,11 @@ from nous_actor.cluster.ray._protocol import (
     FAILED,
     MAX_BATCH,
     NOW,
-    PROTOCOL,
     Op,
     _lost,
     _mismatch,
+    _pack_batch,
+    _unpack,
 )
 from nous_actor.errors import SessionStopped
 from nous_actor.runtime import telemetry
@@ -124,8 +125,8 @@ class _Link:
     ) -> None:
         start = time.time_ns() if telemetry.sink is not None else 0
         try:
-            ref = self.actor.run.remote(PROTOCOL, self.id, number, reset, ops)
-        except Exception as exc:  # Ray refused the call (shut down, not connected)
+            ref = self.actor.run.remote(_pack_batch(self.id, number, reset, ops))
+        except Exception as exc:  # unpicklable, or Ray refused the call (shut down, ...)
             self._finished(ops, futs, exc, lost=False)
             return
         self.calls += 1
@@ -142,7 +143,8 @@ class _Link:
     ) -> None:
         # In Ray's callback thread. The next batch goes first, then this one is answered.
         try:
-            outcomes = answer.result()
+            packed = answer.result()
+            outcomes = _unpack(packed) if isinstance(packed, bytes) else None
             if not isinstance(outcomes, list) or len(outcomes) != len(ops):
                 raise _mismatch(self.index, None)
         except Exception as exc:
@@ -188,7 +190,7 @@ class _Link:
 
     def _settle(self, session_id: str, fut: SessionFuture[Any], answer: Future[Any]) -> None:
         try:
-            state, value = answer.result()
+            ((state, value),) = _unpack(answer.result())
         except Exception as exc:
             fut._fail(_lost(session_id, self.index, exc))
             return

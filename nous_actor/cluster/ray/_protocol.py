@@ -13,6 +13,7 @@ import pickle
 from typing import Any, Final
 
 import ray.exceptions
+from ray import cloudpickle
 
 from nous_actor._version import __version__
 from nous_actor.core._frozen import short_repr
@@ -20,7 +21,7 @@ from nous_actor.errors import ClusterError, NousActorError, SessionCrashed
 from nous_actor.sessions.actor import Handler, SessionActor
 from nous_actor.sessions.actor._calls import REMOTE, TURN_READS, handlers_with
 
-PROTOCOL: Final = 2  # 2: a compaction may travel through a turn
+PROTOCOL: Final = 3  # 2: a compaction may travel through a turn; 3: batches cross as bytes
 """The version of what drivers and shards say to each other; both sides check it."""
 
 MAX_BATCH: Final = 1000
@@ -76,6 +77,54 @@ def _portable(exc: BaseException) -> Exception:
         except Exception:
             pass
     return NousActorError(f"{type(exc).__name__}: {short_repr(exc)}")
+
+
+def _pack(value: Any) -> bytes:
+    """``value`` as the one blob of bytes that crosses to the other side (a batch, or
+    its answer): pickled by reference where it can be, by value (cloudpickle) where not.
+
+    Ray serializes each argument of a call, and walks each object of ours it is handed,
+    at a cost of its own each; one blob costs it one argument and no walk.
+    """
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:
+        return cloudpickle.dumps(value, protocol=5)  # type: ignore[no-any-return,no-untyped-call]
+
+
+def _pack_outcomes(outcomes: list[tuple[int, Any]]) -> bytes:
+    """A batch's answer as one blob; an outcome that cannot cross fails its own call,
+    never its batch's others."""
+    try:
+        return _pack(outcomes)
+    except Exception:
+        pass
+    crossing: list[tuple[int, Any]] = []
+    for state, value in outcomes:
+        try:
+            _pack(value)
+        except Exception as exc:
+            state, value = (
+                FAILED,
+                NousActorError(
+                    f"the answer ({type(value).__name__}) could not be sent back from the "
+                    f"shard: {type(exc).__name__}: {short_repr(exc)}"
+                ),
+            )
+        crossing.append((state, value))
+    return _pack(crossing)
+
+
+def _pack_batch(link: str, number: int, reset: bool, ops: list[Op]) -> bytes:
+    """Batch ``number`` of ``link`` as the one argument of its Ray call: the calls packed
+    again inside, so that a shard that cannot read them still knows the batch's place
+    in its link's order and how many calls it carries."""
+    return _pack((PROTOCOL, link, number, reset, len(ops), _pack(ops)))
+
+
+def _unpack(blob: bytes) -> Any:
+    """What `_pack` packed."""
+    return pickle.loads(blob)
 
 
 def _mismatch(index: int, protocol: object) -> ClusterError:

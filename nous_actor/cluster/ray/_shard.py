@@ -36,7 +36,10 @@ from nous_actor.cluster.ray._protocol import (
     TURN_WAIT,
     Op,
     _mismatch,
+    _pack,
+    _pack_outcomes,
     _portable,
+    _unpack,
 )
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.compaction import CompactionError
@@ -90,7 +93,8 @@ class _Shard:
         self.subs: dict[int, Subscription] = {}
         self.tokens = itertools.count()
         self.turns: dict[str, int] = {}  # each link's next batch number
-        self.turned: asyncio.Condition | None = None  # made on the actor's loop
+        self.turned: asyncio.Condition | None = None  # made on the actor's loop, if needed
+        self.waiting = 0  # batches waiting for an earlier batch of their link
         # Sessions a turn was opened on here: their writes may wait for a turn, so
         # they are answered later, never holding up the batch they came in.
         self.with_turns: set[str] = set()
@@ -195,47 +199,80 @@ class _Shard:
         raise NousActorError(f"a shard runs no call of kind {kind!r}")
 
     async def _turn(self, link: str, number: int, reset: bool) -> None:
-        """Wait until every earlier batch of ``link`` has been started."""
-        if self.turned is None:
-            self.turned = asyncio.Condition()
-        if reset or link not in self.turns:
+        """Wait until every earlier batch of ``link`` has been started (a batch that
+        comes in order waits for nothing: no lock is taken, no task made)."""
+        expected = self.turns.get(link)
+        if reset or expected is None:
             # The link's first batch (or its first since a batch failed): its count
             # starts here. A shard restarted behind a link's back knows no count
             # either: the link learns of the restart from its failed batches.
             self.turns[link] = number
             return
-        async with self.turned:
-            try:
-                await asyncio.wait_for(
-                    self.turned.wait_for(lambda: self.turns[link] >= number), TURN_WAIT
-                )
-            except TimeoutError:
-                logger.error(
-                    "ray.batch_out_of_order",
-                    shard=self.index,
-                    batch=number,
-                    expected=self.turns[link],
-                    reason="an earlier batch never arrived",
-                )
+        if expected >= number:
+            return
+        if self.turned is None:
+            self.turned = asyncio.Condition()
+        self.waiting += 1
+        try:
+            async with self.turned:
+                try:
+                    await asyncio.wait_for(
+                        self.turned.wait_for(lambda: self.turns[link] >= number), TURN_WAIT
+                    )
+                except TimeoutError:
+                    logger.error(
+                        "ray.batch_out_of_order",
+                        shard=self.index,
+                        batch=number,
+                        expected=self.turns[link],
+                        reason="an earlier batch never arrived",
+                    )
+        finally:
+            self.waiting -= 1
 
     async def _turned(self, link: str, number: int) -> None:
-        assert self.turned is not None
-        async with self.turned:
-            if self.turns[link] <= number:
-                self.turns[link] = number + 1
-            self.turned.notify_all()
+        """Batch ``number`` of ``link`` was started: wake the later batches waiting for it
+        (the loop runs one coroutine at a time, so the count needs no lock of its own)."""
+        if self.turns[link] <= number:
+            self.turns[link] = number + 1
+        if self.waiting and self.turned is not None:
+            async with self.turned:
+                self.turned.notify_all()
 
-    async def run(self, protocol: int, *batch: Any) -> list[tuple[int, Any]]:
-        """Apply a batch of calls (``link, number, reset, ops``), in order, after the
-        link's earlier batches; one outcome per call."""
-        ops: list[Op] = batch[-1] if batch and isinstance(batch[-1], list) else []
-        if protocol != PROTOCOL or len(batch) != 4:
-            return [(FAILED, _mismatch(self.index, protocol))] * len(ops)
-        link, number, reset, _ = batch
+    async def run(self, *batch: Any) -> bytes | list[tuple[int, Any]]:
+        """Apply a batch of calls, in order, after the link's earlier batches; one
+        outcome per call, packed (`_pack_outcomes`).
+
+        The batch is one blob of bytes (`_pack`): ``(protocol, link, number, reset,
+        count, calls)``, the calls packed again, so that calls this shard cannot read
+        still leave the link's count right and fail each, one by one."""
+        if len(batch) != 1 or not isinstance(batch[0], bytes):
+            # A driver of protocol 2 or older, refused in the form it reads.
+            calls = len(batch[-1]) if batch and isinstance(batch[-1], list) else 0
+            return [(FAILED, _mismatch(self.index, batch[0] if batch else "none"))] * calls
+        try:
+            header = _unpack(batch[0])
+        except Exception:
+            header = None
+        if not isinstance(header, tuple) or len(header) != 6 or header[0] != PROTOCOL:
+            count = header[4] if isinstance(header, tuple) and len(header) > 4 else 0
+            protocol = header[0] if isinstance(header, tuple) and header else "unreadable"
+            fail = (FAILED, _mismatch(self.index, protocol))
+            return _pack([fail] * (count if isinstance(count, int) else 0))
+        _, link, number, reset, count, blob = header
         if self.error is not None or self.sessions is None:
-            return [(FAILED, self.error)] * len(ops)
+            return _pack([(FAILED, self.error)] * count)
         await self._turn(link, number, reset)
         try:
+            try:
+                ops: list[Op] = _unpack(blob)
+            except Exception as exc:
+                unread = NousActorError(
+                    f"shard {self.index} could not read the calls it was sent "
+                    f"({type(exc).__name__}: {short_repr(exc)}): run one version of "
+                    "nous_actor, with the same modules, on every node"
+                )
+                return _pack([(FAILED, unread)] * count)
             refused = await self._open(ops)
             started: list[tuple[int, Any]] = []
             for op in ops:
@@ -249,16 +286,17 @@ class _Shard:
                     started.append((FAILED, _portable(exc)))
         finally:
             await self._turned(link, number)
-        return [
-            await _outcome(value) if state == _WAIT else (state, value) for state, value in started
-        ]
+        return _pack_outcomes(
+            [await _outcome(v) if state == _WAIT else (state, v) for state, v in started]
+        )
 
-    async def result(self, token: int) -> tuple[int, Any]:
-        """The outcome of a call answered later (a compaction, a stop)."""
+    async def result(self, token: int) -> bytes:
+        """The outcome of a call answered later (a compaction, a stop), packed as a
+        batch's (one outcome)."""
         waiting = self.later.pop(token, None)
         if waiting is None:
-            return FAILED, NousActorError(f"shard {self.index} holds no call {token}")
-        return await _outcome(waiting)
+            return _pack([(FAILED, NousActorError(f"shard {self.index} holds no call {token}"))])
+        return _pack_outcomes([await _outcome(waiting)])
 
     async def subscribe(
         self, session_id: str, from_seq: int, buffer: int, timeout: float
