@@ -96,7 +96,9 @@ hold each: module state, one for the process. Their header is never read with pl
 I/O (`_Opening._probe`): closing any descriptor of a file drops every POSIX lock the
 process holds on it, SQLite's among them, and another process that then opens and
 closes the file takes it for unused and deletes its WAL under a connection still
-writing it (its later commits would be lost)."""
+writing it (its later commits would be lost). An opening holds the lock from its look
+at the header to its connection's entry here, so that no look of another thread falls
+between the two."""
 
 _STATISTICS: Final = frozenset({"sqlite_stat1", "sqlite_stat2", "sqlite_stat3", "sqlite_stat4"})
 """The tables SQLite's ``ANALYZE`` makes: statistics for the query planner, which
@@ -278,17 +280,24 @@ class _Opening:
             raise StoreError(f"could not open the store in {self.path}: {exc}") from exc
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise StoreError(f"{self.path} is a directory, not a database file; give a file path")
-        if st is None or st.st_size == 0:
-            if not create:
-                what = "does not exist" if st is None else "is an empty file"
-                raise StoreError(
-                    f"there is no nous_actor store at {self.path}: it {what}; check the path, "
-                    "or open it with create=True to make a new store there"
-                )
-        elif not _holds(st):  # (a file this process holds is a store of ours)
-            self._probe(full, timeout)  # refuses what is not ours, writing nothing
+        if (st is None or st.st_size == 0) and not create:
+            what = "does not exist" if st is None else "is an empty file"
+            raise StoreError(
+                f"there is no nous_actor store at {self.path}: it {what}; check the path, "
+                "or open it with create=True to make a new store there"
+            )
         mode = "rwc" if st is None else "rw"  # never create a file that was not asked for
-        conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
+        with _held_lock:
+            if st is not None and st.st_size > 0 and (st.st_dev, st.st_ino) not in _held:
+                self._probe(full, timeout)  # refuses what is not ours, writing nothing
+            conn = self._connect(f"{Path(full).as_uri()}?mode={mode}", timeout, uri=True)
+            try:
+                held = os.stat(full)
+            except BaseException:
+                conn.close()
+                raise
+            self._holding = (held.st_dev, held.st_ino)  # (a file held is a store of ours)
+            _held[self._holding] = _held.get(self._holding, 0) + 1
         try:
             layout = _Layout(conn)
             self._check_ours(layout)  # again: the file may have changed since the probe
@@ -315,17 +324,15 @@ class _Opening:
                     )
             st = os.stat(full)
             self.file = (full, st.st_dev, st.st_ino)
-            self._holding = (st.st_dev, st.st_ino)
-            with _held_lock:
-                _held[self._holding] = _held.get(self._holding, 0) + 1
         except BaseException:
             conn.close()
+            self.release()
             raise
         return conn
 
     def release(self) -> None:
         """The store has closed every connection to its file (once; later calls do
-        nothing): an opening in this process may read its header again."""
+        nothing): an opening in this process may read its header again (`_held`)."""
         key, self._holding = self._holding, None
         if key is None:
             return
@@ -460,12 +467,6 @@ class _Opening:
                 conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
-
-
-def _holds(st: os.stat_result) -> bool:
-    """Whether a store of this process holds the file open (see `_held`)."""
-    with _held_lock:
-        return (st.st_dev, st.st_ino) in _held
 
 
 def _has_address(conn: sqlite3.Connection) -> bool:

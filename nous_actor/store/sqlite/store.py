@@ -160,7 +160,9 @@ class SQLiteStore(ClosingStore):
       while creating the store leaves either no store or a whole one;
     * a nous_actor store opens as it is (a store of an older release without
       `application_id`, or one left half-made by an older release, is
-      completed);
+      completed; one of schema version 1 is migrated to version 2 in one
+      write transaction, so a process killed in it leaves it at version 1;
+      a connection that cannot write reads a version-1 store as it is);
     * anything else (another application's SQLite database, a file that is
       not SQLite, a store of a newer schema version, a store of ours that
       holds a schema object we do not make: a trigger, view, index or table
