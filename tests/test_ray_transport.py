@@ -15,6 +15,7 @@ import pickle
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from nous_actor.cluster.ray import (
     FAILED,
     NOW,
     PROTOCOL,
+    SEQ,
     RaySession,
     _Link,
     _Shard,
@@ -65,6 +67,7 @@ class _Method:
 
         def back(done: Future[Any]) -> None:
             try:
+                self.actor.answers.append((self.name, done.result()))
                 crossed.set_result(cloudpickle.loads(cloudpickle.dumps(done.result())))
             except Exception as exc:
                 crossed.set_exception(exc)
@@ -81,6 +84,7 @@ class _Actor:
         self.shard = shard
         self.loop = loop
         self.sent: list[tuple[str, tuple[Any, ...]]] = []
+        self.answers: list[tuple[str, Any]] = []
 
     def __getattr__(self, name: str) -> _Method:
         return _Method(self, name)
@@ -119,6 +123,24 @@ def test_an_awaited_append_is_one_ray_call_of_one_argument_answered_with_bytes(
         assert len(args) == 1
         assert isinstance(args[0], bytes)
     assert (chat._link.calls, chat._link.sent) == (5, 5)
+
+
+def test_an_append_is_answered_with_its_seq_and_the_event_made_by_the_driver(
+    shard: tuple[_Shard, _Actor],
+) -> None:
+    """The event an append stores is the parts its caller sent under a seq: only the seq
+    comes back, and the caller gets the very event the session holds."""
+    _, actor = shard
+    chat = RaySession("s-seq", _Link(actor, 0), timeout=BOUND)
+    at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    got = [
+        chat.append("user_message", {"content": "hi", "n": [1, 2]}, time=at).get(timeout=BOUND),
+        chat.append("assistant_message", {"content": "hello"}).get(timeout=BOUND),
+    ]
+    assert [_unpack(blob) for _, blob in actor.answers] == [[(SEQ, 0)], [(SEQ, 1)]]
+    assert got == chat.log().get(timeout=BOUND).events()
+    assert got[0].time == at
+    assert got[0].data == {"content": "hi", "n": [1, 2]}
 
 
 def test_batches_that_come_in_order_never_wait_for_their_turn(
@@ -161,11 +183,11 @@ def test_a_batch_that_comes_early_still_waits_for_the_earlier_one(
         blob = _pack_batch("link", number, reset, [op(content)])
         return asyncio.run_coroutine_threadsafe(the_shard.run(blob), loop)
 
-    assert _unpack(run(0, True, "zero").result(BOUND))[0][1].seq == 0
+    assert _unpack(run(0, True, "zero").result(BOUND)) == [(SEQ, 0)]
     later = run(2, False, "two")
     assert not later.done()
-    assert _unpack(run(1, False, "one").result(BOUND))[0][1].seq == 1
-    assert _unpack(later.result(BOUND))[0][1].seq == 2
+    assert _unpack(run(1, False, "one").result(BOUND)) == [(SEQ, 1)]
+    assert _unpack(later.result(BOUND)) == [(SEQ, 2)]
 
 
 def test_a_batch_of_another_protocol_is_refused_call_by_call(

@@ -10,7 +10,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -93,3 +93,37 @@ def test_a_turn_through_a_ray_handle_compacts_in_the_shard(cluster: RaySessions)
     ends = [e.seq for e in log.events() if e.type == "turn_end"]
     replaces = [e.seq for e in log.events() if e.surface_op is not None]
     assert starts[0] < replaces[0] < ends[0] < replaces[1]  # one inside the turn, one after
+
+
+CALLS: Final = {
+    "content": None,
+    "tool_calls": [
+        {"id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'},
+        {"id": "c2", "name": "time", "arguments": "{}"},
+    ],
+}
+
+
+def test_the_shards_end_a_gone_holder_s_turn_as_dangling_turns_says(ray_cluster: Any) -> None:
+    """``dangling_turns`` is handed to every shard's registry: a holder silent past its
+    lease leaves a half run that the shard rolls back when told to (the default would
+    close the tool call left without its result)."""
+    with RaySessions(MemoryStore, shards=1, timeout=20, dangling_turns="rollback") as cluster:
+        h = cluster.open(_sid())
+        h.append("user_message", {"content": "before the run"}).get()
+        gone = h.turn(owner="silent", lease=0.2).open()
+        gone.append("user_message", {"content": "weather and time in Oslo?"}).get()
+        gone.append("assistant_message", CALLS).get()
+        result = {"content": "-3 C", "tool_call_id": "c1", "name": "weather"}
+        gone.append("tool_result", result).get()
+        h.append("user_message", {"content": "after"}).get()  # waits for the lease to run out
+        (end,) = turns(h.log().get())
+        assert (end["owner"], end["how"], end["dangling"]) == ("silent", "expired", "rollback")
+        contents = [m.content for m in h.derive_messages().get()]
+        assert contents == ["before the run", DEFAULT_ROLLBACK_NOTE, "after"]
+
+
+@pytest.mark.parametrize("bad", ["drop", "", None, 1])
+def test_a_bad_dangling_turns_is_refused_before_anything_starts(bad: object) -> None:
+    with pytest.raises(ValueError, match="'keep', 'rollback', 'close_tool_calls'"):
+        RaySessions(MemoryStore, dangling_turns=bad)  # type: ignore[arg-type]

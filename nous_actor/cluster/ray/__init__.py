@@ -83,6 +83,7 @@ from nous_actor.cluster.ray._protocol import OPEN as OPEN
 from nous_actor.cluster.ray._protocol import POLL_WAIT as POLL_WAIT
 from nous_actor.cluster.ray._protocol import PROTOCOL as PROTOCOL
 from nous_actor.cluster.ray._protocol import RESTARTS as RESTARTS
+from nous_actor.cluster.ray._protocol import SEQ as SEQ
 from nous_actor.cluster.ray._protocol import STOP as STOP
 from nous_actor.cluster.ray._protocol import TURN_WAIT as TURN_WAIT
 from nous_actor.cluster.ray._protocol import Op as Op

@@ -32,6 +32,7 @@ from nous_actor.errors import CallTimeout, ClusterError, SessionStopped
 from nous_actor.sessions.future import DEFAULT_TIMEOUT
 from nous_actor.sessions.handle import _check_handle_args
 from nous_actor.sessions.registry import check_capacity
+from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.store.base import Store
 
 
@@ -56,7 +57,9 @@ class RaySessions:
             yet (passed to ``ray.init``; ``None``: Ray's default).
         timeout: the handles' default bound on every wait.
         start_timeout: how long the shards may take to start.
-        max_sessions, idle_timeout: for each shard's `nous_actor.Sessions`.
+        max_sessions, idle_timeout, dangling_turns: for each shard's
+            `nous_actor.Sessions` (``dangling_turns``: what a session does, when
+            it starts, with the half run of a turn whose holder is gone).
         max_in_flight: batches this process may have in flight to one shard (a
             session's calls are applied in order whatever it is). One makes the
             largest batches, the cheapest when CPUs are busy; more hide network
@@ -82,8 +85,9 @@ class RaySessions:
             ``address`` or ``actor_options`` of the wrong type (nothing is
             started); ``store_factory`` cannot be pickled, or makes no store.
         ValueError: a count or a number of seconds that is not one (``shards="4"``)
-            or out of range, an empty ``name``, an ``actor_options`` key that an
-            argument sets or that Ray refuses (nothing is started).
+            or out of range, an empty ``name``, a ``dangling_turns`` that is not one
+            of its three names, an ``actor_options`` key that an argument sets or
+            that Ray refuses (nothing is started).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class RaySessions:
         idle_timeout: float | None = None,
         max_in_flight: int = DEFAULT_IN_FLIGHT,
         actor_options: Mapping[str, Any] | None = None,
+        dangling_turns: DanglingTurns = DEFAULT_DANGLING_TURNS,
     ) -> None:
         if not callable(store_factory):
             raise TypeError(
@@ -140,6 +145,7 @@ class RaySessions:
             or not 1 <= max_in_flight <= 64
         ):
             raise ValueError(f"max_in_flight must be an int in [1, 64], got {max_in_flight!r}")
+        check_dangling_turns(dangling_turns)
         remote = ray.remote(_Shard)
         base = _shard_options(remote, actor_options)
         self.shards = shards
@@ -148,7 +154,12 @@ class RaySessions:
         self.detached = detached
         self.timeout = float(timeout)
         self._closed = False
-        options = {"max_sessions": max_sessions, "idle_timeout": idle_timeout, "timeout": timeout}
+        options = {
+            "max_sessions": max_sessions,
+            "idle_timeout": idle_timeout,
+            "timeout": timeout,
+            "dangling_turns": dangling_turns,
+        }
         _connect(address, min(start_timeout, 5.0))
         self._actors, self._created = self._start_shards(
             remote, base, store_factory, options, start_timeout

@@ -15,12 +15,14 @@ from nous_actor.cluster.ray._protocol import (
     FAILED,
     MAX_BATCH,
     NOW,
+    SEQ,
     Op,
     _lost,
     _mismatch,
     _pack_batch,
     _unpack,
 )
+from nous_actor.core.event import trusted_event
 from nous_actor.errors import SessionStopped
 from nous_actor.runtime import telemetry
 from nous_actor.sessions.future import SessionFuture
@@ -158,6 +160,8 @@ class _Link:
         for op, fut, (state, value) in zip(ops, futs, outcomes, strict=True):
             if state == NOW:
                 fut._resolve(value)
+            elif state == SEQ:  # an h_append, applied as sent: its event is made here
+                fut._resolve(trusted_event(value, *op[3][0]))
             elif state == FAILED:
                 fut._fail(value)
             else:

@@ -44,9 +44,12 @@ MAX_POLL: Final = 5000
 # What a call to a shard is: (kind, session id, handler name, arguments).
 Op = tuple[int, str, str, tuple[Any, ...]]
 OPEN, CALL, COMPACT, STOP, ALIVE, RESTARTS = range(6)
-# What comes back for each: (NOW, value) | (FAILED, exception) | (LATER, token).
+# What comes back for each: (NOW, value) | (FAILED, exception) | (LATER, token) |
+# (SEQ, seq): an h_append applied as sent, under that seq (the driver makes the event
+# from the parts it sent, so the event does not travel back).
 NOW, FAILED, LATER = range(3)
 _WAIT = 3  # inside a shard only: (_WAIT, a future to await before answering)
+SEQ: Final = 4
 
 _CALLS: Final[dict[str, Handler]] = {h.__name__: h for h in handlers_with(REMOTE)}
 """The calls a shard runs, by name: the session actor's handlers declared `REMOTE`."""

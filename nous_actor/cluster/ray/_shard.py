@@ -32,6 +32,7 @@ from nous_actor.cluster.ray._protocol import (
     OPEN,
     PROTOCOL,
     RESTARTS,
+    SEQ,
     STOP,
     TURN_WAIT,
     Op,
@@ -43,6 +44,7 @@ from nous_actor.cluster.ray._protocol import (
 )
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.compaction import CompactionError
+from nous_actor.core.event import Event
 from nous_actor.errors import (
     CallTimeout,
     NousActorError,
@@ -286,9 +288,11 @@ class _Shard:
                     started.append((FAILED, _portable(exc)))
         finally:
             await self._turned(link, number)
-        return _pack_outcomes(
-            [await _outcome(v) if state == _WAIT else (state, v) for state, v in started]
-        )
+        outcomes = [await _outcome(v) if state == _WAIT else (state, v) for state, v in started]
+        for i, (op, (state, value)) in enumerate(zip(ops, outcomes, strict=True)):
+            if state == NOW and op[2] == "h_append" and type(value) is Event:
+                outcomes[i] = (SEQ, value.seq)  # the driver has the rest: see SEQ
+        return _pack_outcomes(outcomes)
 
     async def result(self, token: int) -> bytes:
         """The outcome of a call answered later (a compaction, a stop), packed as a
