@@ -195,6 +195,27 @@ def test_the_runtime_starts_no_thread_in_a_simulation() -> None:
     assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
 
 
+def test_turns_and_commits_take_no_hand_off_between_real_threads() -> None:
+    """A caller appending to a session with a store hands the baton to no other real
+    thread for the session's turns and its commits (steps that cannot block run on the
+    thread that chose them): the run's hand-offs stay those into and out of the caller,
+    however many appends it makes."""
+    with Simulation(0) as sim:
+        reg = Sessions(MemoryStore())
+        h = reg.open("a")
+
+        def caller() -> Any:
+            for i in range(20):
+                yield h.append("user_message", {"content": f"m{i}"})
+
+        sim.go(caller())
+        before = sim.handoffs
+        sim.run()
+        assert sim.handoffs - before <= 3
+        assert h.count().get() == 20
+        reg.close()
+
+
 def test_a_failed_commit_fails_its_appends_and_restarts_the_session() -> None:
     """A fail_commit fault: the append fails with StoreError; the session comes back."""
     with Simulation(Schedule(0, faults=(Fault(0, "fail_commit"),))) as sim:

@@ -6,7 +6,10 @@ store's committer, the recovery readers, summarisers, the passivator, restart
 timers) is a *task* of a simulated thread, and exactly one simulated thread
 runs at a time, one step at a time, in an order chosen by a seed (or pinned,
 or drawn by Hypothesis). Each simulated thread is a real thread handed a baton
-by the scheduler (as shuttle and Coyote do), so each has its own stack. Time
+by the scheduler (as shuttle and Coyote do), so each has its own stack; a step
+that cannot block (a commit, a dispatched actor's turn while no subscriber's
+wake-up can be a switch point) runs on the thread that chose it, since passing
+the baton between real threads is what a step costs most. Time
 is virtual: call bounds, backoff, idle passivation and summariser delays
 advance the simulation's clock, never the wall clock, and a timer fires when
 the clock reaches it. Faults are part of the schedule: a session crashes, a

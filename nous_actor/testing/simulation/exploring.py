@@ -27,6 +27,8 @@ class Outcome:
     digest: str
     steps: int
     replay: Schedule = field(repr=False)
+    handoffs: int = 0
+    """How often the baton passed between real threads (`Simulation.handoffs`)."""
 
 
 def replay(
@@ -46,7 +48,15 @@ def replay(
             sim.run()
     except (AssertionError, SimulationError, Exception) as exc:
         error = exc
-    return Outcome(sim.schedule, error, sim.trace, sim.digest(), sim.steps, sim.replay_schedule())
+    return Outcome(
+        sim.schedule,
+        error,
+        sim.trace,
+        sim.digest(),
+        sim.steps,
+        sim.replay_schedule(),
+        sim.handoffs,
+    )
 
 
 class SimulationFailure(AssertionError):

@@ -114,6 +114,9 @@ class Simulation:
         self.trace: list[str] = []
         self.decisions: list[int] = []
         self.commits = 0
+        self.handoffs = 0
+        """How often the baton passed from one real thread to another (what a step costs
+        most: a step taken by the thread that chose it passes none)."""
         self._dispatcher = SimDispatcher(throughput, self._actor_ready)
         self._ready: list[Task] = []
         self._timers: list[tuple[float, int, Task, bool]] = []
@@ -134,6 +137,7 @@ class Simulation:
         self._striking = False  # a fault is being applied, inside the choice of a step
         self._callers_ok = True
         self._last = 0
+        self._conditions = 0  # condition variables made (a subscriber's): switch points
         self.preemptive = True
         """Whether a session's turn may be switched away from right after it woke a
         subscriber (``False``: each turn is one step, as before)."""
@@ -311,6 +315,7 @@ class Simulation:
         return self._faults.injected
 
     def condition(self) -> threading.Condition:
+        self._conditions += 1
         return SimCondition(self.preempt)
 
     def dispatcher(self, own: Callable[[], Any]) -> Any:
@@ -400,6 +405,8 @@ class Simulation:
             return
         me = self._me.get(threading.get_ident())
         if me is None or me is self._main or me.task is None or me.task.kind != ACTOR:
+            return
+        if me.own is not None:  # a turn lent a caller's thread, made when none could switch
             return
         actor = me.task.obj
         # The lock the committer's thread shares with the actor (its commit ledger's): a
@@ -543,6 +550,9 @@ class Simulation:
     def _runnable(self, task: Task) -> bool:
         if task.running:
             return False
+        th = task.thread
+        if th is not None and th.task is not None:  # its thread is lent (a step waits)
+            return False
         kind = task.kind
         if kind == CALLER:
             if not self._callers_ok:
@@ -575,6 +585,7 @@ class Simulation:
             runner = self._pick(me)
             if runner is me:
                 return
+            self.handoffs += 1
             runner.lock.release()
             me.lock.acquire()
             return
@@ -621,20 +632,37 @@ class Simulation:
         return main
 
     def _runner_for(self, task: Task, me: _Thread) -> _Thread:
+        """The thread that takes ``task``'s step: its own (a caller, a thread-per-actor
+        actor), else ``me`` if it is between steps and may take it (a pooled thread takes
+        any; a caller's or an actor's thread only a step that cannot block: a hand-off
+        between real threads is what a step costs most), else a pooled thread."""
         if task.kind in _DEDICATED:
             th: _Thread | None = task.thread
             if th is None:
-                th = task.thread = self._new_thread(f"nous-sim-{task.label}", pooled=False)
+                th = task.thread = self._new_thread(f"nous-sim-{task.label}", own=task)
             return th
-        if me.pooled and me.task is None:
+        free = me.task is None and not me.finished and me is not self._main
+        if free and (me.pooled or self._cannot_block(task)):
             return me
         if self._idle:
             return self._idle.pop()
         self._workers += 1
-        return self._new_thread(f"nous-sim-worker-{self._workers}", pooled=True)
+        return self._new_thread(f"nous-sim-worker-{self._workers}")
 
-    def _new_thread(self, name: str, pooled: bool) -> _Thread:
-        th = _Thread(name, pooled)
+    def _cannot_block(self, task: Task) -> bool:
+        """Whether ``task``'s step never waits nor reaches a switch point: a commit (it
+        writes and answers), or a dispatched actor's turn (its handlers never block) while
+        no condition variable exists whose notice could be a switch point. Such a step
+        may run on the thread of a caller or an actor between its own steps: that task
+        cannot run before the step ends, as it could not if the step took no time."""
+        kind = task.kind
+        return kind == COMMITTER or (
+            kind == ACTOR and (self._conditions == 0 or not self.preemptive)
+        )
+
+    def _new_thread(self, name: str, own: Task | None = None) -> _Thread:
+        th = _Thread(name, pooled=own is None)
+        th.own = own
         real = threading.Thread(target=self._serve, args=(th,), name=name, daemon=True)
         self._threads.append((th, real))
         real.start()
@@ -648,11 +676,12 @@ class Simulation:
         while not th.unwind:
             task = th.task
             assert task is not None
+            own = task is th.own  # (else a pooled step, or one lent this thread)
             try:
-                if th.pooled:
-                    contextvars.Context().run(self._take, task)
-                else:
+                if own:
                     self._take(task)
+                else:
+                    contextvars.Context().run(self._take, task)
             except _Unwound:
                 pass
             except BaseException as exc:  # the simulation's own defect: fail the run
@@ -665,9 +694,10 @@ class Simulation:
                 th.task = None
             if th.unwind:
                 break
-            if not th.pooled and task.ended:  # its task is over: so is this thread
+            if own and task.ended:  # its task is over: so is this thread
                 th.finished = True
                 runner = self._pick(th)
+                self.handoffs += 1
                 runner.lock.release()
                 return
             if th.pooled:
@@ -677,6 +707,7 @@ class Simulation:
                 if th.pooled:
                     self._idle.remove(th)
                 continue
+            self.handoffs += 1
             runner.lock.release()
             th.lock.acquire()
         th.finished = True
@@ -914,8 +945,10 @@ class Simulation:
         return Schedule(self.schedule.seed, tuple(self.decisions), self._faults.planned)
 
 
-_DEDICATED = frozenset((CALLER, THREADED, COMMITTER, LOOP))
-"""Kinds of task that are one thread each (the others take their steps on pooled threads)."""
+_DEDICATED = frozenset((CALLER, THREADED))
+"""Kinds of task that are one thread each, for the thread's identity (a caller's turn
+blocks, a registry's own thread); the others take their steps on pooled threads, or on
+the thread that chose them."""
 
 
 class _Unwound(BaseException):
@@ -933,6 +966,7 @@ class _Thread:
         "in_run",
         "label",
         "lock",
+        "own",
         "pooled",
         "task",
         "unwind",
@@ -941,6 +975,7 @@ class _Thread:
     def __init__(self, label: str, pooled: bool) -> None:
         self.label = label
         self.pooled = pooled
+        self.own: Task | None = None  # the task it is the thread of (None: pooled, main)
         self.lock = allocate_lock()
         self.lock.acquire()  # released to hand it the baton
         self.task: Task | None = None  # the step it takes (or is suspended in)
