@@ -414,3 +414,27 @@ def test_a_users_supervised_actor_restarts_after_a_virtual_backoff() -> None:
         assert len(_Worker.starts) == 2
         assert _Worker.starts[1] - _Worker.starts[0] >= 1.0
         sup.stop()
+
+
+def test_a_thread_per_actor_actor_runs_with_nothing_set_on_its_ref(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread-per-actor actor under simulation gets its inbox from Pykka's hook (made
+    without the actor, bound to its task when it starts): its ref gets what Pykka's
+    ``ActorRef.__init__`` sets and nothing else, and it answers as on a thread."""
+    sets: list[str] = []
+    real = pykka.ActorRef.__setattr__
+
+    def record(ref: pykka.ActorRef[Any], name: str, value: Any) -> None:
+        sets.append(name)
+        real(ref, name, value)
+
+    monkeypatch.setattr(pykka.ActorRef, "__setattr__", record)
+    with Simulation(0):
+        ref = _Worker.start()
+        made = list(sets)
+        assert ref.ask("ping", timeout=5) == "ping"
+        ref.stop()
+    monkeypatch.undo()
+    assert sets == made
+    assert sorted(made) == sorted(vars(ref))

@@ -36,7 +36,9 @@ __all__ = ["COPIED", "PRIVATE"]
 PRIVATE: Final[Mapping[str, str]] = {
     # -- a new actor type (the three hooks Pykka documents for one) ----------------------
     "_create_actor_inbox": (
-        "DispatchedActor: a C SimpleQueue inbox (a put never takes a Python lock)"
+        "DispatchedActor: a C SimpleQueue inbox (a put never takes a Python lock). "
+        "SupervisedActor: the host's (Pykka's queue, or a simulation's inbox bound to "
+        "the actor's task when it starts)"
     ),
     "_create_future": (
         "DispatchedActor and SupervisedActor: the future an ask returns (a light one "

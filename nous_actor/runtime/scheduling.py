@@ -97,6 +97,11 @@ class Host(Protocol):
         """The dispatcher an actor runs on: ``own()`` (its pinned or chosen one), or the
         host's."""
 
+    def actor_inbox(self) -> Any:
+        """The inbox of a thread-per-actor Pykka actor (its ``_create_actor_inbox``, made
+        before the actor is): Pykka's queue, or one a simulation binds to the actor's
+        task when it starts."""
+
     def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
         """Start a thread-per-actor Pykka actor (``start``: Pykka's own start)."""
 
@@ -213,6 +218,9 @@ class RealHost:
 
     def dispatcher(self, own: Callable[[], Any]) -> Any:
         return own()
+
+    def actor_inbox(self) -> queue.Queue[Any]:
+        return queue.Queue()
 
     def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
         start()

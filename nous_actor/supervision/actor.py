@@ -288,6 +288,10 @@ class SupervisedActor(_Supervised, pykka.ThreadingActor):
     use_daemon_thread = True
 
     @staticmethod
+    def _create_actor_inbox() -> Any:
+        return scheduling.current().actor_inbox()
+
+    @staticmethod
     def _create_future() -> pykka.Future[Any]:
         return scheduling.current().future()
 

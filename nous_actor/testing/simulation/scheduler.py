@@ -51,7 +51,6 @@ from nous_actor.testing.simulation.tasks import (
     SimInbox,
     Task,
     actor_label,
-    drain_queue,
     finished,
     is_done,
     nothing,
@@ -321,13 +320,28 @@ class Simulation:
     def dispatcher(self, own: Callable[[], Any]) -> Any:
         return self._dispatcher
 
+    def actor_inbox(self) -> SimInbox:
+        return SimInbox(self._make_ready)
+
     def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
+        """Run a thread-per-actor actor as a task: its inbox, made by this host through
+        Pykka's ``_create_actor_inbox``, is bound to the task (nothing is set on the
+        actor or its ref).
+
+        Raises:
+            SimulationError: the actor was made before the simulation began (its inbox
+                is a real queue): make and start it inside the simulation.
+        """
+        inbox = actor.actor_inbox
+        if not isinstance(inbox, SimInbox):
+            raise SimulationError(
+                f"{actor_label(actor)} was made before this simulation began (its inbox "
+                "is a thread's queue): make and start it inside the simulation"
+            )
         task = self._task(THREADED, actor_label(actor), actor)
-        inbox = SimInbox(task, drain_queue(actor.actor_inbox), self._make_ready)
-        actor.actor_inbox = inbox
-        actor.actor_ref.actor_inbox = inbox
         self._actors.append(task)
         self._tasks[id(actor)] = task
+        inbox.bind(task)
         self._make_ready(task)
 
     def submit(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pykka
@@ -104,18 +104,27 @@ class SimFuture(pykka.ThreadingFuture[Any]):
 
 
 class SimInbox:
-    """The inbox of a thread-per-actor actor under simulation: a put makes it ready."""
+    """The inbox of a thread-per-actor actor under simulation (made by Pykka's
+    ``_create_actor_inbox``, before the actor): once `bind` gave it the actor's task, a
+    put makes the task ready."""
 
     __slots__ = ("_q", "_ready", "_task")
 
-    def __init__(self, task: Task, items: Iterable[Any], ready: Callable[[Task], None]) -> None:
-        self._task = task
-        self._q: deque[Any] = deque(items)
+    def __init__(self, ready: Callable[[Task], None]) -> None:
+        self._task: Task | None = None
+        self._q: deque[Any] = deque()
         self._ready = ready
+
+    def bind(self, task: Task) -> None:
+        """The actor starts as ``task``: what was put before is its to take."""
+        self._task = task
+        if self._q:
+            self._ready(task)
 
     def put(self, envelope: Any, /) -> None:
         self._q.append(envelope)
-        self._ready(self._task)
+        if self._task is not None:
+            self._ready(self._task)
 
     def put_nowait(self, envelope: Any, /) -> None:
         self.put(envelope)
@@ -218,13 +227,6 @@ def value_of(fut: Any) -> Any:
         return fut.get(timeout=0)
     except BaseException:
         return None
-
-
-def drain_queue(q: Any) -> list[Any]:
-    items = []
-    while not q.empty():
-        items.append(q.get_nowait())
-    return items
 
 
 def actor_label(actor: Any) -> str:
