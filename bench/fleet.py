@@ -66,17 +66,22 @@ def open_store(spec: str) -> Any:
 
 def _serve(store_spec: str, path: str, wait: float) -> None:
     from nous_actor import Sessions
-    from nous_actor.errors import SessionStopped
+    from nous_actor.errors import SessionCrashed, SessionStopped
 
-    sessions = Sessions(open_store(store_spec), handoff_wait=wait, timeout=wait + 30)
+    # wait > 0: a session held by another worker is asked for (moved here, the hand-off);
+    # wait == 0: the call goes to the worker that holds it (forwarding).
+    sessions = Sessions(
+        open_store(store_spec), handoff_wait=wait or None, timeout=max(wait, 10.0) + 30
+    )
 
     def handle(req: dict[str, Any]) -> dict[str, Any]:
         sid, rid = req["sid"], req["rid"]
         t0 = time.perf_counter()
         seen = sessions.read(sid).count().get()  # read without taking the session
+        refused = ambiguous = 0
         for _attempt in range(20):
             t1 = time.perf_counter()
-            chat = sessions.open(sid, wait=wait)
+            chat = sessions.open(sid, wait=wait or None)
             t2 = time.perf_counter()
             if TRACE:
                 print(f"read {t1 - t0:.4f} open {t2 - t1:.4f}", file=sys.stderr, flush=True)
@@ -87,7 +92,14 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
                     if e.type == "turn_start" and e.data.get("rid") == rid
                 ]
                 if done:
-                    return {"ok": True, "seq": done[0], "dup": True, "seen": seen}
+                    return {
+                        "ok": True,
+                        "seq": done[0],
+                        "dup": True,
+                        "seen": seen,
+                        "refused": refused,
+                        "ambiguous": ambiguous,
+                    }
                 turn = chat.append_many(
                     [
                         ("turn_start", {"rid": rid}),
@@ -96,9 +108,22 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
                         ("turn_end", {"rid": rid}),
                     ]
                 ).get()
-            except SessionStopped:  # handed over between two calls: not applied, again
+            except SessionCrashed:
+                # The worker holding it died before answering: maybe applied. The store
+                # is the truth: look again (the loop's first read) before writing.
+                ambiguous += 1
                 continue
-            return {"ok": True, "seq": turn[0].seq, "dup": False, "seen": seen}
+            except SessionStopped:  # handed over between two calls: not applied, again
+                refused += 1
+                continue
+            return {
+                "ok": True,
+                "seq": turn[0].seq,
+                "dup": False,
+                "seen": seen,
+                "refused": refused,
+                "ambiguous": ambiguous,
+            }
         raise RuntimeError("the session kept moving away")
 
     class Handler(socketserver.StreamRequestHandler):
@@ -255,6 +280,8 @@ class Outcome:
     acked: dict[str, str] = field(default_factory=dict)  # rid -> sid
     retried: int = 0
     refused: list[str] = field(default_factory=list)  # replies refused, then sent again
+    stopped: int = 0  # calls a live worker saw refused (SessionStopped), then made again
+    ambiguous: int = 0  # calls whose holder died before answering (checked, then made)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     replies: int = 0
@@ -305,6 +332,8 @@ def run_clients(
                 continue
             with lock:
                 out.replies += 1
+                out.stopped += int(reply.get("refused", 0))
+                out.ambiguous += int(reply.get("ambiguous", 0))
                 if reply.get("ok"):
                     out.acked[rid] = sid
                 else:

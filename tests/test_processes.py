@@ -138,19 +138,110 @@ def _a_worker_holding(fleet_on: Any, tmp_path: Path, session_id: str) -> Worker:
     return worker  # type: ignore[no-any-return]
 
 
-def test_open_without_wait_is_refused_at_once_naming_the_holder(
+def test_open_without_wait_calls_the_session_through_the_process_that_holds_it(
     fleet_on: Any, tmp_path: Path
 ) -> None:
-    """Without ``wait`` another process's live session is refused at once, as before."""
+    """Without ``wait``, a session another live process holds is not refused: the handle
+    sends each call to that process (appends, reads, turns, a subscription), which keeps
+    the session; nothing moves."""
     worker = _a_worker_holding(fleet_on, tmp_path, "chat")
     with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
-        started = time.monotonic()
-        with pytest.raises(ConflictError, match=f"process {worker.pid}"):
-            sessions.open("chat")
-        assert time.monotonic() - started < 1.0
-        # ... while reading it never needs the session:
-        messages = sessions.read("chat").derive_messages().get()
-        assert [m.content for m in messages] == ["question one", "answer one"]
+        chat = sessions.open("chat")
+        assert sessions.live() == []  # not opened here
+        assert chat.append("user_message", {"content": "via holder"}).get().seq == 4
+        pipelined = [chat.append("user_message", {"content": f"p{i}"}) for i in range(50)]
+        assert [f.get().seq for f in pipelined] == list(range(5, 55))
+        with chat.turn(owner="here") as turn:
+            turn.append("assistant_message", {"content": "in a turn"}).get()
+        messages = [m.content for m in chat.derive_messages().get()]
+        assert messages[:3] == ["question one", "answer one", "via holder"]
+        assert messages[-1] == "in a turn"
+        with chat.subscribe(0) as sub:
+            assert [sub.get(timeout=10).seq for _ in range(3)] == [0, 1, 2]
+        assert chat.is_alive()
+        assert shared.held_by(sessions.store, "chat") == f"process {worker.pid}"
+        assert sessions.live() == []
+        # ... and reading never needs the session:
+        read = sessions.read("chat").derive_messages().get()
+        assert [m.content for m in read] == messages
+
+
+def test_the_next_call_moves_a_session_whose_holder_was_killed(
+    fleet_on: Any, tmp_path: Path
+) -> None:
+    """The holder process is SIGKILLed while a handle elsewhere forwards to it: the
+    next call opens the session in the caller's process, with every acknowledged
+    event, and nothing is refused."""
+    fleet = fleet_on(f"sqlite:{tmp_path / 'app.db'}", 1)
+    (worker,) = fleet.live()
+    assert (ask(worker, "chat", "one") or {}).get("ok")
+    with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
+        chat = sessions.open("chat")
+        acked = [chat.append("user_message", {"content": f"m{i}"}).get().seq for i in range(5)]
+        assert acked == [4, 5, 6, 7, 8]
+        fleet.kill_one(random.Random(1))
+        after = chat.append("user_message", {"content": "after"}).get()
+        assert after.seq == 9
+        assert sessions.live() == ["chat"]  # moved here
+        seqs = [e.seq for e in sessions.read("chat").events().get()]
+        assert seqs == list(range(10))
+
+
+def _forwarded_traffic_with_kills(fleet: Fleet, spec: str) -> None:
+    """As `_traffic_with_kills`, and no call is refused by a live worker."""
+    rng = random.Random(32)
+    requests = [(f"s{rng.randrange(SESSIONS)}", f"r{i}") for i in range(REQUESTS)]
+    kills = [REQUESTS // 3, 2 * REQUESTS // 3]
+    killed: list[int] = []
+    killer_threads: list[threading.Thread] = []
+    lock = threading.Lock()
+
+    def progress(done: int) -> None:
+        with lock:
+            if not kills or done < kills[0]:
+                return
+            kills.pop(0)
+        t = threading.Thread(target=lambda: killed.append(fleet.kill_one(rng)), daemon=True)
+        killer_threads.append(t)
+        t.start()
+
+    out = run_clients(fleet, requests, CLIENTS, seed=32, on_progress=progress)
+    for t in killer_threads:
+        t.join(60)
+    assert len(killed) == 2, "the workers were not killed mid-traffic"
+    assert out.errors == []
+    assert out.stopped == 0, "a live worker saw a call refused"
+    assert len(out.acked) == REQUESTS
+    store = open_store(spec)
+    try:
+        histories = {sid: shared.load_since(store, sid) for sid in store.sessions()}
+    finally:
+        store.close()
+    sent = {rid: sid for sid, rid in requests}
+    assert check_histories(histories, out.acked, sent) == []
+
+
+def test_four_sqlite_workers_forward_every_request_while_two_are_killed(
+    fleet_on: Any, tmp_path: Path
+) -> None:
+    """4 workers on one SQLite file that forward calls to a session's holder (no
+    ``wait``): 1,000 requests from 32 clients routed at random, two workers SIGKILLed
+    mid-traffic: every request answered, none refused by a live worker, every history
+    whole turns in order, each acknowledged request stored once."""
+    spec = f"sqlite:{tmp_path / 'app.db'}"
+    _forwarded_traffic_with_kills(fleet_on(spec, 4, wait=0.0), spec)
+
+
+def test_four_postgres_workers_forward_every_request_while_two_are_killed(
+    fleet_on: Any, pg_server: Any
+) -> None:
+    """The same forwarded traffic and kills on PostgreSQL."""
+    schema = pg_server.fresh_schema()
+    spec = f"postgres:{schema}:{pg_server.dsn}"
+    try:
+        _forwarded_traffic_with_kills(fleet_on(spec, 4, wait=0.0), spec)
+    finally:
+        pg_server.drop_schema(schema)
 
 
 def test_a_watch_sees_another_process_commit_within_50_ms(fleet_on: Any, tmp_path: Path) -> None:

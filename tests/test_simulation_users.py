@@ -53,6 +53,9 @@ def test_a_scenario_ends_its_fault_window_before_its_checks() -> None:
         sim.run()
         sim.end_faults()
         injected = len(sim.injected)
+        # The crash storm may have outrun the session's restart intensity (the registry
+        # gave it up): open() gives it a fresh chance, as it would a user.
+        chat = sessions.open("a")
         for i in range(30):
             chat.append("user_message", {"content": f"checked {i}"}).get()
         assert len(sim.injected) == injected

@@ -37,6 +37,7 @@ class MemoryStore:
         self._closed = False
         self._version = 0  # counts every change (wait_changed)
         self._asked: dict[str, float] = {}  # id -> until when it is asked for
+        self._address: str | None = None  # where its holders answer calls (forwarding)
         self._watches: dict[str, list[_MemoryWatch]] = {}
 
     def _changed(self) -> None:
@@ -205,6 +206,24 @@ class MemoryStore:
         with self._lock:
             self._check_open()
             return "this process" if session_id in self._claims else None
+
+    def advertise(self, address: str | None) -> None:
+        """Where the sessions claimed in this store answer calls (one address per store
+        object: its registries share it)."""
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address must be a str or None, got {type(address).__name__}")
+        with self._lock:
+            self._check_open()
+            self._address = address
+
+    def holder_address(self, session_id: str) -> tuple[str, str | None] | None:
+        """``("this process", address)`` if `session_id` is claimed, else `None`."""
+        session_id = self._valid_id(session_id)
+        with self._lock:
+            self._check_open()
+            if session_id not in self._claims:
+                return None
+            return "this process", self._address
 
     def ask_handoff(self, session_id: str, seconds: float) -> None:
         """Ask whoever holds `session_id` (now or in the next `seconds`) to hand it over.

@@ -608,7 +608,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "ask left unanswered in a stop race",
         _ACTOR,
-        "_drain",
+        "_answer_stopped",
         "msg[2]._fail(err)",
         "pass",
         stop_race_scenario,

@@ -85,14 +85,17 @@ class SessionCell(Cell):
     where its exit goes) and what the registry and the handle read of the session
     without asking it: ``released`` (its `CommitLedger`'s: set once its writer claim is
     let go, which a successor waits for) and ``in_turn`` (a turn is open or waited
-    for: the passivation leaves it alone). Reach it with `session_cell`."""
+    for: the passivation leaves it alone), and ``reroute``: the registry's route of the
+    session, which takes back the calls a stopped session did not apply (``None``:
+    they fail with `SessionStopped`). Reach it with `session_cell`."""
 
-    __slots__ = ("in_turn", "released")
+    __slots__ = ("in_turn", "released", "reroute")
 
     def __init__(self, urn: str) -> None:
         super().__init__(urn)
         self.released = Flag()
         self.in_turn = False
+        self.reroute: Any = None
 
 
 def session_cell(ref: pykka.ActorRef[Any]) -> SessionCell:
@@ -938,7 +941,11 @@ class SessionActor(DispatchedSupervisedActor):
         )
 
     def _shut(self, err: SessionStopped, feed_error: SessionStopped | None) -> None:
-        """Answer everything still waiting and let go of the store (after ``actor_stopped``)."""
+        """Answer everything still waiting and let go of the store (after ``actor_stopped``).
+
+        Under a registry's route (``cell.reroute``), the calls not applied — parked,
+        then queued in the inbox, in the order they came — go back to the route, which
+        delivers them where the session is next; otherwise they fail with ``err``."""
         self._drain(err)
         table = self.turns
         if table is not None:
@@ -998,11 +1005,55 @@ class SessionActor(DispatchedSupervisedActor):
         finally:
             self.ledger.released.set()
 
-    def _drain(self, err: SessionStopped) -> None:
-        """Answer every call still in the inbox (run only after ``actor_stopped`` is set)."""
+    def _reroute(self, route: Any) -> list[Any]:
+        """Hand the calls not applied (parked, then queued) back to ``route`` (under its
+        lock: a call is put under it, so it is queued before this or held after); the
+        envelopes left in the inbox that are not such calls (the actor's own news,
+        Pykka's asks)."""
+        left: list[Any] = []
+        with route.lock:
+            if self.cell.reroute is not route:  # let go of meanwhile: fail them as usual
+                return self._take_inbox()
+            calls: list[Parked] = []
+            if not self._loading:  # while recovering, its openers hear of the failure
+                while self.parked:
+                    item = self.parked.popleft()
+                    if item[2] is not None and item[0] not in WHEN_STOPPED:
+                        calls.append(item)
+            for envelope in self._take_inbox():
+                msg = envelope.message
+                if (
+                    type(msg) is tuple
+                    and len(msg) == 3
+                    and isinstance(msg[2], SessionFuture)
+                    and msg[0] not in WHEN_STOPPED
+                ):
+                    calls.append(msg)
+                else:
+                    left.append(envelope)
+            if calls:
+                route.take_back(calls)
+        return left
+
+    def _take_inbox(self) -> list[Any]:
         inbox = self.actor_inbox
+        taken = []
         while not inbox.empty():
-            envelope = inbox.get()
+            taken.append(inbox.get())
+        return taken
+
+    def _drain(self, err: SessionStopped) -> None:
+        """Answer every call still in the inbox (run only after ``actor_stopped`` is set);
+        under a route, the calls not applied go back to it instead (`_reroute`)."""
+        while True:
+            route = self.cell.reroute
+            left = self._reroute(route) if route is not None else self._take_inbox()
+            if not left:
+                return
+            self._answer_stopped(left, err)
+
+    def _answer_stopped(self, envelopes: list[Any], err: SessionStopped) -> None:
+        for envelope in envelopes:
             msg = envelope.message
             if type(msg) is tuple and len(msg) == 3:
                 hook = WHEN_STOPPED.get(msg[0])

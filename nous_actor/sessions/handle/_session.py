@@ -25,13 +25,14 @@ from nous_actor.sessions.actor import (
     _Envelope,
     session_cell,
 )
+from nous_actor.sessions.forwarding.route import LIFE, Route
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
-from nous_actor.sessions.handle._checks import _check_handle_args, check_placement
+from nous_actor.sessions.handle._checks import _check_handle_args, _check_seq, check_placement
 from nous_actor.sessions.handle._session_handle import SessionHandle
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.sessions.turns._blocks import _ENTERED, held_future
 from nous_actor.store.base import Store
-from nous_actor.store.subscription import Subscription
+from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
 from nous_actor.supervision import ChildSpec, RestartType
 
 
@@ -55,7 +56,7 @@ class Session(SessionHandle):
         timeout: the default bound, in seconds, of every wait on a result.
     """
 
-    __slots__ = ("_ref", "_resolve", "_touch")
+    __slots__ = ("_own_ref", "_resolve", "_route", "_touch", "_watch")
 
     def __init__(
         self,
@@ -64,12 +65,19 @@ class Session(SessionHandle):
         *,
         timeout: float = DEFAULT_TIMEOUT,
         touch: Callable[[], None] | None = None,
+        route: Route | None = None,
+        watch: Callable[[int, int, float], Subscription] | None = None,
     ) -> None:
         self.session_id = _check_handle_args(session_id, timeout)
         self.timeout = float(timeout)
         self._resolve = resolve
         self._touch = touch
-        self._ref: pykka.ActorRef[SessionActor] | None = None
+        self._own_ref: pykka.ActorRef[SessionActor] | None = None
+        # A registry's handle: its calls go through the session's route (here, or to
+        # the process that holds it), and a subscription where the session is held
+        # elsewhere follows the store (``watch``).
+        self._route = route
+        self._watch = watch
 
     @classmethod
     def start(
@@ -201,6 +209,19 @@ class Session(SessionHandle):
 
     # -- plumbing ------------------------------------------------------------------------
 
+    @property
+    def _ref(self) -> pykka.ActorRef[SessionActor] | None:
+        """The session's actor this handle talks to, if it runs in this process."""
+        route = self._route
+        if route is not None:
+            target = route.target()
+            return target if isinstance(target, pykka.ActorRef) else None
+        return self._own_ref
+
+    @_ref.setter
+    def _ref(self, ref: pykka.ActorRef[SessionActor] | None) -> None:
+        self._own_ref = ref
+
     def _actor(self) -> pykka.ActorRef[SessionActor] | None:
         ref = self._ref
         if ref is None or ref.actor_stopped.is_set():
@@ -218,6 +239,10 @@ class Session(SessionHandle):
             fut = SessionFuture(self.session_id, self.timeout)
         if self._touch is not None:
             self._touch()
+        route = self._route
+        if route is not None:
+            route.send(handler, args, fut)
+            return fut
         try:
             ref = self._actor()
         except NousActorError as exc:  # the registry could not (re)open it
@@ -244,6 +269,19 @@ class Session(SessionHandle):
         sub._on_close = self._unsubscribe
         self._call(SessionActor.h_subscribe, sub, sub.from_seq).get(timeout=timeout)
 
+    def subscribe(
+        self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
+    ) -> Subscription:
+        route, watch = self._route, self._watch
+        if route is not None and watch is not None and not route.here():
+            # Held by another process: follow what it commits, through the store (the
+            # same events, exactly once, in seq order).
+            _check_seq(from_seq, "subscribe(from_seq)")
+            return watch(from_seq, buffer, self.timeout if timeout is None else timeout)
+        return super().subscribe(from_seq, buffer=buffer, timeout=timeout)
+
+    subscribe.__doc__ = SessionHandle.subscribe.__doc__
+
     def _unsubscribe(self, sub: Subscription) -> None:
         self._call(SessionActor.h_unsubscribe, sub)
 
@@ -256,6 +294,17 @@ class Session(SessionHandle):
         report ``False`` for a passivated or crashed session: its next call
         reopens it.
         """
+        route = self._route
+        if route is not None:
+            target = route.target()
+            if target is None:
+                return False  # moving
+            if isinstance(target, pykka.ActorRef):
+                return target.is_alive()
+            try:
+                return bool(self._call(LIFE["__alive__"]).get())
+            except NousActorError:
+                return False
         ref = self._ref
         if ref is None:
             ref = self._ref = self._resolve()
@@ -272,8 +321,18 @@ class Session(SessionHandle):
         Raises:
             CallTimeout: not stopped within ``timeout``.
         """
-        ref = self._ref or self._actor()
         bound = self.timeout if timeout is None else timeout
+        route = self._route
+        if route is not None:
+            target = route.target()
+            if target is None or not isinstance(target, pykka.ActorRef):
+                if target is not None:  # held by another process: ask it to stop it
+                    self._call(LIFE["__stop__"], bound).get(timeout=bound)
+                return
+            route.release_actor()  # what is still queued fails, as after any stop
+            ref = target
+        else:
+            ref = self._ref or self._actor()  # type: ignore[assignment]
         if ref is None:
             return
         ref.stop(block=False)

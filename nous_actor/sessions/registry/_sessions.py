@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 import time
 from functools import partial
-from typing import Any
+from multiprocessing import AuthenticationError
+from typing import Any, Final
 
 import pykka
 
@@ -23,7 +24,15 @@ from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, SessionStopped
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
-from nous_actor.sessions.actor import SessionActor
+from nous_actor.sessions.forwarding import (
+    Endpoint,
+    Link,
+    Route,
+    endpoint_for,
+    link_to,
+    local_endpoint,
+    socket_path,
+)
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import Session, _off_loop, check_placement
 from nous_actor.sessions.handoff import HandOver, acquire
@@ -38,8 +47,10 @@ from nous_actor.sessions.registry._settings import (
 )
 from nous_actor.sessions.registry._supervisor import RegistryActor
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
+from nous_actor.store import shared
 from nous_actor.store.base import Store
 from nous_actor.store.memory import MemoryStore
+from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import (
     Backoff,
     ChildSpec,
@@ -49,6 +60,12 @@ from nous_actor.supervision import (
     Scheduler,
     _timer,
 )
+
+_LOOK_AGAIN: Final = 0.02
+"""Seconds between two looks for a session whose holder is letting go of it."""
+
+_CONNECT_BOUND: Final = 5.0
+"""Seconds a connection to a holder's endpoint may take, at most."""
 
 
 class Sessions:
@@ -168,6 +185,10 @@ class Sessions:
             live_ref=self._live_ref,
             idle_for=self._passivation.idle_for,
         )
+        # Each session's route (here, or to the process that holds it), and this
+        # process's endpoint for the store (made with the first route).
+        self._routes: dict[str, Route] = {}
+        self._endpoint: Endpoint | None = None
         # The registry's actor: set at each start (by a parent, at each of its restarts).
         self._ref: pykka.ActorRef[RegistryActor] | None = None
         self._ref_changed = threading.Condition()
@@ -207,9 +228,14 @@ class Sessions:
         """
         session_id = check_session_id(session_id)
         wait = self._wait(wait)
-        if not wait:
-            return self._open_now(session_id)
-        return acquire(self.store, session_id, wait, partial(self._open_now, session_id))
+        route = self._route(session_id)
+        if wait:
+            found: pykka.ActorRef[Any] | Link = acquire(
+                self.store, session_id, wait, partial(self._open_ref, session_id)
+            )
+        else:
+            found = self._locate(session_id, opening=True)
+        return self._settled(session_id, route, found)
 
     def _wait(self, wait: object) -> float:
         """``wait`` (or the registry's default) as seconds to wait for a hand-off."""
@@ -217,12 +243,110 @@ class Sessions:
             return self.handoff_wait or 0.0
         return check_seconds(wait, "wait", low_open=False)
 
-    def _open_now(self, session_id: str) -> Session:
+    def _open_ref(self, session_id: str) -> pykka.ActorRef[Any]:
+        """Start or find ``session_id`` here (a fresh chance if it was given up on)."""
         ref, ready = self._ask(("open", session_id, telemetry.context()), session_id)
         if ready is not None:  # recovering: wait here, not in the registry
             ready.get()
         self._handover.start()
-        return self._handle(session_id, ref)
+        return ref  # type: ignore[no-any-return]
+
+    # -- where a session is --------------------------------------------------------------------
+
+    def _route(self, session_id: str) -> Route:
+        """The route of ``session_id`` in this registry (made on first use)."""
+        route = self._routes.get(session_id)
+        if route is None:
+            if self._closed:
+                raise SessionStopped(session_id, "the registry is closed")
+            if self._endpoint is None and not self._closed:
+                with self._ref_changed:
+                    if self._endpoint is None:
+                        self._endpoint = endpoint_for(self.store)
+                        if self._endpoint is not None:
+                            self._endpoint.join(self)
+            route = self._routes.setdefault(
+                session_id, Route(session_id, self._locate, self.timeout)
+            )
+        return route
+
+    def _settled(
+        self, session_id: str, route: Route, found: pykka.ActorRef[Any] | Link
+    ) -> Session:
+        route.settle(found)
+        handle = self._handle(session_id, route)
+        if isinstance(found, pykka.ActorRef):
+            handle._ref = found
+        return handle
+
+    def _locate(
+        self, session_id: str, opening: bool = False, refused: ConflictError | None = None
+    ) -> pykka.ActorRef[Any] | Link:
+        """Where ``session_id`` is now: its actor here (started, and recovered from the
+        store, if no live process holds it), or a link to the process that holds it.
+        With ``handoff_wait``, a session held elsewhere is asked for instead (moved here).
+
+        Raises:
+            ConflictError: its holder cannot be called from here (it advertised no
+                address: an older release, or another host), or it kept changing hands
+                for the handles' bound.
+            SessionStopped, StoreError, TooManySessions: as `open`.
+        """
+        host = scheduling.current()
+        deadline = host.now() + self.timeout
+        open_here = partial(self._open_ref if opening else self._resolve_now, session_id)
+        last = refused
+        while True:
+            if last is None:
+                try:
+                    return open_here()
+                except ConflictError as exc:
+                    last = exc
+            if self.handoff_wait:
+                return acquire(self.store, session_id, self.handoff_wait, open_here, last)
+            link = self._link_to_holder(session_id, last)
+            if link is not None:
+                return link
+            if host.now() >= deadline:
+                raise last
+            # Let go meanwhile, or its holder is ending: look again shortly.
+            shared.wait_changed(self.store, shared.wait_changed(self.store, -1, 0.0), _LOOK_AGAIN)
+            last = None
+
+    def _link_to_holder(self, session_id: str, refused: ConflictError) -> Link | None:
+        """A link to the live process that holds ``session_id``; ``None`` if none holds
+        it now, or its holder cannot be reached yet (it is ending: try to open again).
+
+        Raises:
+            ConflictError: the holder advertised no address, or one on another host.
+        """
+        found = shared.holder_address(self.store, session_id)
+        if found is None:
+            return None
+        holder, address = found
+        if address is None:
+            raise refused
+        mine = self._endpoint
+        if mine is not None and address == mine.address and mine.route_here(session_id) is None:
+            return None  # ours, but no registry here runs it: it is being let go
+        local = local_endpoint(address)
+        if local is not None:
+            return local.link()
+        if socket_path(address) is None:
+            raise ConflictError(
+                f"is held by {holder}, which answers at {address}: not a process of this "
+                "host; use RaySessions across hosts, or open(id, wait=...) to move it here",
+                session_id=session_id,
+                holder=refused.holder or holder,
+                lease_until=refused.lease_until,
+            ) from refused
+        key = shared.forwarding_key(self.store)
+        if key is None:
+            raise refused
+        try:
+            return link_to(address, key, min(self.timeout, _CONNECT_BOUND))
+        except (OSError, AuthenticationError, EOFError):
+            return None  # it ended (or is ending): its claim goes with it
 
     def read(self, session_id: str) -> SessionReader:
         """A read-only view of ``session_id`` that never takes the session: what it
@@ -249,24 +373,27 @@ class Sessions:
         loop. Raises as `open` does."""
         session_id = check_session_id(session_id)
         wait = self._wait(wait)
+        route = self._route(session_id)
+        found: pykka.ActorRef[Any] | Link
         try:
-            return await self._aopen_now(session_id)
+            found = await self._aopen_ref(session_id)
         except ConflictError as exc:
-            if not wait:
-                raise
-            refused = exc
-        return await _off_loop(
-            partial(
-                acquire,
-                self.store,
-                session_id,
-                wait,
-                partial(self._open_now, session_id),
-                refused,
-            )
-        )
+            if wait:
+                found = await _off_loop(
+                    partial(
+                        acquire,
+                        self.store,
+                        session_id,
+                        wait,
+                        partial(self._open_ref, session_id),
+                        exc,
+                    )
+                )
+            else:
+                found = await _off_loop(partial(self._locate, session_id, True, exc))
+        return self._settled(session_id, route, found)
 
-    async def _aopen_now(self, session_id: str) -> Session:
+    async def _aopen_ref(self, session_id: str) -> pykka.ActorRef[Any]:
         answer: SessionFuture[Any] = SessionFuture(session_id, self.timeout)
         ref = self._current(session_id)
         try:
@@ -277,19 +404,21 @@ class Sessions:
         if ready is not None:
             await ready
         self._handover.start()
-        return self._handle(session_id, ref)
+        return ref  # type: ignore[no-any-return]
 
-    def _handle(self, session_id: str, ref: pykka.ActorRef[SessionActor] | None = None) -> Session:
-        """A handle of ``session_id``; given the actor just opened, its first call goes
-        straight there (no lookup through the registry)."""
-        handle = Session(
+    def _handle(self, session_id: str, route: Route) -> Session:
+        """A handle of ``session_id``: its calls go through the session's ``route``."""
+        return Session(
             session_id,
             partial(self._resolve, session_id),
             timeout=self.timeout,
             touch=partial(self._passivation.touch, session_id),
+            route=route,
+            watch=partial(self._watch, session_id),
         )
-        handle._ref = ref
-        return handle
+
+    def _watch(self, session_id: str, from_seq: int, buffer: int, timeout: float) -> Subscription:
+        return shared.watch(self.store, session_id, from_seq, buffer=buffer, timeout=timeout)
 
     def live(self) -> list[str]:
         """Ids of the sessions running now, sorted."""
@@ -317,6 +446,11 @@ class Sessions:
             return
         self._passivation.stop()
         self._handover.stop()
+        for route in list(self._routes.values()):
+            route.close("the registry is closed")
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.leave(self)
         ref = self._ref
         if ref is not None and ref.is_alive():
             try:

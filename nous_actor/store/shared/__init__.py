@@ -30,6 +30,18 @@ The optional methods a store of your own may offer (the shipped contract suite,
   anything to change in the store (a commit, a claim, a release, a request)
   after the change counter ``after``; returns the counter now.
 
+Forwarding (a call made where a session is not held goes to its holder) needs
+three more; a store without them keeps the hand-off alone:
+
+* ``advertise(address) -> None``: where this store object's process answers
+  calls for the sessions it holds (``None``: nowhere); written with every
+  claim it takes from then on, and at once into the claims it holds.
+* ``holder_address(session_id) -> (holder, address) | None``: the live holder
+  (as ``held_by`` names it) and the address it advertised (``None``: none).
+* ``forwarding_key() -> bytes``: the store's shared secret, the same bytes in
+  every process that opens the store (a store reachable from this process
+  alone, such as `MemoryStore`, has none).
+
 Neither reading nor watching takes a claim, so neither ever blocks a writer.
 
 The functions above are this package's own; it names for users the feed
@@ -61,11 +73,15 @@ from nous_actor.store.subscription import Subscription
 __all__ = [
     "FOLLOW_INTERVAL",
     "FollowedWatch",
+    "advertise",
     "ask_handoff",
+    "forwarding_key",
     "handoff_requests",
     "held_by",
+    "holder_address",
     "load_since",
     "next_seq",
+    "supports_forwarding",
     "supports_handoff",
     "wait_changed",
     "watch",
@@ -158,6 +174,49 @@ def held_by(store: Store, session_id: str) -> str | None:
         return own(session_id)
     valid_store_id(session_id)
     return None
+
+
+def supports_forwarding(store: Store) -> bool:
+    """Whether ``store`` keeps its holders' addresses (``advertise`` and
+    ``holder_address``), so that calls can go to a session's holder."""
+    return _own(store, "advertise") is not None and _own(store, "holder_address") is not None
+
+
+def advertise(store: Store, address: str | None) -> None:
+    """Tell ``store`` where this process answers calls for the sessions it holds (no-op
+    for a store that keeps no addresses).
+
+    Raises:
+        StoreError: the store is closed or failed.
+    """
+    own: Callable[[str | None], None] | None = _own(store, "advertise")
+    if own is not None:
+        own(address)
+
+
+def holder_address(store: Store, session_id: str) -> tuple[str, str | None] | None:
+    """The live holder of ``session_id`` and the address it answers at (``None`` if it
+    advertised none); ``None`` if nobody holds it (or the store cannot tell).
+
+    Raises:
+        StoreError: the session id is not valid, or the store failed.
+    """
+    own: Callable[[str], tuple[str, str | None] | None] | None = _own(store, "holder_address")
+    if own is not None:
+        return own(session_id)
+    who = held_by(store, session_id)
+    return None if who is None else (who, None)
+
+
+def forwarding_key(store: Store) -> bytes | None:
+    """The store's shared secret for forwarding between processes; ``None`` for a store
+    that has none (reachable from this process only).
+
+    Raises:
+        StoreError: the store is closed or failed.
+    """
+    own: Callable[[], bytes] | None = _own(store, "forwarding_key")
+    return None if own is None else bytes(own())
 
 
 def supports_handoff(store: Store) -> bool:

@@ -1,0 +1,278 @@
+"""`Endpoint`: where this process answers calls for the sessions it holds on one store.
+
+One endpoint per store object, shared by the registries on it. Its address is
+written with every claim the store takes (``advertise``), so a process that
+finds a session held finds where to send its calls (``holder_address``).
+
+* On a store with a secret (``forwarding_key``: `SQLiteStore`,
+  `PostgresStore`), the endpoint listens on a Unix-domain socket in a folder
+  of its own, readable by this user alone (mode 0700), and admits a peer only
+  after both sides proved they know the store's secret (the HMAC challenge of
+  `multiprocessing.connection`, both ways). **Who can call**: a process of the
+  same OS user (or root) on the same host that can read the store. **What it
+  can do**: what a handle can do on the sessions this process holds (the
+  session actor's calls declared `REMOTE`, a compaction, a stop); calls and
+  answers travel pickled, so a peer is trusted as the user's own code is (as
+  with `multiprocessing`'s managers): never expose the socket to anyone else.
+* On a store without one (`MemoryStore`), the endpoint is reachable from this
+  process only: two registries on one store object hand calls to each other
+  directly (a simulation's two "processes").
+
+A call for a session no registry here holds is answered "not held" (it was not
+applied): the caller's route finds the session where it is now.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from functools import partial
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any, Final
+
+from nous_actor._log import get_logger
+from nous_actor.errors import NousActorError
+from nous_actor.sessions.actor import Handler, SessionActor
+from nous_actor.sessions.actor._calls import REMOTE, handlers_with
+from nous_actor.sessions.forwarding.links import (
+    FAILED,
+    HOST,
+    NOT_HELD,
+    OK,
+    PROTOCOL,
+    LocalLink,
+    Sender,
+    portable,
+)
+from nous_actor.sessions.forwarding.route import LIFE, Route
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.store import shared
+from nous_actor.store.base import Store
+
+__all__ = ["CALLS", "Endpoint", "endpoint_for", "local_endpoint"]
+
+logger = get_logger("nous_actor.sessions.forwarding")
+
+CALLS: Final[dict[str, Handler]] = {
+    **{h.__name__: h for h in handlers_with(REMOTE)},
+    "h_compact": SessionActor.h_compact,
+    **LIFE,
+}
+"""The calls another process may send, by name: the session actor's handlers declared
+`REMOTE`, and a compaction (its summariser runs here)."""
+
+ANSWER_BOUND: Final = 3600.0
+"""How long a forwarded call's answer is waited for here, at most (the caller's own bound
+applies at the caller; this only keeps a lost answer from being kept for ever)."""
+
+Registry = Any  # a `Sessions` (its ``_routes``: its routes by session id)
+
+
+class Endpoint:
+    """This process's door for one store object (see the module docs)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.registries: list[Registry] = []
+        self._lock = threading.Lock()
+        self._dir: str | None = None
+        self._sock: socket.socket | None = None
+        self._key: bytes | None = None
+        self.closed = False
+        self.served = 0  # calls taken from other processes (for tests and the benchmark)
+        key = shared.forwarding_key(store)
+        if key is None:
+            self.address = f"local:{uuid.uuid4().hex}"
+        else:
+            self._key = key
+            self._dir = tempfile.mkdtemp(prefix="nous-actor-")  # mode 0700: this user's
+            path = os.path.join(self._dir, "calls")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(path)
+                os.chmod(path, 0o600)
+                sock.listen(64)
+            except BaseException:
+                sock.close()
+                shutil.rmtree(self._dir, ignore_errors=True)
+                raise
+            self._sock = sock
+            self.address = f"unix:{HOST}:{path}"
+            _io_thread(self._accept, "nous-endpoint")
+        _local[self.address] = self
+        shared.advertise(store, self.address)
+
+    # -- this process ----------------------------------------------------------------------------
+
+    def dispatch(
+        self, session_id: str, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any]
+    ) -> bool:
+        """Hand a call to the registry here that holds ``session_id``; ``False`` if none
+        does (nothing was done)."""
+        route = self.route_here(session_id)
+        if route is None:
+            return False
+        route.send(handler, args, fut)
+        return True
+
+    def route_here(self, session_id: str) -> Route | None:
+        for registry in list(self.registries):
+            route = registry._routes.get(session_id)
+            if route is not None and route.here():
+                return route  # type: ignore[no-any-return]
+        return None
+
+    def link(self) -> LocalLink:
+        """A link to this endpoint from this process."""
+        return LocalLink(self.address, self.dispatch)
+
+    def join(self, registry: Registry) -> None:
+        with self._lock:
+            self.registries.append(registry)
+
+    def leave(self, registry: Registry) -> bool:
+        """``registry`` closes; ``True`` if it was the last (the endpoint closed)."""
+        with self._lock:
+            if registry in self.registries:
+                self.registries.remove(registry)
+            if self.registries:
+                return False
+        self.close()
+        return True
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _local.pop(self.address, None)
+        _endpoints.pop(id(self.store), None)
+        try:
+            shared.advertise(self.store, None)
+        except Exception:  # the store closed first: its claims went with it
+            pass
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- other processes -------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        sock = self._sock
+        while sock is not None and not self.closed:
+            try:
+                client, _ = sock.accept()
+            except OSError:
+                return  # closed
+            _io_thread(partial(self._serve, client), "nous-endpoint-peer")
+
+    def _serve(self, client: socket.socket) -> None:
+        """One peer process: authenticate it, then take its calls in the order sent."""
+        conn = Connection(client.detach())
+        try:
+            assert self._key is not None
+            deliver_challenge(conn, self._key)
+            answer_challenge(conn, self._key)
+            protocol = pickle.loads(conn.recv_bytes())
+        except Exception as exc:
+            logger.warning("forwarding.peer_refused", reason=type(exc).__name__, error=str(exc))
+            conn.close()
+            return
+        sender = Sender(conn)
+        if protocol != PROTOCOL:
+            logger.warning("forwarding.peer_refused", reason="protocol", protocol=protocol)
+            conn.close()
+            return
+        refused: dict[str, int] = {}  # the last epoch refused, per session
+        try:
+            while not self.closed:
+                for cid, blob in pickle.loads(conn.recv_bytes()):
+                    self._take(sender, refused, cid, blob)
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+            pass
+        finally:
+            conn.close()
+
+    def _take(self, sender: Sender, refused: dict[str, int], cid: int, blob: bytes) -> None:
+        try:
+            session_id, epoch, name, args = pickle.loads(blob)
+        except Exception as exc:
+            sender.put((cid, FAILED, _dump(NousActorError(f"the call could not be read: {exc}"))))
+            return
+        if refused.get(session_id, -1) >= epoch:
+            sender.put((cid, NOT_HELD, b""))
+            return
+        fut: SessionFuture[Any] = SessionFuture(session_id, ANSWER_BOUND)
+        fut.add_done_callback(partial(_answer, sender, cid, fut))
+        handler = CALLS.get(name)
+        if handler is None:
+            fut._fail(NousActorError(f"a session takes no call {name!r} from another process"))
+            return
+        if not self.dispatch(session_id, handler, args, fut):
+            refused[session_id] = epoch
+            sender.put((cid, NOT_HELD, b""))
+            return
+        self.served += 1
+
+
+def _io_thread(fn: Callable[[], None], name: str) -> None:
+    """A thread that waits on a socket: a plain daemon thread, never a simulation's task
+    (a simulated run has no other process to talk to)."""
+    threading.Thread(target=fn, name=name, daemon=True).start()
+
+
+def _dump(value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return pickle.dumps(portable(exc), pickle.HIGHEST_PROTOCOL)
+
+
+def _answer(sender: Sender, cid: int, fut: SessionFuture[Any]) -> None:
+    value = fut._value
+    if fut.failed():
+        sender.put((cid, FAILED, _dump(portable(value))))
+        return
+    try:
+        blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        sender.put((cid, FAILED, _dump(portable(exc))))
+        return
+    sender.put((cid, OK, blob))
+
+
+_local: dict[str, Endpoint] = {}
+"""This process's endpoints by address (a link to one of them stays in the process)."""
+
+_endpoints: dict[int, Endpoint] = {}
+_endpoints_lock = threading.Lock()
+
+
+def local_endpoint(address: str) -> Endpoint | None:
+    """This process's endpoint at ``address``, if it is one of ours."""
+    return _local.get(address)
+
+
+def endpoint_for(store: Store) -> Endpoint | None:
+    """The endpoint of ``store`` in this process (made on first use); ``None`` when the
+    store cannot carry holders' addresses."""
+    if not shared.supports_forwarding(store):
+        return None
+    with _endpoints_lock:
+        found = _endpoints.get(id(store))
+        if found is not None and found.store is store and not found.closed:
+            return found
+        made = Endpoint(store)
+        _endpoints[id(store)] = made
+        return made

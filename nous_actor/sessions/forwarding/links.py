@@ -1,0 +1,334 @@
+"""Links: the way from a route to the process (or the registry) that holds its session.
+
+Two kinds, one interface (`nous_actor.sessions.forwarding.route.Link`):
+
+* `LocalLink`: the holder is another registry of this process on the same store
+  object (two registries on one `MemoryStore` stand for two processes in a
+  simulation). A call is handed to that registry's route at once, with the
+  caller's own future.
+* `SocketLink`: the holder is another process on this host. Calls go over one
+  Unix-domain socket per holder (`multiprocessing.connection`, authenticated
+  by the store's secret: see `nous_actor.sessions.forwarding.endpoint`), in
+  batches, in the order sent; a reader thread answers their futures.
+
+A call sent over a socket whose answer never comes back because the holder
+died or the connection broke fails with `SessionCrashed`: it may or may not have
+been applied (the store is the truth). A call that was not yet written to the
+socket was not applied: it goes back to its route, which delivers it where the
+session is next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import pickle
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any, Final
+
+from nous_actor._log import get_logger
+from nous_actor.core._frozen import short_repr
+from nous_actor.errors import NousActorError, SessionCrashed
+from nous_actor.sessions.actor import Handler
+from nous_actor.sessions.forwarding.route import Call, Route
+
+__all__ = ["NOT_HELD", "OK", "FAILED", "LocalLink", "SocketLink", "portable", "socket_path"]
+
+logger = get_logger("nous_actor.sessions.forwarding")
+
+OK, FAILED, NOT_HELD = range(3)
+"""What comes back for a call: its value, its error, or "this process does not hold the
+session" (not applied: send it where the session is)."""
+
+PROTOCOL: Final = 1
+"""The version of what two processes say to each other over a socket; both check it."""
+
+HOST: Final = socket.gethostname()
+
+
+def socket_path(address: str) -> str | None:
+    """The socket path of ``address`` when it is a socket of this host, else ``None``."""
+    kind, _, rest = address.partition(":")
+    if kind != "unix":
+        return None
+    host, _, path = rest.partition(":")
+    return path if host == HOST and path else None
+
+
+def portable(exc: BaseException) -> Exception:
+    """``exc`` if it survives a trip to another process, else a `NousActorError` saying
+    what it was."""
+    if isinstance(exc, Exception):
+        try:
+            pickle.loads(pickle.dumps(exc))
+            return exc
+        except Exception:
+            pass
+    return NousActorError(f"{type(exc).__name__}: {short_repr(exc)}")
+
+
+class LocalLink:
+    """The holder is another registry of this process: ``dispatch`` hands a call to it
+    (``False``: it does not hold the session)."""
+
+    __slots__ = ("address", "dispatch")
+
+    def __init__(
+        self, address: str, dispatch: Callable[[str, Handler, tuple[Any, ...], Any], bool]
+    ):
+        self.address = address
+        self.dispatch = dispatch
+
+    def send(
+        self, route: Route, epoch: int, handler: Handler, args: tuple[Any, ...], fut: Any
+    ) -> None:
+        try:
+            if not self.dispatch(route.session_id, handler, args, fut):
+                route.refused(epoch, (handler, args, fut))
+        finally:
+            route.answered()
+
+
+class Sender:
+    """Writes batches to one connection, in the order put: the first putter writes
+    what is pending while others add to it (no thread of its own)."""
+
+    __slots__ = ("_conn", "_lock", "_pending", "_sending", "broken")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._pending: list[Any] = []
+        self._sending = False
+        self.broken: BaseException | None = None
+
+    def put(self, item: Any, on_lost: Callable[[list[Any]], None] | None = None) -> bool:
+        """Queue ``item``; ``False`` if the connection is broken (nothing queued). Items
+        of a batch that could not be written go to ``on_lost``."""
+        with self._lock:
+            if self.broken is not None:
+                return False
+            self._pending.append(item)
+            if self._sending:
+                return True
+            self._sending = True
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+                if not batch or self.broken is not None:
+                    self._sending = False
+                    lost = batch
+                    if not lost:
+                        return True
+                    break
+            try:
+                self._conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
+            except (OSError, ValueError) as exc:
+                with self._lock:
+                    self.broken = exc
+                    self._sending = False
+                    lost = batch + self._pending
+                    self._pending = []
+                break
+        if on_lost is not None and lost:
+            on_lost(lost)
+        return True
+
+
+class SocketLink:
+    """The way to another process of this host that holds sessions (see the module)."""
+
+    __slots__ = ("_calls", "_conn", "_ids", "_lock", "_sender", "address", "closed", "sent")
+
+    def __init__(self, address: str, key: bytes, timeout: float) -> None:
+        path = socket_path(address)
+        if path is None:
+            raise NousActorError(f"{address!r} is not a socket of this host")
+        self.address = address
+        self._conn = _connect(path, key, timeout)
+        self._conn.send_bytes(pickle.dumps(PROTOCOL))
+        self._sender = Sender(self._conn)
+        self._lock = threading.Lock()
+        self._calls: dict[int, tuple[Route, int, Call]] = {}
+        self._ids = itertools.count()
+        self.closed = False
+        self.sent = 0
+        # A plain daemon thread (it waits on a socket; never a simulation's task).
+        threading.Thread(target=self._read, name="nous-link", daemon=True).start()
+
+    def send(
+        self, route: Route, epoch: int, handler: Handler, args: tuple[Any, ...], fut: Any
+    ) -> None:
+        call: Call = (handler, args, fut)
+        try:
+            blob = pickle.dumps(
+                (route.session_id, epoch, handler.__name__, _travelling(handler, args)),
+                pickle.HIGHEST_PROTOCOL,
+            )
+        except Exception as exc:
+            route.answered()
+            fut._fail(
+                TypeError(
+                    "the call goes to the process that holds the session, so its "
+                    f"arguments must be picklable: {type(exc).__name__}: {short_repr(exc)}"
+                )
+            )
+            return
+        cid = next(self._ids)
+        with self._lock:
+            if self.closed:
+                cid = -1
+            else:
+                self._calls[cid] = (route, epoch, call)
+        if cid < 0 or not self._sender.put((cid, blob), self._unsent):
+            if cid >= 0:
+                with self._lock:
+                    self._calls.pop(cid, None)
+            route.refused(epoch, call)  # never written: not applied
+            route.answered()
+            return
+        self.sent += 1
+
+    def _unsent(self, items: list[Any]) -> None:
+        """Items never written (the connection broke first): not applied."""
+        for cid, _ in items:
+            with self._lock:
+                entry = self._calls.pop(cid, None)
+            if entry is not None:
+                route, epoch, call = entry
+                route.refused(epoch, call)
+                route.answered()
+
+    def _read(self) -> None:
+        conn = self._conn
+        try:
+            while True:
+                batch = pickle.loads(conn.recv_bytes())
+                for cid, state, blob in batch:
+                    with self._lock:
+                        entry = self._calls.pop(cid, None)
+                    if entry is None:
+                        continue
+                    route, epoch, call = entry
+                    fut = call[2]
+                    try:
+                        if state == NOT_HELD:
+                            route.refused(epoch, call)
+                            continue
+                        try:
+                            value = pickle.loads(blob)
+                        except Exception as exc:
+                            state, value = (
+                                FAILED,
+                                NousActorError(
+                                    f"the answer could not be read: {type(exc).__name__}: "
+                                    f"{short_repr(exc)}"
+                                ),
+                            )
+                        if state == OK:
+                            fut._resolve(value)
+                        else:
+                            fut._fail(value)
+                    finally:
+                        route.answered()
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError) as exc:
+            self._lost(exc)
+
+    def _lost(self, exc: BaseException) -> None:
+        """The connection broke: every call still waiting may or may not have been
+        applied by the holder; say so."""
+        with self._lock:
+            self.closed = True
+            calls, self._calls = self._calls, {}
+        _forget(self)
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+        for route, _, (_, _, fut) in calls.values():
+            fut._fail(
+                SessionCrashed(
+                    route.session_id,
+                    f"the process holding it ({self.address}) went away before "
+                    f"answering ({type(exc).__name__}); the call may or may not have "
+                    "been applied: read the session (e.g. since(seq)) to see what it holds",
+                )
+            )
+            route.answered()
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+
+def _travelling(handler: Handler, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` as they can travel: a compaction leaves its caller's event loop, its slot
+    and its trace context behind (its summariser runs where the session is)."""
+    name = handler.__name__
+    if name == "h_compact":
+        return (_plain_compaction(args[0]),)
+    if name == "h_turn_call" and args[1] == "h_compact":
+        return (args[0], args[1], (_plain_compaction(args[2][0]),))
+    if name == "h_turn_open" and getattr(args[0], "context", None) is not None:
+        return (dataclasses.replace(args[0], context=None), *args[1:])
+    return args
+
+
+def _plain_compaction(req: Any) -> Any:
+    return dataclasses.replace(req, loop=None, slot=None, context=None)
+
+
+def _connect(path: str, key: bytes, timeout: float) -> Connection:
+    """A connection to the socket at ``path``, authenticated with ``key``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        sock.settimeout(None)
+        conn = Connection(sock.detach())
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+_links: dict[str, SocketLink] = {}
+_links_lock = threading.Lock()
+
+
+def link_to(address: str, key: bytes, timeout: float) -> SocketLink:
+    """This process's link to ``address`` (made on first use, shared by its routes).
+
+    Raises:
+        OSError: no process answers there (it ended, or never listened).
+        multiprocessing.AuthenticationError: it does not know this store's secret.
+    """
+    with _links_lock:
+        link = _links.get(address)
+        if link is not None and not link.closed:
+            return link
+    made = SocketLink(address, key, timeout)
+    with _links_lock:
+        link = _links.get(address)
+        if link is not None and not link.closed:
+            made.close()
+            return link
+        _links[address] = made
+    return made
+
+
+def _forget(link: SocketLink) -> None:
+    with _links_lock:
+        if _links.get(link.address) is link:
+            del _links[link.address]

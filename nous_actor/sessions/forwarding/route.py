@@ -1,0 +1,430 @@
+"""`Route`: where one session's calls go from one registry, and what is held while it moves.
+
+A registry keeps one route per session id it was asked for. The route's
+target is either the session's actor in this process (``ref``) or a `Link` to
+the process that holds it (``link``). A call is put in the actor's inbox, or
+sent over the link, in the order the route receives it.
+
+**While the session moves** (its actor here stopped with calls still queued —
+a passivation, a hand-off, a crash — or the holder answered "not held here"),
+the route holds every call: first the ones its last target handed back
+(never applied), in the order they were sent, then the ones made since. A
+mover finds where the session is now (``locate``: opened here, or the process
+that holds it) and delivers them there in that order, each exactly once. A
+caller learns "not applied" only when it was not: the route fails held calls
+only when the session cannot be reached within the route's bound (the error
+says so), or when the registry closes.
+
+The only ambiguous case is a holder process that dies (or whose connection
+breaks) between receiving a call and answering it: those calls fail with
+`nous_actor.SessionCrashed`, whose message says that the call may or may not
+have been applied (see `Link`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+import pykka
+
+from nous_actor._log import get_logger
+from nous_actor.errors import SessionStopped
+from nous_actor.runtime import scheduling
+from nous_actor.sessions.actor import Handler, _Envelope, session_cell
+from nous_actor.sessions.future import SessionFuture
+
+__all__ = ["LIFE", "Call", "Link", "Route"]
+
+logger = get_logger("nous_actor.sessions.forwarding")
+
+_FIRST_PAUSE = 0.001
+"""Seconds a move waits before it looks for the session again (doubling each time)."""
+
+MAX_TAKEN_BACK = 5
+"""How often a call may be handed back by a session that stopped before running it."""
+
+_MAX_PAUSE = 0.1
+"""The longest pause between two looks."""
+
+Call = tuple[Handler, tuple[Any, ...], "SessionFuture[Any]"]
+"""One call: its handler, its arguments, its future."""
+
+
+class Link(Protocol):
+    """The way to the process (or the other registry) that holds a session."""
+
+    address: str
+
+    def send(
+        self, route: Route, epoch: int, handler: Handler, args: tuple[Any, ...], fut: Any
+    ) -> None:
+        """Send one call of ``route``'s session; its answer goes to ``fut``. A call the
+        other side does not take (it does not hold the session) goes back to
+        ``route.refused(epoch, call)``; the link calls ``route.answered()`` once per
+        call sent, whatever its outcome."""
+
+
+Locate = Callable[[str], "pykka.ActorRef[Any] | Link"]
+"""Finds where a session is now: its actor here (opened, or reopened, by the registry) or
+a link to its holder. Blocks; raises `NousActorError` (or `ConflictError`, `StoreError`)
+when it cannot be reached."""
+
+
+class Route:
+    """Where one session's calls go from one registry (see the module docs)."""
+
+    __slots__ = (
+        "_cond",
+        "_locate",
+        "_tries",
+        "bounced",
+        "closed",
+        "epoch",
+        "held",
+        "inflight",
+        "link",
+        "lock",
+        "moves",
+        "ref",
+        "rerouted",
+        "session_id",
+        "timeout",
+    )
+
+    def __init__(self, session_id: str, locate: Locate, timeout: float) -> None:
+        self.session_id = session_id
+        self._locate = locate
+        self.timeout = timeout
+        self.lock = threading.RLock()
+        self._cond = threading.Condition(self.lock)
+        self.ref: pykka.ActorRef[Any] | None = None
+        self.link: Link | None = None
+        # While moving: the calls held (made since the move began), and before them
+        # the ones the last target handed back unapplied, in the order sent.
+        self.held: deque[Call] | None = None
+        self.rerouted: deque[Call] = deque()
+        self.bounced: deque[Call] = deque()  # refused by the link, in the order sent
+        self._tries: dict[int, int] = {}  # hand-backs so far of each call still pending
+        self.epoch = 0  # grows at every move: a link's refusals of an older one are late
+        self.inflight = 0  # calls sent over ``link`` and not answered yet
+        self.closed: str | None = None
+        self.moves = 0  # (for tests and the benchmark)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send(self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any]) -> None:
+        """Send one call to wherever the session is, in order; never raises (the future
+        carries every failure)."""
+        link = None
+        with self.lock:
+            if self.closed is not None:
+                fut._fail(SessionStopped(self.session_id, self.closed))
+                return
+            if self.held is None:
+                ref = self.ref
+                if ref is not None:
+                    if not ref.actor_stopped.is_set():
+                        ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
+                        return
+                elif self.link is not None:
+                    link, epoch = self.link, self.epoch
+                    self.inflight += 1
+                if link is None:
+                    self.held = deque()
+                    self.held.append((handler, args, fut))
+                    self.moves += 1
+                    move = True
+                else:
+                    move = False
+            else:
+                self.held.append((handler, args, fut))
+                return
+        if link is not None:
+            link.send(self, epoch, handler, args, fut)
+        elif move:
+            self._move()
+
+    def settle(self, found: pykka.ActorRef[Any] | Link) -> None:
+        """Calls go to ``found`` from now on (an open located the session), unless a move
+        is under way (it locates the session itself)."""
+        with self.lock:
+            if self.held is not None or self.closed is not None:
+                return
+            if isinstance(found, pykka.ActorRef):
+                old = self.ref
+                if old is not None and old is not found:
+                    session_cell(old).reroute = None
+                self.ref, self.link = found, None
+                session_cell(found).reroute = self
+            elif found is not self.link:
+                self.ref, self.link = None, found
+                self.epoch += 1
+
+    def target(self) -> pykka.ActorRef[Any] | Link | None:
+        """Where calls go now (``None``: moving, or not located yet)."""
+        with self.lock:
+            if self.held is not None:
+                return None
+            return self.ref if self.ref is not None else self.link
+
+    def here(self) -> bool:
+        """Whether the session is held by this registry (calls forwarded from another
+        process are taken): its actor here runs, or it is moving away from here."""
+        with self.lock:
+            if self.closed is not None:
+                return False
+            if self.held is not None:
+                return self.link is None and self.ref is not None
+            ref = self.ref
+            return ref is not None and not ref.actor_stopped.is_set()
+
+    # -- what a target hands back ------------------------------------------------------------
+
+    def take_back(self, calls: list[Call]) -> None:
+        """The session's actor here stopped with ``calls`` not applied (called by the
+        actor, under this route's lock, with its inbox drained): deliver them where the
+        session is now, before anything sent after them."""
+        with self.lock:
+            kept = [call for call in calls if self._may_try_again(call)]
+            self.rerouted.extendleft(reversed(kept))
+            if self.closed is not None:
+                self._fail_held(SessionStopped(self.session_id, self.closed))
+                return
+            if self.held is not None:
+                return  # the move under way delivers them
+            self.held = deque()
+            self.moves += 1
+        scheduling.spawn(self._move, "nous-route")
+
+    def _may_try_again(self, call: Call) -> bool:
+        """Count one more hand-back of ``call``; past `MAX_TAKEN_BACK` it fails (not
+        applied) instead of following a session that keeps stopping under it."""
+        fut = call[2]
+        key = id(fut)
+        tries = self._tries.get(key, 0) + 1
+        if tries > MAX_TAKEN_BACK:
+            self._tries.pop(key, None)
+            fut._fail(
+                SessionStopped(
+                    self.session_id,
+                    f"the session stopped {MAX_TAKEN_BACK} times before this call could "
+                    "run (crashing or moving); the call was not applied",
+                )
+            )
+            return False
+        if tries == 1:
+            fut.add_done_callback(partial(self._forget_tries, key))
+        self._tries[key] = tries
+        return True
+
+    def _forget_tries(self, key: int) -> None:
+        self._tries.pop(key, None)
+
+    def refused(self, epoch: int, call: Call) -> None:
+        """A link's other side did not take ``call`` (it does not hold the session): it
+        was not applied; deliver it where the session is now, in order. A link refuses
+        every call after the first it refused, until the route moves (``epoch``)."""
+        with self.lock:
+            self.bounced.append(call)
+            if epoch != self.epoch:
+                return  # sent before the last move: the mover waits for it
+            self.link = None
+            if self.held is not None:
+                return  # the move under way sees it and looks again
+            self.held = deque()
+            self.moves += 1
+        scheduling.spawn(self._move, "nous-route")
+
+    def answered(self) -> None:
+        """A call sent over the link is answered (or refused, or lost)."""
+        with self.lock:
+            self.inflight -= 1
+            if self.inflight <= 0:
+                self._cond.notify_all()
+
+    # -- moving --------------------------------------------------------------------------------
+
+    def _move(self) -> None:
+        """Find the session and deliver what is held, in order (bounded by ``timeout``)."""
+        host = scheduling.current()
+        deadline = host.now() + self.timeout
+        first = True
+        pause = _FIRST_PAUSE
+        attempts = 0
+        while True:
+            attempts += 1
+            if attempts > MAX_TAKEN_BACK:
+                with self.lock:
+                    self._fail_held(
+                        SessionStopped(
+                            self.session_id,
+                            f"the session stopped {MAX_TAKEN_BACK} times as it was reached "
+                            "(crashing or moving); the call was not applied",
+                        )
+                    )
+                return
+            if not first:
+                # The session went away again as it was reached (a crash storm, a holder
+                # ending): look again after a pause that doubles, not at once.
+                host.wait(
+                    self._is_closed,
+                    min(pause, max(deadline - host.now(), 0.0)),
+                    self._block_closed,
+                )
+                pause = min(pause * 2, _MAX_PAUSE)
+            old = self.ref
+            if old is not None and old.actor_stopped.is_set():
+                # Its inbox is drained (under this route's lock) before it ends: wait
+                # for that, so what it hands back goes first.
+                session_cell(old).finished.wait(max(deadline - host.now(), 0.0))
+            # Calls still in flight over a link: their refusals come back in order and
+            # go before everything not sent yet. (Waited for outside the lock: a
+            # simulated wait suspends its thread, which must not hold it.)
+            host.wait(self._settled, max(deadline - host.now(), 0.0), self._block_settled)
+            with self.lock:
+                if self.bounced:
+                    self.rerouted.extendleft(reversed(self.bounced))
+                    self.bounced.clear()
+                if self.closed is not None:
+                    self._fail_held(SessionStopped(self.session_id, self.closed))
+                    return
+                if not first and host.now() >= deadline:
+                    self._fail_held(
+                        SessionStopped(
+                            self.session_id,
+                            f"it could not be reached within {self.timeout:g} s while it "
+                            "moved between processes; the call was not applied",
+                        )
+                    )
+                    return
+            first = False
+            try:
+                found = self._locate(self.session_id)
+            except Exception as exc:
+                with self.lock:
+                    self._fail_held(exc)
+                return
+            if self._flush(found):
+                return
+
+    def _is_closed(self) -> bool:
+        return self.closed is not None
+
+    def _block_closed(self, timeout: float | None) -> bool:
+        with self.lock:
+            return self._cond.wait_for(self._is_closed, timeout)
+
+    def _settled(self) -> bool:
+        return self.inflight <= 0
+
+    def _block_settled(self, timeout: float | None) -> bool:
+        with self.lock:
+            return self._cond.wait_for(self._settled, timeout)
+
+    def _flush(self, found: pykka.ActorRef[Any] | Link) -> bool:
+        """Deliver the held calls to ``found`` in order; ``False`` if it went away
+        meanwhile (then locate the session again)."""
+        local = isinstance(found, pykka.ActorRef)
+        with self.lock:
+            if local:
+                assert isinstance(found, pykka.ActorRef)
+                self.ref, self.link = found, None
+                session_cell(found).reroute = self
+            else:
+                assert not isinstance(found, pykka.ActorRef)
+                self.ref, self.link = None, found
+                self.epoch += 1
+            epoch = self.epoch
+        while True:
+            with self.lock:
+                if self.closed is not None:
+                    self._fail_held(SessionStopped(self.session_id, self.closed))
+                    return True
+                if local:
+                    if self.ref is not found or found.actor_stopped.is_set():
+                        return False
+                elif self.link is not found or self.bounced:
+                    return False
+                queue = self.rerouted if self.rerouted else self.held
+                assert queue is not None
+                if not queue:
+                    self.held = None
+                    return True
+                call = queue.popleft()
+                if local:
+                    # Under the lock: the actor drains its inbox under it too, so a call
+                    # put here is either applied or handed back.
+                    found.actor_inbox.put(_Envelope(call))  # type: ignore[union-attr,arg-type]
+                    continue
+                self.inflight += 1
+            found.send(self, epoch, *call)  # type: ignore[union-attr]
+
+    def _fail_held(self, exc: BaseException) -> None:
+        """Fail every held call with ``exc`` (under the lock): the session could not be
+        reached; none of them was applied."""
+        calls = [*self.bounced, *self.rerouted, *(self.held or ())]
+        self.bounced.clear()
+        self.rerouted.clear()
+        self.held = None
+        for _, _, fut in calls:
+            fut._fail(exc)
+
+    def close(self, reason: str) -> None:
+        """The registry closes (or the session was stopped on purpose): calls held now
+        or made from now on fail with `SessionStopped` (``reason``)."""
+        with self.lock:
+            self.closed = reason
+            self._cond.notify_all()
+            ref = self.ref
+            if ref is not None:
+                session_cell(ref).reroute = None
+            self._fail_held(SessionStopped(self.session_id, reason))
+
+    def release_actor(self) -> None:
+        """The session here is stopped on purpose (``stop()``): calls still queued fail as
+        before, and the next call locates it again."""
+        with self.lock:
+            ref = self.ref
+            if ref is not None:
+                session_cell(ref).reroute = None
+
+    def stop_here(self, timeout: float) -> None:
+        """Stop the session's actor here on purpose (a ``stop()`` from a handle in
+        another process): calls still queued fail as before; waits at most ``timeout``
+        for it to end and let go of its claim."""
+        self.release_actor()
+        ref = self.ref
+        if ref is None:
+            return
+        ref.stop(block=False)
+        cell = session_cell(ref)
+        cell.finished.wait(timeout)
+        cell.released.wait(timeout)
+
+    def __repr__(self) -> str:
+        where = (
+            "moving"
+            if self.held is not None
+            else ("here" if self.ref is not None else getattr(self.link, "address", "nowhere"))
+        )
+        return f"<Route {self.session_id!r} {where}>"
+
+
+def __alive__(actor: Any) -> bool:
+    """(Run by the session's actor.) It runs: a handle elsewhere asked."""
+    return True
+
+
+def __stop__(actor: Any, timeout: float) -> None:
+    """(Run by the session's actor.) Stop on purpose, for a handle elsewhere: what is
+    still queued fails as after any ``stop()``; the next call finds it again."""
+    actor.cell.reroute = None
+    actor._stop()
+
+
+LIFE: dict[str, Handler] = {"__alive__": __alive__, "__stop__": __stop__}
+"""The two questions of a handle's life that travel like calls."""
