@@ -1,0 +1,363 @@
+"""Calls go to the holder: a session held by another registry (another process, or another
+registry of this process on the same store) is called through it, never refused, and calls
+that land while it moves or restarts are held and delivered in order, exactly once.
+
+Two registries on one `MemoryStore` stand for two processes (as in a simulation); two
+`SQLiteStore` objects on one file in this process likewise (their claims name this process,
+the holder's address its endpoint). The tests with real processes are in
+tests/test_processes.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bounds import BOUND
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from nous_actor import InvalidEvent, Sessions, SessionStopped, SQLiteStore, TurnBusy
+from nous_actor.sessions.actor import SessionActor
+from nous_actor.sessions.forwarding import LocalLink, Route
+from nous_actor.store import MemoryStore, shared
+from nous_actor.store.base import Store
+
+
+class Boom(BaseException):
+    pass
+
+
+def _pair_on(kind: str, tmp_path: Path) -> tuple[Store, Store]:
+    """Two stores standing for two processes' views of one store."""
+    if kind == "memory":
+        store = MemoryStore()
+        return store, store
+    path = tmp_path / "app.db"
+    return SQLiteStore(path), SQLiteStore(path)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Sessions, Sessions]]:
+    """Two registries on one store: ``a`` (the holder) and ``b`` (the caller)."""
+    store_a, store_b = _pair_on(request.param, tmp_path)
+    a, b = Sessions(store_a), Sessions(store_b)
+    yield a, b
+    b.close()
+    a.close()
+    for store in {id(store_a): store_a, id(store_b): store_b}.values():
+        store.close()
+
+
+def contents(handle: Any) -> list[str]:
+    return [m.content for m in handle.derive_messages().get(timeout=BOUND)]
+
+
+def route_of(handle: Any) -> Route:
+    route = handle._route
+    assert isinstance(route, Route)
+    return route
+
+
+def test_a_session_another_registry_holds_is_called_through_it(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """``b.open`` of a session ``a`` holds neither raises nor moves it: ``b``'s calls run
+    in ``a``'s actor, pipelined calls in the order sent, each read seeing every earlier
+    write of either side."""
+    a, b = pair
+    in_a = a.open("chat")
+    in_a.append("user_message", {"content": "a0"}).get(timeout=BOUND)
+    in_b = b.open("chat")
+    assert isinstance(route_of(in_b).target(), LocalLink)
+    assert (a.live(), b.live()) == (["chat"], [])
+    sent = [in_b.append("user_message", {"content": f"b{i}"}) for i in range(100)]
+    assert [f.get(timeout=BOUND).seq for f in sent] == list(range(1, 101))
+    in_a.append("assistant_message", {"content": "a1"}).get(timeout=BOUND)
+    assert contents(in_b) == ["a0", *(f"b{i}" for i in range(100)), "a1"]
+    assert contents(in_a) == contents(in_b)
+    assert route_of(in_b).moves == 0  # a forwarded call costs no lookup of where it goes
+    assert in_b.is_alive()
+    assert (a.live(), b.live()) == (["chat"], [])
+
+
+def test_bad_input_through_a_forwarding_handle_changes_nothing(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """A refused event is refused at the call, as on any handle; the session runs on."""
+    a, b = pair
+    a.open("chat").append("user_message", {"content": "kept"}).get(timeout=BOUND)
+    in_b = b.open("chat")
+    with pytest.raises(InvalidEvent):
+        in_b.append("no_such_type", {"content": "x"}).get(timeout=BOUND)
+    with pytest.raises(TypeError):
+        in_b.since("0")  # type: ignore[arg-type]
+    assert contents(in_b) == ["kept"]
+    assert in_b.count().get(timeout=BOUND) == 1
+
+
+def test_calls_queued_behind_a_crash_of_the_holders_session_are_delivered_in_order(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """``b`` pipelines appends while the session crashes in ``a`` (a `BaseException` in
+    a handler): every call behind the crash reaches the restarted session, in the order
+    sent, exactly once; none is refused."""
+    a, b = pair
+    in_a = a.open("chat")
+    in_b = b.open("chat")
+    entered, release = threading.Event(), threading.Event()
+
+    def block_then_crash(actor: SessionActor) -> None:
+        entered.set()
+        release.wait(BOUND)
+        raise Boom("crash with forwarded calls queued")
+
+    crashing = in_a._call(block_then_crash)
+    assert entered.wait(BOUND)
+    sent = [in_b.append("user_message", {"content": f"m{i}"}) for i in range(50)]
+    release.set()
+    with pytest.raises(SessionStopped):
+        crashing.get(timeout=BOUND)
+    assert [f.get(timeout=BOUND).seq for f in sent] == list(range(50))
+    assert contents(in_b) == [f"m{i}" for i in range(50)]
+    stored = shared.load_since(a.store, "chat")
+    assert [e.data["content"] for e in stored] == [f"m{i}" for i in range(50)]
+
+
+def test_when_the_holder_closes_the_next_call_moves_the_session_to_the_caller(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """The holder's registry closes (its sessions let go): the caller's next call opens
+    the session in the caller's registry, with everything acknowledged."""
+    a, b = pair
+    a.open("chat").append("user_message", {"content": "a0"}).get(timeout=BOUND)
+    in_b = b.open("chat")
+    in_b.append("user_message", {"content": "b0"}).get(timeout=BOUND)
+    a.close()
+    assert in_b.append("user_message", {"content": "b1"}).get(timeout=BOUND).seq == 2
+    assert b.live() == ["chat"]
+    assert contents(in_b) == ["a0", "b0", "b1"]
+    assert route_of(in_b).moves == 1
+
+
+def test_calls_in_flight_when_the_holder_passivates_are_delivered_where_it_goes(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """The holder stops the session (a passivation) while ``b`` pipelines calls: the
+    calls it did not apply go back to the route that sent them, which delivers them in
+    order; every call is applied exactly once, none refused."""
+    first, b = pair
+    a = Sessions(first.store, idle_timeout=3600)  # passivated below, by hand
+    first.close()
+    in_a = a.open("chat")
+    in_b = b.open("chat")
+    results: list[Any] = []
+    gate = threading.Event()
+
+    def writer() -> None:
+        gate.wait(BOUND)
+        futs = [in_b.append("user_message", {"content": f"m{i}"}) for i in range(300)]
+        results.extend(f.get(timeout=BOUND).seq for f in futs)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    gate.set()
+    # Forwarded calls do not touch the holder's idleness: it passivates mid-stream.
+    assert a.passivate_idle(a.clock() + 7200) == ["chat"]
+    t.join(BOUND)
+    assert not t.is_alive()
+    assert results == list(range(300))
+    assert contents(in_b) == [f"m{i}" for i in range(300)]
+    assert contents(in_a) == contents(in_b)
+    a.close()
+
+
+def test_a_turn_opened_through_a_forwarding_handle_holds_the_holders_writers(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """A turn is held by the caller that opened it, wherever the session runs: while
+    ``b``'s turn is open, ``a``'s plain write waits for it, and a ``reject`` turn of
+    ``a`` is refused naming ``b``'s turn."""
+    a, b = pair
+    in_a = a.open("chat")
+    in_b = b.open("chat")
+    with in_b.turn(owner="caller-b") as turn:
+        turn.append("user_message", {"content": "q"}).get(timeout=BOUND)
+        # (From another thread: this one is inside the turn's block, where a plain write
+        # fails at once rather than wait for its own turn.)
+        sent: list[Any] = []
+        other = threading.Thread(
+            target=lambda: sent.append(in_a.append("user_message", {"content": "after the turn"}))
+        )
+        other.start()
+        other.join(BOUND)
+        (waiting,) = sent
+        with pytest.raises(TurnBusy, match="caller-b"), in_a.turn("reject"):
+            pass
+        turn.append("assistant_message", {"content": "a"}).get(timeout=BOUND)
+        assert not waiting.done()
+    assert waiting.get(timeout=BOUND).seq == 4  # after turn_start, q, a, turn_end
+    assert contents(in_a) == ["q", "a", "after the turn"]
+
+
+def test_a_subscription_through_a_forwarding_handle_sees_every_commit(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """Subscribing where the session is held elsewhere follows the store: every committed
+    event exactly once, in seq order."""
+    a, b = pair
+    in_a = a.open("chat")
+    in_a.append("user_message", {"content": "before"}).get(timeout=BOUND)
+    in_b = b.open("chat")
+    with in_b.subscribe(0) as sub:
+        for i in range(5):
+            in_a.append("user_message", {"content": f"m{i}"}).get(timeout=BOUND)
+        seen = [sub.get(timeout=BOUND) for _ in range(6)]
+    assert [e.seq for e in seen] == list(range(6))
+    assert [e.data["content"] for e in seen] == ["before", *(f"m{i}" for i in range(5))]
+
+
+def test_closing_the_callers_registry_fails_its_calls_and_leaves_the_holder_alone(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """The caller's registry closes: its handles' calls fail with `SessionStopped` (the
+    registry is closed); the session goes on in its holder."""
+    a, b = pair
+    in_a = a.open("chat")
+    in_b = b.open("chat")
+    in_b.append("user_message", {"content": "b0"}).get(timeout=BOUND)
+    b.close()
+    with pytest.raises(SessionStopped, match="registry is closed"):
+        in_b.append("user_message", {"content": "late"}).get(timeout=BOUND)
+    assert in_a.append("user_message", {"content": "a0"}).get(timeout=BOUND).seq == 1
+    assert contents(in_a) == ["b0", "a0"]
+
+
+def test_open_with_wait_still_moves_the_session_here() -> None:
+    """``open(id, wait=...)`` is the explicit request to move a session: the holder
+    hands it over once idle, and the caller's registry holds it. (On SQLite a request
+    stands per process: tests/test_processes.py asks across processes.)"""
+    store = MemoryStore()
+    a, b = Sessions(store), Sessions(store)
+    a.open("chat").append("user_message", {"content": "a0"}).get(timeout=BOUND)
+    in_b = b.open("chat", wait=BOUND)
+    assert (a.live(), b.live()) == ([], ["chat"])
+    assert in_b.append("user_message", {"content": "b0"}).get(timeout=BOUND).seq == 1
+    b.close()
+    a.close()
+
+
+def test_stop_through_a_forwarding_handle_stops_the_session_in_its_holder(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """``stop()`` on a handle whose session is held elsewhere stops it there; the next
+    call from either side opens it again, with everything acknowledged."""
+    a, b = pair
+    in_a = a.open("chat")
+    in_b = b.open("chat")
+    in_b.append("user_message", {"content": "b0"}).get(timeout=BOUND)
+    in_b.stop()
+    assert in_a.append("user_message", {"content": "a0"}).get(timeout=BOUND).seq == 1
+    assert contents(in_b) == ["b0", "a0"]
+
+
+# -- a model of two processes and a session that moves between them --------------------------
+
+
+class TwoRegistries(RuleBasedStateMachine):
+    """Two registries on one store; writes through either, while the session is stopped,
+    crashed, handed over or let go by its holder at any moment: the log is the model."""
+
+    store_kind = "memory"
+
+    @initialize()
+    def start(self) -> None:
+        if self.store_kind == "memory":
+            shared_store = MemoryStore()
+            self.stores = [shared_store, shared_store]
+        else:
+            import tempfile
+
+            self.folder = tempfile.TemporaryDirectory()
+            path = Path(self.folder.name) / "app.db"
+            self.stores = [SQLiteStore(path), SQLiteStore(path)]
+        self.regs = [Sessions(s, max_restarts=10_000) for s in self.stores]
+        self.handles = [reg.open("chat") for reg in self.regs]
+        self.model: list[str] = []
+
+    @rule(side=st.integers(0, 1), n=st.integers(1, 20))
+    def append(self, side: int, n: int) -> None:
+        base = len(self.model)
+        futs = [
+            self.handles[side].append("user_message", {"content": f"{base + i}"}) for i in range(n)
+        ]
+        for i, fut in enumerate(futs):
+            assert fut.get(timeout=BOUND).seq == base + i
+        self.model.extend(f"{base + i}" for i in range(n))
+
+    @rule(side=st.integers(0, 1))
+    def holder_lets_go(self, side: int) -> None:
+        """The registry that holds it passivates it (if ``side`` holds it)."""
+        reg = self.regs[side]
+        if "chat" in reg.live():
+            ref = self.handles[side]._ref
+            if ref is not None:
+                route_of(self.handles[side]).release_actor()
+                ref.stop(block=True, timeout=BOUND)
+
+    @rule(side=st.integers(0, 1))
+    def crash(self, side: int) -> None:
+        """The session crashes in its holder (if ``side`` holds it)."""
+        if "chat" not in self.regs[side].live():
+            return
+
+        def boom(actor: SessionActor) -> None:
+            raise Boom("crash")
+
+        with pytest.raises(SessionStopped):
+            self.handles[side]._call(boom).get(timeout=BOUND)
+
+    @rule(side=st.integers(0, 1))
+    def move_here(self, side: int) -> None:
+        if self.store_kind != "memory":
+            return  # (SQLite's requests stand per process: two objects here are one)
+        self.handles[side] = self.regs[side].open("chat", wait=BOUND)
+        assert "chat" in self.regs[side].live()
+
+    @invariant()
+    def both_sides_read_the_model(self) -> None:
+        if not hasattr(self, "handles"):
+            return
+        for handle in self.handles:
+            assert contents(handle) == self.model
+        assert sum("chat" in reg.live() for reg in self.regs) <= 1
+
+    def teardown(self) -> None:
+        if not hasattr(self, "regs"):
+            return
+        for reg in reversed(self.regs):
+            reg.close()
+        for store in {id(s): s for s in self.stores}.values():
+            store.close()
+        if hasattr(self, "folder"):
+            self.folder.cleanup()
+
+
+class TwoRegistriesOnSQLite(TwoRegistries):
+    store_kind = "sqlite"
+
+
+_MACHINE = {
+    "max_examples": 25,
+    "stateful_step_count": 12,
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow],
+}
+TestTwoRegistries = TwoRegistries.TestCase
+TestTwoRegistries.settings = settings(**_MACHINE)  # type: ignore[arg-type]
+TestTwoRegistriesOnSQLite = TwoRegistriesOnSQLite.TestCase
+TestTwoRegistriesOnSQLite.settings = settings(**_MACHINE)  # type: ignore[arg-type]
