@@ -31,6 +31,7 @@ from bench import (
     durable,
     flood,
     lifetime,
+    location,
     plot,
     postgres,
     processes,
@@ -59,6 +60,7 @@ MODULES: Final[tuple[ModuleType, ...]] = (
     vacuum,
     viewer,
     flood,
+    location,
 )
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 

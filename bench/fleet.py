@@ -285,6 +285,26 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     replies: int = 0
+    latencies: list[float] = field(default_factory=list)
+    """Seconds of each answered request, from its first send to the reply that ended it
+    (a resend to another worker after one died included)."""
+
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1, nearest rank) of :attr:`latencies`, in seconds."""
+        if not self.latencies:
+            raise ValueError("no request was answered")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+    @property
+    def p50(self) -> float:
+        """The median latency of a request, in seconds."""
+        return self.percentile(0.5)
+
+    @property
+    def p99(self) -> float:
+        """The 99th percentile latency of a request, in seconds."""
+        return self.percentile(0.99)
 
 
 def run_clients(
@@ -298,7 +318,8 @@ def run_clients(
 ) -> Outcome:
     """Send ``requests`` ((session id, request id) pairs) from ``clients`` threads, each to
     a random live worker; a request whose worker died is sent again to another, and with
-    ``retry_refused`` one answered with a `ConflictError` too (noted in ``refused``)."""
+    ``retry_refused`` one answered with a `ConflictError` too (noted in ``refused``).
+    Each answered request's latency goes to ``latencies`` (see `Outcome.p50`, ``p99``)."""
     out = Outcome()
     todo: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
     for r in requests:
@@ -312,6 +333,7 @@ def run_clients(
                 sid, rid = todo.get_nowait()
             except queue.Empty:
                 return
+            first_sent = time.perf_counter()
             for _ in range(50):
                 live = fleet.live()
                 if not live:
@@ -330,7 +352,9 @@ def run_clients(
                 with lock:
                     out.errors.append(f"{rid}: no worker answered")
                 continue
+            took = time.perf_counter() - first_sent
             with lock:
+                out.latencies.append(took)
                 out.replies += 1
                 out.stopped += int(reply.get("refused", 0))
                 out.ambiguous += int(reply.get("ambiguous", 0))

@@ -129,6 +129,14 @@ GOALS: Final[dict[str, str]] = {
     "<= 1 s while another process keeps both CPUs busy",
     "G28": "one session flooded by 50 threads: the other sessions' p99 append latency "
     "<= 5 ms meanwhile",
+    "G29": "4 web-worker processes on one store (SQLite, PostgreSQL) whose calls go to the "
+    "process holding the session (forwarding), 32 clients, one turn a request (20 "
+    "conversations at random; 4 hot ones): >= 1.5x the requests/s of one worker alone",
+    "G30": "the same 4 forwarding workers: p99 request latency <= 1.5x one worker alone's",
+    "G31": "0 calls refused by a live worker among forwarding workers on either store, "
+    "through hand-offs, restarts and two SIGKILLed workers",
+    "G32": "an awaited append forwarded to the process holding the session (another "
+    "process of this host, SQLite): round trip <= 3x a local one",
 }
 """The DESIGN.md §8 goals the suite judges, by id, in the order of the brief."""
 
