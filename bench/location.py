@@ -310,6 +310,8 @@ def _store_rows(cfg: h.Config, base: str | None, store: str, sec: h.Section) -> 
         Shape(f"{CONVERSATIONS} conversations at random", CONVERSATIONS, cfg.pick(1000, 160)),
         Shape(f"hot: {HOT_CONVERSATIONS} conversations", HOT_CONVERSATIONS, cfg.pick(1500, 160)),
     ]
+    if cfg.quick and base is not None:
+        shapes = shapes[:1]  # a smoke run: the random shape alone on PostgreSQL
     forwarded: list[Run] = []
     for shape in shapes:
         runs = _compare(base, store, shape, repeats, handoff=not cfg.quick)
