@@ -940,10 +940,11 @@ def test_appends_a_crash_refused_are_sent_again_in_order(sessions: Sessions) -> 
         await nous.add_items([user("first")])
         handle = await nous.open()
         gate = hold(handle)
+        await until(lambda: inbox_size(handle) == 0)  # the actor is held
         crashed = crash(handle)  # lands before the appends below
         batch = [user(f"b{i}") for i in range(5)]
         task = asyncio.ensure_future(nous.add_items(copy.deepcopy(batch)))
-        await until(lambda: inbox_size(handle) == 1 + len(batch))  # crash + appends queued
+        await until(lambda: inbox_size(handle) == 2)  # the crash, then the batch, queued
         gate.set()
         with pytest.raises(SessionCrashed):
             await crashed
@@ -1048,16 +1049,17 @@ def test_concurrent_pops_pop_distinct_items(sessions: Sessions) -> None:
 
 
 def test_a_cancelled_add_items_finishes_before_raising(sessions: Sessions) -> None:
-    """add_items cancelled once its appends are sent stores them all, then raises."""
+    """add_items cancelled once its batch is sent stores it all, then raises."""
 
     async def main() -> None:
         nous = NousSession("cancel-add", sessions)
         await nous.add_items([user("first")])
         handle = await nous.open()
         gate = hold(handle)
+        await until(lambda: inbox_size(handle) == 0)  # the actor is held
         batch = [user(f"c{i}") for i in range(3)]
         task = asyncio.ensure_future(nous.add_items(copy.deepcopy(batch)))
-        await until(lambda: inbox_size(handle) == len(batch))
+        await until(lambda: inbox_size(handle) == 1)  # the batch, sent as one call
         task.cancel()
         await until(lambda: task.cancelling() > 0 or task.done())
         gate.set()

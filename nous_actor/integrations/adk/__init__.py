@@ -97,7 +97,6 @@ from nous_actor.integrations.adk.ids import (
     user_key,
 )
 from nous_actor.integrations.adk.logs import CACHE_SIZE as CACHE_SIZE
-from nous_actor.integrations.adk.logs import MAX_ATTEMPTS as MAX_ATTEMPTS
 from nous_actor.integrations.adk.records import ADK_EVENT_KEY
 from nous_actor.integrations.adk.records import CHECKPOINT_EVERY as CHECKPOINT_EVERY
 from nous_actor.integrations.adk.records import RECORD_KEY as RECORD_KEY
@@ -105,6 +104,7 @@ from nous_actor.integrations.adk.records import STATE_KEY as STATE_KEY
 from nous_actor.integrations.adk.records import TIME_KEY as TIME_KEY
 from nous_actor.integrations.adk.runs import NousRunPlugin, refused_by_turn
 from nous_actor.integrations.adk.service import NousSessionService
+from nous_actor.integrations.adk.turns import MAX_ATTEMPTS as MAX_ATTEMPTS
 
 __all__ = [
     "ADK_EVENT_KEY",

@@ -1,6 +1,7 @@
 """The logs a `NousSessionService` reads: `_Logs`, a handle per session and the cached
 folds of their logs (least recently used first out), each caught up with its log when
-read, and read again after its session stopped."""
+read. A handle sends its calls to wherever the session is (this process, or the worker
+process that holds it) and holds them while the session moves or restarts."""
 
 from __future__ import annotations
 
@@ -8,14 +9,9 @@ from collections import OrderedDict
 from typing import Final, TypeVar
 
 from nous_actor.core.log import Log
-from nous_actor.integrations._resend import resend
 from nous_actor.integrations.adk.folds import _StateView, _View
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
-
-MAX_ATTEMPTS: Final = 5
-"""How often a write is sent again when its session stopped (or restarted) before
-applying it."""
 
 CACHE_SIZE: Final = 1024
 """How many sessions' decoded views a service keeps (least recently used first out)."""
@@ -50,24 +46,17 @@ class _Logs:
             self._handles.move_to_end(key)
         return handle
 
-    def forget(self, key: str) -> None:
-        """Open session ``key`` again on its next use (its session refused a call)."""
-        self._handles.pop(key, None)
-
-    async def let_go(self, key: str) -> None:
-        """Stop the session ``key`` this service opened only to find it empty (a lookup of
-        an id never created), so that lookups of unknown ids leave nothing running."""
-        self._views.pop(key, None)
-        handle = self._handles.pop(key, None)
-        if handle is not None:
-            await handle.astop()
+    async def stored(self, key: str) -> bool:
+        """Whether the store holds events of session ``key`` (read from the store, without
+        opening the session: a lookup of an id never created opens nothing)."""
+        return await self.sessions.read(key).count() > 0
 
     def folded(self, key: str) -> bool:
         """Whether the ADK session ``key``'s log is folded here already."""
         return key in self._views
 
     async def log(self, key: str) -> Log:
-        return await resend(lambda: self.handle(key), lambda h: h.log(), MAX_ATTEMPTS)
+        return await (await self.handle(key)).log()
 
     async def view(self, key: str) -> _View:
         """The ADK session ``key`` as folded from its log, caught up."""

@@ -42,8 +42,11 @@ class _Reads:
     ) -> AdkSession | None:
         """The session ``sid`` (a non-blank id) as `get_session` gives it, or ``None``."""
         key = session_key(app_name, user_id, sid)
+        folded = self._logs.folded(key)
+        if not folded and not await self._logs.stored(key):
+            return None  # never created: nothing opened (here, or in the holder's process)
         if (
-            not self._logs.folded(key)
+            not folded
             and config is not None
             and config.num_recent_events is not None
             and config.after_timestamp is None
@@ -51,8 +54,6 @@ class _Reads:
             log = await self._logs.log(key)
             tail = _tail(log, config.num_recent_events)
             if tail is None:
-                if not log.count():
-                    await self._logs.let_go(key)
                 return None
             merged, seen = await self._state.merged_seen(app_name, user_id, tail.state)
             session = AdkSession(
@@ -68,8 +69,6 @@ class _Reads:
             return session
         view = await self._logs.view(key)
         if view.created is None:
-            if not view.seen:
-                await self._logs.let_go(key)
             return None
         own, seen_here, last_update = dict(view.state), view.seen, view.last_update
         first = 0

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from nous_actor.core.event import EventType, InvalidEvent
-from nous_actor.errors import SessionStopped
-from nous_actor.integrations._resend import refused
 from nous_actor.integrations.adk.events import _text_of, _utc, event_data
 from nous_actor.integrations.adk.folds import _View
 from nous_actor.integrations.adk.framework import (
@@ -33,7 +31,7 @@ from nous_actor.integrations.adk.framework import (
 from nous_actor.integrations.adk.ids import session_key
 from nous_actor.integrations.adk.loads import _Load, _Loads
 from nous_actor.integrations.adk.locks import _NamedLocks
-from nous_actor.integrations.adk.logs import MAX_ATTEMPTS, _Logs
+from nous_actor.integrations.adk.logs import _Logs
 from nous_actor.integrations.adk.reads import _Reads
 from nous_actor.integrations.adk.records import CHECKPOINT_EVERY, RECORD_KEY, STATE_KEY, TIME_KEY
 from nous_actor.integrations.adk.runs import NousRunPlugin
@@ -68,9 +66,15 @@ class NousSessionService(BaseSessionService):
     * No lost update: outside a run's turn, an `append_event` whose state
       delta writes a key written in storage since that `Session` object was
       loaded raises ADK's `StaleSessionError`, nothing stored.
+    * Any number of worker processes may serve one store, each with its own
+      service: a session another live process holds is read and written
+      through that process (see `nous_actor.Sessions.open`), nothing moves
+      and nothing is refused; a session whose holder died moves to the next
+      process that calls it.
     * A crash of a session is survived: the registry restarts it from the
-      store, and a write it refused is sent again (up to `MAX_ATTEMPTS`
-      times); a run's turn that the restart ended is opened again.
+      store, and the calls it had not applied are delivered to the restarted
+      session in order (nothing is sent again by the service); a run's turn
+      that the restart ended is opened again.
     * Nothing is deleted: compaction and deletion append records; the log
       keeps every event for audit, fork and rewind.
 
@@ -182,19 +186,13 @@ class NousSessionService(BaseSessionService):
         if view.created is not None:
             raise AlreadyExistsError(f"Session with id {sid} already exists.")
         record = {RECORD_KEY: {"op": "create", "state": own}, TIME_KEY: now}
-        for attempt in range(MAX_ATTEMPTS):
-            handle = await self._logs.handle(key)
-            try:  # at the seq after the log seen: a create that raced this one wins alone
-                ev = await handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now))
-                break
-            except InvalidEvent as exc:
-                if exc.reason == "seq_behind_head":
-                    raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
-                raise
-            except SessionStopped as exc:  # stopped by a lookup that found it empty
-                if not refused(exc) or attempt == MAX_ATTEMPTS - 1:
-                    raise
-                self._logs.forget(key)
+        handle = await self._logs.handle(key)
+        try:  # at the seq after the log seen: a create that raced this one wins alone
+            ev = await handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now))
+        except InvalidEvent as exc:
+            if exc.reason == "seq_behind_head":
+                raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
+            raise
         await self._state.write_scoped(app_name, user_id, app, user)
         await self._state.write_directory(app_name, user_id, sid, ev.seq, own, now)
         merged, seen = await self._state.merged_seen(app_name, user_id, own)

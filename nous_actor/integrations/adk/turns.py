@@ -1,20 +1,24 @@
 """The turns of runs: `_RunTurns`, which run of a service holds a turn of which session
 (and which turns are being opened), and the writes, each through its run's turn when
-one is open, sent again when a session refused it, a run's turn opened again when a
-restart ended it."""
+one is open, a run's turn opened again when a restart ended it."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from nous_actor.core.event import Event, EventType
-from nous_actor.errors import SessionStopped, TurnInterrupted
-from nous_actor.integrations._resend import refused
-from nous_actor.integrations.adk.logs import MAX_ATTEMPTS, _Logs
+from nous_actor.errors import TurnInterrupted
+from nous_actor.integrations.adk.logs import _Logs
 from nous_actor.sessions.turn_handle import Turn
 from nous_actor.sessions.turns import Policy
+
+MAX_ATTEMPTS: Final = 5
+"""How often a run's write is tried through its turn: a write the run's turn refused
+because a restart of the session ended that turn (nothing was applied) is written through
+the turn opened again, and one through another run's turn that ended meanwhile is written
+again, each at most this many times in all."""
 
 
 class _RunTurns:
@@ -101,16 +105,8 @@ class _RunTurns:
                         turn.wait,
                     )
                     continue
-                except SessionStopped as exc:
-                    if not refused(exc) or attempt == MAX_ATTEMPTS - 1:
-                        raise
-                    continue
             handle = await self._logs.handle(key)
-            try:
-                return await handle.append_many(items)
-            except SessionStopped as exc:
-                if not refused(exc) or attempt == MAX_ATTEMPTS - 1:
-                    raise
+            return await handle.append_many(items)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _ended_by_restart(self, key: str, exc: TurnInterrupted) -> bool:

@@ -69,7 +69,6 @@ session (`_Calls`, the collaborator it holds, and `NousSessionClosed`); `turn`
 
 from __future__ import annotations
 
-from nous_actor.integrations.openai_agents.calls import MAX_ATTEMPTS as MAX_ATTEMPTS
 from nous_actor.integrations.openai_agents.calls import NousSessionClosed
 from nous_actor.integrations.openai_agents.calls import Pending as Pending
 from nous_actor.integrations.openai_agents.items import (

@@ -1,11 +1,12 @@
 """How a `NousSession`'s calls reach its session: `_Calls`, the line a `NousSession` holds
-to its session (its handle, whether it is closed), how often a call is sent again, and
-`NousSessionClosed`, what a closed one raises.
+to its session (its handle, whether it is closed), and `NousSessionClosed`, what a closed
+one raises.
 
 Mutations run one at a time under the session's lock and finish even if their
 caller is cancelled; a call goes through the running task's turn when it is in
-one, else to the registry's handle, and is sent again when a stopped session
-refused it (appends pinned to one actor, so that the items keep their order).
+one, else to the registry's handle, which sends it to wherever the session is
+(this process, or the worker process that holds it) in the order sent, and
+holds it while the session moves or restarts: no call is sent again here.
 """
 
 from __future__ import annotations
@@ -13,21 +14,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
-from nous_actor.core.event import EventType
+from nous_actor.core.event import EventType, InvalidEvent
 from nous_actor.errors import SessionStopped
-from nous_actor.integrations._resend import refused, resend
 from nous_actor.integrations.openai_agents.shared import _shared_for, _turn_of
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionCalls
 from nous_actor.sessions.registry import Sessions
 
 T = TypeVar("T")
-
-MAX_ATTEMPTS: Final = 5
-"""How often a call is sent again when its session stopped before applying it."""
-
 
 Pending = list[tuple[EventType, dict[str, Any]]]
 
@@ -99,86 +95,62 @@ class _Calls:
             raise cancelled
         return task.result()
 
-    async def live(self) -> Session:
-        """The handle, with its session running (started or restarted off the loop)."""
+    async def live(self) -> SessionCalls:
+        """What the running task's calls go through: its turn of the session when it is
+        in one, else the registry's handle (opened on first use, without blocking the
+        loop; it finds the session wherever it is from then on)."""
+        turn = _turn_of(self.shared)
+        if turn is not None:
+            return turn
+        return await self.handle_of()
+
+    async def handle_of(self) -> Session:
+        """The registry's handle of the session (opened on first use)."""
         handle = self.handle
         if handle is None:
-            handle = self.handle = await asyncio.to_thread(self._open_handle)
-        elif not handle.is_alive():
-            await asyncio.to_thread(_reopen, handle)
+            handle = self.handle = await self.sessions.aopen(self.session_id)
         return handle
 
-    def _open_handle(self) -> Session:
-        handle = self.sessions.open(self.session_id)
-        handle.is_alive()  # resolves its actor here, in the worker thread
-        return handle
+    def held_here(self) -> bool:
+        """Whether the session runs in this process now (its handle's actor is here)."""
+        handle = self.handle
+        ref = None if handle is None else handle._ref
+        return ref is not None and ref.is_alive()
 
     async def wait_for_turn(self) -> None:
         """Answered once no turn is open (an empty append waits like a write)."""
         await self.read(lambda h: h.append_many([]))
 
     async def read(self, read: Callable[[SessionCalls], SessionFuture[T]]) -> T:
-        turn = _turn_of(self.shared)
-        if turn is not None:
-            return await read(turn)
-        return await resend(self.live, read, MAX_ATTEMPTS)
+        return await read(await self.live())
 
     async def append(self, pending: Pending, time: datetime) -> None:
-        """Append `pending` in order; resend the part a stopped session refused."""
-        turn = _turn_of(self.shared)
-        if turn is not None:  # one atomic batch through the turn; never sent again
-            await turn.append_many([(etype, data, time) for etype, data in pending])
-            return
-        for attempt in range(MAX_ATTEMPTS):
-            handle = await self.live()
-            done, error, clean = await _append_pinned(handle, pending, time)
-            if error is None:
-                return
-            if not (clean and refused(error)) or attempt == MAX_ATTEMPTS - 1:
-                raise error
-            pending = pending[done:]
+        """Append `pending` as one batch: stored whole (one transaction) or not at all,
+        and no other call's events come between its items (also a call of another
+        process)."""
+        calls = await self.live()
+        await calls.append_many([(etype, data, time) for etype, data in pending])
 
+    async def planned(self, plan: Callable[[list[Any]], T | None]) -> tuple[T | None, int]:
+        """``plan`` of the session's surface, and the next seq of the log it was read
+        from (both asked at once: one round trip to wherever the session is)."""
+        calls = await self.live()
+        count, surface = calls.count(), calls.surface()
+        seq = await count
+        return plan(await surface), seq
 
-def _reopen(handle: Session) -> None:
-    handle.count().get()  # any call restarts a stopped session of a registry
-
-
-async def _append_pinned(
-    handle: Session, pending: Pending, time: datetime
-) -> tuple[int, BaseException | None, bool]:
-    """Send every append of `pending` to the session's current actor, pipelined.
-
-    Returns how many leading appends were acknowledged, the first error, and
-    whether every append after the first error failed too (the ones a stopped
-    session refused); then resending the rest keeps the order.
-    """
-    # The one place this module reaches inside a handle: the appends are pinned
-    # to the actor the session has now, as nous_actor.sessions.faults.crash_amid does. A
-    # registry handle re-resolves a stopped actor on each call, so without the
-    # pin an append sent after a crash would reach the restarted session while
-    # earlier ones were refused, and the items would land out of order. The pin
-    # keeps the handle's touch, so that the registry sees the session in use.
-    try:
-        ref = handle._actor()
-    except SessionStopped as exc:
-        return 0, exc, True
-    if ref is None:
-        return 0, SessionStopped(handle.session_id, "the session is stopped"), True
-    pinned = Session(handle.session_id, lambda: ref, timeout=handle.timeout, touch=handle._touch)
-    futures = [pinned.append(etype, data, time) for etype, data in pending]
-    done = 0
-    error: BaseException | None = None
-    clean = True
-    for fut in futures:  # every future is awaited, so none is left unobserved
+    async def append_at(self, seq: int, etype: EventType, data: Any, time: datetime) -> bool:
+        """Append one event planned on the log up to ``seq``, if nothing was appended since
+        (a worker process may write the session too); ``False`` if something was: nothing
+        was appended, plan again. Through a turn, nothing else can be appended."""
+        calls = await self.live()
+        if _turn_of(self.shared) is not None:
+            await calls.append(etype, data, time)
+            return True
         try:
-            await fut
-        except Exception as exc:
-            if error is None:
-                error = exc
-            clean = clean and refused(exc)
-        else:
-            if error is None:
-                done += 1
-            else:
-                clean = False
-    return done, error, clean
+            await calls.append_at(seq, etype, data, time)
+        except InvalidEvent as exc:
+            if exc.reason == "seq_behind_head":
+                return False
+            raise
+        return True

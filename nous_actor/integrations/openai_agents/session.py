@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from nous_actor.core.event import EventType
+from nous_actor.core.event import Event, EventType
 from nous_actor.core.ids import check_session_id
 from nous_actor.integrations.openai_agents.calls import _Calls
 from nous_actor.integrations.openai_agents.checks import _prepare, _settings
@@ -42,21 +42,29 @@ class NousSession:
     Pass it wherever the SDK takes a session (`Runner.run(agent, input,
     session=...)`). Any number of `NousSession` objects, coroutines, event
     loops and threads may use one session at once: within one registry, the
-    calls on one session id run one at a time, in arrival order.
+    calls on one session id run one at a time, in arrival order. Any number
+    of worker processes may too, each with its own registry on one store
+    (`NousSession.sqlite` on one file, or a `Sessions` on one PostgreSQL
+    database): a session another live process holds is called through that
+    process (see `nous_actor.Sessions.open`), and one whose holder died moves
+    to the next process that calls it.
 
     Guarantees:
 
     * When `add_items` returns, every item is durably stored (committed by
       the registry's store), after everything stored before it, and the items
-      of one call are contiguous: no other `NousSession` call lands between
-      them.
+      of one call are contiguous: they commit as one batch, and no other call
+      (of this process or another) lands between them.
     * Items round-trip exactly: `get_items` returns plain dicts equal to the
       ones given (JSON values: a tuple comes back as a list).
     * `get_items() == items_from_messages(handle.derive_messages())`, always.
     * Nothing is ever deleted: `pop_item` and `clear_session` append replaces.
     * A crash of the session is survived: the registry restarts it from the
-      store, and a call it refused (`SessionStopped`, not applied) is sent
-      again, up to `MAX_ATTEMPTS` times, keeping the items' order.
+      store and delivers the calls it had not applied to the restarted
+      session, in the order sent (this object sends nothing again).
+    * Each `pop_item` pops a different item, also while other processes
+      pop or add: a pop planned on a surface that changed before it was
+      appended is planned again.
     * Calls never block the event loop (opening or reopening the session runs
       in a worker thread); every wait is bounded by the registry's `timeout`.
     * A mutation that is cancelled (`add_items`, `pop_item`, `clear_session`)
@@ -195,10 +203,9 @@ class NousSession:
         self._calls.check_open()
         await self._calls.shared.lock.acquire(self.sessions.timeout, self.session_id)
         try:
-            handle = self._calls.handle
-            if _turn_of(self._calls.shared) is None and (handle is None or not handle.is_alive()):
-                # Not held here (another worker process may hold it): read the committed
-                # history without taking the session.
+            if _turn_of(self._calls.shared) is None and not self._calls.held_here():
+                # Not held here (another worker process holds it, or nobody): read the
+                # committed history (every add_items returned) without taking it.
                 messages = await self.sessions.read(self.session_id).derive_messages()
             else:
                 messages = await self._calls.read(SessionHandle.derive_messages)
@@ -224,15 +231,13 @@ class NousSession:
         """Append `items` to the session, in order, as one contiguous run.
 
         Every item is checked before anything is sent: a bad one stores
-        nothing. When this returns, every item is durably stored (with a
-        store, committed). Items are appended pipelined, so a batch usually
-        shares one commit.
+        nothing. The items are appended as one batch: with a store, they
+        commit in one transaction, all or none, when this returns.
 
-        If the session crashes meanwhile, the items it had applied stay, and
-        the ones it refused (not applied) are sent again, in order, to the
-        restarted session; if it still fails, the error is raised and the
-        leading items that were acknowledged stay stored (`get_items` shows
-        which).
+        If the session crashes or moves before it applied the batch, the
+        registry delivers it where the session runs next. A batch sent to a
+        worker process that died before answering raises `SessionCrashed`:
+        it may or may not be stored, whole (`get_items` shows which).
 
         Raises:
             TypeError: `items` is not a list, or an item is not a dict (the
@@ -244,8 +249,10 @@ class NousSession:
             NousSessionClosed: this object is closed (a `SessionStopped` and a
                 `RuntimeError`, as the SDK's own sessions raise).
             SessionStopped: the registry is closed, or it gave the session up.
-            StoreError: the store failed; the items not acknowledged may or
-                may not be stored.
+            SessionCrashed: the process that held the session died before it
+                answered; the batch may or may not be stored (whole or not at
+                all).
+            StoreError: the store failed; the batch may or may not be stored.
             CallTimeout: no answer within the registry's `timeout`.
         """
         pending = _prepare(items)
@@ -298,12 +305,13 @@ class NousSession:
         self._calls.check_open()
 
         async def body() -> dict[str, Any] | None:
-            surface = await self._calls.read(SessionHandle.surface)
-            plan = _plan_pop(surface)
-            if plan is None:
-                return None
-            popped, etype, data, time = plan
-            await self._calls.append([(etype, data)], time)
+            while True:  # planned again when another process wrote meanwhile
+                plan, seq = await self._calls.planned(_plan_pop)
+                if plan is None:
+                    return None
+                popped, etype, data, time = plan
+                if await self._calls.append_at(seq, etype, data, time):
+                    break
             meta = data.get("metadata")
             if isinstance(meta, Mapping) and CLEARED_KEY in meta:
                 self._calls.shared.marker = True
@@ -329,14 +337,13 @@ class NousSession:
         self._calls.check_open()
 
         async def body() -> None:
-            surface = await self._calls.read(SessionHandle.surface)
-            count = sum(len(items_of_message(_message(ev))) for ev in surface)
-            if not count:
-                return
-            stop = max(ev.position for ev in surface)
-            record = {"op": "clear_session", "items": count}
-            data = _marker("clear_session", 0, stop, record)
-            await self._calls.append([(EventType.SYSTEM_MESSAGE, data)], datetime.now(UTC))
+            while True:  # planned again when another process wrote meanwhile
+                data, seq = await self._calls.planned(_plan_clear)
+                if data is None:
+                    return
+                now = datetime.now(UTC)
+                if await self._calls.append_at(seq, EventType.SYSTEM_MESSAGE, data, now):
+                    break
             self._calls.shared.marker = True
 
         await self._calls.mutate(body)
@@ -346,7 +353,8 @@ class NousSession:
     async def open(self) -> Session:
         """The `nous_actor` handle of this session, for compaction, fork, audit, reads.
 
-        Opens (or reopens) the session in a worker thread if it is not running.
+        Opens the session on first use without blocking the loop: here, or a
+        handle whose calls go to the worker process that holds it.
 
         Raises:
             NousSessionClosed: this object is closed (a `SessionStopped` and a
@@ -357,7 +365,7 @@ class NousSession:
         self._calls.check_open()
         await self._calls.shared.lock.acquire(self.sessions.timeout, self.session_id)
         try:
-            return await self._calls.live()
+            return await self._calls.handle_of()
         finally:
             self._calls.shared.lock.release()
 
@@ -386,6 +394,16 @@ class NousSession:
         check_turn_args(policy, owner, lease, timeout, note)
         self._calls.check_open()
         return RunTurn(self._calls, policy, owner, lease, timeout, note)
+
+
+def _plan_clear(surface: list[Event]) -> dict[str, Any] | None:
+    """The cleared marker `clear_session` appends (replacing every surface message), or
+    `None` when the surface holds no item."""
+    count = sum(len(items_of_message(_message(ev))) for ev in surface)
+    if not count:
+        return None
+    stop = max(ev.position for ev in surface)
+    return _marker("clear_session", 0, stop, {"op": "clear_session", "items": count})
 
 
 if TYPE_CHECKING:  # mypy checks that NousSession is a Session of the SDK

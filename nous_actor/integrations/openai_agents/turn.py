@@ -48,7 +48,7 @@ class RunTurn:
                 "turns do not nest"
             )
         shared.turns = True
-        handle = await calls.live()
+        handle = await calls.handle_of()
         turn = handle.turn(policy, owner=owner, lease=lease, timeout=timeout, note=note)  # type: ignore[arg-type]
         await turn.aopen()
         self.turn = turn
