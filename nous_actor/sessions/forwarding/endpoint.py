@@ -71,6 +71,9 @@ ANSWER_BOUND: Final = 3600.0
 """How long a forwarded call's answer is waited for here, at most (the caller's own bound
 applies at the caller; this only keeps a lost answer from being kept for ever)."""
 
+LIVE_REF_WAIT: Final = 5.0
+"""How long a registry is asked, at most, for a session it restarted behind its route."""
+
 Registry = Any  # a `Sessions` (its ``_routes``: its routes by session id)
 
 
@@ -122,10 +125,21 @@ class Endpoint:
         return True
 
     def route_here(self, session_id: str) -> Route | None:
+        """The route of the registry here that holds ``session_id`` (``None``: none).
+
+        A registry may have restarted the session behind its route's back (a crash):
+        then the route is pointed at the running actor first."""
         for registry in list(self.registries):
-            route = registry._routes.get(session_id)
-            if route is not None and route.here():
-                return route  # type: ignore[no-any-return]
+            route: Route | None = registry._routes.get(session_id)
+            if route is None:
+                continue
+            if route.here():
+                return route
+            ref = registry._live_ref(session_id, LIVE_REF_WAIT)
+            if ref is not None:
+                route.settle(ref)
+                if route.here():
+                    return route
         return None
 
     def link(self) -> LocalLink:

@@ -16,7 +16,7 @@ from typing import Any
 import pykka
 
 from nous_actor._log import get_logger
-from nous_actor.errors import SessionStopped, TooManySessions
+from nous_actor.errors import ConflictError, SessionStopped, TooManySessions
 from nous_actor.runtime import telemetry
 from nous_actor.sessions.actor import SessionActor, _safe_str, session_cell
 from nous_actor.sessions.future import SessionFuture
@@ -278,6 +278,17 @@ class RegistryActor(SupervisedActor):
         try:
             assert ready is not None
             ready.get()
+        except ConflictError as exc:
+            # Another process took the session while it was down: it lives there now
+            # (this registry's handles call it there). Nothing to restart here.
+            self._failed_start(session_id, ref.actor_urn)
+            logger.info(
+                "session.restart_skipped",
+                session_id=session_id,
+                reason="held elsewhere",
+                holder=exc.holder,
+            )
+            return
         except Exception as exc:  # e.g. the store failed on load: a crash too
             self._failed_start(session_id, ref.actor_urn)
             self._crashed(session_id, f"restart failed: {type(exc).__name__}: {_safe_str(exc)}")
