@@ -2,11 +2,14 @@
 `Supervisor`), asked and closed, and how it opens sessions.
 
 Opening a session asks the registry's actor (`RegistryActor`) to start or
-find it; when another process holds it, `open` and `aopen` can ask that
-process to hand it over (`nous_actor.sessions.handoff.acquire`). Two
-collaborators own the rest of its state: its `Passivation` (when each session
-was last used; the passivator) and its `HandOver` (the thread that hands its
-sessions to the processes asking for them).
+find it; when another process holds it, `open` and `aopen` return a handle
+whose calls go there (each session's `Route`, in
+`nous_actor.sessions.forwarding`), or, asked to wait, ask that process to hand
+it over (`nous_actor.sessions.handoff.acquire`). Three collaborators own the
+rest of its state: its `Passivation` (when each session was last used; the
+passivator), its `HandOver` (the thread that hands its sessions to the
+processes asking for them) and its routes, with the store's `Endpoint` where
+other processes call the sessions it holds.
 """
 
 from __future__ import annotations
@@ -207,22 +210,33 @@ class Sessions:
         Opening a session the registry gave up on tries it again (a fresh
         restart intensity).
 
-        **Hand-off.** When another live process holds the session (a web
-        worker that served its previous request), ``wait`` seconds (default:
-        the registry's ``handoff_wait``; ``None`` or 0: not at all) asks that
-        process for it: the holder hands it over as soon as it is idle (nothing
-        in flight, no call waiting) by passivating it and releasing its
-        claim, and this registry then takes it and recovers it from the
-        store. Nothing acknowledged is lost, however often a session moves;
-        the store's claim (on PostgreSQL its lease and fencing) decides who
-        writes. Without ``wait``, `ConflictError` at once, as before.
+        **A session another process holds** (a web worker that served its
+        previous request) is not refused: the handle's calls go to that process
+        and come back, with the same futures, errors and order, turns included
+        (on one host, through a Unix socket the holder advertises with its
+        claim; another registry of this process on the same store is called
+        directly). The session stays where it is; it moves only when its holder
+        goes away (exits, closes, passivates it, dies), and the calls made
+        meanwhile are held and delivered in order, exactly once, where it goes.
+        A call whose holder died before answering fails with `SessionCrashed`
+        (it may or may not have been applied: the store is the truth).
+
+        **Moving it here** on purpose: ``wait`` seconds (default: the registry's
+        ``handoff_wait``; ``None`` or 0: not at all) asks the holder for it; the
+        holder hands it over as soon as it is idle (nothing in flight, no call
+        waiting) by passivating it and releasing its claim, and this registry
+        then takes it and recovers it from the store. Nothing acknowledged is
+        lost, however often a session moves; the store's claim (on PostgreSQL
+        its lease and fencing) decides who writes.
 
         Raises:
             ValueError, TypeError: ``session_id`` is not a valid id (see
                 `nous_actor.core.ids`), or ``wait`` is not a number of seconds >= 0.
             TooManySessions: ``max_sessions`` sessions are live.
-            ConflictError: another live writer holds the session in the store (and
-                kept it for ``wait`` seconds); ``holder`` names it where the store knows.
+            ConflictError: the holder cannot be called from here (it advertised no
+                address: a process of an older release, a standalone session, or one
+                on another host; ``holder`` names it where the store knows), or it
+                kept the session for ``wait`` seconds when asked for it.
             StoreError: the store failed while recovering the session.
             SessionStopped: the registry is closed (or not running).
         """
