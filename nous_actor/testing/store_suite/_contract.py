@@ -647,6 +647,53 @@ class StoreContract(abc.ABC):
         store.release("s", token)
         assert shared.held_by(store, "s") is None
 
+    def test_a_claim_carries_the_address_advertised(self, store: Store) -> None:
+        """A store that keeps holders' addresses (``advertise``, ``holder_address``)
+        writes the address advertised with each claim it takes, and into the claims it
+        holds when advertised again; nobody holds a released session."""
+        if not shared.supports_forwarding(store):
+            pytest.skip("the store keeps no holders' addresses (optional)")
+        assert shared.holder_address(store, "s") is None
+        shared.advertise(store, "addr-1")
+        token = store.claim("s")
+        try:
+            found = shared.holder_address(store, "s")
+            assert found is not None
+            holder, address = found
+            assert holder == shared.held_by(store, "s")
+            assert address == "addr-1"
+            shared.advertise(store, "addr-2")
+            assert shared.holder_address(store, "s") == (holder, "addr-2")
+            shared.advertise(store, None)
+            assert shared.holder_address(store, "s") == (holder, None)
+        finally:
+            store.release("s", token)
+        assert shared.holder_address(store, "s") is None
+
+    def test_advertise_refuses_what_is_not_an_address(self, store: Store) -> None:
+        """An address is a str (or ``None``); anything else is refused with nothing
+        changed."""
+        if not shared.supports_forwarding(store):
+            pytest.skip("the store keeps no holders' addresses (optional)")
+        shared.advertise(store, "addr")
+        with pytest.raises(TypeError):
+            shared.advertise(store, 42)  # type: ignore[arg-type]
+        token = store.claim("s")
+        try:
+            assert shared.holder_address(store, "s") == (shared.held_by(store, "s"), "addr")
+        finally:
+            store.release("s", token)
+
+    def test_the_forwarding_key_is_stable(self, store: Store) -> None:
+        """A store with a secret gives the same 32 bytes at every call."""
+        own = getattr(store, "forwarding_key", None)
+        if not callable(own):
+            pytest.skip("the store has no forwarding key (optional)")
+        first = shared.forwarding_key(store)
+        assert isinstance(first, bytes)
+        assert len(first) == 32
+        assert shared.forwarding_key(store) == first
+
     def test_handoff_requests_are_sessions_this_store_holds(self, store: Store) -> None:
         """Asking, withdrawing and listing requests work on claimed and unclaimed
         sessions alike; only sessions this store holds are ever listed."""
