@@ -85,6 +85,7 @@ class Run:
     ambiguous: int  # calls whose holder died before answering (checked, then made again)
     resent: int  # requests sent again because their worker died
     killed: int
+    cpu_ms: float | None = None  # the workers' CPU time per request (None: not measured)
     problems: list[str] = field(default_factory=list)
 
     def numbers(self) -> dict[str, Any]:
@@ -99,8 +100,22 @@ class Run:
             "ambiguous": self.ambiguous,
             "resent": self.resent,
             "killed": self.killed,
+            "cpu_ms_per_request": self.cpu_ms,
             "problems": self.problems[:5],
         }
+
+
+def _cpu_seconds(pids: list[int]) -> float | None:
+    """The CPU time (user + system) the processes ``pids`` used so far; ``None`` where the
+    system does not say (Linux's /proc does)."""
+    total = 0.0
+    try:
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
 
 
 def _fleet_run(
@@ -127,10 +142,13 @@ def _fleet_run(
         killers.append(t)
         t.start()
 
+    pids = [w.pid for w in fleet.live()]
+    cpu0 = _cpu_seconds(pids)
     try:
         out = run_clients(fleet, sent, CLIENTS, seed=seed, on_progress=on_progress)
         for t in killers:
             t.join(h.JOIN_TIMEOUT)
+        cpu1 = None if kills else _cpu_seconds(pids)
     finally:
         fleet.stop()
     store = open_store(spec)
@@ -145,7 +163,8 @@ def _fleet_run(
         problems.append(f"{len(killed)} of {kills} workers killed mid-traffic")
     return Run(
         kind, workers, len(sent), len(sent) / out.seconds, out.p50, out.p99,
-        out.stopped, out.ambiguous, out.retried, len(killed), problems,
+        out.stopped, out.ambiguous, out.retried, len(killed),
+        None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000 / len(sent), problems,
     )  # fmt: skip
 
 
@@ -205,6 +224,7 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
     p99 = h.ratios([r.p99 for r in fleet], [r.p99 for r in alone])
     per_s = h.Stats.of([r.per_s for r in fleet])
     per_s1 = h.Stats.of([r.per_s for r in alone])
+    cpu = _cpu_text(fleet), _cpu_text(alone)
     numbers = {
         "store": store,
         "shape": shape.label,
@@ -216,9 +236,10 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
         h.goal_row(
             THROUGHPUT_ID,
             f"{what}: requests/s",
-            ours=f"{per_s.median:.0f} [{per_s.min:.0f}-{per_s.max:.0f}] req/s"
+            ours=f"{per_s.median:.0f} [{per_s.min:.0f}-{per_s.max:.0f}] req/s{cpu[0]}"
             + ("" if valid else " (INVALID)"),
-            baseline=f"1 worker {per_s1.median:.0f} [{per_s1.min:.0f}-{per_s1.max:.0f}] req/s",
+            baseline=f"1 worker {per_s1.median:.0f} [{per_s1.min:.0f}-{per_s1.max:.0f}] "
+            f"req/s{cpu[1]}",
             ratio=h.fmt_ratio(rate.median, rate.min, rate.max),
             value=rate.median,
             sense=">=",
@@ -255,7 +276,7 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
             h.info_row(
                 f"the same {WORKERS} workers moving each session to the worker asked "
                 f"(hand-off, wait={HANDOFF_WAIT:g}), {store}, {shape.label}",
-                f"{ho.median:.0f} [{ho.min:.0f}-{ho.max:.0f}] req/s"
+                f"{ho.median:.0f} [{ho.min:.0f}-{ho.max:.0f}] req/s{_cpu_text(handoff)}"
                 + (" (INVALID)" if bad else ""),
                 f"refused {sum(r.refused for r in handoff)}; p99 ratio "
                 + h.fmt_ratio(ho_p99.median, ho_p99.min, ho_p99.max),
@@ -266,6 +287,12 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
             )
         )
     return rows
+
+
+def _cpu_text(runs: list[Run]) -> str:
+    """``"; CPU 2.7 ms/req"``: the workers' median CPU time per request ("" if unknown)."""
+    known = [r.cpu_ms for r in runs if r.cpu_ms is not None]
+    return f"; CPU {statistics.median(known):.2g} ms/req" if known else ""
 
 
 def _refusal_row(what: str, runs: list[Run], goal_note: str) -> h.Row:
@@ -364,6 +391,9 @@ def bench_fleet(cfg: h.Config) -> h.Section:
         "again); an ambiguous call is one whose holder died before answering "
         "(SessionCrashed): the worker reads the store before writing again. Every run's "
         "histories are checked (whole turns in order, each acknowledged request once).",
+        "fleet: CPU ms/req is the CPU time (user + system) the worker processes used during "
+        "the traffic, over the requests (the clients' and the database server's not "
+        "counted): the work a request costs, whatever the machine's other load.",
         f"fleet: load average {load:.1f} before the runs; the machine's CPUs are shared by "
         "the client threads, the workers and the store (trust the ratios).",
     ]
