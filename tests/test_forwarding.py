@@ -361,3 +361,56 @@ TestTwoRegistries = TwoRegistries.TestCase
 TestTwoRegistries.settings = settings(**_MACHINE)  # type: ignore[arg-type]
 TestTwoRegistriesOnSQLite = TwoRegistriesOnSQLite.TestCase
 TestTwoRegistriesOnSQLite.settings = settings(**_MACHINE)  # type: ignore[arg-type]
+
+
+class _SlowTaker(MemoryStore):
+    """A store whose first claim that would succeed once armed (the asker's, once the
+    holder let go) waits for a gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    def claim(self, session_id: str) -> str:
+        if self.armed and session_id not in self._claims:  # a claim that would succeed
+            self.armed = False
+            self.waiting.set()
+            self.gate.wait(BOUND)
+        return super().claim(session_id)
+
+
+def test_a_session_handed_to_an_asker_is_not_claimed_back_by_the_holders_next_call() -> None:
+    """The holder hands the session to a process that asked for it (``wait=``); its own
+    next call, made before the asker took the session, waits for the asker to take it
+    and then goes there: the session does not bounce back."""
+    store = _SlowTaker()
+    a, b = Sessions(store), Sessions(store)
+    try:
+        in_a = a.open("chat")
+        in_a.append("user_message", {"content": "a0"}).get(timeout=BOUND)
+        opened: list[Any] = []
+        asker = threading.Thread(target=lambda: opened.append(b.open("chat", wait=BOUND)))
+        store.armed = True
+        asker.start()
+        # The holder hands over at the asker's request; the asker's claim waits at the gate.
+        assert store.waiting.wait(BOUND)
+        # The holder's next call (from a thread of its own: it waits for the asker).
+        sent: list[Any] = []
+        caller = threading.Thread(
+            target=lambda: sent.append(in_a.append("user_message", {"content": "a1"}))
+        )
+        caller.start()
+        store.gate.set()
+        asker.join(BOUND)
+        caller.join(BOUND)
+        (in_b,) = opened
+        (late,) = sent
+        assert late.get(timeout=BOUND).seq == 1
+        assert (a.live(), b.live()) == ([], ["chat"])
+        assert contents(in_b) == ["a0", "a1"]
+        assert isinstance(route_of(in_a).target(), LocalLink)
+    finally:
+        b.close()
+        a.close()

@@ -65,6 +65,11 @@ REST: Final = 0.25
 """How often a holder's thread sees whether its registry still holds any session (and,
 while it holds none, how often it looks again, unless an open wakes it first)."""
 
+GIVEN_FOR: Final = 2.0
+"""For this long after a session was handed to a process that asked for it, this
+registry's own calls go to that process (once it has taken the session) instead of
+claiming it back."""
+
 IDLE_PAUSE: Final = 0.005
 """The least time between two looks at the requests by a holder (caps how often a busy
 store wakes the hand-over thread)."""
@@ -176,6 +181,7 @@ class HandOver:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.handed = 0  # sessions handed over (for tests and the benchmark)
+        self._given: dict[str, float] = {}  # when each session was last handed over
         self._seen: dict[str, float] = {}  # when each standing request was first seen
         self._opened = threading.Event()  # a session opened since the thread last looked
         self.resting = False  # the thread rests: this registry holds no session
@@ -269,4 +275,17 @@ class HandOver:
             return True  # stopped meanwhile (or slow): nothing to hand over now
         if handed:
             self.handed += 1
+            self._given[session_id] = time.monotonic()
         return bool(handed)
+
+    def given_away(self, session_id: str) -> bool:
+        """Whether ``session_id`` was handed to a process that asked for it within
+        `GIVEN_FOR` seconds: then this registry's next call waits for the asker to take
+        it (and calls it there) rather than claim it back."""
+        at = self._given.get(session_id)
+        if at is None:
+            return False
+        if time.monotonic() - at > GIVEN_FOR:
+            self._given.pop(session_id, None)
+            return False
+        return True

@@ -67,6 +67,10 @@ from nous_actor.supervision import (
 _LOOK_AGAIN: Final = 0.02
 """Seconds between two looks for a session whose holder is letting go of it."""
 
+GIVEN_WAIT: Final = 1.0
+"""Seconds a registry that just handed a session over waits for the asker to take it
+before its own next call may claim it back."""
+
 _CONNECT_BOUND: Final = 5.0
 """Seconds a connection to a holder's endpoint may take, at most."""
 
@@ -310,6 +314,12 @@ class Sessions:
         deadline = host.now() + self.timeout
         open_here = partial(self._open_ref if opening else self._resolve_now, session_id)
         last = refused
+        if last is None and not self.handoff_wait and self._handover.given_away(session_id):
+            # Handed to a process that asked for it: call it there once it took it,
+            # rather than claim it back at once.
+            link = self._await_taker(session_id, min(deadline, host.now() + GIVEN_WAIT))
+            if link is not None:
+                return link
         while True:
             if last is None:
                 try:
@@ -326,6 +336,27 @@ class Sessions:
             # Let go meanwhile, or its holder is ending: look again shortly.
             shared.wait_changed(self.store, shared.wait_changed(self.store, -1, 0.0), _LOOK_AGAIN)
             last = None
+
+    def _await_taker(self, session_id: str, until: float) -> Link | None:
+        """A link to the process that takes ``session_id`` (asked for it) before
+        ``until``; ``None`` if none did."""
+        host = scheduling.current()
+        version = shared.wait_changed(self.store, -1, 0.0)
+        while True:
+            found = shared.holder_address(self.store, session_id)
+            if found is not None and found[1] is not None:
+                try:
+                    link = self._link_to_holder(
+                        session_id, ConflictError("is held elsewhere", session_id=session_id)
+                    )
+                except ConflictError:
+                    return None
+                if link is not None:
+                    return link
+            left = until - host.now()
+            if left <= 0:
+                return None
+            version = shared.wait_changed(self.store, version, min(left, _LOOK_AGAIN * 5))
 
     def _link_to_holder(self, session_id: str, refused: ConflictError) -> Link | None:
         """A link to the live process that holds ``session_id``; ``None`` if none holds
