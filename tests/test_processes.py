@@ -451,3 +451,42 @@ def test_a_registry_that_holds_nothing_stops_following_the_file(tmp_path: Path) 
         while polls[0] - before < 3:  # holding again: followed again
             assert time.monotonic() < deadline, "an open did not wake the hand-over side"
             handover._stop.wait(0.01)
+
+
+_FORWARDER = """
+import sys
+from nous_actor import Sessions, SQLiteStore
+sessions = Sessions(SQLiteStore(sys.argv[1]))
+chat = sessions.open("chat")
+assert sessions.live() == [], "expected the session to stay with its holder"
+for i in range(int(sys.argv[2])):
+    chat.append("user_message", {"content": f"m{i}"})  # never awaited
+print("sent", flush=True)
+"""
+
+
+def test_forwarded_appends_not_awaited_are_stored_when_the_caller_exits(
+    fleet_on: Any, tmp_path: Path
+) -> None:
+    """A process forwards 500 appends to the holder without awaiting any and ends: every
+    append whose call returned is stored, in order, before it goes."""
+    import subprocess
+    import sys
+
+    worker = _a_worker_holding(fleet_on, tmp_path, "chat")
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORWARDER, str(tmp_path / "app.db"), "500"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "sent"
+    store = SQLiteStore(tmp_path / "app.db")
+    try:
+        events = shared.load_since(store, "chat")
+        assert shared.held_by(store, "chat") == f"process {worker.pid}"
+    finally:
+        store.close()
+    sent = [e.data["content"] for e in events if e.type == "user_message"][1:]
+    assert sent == [f"m{i}" for i in range(500)]

@@ -25,6 +25,7 @@ import itertools
 import pickle
 import socket
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Final
@@ -32,6 +33,7 @@ from typing import Any, Final
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import NousActorError, SessionCrashed
+from nous_actor.runtime.exit import at_exit
 from nous_actor.sessions.actor import Handler
 from nous_actor.sessions.forwarding.route import Call, Route
 
@@ -141,7 +143,17 @@ class Sender:
 class SocketLink:
     """The way to another process of this host that holds sessions (see the module)."""
 
-    __slots__ = ("_calls", "_conn", "_ids", "_lock", "_sender", "address", "closed", "sent")
+    __slots__ = (
+        "_answered",
+        "_calls",
+        "_conn",
+        "_ids",
+        "_lock",
+        "_sender",
+        "address",
+        "closed",
+        "sent",
+    )
 
     def __init__(self, address: str, key: bytes, timeout: float) -> None:
         path = socket_path(address)
@@ -156,6 +168,7 @@ class SocketLink:
         self._ids = itertools.count()
         self.closed = False
         self.sent = 0
+        self._answered = threading.Event()  # set at every batch of answers (exit waits)
         # A plain daemon thread (it waits on a socket; never a simulation's task).
         threading.Thread(target=self._read, name="nous-link", daemon=True).start()
 
@@ -234,6 +247,7 @@ class SocketLink:
                             fut._fail(value)
                     finally:
                         route.answered()
+                self._answered.set()
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError) as exc:
             self._lost(exc)
 
@@ -243,6 +257,7 @@ class SocketLink:
         with self._lock:
             self.closed = True
             calls, self._calls = self._calls, {}
+        self._answered.set()
         _forget(self)
         try:
             self._conn.close()
@@ -332,3 +347,26 @@ def _forget(link: SocketLink) -> None:
     with _links_lock:
         if _links.get(link.address) is link:
             del _links[link.address]
+
+
+EXIT_BOUND: Final = 30.0
+"""Seconds a program that ends waits, at most, for the answers of calls it forwarded."""
+
+
+def _answers_at_exit() -> None:
+    """At exit: wait until every call this process forwarded is answered (its holder
+    committed it, refused it, or died), so an append whose call returned is stored
+    before the program goes, as a local one is; bounded by `EXIT_BOUND`."""
+    deadline = time.monotonic() + EXIT_BOUND
+    with _links_lock:
+        links = list(_links.values())
+    for link in links:
+        while time.monotonic() < deadline:
+            with link._lock:
+                if not link._calls or link.closed:
+                    break
+            link._answered.wait(min(0.05, max(deadline - time.monotonic(), 0.0)))
+            link._answered.clear()
+
+
+at_exit(_answers_at_exit)
