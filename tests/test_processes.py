@@ -490,3 +490,53 @@ def test_forwarded_appends_not_awaited_are_stored_when_the_caller_exits(
         store.close()
     sent = [e.data["content"] for e in events if e.type == "user_message"][1:]
     assert sent == [f"m{i}" for i in range(500)]
+
+
+_HOLDER = """
+import sys
+from nous_actor import Sessions, SQLiteStore
+sessions = Sessions(SQLiteStore(sys.argv[1]))
+sessions.open("chat").append("user_message", {"content": "first"}).get()
+print("holding", flush=True)
+sys.stdin.readline()
+sessions.close()  # a worker shutting down while another forwards to it
+print("closed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_holder_that_closes_mid_stream_refuses_none_of_the_forwarded_calls(
+    tmp_path: Path,
+) -> None:
+    """The holder process closes its registry while this one pipelines forwarded appends
+    to it: every append is applied once, in the order sent; none is refused (those the
+    closing holder did not apply come back as not held and go where the session goes:
+    here)."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(tmp_path / "app.db")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None
+    assert holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
+            chat = sessions.open("chat")
+            assert sessions.live() == []
+            futs = [chat.append("user_message", {"content": f"m{i}"}) for i in range(300)]
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            futs += [chat.append("user_message", {"content": f"m{i}"}) for i in range(300, 600)]
+            assert [f.get(timeout=60).seq for f in futs] == list(range(1, 601))
+            assert holder.stdout.readline().strip() == "closed"
+            contents = [m.content for m in chat.derive_messages().get()]
+            assert contents == ["first", *(f"m{i}" for i in range(600))]
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+        holder.stdout.close()

@@ -8,9 +8,10 @@ process answers calls for the sessions it holds on a store at its `Endpoint`
 
 from nous_actor.sessions.forwarding.endpoint import Endpoint, endpoint_for, local_endpoint
 from nous_actor.sessions.forwarding.links import LocalLink, SocketLink, link_to, socket_path
-from nous_actor.sessions.forwarding.route import Call, Link, Route
+from nous_actor.sessions.forwarding.route import REGISTRY_CLOSED, Call, Link, Route
 
 __all__ = [
+    "REGISTRY_CLOSED",
     "Call",
     "Endpoint",
     "Link",

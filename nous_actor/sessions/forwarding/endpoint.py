@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any, Final
 
 from nous_actor._log import get_logger
-from nous_actor.errors import NousActorError
+from nous_actor.errors import NousActorError, SessionStopped
 from nous_actor.sessions.actor import Handler, SessionActor
 from nous_actor.sessions.actor._calls import REMOTE, handlers_with
 from nous_actor.sessions.forwarding.links import (
@@ -50,7 +50,7 @@ from nous_actor.sessions.forwarding.links import (
     Sender,
     portable,
 )
-from nous_actor.sessions.forwarding.route import LIFE, Route
+from nous_actor.sessions.forwarding.route import LIFE, REGISTRY_CLOSED, Route
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import shared
 from nous_actor.store.base import Store
@@ -210,7 +210,9 @@ class Endpoint:
             return
         refused: dict[str, int] = {}  # the last epoch refused, per session
         try:
-            while not self.closed:
+            # Until the peer goes: after this endpoint closed, its calls are answered
+            # as not held (and those taken before are answered as they complete).
+            while True:
                 for cid, blob in pickle.loads(conn.recv_bytes()):
                     self._take(sender, refused, cid, blob)
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
@@ -228,7 +230,7 @@ class Endpoint:
             sender.put((cid, NOT_HELD, b""))
             return
         fut: SessionFuture[Any] = SessionFuture(session_id, ANSWER_BOUND)
-        fut.add_done_callback(partial(_answer, sender, cid, fut))
+        fut.add_done_callback(partial(_answer, sender, cid, fut, refused, epoch))
         handler = CALLS.get(name)
         if handler is None:
             fut._fail(NousActorError(f"a session takes no call {name!r} from another process"))
@@ -253,9 +255,23 @@ def _dump(value: Any) -> bytes:
         return pickle.dumps(portable(exc), pickle.HIGHEST_PROTOCOL)
 
 
-def _answer(sender: Sender, cid: int, fut: SessionFuture[Any]) -> None:
+def _answer(
+    sender: Sender,
+    cid: int,
+    fut: SessionFuture[Any],
+    refused: dict[str, int],
+    epoch: int,
+) -> None:
     value = fut._value
     if fut.failed():
+        if type(value) is SessionStopped and value.message == REGISTRY_CLOSED:
+            # Not applied: this registry closed before the call ran (a worker shutting
+            # down). The caller sends it, and every later call of this move (the closed
+            # registry refuses them all), where the session is next.
+            session_id = fut._session_id
+            refused[session_id] = max(refused.get(session_id, -1), epoch)
+            sender.put((cid, NOT_HELD, b""))
+            return
         sender.put((cid, FAILED, _dump(portable(value))))
         return
     try:

@@ -37,12 +37,15 @@ from nous_actor.runtime import scheduling
 from nous_actor.sessions.actor import Handler, _Envelope, session_cell
 from nous_actor.sessions.future import SessionFuture
 
-__all__ = ["LIFE", "Call", "Link", "Route"]
+__all__ = ["LIFE", "REGISTRY_CLOSED", "Call", "Link", "Route"]
 
 logger = get_logger("nous_actor.sessions.forwarding")
 
 _FIRST_PAUSE = 0.001
 """Seconds a move waits before it looks for the session again (doubling each time)."""
+
+REGISTRY_CLOSED = "the registry is closed"
+"""Why a closed registry's routes refuse calls."""
 
 MAX_TAKEN_BACK = 5
 """How often a call may be handed back by a session that stopped before running it."""

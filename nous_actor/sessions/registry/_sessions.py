@@ -28,6 +28,7 @@ from nous_actor.errors import ConflictError, SessionStopped
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.forwarding import (
+    REGISTRY_CLOSED,
     Endpoint,
     Link,
     Route,
@@ -492,7 +493,7 @@ class Sessions:
         self._passivation.stop()
         self._handover.stop()
         for route in list(self._routes.values()):
-            route.close("the registry is closed")
+            route.close(REGISTRY_CLOSED)
         endpoint, self._endpoint = self._endpoint, None
         if endpoint is not None:
             endpoint.leave(self)
