@@ -1,18 +1,30 @@
 """Folds of the logs: an ADK session as read from its log (`_View`, caught up by what was
 appended since), its latest events read from the log's end (`_tail`), and app or user
-state or a user's directory of sessions (`_StateView`)."""
+state or a user's directory of sessions (`_StateView`). A fold reads a `Log`, or
+anything that answers `count` and `since` as one does (`_Readable`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event
-from nous_actor.core.log import Log
 from nous_actor.integrations.adk.events import _adk_payload, _decode, _record
 from nous_actor.integrations.adk.framework import AdkEvent
 from nous_actor.integrations.adk.records import STATE_KEY, TIME_KEY
+
+
+class _Readable(Protocol):
+    """What a fold reads of a log (a `nous_actor.Log` answers both)."""
+
+    def count(self) -> int:
+        """The next seq."""
+        ...
+
+    def since(self, seq: int) -> list[Event]:
+        """The events with ``seq >= seq``, in order."""
+        ...
 
 
 @dataclass
@@ -28,10 +40,10 @@ class _View:
     decoded: dict[int, AdkEvent] = field(default_factory=dict)
     last_update: float = 0.0
     checkpoint: int = -1  # seq of the latest checkpoint (or create) record
-    log: Log | None = None
+    log: _Readable | None = None
     writes: dict[str, int] = field(default_factory=dict)  # state key -> seq of its last write
 
-    def catch_up(self, log: Log) -> None:
+    def catch_up(self, log: _Readable) -> None:
         if log.count() <= self.seen:  # nothing new (or an older snapshot of the log)
             return
         for ev in log.since(self.seen):
@@ -89,7 +101,7 @@ class _Tail:
     last_update: float
 
 
-def _tail(log: Log, n: int) -> _Tail | None:
+def _tail(log: _Readable, n: int) -> _Tail | None:
     """The last ``n`` ADK events of the session in ``log`` and its state, reading the log
     from its end back to the latest checkpoint (or create) record and the ``n``-th event
     (not the whole history); ``None`` if there is no session (never created, or deleted).
@@ -163,7 +175,7 @@ class _StateView:
     directory: dict[str, _Listed] = field(default_factory=dict)
     deleted: dict[str, int] = field(default_factory=dict)  # session id -> seq of its deletion
 
-    def catch_up(self, log: Log) -> None:
+    def catch_up(self, log: _Readable) -> None:
         if log.count() <= self.seen:
             return
         for ev in log.since(self.seen):

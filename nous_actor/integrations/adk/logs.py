@@ -1,15 +1,17 @@
 """The logs a `NousSessionService` reads: `_Logs`, a handle per session and the cached
 folds of their logs (least recently used first out), each caught up with its log when
 read. A handle sends its calls to wherever the session is (this process, or the worker
-process that holds it) and holds them while the session moves or restarts."""
+process that holds it) and holds them while the session moves or restarts; of a session
+another process holds, only the events appended since the last read cross (`_Mirror`)."""
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from typing import Final, TypeVar
 
-from nous_actor.core.log import Log
-from nous_actor.integrations.adk.folds import _StateView, _View
+from nous_actor.core.event import Event
+from nous_actor.integrations.adk.folds import _Readable, _StateView, _View
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
 
@@ -17,6 +19,32 @@ CACHE_SIZE: Final = 1024
 """How many sessions' decoded views a service keeps (least recently used first out)."""
 
 F = TypeVar("F", _View, _StateView)
+
+
+class _Mirror:
+    """What this process has read of the log of a session another process holds: its
+    events so far and its next seq, grown by the events appended since each read (a
+    read of the whole `Log` would carry the whole history across at every call)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.seqs: list[int] = []
+        self.next = 0
+
+    def count(self) -> int:
+        return self.next
+
+    def since(self, seq: int) -> list[Event]:
+        return self.events[bisect.bisect_left(self.seqs, seq) :]
+
+    def grow(self, count: int, events: list[Event]) -> None:
+        """Add ``events`` (read after ``count``, the next seq then) past those known."""
+        for ev in events:
+            if ev.seq >= self.next:
+                self.events.append(ev)
+                self.seqs.append(ev.seq)
+                self.next = ev.seq + 1
+        self.next = max(self.next, count)
 
 
 class _Logs:
@@ -33,6 +61,8 @@ class _Logs:
         self._handles: OrderedDict[str, Session] = OrderedDict()
         self._views: OrderedDict[str, _View] = OrderedDict()
         self._states: OrderedDict[str, _StateView] = OrderedDict()
+        self._mirrors: dict[str, _Mirror] = {}  # of the sessions with a handle here
+        self.fetched = 0  # events read from other processes (for tests and the benchmark)
 
     async def handle(self, key: str) -> Session:
         """The handle of session ``key`` (opened when first asked for)."""
@@ -41,7 +71,8 @@ class _Logs:
             handle = await self.sessions.aopen(key)
             self._handles[key] = handle
             if len(self._handles) > 4 * CACHE_SIZE:
-                self._handles.popitem(last=False)
+                gone, _ = self._handles.popitem(last=False)
+                self._mirrors.pop(gone, None)
         else:
             self._handles.move_to_end(key)
         return handle
@@ -55,8 +86,24 @@ class _Logs:
         """Whether the ADK session ``key``'s log is folded here already."""
         return key in self._views
 
-    async def log(self, key: str) -> Log:
-        return await (await self.handle(key)).log()
+    async def log(self, key: str) -> _Readable:
+        """The log of session ``key`` as it is now: the session's own `Log` when it runs
+        here, else what was read of it, grown by the events appended since."""
+        handle = await self.handle(key)
+        ref = handle._ref
+        if ref is not None and ref.is_alive():  # here: its log value, nothing copied
+            self._mirrors.pop(key, None)
+            return await handle.log()
+        mirror = self._mirrors.get(key)
+        if mirror is None:
+            mirror = self._mirrors[key] = _Mirror()
+        # Both asked at once, the count first: the events read are all those up to it.
+        count, events = handle.count(), handle.since(mirror.count())
+        got = await count
+        new = await events
+        self.fetched += len(new)
+        mirror.grow(got, new)
+        return mirror
 
     async def view(self, key: str) -> _View:
         """The ADK session ``key`` as folded from its log, caught up."""
