@@ -12,12 +12,12 @@ holds it while the session moves or restarts: no call is sent again here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
 from nous_actor.core.event import EventType, InvalidEvent
-from nous_actor.errors import SessionStopped
+from nous_actor.errors import CallTimeout, SessionStopped
 from nous_actor.integrations.openai_agents.shared import _shared_for, _turn_of
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionCalls
@@ -130,6 +130,26 @@ class _Calls:
         process)."""
         calls = await self.live()
         await calls.append_many([(etype, data, time) for etype, data in pending])
+
+    def plans(self) -> Iterator[int]:
+        """The attempts of a planned append (`planned`, then `append_at`), for the
+        registry's `timeout` in all.
+
+        Raises:
+            CallTimeout: the attempts went on that long (another process wrote the
+                session before each one could append).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.sessions.timeout
+        attempt = 0
+        while attempt == 0 or loop.time() < deadline:
+            yield attempt
+            attempt += 1
+        raise CallTimeout(
+            self.session_id,
+            f"other processes wrote it before each of {attempt} plans could be appended "
+            f"for {self.sessions.timeout:g} s; nothing was appended",
+        )
 
     async def planned(self, plan: Callable[[list[Any]], T | None]) -> tuple[T | None, int]:
         """``plan`` of the session's surface, and the next seq of the log it was read

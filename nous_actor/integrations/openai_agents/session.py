@@ -297,7 +297,9 @@ class NousSession:
                 `RuntimeError`, as the SDK's own sessions raise).
             SessionStopped: the registry is closed, or it gave the session up.
             StoreError: the store failed; the pop may or may not be stored.
-            CallTimeout: no answer within the registry's `timeout`.
+            CallTimeout: no answer within the registry's `timeout`, or other
+                processes wrote the session before each pop planned for that
+                long (nothing was appended).
             RuntimeError: the surface holds events of other code that share
                 the popped item's position, so it cannot be hidden alone;
                 nothing was appended.
@@ -305,7 +307,7 @@ class NousSession:
         self._calls.check_open()
 
         async def body() -> dict[str, Any] | None:
-            while True:  # planned again when another process wrote meanwhile
+            for _ in self._calls.plans():  # again when another process wrote meanwhile
                 plan, seq = await self._calls.planned(_plan_pop)
                 if plan is None:
                     return None
@@ -337,7 +339,7 @@ class NousSession:
         self._calls.check_open()
 
         async def body() -> None:
-            while True:  # planned again when another process wrote meanwhile
+            for _ in self._calls.plans():  # again when another process wrote meanwhile
                 data, seq = await self._calls.planned(_plan_clear)
                 if data is None:
                     return
