@@ -79,6 +79,9 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
         t0 = time.perf_counter()
         seen = sessions.read(sid).count().get()  # read without taking the session
         refused = ambiguous = 0
+        # A request sent again (its first worker died before answering), or whose
+        # holder died before answering: it may be stored already; look first.
+        check = bool(req.get("retry"))
         for _attempt in range(20):
             t1 = time.perf_counter()
             chat = sessions.open(sid, wait=wait or None)
@@ -86,11 +89,15 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
             if TRACE:
                 print(f"read {t1 - t0:.4f} open {t2 - t1:.4f}", file=sys.stderr, flush=True)
             try:
-                done = [
-                    e.seq
-                    for e in chat.events().get()
-                    if e.type == "turn_start" and e.data.get("rid") == rid
-                ]
+                done = (
+                    [
+                        e.seq
+                        for e in chat.events().get()
+                        if e.type == "turn_start" and e.data.get("rid") == rid
+                    ]
+                    if check
+                    else []
+                )
                 if done:
                     return {
                         "ok": True,
@@ -112,6 +119,7 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
                 # The worker holding it died before answering: maybe applied. The store
                 # is the truth: look again (the loop's first read) before writing.
                 ambiguous += 1
+                check = True
                 continue
             except SessionStopped:  # handed over between two calls: not applied, again
                 refused += 1
@@ -252,13 +260,14 @@ class Fleet:
                     pipe.close()
 
 
-def ask(worker: Worker, sid: str, rid: str) -> dict[str, Any] | None:
-    """One request; its reply, or ``None`` if the worker died before answering."""
+def ask(worker: Worker, sid: str, rid: str, retry: bool = False) -> dict[str, Any] | None:
+    """One request (``retry``: sent before, to a worker that died before answering); its
+    reply, or ``None`` if the worker died before answering."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(REPLY_TIMEOUT)
             s.connect(worker.socket)
-            s.sendall(json.dumps({"sid": sid, "rid": rid}).encode() + b"\n")
+            s.sendall(json.dumps({"sid": sid, "rid": rid, "retry": retry}).encode() + b"\n")
             data = b""
             while not data.endswith(b"\n"):
                 chunk = s.recv(65536)
@@ -334,11 +343,13 @@ def run_clients(
             except queue.Empty:
                 return
             first_sent = time.perf_counter()
+            sent = False
             for _ in range(50):
                 live = fleet.live()
                 if not live:
                     continue
-                reply = ask(rng.choice(live), sid, rid)
+                reply = ask(rng.choice(live), sid, rid, retry=sent)
+                sent = True
                 if reply is not None and not (
                     retry_refused and str(reply.get("error", "")).startswith("ConflictError")
                 ):

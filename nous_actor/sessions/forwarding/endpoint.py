@@ -46,6 +46,7 @@ from nous_actor.sessions.forwarding.links import (
     NOT_HELD,
     OK,
     PROTOCOL,
+    SEQ,
     LocalLink,
     Sender,
     portable,
@@ -66,6 +67,9 @@ CALLS: Final[dict[str, Handler]] = {
 }
 """The calls another process may send, by name: the session actor's handlers declared
 `REMOTE`, and a compaction (its summariser runs here)."""
+
+_BY_SEQ: Final = frozenset({"h_append", "h_append_at", "h_append_many"})
+"""The calls answered with the (first) seq of what they appended."""
 
 ANSWER_BOUND: Final = 3600.0
 """How long a forwarded call's answer is waited for here, at most (the caller's own bound
@@ -230,7 +234,7 @@ class Endpoint:
             sender.put((cid, NOT_HELD, b""))
             return
         fut: SessionFuture[Any] = SessionFuture(session_id, ANSWER_BOUND)
-        fut.add_done_callback(partial(_answer, sender, cid, fut, refused, epoch))
+        fut.add_done_callback(partial(_answer, sender, cid, fut, refused, epoch, name in _BY_SEQ))
         handler = CALLS.get(name)
         if handler is None:
             fut._fail(NousActorError(f"a session takes no call {name!r} from another process"))
@@ -261,6 +265,7 @@ def _answer(
     fut: SessionFuture[Any],
     refused: dict[str, int],
     epoch: int,
+    by_seq: bool,
 ) -> None:
     value = fut._value
     if fut.failed():
@@ -273,6 +278,12 @@ def _answer(
             sender.put((cid, NOT_HELD, b""))
             return
         sender.put((cid, FAILED, _dump(portable(value))))
+        return
+    if by_seq:
+        # An append is answered with its seq: the caller rebuilds the event from the
+        # parts it sent (no event crosses back, nor is frozen again there).
+        first = (value[0].seq if value else -1) if isinstance(value, list) else value.seq
+        sender.put((cid, SEQ, first))
         return
     try:
         blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)

@@ -32,20 +32,22 @@ from typing import Any, Final
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
+from nous_actor.core.event import Event
 from nous_actor.errors import NousActorError, SessionCrashed
 from nous_actor.runtime.exit import at_exit
 from nous_actor.sessions.actor import Handler
 from nous_actor.sessions.forwarding.route import Call, Route
 
-__all__ = ["NOT_HELD", "OK", "FAILED", "LocalLink", "SocketLink", "portable", "socket_path"]
+__all__ = ["NOT_HELD", "OK", "FAILED", "SEQ", "LocalLink", "SocketLink", "portable", "socket_path"]
 
 logger = get_logger("nous_actor.sessions.forwarding")
 
-OK, FAILED, NOT_HELD = range(3)
-"""What comes back for a call: its value, its error, or "this process does not hold the
-session" (not applied: send it where the session is)."""
+OK, FAILED, NOT_HELD, SEQ = range(4)
+"""What comes back for a call: its value, its error, "this process does not hold the
+session" (not applied: send it where the session is), or the (first) seq of what an
+append appended (the caller rebuilds the events from the parts it sent)."""
 
-PROTOCOL: Final = 1
+PROTOCOL: Final = 2  # 2: appends are answered with their seq
 """The version of what two processes say to each other over a socket; both check it."""
 
 HOST: Final = socket.gethostname()
@@ -231,6 +233,9 @@ class SocketLink:
                         if state == NOT_HELD:
                             route.refused(epoch, call)
                             continue
+                        if state == SEQ:
+                            fut._resolve(_appended(call, blob))
+                            continue
                         try:
                             value = pickle.loads(blob)
                         except Exception as exc:
@@ -279,6 +284,18 @@ class SocketLink:
             self._conn.close()
         except OSError:
             pass
+
+
+def _appended(call: Call, first: int) -> Any:
+    """What an append answered with ``first`` (its seq) appended: its event(s), made from
+    the parts the caller sent, as the holder made them."""
+    handler, args, _ = call
+    name = handler.__name__
+    if name == "h_append":
+        return Event._trusted(first, *args[0])
+    if name == "h_append_at":
+        return Event._trusted(args[0], *args[1])
+    return [Event._trusted(first + k, *parts) for k, parts in enumerate(args[0])]
 
 
 def _travelling(handler: Handler, args: tuple[Any, ...]) -> tuple[Any, ...]:

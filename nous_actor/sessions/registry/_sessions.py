@@ -253,8 +253,29 @@ class Sessions:
                 self.store, session_id, wait, partial(self._open_ref, session_id)
             )
         else:
+            known = self._known(route)
+            if known is not None:
+                return known
             found = self._locate(session_id, opening=True)
         return self._settled(session_id, route, found)
+
+    def _known(self, route: Route) -> Session | None:
+        """A handle on ``route`` when it already knows where its session is (its actor
+        here runs, or a link to its holder is open): an open needs no lookup then (if
+        the holder let go meanwhile, the first call finds where the session went)."""
+        target = route.target()
+        if target is None:
+            return None
+        if isinstance(target, pykka.ActorRef):
+            if not target.is_alive():
+                return None
+        elif getattr(target, "closed", False):
+            return None
+        self._handover.start()
+        handle = self._handle(route.session_id, route)
+        if isinstance(target, pykka.ActorRef):
+            handle._ref = target
+        return handle
 
     def _wait(self, wait: object) -> float:
         """``wait`` (or the registry's default) as seconds to wait for a hand-off."""
@@ -315,6 +336,12 @@ class Sessions:
         deadline = host.now() + self.timeout
         open_here = partial(self._open_ref if opening else self._resolve_now, session_id)
         last = refused
+        if last is None and not self.handoff_wait:
+            # Held by a live process that says where it answers: call it there, without
+            # starting an actor here just to have its claim refused.
+            link = self._holder_link(session_id)
+            if link is not None:
+                return link
         if last is None and not self.handoff_wait and self._handover.given_away(session_id):
             # Handed to a process that asked for it: call it there once it took it,
             # rather than claim it back at once.
@@ -337,6 +364,22 @@ class Sessions:
             # Let go meanwhile, or its holder is ending: look again shortly.
             shared.wait_changed(self.store, shared.wait_changed(self.store, -1, 0.0), _LOOK_AGAIN)
             last = None
+
+    def _holder_link(self, session_id: str) -> Link | None:
+        """A link to the live holder of ``session_id`` when the store names one that is
+        not this registry's endpoint (``None`` otherwise: try to open it here)."""
+        found = shared.holder_address(self.store, session_id)
+        if found is None or found[1] is None:
+            return None
+        mine = self._endpoint
+        if mine is not None and found[1] == mine.address:
+            return None  # held in this process (by this registry, perhaps): ask it
+        try:
+            return self._link_to_holder(
+                session_id, ConflictError("is held elsewhere", session_id=session_id)
+            )
+        except ConflictError:
+            return None
 
     def _await_taker(self, session_id: str, until: float) -> Link | None:
         """A link to the process that takes ``session_id`` (asked for it) before
@@ -420,6 +463,10 @@ class Sessions:
         session_id = check_session_id(session_id)
         wait = self._wait(wait)
         route = self._route(session_id)
+        if not wait:
+            known = self._known(route)
+            if known is not None:
+                return known
         found: pykka.ActorRef[Any] | Link
         try:
             found = await self._aopen_ref(session_id)
