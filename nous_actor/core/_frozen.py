@@ -165,8 +165,9 @@ class FrozenDict(dict[str, Any], metaclass=_BuiltOnce):
     def __deepcopy__(self, memo: dict[int, object]) -> FrozenDict:
         return self
 
-    def __reduce__(self) -> tuple[type[FrozenDict], tuple[dict[str, Any]]]:
-        return (FrozenDict, (dict(self),))
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Its values unpickle frozen already (each by its own reduce): no second walk.
+        return (_dict_of, (dict(self),))
 
 
 class FrozenList(list[Any], metaclass=_BuiltOnce):
@@ -216,8 +217,9 @@ class FrozenList(list[Any], metaclass=_BuiltOnce):
     def __deepcopy__(self, memo: dict[int, object]) -> FrozenList:
         return self
 
-    def __reduce__(self) -> tuple[type[FrozenList], tuple[list[Any]]]:
-        return (FrozenList, (list(self),))
+    def __reduce__(self) -> tuple[Any, tuple[list[Any]]]:
+        # Its items unpickle frozen already (each by its own reduce): no second walk.
+        return (_list_from, (list(self),))
 
 
 _new_dict = dict.__new__
