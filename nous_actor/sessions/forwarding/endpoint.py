@@ -207,11 +207,11 @@ class Endpoint:
             logger.warning("forwarding.peer_refused", reason=type(exc).__name__, error=str(exc))
             conn.close()
             return
-        sender = Sender(conn)
         if protocol != PROTOCOL:
             logger.warning("forwarding.peer_refused", reason="protocol", protocol=protocol)
             conn.close()
             return
+        sender = Sender(conn, "nous-endpoint-writer")
         refused: dict[str, int] = {}  # the last epoch refused, per session
         try:
             # Until the peer goes: after this endpoint closed, its calls are answered
@@ -222,6 +222,7 @@ class Endpoint:
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             pass
         finally:
+            sender.close()
             conn.close()
 
     def _take(self, sender: Sender, refused: dict[str, int], cid: int, blob: bytes) -> None:

@@ -97,49 +97,58 @@ class LocalLink:
 
 
 class Sender:
-    """Writes batches to one connection, in the order put: the first putter writes
-    what is pending while others add to it (no thread of its own)."""
+    """Writes to one connection, in the order put, from a thread of its own: what is put
+    while it writes goes in its next batch, so calls (and answers) that come together
+    share one write, and no caller or committer thread ever blocks on the socket."""
 
-    __slots__ = ("_conn", "_lock", "_pending", "_sending", "broken")
+    __slots__ = ("_closed", "_cond", "_conn", "_on_lost", "_pending", "broken")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(
+        self, conn: Connection, name: str, on_lost: Callable[[list[Any]], None] | None = None
+    ) -> None:
         self._conn = conn
-        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
         self._pending: list[Any] = []
-        self._sending = False
+        self._on_lost = on_lost
+        self._closed = False
         self.broken: BaseException | None = None
+        # A plain daemon thread (it waits on a socket; never a simulation's task).
+        threading.Thread(target=self._run, name=name, daemon=True).start()
 
-    def put(self, item: Any, on_lost: Callable[[list[Any]], None] | None = None) -> bool:
-        """Queue ``item``; ``False`` if the connection is broken (nothing queued). Items
-        of a batch that could not be written go to ``on_lost``."""
-        with self._lock:
-            if self.broken is not None:
+    def put(self, item: Any) -> bool:
+        """Queue ``item``; ``False`` if the connection is broken (nothing queued)."""
+        with self._cond:
+            if self.broken is not None or self._closed:
                 return False
             self._pending.append(item)
-            if self._sending:
-                return True
-            self._sending = True
+            if len(self._pending) == 1:
+                self._cond.notify()
+        return True
+
+    def close(self) -> None:
+        """Stop writing (what is queued is not written)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
         while True:
-            with self._lock:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
                 batch, self._pending = self._pending, []
-                if not batch or self.broken is not None:
-                    self._sending = False
-                    lost = batch
-                    if not lost:
-                        return True
-                    break
             try:
                 self._conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
             except (OSError, ValueError) as exc:
-                with self._lock:
+                with self._cond:
                     self.broken = exc
-                    self._sending = False
                     lost = batch + self._pending
                     self._pending = []
-                break
-        if on_lost is not None and lost:
-            on_lost(lost)
-        return True
+                if self._on_lost is not None and lost:
+                    self._on_lost(lost)
+                return
 
 
 class SocketLink:
@@ -164,7 +173,7 @@ class SocketLink:
         self.address = address
         self._conn = _connect(path, key, timeout)
         self._conn.send_bytes(pickle.dumps(PROTOCOL))
-        self._sender = Sender(self._conn)
+        self._sender = Sender(self._conn, "nous-link-writer", self._unsent)
         self._lock = threading.Lock()
         self._calls: dict[int, tuple[Route, int, Call]] = {}
         self._ids = itertools.count()
@@ -198,7 +207,7 @@ class SocketLink:
                 cid = -1
             else:
                 self._calls[cid] = (route, epoch, call)
-        if cid < 0 or not self._sender.put((cid, blob), self._unsent):
+        if cid < 0 or not self._sender.put((cid, blob)):
             if cid >= 0:
                 with self._lock:
                     self._calls.pop(cid, None)
@@ -263,6 +272,7 @@ class SocketLink:
             self.closed = True
             calls, self._calls = self._calls, {}
         self._answered.set()
+        self._sender.close()
         _forget(self)
         try:
             self._conn.close()
@@ -280,6 +290,7 @@ class SocketLink:
             route.answered()
 
     def close(self) -> None:
+        self._sender.close()
         try:
             self._conn.close()
         except OSError:
