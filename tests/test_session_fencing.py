@@ -75,7 +75,9 @@ def test_a_fenced_session_stops_once_and_the_next_call_reopens_it() -> None:
 def test_a_refused_open_is_raised_to_the_caller_and_not_logged_as_an_error(
     tmp_path: Path,
 ) -> None:
-    """Another process's writer holds the session: ConflictError, and no error-level log."""
+    """Another writer that cannot be called (a standalone session: it answers at no
+    address) holds the session: ConflictError, and no error-level log; one a registry
+    holds is called through it, with no error-level log either."""
     db = tmp_path / "s.db"
     with (
         Sessions(SQLiteStore(db), timeout=BOUND) as first,
@@ -83,7 +85,14 @@ def test_a_refused_open_is_raised_to_the_caller_and_not_logged_as_an_error(
         Sessions(SQLiteStore(db), timeout=BOUND) as second,
     ):
         first.open("chat")
-        with pytest.raises(ConflictError):
-            second.open("chat")
+        forwarded = second.open("chat")
+        assert forwarded.append("user_message", {"content": "hi"}).get(timeout=BOUND).seq == 0
+        assert second.live() == []
+        standalone = Session.start("alone", store=SQLiteStore(db), timeout=BOUND)
+        try:
+            with pytest.raises(ConflictError):
+                second.open("alone")
+        finally:
+            standalone.stop()
     assert [e["event"] for e in logs if e["log_level"] == "error"] == []
     assert "session.start_refused" in [e["event"] for e in logs]

@@ -148,8 +148,10 @@ def _pipelined(
 ) -> None:
     """Send every step at once; a crash may land amid them, while earlier ones commit.
 
-    The appends before the crash are acknowledged (the store is the truth);
-    the ones after it fail with ``SessionStopped`` and are sent again, in order.
+    The appends before the crash are acknowledged (the store is the truth); the
+    registry holds the ones after it and delivers them, in order, to the restarted
+    session. One refused with ``SessionStopped`` (a crash storm outlasting the
+    handle's bound) would be sent again here, in order, with every one after it.
     """
     t0 = time.perf_counter()
     at = next((k for k in range(len(steps)) if rng.random() < crash_rate), None)

@@ -411,6 +411,8 @@ class Sessions:
         """
         found = shared.holder_address(self.store, session_id)
         if found is None:
+            if not shared.tells_holders(self.store):
+                raise refused  # it cannot say who refused the claim: nothing to call
             return None
         holder, address = found
         if address is None:

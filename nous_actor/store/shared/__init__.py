@@ -82,6 +82,7 @@ __all__ = [
     "load_since",
     "next_seq",
     "supports_forwarding",
+    "tells_holders",
     "supports_handoff",
     "wait_changed",
     "watch",
@@ -180,6 +181,12 @@ def supports_forwarding(store: Store) -> bool:
     """Whether ``store`` keeps its holders' addresses (``advertise`` and
     ``holder_address``), so that calls can go to a session's holder."""
     return _own(store, "advertise") is not None and _own(store, "holder_address") is not None
+
+
+def tells_holders(store: Store) -> bool:
+    """Whether ``store`` can say who holds a session (``holder_address`` or ``held_by``):
+    without either, a claim refused by another writer is all there is to know."""
+    return _own(store, "holder_address") is not None or _own(store, "held_by") is not None
 
 
 def advertise(store: Store, address: str | None) -> None:
