@@ -149,7 +149,9 @@ class Route:
         if link is not None:
             link.send(self, epoch, handler, args, fut)
         elif move:
-            self._move()
+            # Found in another thread: a send never blocks its caller (a coroutine's
+            # event loop must go on, e.g. to run a summariser the move waits for).
+            scheduling.spawn(self._move, "nous-route")
 
     def settle(self, found: pykka.ActorRef[Any] | Link) -> None:
         """Calls go to ``found`` from now on (an open located the session), unless a move
