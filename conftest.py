@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 
 import pykka
 import pytest
 import structlog
 from hypothesis import HealthCheck, settings
+
+from nous_actor.runtime import scheduling
 
 structlog.configure(
     processors=[
@@ -40,8 +43,29 @@ _default_profile = "ci" if os.environ.get("CI") else "dev"
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default_profile))
 
 
+STOP_BOUND = 10.0
+"""Seconds the actors a test left running get, all together, to stop after it."""
+
+
 @pytest.fixture(autouse=True)
 def _stop_all_actors() -> Iterator[None]:
-    """Every test leaves no actor running, whatever it did."""
+    """Every test leaves no actor running, whatever it did.
+
+    An actor that does not stop within `STOP_BOUND` (one a failed simulation left on a
+    virtual thread nobody runs, say) fails this test and is unregistered, so that the
+    tests after it neither wait for it nor fail for it.
+    """
     yield
-    pykka.ActorRegistry.stop_all(block=True, timeout=10)
+    host = scheduling.current()
+    if host is not scheduling.REAL:
+        scheduling.uninstall(host)
+        pytest.fail(f"the test left {host!r} installed as the runtime's host")
+    refs = pykka.ActorRegistry.get_all()
+    for ref in refs:
+        ref.stop(block=False)
+    deadline = time.monotonic() + STOP_BOUND
+    left = [r for r in refs if not r.actor_stopped.wait(max(deadline - time.monotonic(), 0))]
+    if left:
+        for ref in left:
+            pykka.ActorRegistry.unregister(ref)
+        pytest.fail(f"{len(left)} actor(s) did not stop within {STOP_BOUND:g} s: {left[:5]}")

@@ -275,7 +275,7 @@ class HandOver:
             return True  # stopped meanwhile (or slow): nothing to hand over now
         if handed:
             self.handed += 1
-            self._given[session_id] = time.monotonic()
+            self._given[session_id] = scheduling.monotonic()
         return bool(handed)
 
     def given_away(self, session_id: str) -> bool:
@@ -285,7 +285,7 @@ class HandOver:
         at = self._given.get(session_id)
         if at is None:
             return False
-        if time.monotonic() - at > GIVEN_FOR:
+        if scheduling.monotonic() - at > GIVEN_FOR:
             self._given.pop(session_id, None)
             return False
         return True

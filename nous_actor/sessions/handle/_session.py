@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from time import monotonic
 from typing import Any
 
 import pykka
@@ -15,7 +14,7 @@ from nous_actor.errors import (
     NousActorError,
     SessionStopped,
 )
-from nous_actor.runtime import telemetry
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.actor import (
     HELD,
@@ -339,9 +338,11 @@ class Session(SessionHandle):
         # Wait for the actor's thread to finish, not for the reply to the stop
         # request: Pykka leaves a request unanswered if it lands after the
         # actor's last look at its inbox.
-        deadline = monotonic() + bound
+        deadline = scheduling.monotonic() + bound
         cell = session_cell(ref)
         finished, released = cell.finished, cell.released
         for done, what in ((finished, "a long call is running"), (released, "a commit is slow")):
-            if not done.wait(min(max(deadline - monotonic(), 0), threading.TIMEOUT_MAX)):
+            if not done.wait(
+                min(max(deadline - scheduling.monotonic(), 0), threading.TIMEOUT_MAX)
+            ):
                 raise CallTimeout(self.session_id, f"did not stop within {bound:g} s ({what})")
