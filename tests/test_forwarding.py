@@ -126,6 +126,44 @@ def test_calls_queued_behind_a_crash_of_the_holders_session_are_delivered_in_ord
     assert contents(in_b) == [f"m{i}" for i in range(50)]
     stored = shared.load_since(a.store, "chat")
     assert [e.data["content"] for e in stored] == [f"m{i}" for i in range(50)]
+    assert_idle(route_of(in_b))
+
+
+def assert_idle(route: Route) -> None:
+    """``route`` keeps nothing of its moves: what a move needs (the queues of held and
+    handed-back calls, the count of hand-backs) is made when one starts and let go once
+    it delivered everything, so an idle session's route stays small."""
+    with route.lock:
+        assert (route.held, route.rerouted, route.bounced, route._tries) == (None,) * 4
+
+
+def test_a_route_keeps_nothing_of_a_move_once_it_is_over(
+    pair: tuple[Sessions, Sessions],
+) -> None:
+    """Calls queued in the holder's own actor behind a crash are handed back to its
+    route, delivered to the restarted session, and the route is left as small as before
+    the crash."""
+    a, _ = pair
+    in_a = a.open("chat")
+    in_a.count().get(timeout=BOUND)
+    assert_idle(route_of(in_a))
+    assert route_of(in_a)._cond is None
+    entered, release = threading.Event(), threading.Event()
+
+    def block_then_crash(actor: SessionActor) -> None:
+        entered.set()
+        release.wait(BOUND)
+        raise Boom("crash with calls queued")
+
+    crashing = in_a._call(block_then_crash)
+    assert entered.wait(BOUND)
+    sent = [in_a.append("user_message", {"content": f"m{i}"}) for i in range(20)]
+    release.set()
+    with pytest.raises(SessionStopped):
+        crashing.get(timeout=BOUND)
+    assert [f.get(timeout=BOUND).seq for f in sent] == list(range(20))
+    assert route_of(in_a).moves == 1
+    assert_idle(route_of(in_a))
 
 
 def test_when_the_holder_closes_the_next_call_moves_the_session_to_the_caller(

@@ -103,15 +103,18 @@ class Route:
         self._locate = locate
         self.timeout = timeout
         self.lock = threading.RLock()
-        self._cond = threading.Condition(self.lock)
+        # What a route needs only while its session moves is made then, not per session
+        # (an idle session's memory): the condition a move waits on, the queues, the
+        # count of hand-backs.
+        self._cond: threading.Condition | None = None
         self.ref: pykka.ActorRef[Any] | None = None
         self.link: Link | None = None
         # While moving: the calls held (made since the move began), and before them
         # the ones the last target handed back unapplied, in the order sent.
         self.held: deque[Call] | None = None
-        self.rerouted: deque[Call] = deque()
-        self.bounced: deque[Call] = deque()  # refused by the link, in the order sent
-        self._tries: dict[int, int] = {}  # hand-backs so far of each call still pending
+        self.rerouted: deque[Call] | None = None
+        self.bounced: deque[Call] | None = None  # refused by the link, in the order sent
+        self._tries: dict[int, int] | None = None  # hand-backs of each call still pending
         self.epoch = 0  # grows at every move: a link's refusals of an older one are late
         self.inflight = 0  # calls sent over ``link`` and not answered yet
         self.closed: str | None = None
@@ -123,6 +126,7 @@ class Route:
         """Send one call to wherever the session is, in order; never raises (the future
         carries every failure)."""
         link = None
+        move = False
         with self.lock:
             if self.closed is not None:
                 fut._fail(SessionStopped(self.session_id, self.closed))
@@ -136,16 +140,10 @@ class Route:
                 elif self.link is not None:
                     link, epoch = self.link, self.epoch
                     self.inflight += 1
-                if link is None:
-                    self.held = deque()
-                    self.held.append((handler, args, fut))
-                    self.moves += 1
-                    move = True
-                else:
-                    move = False
-            else:
+                move = link is None and self._begin_move()
+            if link is None:
+                assert self.held is not None
                 self.held.append((handler, args, fut))
-                return
         if link is not None:
             link.send(self, epoch, handler, args, fut)
         elif move:
@@ -195,21 +193,33 @@ class Route:
         session is now, before anything sent after them."""
         with self.lock:
             kept = [call for call in calls if self._may_try_again(call)]
-            self.rerouted.extendleft(reversed(kept))
+            if kept:
+                if self.rerouted is None:
+                    self.rerouted = deque()
+                self.rerouted.extendleft(reversed(kept))
             if self.closed is not None:
                 self._fail_held(SessionStopped(self.session_id, self.closed))
                 return
-            if self.held is not None:
+            if not self._begin_move():
                 return  # the move under way delivers them
-            self.held = deque()
-            self.moves += 1
         scheduling.spawn(self._move, "nous-route")
+
+    def _begin_move(self) -> bool:
+        """Hold calls from now on (under the lock); whether a move must be started (none
+        is under way)."""
+        if self.held is not None:
+            return False
+        self.held = deque()
+        self.moves += 1
+        return True
 
     def _may_try_again(self, call: Call) -> bool:
         """Count one more hand-back of ``call``; past `MAX_TAKEN_BACK` it fails (not
         applied) instead of following a session that keeps stopping under it."""
         fut = call[2]
         key = id(fut)
+        if self._tries is None:
+            self._tries = {}
         tries = self._tries.get(key, 0) + 1
         if tries > MAX_TAKEN_BACK:
             self._tries.pop(key, None)
@@ -227,21 +237,26 @@ class Route:
         return True
 
     def _forget_tries(self, key: int) -> None:
-        self._tries.pop(key, None)
+        with self.lock:
+            tries = self._tries
+            if tries is not None:
+                tries.pop(key, None)
+                if not tries:
+                    self._tries = None
 
     def refused(self, epoch: int, call: Call) -> None:
         """A link's other side did not take ``call`` (it does not hold the session): it
         was not applied; deliver it where the session is now, in order. A link refuses
         every call after the first it refused, until the route moves (``epoch``)."""
         with self.lock:
+            if self.bounced is None:
+                self.bounced = deque()
             self.bounced.append(call)
             if epoch != self.epoch:
                 return  # sent before the last move: the mover waits for it
             self.link = None
-            if self.held is not None:
+            if not self._begin_move():
                 return  # the move under way sees it and looks again
-            self.held = deque()
-            self.moves += 1
         scheduling.spawn(self._move, "nous-route")
 
     def answered(self) -> None:
@@ -249,7 +264,7 @@ class Route:
         with self.lock:
             self.inflight -= 1
             if self.inflight <= 0:
-                self._cond.notify_all()
+                self._notify()
 
     # -- moving --------------------------------------------------------------------------------
 
@@ -292,8 +307,10 @@ class Route:
             host.wait(self._settled, max(deadline - host.now(), 0.0), self._block_settled)
             with self.lock:
                 if self.bounced:
+                    if self.rerouted is None:
+                        self.rerouted = deque()
                     self.rerouted.extendleft(reversed(self.bounced))
-                    self.bounced.clear()
+                    self.bounced = None
                 if self.closed is not None:
                     self._fail_held(SessionStopped(self.session_id, self.closed))
                     return
@@ -321,14 +338,25 @@ class Route:
 
     def _block_closed(self, timeout: float | None) -> bool:
         with self.lock:
-            return self._cond.wait_for(self._is_closed, timeout)
+            return self._condition().wait_for(self._is_closed, timeout)
 
     def _settled(self) -> bool:
         return self.inflight <= 0
 
     def _block_settled(self, timeout: float | None) -> bool:
         with self.lock:
-            return self._cond.wait_for(self._settled, timeout)
+            return self._condition().wait_for(self._settled, timeout)
+
+    def _condition(self) -> threading.Condition:
+        """The condition a move waits on (under the lock; made at its first wait)."""
+        if self._cond is None:
+            self._cond = threading.Condition(self.lock)
+        return self._cond
+
+    def _notify(self) -> None:
+        """Wake a move that waits (under the lock)."""
+        if self._cond is not None:
+            self._cond.notify_all()
 
     def _flush(self, found: pykka.ActorRef[Any] | Link) -> bool:
         """Deliver the held calls to ``found`` in order; ``False`` if it went away
@@ -357,7 +385,7 @@ class Route:
                 queue = self.rerouted if self.rerouted else self.held
                 assert queue is not None
                 if not queue:
-                    self.held = None
+                    self.held = self.rerouted = None
                     return True
                 call = queue.popleft()
                 if local:
@@ -371,10 +399,8 @@ class Route:
     def _fail_held(self, exc: BaseException) -> None:
         """Fail every held call with ``exc`` (under the lock): the session could not be
         reached; none of them was applied."""
-        calls = [*self.bounced, *self.rerouted, *(self.held or ())]
-        self.bounced.clear()
-        self.rerouted.clear()
-        self.held = None
+        calls = [*(self.bounced or ()), *(self.rerouted or ()), *(self.held or ())]
+        self.bounced = self.rerouted = self.held = None
         for _, _, fut in calls:
             fut._fail(exc)
 
@@ -383,7 +409,7 @@ class Route:
         or made from now on fail with `SessionStopped` (``reason``)."""
         with self.lock:
             self.closed = reason
-            self._cond.notify_all()
+            self._notify()
             ref = self.ref
             if ref is not None:
                 session_cell(ref).reroute = None
@@ -396,19 +422,6 @@ class Route:
             ref = self.ref
             if ref is not None:
                 session_cell(ref).reroute = None
-
-    def stop_here(self, timeout: float) -> None:
-        """Stop the session's actor here on purpose (a ``stop()`` from a handle in
-        another process): calls still queued fail as before; waits at most ``timeout``
-        for it to end and let go of its claim."""
-        self.release_actor()
-        ref = self.ref
-        if ref is None:
-            return
-        ref.stop(block=False)
-        cell = session_cell(ref)
-        cell.finished.wait(timeout)
-        cell.released.wait(timeout)
 
     def __repr__(self) -> str:
         where = (
