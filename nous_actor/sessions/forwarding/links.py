@@ -80,6 +80,8 @@ class LocalLink:
 
     __slots__ = ("address", "dispatch")
 
+    closed: Final = False  # a registry of this process is never out of reach
+
     def __init__(
         self, address: str, dispatch: Callable[[str, Handler, tuple[Any, ...], Any], bool]
     ):

@@ -62,6 +62,10 @@ class Link(Protocol):
 
     address: str
 
+    @property
+    def closed(self) -> bool:
+        """Whether the link is gone (its connection broke or closed): calls over it fail."""
+
     def send(
         self, route: Route, epoch: int, handler: Handler, args: tuple[Any, ...], fut: Any
     ) -> None:

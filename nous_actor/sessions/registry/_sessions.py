@@ -269,7 +269,7 @@ class Sessions:
         if isinstance(target, pykka.ActorRef):
             if not target.is_alive():
                 return None
-        elif getattr(target, "closed", False):
+        elif target.closed:
             return None
         self._handover.start()
         handle = self._handle(route.session_id, route)
@@ -356,9 +356,18 @@ class Sessions:
                     last = exc
             if self.handoff_wait:
                 return acquire(self.store, session_id, self.handoff_wait, open_here, last)
-            link = self._link_to_holder(session_id, last)
-            if link is not None:
-                return link
+            reached = self._reach(session_id, shared.holder_address(self.store, session_id))
+            if isinstance(reached, str):
+                if not reached:
+                    raise last  # its holder cannot be called from here: the refusal stands
+                raise ConflictError(
+                    reached,
+                    session_id=session_id,
+                    holder=last.holder,
+                    lease_until=last.lease_until,
+                ) from last
+            if reached is not None:
+                return reached
             if host.now() >= deadline:
                 raise last
             # Let go meanwhile, or its holder is ending: look again shortly.
@@ -374,12 +383,8 @@ class Sessions:
         mine = self._endpoint
         if mine is not None and found[1] == mine.address:
             return None  # held in this process (by this registry, perhaps): ask it
-        try:
-            return self._link_to_holder(
-                session_id, ConflictError("is held elsewhere", session_id=session_id)
-            )
-        except ConflictError:
-            return None
+        reached = self._reach(session_id, found)
+        return None if isinstance(reached, str) else reached
 
     def _await_taker(self, session_id: str, until: float) -> Link | None:
         """A link to the process that takes ``session_id`` (asked for it) before
@@ -389,34 +394,27 @@ class Sessions:
         while True:
             found = shared.holder_address(self.store, session_id)
             if found is not None and found[1] is not None:
-                try:
-                    link = self._link_to_holder(
-                        session_id, ConflictError("is held elsewhere", session_id=session_id)
-                    )
-                except ConflictError:
+                reached = self._reach(session_id, found)
+                if isinstance(reached, str):
                     return None
-                if link is not None:
-                    return link
+                if reached is not None:
+                    return reached
             left = until - host.now()
             if left <= 0:
                 return None
             version = shared.wait_changed(self.store, version, min(left, _LOOK_AGAIN * 5))
 
-    def _link_to_holder(self, session_id: str, refused: ConflictError) -> Link | None:
-        """A link to the live process that holds ``session_id``; ``None`` if none holds
-        it now, or its holder cannot be reached yet (it is ending: try to open again).
-
-        Raises:
-            ConflictError: the holder advertised no address, or one on another host.
-        """
-        found = shared.holder_address(self.store, session_id)
+    def _reach(self, session_id: str, found: tuple[str, str | None] | None) -> Link | str | None:
+        """A link to the live process that holds ``session_id`` (``found``: the store's
+        holder and address of it). ``None`` if none holds it now, or its holder cannot
+        be reached yet (it is ending: try to open again). A string if its holder cannot
+        be called from here: why (empty: the claim's refusal says enough — the store
+        cannot tell holders, or the holder advertised no address, or no key)."""
         if found is None:
-            if not shared.tells_holders(self.store):
-                raise refused  # it cannot say who refused the claim: nothing to call
-            return None
+            return None if shared.tells_holders(self.store) else ""
         holder, address = found
         if address is None:
-            raise refused
+            return ""
         mine = self._endpoint
         if mine is not None and address == mine.address and mine.route_here(session_id) is None:
             return None  # ours, but no registry here runs it: it is being let go
@@ -424,16 +422,13 @@ class Sessions:
         if local is not None:
             return local.link()
         if socket_path(address) is None:
-            raise ConflictError(
+            return (
                 f"is held by {holder}, which answers at {address}: not a process of this "
-                "host; use RaySessions across hosts, or open(id, wait=...) to move it here",
-                session_id=session_id,
-                holder=refused.holder or holder,
-                lease_until=refused.lease_until,
-            ) from refused
+                "host; use RaySessions across hosts, or open(id, wait=...) to move it here"
+            )
         key = shared.forwarding_key(self.store)
         if key is None:
-            raise refused
+            return ""
         try:
             return link_to(address, key, min(self.timeout, _CONNECT_BOUND))
         except (OSError, AuthenticationError, EOFError):
