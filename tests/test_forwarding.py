@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from nous_actor import InvalidEvent, Sessions, SessionStopped, SQLiteStore, TurnBusy
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.forwarding import LocalLink, Route
+from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import MemoryStore, shared
 from nous_actor.store.base import Store
 
@@ -164,6 +165,18 @@ def test_a_route_keeps_nothing_of_a_move_once_it_is_over(
     assert [f.get(timeout=BOUND).seq for f in sent] == list(range(20))
     assert route_of(in_a).moves == 1
     assert_idle(route_of(in_a))
+
+
+def test_a_handed_back_call_its_caller_gave_up_on_is_not_counted() -> None:
+    """A call handed back after its future was settled (its caller gave up on it) is
+    counted and forgotten at once: nothing is kept for it, and the hand-back does not
+    fail (it once did, with the route's count let go under it)."""
+    route = Route("chat", lambda _: pytest.fail("no move here"), BOUND)
+    fut: SessionFuture[Any] = SessionFuture("chat", BOUND)
+    fut._fail(SessionStopped("chat", "given up"))
+    with route.lock:
+        assert route._may_try_again((SessionActor.h_snapshot, (), fut))
+    assert_idle(route)
 
 
 def test_when_the_holder_closes_the_next_call_moves_the_session_to_the_caller(

@@ -235,9 +235,10 @@ class Route:
                 )
             )
             return False
-        if tries == 1:
-            fut.add_done_callback(partial(self._forget_tries, key))
         self._tries[key] = tries
+        if tries == 1:
+            # (Runs at once if the future is done already: a call its caller gave up on.)
+            fut.add_done_callback(partial(self._forget_tries, key))
         return True
 
     def _forget_tries(self, key: int) -> None:
