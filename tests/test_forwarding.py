@@ -10,6 +10,10 @@ tests/test_processes.py.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from nous_actor import InvalidEvent, Sessions, SessionStopped, SQLiteStore, TurnBusy
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.forwarding import LocalLink, Route
+from nous_actor.sessions.forwarding import endpoint as endpoint_module
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import MemoryStore, shared
 from nous_actor.store.base import Store
@@ -465,3 +470,26 @@ def test_a_session_handed_to_an_asker_is_not_claimed_back_by_the_holders_next_ca
     finally:
         b.close()
         a.close()
+
+
+def test_the_socket_folder_a_killed_process_left_is_removed_by_the_next_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed process cannot remove its socket folder: the next endpoint of this
+    user removes every such folder whose process is gone, and leaves the others."""
+    gone = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"])
+    assert gone.wait(BOUND) == -9
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(endpoint_module, "_swept", False)
+    left = tmp_path / f"nous-actor-{gone.pid}-k1ll3d"
+    left.mkdir(mode=0o700)
+    (left / "calls").touch()
+    alive = tmp_path / f"nous-actor-{os.getpid()}-l1ve"
+    alive.mkdir(mode=0o700)
+    unnamed = tmp_path / "nous-actor-12345678"  # not named for a process: not ours to judge
+    unnamed.mkdir(mode=0o700)
+    with Sessions(SQLiteStore(tmp_path / "s.db")) as reg:
+        reg.open("chat").count().get(timeout=BOUND)
+        assert (left.exists(), alive.exists(), unnamed.exists()) == (False, True, True)
+        (mine,) = tmp_path.glob(f"nous-actor-{os.getpid()}-*/calls")
+        assert mine.is_socket()

@@ -81,6 +81,46 @@ LIVE_REF_WAIT: Final = 5.0
 Registry = Any  # a `Sessions` (its ``_routes``: its routes by session id)
 
 
+_FOLDER: Final = "nous-actor-"
+"""How the name of an endpoint's socket folder begins (then its process id and ``-``)."""
+
+_swept = False
+
+
+def _sweep_once() -> None:
+    """Remove the socket folders this user's dead processes left (once per process).
+
+    A process that ends normally removes its own; one that is SIGKILLed cannot. A
+    folder is removed only if it is this user's and no process has its id (a reused id
+    keeps it: it goes once that process ends too)."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    uid = os.getuid()
+    for name in names:
+        if not name.startswith(_FOLDER):
+            continue
+        pid_text, named, _ = name[len(_FOLDER) :].partition("-")
+        if not (named and pid_text.isdigit()):
+            continue
+        path = os.path.join(root, name)
+        try:
+            if os.lstat(path).st_uid != uid:
+                continue
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("forwarding.folder_removed", path=path, reason="its process is gone")
+        except OSError:
+            continue  # not ours to look at, or a live process of another user
+
+
 class Endpoint:
     """This process's door for one store object (see the module docs)."""
 
@@ -98,7 +138,10 @@ class Endpoint:
             self.address = f"local:{uuid.uuid4().hex}"
         else:
             self._key = key
-            self._dir = tempfile.mkdtemp(prefix="nous-actor-")  # mode 0700: this user's
+            _sweep_once()
+            # mode 0700: this user's; named for this process, so that once it is gone
+            # (SIGKILLed: no exit hook ran) a later process can tell and remove it
+            self._dir = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}-")
             path = os.path.join(self._dir, "calls")
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
