@@ -7,6 +7,7 @@ test output stay clean, while structlog.testing.capture_logs still works.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -60,11 +61,16 @@ def _stop_all_actors() -> Iterator[None]:
     if host is not scheduling.REAL:
         scheduling.uninstall(host)
         pytest.fail(f"the test left {host!r} installed as the runtime's host")
-    refs = pykka.ActorRegistry.get_all()
-    for ref in refs:
-        ref.stop(block=False)
     deadline = time.monotonic() + STOP_BOUND
-    left = [r for r in refs if not r.actor_stopped.wait(max(deadline - time.monotonic(), 0))]
+    left = pykka.ActorRegistry.get_all()
+    while left and time.monotonic() < deadline:
+        for ref in left:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.stop(block=False)
+        for ref in left:
+            if ref.actor_stopped.wait(max(deadline - time.monotonic(), 0)):
+                pykka.ActorRegistry.unregister(ref)  # (a no-op once it unregistered itself)
+        left = pykka.ActorRegistry.get_all()  # and any a supervisor started meanwhile
     if left:
         for ref in left:
             pykka.ActorRegistry.unregister(ref)
