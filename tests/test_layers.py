@@ -384,3 +384,46 @@ def test_no_class_is_built_from_more_than_two_of_the_packages_own_bases() -> Non
     assert new == [], "classes built from more than two of the package's own bases"
     gone = REMAINING_ASSEMBLED - set(assembled)
     assert gone == set(), "these classes keep the rule now: strike them from REMAINING_ASSEMBLED"
+
+
+# -- the scheduling seam ------------------------------------------------------------------------
+
+
+def _seam_reads(source: str) -> list[str]:
+    """What ``source`` reads of `nous_actor.runtime.scheduling` other than its public
+    calls: a private name (``_host``...), the default host (``REAL``, ``RealHost``), or
+    the module's installed host as data (``host``): the ways to ask whether a
+    simulation runs."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "scheduling"
+            and (node.attr.startswith("_") or node.attr in {"REAL", "RealHost", "host"})
+        ):
+            found.append(f"scheduling.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("scheduling"):
+            found += [a.name for a in node.names if a.name in {"REAL", "RealHost", "host"}]
+    return found
+
+
+def test_production_code_never_asks_whether_a_simulation_runs() -> None:
+    """Outside the seam's own module and the simulation (``testing/``), code calls the
+    installed host and never reads which host it is: no branch on a simulation."""
+    outside = [
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).parts[0] != "testing"
+        and p != PACKAGE / "runtime" / "scheduling.py"
+    ]
+    reads = {
+        str(p.relative_to(PACKAGE)): r
+        for p in outside
+        if (r := _seam_reads(p.read_text(encoding="utf-8")))
+    }
+    assert reads == {}
+    assert len(outside) > 100
+    assert _seam_reads("if scheduling.host is None:\n    pass\n") == ["scheduling.host"]
+    assert _seam_reads("from nous_actor.runtime.scheduling import REAL\n") == ["REAL"]
+    assert _seam_reads("scheduling.current().wait(f, 1.0, g)\n") == []
