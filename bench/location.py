@@ -87,6 +87,7 @@ class Run:
     killed: int
     cpu_ms: float | None = None  # the workers' CPU time per request (None: not measured)
     problems: list[str] = field(default_factory=list)
+    client_cpu_ms: float | None = None  # the clients' (this process's) CPU time per request
 
     def numbers(self) -> dict[str, Any]:
         return {
@@ -101,6 +102,7 @@ class Run:
             "resent": self.resent,
             "killed": self.killed,
             "cpu_ms_per_request": self.cpu_ms,
+            "client_cpu_ms_per_request": self.client_cpu_ms,
             "problems": self.problems[:5],
         }
 
@@ -143,9 +145,10 @@ def _fleet_run(
         t.start()
 
     pids = [w.pid for w in fleet.live()]
-    cpu0 = _cpu_seconds(pids)
+    cpu0, mine0 = _cpu_seconds(pids), time.process_time()
     try:
         out = run_clients(fleet, sent, CLIENTS, seed=seed, on_progress=on_progress)
+        mine = (time.process_time() - mine0) * 1000 / len(sent)
         for t in killers:
             t.join(h.JOIN_TIMEOUT)
         cpu1 = None if kills else _cpu_seconds(pids)
@@ -165,7 +168,23 @@ def _fleet_run(
         kind, workers, len(sent), len(sent) / out.seconds, out.p50, out.p99,
         out.stopped, out.ambiguous, out.retried, len(killed),
         None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000 / len(sent), problems,
+        client_cpu_ms=mine,
     )  # fmt: skip
+
+
+def cpu_bound(fleet: list[Run], alone: list[Run], cpus: int) -> float | None:
+    """The most the fleet could serve here over one worker's rate: every CPU busy with
+    requests that each cost what the fleet's measured (its workers' CPU plus the clients'),
+    over one worker alone's requests/s (``None`` where the CPU was not measured)."""
+    costs = [
+        r.cpu_ms + r.client_cpu_ms
+        for r in fleet
+        if r.cpu_ms is not None and r.client_cpu_ms is not None
+    ]
+    if not costs or not alone:
+        return None
+    most = cpus * 1000 / statistics.median(costs)
+    return most / statistics.median(r.per_s for r in alone)
 
 
 @contextlib.contextmanager
@@ -225,6 +244,7 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
     per_s = h.Stats.of([r.per_s for r in fleet])
     per_s1 = h.Stats.of([r.per_s for r in alone])
     cpu = _cpu_text(fleet), _cpu_text(alone)
+    bound = cpu_bound(fleet, alone, len(os.sched_getaffinity(0)))
     numbers = {
         "store": store,
         "shape": shape.label,
@@ -240,12 +260,13 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
             + ("" if valid else " (INVALID)"),
             baseline=f"1 worker {per_s1.median:.0f} [{per_s1.min:.0f}-{per_s1.max:.0f}] "
             f"req/s{cpu[1]}",
-            ratio=h.fmt_ratio(rate.median, rate.min, rate.max),
+            ratio=h.fmt_ratio(rate.median, rate.min, rate.max)
+            + ("" if bound is None else f"; CPU bound here {bound:.2g}x"),
             value=rate.median,
             sense=">=",
             target=THROUGHPUT_GOAL,
             goal=f">= {THROUGHPUT_GOAL:g}x one worker",
-            numbers={**numbers, "ratio": rate.as_dict()},
+            numbers={**numbers, "ratio": rate.as_dict(), "cpu_bound_ratio": bound},
             valid=valid,
         ),
         h.goal_row(
@@ -290,9 +311,14 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
 
 
 def _cpu_text(runs: list[Run]) -> str:
-    """``"; CPU 2.7 ms/req"``: the workers' median CPU time per request ("" if unknown)."""
+    """``"; CPU 2.7 ms/req (clients 0.3)"``: the workers' and the clients' median CPU time
+    per request ("" if unknown)."""
     known = [r.cpu_ms for r in runs if r.cpu_ms is not None]
-    return f"; CPU {statistics.median(known):.2g} ms/req" if known else ""
+    if not known:
+        return ""
+    clients = [r.client_cpu_ms for r in runs if r.client_cpu_ms is not None]
+    also = f" (clients {statistics.median(clients):.2g})" if clients else ""
+    return f"; CPU {statistics.median(known):.2g} ms/req{also}"
 
 
 def _refusal_row(what: str, runs: list[Run], goal_note: str) -> h.Row:
@@ -393,7 +419,13 @@ def bench_fleet(cfg: h.Config) -> h.Section:
         "histories are checked (whole turns in order, each acknowledged request once).",
         "fleet: CPU ms/req is the CPU time (user + system) the worker processes used during "
         "the traffic, over the requests (the clients' and the database server's not "
-        "counted): the work a request costs, whatever the machine's other load.",
+        "counted): the work a request costs, whatever the machine's other load; the "
+        "clients' is this process's CPU time over the same traffic.",
+        "fleet: 'CPU bound here' is the most the 4 workers could reach on this machine at "
+        "the cost they measured: all of its CPUs busy with requests that each cost the "
+        "workers' plus the clients' CPU time, over one worker alone's requests/s. A ratio "
+        "at the bound is limited by the CPUs, not by waiting; a goal above the bound needs "
+        "cheaper requests or more CPUs.",
         f"fleet: load average {load:.1f} before the runs; the machine's CPUs are shared by "
         "the client threads, the workers and the store (trust the ratios).",
     ]

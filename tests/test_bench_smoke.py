@@ -211,3 +211,34 @@ def test_ray_rows_say_so_without_ray(tmp_path: Path) -> None:
     assert "skipped: ray not installed" in row["ours"]
     assert "skipped: ray not installed" in done.stdout
     assert doc["goals"]["G12"]["verdict"] == doc["goals"]["G13"]["verdict"] == "not run"
+
+
+def test_the_fleets_cpu_bound_is_the_machine_busy_at_the_measured_cost() -> None:
+    """G29's "CPU bound here": every CPU busy with requests that each cost what the fleet
+    measured (its workers' CPU plus its clients'), over one worker alone's rate."""
+    from bench.location import Run, cpu_bound
+
+    def run(per_s: float, cpu: float | None, clients: float | None) -> Run:
+        return Run("k", 4, 1000, per_s, 0.01, 0.05, 0, 0, 0, 0, cpu, client_cpu_ms=clients)
+
+    fleet = [run(1800, 0.9, 0.1), run(1900, 0.7, 0.3), run(1700, 1.1, 0.3)]
+    alone = [run(1000, 0.7, 0.2), run(1200, 0.7, 0.2), run(1100, 0.7, 0.2)]
+    # median cost 1.0 ms (0.9+0.1, 0.7+0.3, 1.1+0.3 = 1.0, 1.0, 1.4): 2 CPUs serve 2,000/s
+    assert cpu_bound(fleet, alone, 2) == pytest.approx(2000 / 1100)
+    assert cpu_bound(fleet, alone, 4) == pytest.approx(4000 / 1100)
+    assert cpu_bound([run(1800, None, 0.1)], alone, 2) is None  # workers' CPU not measured
+    assert cpu_bound(fleet, [], 2) is None
+
+
+def test_the_fleet_rows_carry_their_cpu_bound(
+    quick_run: tuple[str, str, dict[str, Any], Path],
+) -> None:
+    """Each G29 row of a run says how far this machine's CPUs let the fleet go."""
+    _, _, doc, _ = quick_run
+    rows = [r for r in _goal_rows(doc) if r["goal_id"] == "G29"]
+    assert rows
+    for r in rows:
+        bound = r["numbers"]["cpu_bound_ratio"]
+        assert bound is not None, r
+        assert 0 < bound < 50, r
+        assert "CPU bound here" in r["ratio"]
