@@ -425,7 +425,8 @@ def bench_fleet(cfg: h.Config) -> h.Section:
         "the cost they measured: all of its CPUs busy with requests that each cost the "
         "workers' plus the clients' CPU time, over one worker alone's requests/s. A ratio "
         "at the bound is limited by the CPUs, not by waiting; a goal above the bound needs "
-        "cheaper requests or more CPUs.",
+        "cheaper requests or more CPUs. The database server's CPU is not counted: on "
+        "PostgreSQL the real bound is lower than the one shown.",
         f"fleet: load average {load:.1f} before the runs; the machine's CPUs are shared by "
         "the client threads, the workers and the store (trust the ratios).",
     ]
