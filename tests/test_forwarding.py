@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from bounds import BOUND
+from crashes import crash_behind
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -115,17 +116,11 @@ def test_calls_queued_behind_a_crash_of_the_holders_session_are_delivered_in_ord
     a, b = pair
     in_a = a.open("chat")
     in_b = b.open("chat")
-    entered, release = threading.Event(), threading.Event()
-
-    def block_then_crash(actor: SessionActor) -> None:
-        entered.set()
-        release.wait(BOUND)
-        raise Boom("crash with forwarded calls queued")
-
-    crashing = in_a._call(block_then_crash)
-    assert entered.wait(BOUND)
-    sent = [in_b.append("user_message", {"content": f"m{i}"}) for i in range(50)]
-    release.set()
+    crashing, sent = crash_behind(
+        in_a,
+        lambda: [in_b.append("user_message", {"content": f"m{i}"}) for i in range(50)],
+        Boom("crash with forwarded calls queued"),
+    )
     with pytest.raises(SessionStopped):
         crashing.get(timeout=BOUND)
     assert [f.get(timeout=BOUND).seq for f in sent] == list(range(50))
@@ -154,17 +149,11 @@ def test_a_route_keeps_nothing_of_a_move_once_it_is_over(
     in_a.count().get(timeout=BOUND)
     assert_idle(route_of(in_a))
     assert route_of(in_a)._cond is None
-    entered, release = threading.Event(), threading.Event()
-
-    def block_then_crash(actor: SessionActor) -> None:
-        entered.set()
-        release.wait(BOUND)
-        raise Boom("crash with calls queued")
-
-    crashing = in_a._call(block_then_crash)
-    assert entered.wait(BOUND)
-    sent = [in_a.append("user_message", {"content": f"m{i}"}) for i in range(20)]
-    release.set()
+    crashing, sent = crash_behind(
+        in_a,
+        lambda: [in_a.append("user_message", {"content": f"m{i}"}) for i in range(20)],
+        Boom("crash with calls queued"),
+    )
     with pytest.raises(SessionStopped):
         crashing.get(timeout=BOUND)
     assert [f.get(timeout=BOUND).seq for f in sent] == list(range(20))

@@ -19,6 +19,7 @@ from typing import Any
 import pykka
 import pytest
 from bounds import BOUND
+from crashes import crash_behind
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -435,19 +436,12 @@ def test_calls_queued_at_a_crash_reach_the_restarted_session_in_order(
     refused because the session restarted), within their bound."""
     reg = registries(store)
     h = reg.open("chat")
-    entered, release = threading.Event(), threading.Event()
-
-    def block_then_crash(actor: SessionActor) -> None:
-        entered.set()
-        release.wait(BOUND)
-        raise Boom("crash with calls queued")
-
-    crashing = h._call(block_then_crash)
-    assert entered.wait(BOUND)
     ref = h._actor()
-    queued = [h.append("user_message", {"content": f"m{i}"}) for i in range(5)]
-    counted = h.count()
-    release.set()
+    crashing, (queued, counted) = crash_behind(
+        h,
+        lambda: ([h.append("user_message", {"content": f"m{i}"}) for i in range(5)], h.count()),
+        Boom("crash with calls queued"),
+    )
     with pytest.raises(SessionCrashed, match="Boom"):
         crashing.get()
     assert [fut.get().seq for fut in queued] == [0, 1, 2, 3, 4]
