@@ -125,11 +125,11 @@ class RegistryActor(SupervisedActor):
         a list in that order, near its front), then each is waited for, all within
         ``timeout`` from now. One by one, newest first, 10,000 sessions took 2.1 s."""
         self.closed = True
-        stopping = [
-            (sid, ref, ref.stop(block=False))
-            for sid, ref in ((sid, self._let_go(sid)) for sid in list(self.live))
-            if ref is not None
-        ]
+        stopping = []
+        for sid in list(self.live):
+            ref = self._let_go(sid)
+            if ref is not None:
+                stopping.append((sid, ref, ref.stop(block=False)))
         host = scheduling.current()
         deadline = host.now() + timeout
         for sid, ref, stopped in stopping:
