@@ -268,15 +268,22 @@ class HandOver:
         if ref is None:
             return True
         fut: SessionFuture[Any] = SessionFuture(session_id, self._timeout)
+        # Marked given before it is offered: the actor lets go of its claim before this
+        # thread hears so, and a call of this registry made in between must wait for
+        # the asker rather than claim the session back.
+        self._given[session_id] = scheduling.monotonic()
         try:
             ref.actor_inbox.put(_Envelope((SessionActor.h_handoff, (), fut)))  # type: ignore[arg-type]
-            handed = fut.get(timeout=OFFER_WAIT)
+            handed = bool(fut.get(timeout=OFFER_WAIT))
         except (NousActorError, SessionStopped):
+            self._given.pop(session_id, None)
             return True  # stopped meanwhile (or slow): nothing to hand over now
         if handed:
             self.handed += 1
             self._given[session_id] = scheduling.monotonic()
-        return bool(handed)
+        else:
+            self._given.pop(session_id, None)
+        return handed
 
     def given_away(self, session_id: str) -> bool:
         """Whether ``session_id`` was handed to a process that asked for it within
