@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 import pykka
@@ -184,6 +185,7 @@ class HandOver:
         self._given: dict[str, float] = {}  # when each session was last handed over
         self._seen: dict[str, float] = {}  # when each standing request was first seen
         self._opened = threading.Event()  # a session opened since the thread last looked
+        self._taking: dict[str, int] = {}  # sessions this registry is asking for (`taking`)
         self.resting = False  # the thread rests: this registry holds no session
 
     def start(self) -> None:
@@ -260,6 +262,8 @@ class HandOver:
         """Ask the live actor of ``session_id`` in this registry, if any, to hand over;
         ``False`` if it is busy (ask again soon). With ``grace``, a session called
         within `GRACE` is left alone for now."""
+        if session_id in self._taking:
+            return False  # asked for by this registry: its request is not withdrawn yet
         if grace:
             idle = self._idle_for(session_id)
             if idle is not None and idle < GRACE:
@@ -284,6 +288,23 @@ class HandOver:
         else:
             self._given.pop(session_id, None)
         return handed
+
+    @contextmanager
+    def taking(self, session_id: str) -> Iterator[None]:
+        """While this registry asks for ``session_id`` (`acquire`): its own request may
+        still stand for a moment after it took the session, and must not make it hand
+        the session straight over (to nobody). A store that knows the asker ignores a
+        holder's own request (SQLite, PostgreSQL); one that does not (`MemoryStore`,
+        where registries stand for processes) relies on this."""
+        with self._lock:
+            self._taking[session_id] = self._taking.get(session_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._taking.pop(session_id) - 1
+                if left:
+                    self._taking[session_id] = left
 
     def given_away(self, session_id: str) -> bool:
         """Whether ``session_id`` was handed to a process that asked for it within

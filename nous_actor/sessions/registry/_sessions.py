@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from multiprocessing import AuthenticationError
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import pykka
 
@@ -64,6 +65,8 @@ from nous_actor.supervision import (
     Scheduler,
     _timer,
 )
+
+T = TypeVar("T")
 
 _LOOK_AGAIN: Final = 0.02
 """Seconds between two looks for a session whose holder is letting go of it."""
@@ -249,8 +252,8 @@ class Sessions:
         wait = self._wait(wait)
         route = self._route(session_id)
         if wait:
-            found: pykka.ActorRef[Any] | Link = acquire(
-                self.store, session_id, wait, partial(self._open_ref, session_id)
+            found: pykka.ActorRef[Any] | Link = self._acquire(
+                session_id, wait, partial(self._open_ref, session_id)
             )
         else:
             known = self._known(route)
@@ -355,7 +358,7 @@ class Sessions:
                 except ConflictError as exc:
                     last = exc
             if self.handoff_wait:
-                return acquire(self.store, session_id, self.handoff_wait, open_here, last)
+                return self._acquire(session_id, self.handoff_wait, open_here, last)
             reached = self._reach(session_id, shared.holder_address(self.store, session_id))
             if isinstance(reached, str):
                 if not reached:
@@ -471,12 +474,7 @@ class Sessions:
             if wait:
                 found = await _off_loop(
                     partial(
-                        acquire,
-                        self.store,
-                        session_id,
-                        wait,
-                        partial(self._open_ref, session_id),
-                        exc,
+                        self._acquire, session_id, wait, partial(self._open_ref, session_id), exc
                     )
                 )
             else:
@@ -656,13 +654,21 @@ class Sessions:
                 raise
             refused = exc
         # Handed to another process meanwhile: ask for it back, as open() would.
-        return acquire(
-            self.store,
-            session_id,
-            self.handoff_wait,
-            partial(self._resolve_now, session_id),
-            refused,
+        return self._acquire(
+            session_id, self.handoff_wait, partial(self._resolve_now, session_id), refused
         )
+
+    def _acquire(
+        self,
+        session_id: str,
+        wait: float,
+        open_now: Callable[[], T],
+        refused: ConflictError | None = None,
+    ) -> T:
+        """`acquire` ``session_id`` from its holder (see there), this registry's hand-over
+        meanwhile leaving it alone (`HandOver.taking`)."""
+        with self._handover.taking(session_id):
+            return acquire(self.store, session_id, wait, open_now, refused)
 
     def _resolve_now(self, session_id: str) -> pykka.ActorRef[Any]:
         ref, ready = self._ask(("resolve", session_id, telemetry.context()), session_id)
