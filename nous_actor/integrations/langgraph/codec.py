@@ -1,0 +1,123 @@
+"""How channel values, writes and metadata are kept in event data, and the tail delta.
+
+A value is kept as ``["j", value]`` when it is plain JSON (exactly ``str``,
+``int`` within 2**53, finite ``float``, ``bool``, ``None``, ``list``, ``dict``
+with ``str`` keys), which reads back equal and costs no serializer; anything
+else as ``[type, base64]`` of the saver's serializer (``serde.dumps_typed``,
+LangGraph's ``JsonPlusSerializer`` unless told).
+
+A channel value that *extends* the one its parent checkpoint held (a list whose
+prefix is the parent's list: the ``messages`` channel under ``add_messages``)
+is kept as its tail alone (`delta`); `apply` folds a delta back onto the
+parent's value. Anything else is kept whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from nous_actor.core._frozen import thaw
+from nous_actor.integrations.langgraph.framework import SerializerProtocol
+
+__all__ = ["JSON_TAG", "TAIL", "WHOLE", "apply", "decode", "delta", "encode", "same"]
+
+JSON_TAG: Final = "j"
+"""The type tag of a value kept as plain JSON."""
+
+WHOLE: Final = "w"
+"""A channel entry holding the whole value: ``["w", encoded]``."""
+
+TAIL: Final = "t"
+"""A channel entry holding what extends the parent's list: ``["t", encoded tail]``."""
+
+_INT_LIMIT: Final = 2**53
+_MAX_DEPTH: Final = 32
+
+
+def _plain(value: object, depth: int = 0) -> bool:
+    """Whether ``value`` is JSON that reads back as an equal value of the same types."""
+    t = type(value)
+    if value is None or t is bool or t is str:
+        return t is not str or _utf8(value)  # type: ignore[arg-type]
+    if t is int:
+        return -_INT_LIMIT < value < _INT_LIMIT  # type: ignore[operator]
+    if t is float:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    if depth >= _MAX_DEPTH:
+        return False
+    if t is list:
+        return all(_plain(v, depth + 1) for v in value)  # type: ignore[attr-defined]
+    if t is dict:
+        return all(
+            type(k) is str and _utf8(k) and _plain(v, depth + 1)
+            for k, v in value.items()  # type: ignore[attr-defined]
+        )
+    return False
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def encode(serde: SerializerProtocol, value: Any) -> list[Any]:
+    """``value`` in the form an event's data keeps it (see the module docs)."""
+    if _plain(value):
+        return [JSON_TAG, value]
+    kind, blob = serde.dumps_typed(value)
+    return [kind, base64.b64encode(blob).decode("ascii")]
+
+
+def decode(serde: SerializerProtocol, kept: Sequence[Any]) -> Any:
+    """The value `encode` kept as ``kept`` (a fresh, mutable copy)."""
+    if kept[0] == JSON_TAG:
+        return thaw(kept[1])
+    return serde.loads_typed((str(kept[0]), base64.b64decode(kept[1])))
+
+
+def same(a: object, b: object) -> bool:
+    """Whether ``a`` may stand for ``b``: the same object, or equal values of one type."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # an __eq__ that raises: not known to be the same
+        return False
+
+
+def delta(parent: object, value: object) -> list[Any] | None:
+    """The tail ``value`` adds to ``parent`` when ``value`` is a list that extends the
+    list ``parent`` (every element of ``parent`` in its place, `same`); else ``None``."""
+    if type(value) is not list or type(parent) is not list:
+        return None
+    n = len(parent)
+    if len(value) < n:
+        return None
+    for a, b in zip(value, parent, strict=False):
+        if a is not b and not same(a, b):
+            return None
+    return value[n:]
+
+
+def apply(parent: object, tail: list[Any]) -> list[Any]:
+    """``parent`` (a list) extended by ``tail``: a new list."""
+    if not isinstance(parent, list):
+        raise ValueError(
+            "a stored tail extends a channel value that is not a list; the thread's "
+            "history is inconsistent (was its log changed by hand?)"
+        )
+    return [*parent, *tail]
+
+
+def plain_mapping(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain dict copy of a (frozen) mapping read from an event."""
+    out: dict[str, Any] = thaw(value)
+    return out

@@ -1,0 +1,160 @@
+"""One implementation for the sync and the async API: each operation of the saver is a
+generator that yields what it waits for (an `Effect`) and is sent the result; `run_sync`
+waits for each in the calling thread, `run_async` awaits each without blocking the loop.
+
+The effects: a `nous_actor.SessionFuture` (a call of a session or a reader), `Open`
+(a session's handle), `Stored` (whether a session has stored events), `Listing` (the
+sessions whose ids start with a prefix), `OpenTurn` and `CloseTurn`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+from nous_actor.errors import TurnInterrupted
+from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.registry import Sessions
+from nous_actor.sessions.turn_handle import Turn
+from nous_actor.store import list_sessions
+
+__all__ = [
+    "CloseTurn",
+    "Effect",
+    "Listing",
+    "Op",
+    "Open",
+    "OpenTurn",
+    "Stored",
+    "run_async",
+    "run_sync",
+]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    """The handle of session ``key`` (started or found by the registry)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Whether session ``key`` has events in the store (read without opening it)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The ids of the stored sessions whose ids start with ``prefix``."""
+
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTurn:
+    """Open ``turn`` (waiting, per its policy, for the one open)."""
+
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class CloseTurn:
+    """Close ``turn`` (as failed, with ``how: "failed"``, when ``failed``); a turn that
+    ended already closes quietly."""
+
+    turn: Turn
+    failed: bool = False
+
+
+Effect: TypeAlias = SessionFuture[Any] | Open | Stored | Listing | OpenTurn | CloseTurn
+Op: TypeAlias = Generator[Effect, Any, R]
+
+
+def _listing(sessions: Sessions, prefix: str) -> list[str]:
+    return [info.session_id for info in list_sessions(sessions.store, prefix=prefix)]
+
+
+def _close(turn: Turn, failed: bool) -> None:
+    if failed:
+        turn.__exit__(RuntimeError, None, None)
+        return
+    try:
+        turn.close()
+    except TurnInterrupted:
+        pass  # ended already (taken by another run, expired, a restart)
+
+
+async def _aclose(turn: Turn, failed: bool) -> None:
+    if failed:
+        await turn.__aexit__(RuntimeError, None, None)
+        return
+    try:
+        await turn.aclose()
+    except TurnInterrupted:
+        pass
+
+
+def _do(sessions: Sessions, effect: Effect) -> Any:
+    if isinstance(effect, SessionFuture):
+        return effect.get()
+    if isinstance(effect, Open):
+        return sessions.open(effect.key)
+    if isinstance(effect, Stored):
+        return sessions.read(effect.key).count().get() > 0
+    if isinstance(effect, Listing):
+        return _listing(sessions, effect.prefix)
+    if isinstance(effect, OpenTurn):
+        return effect.turn.open()
+    return _close(effect.turn, effect.failed)
+
+
+async def _ado(sessions: Sessions, effect: Effect) -> Any:
+    if isinstance(effect, SessionFuture):
+        return await effect
+    if isinstance(effect, Open):
+        return await sessions.aopen(effect.key)
+    if isinstance(effect, Stored):
+        return await sessions.read(effect.key).count() > 0
+    if isinstance(effect, Listing):
+        return await asyncio.to_thread(_listing, sessions, effect.prefix)
+    if isinstance(effect, OpenTurn):
+        return await effect.turn.aopen()
+    return await _aclose(effect.turn, effect.failed)
+
+
+def run_sync(sessions: Sessions, op: Op[R]) -> R:
+    """Run ``op`` to its end in this thread, waiting for each effect it yields."""
+    result: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            effect = op.throw(error) if error is not None else op.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        result, error = None, None
+        try:
+            result = _do(sessions, effect)
+        except Exception as exc:  # handed to the operation, which decides
+            error = exc
+
+
+async def run_async(sessions: Sessions, op: Op[R]) -> R:
+    """Run ``op`` to its end, awaiting each effect it yields (the loop never blocks)."""
+    result: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            effect = op.throw(error) if error is not None else op.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        result, error = None, None
+        try:
+            result = await _ado(sessions, effect)
+        except Exception as exc:
+            error = exc

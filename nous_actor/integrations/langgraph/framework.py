@@ -1,0 +1,60 @@
+"""LangGraph's names that the adapter uses.
+
+LangGraph is imported here alone (every other module of the package takes its
+names from here), so that importing the adapter without LangGraph says which
+extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        DeltaChannelHistory,
+        PendingWrite,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+        writes_sort_key,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
+    _pip = "pip install 'nous-actor[langgraph]'"
+    _where = "nous_actor.integrations.langgraph"
+    if importlib.util.find_spec("langgraph") is None:
+        raise ModuleNotFoundError(
+            f"{_where} needs LangGraph, which is not installed; install the langgraph "
+            f"extra: {_pip}",
+            name="langgraph",
+        ) from exc
+    raise ImportError(
+        f"{_where} needs LangGraph, which is installed but does not import "
+        f"({type(exc).__name__}: {exc}); reinstall the langgraph extra: {_pip}",
+        name=exc.name,
+    ) from exc
+
+__all__ = [
+    "ERROR",
+    "INTERRUPT",
+    "WRITES_IDX_MAP",
+    "BaseCheckpointSaver",
+    "ChannelVersions",
+    "Checkpoint",
+    "CheckpointMetadata",
+    "CheckpointTuple",
+    "DeltaChannelHistory",
+    "PendingWrite",
+    "RunnableConfig",
+    "SerializerProtocol",
+    "get_checkpoint_id",
+    "get_checkpoint_metadata",
+    "writes_sort_key",
+]

@@ -1,0 +1,157 @@
+"""What the saver writes into a thread's log: one ``request_header`` event per record,
+its data a mapping under the key `RECORD_KEY` naming the record's kind.
+
+* ``{"lg": "cp", "ns", "id", "parent", "delta", "v", "ts", "upd", "vals", "drop",
+  "vers", "vers_drop", "seen", "seen_drop", "meta", "run", ["x"]}``: a checkpoint.
+  With ``delta`` true it holds only what changed since its parent checkpoint
+  ``parent`` (of the same namespace): ``vals`` the channels whose value changed
+  (``["w", value]`` whole, ``["t", tail]`` a list extended), ``drop`` the
+  channels it no longer has, ``vers``/``vers_drop`` and ``seen``/``seen_drop``
+  the same for ``channel_versions`` and ``versions_seen`` (a node's versions
+  are kept whole when they changed). Without ``delta`` it holds everything.
+  ``meta`` is the metadata (see `nous_actor.integrations.langgraph.codec`),
+  ``run`` the run id of its metadata, ``x`` any other key of the checkpoint.
+* ``{"lg": "w", "ns", "cp", "task", "path", "w": [[idx, channel, value], ...]}``:
+  pending writes of one task for checkpoint ``cp``.
+* ``{"lg": "del"}``: `delete_thread`; every checkpoint before it is gone for
+  LangGraph (the events stay).
+* ``{"lg": "prune", "keep": [[ns, id], ...]}``: `prune`; every checkpoint before
+  it but those kept is gone.
+* ``{"lg": "runs", "runs": [run id, ...]}``: `delete_for_runs`; the checkpoints of
+  those runs before it are gone.
+* ``{"lg": "run", "run", "how"}``: a run's turn ended (``how``: ``done``,
+  ``interrupt``, ``error``), written by the saver when it closes the turn.
+
+A rollback of a run by another (``multitask_strategy="rollback"``) is the
+session's own replace over the run's turn: the checkpoints inside it are gone
+for LangGraph, and kept in the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, NamedTuple
+
+from nous_actor.integrations.langgraph.codec import TAIL, WHOLE, delta, encode, same
+from nous_actor.integrations.langgraph.framework import Checkpoint, SerializerProtocol
+
+__all__ = ["KNOWN_KEYS", "RECORD_KEY", "State", "checkpoint_record", "writes_record"]
+
+RECORD_KEY: Final = "lg"
+"""Top-level data key of every record of the saver (its value names the kind)."""
+
+KNOWN_KEYS: Final = frozenset(
+    {"v", "id", "ts", "channel_values", "channel_versions", "versions_seen", "updated_channels"}
+)
+"""The checkpoint keys kept in fields of their own; any other key is kept in ``x``."""
+
+
+class State(NamedTuple):
+    """A checkpoint's channel values, channel versions and versions seen, resolved."""
+
+    values: dict[str, Any]
+    versions: dict[str, Any]
+    seen: dict[str, dict[str, Any]]
+
+
+def _own(value: Any) -> Any:
+    """A copy of a list or dict value (its elements shared); anything else as is."""
+    t = type(value)
+    if t is list or t is dict:
+        return t(value)
+    return value
+
+
+def state_of(checkpoint: Checkpoint) -> State:
+    """The state a put checkpoint holds, in objects of the saver's own (lists and dicts
+    copied, so that a reducer that changes its input in place never changes them)."""
+    return State(
+        {k: _own(v) for k, v in checkpoint["channel_values"].items()},
+        dict(checkpoint["channel_versions"]),
+        {n: dict(vs) for n, vs in checkpoint["versions_seen"].items()},
+    )
+
+
+def checkpoint_record(
+    serde: SerializerProtocol,
+    ns: str,
+    checkpoint: Checkpoint,
+    meta: list[Any],
+    parent: str | None,
+    base: State | None,
+    run: str | None,
+) -> dict[str, Any]:
+    """The record of ``checkpoint`` (namespace ``ns``, parent ``parent``): what changed
+    since ``base``, the parent's state, or everything when ``base`` is None."""
+    values = checkpoint["channel_values"]
+    versions = checkpoint["channel_versions"]
+    seen = checkpoint["versions_seen"]
+    rec: dict[str, Any] = {
+        RECORD_KEY: "cp",
+        "ns": ns,
+        "id": checkpoint["id"],
+        "parent": parent,
+        "delta": base is not None,
+        "v": checkpoint["v"],
+        "ts": checkpoint["ts"],
+        "upd": list(checkpoint.get("updated_channels") or []) or None,
+        "meta": meta,
+        "run": run,
+    }
+    extra = {k: v for k, v in checkpoint.items() if k not in KNOWN_KEYS}
+    if extra:
+        rec["x"] = encode(serde, extra)
+    if base is None:
+        rec["vals"] = {ch: [WHOLE, encode(serde, v)] for ch, v in values.items()}
+        rec["vers"] = dict(versions)
+        rec["seen"] = {n: dict(vs) for n, vs in seen.items()}
+        return rec
+    vals: dict[str, Any] = {}
+    for ch, v in values.items():
+        if ch in base.values:
+            pv = base.values[ch]
+            if v is pv or same(v, pv):
+                continue
+            tail = delta(pv, v)
+            if tail is not None:
+                vals[ch] = [TAIL, encode(serde, tail)]
+                continue
+        vals[ch] = [WHOLE, encode(serde, v)]
+    rec["vals"] = vals
+    rec["drop"] = [ch for ch in base.values if ch not in values]
+    rec["vers"] = {
+        k: v
+        for k, v in versions.items()
+        if k not in base.versions or not same(base.versions[k], v)
+    }
+    rec["vers_drop"] = [k for k in base.versions if k not in versions]
+    rec["seen"] = {
+        n: dict(vs) for n, vs in seen.items() if n not in base.seen or not same(base.seen[n], vs)
+    }
+    rec["seen_drop"] = [n for n in base.seen if n not in seen]
+    return rec
+
+
+def writes_record(
+    serde: SerializerProtocol,
+    ns: str,
+    checkpoint_id: str,
+    task_id: str,
+    task_path: str,
+    writes: list[tuple[int, str, Any]],
+) -> dict[str, Any]:
+    """The record of ``writes`` (``(idx, channel, value)``) of one task."""
+    return {
+        RECORD_KEY: "w",
+        "ns": ns,
+        "cp": checkpoint_id,
+        "task": task_id,
+        "path": task_path,
+        "w": [[idx, ch, encode(serde, v)] for idx, ch, v in writes],
+    }
+
+
+def kind_of(data: Mapping[str, Any]) -> str | None:
+    """The record kind of an event's data, or None for an event that is not a record."""
+    kind = data.get(RECORD_KEY)
+    return kind if isinstance(kind, str) else None

@@ -1,0 +1,709 @@
+"""`NousCheckpointSaver`: LangGraph's checkpointer, kept in nous_actor sessions."""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, cast
+
+from nous_actor.core.event import EventType
+from nous_actor.errors import ConflictError
+from nous_actor.integrations.langgraph.codec import decode, encode
+from nous_actor.integrations.langgraph.effects import (
+    Listing,
+    Op,
+    Open,
+    Stored,
+    run_async,
+    run_sync,
+)
+from nous_actor.integrations.langgraph.framework import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+    PendingWrite,
+    RunnableConfig,
+    SerializerProtocol,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from nous_actor.integrations.langgraph.ids import PREFIX, thread_key, thread_of
+from nous_actor.integrations.langgraph.records import (
+    RECORD_KEY,
+    checkpoint_record,
+    state_of,
+    writes_record,
+)
+from nous_actor.integrations.langgraph.threads import Cp, ThreadLog
+from nous_actor.sessions.handle import Session
+from nous_actor.sessions.registry import Sessions
+from nous_actor.store import SQLiteStore
+
+__all__ = ["NousCheckpointSaver"]
+
+THREADS_KEPT: Final = 1024
+"""How many threads' folds a saver keeps (the least recently used let go first)."""
+
+STRATEGIES: Final = ("keep_latest", "delete")
+"""The strategies of `NousCheckpointSaver.prune`."""
+
+
+def _configurable(config: object, what: str = "config") -> Mapping[str, Any]:
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"{what} must be a RunnableConfig (a dict such as "
+            f"{{'configurable': {{'thread_id': 't-1'}}}}), got {type(config).__name__}"
+        )
+    conf = config.get("configurable")
+    if not isinstance(conf, Mapping):
+        raise ValueError(
+            f"{what} has no 'configurable' mapping; pass {{'configurable': {{'thread_id': ...}}}}"
+        )
+    return conf
+
+
+def _where(config: object, what: str = "config") -> tuple[Any, str, str, str | None]:
+    """(thread id as given, its session key, namespace, checkpoint id or None)."""
+    conf = _configurable(config, what)
+    if "thread_id" not in conf:
+        raise ValueError(
+            f"{what}['configurable'] has no 'thread_id'; every checkpoint belongs to a "
+            "thread: pass {'configurable': {'thread_id': ...}}"
+        )
+    tid = conf["thread_id"]
+    ns = conf.get("checkpoint_ns") or ""
+    if not isinstance(ns, str):
+        raise TypeError(f"checkpoint_ns must be a str, got {type(ns).__name__}")
+    cid = conf.get("checkpoint_id")
+    return tid, thread_key(tid), ns, None if cid is None else str(cid)
+
+
+def _own(value: Any) -> Any:
+    t = type(value)
+    return t(value) if t is list or t is dict else value
+
+
+class NousCheckpointSaver(BaseCheckpointSaver[str]):
+    """LangGraph's checkpointer (`BaseCheckpointSaver`, sync and async), over the sessions
+    of a `nous_actor.Sessions` registry on any store.
+
+    Swap ``SqliteSaver.from_conn_string("x.db")`` (or ``InMemorySaver()``,
+    ``PostgresSaver``) for ``NousCheckpointSaver(sessions)``, or for
+    ``NousCheckpointSaver.from_conn_string("x.db")`` (a SQLite file under a
+    registry opened for it; `close` closes both).
+
+    **Where things are kept.** A thread is one session (``langgraph/<thread
+    id>``, see `nous_actor.integrations.langgraph.thread_key`); a checkpoint
+    namespace (a subgraph's) is a key inside it. Each checkpoint and each
+    task's pending writes is one event of that session, durably committed
+    before `put` / `put_writes` returns. A checkpoint keeps only what changed
+    since its parent: a channel whose value is the parent's is not kept again,
+    a list that extends the parent's (the ``messages`` channel) keeps its new
+    tail, anything else is kept whole; so a thread's storage grows with what
+    was said, not with its square. Reads fold the records back (memoised per
+    thread: the latest checkpoint of a long thread is read in what a short
+    one costs).
+
+    **Nothing is erased.** `delete_thread`, `prune` and `delete_for_runs`
+    append records that hide checkpoints from LangGraph; the events stay in the
+    log (audit, fork, the viewer show them). `copy_thread` is a fork of the
+    thread's session (every event, seqs kept).
+
+    **One writer per thread.** Every write of a thread goes through its
+    session's actor, from any number of coroutines, threads or processes (a
+    process that does not hold a thread's session calls the one that does).
+    Checkpoints are never lost to a race between writers; runs that must not
+    interleave take turns (see `run`).
+
+    Values are compared, for the delta, by identity and then by equality (of
+    one type): a value changed in place after it was checkpointed is not seen
+    as changed (LangGraph's reducers return new values; so must yours).
+    Returned values are shared with the saver's memo down to the elements of
+    lists and dicts: read them, do not change them in place.
+
+    Args:
+        sessions: the registry whose sessions keep the threads.
+        serde: the serializer of values that are not plain JSON (LangGraph's
+            ``JsonPlusSerializer`` by default).
+
+    Raises:
+        TypeError: ``sessions`` is not a `nous_actor.Sessions`.
+    """
+
+    def __init__(self, sessions: Sessions, *, serde: SerializerProtocol | None = None) -> None:
+        if not isinstance(sessions, Sessions):
+            raise TypeError(
+                "NousCheckpointSaver takes a nous_actor.Sessions registry, got "
+                f"{type(sessions).__name__}; or use NousCheckpointSaver.from_conn_string(path)"
+            )
+        super().__init__(serde=serde)
+        self.sessions = sessions
+        self._owned: SQLiteStore | None = None
+        self._lock = threading.Lock()
+        self._threads: OrderedDict[str, ThreadLog] = OrderedDict()
+        self._handles: OrderedDict[str, Session] = OrderedDict()
+
+    # -- construction and closing ------------------------------------------------------------
+
+    @classmethod
+    def from_conn_string(
+        cls, path: str | Path, *, serde: SerializerProtocol | None = None
+    ) -> NousCheckpointSaver:
+        """A saver on the SQLite file at ``path`` (made if missing), under a registry opened
+        for it; `close` (or leaving ``with`` / ``async with``) closes both.
+
+        Raises:
+            TypeError: ``path`` is not a str or a path.
+            ValueError: ``path`` is empty.
+            StoreError: the file cannot be opened as a store.
+        """
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"path must be a str or a pathlib.Path, got {type(path).__name__}")
+        if not str(path):
+            raise ValueError("path is empty; give the SQLite file, e.g. 'checkpoints.db'")
+        store = SQLiteStore(path)
+        saver = cls(Sessions(store), serde=serde)
+        saver._owned = store
+        return saver
+
+    def close(self) -> None:
+        """Close the registry and store opened by `from_conn_string` (a registry passed in
+        is yours to close)."""
+        store, self._owned = self._owned, None
+        if store is not None:
+            self.sessions.close()
+            store.close()
+
+    async def aclose(self) -> None:
+        """`close` for asyncio code."""
+        store, self._owned = self._owned, None
+        if store is not None:
+            await self.sessions.aclose()
+            store.close()
+
+    def __enter__(self) -> NousCheckpointSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> NousCheckpointSaver:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- LangGraph's API, sync ------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names (its thread, namespace and ``checkpoint_id``;
+        the latest of the namespace without one), with its pending writes; ``None`` if
+        there is none (or it was deleted).
+
+        Raises:
+            TypeError, ValueError: ``config`` has no ``configurable.thread_id``.
+        """
+        return run_sync(self.sessions, self._get_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """The checkpoints of ``config``'s thread (of every thread when None), newest
+        first: of its ``checkpoint_ns`` when given (else of every namespace), only
+        ``checkpoint_id`` when given, only those whose metadata has every item of
+        ``filter``, only those older than ``before``'s checkpoint, at most ``limit``."""
+        return iter(run_sync(self.sessions, self._list(config, filter, before, limit)))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store ``checkpoint`` in ``config``'s thread and namespace, as a child of
+        ``config``'s ``checkpoint_id``; returns the config that names it. Committed when
+        this returns.
+
+        Raises:
+            TypeError, ValueError: ``config`` has no ``configurable.thread_id``.
+        """
+        return run_sync(self.sessions, self._put(config, checkpoint, metadata))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store the pending ``writes`` of task ``task_id`` for ``config``'s checkpoint (a
+        write of a task and index stored already is not stored again; an error, interrupt,
+        scheduled or resume write replaces the one before). Committed when this returns.
+
+        Raises:
+            TypeError, ValueError: ``config`` names no thread or no checkpoint.
+        """
+        run_sync(self.sessions, self._put_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread for LangGraph: every checkpoint and write of it is gone from
+        `get_tuple` and `list`; its session keeps them (a deletion record is appended).
+        Deleting a thread that has nothing does nothing."""
+        run_sync(self.sessions, self._delete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete, for LangGraph, the checkpoints (and their writes) whose metadata
+        ``run_id`` is one of ``run_ids``, in every thread (each thread's session keeps
+        them). Reads every stored thread of the registry's store."""
+        run_sync(self.sessions, self._delete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and write of one thread to another: the target's session
+        is a fork of the source's (every event, the deleted ones too, seqs kept), or, when
+        the target has events already, the source's visible checkpoints (kept whole) and
+        their writes are appended to it. A source with nothing copies nothing."""
+        run_sync(self.sessions, self._copy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune the threads for LangGraph: ``keep_latest`` keeps the latest checkpoint of
+        each namespace (with its writes), ``delete`` keeps none. The sessions keep all.
+
+        Raises:
+            ValueError: ``strategy`` is neither.
+        """
+        run_sync(self.sessions, self._prune(thread_ids, strategy))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """For each channel, the writes of the checkpoints before ``config``'s (on its
+        parent chain, oldest first) back to the nearest holding a value of the channel,
+        that value as ``seed`` (see LangGraph's `BaseCheckpointSaver`)."""
+        return run_sync(self.sessions, self._delta_history(config, channels))
+
+    # -- LangGraph's API, async -----------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """`get_tuple`, awaited without blocking the loop."""
+        return await run_async(self.sessions, self._get_tuple(config))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """`list`, awaited without blocking the loop."""
+        found = await run_async(self.sessions, self._list(config, filter, before, limit))
+        for tup in found:
+            yield tup
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """`put`, awaited without blocking the loop."""
+        return await run_async(self.sessions, self._put(config, checkpoint, metadata))
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """`put_writes`, awaited without blocking the loop."""
+        await run_async(self.sessions, self._put_writes(config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """`delete_thread`, awaited without blocking the loop."""
+        await run_async(self.sessions, self._delete_thread(thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """`delete_for_runs`, awaited without blocking the loop."""
+        await run_async(self.sessions, self._delete_for_runs(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """`copy_thread`, awaited without blocking the loop."""
+        await run_async(self.sessions, self._copy_thread(source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """`prune`, awaited without blocking the loop."""
+        await run_async(self.sessions, self._prune(thread_ids, strategy))
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """`get_delta_channel_history`, awaited without blocking the loop."""
+        return await run_async(self.sessions, self._delta_history(config, channels))
+
+    # -- the folds and handles of threads ---------------------------------------------------
+
+    def _handle(self, key: str) -> Op[Session]:
+        with self._lock:
+            known = self._handles.get(key)
+            if known is not None:
+                self._handles.move_to_end(key)
+                return known
+        handle: Session = yield Open(key)
+        with self._lock:
+            self._handles[key] = handle
+            if len(self._handles) > 4 * THREADS_KEPT:
+                self._handles.popitem(last=False)
+        return handle
+
+    def _log(self, key: str) -> ThreadLog:
+        with self._lock:
+            thread = self._threads.get(key)
+            if thread is None:
+                thread = self._threads[key] = ThreadLog(key)
+                if len(self._threads) > THREADS_KEPT:
+                    self._threads.popitem(last=False)
+            else:
+                self._threads.move_to_end(key)
+            return thread
+
+    def _catch_up(self, thread: ThreadLog, handle: Session) -> Op[None]:
+        events = yield handle.since(thread.next)
+        with thread.lock:
+            thread.ingest(events)
+
+    def _read(self, key: str) -> Op[ThreadLog | None]:
+        """The fold of thread ``key``, caught up with its session; None if it has no events
+        (the session is not opened then)."""
+        with self._lock:
+            known = key in self._handles
+        if not known and not (yield Stored(key)):
+            return None
+        handle = yield from self._handle(key)
+        thread = self._log(key)
+        yield from self._catch_up(thread, handle)
+        return thread
+
+    def _append(
+        self, key: str, handle: Session, records: builtins.list[dict[str, Any]]
+    ) -> Op[builtins.list[Any]]:
+        events = yield handle.append_many([(EventType.REQUEST_HEADER, r) for r in records])
+        return cast(builtins.list[Any], events)
+
+    # -- the operations ---------------------------------------------------------------------
+
+    def _tuple(self, thread: ThreadLog, cp: Cp, thread_id: Any) -> CheckpointTuple:
+        """The `CheckpointTuple` of ``cp`` (called under the thread's lock)."""
+        serde = self.serde
+        rec = cp.rec
+        state = thread.state(serde, cp)
+        checkpoint: dict[str, Any] = {}
+        if "x" in rec:
+            checkpoint.update(decode(serde, rec["x"]))
+        upd = rec.get("upd")
+        checkpoint.update(
+            v=rec.get("v", 1),
+            id=cp.id,
+            ts=rec.get("ts", ""),
+            channel_values={k: _own(v) for k, v in state.values.items()},
+            channel_versions=dict(state.versions),
+            versions_seen={n: dict(vs) for n, vs in state.seen.items()},
+            updated_channels=None if upd is None else list(upd),
+        )
+        config: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": cp.ns,
+                "checkpoint_id": cp.id,
+            }
+        }
+        parent: RunnableConfig | None = None
+        if cp.parent is not None:
+            parent = {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": cp.ns,
+                    "checkpoint_id": cp.parent,
+                }
+            }
+        return CheckpointTuple(
+            config=config,
+            checkpoint=cast(Checkpoint, checkpoint),
+            metadata=cast(CheckpointMetadata, thread.metadata(serde, cp)),
+            parent_config=parent,
+            pending_writes=thread.writes(serde, cp),
+        )
+
+    def _get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+        tid, key, ns, cid = _where(config)
+        thread = yield from self._read(key)
+        if thread is None:
+            return None
+        with thread.lock:
+            cp = thread.find(ns, cid)
+            return None if cp is None else self._tuple(thread, cp, tid)
+
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> Op[builtins.list[CheckpointTuple]]:
+        if filter is not None and not isinstance(filter, Mapping):
+            raise TypeError(
+                f"filter must be a dict of metadata items, got {type(filter).__name__}"
+            )
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"limit must be an int or None, got {type(limit).__name__}")
+        before_id = None if before is None else get_checkpoint_id(before)
+        ns: str | None = None
+        cid: str | None = None
+        if config is None:
+            keys: builtins.list[str] = yield Listing(PREFIX)
+            threads = [(thread_of(k), k) for k in keys]
+        else:
+            tid, key, _, cid = _where(config)
+            conf = _configurable(config)
+            ns = conf.get("checkpoint_ns")
+            threads = [(tid, key)]
+        out: builtins.list[CheckpointTuple] = []
+        if limit is not None and limit <= 0:
+            return out
+        for tid, key in threads:
+            thread = yield from self._read(key)
+            if thread is None:
+                continue
+            with thread.lock:
+                for cp in thread.listed(ns):
+                    if cid is not None and cp.id != cid:
+                        continue
+                    if before_id is not None and cp.id >= before_id:
+                        continue
+                    if filter:
+                        meta = thread.metadata(self.serde, cp)
+                        if not all(meta.get(k) == v for k, v in filter.items()):
+                            continue
+                    out.append(self._tuple(thread, cp, tid))
+                    if limit is not None and len(out) >= limit:
+                        return out
+        return out
+
+    def _put(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    ) -> Op[RunnableConfig]:
+        tid, key, ns, parent = _where(config)
+        if not isinstance(checkpoint, Mapping) or "id" not in checkpoint:
+            raise TypeError("checkpoint must be a LangGraph Checkpoint (a dict with an 'id')")
+        handle = yield from self._handle(key)
+        thread = self._log(key)
+        with thread.lock:
+            known = parent is None or thread.has(ns, parent)
+        if not known:
+            yield from self._catch_up(thread, handle)
+        meta = dict(get_checkpoint_metadata(config, metadata))
+        run = meta.get("run_id")
+        with thread.lock:
+            base_cp = None if parent is None else thread.cps.get((ns, parent))
+            base = None if base_cp is None else thread.state(self.serde, base_cp)
+            record = checkpoint_record(
+                self.serde,
+                ns,
+                checkpoint,
+                encode(self.serde, meta),
+                parent,
+                base,
+                run if isinstance(run, str) else None,
+            )
+        events = yield from self._append(key, handle, [record])
+        with thread.lock:
+            thread.remember(ns, str(checkpoint["id"]), state_of(checkpoint))
+            thread.caught_up_with(events)
+        return {
+            "configurable": {
+                "thread_id": tid,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def _put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> Op[None]:
+        _, key, ns, cid = _where(config)
+        if cid is None:
+            raise ValueError(
+                "put_writes needs the checkpoint the writes belong to: config['configurable'] "
+                "has no 'checkpoint_id' (pass the config put returned)"
+            )
+        indexed = [(WRITES_IDX_MAP.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
+        if not indexed:
+            return
+        handle = yield from self._handle(key)
+        thread = self._log(key)
+        record = writes_record(self.serde, ns, cid, str(task_id), str(task_path), indexed)
+        events = yield from self._append(key, handle, [record])
+        with thread.lock:
+            thread.caught_up_with(events)
+
+    def _delete_thread(self, thread_id: str) -> Op[None]:
+        key = thread_key(thread_id)
+        thread = yield from self._read(key)
+        if thread is None:
+            return
+        with thread.lock:
+            if not thread.namespaces():
+                return
+        handle = yield from self._handle(key)
+        yield from self._append(key, handle, [{RECORD_KEY: "del"}])
+        yield from self._catch_up(thread, handle)
+
+    def _prune(self, thread_ids: Sequence[str], strategy: str) -> Op[None]:
+        if strategy not in STRATEGIES:
+            raise ValueError(
+                f"strategy must be 'keep_latest' (keep each namespace's latest checkpoint) "
+                f"or 'delete' (keep none), got {strategy!r}"
+            )
+        for thread_id in _many(thread_ids, "thread_ids"):
+            key = thread_key(thread_id)
+            thread = yield from self._read(key)
+            if thread is None:
+                continue
+            with thread.lock:
+                latest = thread.latest_per_ns()
+            if not latest:
+                continue
+            record: dict[str, Any] = {RECORD_KEY: "del"}
+            if strategy == "keep_latest":
+                record = {RECORD_KEY: "prune", "keep": [list(k) for k in latest]}
+            handle = yield from self._handle(key)
+            yield from self._append(key, handle, [record])
+            yield from self._catch_up(thread, handle)
+
+    def _delete_for_runs(self, run_ids: Sequence[str]) -> Op[None]:
+        runs = {str(r) for r in _many(run_ids, "run_ids")}
+        if not runs:
+            return
+        keys: builtins.list[str] = yield Listing(PREFIX)
+        for key in keys:
+            thread = yield from self._read(key)
+            if thread is None:
+                continue
+            with thread.lock:
+                hit = sorted(thread.run_ids() & runs)
+            if hit:
+                handle = yield from self._handle(key)
+                yield from self._append(key, handle, [{RECORD_KEY: "runs", "runs": hit}])
+                yield from self._catch_up(thread, handle)
+
+    def _copy_thread(self, source: str, target: str) -> Op[None]:
+        src, dst = thread_key(source), thread_key(target)
+        if src == dst:
+            raise ValueError("copy_thread copies a thread to another: give two thread ids")
+        thread = yield from self._read(src)
+        if thread is None:
+            return
+        handle = yield from self._handle(src)
+        try:
+            yield handle.fork(thread.next - 1, dst)
+            return
+        except (ConflictError, ValueError):
+            pass  # the target has events (or a run of the source is half written)
+        records: builtins.list[dict[str, Any]] = []
+        with thread.lock:
+            cps = sorted(thread.listed(None), key=lambda c: (c.seq, c.ns))
+            for cp in cps:
+                state = thread.state(self.serde, cp)
+                rec = dict(cp.rec)
+                rec.update(
+                    delta=False,
+                    vals={ch: ["w", encode(self.serde, v)] for ch, v in state.values.items()},
+                    vers=dict(state.versions),
+                    seen={n: dict(vs) for n, vs in state.seen.items()},
+                    drop=[],
+                    vers_drop=[],
+                    seen_drop=[],
+                )
+                records.append(rec)
+                by_task: dict[tuple[str, str], builtins.list[builtins.list[Any]]] = {}
+                for task, idx, ch, kept, path in thread.raw_writes(cp):
+                    by_task.setdefault((task, path), []).append([idx, ch, kept])
+                for (task, path), ws in by_task.items():
+                    records.append(
+                        {
+                            RECORD_KEY: "w",
+                            "ns": cp.ns,
+                            "cp": cp.id,
+                            "task": task,
+                            "path": path,
+                            "w": ws,
+                        }
+                    )
+        if records:
+            target_handle = yield from self._handle(dst)
+            yield from self._append(dst, target_handle, records)
+
+    def _delta_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> Op[Mapping[str, DeltaChannelHistory]]:
+        wanted = list(channels)
+        if not wanted:
+            return {}
+        result: dict[str, DeltaChannelHistory] = {ch: {"writes": []} for ch in wanted}
+        _, key, ns, cid = _where(config)
+        thread = yield from self._read(key)
+        if thread is None:
+            return result
+        with thread.lock:
+            target = thread.find(ns, cid)
+            if target is None:
+                return result
+            collected: dict[str, builtins.list[PendingWrite]] = {ch: [] for ch in wanted}
+            remaining = set(wanted)
+            cur = None if target.parent is None else thread.find(ns, target.parent)
+            while cur is not None and remaining:
+                for write in reversed(thread.writes(self.serde, cur)):
+                    if write[1] in remaining:
+                        collected[write[1]].append(cast(PendingWrite, write))
+                values = thread.state(self.serde, cur).values
+                for ch in list(remaining):
+                    if ch in values:
+                        result[ch]["seed"] = _own(values[ch])
+                        remaining.discard(ch)
+                cur = None if cur.parent is None else thread.find(ns, cur.parent)
+            for ch in wanted:
+                result[ch]["writes"] = list(reversed(collected[ch]))
+        return result
+
+
+def _many(values: object, what: str) -> list[Any]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | set | frozenset):
+        raise TypeError(
+            f"{what} must be a list of ids, got {type(values).__name__}"
+            + (f" (wrap a single id: [{values!r}])" if isinstance(values, str) else "")
+        )
+    return list(values)

@@ -1,0 +1,254 @@
+"""The fold of a thread's log: `ThreadLog`, what a thread's session says of its
+checkpoints and writes, caught up event by event and memoised, so that reading the
+latest checkpoint of a long thread costs what a short one costs."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from nous_actor.core.event import Event
+from nous_actor.integrations.langgraph.codec import TAIL, WHOLE, decode, plain_mapping
+from nous_actor.integrations.langgraph.framework import SerializerProtocol
+from nous_actor.integrations.langgraph.records import RECORD_KEY, State
+
+__all__ = ["Cp", "ThreadLog"]
+
+RESOLVED_KEPT: Final = 8
+"""How many checkpoints' resolved states a thread keeps (the most recently used)."""
+
+
+@dataclass(eq=False)
+class Cp:
+    """One stored checkpoint of a thread: its record, where it is, and whether LangGraph
+    may still see it."""
+
+    seq: int
+    ns: str
+    id: str
+    parent: str | None
+    rec: Mapping[str, Any]
+    run: str | None
+    hidden: bool = False
+    meta: dict[str, Any] | None = field(default=None, repr=False)
+
+
+_Write = tuple[str, str, Sequence[Any], str]  # task id, channel, kept value, task path
+
+
+class ThreadLog:
+    """The checkpoints and writes of one thread, folded from its session's events.
+
+    Events are taken in seq order (`ingest` ignores those seen already); every
+    method is called under `lock`, which the saver holds while it reads or
+    changes the fold (never while it waits for the session).
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.lock = threading.Lock()
+        self.next = 0  # the seq after the last event folded
+        self.cps: dict[tuple[str, str], Cp] = {}
+        self._visible: dict[str, list[str]] = {}  # ns -> ids of visible checkpoints, sorted
+        self._writes: dict[tuple[str, str], dict[tuple[str, int], _Write]] = {}
+        self._runs: dict[str, list[Cp]] = {}
+        self._resolved: OrderedDict[tuple[str, str], State] = OrderedDict()
+
+    # -- folding ----------------------------------------------------------------------------
+
+    def ingest(self, events: Iterable[Event]) -> None:
+        """Fold ``events`` (a session's, ascending seq) past those folded already."""
+        for ev in events:
+            if ev.seq < self.next:
+                continue
+            self.next = ev.seq + 1
+            data = ev.data
+            kind = data.get(RECORD_KEY)
+            if kind == "cp":
+                self._add_cp(ev.seq, data)
+            elif kind == "w":
+                self._add_writes(data)
+            elif kind == "del":
+                self._hide(c for c in self.cps.values() if c.seq < ev.seq)
+            elif kind == "prune":
+                keep = {(str(ns), str(i)) for ns, i in data.get("keep") or ()}
+                self._hide(c for k, c in self.cps.items() if c.seq < ev.seq and k not in keep)
+            elif kind == "runs":
+                for run in data.get("runs") or ():
+                    self._hide(c for c in self._runs.get(str(run), ()) if c.seq < ev.seq)
+            elif ev.surface_op is not None:  # a rollback's replace over a run's turn
+                op = ev.surface_op
+                self._hide(c for c in self.cps.values() if op.start <= c.seq <= op.stop < ev.seq)
+
+    def caught_up_with(self, events: Sequence[Event]) -> None:
+        """`ingest` the events of one of the saver's own appends, if they come right after
+        those folded (else the next read's catch-up folds them, in order)."""
+        if events and events[0].seq == self.next:
+            self.ingest(events)
+
+    def _add_cp(self, seq: int, data: Mapping[str, Any]) -> None:
+        ns, cid = str(data["ns"]), str(data["id"])
+        parent = data.get("parent")
+        run = data.get("run")
+        cp = Cp(seq, ns, cid, None if parent is None else str(parent), data, run)
+        old = self.cps.get((ns, cid))
+        if old is not None and not old.hidden:
+            self._unlist(old)
+        self.cps[(ns, cid)] = cp
+        self._resolved.pop((ns, cid), None)
+        ids = self._visible.setdefault(ns, [])
+        if not ids or ids[-1] < cid:
+            ids.append(cid)
+        else:
+            bisect.insort(ids, cid)
+        if isinstance(run, str):
+            self._runs.setdefault(run, []).append(cp)
+
+    def _add_writes(self, data: Mapping[str, Any]) -> None:
+        key = (str(data["ns"]), str(data["cp"]))
+        task, path = str(data["task"]), str(data.get("path") or "")
+        table = self._writes.setdefault(key, {})
+        for idx, ch, kept in data["w"]:
+            wkey = (task, int(idx))
+            if wkey[1] >= 0 and wkey in table:
+                continue  # a write of a task is stored once (put_writes is idempotent)
+            table[wkey] = (task, str(ch), kept, path)
+
+    def _hide(self, cps: Iterable[Cp]) -> None:
+        for cp in list(cps):
+            if not cp.hidden:
+                cp.hidden = True
+                self._unlist(cp)
+
+    def _unlist(self, cp: Cp) -> None:
+        ids = self._visible.get(cp.ns)
+        if ids is None:
+            return
+        i = bisect.bisect_left(ids, cp.id)
+        if i < len(ids) and ids[i] == cp.id:
+            del ids[i]
+        if not ids:
+            del self._visible[cp.ns]
+
+    # -- what LangGraph sees -----------------------------------------------------------------
+
+    def has(self, ns: str, cid: str) -> bool:
+        """Whether checkpoint ``cid`` of ``ns`` is folded (seen or not)."""
+        return (ns, cid) in self.cps
+
+    def find(self, ns: str, cid: str | None) -> Cp | None:
+        """Checkpoint ``cid`` of namespace ``ns`` (the latest when None), if visible."""
+        if cid is None:
+            ids = self._visible.get(ns)
+            return self.cps[(ns, ids[-1])] if ids else None
+        cp = self.cps.get((ns, cid))
+        return None if cp is None or cp.hidden else cp
+
+    def listed(self, ns: str | None) -> Iterator[Cp]:
+        """The visible checkpoints of ``ns`` (of every namespace when None), newest id
+        first."""
+        if ns is not None:
+            for cid in reversed(self._visible.get(ns, ())):
+                yield self.cps[(ns, cid)]
+            return
+        every = [self.cps[(n, cid)] for n, ids in self._visible.items() for cid in ids]
+        every.sort(key=lambda c: (c.id, c.ns), reverse=True)
+        yield from every
+
+    def namespaces(self) -> list[str]:
+        """The namespaces with a visible checkpoint."""
+        return list(self._visible)
+
+    def latest_per_ns(self) -> list[tuple[str, str]]:
+        """(namespace, id) of the latest visible checkpoint of each namespace."""
+        return [(ns, ids[-1]) for ns, ids in self._visible.items()]
+
+    def run_ids(self) -> set[str]:
+        """The run ids of the visible checkpoints."""
+        return {run for run, cps in self._runs.items() if any(not c.hidden for c in cps)}
+
+    def writes(self, serde: SerializerProtocol, cp: Cp) -> list[tuple[str, str, Any]]:
+        """The pending writes of ``cp``, in LangGraph's order (task path, task id, idx)."""
+        table = self._writes.get((cp.ns, cp.id))
+        if not table:
+            return []
+        ordered = sorted(table.items(), key=lambda kv: (kv[1][3], kv[0][0], kv[0][1]))
+        return [(task, ch, decode(serde, kept)) for (task, _), (_, ch, kept, _) in ordered]
+
+    def raw_writes(self, cp: Cp) -> list[tuple[str, int, str, Sequence[Any], str]]:
+        """The pending writes of ``cp`` as kept: (task, idx, channel, value, path)."""
+        table = self._writes.get((cp.ns, cp.id)) or {}
+        return [(t, i, ch, kept, path) for (t, i), (_, ch, kept, path) in table.items()]
+
+    def metadata(self, serde: SerializerProtocol, cp: Cp) -> dict[str, Any]:
+        """The metadata of ``cp`` (decoded once; the caller gets a copy)."""
+        if cp.meta is None:
+            cp.meta = decode(serde, cp.rec["meta"])
+        return dict(cp.meta)
+
+    # -- states ------------------------------------------------------------------------------
+
+    def remember(self, ns: str, cid: str, state: State) -> None:
+        """Keep ``state`` as checkpoint ``cid``'s resolved state (the one it was put with)."""
+        self._keep((ns, cid), state)
+
+    def state(self, serde: SerializerProtocol, cp: Cp) -> State:
+        """The values, versions and versions seen of ``cp``, folded from its record and
+        those of its ancestors back to one kept whole or resolved already (memoised:
+        the latest checkpoint of a thread is resolved when it is put or first read)."""
+        hit = self._resolved.get((cp.ns, cp.id))
+        if hit is not None:
+            self._resolved.move_to_end((cp.ns, cp.id))
+            return hit
+        chain: list[Cp] = []
+        cur: Cp | None = cp
+        base: State | None = None
+        while cur is not None:
+            hit = self._resolved.get((cur.ns, cur.id))
+            if hit is not None:
+                base = hit
+                break
+            chain.append(cur)
+            if not cur.rec.get("delta") or cur.parent is None:
+                break
+            cur = self.cps.get((cur.ns, cur.parent))
+        values: dict[str, Any] = dict(base.values) if base else {}
+        versions: dict[str, Any] = dict(base.versions) if base else {}
+        seen: dict[str, dict[str, Any]] = dict(base.seen) if base else {}
+        owned: set[str] = set()  # channels whose list this fold made (extended in place)
+        for step in reversed(chain):
+            rec = step.rec
+            if not rec.get("delta"):
+                values, versions, seen, owned = {}, {}, {}, set()
+            for ch in rec.get("drop") or ():
+                values.pop(ch, None)
+            for ch, (how, kept) in (rec.get("vals") or {}).items():
+                if how == TAIL:
+                    current = values.get(ch)
+                    if ch not in owned or not isinstance(current, list):
+                        current = list(current) if isinstance(current, list) else []
+                        values[ch] = current
+                        owned.add(ch)
+                    current.extend(decode(serde, kept))
+                elif how == WHOLE:
+                    values[ch] = decode(serde, kept)
+                    owned.add(ch)
+            for k in rec.get("vers_drop") or ():
+                versions.pop(k, None)
+            versions.update(plain_mapping(rec.get("vers") or {}))
+            for n in rec.get("seen_drop") or ():
+                seen.pop(n, None)
+            seen.update(plain_mapping(rec.get("seen") or {}))
+        state = State(values, versions, seen)
+        self._keep((cp.ns, cp.id), state)
+        return state
+
+    def _keep(self, key: tuple[str, str], state: State) -> None:
+        self._resolved[key] = state
+        self._resolved.move_to_end(key)
+        while len(self._resolved) > RESOLVED_KEPT:
+            self._resolved.popitem(last=False)
