@@ -36,6 +36,7 @@ from bench import (
     postgres,
     processes,
     runtime,
+    schema,
     session,
     simulation,
     telemetry,
@@ -61,6 +62,7 @@ MODULES: Final[tuple[ModuleType, ...]] = (
     viewer,
     flood,
     location,
+    schema,
 )
 """Benchmark modules, in run order; each exposes ``BENCHMARKS``. Add new modules here."""
 
