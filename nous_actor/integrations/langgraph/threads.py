@@ -96,10 +96,11 @@ class ThreadLog:
         run = data.get("run")
         cp = Cp(seq, ns, cid, None if parent is None else str(parent), data, run)
         old = self.cps.get((ns, cid))
-        if old is not None and not old.hidden:
-            self._unlist(old)
+        if old is not None:  # the same checkpoint put again: the later record stands
+            if not old.hidden:
+                self._unlist(old)
+            self._resolved.pop((ns, cid), None)
         self.cps[(ns, cid)] = cp
-        self._resolved.pop((ns, cid), None)
         ids = self._visible.setdefault(ns, [])
         if not ids or ids[-1] < cid:
             ids.append(cid)
