@@ -10,8 +10,10 @@ once the session's actor has handled every call made before it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,9 +22,10 @@ import pykka
 import pytest
 from bounds import BOUND
 
-from nous_actor import Event, InvalidEvent, Replace, Session, SessionFuture
+from nous_actor import Event, InvalidEvent, Replace, Session, SessionFuture, Sessions
 from nous_actor.errors import CallTimeout, ConflictError, StoreError
 from nous_actor.store import MemoryStore, SQLiteStore, Store
+from nous_actor.store.committer import committer_for
 from nous_actor.testing.stores import DelegatingStore
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -591,3 +594,24 @@ def test_a_session_started_while_its_predecessor_has_a_pending_commit_recovers_i
         assert say(new, "next").get().seq == 1
     finally:
         store.open()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_store_nobody_uses_any_more_ends_its_writer_thread(kind: str, tmp_path: Path) -> None:
+    """Once its sessions stopped and nothing refers to a store, its writer thread ends
+    (it looks once a second): nothing of the last batch it wrote keeps the store alive
+    (an item holds its session's callback, so the actor and the store)."""
+    store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+    sessions = Sessions(store)
+    sessions.open("s").append("user_message", {"content": "hi"}).get(timeout=BOUND)
+    thread = committer_for(store)._thread
+    assert thread is not None
+    assert thread.is_alive()
+    gone = weakref.ref(store)
+    sessions.close()
+    store.close()
+    del store, sessions
+    gc.collect()
+    assert gone() is None
+    thread.join(BOUND)
+    assert not thread.is_alive()

@@ -208,25 +208,33 @@ class Dispatcher:
                 wake.acquire()  # released by _schedule (or close)
                 continue
             self.turns += 1
+            again = self._turn(actor, quota)
+            # The parked thread refers to no actor (it would keep the actor, its log and
+            # its store alive after it stopped, until this thread ran another).
+            actor = None  # type: ignore[assignment]
+
+    def _turn(self, actor: DispatchedActor, quota: int) -> DispatchedActor | None:
+        """Run one turn of ``actor``; the actor to run next on this thread, if any."""
+        try:
+            actor._turn(quota)
+        except BaseException as exc:  # a turn never takes a dispatcher thread down
             try:
-                actor._turn(quota)
-            except BaseException as exc:  # a turn never takes a dispatcher thread down
-                try:
-                    logger.error(
-                        "dispatcher.turn_failed",
-                        actor=str(actor),
-                        reason=type(exc).__name__,
-                        error=repr(exc)[:200],
-                    )
-                except BaseException:
-                    pass
-            inbox = actor.actor_inbox
-            inbox._token.release()
-            if not inbox._q.empty() and inbox._token.acquire(False):
-                if runq:  # others wait: to the back of the queue (fairness)
-                    self._schedule(actor)
-                else:  # nobody else: its next turn here, waking no other thread
-                    again = actor
+                logger.error(
+                    "dispatcher.turn_failed",
+                    actor=str(actor),
+                    reason=type(exc).__name__,
+                    error=repr(exc)[:200],
+                )
+            except BaseException:
+                pass
+        inbox = actor.actor_inbox
+        inbox._token.release()
+        if not inbox._q.empty() and inbox._token.acquire(False):
+            if self._runq:  # others wait: to the back of the queue (fairness)
+                self._schedule(actor)
+            else:  # nobody else: its next turn here, waking no other thread
+                return actor
+        return None
 
     def __repr__(self) -> str:
         return f"<Dispatcher {self.name} threads={self.size} throughput={self.throughput}>"
@@ -433,6 +441,7 @@ class Workers:
             with self._lock:
                 self._waiting -= 1
             _run_logged(fn)
+            del fn  # a waiting thread keeps nothing of its last task alive
 
 
 def _run_logged(fn: Callable[[], None]) -> None:

@@ -16,6 +16,7 @@ backlog (first in, first out put it behind every queued event of the flood).
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -126,7 +127,14 @@ class Committer:
         budget, share = self.max_batch, self.share
         waiting: dict[str, deque[_Item]] = {}  # per session, in the order served
         stop = False
+        first: _Item | None = None
+        item: _Item | None = None
+        mine: deque[_Item] | None = None
         while True:
+            # Nothing of the last batch stays referenced from this frame while it waits:
+            # an item holds its session's callback, so the session's actor and this
+            # store, and the store is what ends this thread once nobody uses it.
+            first = item = mine = None
             fresh: list[_Item] = []
             if not waiting:
                 if stop:
@@ -243,7 +251,9 @@ class Committer:
         if newly_failed:
             with self._failed_lock:
                 for sid, err in newly_failed.items():
-                    self._failed.setdefault(sid, err)
+                    # A copy, without the traceback: its frames hold the store and the
+                    # batch, which would keep the store (and this thread) alive.
+                    self._failed.setdefault(sid, copy.copy(err))
                     logger.error(
                         "store.write_failed",
                         session_id=sid,
