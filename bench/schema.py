@@ -168,8 +168,8 @@ class Sizes:
         return len(range(1, self.prefill, self.short_every))
 
 
-FULL: Final = Sizes((100, 10_000), 400, 1_000_000, 10, 1_000, 2_000, 3)
-QUICK: Final = Sizes((10, 100), 10, 4_000, 10, 100, 50, 1)
+FULL: Final = Sizes((100, 10_000), 300, 1_000_000, 10, 1_000, 10_000, 3)
+QUICK: Final = Sizes((10, 100), 10, 4_000, 10, 100, 100, 1)
 
 
 # -- rows ---------------------------------------------------------------------------------
@@ -215,10 +215,23 @@ def _ids(n: int, seed: int) -> list[str]:
     return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(n)]
 
 
-def _prefill_rows(sizes: Sizes) -> tuple[list[Row], str, str]:
-    """The pre-filled file's rows in the order they are written, interleaved through
-    sessions: one row in ``long_every`` is the long session's, one in ``short_every``
-    the short one's, the others round-robin over ``others`` sessions; and the two ids."""
+@dataclass(frozen=True)
+class Prefill:
+    """The pre-filled file's rows in the order they are written, and who they are of."""
+
+    rows: list[Row]
+    long_id: str
+    short_id: str
+    others: list[str]
+    """The other sessions, in the order they were first written."""
+    counts: list[int]
+    """How many rows each of ``others`` has."""
+
+
+def _prefill_rows(sizes: Sizes) -> Prefill:
+    """The pre-filled file's rows, interleaved through sessions: one row in
+    ``long_every`` is the long session's, one in ``short_every`` the short one's, the
+    others round-robin over ``others`` sessions."""
     long_id, short_id = _ids(2, 1)
     others = _ids(sizes.others, 2)
     seqs = [0] * sizes.others
@@ -238,16 +251,17 @@ def _prefill_rows(sizes: Sizes) -> tuple[list[Row], str, str]:
             sid, seq = others[o], seqs[o]
             seqs[o] += 1
         rows.append((sid, seq, *_payload(i)))
-    return rows, long_id, short_id
+    return Prefill(rows, long_id, short_id, others, seqs)
 
 
-def _commits(sessions: int, commits: int) -> list[list[Row]]:
-    """``commits`` transactions of `ROWS_PER_COMMIT` rows over ``sessions`` live sessions:
-    each round gives every session one row, in a random order of its own (as a group
-    commit takes whichever sessions appended last), seqs in order per session."""
-    ids = _ids(sessions, 3 + sessions)
+def _commits(ids: list[str], seqs: list[int], commits: int) -> list[list[Row]]:
+    """``commits`` transactions of `ROWS_PER_COMMIT` rows over the sessions ``ids`` (each
+    continuing from its seq in ``seqs``): each round gives every session one row, in a
+    random order of its own (as a group commit takes whichever sessions appended
+    last), seqs in order per session."""
+    sessions = len(ids)
     rng = random.Random(sessions)
-    seqs = [0] * sessions
+    seqs = list(seqs)
     order: list[int] = []
     out: list[list[Row]] = []
     for c in range(commits):
@@ -458,9 +472,17 @@ def bench_layouts(cfg: h.Config) -> h.Section:
     sizes = cfg.pick(FULL, QUICK)
     today = LAYOUTS[0].name
     h.progress(f"schema.layouts: {h.fmt_count(sizes.prefill)} pre-fill rows")
-    prefill, long_id, short_id = _prefill_rows(sizes)
-    work = {s: _commits(s, sizes.commits + WAL_COMMITS) for s in sizes.sessions}
-    fills = ("empty", "pre-filled")
+    filled = _prefill_rows(sizes)
+    prefill, long_id, short_id = filled.rows, filled.long_id, filled.short_id
+    n = sizes.commits + WAL_COMMITS
+    work: dict[tuple[int, str], list[list[Row]]] = {}
+    for s in sizes.sessions:
+        new = _commits(_ids(s, 3 + s), [0] * s, n)
+        step = len(filled.others) // s  # spread over the file's sessions, as they were made
+        own = filled.others[::step][:s], filled.counts[::step][:s]
+        work[(s, "empty")] = work[(s, "pre-filled")] = new
+        work[(s, "pre-filled, its sessions")] = _commits(*own, n)
+    fills = ("empty", "pre-filled", "pre-filled, its sessions")
     writes: dict[tuple[str, int, str], list[WriteRun]] = {}
     reads: dict[tuple[str, str, str], list[int]] = {}
     sessions_read = {
@@ -488,8 +510,8 @@ def bench_layouts(cfg: h.Config) -> h.Section:
                         run_folder = folder / "run"
                         run_folder.mkdir()
                         try:
-                            base = bases[layout.name] if fill == "pre-filled" else None
-                            got = _write(layout, run_folder, base, work[s])
+                            base = None if fill == "empty" else bases[layout.name]
+                            got = _write(layout, run_folder, base, work[(s, fill)])
                         finally:
                             shutil.rmtree(run_folder)
                         writes.setdefault((layout.name, s, fill), []).append(got)
@@ -570,7 +592,9 @@ def _section(
         f"{h.fmt_count(sizes.prefill)} rows of {sizes.others} other sessions written "
         f"interleaved (a {h.fmt_count(sizes.long_events)}-event session one row in "
         f"{sizes.long_every}, a {h.fmt_count(sizes.short_events)}-event one one row in "
-        f"{sizes.short_every}). WAL per commit: {WAL_COMMITS} more commits with the "
+        f"{sizes.short_every}). 'pre-filled': N new sessions write into it; 'pre-filled, "
+        "its sessions': N of the sessions it holds (spread over the order they were made) "
+        "go on appending. WAL per commit: {WAL_COMMITS} more commits with the "
         "autocheckpoint off, the WAL's bytes / commits. Reads: those two sessions of the "
         "pre-filled file, a fresh connection, the SELECT in seq order, fetchall. Median "
         f"[min-max] of {sizes.repeats} repeats, layouts alternating order; ratio = layout / "
