@@ -98,7 +98,9 @@ def drive(saver: BaseCheckpointSaver[Any]) -> tuple[list[str], tuple[str, ...], 
     first = app.invoke({"messages": [HumanMessage("add 2 and 3")]}, config)
     assert first["__interrupt__"][0].value == "approve the answer?"
     waiting = app.get_state(config).next
-    done = app.invoke(Command(resume="yes"), config)
+    # The interrupt ended the first run's turn: a rejecting resume goes at once.
+    rejecting: Any = {"configurable": {"thread_id": "chat", "multitask_strategy": "reject"}}
+    done = app.invoke(Command(resume="yes"), rejecting)
     return texts(done["messages"]), waiting, len(list(app.get_state_history(config)))
 
 
@@ -108,7 +110,8 @@ async def adrive(saver: BaseCheckpointSaver[Any]) -> tuple[list[str], tuple[str,
     first = await app.ainvoke({"messages": [HumanMessage("add 2 and 3")]}, config)
     assert first["__interrupt__"][0].value == "approve the answer?"
     waiting = (await app.aget_state(config)).next
-    done = await app.ainvoke(Command(resume="yes"), config)
+    rejecting: Any = {"configurable": {"thread_id": "chat", "multitask_strategy": "reject"}}
+    done = await app.ainvoke(Command(resume="yes"), rejecting)
     history = [s async for s in app.aget_state_history(config)]
     return texts(done["messages"]), waiting, len(history)
 

@@ -11,17 +11,21 @@ from types import TracebackType
 from typing import Any, Final, cast
 
 from nous_actor.core.event import EventType
-from nous_actor.errors import ConflictError
+from nous_actor.errors import ConflictError, TurnInterrupted
 from nous_actor.integrations.langgraph.codec import decode, encode
 from nous_actor.integrations.langgraph.effects import (
+    CloseTurn,
     Listing,
     Op,
     Open,
+    OpenTurn,
     Stored,
     run_async,
     run_sync,
 )
 from nous_actor.integrations.langgraph.framework import (
+    ERROR,
+    INTERRUPT,
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
     ChannelVersions,
@@ -42,9 +46,19 @@ from nous_actor.integrations.langgraph.records import (
     state_of,
     writes_record,
 )
+from nous_actor.integrations.langgraph.runs import (
+    Run,
+    Runs,
+    RunTurn,
+    Strategy,
+    check_strategy,
+    has_next,
+    strategy_of,
+)
 from nous_actor.integrations.langgraph.threads import Cp, ThreadLog
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
+from nous_actor.sessions.turn_handle import Turn, check_turn_args
 from nous_actor.store import SQLiteStore
 
 __all__ = ["NousCheckpointSaver"]
@@ -129,22 +143,48 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
     Returned values are shared with the saver's memo down to the elements of
     lists and dicts: read them, do not change them in place.
 
+    **Double texting.** Concurrent runs of one thread take turns of its
+    session, per their ``multitask_strategy`` (``reject``, ``enqueue``,
+    ``interrupt``, ``rollback``, as LangGraph's server defines them), chosen
+    per saver and per run (``configurable.multitask_strategy`` of the run's
+    config): see `nous_actor.integrations.langgraph.runs` for when a run's turn
+    opens and ends, and `run` to hold one explicitly.
+
     Args:
         sessions: the registry whose sessions keep the threads.
         serde: the serializer of values that are not plain JSON (LangGraph's
             ``JsonPlusSerializer`` by default).
+        multitask_strategy: what a run does when another run holds its thread,
+            unless its config says otherwise (default ``enqueue``).
+        lease: seconds a run may go without a call to the saver before its turn
+            expires (a run that vanished frees its thread then).
+        wait: seconds an ``enqueue`` run waits for its thread before
+            `nous_actor.TurnBusy`.
 
     Raises:
         TypeError: ``sessions`` is not a `nous_actor.Sessions`.
+        ValueError: ``multitask_strategy``, ``lease`` or ``wait`` is not one the
+            saver takes (the message names the values it takes).
     """
 
-    def __init__(self, sessions: Sessions, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(
+        self,
+        sessions: Sessions,
+        *,
+        serde: SerializerProtocol | None = None,
+        multitask_strategy: Strategy = "enqueue",
+        lease: float = 300.0,
+        wait: float = 300.0,
+    ) -> None:
         if not isinstance(sessions, Sessions):
             raise TypeError(
                 "NousCheckpointSaver takes a nous_actor.Sessions registry, got "
                 f"{type(sessions).__name__}; or use NousCheckpointSaver.from_conn_string(path)"
             )
+        strategy = check_strategy(multitask_strategy)
+        check_turn_args(strategy, None, lease, wait, None)
         super().__init__(serde=serde)
+        self._runs = Runs(strategy, float(lease), float(wait))
         self.sessions = sessions
         self._owned: SQLiteStore | None = None
         self._lock = threading.Lock()
@@ -205,6 +245,36 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    def run(
+        self,
+        config: RunnableConfig,
+        multitask_strategy: Strategy | None = None,
+        *,
+        lease: float | None = None,
+        wait: float | None = None,
+    ) -> RunTurn:
+        """Hold ``config``'s thread for a block: ``with saver.run(config):`` or ``async
+        with``. Entering opens a turn of the thread per ``multitask_strategy`` (the
+        saver's when None); every run of the thread inside the block writes through it
+        (none opens a turn of its own), and runs elsewhere wait for the block or are
+        refused, per theirs. Leaving closes it.
+
+        Raises:
+            TypeError, ValueError: ``config`` names no thread, or a bad strategy,
+                ``lease`` or ``wait`` (raised here).
+            TurnBusy: (on entering) another run holds the thread (``reject``), or
+                held it for all of ``wait`` (``enqueue``).
+            TurnInterrupted: (on leaving) another run took the thread meanwhile
+                (``interrupt``, ``rollback``) or the lease ran out.
+        """
+        _, key, _, _ = _where(config)
+        strategy = self._runs.strategy if multitask_strategy is None else multitask_strategy
+        strategy = check_strategy(strategy)
+        lease = self._runs.lease if lease is None else lease
+        wait = self._runs.wait if wait is None else wait
+        check_turn_args(strategy, None, lease, wait, None)
+        return RunTurn(self, key, strategy, float(lease), float(wait))
 
     # -- LangGraph's API, sync ------------------------------------------------------------------
 
@@ -405,10 +475,55 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         return thread
 
     def _append(
-        self, key: str, handle: Session, records: builtins.list[dict[str, Any]]
+        self,
+        key: str,
+        handle: Session,
+        records: builtins.list[dict[str, Any]],
+        run: Run | None = None,
     ) -> Op[builtins.list[Any]]:
-        events = yield handle.append_many([(EventType.REQUEST_HEADER, r) for r in records])
+        """Append ``records`` as one batch: through the turn ``run`` writes through (see
+        `Runs.writer`), else through the plain handle (waiting for an open turn)."""
+        turn = self._runs.writer(key, run)
+        items = [(EventType.REQUEST_HEADER, r) for r in records]
+        try:
+            events = yield (handle if turn is None else turn).append_many(items)
+        except TurnInterrupted as exc:
+            self._runs.lost(run, exc)
+            raise
         return cast(builtins.list[Any], events)
+
+    def _open_run(self, key: str, run: Run | None, config: RunnableConfig) -> Op[None]:
+        """Open ``run``'s turn of thread ``key`` if this call is its first read."""
+        if not self._runs.to_open(run):
+            return
+        assert run is not None
+        turn: Turn | None = None
+        try:
+            handle = yield from self._handle(key)
+            turn = handle.turn(
+                strategy_of(config, self._runs.strategy),
+                owner=run.owner,
+                lease=self._runs.lease,
+                timeout=self._runs.wait,
+            )
+            yield OpenTurn(turn)
+        except BaseException:
+            self._runs.opened(run, None)
+            raise
+        self._runs.opened(run, turn)
+
+    def _leave(self, run: Run | None, thread: ThreadLog | None) -> Op[None]:
+        """A call of ``run`` is over: close its turn if the run is."""
+        if run is None:
+            return
+        known = False
+        end = run.end_at
+        if end is not None and thread is not None:
+            with thread.lock:
+                known = thread.has("", end)
+        turn = self._runs.leave(run, known)
+        if turn is not None:
+            yield CloseTurn(turn)
 
     # -- the operations ---------------------------------------------------------------------
 
@@ -456,12 +571,19 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
 
     def _get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
         tid, key, ns, cid = _where(config)
-        thread = yield from self._read(key)
-        if thread is None:
-            return None
-        with thread.lock:
-            cp = thread.find(ns, cid)
-            return None if cp is None else self._tuple(thread, cp, tid)
+        run = self._runs.enter(key, config)
+        thread: ThreadLog | None = None
+        try:
+            if ns == "":
+                yield from self._open_run(key, run, config)
+            thread = yield from self._read(key)
+            if thread is None:
+                return None
+            with thread.lock:
+                cp = thread.find(ns, cid)
+                return None if cp is None else self._tuple(thread, cp, tid)
+        finally:
+            yield from self._leave(run, thread)
 
     def _list(
         self,
@@ -515,14 +637,34 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         tid, key, ns, parent = _where(config)
         if not isinstance(checkpoint, Mapping) or "id" not in checkpoint:
             raise TypeError("checkpoint must be a LangGraph Checkpoint (a dict with an 'id')")
-        handle = yield from self._handle(key)
+        run = self._runs.enter(key, config)
         thread = self._log(key)
+        try:
+            stored = yield from self._put_in(
+                key, thread, ns, parent, config, checkpoint, metadata, run
+            )
+        finally:
+            yield from self._leave(run, thread)
+        return {"configurable": {"thread_id": tid, "checkpoint_ns": ns, "checkpoint_id": stored}}
+
+    def _put_in(
+        self,
+        key: str,
+        thread: ThreadLog,
+        ns: str,
+        parent: str | None,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        run: Run | None,
+    ) -> Op[str]:
+        handle = yield from self._handle(key)
         with thread.lock:
             known = parent is None or thread.has(ns, parent)
         if not known:
             yield from self._catch_up(thread, handle)
         meta = dict(get_checkpoint_metadata(config, metadata))
-        run = meta.get("run_id")
+        run_id = meta.get("run_id")
         with thread.lock:
             base_cp = None if parent is None else thread.cps.get((ns, parent))
             base = None if base_cp is None else thread.state(self.serde, base_cp)
@@ -533,19 +675,16 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 encode(self.serde, meta),
                 parent,
                 base,
-                run if isinstance(run, str) else None,
+                run_id if isinstance(run_id, str) else None,
             )
-        events = yield from self._append(key, handle, [record])
+        events = yield from self._append(key, handle, [record], run)
+        cid = str(checkpoint["id"])
         with thread.lock:
-            thread.remember(ns, str(checkpoint["id"]), state_of(checkpoint))
+            thread.remember(ns, cid, state_of(checkpoint))
             thread.caught_up_with(events)
-        return {
-            "configurable": {
-                "thread_id": tid,
-                "checkpoint_ns": ns,
-                "checkpoint_id": checkpoint["id"],
-            }
-        }
+        if ns == "":
+            self._runs.stored(run, cid, not has_next(checkpoint))
+        return cid
 
     def _put_writes(
         self,
@@ -563,12 +702,18 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         indexed = [(WRITES_IDX_MAP.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
         if not indexed:
             return
-        handle = yield from self._handle(key)
+        run = self._runs.enter(key, config)
         thread = self._log(key)
-        record = writes_record(self.serde, ns, cid, str(task_id), str(task_path), indexed)
-        events = yield from self._append(key, handle, [record])
-        with thread.lock:
-            thread.caught_up_with(events)
+        try:
+            handle = yield from self._handle(key)
+            record = writes_record(self.serde, ns, cid, str(task_id), str(task_path), indexed)
+            events = yield from self._append(key, handle, [record], run)
+            with thread.lock:
+                thread.caught_up_with(events)
+            if ns == "" and any(ch in (ERROR, INTERRUPT) for _, ch, _ in indexed):
+                self._runs.stopped(run, cid)
+        finally:
+            yield from self._leave(run, thread)
 
     def _delete_thread(self, thread_id: str) -> Op[None]:
         key = thread_key(thread_id)
