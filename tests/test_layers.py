@@ -37,7 +37,7 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     # The adapters: the frameworks they adapt (each imported in one module of its own).
     "integrations": (
         {"core", "runtime", "store", "supervision", "sessions", "integrations"},
-        {"structlog", "agents", "google", "pydantic_core"},
+        {"structlog", "agents", "google", "pydantic_core", "langgraph", "langchain_core"},
     ),
     # What users test with: the runtime underneath, Hypothesis and pytest.
     "testing": (
@@ -151,6 +151,8 @@ def test_no_layer_imports_the_cluster_layer() -> None:
         ("agents", "integrations/openai_agents/framework.py"),
         ("google", "integrations/adk/framework.py"),
         ("pydantic_core", "integrations/adk/framework.py"),
+        ("langgraph", "integrations/langgraph/framework.py"),
+        ("langchain_core", "integrations/langgraph/framework.py"),
     ],
 )
 def test_a_framework_is_imported_by_one_module_of_its_adapter(framework: str, home: str) -> None:

@@ -887,6 +887,49 @@ def test_close_asks_every_session_to_stop_before_it_waits_for_any(
     assert reg.live() == []
 
 
+class _CountedReleases(SQLiteStore):
+    """An SQLiteStore that counts how claims are given up."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, durability="normal")
+        self.one_by_one: list[str] = []
+        self.together: list[list[str]] = []
+
+    def release(self, session_id: str, token: str) -> None:
+        self.one_by_one.append(session_id)
+        super().release(session_id, token)
+
+    def release_many(self, claims: Sequence[tuple[str, str]]) -> None:
+        self.together.append([sid for sid, _ in claims])
+        super().release_many(claims)
+
+
+def test_close_gives_up_every_claim_in_one_transaction(
+    tmp_path: Path, registries: Callable[..., Sessions]
+) -> None:
+    """close() gives its sessions' claims up together once they all stopped (one
+    transaction, not one a session), and before it returns: another process could
+    claim each at once."""
+    store = _CountedReleases(tmp_path / "s.db")
+    try:
+        reg = registries(store)
+        ids = [f"s{i}" for i in range(20)]
+        for sid in ids:
+            reg.open(sid).append("user_message", {"content": sid}).get(timeout=BOUND)
+        assert all(store.held_by(sid) is not None for sid in ids)
+        reg.close()
+        assert store.one_by_one == []
+        assert [sorted(batch) for batch in store.together] == [sorted(ids)]
+        assert [store.held_by(sid) for sid in ids] == [None] * len(ids)
+        # A session stopped on its own (not by a close) still gives its claim up itself.
+        again = registries(store)
+        again.open("s0").stop(timeout=BOUND)
+        assert store.one_by_one == ["s0"]
+        assert store.held_by("s0") is None
+    finally:
+        store.close()
+
+
 def test_close_stops_every_session_and_later_calls_fail(
     store: Store, registries: Callable[..., Sessions]
 ) -> None:

@@ -41,6 +41,7 @@ from nous_actor.sessions.actor._exit import _flush_at_exit as _flush_at_exit
 from nous_actor.sessions.actor._session_actor import _WAIT_FOR_COMMITS as _WAIT_FOR_COMMITS
 from nous_actor.sessions.actor._session_actor import HELD as HELD
 from nous_actor.sessions.actor._session_actor import THROUGH as THROUGH
+from nous_actor.sessions.actor._session_actor import Releases as Releases
 from nous_actor.sessions.actor._session_actor import SessionActor as SessionActor
 from nous_actor.sessions.actor._session_actor import SessionCell as SessionCell
 from nous_actor.sessions.actor._session_actor import session_cell as session_cell

@@ -18,7 +18,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, SessionStopped, TooManySessions
 from nous_actor.runtime import scheduling, telemetry
-from nous_actor.sessions.actor import SessionActor, _safe_str, session_cell
+from nous_actor.sessions.actor import Releases, SessionActor, _safe_str, session_cell
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.registry._passivation import Passivation
 from nous_actor.sessions.registry._settings import Settings, _not_running
@@ -123,17 +123,24 @@ class RegistryActor(SupervisedActor):
         """Stop every live session: each is asked at once, in the order they started
         (they stop side by side on the dispatcher, and each leaves Pykka's registry,
         a list in that order, near its front), then each is waited for, all within
-        ``timeout`` from now. One by one, newest first, 10,000 sessions took 2.1 s."""
+        ``timeout`` from now. One by one, newest first, 10,000 sessions took 2.1 s.
+        Their claims are given up together, in one transaction, once all stopped
+        (`Releases`)."""
         self.closed = True
         stopping = []
+        releases = Releases(self.settings.store)
         for sid in list(self.live):
             ref = self._let_go(sid)
             if ref is not None:
+                session_cell(ref).release_to = releases
                 stopping.append((sid, ref, ref.stop(block=False)))
         host = scheduling.current()
         deadline = host.now() + timeout
-        for sid, ref, stopped in stopping:
-            self._await_stop(sid, ref, stopped, why, max(deadline - host.now(), 0.0))
+        try:
+            for sid, ref, stopped in stopping:
+                self._await_stop(sid, ref, stopped, why, max(deadline - host.now(), 0.0))
+        finally:
+            releases.flush()
 
     # -- messages ------------------------------------------------------------------------------
 

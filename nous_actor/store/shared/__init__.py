@@ -81,6 +81,7 @@ __all__ = [
     "holder_address",
     "load_since",
     "next_seq",
+    "release_many",
     "supports_forwarding",
     "tells_holders",
     "supports_handoff",
@@ -175,6 +176,23 @@ def held_by(store: Store, session_id: str) -> str | None:
         return own(session_id)
     valid_store_id(session_id)
     return None
+
+
+def release_many(store: Store, claims: Sequence[tuple[str, str]]) -> None:
+    """Give up many claims at once (``(session id, token)`` pairs): in one transaction
+    where the store can (SQLite), else one `Store.release` each. A pair whose token no
+    longer holds its session is skipped, as `Store.release` does.
+
+    Raises:
+        StoreError: the store failed (a claim not given up then lapses as its holder's
+            would: when its process ends, or its lease runs out).
+    """
+    own: Callable[[Sequence[tuple[str, str]]], None] | None = _own(store, "release_many")
+    if own is not None:
+        own(claims)
+        return
+    for session_id, token in claims:
+        store.release(session_id, token)
 
 
 def supports_forwarding(store: Store) -> bool:

@@ -422,6 +422,20 @@ class SQLiteStore(ClosingStore):
                 "DELETE FROM writers WHERE session_id = ? AND token = ?", (session_id, token)
             )
 
+    def release_many(self, claims: Sequence[tuple[str, str]]) -> None:
+        """`release` each ``(session id, token)`` of ``claims``, in one transaction (a
+        registry closing gives up all its sessions' claims so)."""
+        if not claims:
+            return
+        with _live_lock:
+            for _, token in claims:
+                _live_tokens.discard(token)
+                self._holdings.tokens.pop(token, None)
+        if self._connection.closed or self._connection.lost is not None:
+            return
+        with self._connection.transaction(None, "release the sessions", synced=False) as conn:
+            conn.executemany("DELETE FROM writers WHERE session_id = ? AND token = ?", claims)
+
     # -- extras --------------------------------------------------------------------------
 
     def index(
