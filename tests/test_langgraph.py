@@ -390,3 +390,21 @@ def test_interrupt_and_error_writes_are_kept(saver: NousCheckpointSaver) -> None
     tup = saver.get_tuple(stored)
     assert tup is not None
     assert tup.pending_writes == [("task", INTERRUPT, {"why": "ask"})]
+
+
+def test_a_tail_that_the_parents_writes_hold_is_stored_as_a_reference(
+    saver: NousCheckpointSaver, sessions: Sessions
+) -> None:
+    """When a checkpoint's new messages are exactly what its parent's pending writes hold,
+    the record refers to those writes instead of keeping them twice; warm and cold reads
+    give the list back."""
+    [first] = chain(saver, "t", [{"m": ["a"]}])
+    saver.put_writes(first, [("m", ["b", "c"])], "task-2", "p2")
+    saver.put_writes(first, [("m", "d"), ("other", 1)], "task-1", "p1")
+    second = saver.put(first, checkpoint({"m": ["a", "d", "b", "c"]}, {"m": 2}), {"step": 1}, {})
+    [_, record] = records(sessions, "t")[::3]
+    assert record.data["vals"]["m"] == ["r", [["task-1", 0], ["task-2", 0]]]
+    for reader in (saver, NousCheckpointSaver(sessions)):
+        got = reader.get_tuple(second)
+        assert got is not None
+        assert got.checkpoint["channel_values"] == {"m": ["a", "d", "b", "c"]}

@@ -189,5 +189,5 @@ def test_a_long_conversation_stores_each_message_once_per_checkpoint(sessions: S
     ]
     kinds = [r["vals"]["messages"][0] for r in records if "messages" in r["vals"]]
     assert kinds[0] == "w"  # the first time the channel has a value
-    assert set(kinds[1:]) == {"t"}
+    assert set(kinds[1:]) <= {"t", "r"}  # then the new messages, or a reference to the writes
     assert len(kinds) == 60

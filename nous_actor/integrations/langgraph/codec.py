@@ -4,7 +4,8 @@ A value is kept as ``["j", value]`` when it is plain JSON (exactly ``str``,
 ``int`` within 2**53, finite ``float``, ``bool``, ``None``, ``list``, ``dict``
 with ``str`` keys), which reads back equal and costs no serializer; anything
 else as ``[type, base64]`` of the saver's serializer (``serde.dumps_typed``,
-LangGraph's ``JsonPlusSerializer`` unless told).
+LangGraph's ``JsonPlusSerializer`` unless told), zlib-compressed (``[type,
+base85, "z"]``) when it is large and that saves a fifth.
 
 A channel value that *extends* the one its parent checkpoint held (a list whose
 prefix is the parent's list: the ``messages`` channel under ``add_messages``)
@@ -16,13 +17,25 @@ from __future__ import annotations
 
 import base64
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from nous_actor.core._frozen import thaw
 from nous_actor.integrations.langgraph.framework import SerializerProtocol
 
-__all__ = ["JSON_TAG", "TAIL", "WHOLE", "apply", "decode", "delta", "encode", "same"]
+__all__ = [
+    "JSON_TAG",
+    "TAIL",
+    "WHOLE",
+    "WRITTEN",
+    "apply",
+    "decode",
+    "delta",
+    "encode",
+    "flatten",
+    "same",
+]
 
 JSON_TAG: Final = "j"
 """The type tag of a value kept as plain JSON."""
@@ -32,6 +45,17 @@ WHOLE: Final = "w"
 
 TAIL: Final = "t"
 """A channel entry holding what extends the parent's list: ``["t", encoded tail]``."""
+
+COMPRESSED: Final = "z"
+"""The third element of a serialized value kept zlib-compressed, in base85 (JSON-safe, and
+smaller than base64): ``[type, base85, "z"]``."""
+
+COMPRESS_FROM: Final = 256
+"""Serialized values of at least this many bytes are compressed when that saves a fifth."""
+
+WRITTEN: Final = "r"
+"""A channel entry whose tail is what the parent checkpoint's pending writes to the channel
+hold, in LangGraph's order: ``["r", [[task id, idx], ...]]`` (the tail is not kept twice)."""
 
 _INT_LIMIT: Final = 2**53
 _MAX_DEPTH: Final = 32
@@ -71,6 +95,10 @@ def encode(serde: SerializerProtocol, value: Any) -> list[Any]:
     if _plain(value):
         return [JSON_TAG, value]
     kind, blob = serde.dumps_typed(value)
+    if len(blob) >= COMPRESS_FROM:
+        packed = zlib.compress(blob, 6)
+        if len(packed) * 5 <= len(blob) * 4:
+            return [kind, base64.b85encode(packed).decode("ascii"), COMPRESSED]
     return [kind, base64.b64encode(blob).decode("ascii")]
 
 
@@ -78,7 +106,11 @@ def decode(serde: SerializerProtocol, kept: Sequence[Any]) -> Any:
     """The value `encode` kept as ``kept`` (a fresh, mutable copy)."""
     if kept[0] == JSON_TAG:
         return thaw(kept[1])
-    return serde.loads_typed((str(kept[0]), base64.b64decode(kept[1])))
+    if len(kept) > 2 and kept[2] == COMPRESSED:
+        blob = zlib.decompress(base64.b85decode(kept[1]))
+    else:
+        blob = base64.b64decode(kept[1])
+    return serde.loads_typed((str(kept[0]), blob))
 
 
 def same(a: object, b: object) -> bool:
@@ -105,6 +137,18 @@ def delta(parent: object, value: object) -> list[Any] | None:
         if a is not b and not same(a, b):
             return None
     return value[n:]
+
+
+def flatten(values: list[Any]) -> list[Any]:
+    """Write values as a list channel's reducer appends them: a list's elements, or the
+    value itself."""
+    out: list[Any] = []
+    for v in values:
+        if type(v) is list:
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
 
 
 def apply(parent: object, tail: list[Any]) -> list[Any]:

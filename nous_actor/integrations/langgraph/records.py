@@ -1,14 +1,18 @@
 """What the saver writes into a thread's log: one ``request_header`` event per record,
 its data a mapping under the key `RECORD_KEY` naming the record's kind.
 
-* ``{"lg": "cp", "ns", "id", "parent", "delta", "v", "ts", "upd", "vals", "drop",
-  "vers", "vers_drop", "seen", "seen_drop", "meta", "run", ["x"]}``: a checkpoint.
-  With ``delta`` true it holds only what changed since its parent checkpoint
+* ``{"lg": "cp", "ns", "id", "parent", "meta", "vals", "vers", "seen", ["full", "v",
+  "ts", "upd", "drop", "vers_drop", "seen_drop", "run", "x"]}``: a checkpoint (the
+  keys in brackets only when they say something: ``v`` when it is not
+  `CHECKPOINT_V`, ``ts`` when the event's time does not hold it exactly).
+  Without ``full`` it holds only what changed since its parent checkpoint
   ``parent`` (of the same namespace): ``vals`` the channels whose value changed
-  (``["w", value]`` whole, ``["t", tail]`` a list extended), ``drop`` the
+  (``["w", value]`` whole, ``["t", tail]`` a list extended, ``["r", [[task,
+  idx], ...]]`` a list extended by what the parent's pending writes to the
+  channel hold, so that it is not kept twice), ``drop`` the
   channels it no longer has, ``vers``/``vers_drop`` and ``seen``/``seen_drop``
   the same for ``channel_versions`` and ``versions_seen`` (a node's versions
-  are kept whole when they changed). Without ``delta`` it holds everything.
+  are kept whole when they changed). With ``full`` it holds everything.
   ``meta`` is the metadata (see `nous_actor.integrations.langgraph.codec`),
   ``run`` the run id of its metadata, ``x`` any other key of the checkpoint.
 * ``{"lg": "w", "ns", "cp", "task", "path", "w": [[idx, channel, value], ...]}``:
@@ -29,16 +33,29 @@ for LangGraph, and kept in the log.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple
 
-from nous_actor.integrations.langgraph.codec import TAIL, WHOLE, delta, encode, same
+from nous_actor.integrations.langgraph.codec import TAIL, WHOLE, WRITTEN, delta, encode, same
 from nous_actor.integrations.langgraph.framework import Checkpoint, SerializerProtocol
 
-__all__ = ["KNOWN_KEYS", "RECORD_KEY", "State", "checkpoint_record", "writes_record"]
+__all__ = [
+    "CHECKPOINT_V",
+    "KNOWN_KEYS",
+    "RECORD_KEY",
+    "State",
+    "checkpoint_record",
+    "time_of",
+    "writes_record",
+]
 
 RECORD_KEY: Final = "lg"
 """Top-level data key of every record of the saver (its value names the kind)."""
+
+CHECKPOINT_V: Final = 4
+"""The checkpoint format version LangGraph writes today (a record says ``v`` only when it
+holds another)."""
 
 KNOWN_KEYS: Final = frozenset(
     {"v", "id", "ts", "channel_values", "channel_versions", "versions_seen", "updated_channels"}
@@ -80,9 +97,14 @@ def checkpoint_record(
     parent: str | None,
     base: State | None,
     run: str | None,
+    written: Callable[[str], tuple[list[list[Any]], list[Any]] | None] | None = None,
 ) -> dict[str, Any]:
     """The record of ``checkpoint`` (namespace ``ns``, parent ``parent``): what changed
-    since ``base``, the parent's state, or everything when ``base`` is None."""
+    since ``base``, the parent's state, or everything when ``base`` is None.
+
+    ``written(channel)`` gives the parent's pending writes to a channel (their
+    ``[task, idx]`` and their values, flattened), or None: a tail equal to them is
+    kept as a reference to them."""
     values = checkpoint["channel_values"]
     versions = checkpoint["channel_versions"]
     seen = checkpoint["versions_seen"]
@@ -91,13 +113,19 @@ def checkpoint_record(
         "ns": ns,
         "id": checkpoint["id"],
         "parent": parent,
-        "delta": base is not None,
-        "v": checkpoint["v"],
-        "ts": checkpoint["ts"],
-        "upd": list(checkpoint.get("updated_channels") or []) or None,
         "meta": meta,
-        "run": run,
     }
+    if base is None:
+        rec["full"] = True
+    if checkpoint["v"] != CHECKPOINT_V:
+        rec["v"] = checkpoint["v"]
+    if time_of(checkpoint["ts"]) is None:
+        rec["ts"] = checkpoint["ts"]
+    upd = checkpoint.get("updated_channels")
+    if upd:
+        rec["upd"] = list(upd)
+    if run is not None:
+        rec["run"] = run
     extra = {k: v for k, v in checkpoint.items() if k not in KNOWN_KEYS}
     if extra:
         rec["x"] = encode(serde, extra)
@@ -114,7 +142,11 @@ def checkpoint_record(
                 continue
             tail = delta(pv, v)
             if tail is not None:
-                vals[ch] = [TAIL, encode(serde, tail)]
+                found = None if written is None or not tail else written(ch)
+                if found is not None and _equal(tail, found[1]):
+                    vals[ch] = [WRITTEN, found[0]]
+                else:
+                    vals[ch] = [TAIL, encode(serde, tail)]
                 continue
         vals[ch] = [WHOLE, encode(serde, v)]
     rec["vals"] = vals
@@ -130,6 +162,24 @@ def checkpoint_record(
     }
     rec["seen_drop"] = [n for n in base.seen if n not in seen]
     return rec
+
+
+def time_of(ts: object) -> datetime | None:
+    """The UTC time a checkpoint's ``ts`` names, when an event's time keeps it exactly (its
+    ``isoformat()`` gives ``ts`` back); else None (the record keeps ``ts`` itself)."""
+    if not isinstance(ts, str):
+        return None
+    try:
+        when = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    if when.utcoffset() != timedelta(0) or when.astimezone(UTC).isoformat() != ts:
+        return None
+    return when.astimezone(UTC)
+
+
+def _equal(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x is y or same(x, y) for x, y in zip(a, b, strict=True))
 
 
 def writes_record(

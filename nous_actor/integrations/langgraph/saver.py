@@ -6,6 +6,8 @@ import builtins
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from datetime import datetime
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, cast
@@ -41,9 +43,11 @@ from nous_actor.integrations.langgraph.framework import (
 )
 from nous_actor.integrations.langgraph.ids import PREFIX, thread_key, thread_of
 from nous_actor.integrations.langgraph.records import (
+    CHECKPOINT_V,
     RECORD_KEY,
     checkpoint_record,
     state_of,
+    time_of,
     writes_record,
 )
 from nous_actor.integrations.langgraph.runs import (
@@ -480,11 +484,17 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         handle: Session,
         records: builtins.list[dict[str, Any]],
         run: Run | None = None,
+        times: builtins.list[datetime | None] | None = None,
     ) -> Op[builtins.list[Any]]:
-        """Append ``records`` as one batch: through the turn ``run`` writes through (see
-        `Runs.writer`), else through the plain handle (waiting for an open turn)."""
+        """Append ``records`` as one batch (at ``times``, each None for now): through the
+        turn ``run`` writes through (see `Runs.writer`), else through the plain handle
+        (waiting for an open turn)."""
         turn = self._runs.writer(key, run)
-        items = [(EventType.REQUEST_HEADER, r) for r in records]
+        when = times or [None] * len(records)
+        items = [
+            (EventType.REQUEST_HEADER, r) if t is None else (EventType.REQUEST_HEADER, r, t)
+            for r, t in zip(records, when, strict=True)
+        ]
         try:
             events = yield (handle if turn is None else turn).append_many(items)
         except TurnInterrupted as exc:
@@ -537,9 +547,9 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
             checkpoint.update(decode(serde, rec["x"]))
         upd = rec.get("upd")
         checkpoint.update(
-            v=rec.get("v", 1),
+            v=rec.get("v", CHECKPOINT_V),
             id=cp.id,
-            ts=rec.get("ts", ""),
+            ts=rec["ts"] if "ts" in rec else cp.time.isoformat(),
             channel_values={k: _own(v) for k, v in state.values.items()},
             channel_versions=dict(state.versions),
             versions_seen={n: dict(vs) for n, vs in state.seen.items()},
@@ -676,8 +686,9 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 parent,
                 base,
                 run_id if isinstance(run_id, str) else None,
+                None if parent is None else partial(thread.written, self.serde, ns, parent),
             )
-        events = yield from self._append(key, handle, [record], run)
+        events = yield from self._append(key, handle, [record], run, [time_of(checkpoint["ts"])])
         cid = str(checkpoint["id"])
         with thread.lock:
             thread.remember(ns, cid, state_of(checkpoint))
@@ -785,7 +796,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 state = thread.state(self.serde, cp)
                 rec = dict(cp.rec)
                 rec.update(
-                    delta=False,
+                    full=True,
                     vals={ch: ["w", encode(self.serde, v)] for ch, v in state.values.items()},
                     vers=dict(state.versions),
                     seen={n: dict(vs) for n, vs in state.seen.items()},
@@ -793,6 +804,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                     vers_drop=[],
                     seen_drop=[],
                 )
+                rec.setdefault("ts", cp.time.isoformat())
                 records.append(rec)
                 by_task: dict[tuple[str, str], builtins.list[builtins.list[Any]]] = {}
                 for task, idx, ch, kept, path in thread.raw_writes(cp):

@@ -9,10 +9,18 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 from nous_actor.core.event import Event
-from nous_actor.integrations.langgraph.codec import TAIL, WHOLE, decode, plain_mapping
+from nous_actor.integrations.langgraph.codec import (
+    TAIL,
+    WHOLE,
+    WRITTEN,
+    decode,
+    flatten,
+    plain_mapping,
+)
 from nous_actor.integrations.langgraph.framework import SerializerProtocol
 from nous_actor.integrations.langgraph.records import RECORD_KEY, State
 
@@ -33,6 +41,7 @@ class Cp:
     parent: str | None
     rec: Mapping[str, Any]
     run: str | None
+    time: datetime
     hidden: bool = False
     meta: dict[str, Any] | None = field(default=None, repr=False)
 
@@ -69,7 +78,7 @@ class ThreadLog:
             data = ev.data
             kind = data.get(RECORD_KEY)
             if kind == "cp":
-                self._add_cp(ev.seq, data)
+                self._add_cp(ev.seq, data, ev.time)
             elif kind == "w":
                 self._add_writes(data)
             elif kind == "del":
@@ -90,11 +99,11 @@ class ThreadLog:
         if events and events[0].seq == self.next:
             self.ingest(events)
 
-    def _add_cp(self, seq: int, data: Mapping[str, Any]) -> None:
+    def _add_cp(self, seq: int, data: Mapping[str, Any], time: datetime) -> None:
         ns, cid = str(data["ns"]), str(data["id"])
         parent = data.get("parent")
         run = data.get("run")
-        cp = Cp(seq, ns, cid, None if parent is None else str(parent), data, run)
+        cp = Cp(seq, ns, cid, None if parent is None else str(parent), data, run, time)
         old = self.cps.get((ns, cid))
         if old is not None:  # the same checkpoint put again: the later record stands
             if not old.hidden:
@@ -180,6 +189,23 @@ class ThreadLog:
         ordered = sorted(table.items(), key=lambda kv: (kv[1][3], kv[0][0], kv[0][1]))
         return [(task, ch, decode(serde, kept)) for (task, _), (_, ch, kept, _) in ordered]
 
+    def written(
+        self, serde: SerializerProtocol, ns: str, cid: str, channel: str
+    ) -> tuple[list[list[Any]], list[Any]] | None:
+        """The pending writes of checkpoint ``cid`` to ``channel``, in LangGraph's order:
+        their ``[task, idx]`` and their values, flattened (None if it has none)."""
+        table = self._writes.get((ns, cid))
+        if not table:
+            return None
+        mine = sorted(
+            ((k, w) for k, w in table.items() if w[1] == channel and k[1] >= 0),
+            key=lambda kw: (kw[1][3], kw[0][0], kw[0][1]),
+        )
+        if not mine:
+            return None
+        refs = [[task, idx] for (task, idx), _ in mine]
+        return refs, flatten([decode(serde, w[2]) for _, w in mine])
+
     def raw_writes(self, cp: Cp) -> list[tuple[str, int, str, Sequence[Any], str]]:
         """The pending writes of ``cp`` as kept: (task, idx, channel, value, path)."""
         table = self._writes.get((cp.ns, cp.id)) or {}
@@ -214,7 +240,7 @@ class ThreadLog:
                 base = hit
                 break
             chain.append(cur)
-            if not cur.rec.get("delta") or cur.parent is None:
+            if cur.rec.get("full") or cur.parent is None:
                 break
             cur = self.cps.get((cur.ns, cur.parent))
         values: dict[str, Any] = dict(base.values) if base else {}
@@ -223,7 +249,7 @@ class ThreadLog:
         owned: set[str] = set()  # channels whose list this fold made (extended in place)
         for step in reversed(chain):
             rec = step.rec
-            if not rec.get("delta"):
+            if rec.get("full"):
                 values, versions, seen, owned = {}, {}, {}, set()
             for ch in rec.get("drop") or ():
                 values.pop(ch, None)
@@ -238,6 +264,15 @@ class ThreadLog:
                 elif how == WHOLE:
                     values[ch] = decode(serde, kept)
                     owned.add(ch)
+                elif how == WRITTEN:
+                    current = values.get(ch)
+                    if ch not in owned or not isinstance(current, list):
+                        current = list(current) if isinstance(current, list) else []
+                        values[ch] = current
+                        owned.add(ch)
+                    table = self._writes.get((step.ns, step.parent or "")) or {}
+                    kept_writes = [table[(str(t), int(i))][2] for t, i in kept]
+                    current.extend(flatten([decode(serde, w) for w in kept_writes]))
             for k in rec.get("vers_drop") or ():
                 versions.pop(k, None)
             versions.update(plain_mapping(rec.get("vers") or {}))
