@@ -29,6 +29,10 @@ ENTRIES = {
     "from nous_actor.cluster.ray import RaySessions": ("ray", "ray"),
     "from nous_actor.integrations.openai_agents import NousSession": ("openai-agents", "agents"),
     "from nous_actor.integrations.adk import NousSessionService": ("adk", "google.adk"),
+    "from nous_actor.integrations.langgraph import NousCheckpointSaver": (
+        "langgraph",
+        "langgraph",
+    ),
     "from nous_actor.runtime.otel import OpenTelemetrySink": ("otel", "opentelemetry"),
     "from nous_actor.viewer import serve": ("serve", "starlette"),
     "from nous_actor.viewer.app import create_app": ("serve", "starlette"),

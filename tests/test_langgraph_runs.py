@@ -345,3 +345,32 @@ def test_has_next_reads_what_a_checkpoint_leaves_to_run(
 ) -> None:
     """A checkpoint leaves a task when a trigger channel holds a value no node has seen."""
     assert has_next(checkpoint) is expected
+
+
+def test_a_run_goes_on_when_its_session_restarts(sessions: Sessions) -> None:
+    """A crash of the thread's session ends the running run's turn; the registry restarts
+    the session, the run's turn is opened again and the run finishes, nothing lost."""
+    from nous_actor import SessionCrashed
+    from nous_actor.sessions.faults import crash
+
+    async def main() -> list[str]:
+        saver = NousCheckpointSaver(sessions)
+        gate = Gate()
+        app = graph(saver, gate)
+        first = asyncio.ensure_future(
+            app.ainvoke({"messages": [HumanMessage("one")]}, cfg(), durability="sync")
+        )
+        await asyncio.wait_for(gate.entered.wait(), BOUND)
+        with pytest.raises(SessionCrashed):
+            await crash(await sessions.aopen(thread_key("chat")))
+        gate.release.set()
+        await asyncio.wait_for(first, BOUND)
+        return texts(await app.aget_state(cfg()))
+
+    assert run(main()) == ["one", "re: one"]
+    ends = [
+        e.data
+        for e in sessions.open(thread_key("chat")).events().get()
+        if e.type is EventType.TURN_END
+    ]
+    assert [e.get("reason") for e in ends] == ["restart", None]

@@ -9,6 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 
+
+def _installed(name: str) -> bool:
+    """Whether the module ``name`` can be found (not whether it imports)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # blocked, or a module without a spec
+        return False
+
+
 try:
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.base import (
@@ -29,7 +38,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     _pip = "pip install 'nous-actor[langgraph]'"
     _where = "nous_actor.integrations.langgraph"
-    if importlib.util.find_spec("langgraph") is None:
+    if not _installed("langgraph"):
         raise ModuleNotFoundError(
             f"{_where} needs LangGraph, which is not installed; install the langgraph "
             f"extra: {_pip}",

@@ -150,17 +150,21 @@ def checkpoint_record(
                 continue
         vals[ch] = [WHOLE, encode(serde, v)]
     rec["vals"] = vals
-    rec["drop"] = [ch for ch in base.values if ch not in values]
     rec["vers"] = {
         k: v
         for k, v in versions.items()
         if k not in base.versions or not same(base.versions[k], v)
     }
-    rec["vers_drop"] = [k for k in base.versions if k not in versions]
     rec["seen"] = {
         n: dict(vs) for n, vs in seen.items() if n not in base.seen or not same(base.seen[n], vs)
     }
-    rec["seen_drop"] = [n for n in base.seen if n not in seen]
+    for name, gone in (
+        ("drop", [ch for ch in base.values if ch not in values]),
+        ("vers_drop", [k for k in base.versions if k not in versions]),
+        ("seen_drop", [n for n in base.seen if n not in seen]),
+    ):
+        if gone:
+            rec[name] = gone
     return rec
 
 

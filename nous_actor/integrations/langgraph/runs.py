@@ -195,6 +195,15 @@ class Runs:
             run.turn = turn
             self._open.setdefault(run.key, []).append(turn)
 
+    def reopened(self, run: Run, turn: Turn) -> None:
+        """``run``'s turn, ended by a restart of its session, is open again as ``turn``."""
+        with self._lock:
+            held = self._open.get(run.key)
+            if held is not None and run.turn in held:
+                held.remove(run.turn)
+            run.turn = turn
+            self._open.setdefault(run.key, []).append(turn)
+
     def writer(self, key: str, run: Run | None) -> Turn | None:
         """The turn a write of ``run`` to thread ``key`` goes through (None: the plain
         handle): an explicit turn, the run's own, or, for a run whose turn ended, the

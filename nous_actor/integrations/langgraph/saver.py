@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Any, Final, cast
 
 from nous_actor.core.event import EventType
-from nous_actor.errors import ConflictError, TurnInterrupted
+from nous_actor.errors import ConflictError, TurnBusy, TurnInterrupted
 from nous_actor.integrations.langgraph.codec import decode, encode
 from nous_actor.integrations.langgraph.effects import (
     CloseTurn,
@@ -69,6 +69,10 @@ __all__ = ["NousCheckpointSaver"]
 
 THREADS_KEPT: Final = 1024
 """How many threads' folds a saver keeps (the least recently used let go first)."""
+
+REOPENS: Final = 5
+"""How often a run's turn that restarts of its session ended is opened again, at most,
+for one write."""
 
 STRATEGIES: Final = ("keep_latest", "delete")
 """The strategies of `NousCheckpointSaver.prune`."""
@@ -488,19 +492,58 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> Op[builtins.list[Any]]:
         """Append ``records`` as one batch (at ``times``, each None for now): through the
         turn ``run`` writes through (see `Runs.writer`), else through the plain handle
-        (waiting for an open turn)."""
-        turn = self._runs.writer(key, run)
+        (waiting for an open turn).
+
+        A run's turn that a restart of the session ended (nothing of the write was
+        applied) is opened again, refusing to wait (a run that took the thread
+        meanwhile wins: this one fails with `TurnInterrupted`), and the write is made
+        through it."""
         when = times or [None] * len(records)
         items = [
             (EventType.REQUEST_HEADER, r) if t is None else (EventType.REQUEST_HEADER, r, t)
             for r, t in zip(records, when, strict=True)
         ]
-        try:
-            events = yield (handle if turn is None else turn).append_many(items)
-        except TurnInterrupted as exc:
-            self._runs.lost(run, exc)
-            raise
-        return cast(builtins.list[Any], events)
+        for attempt in range(REOPENS + 1):
+            turn = self._runs.writer(key, run)
+            own = run is not None and turn is not None and turn is run.turn
+            try:
+                events = yield (handle if turn is None else turn).append_many(items)
+                return cast(builtins.list[Any], events)
+            except TurnInterrupted as exc:
+                if not own or attempt == REOPENS:
+                    self._runs.lost(run, exc)
+                    raise
+                assert run is not None
+                if run.turn is not turn:
+                    continue  # another call of this run opened it again already
+                restarted = yield from self._ended_by_restart(handle, exc)
+                if not restarted:
+                    self._runs.lost(run, exc)
+                    raise
+                again = handle.turn(
+                    "reject", owner=run.owner, lease=self._runs.lease, timeout=self._runs.wait
+                )
+                try:
+                    yield OpenTurn(again)
+                except TurnBusy as busy:
+                    if busy.holder == run.owner:
+                        continue  # another call of this run is opening it again
+                    self._runs.lost(run, exc)
+                    raise exc from None
+                self._runs.reopened(run, again)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _ended_by_restart(self, handle: Session, exc: TurnInterrupted) -> Op[bool]:
+        """Whether the turn ``exc`` names ended because its session restarted (not because
+        another run took it, or its lease ran out)."""
+        if exc.how is None:
+            return True  # the session does not know the turn: it restarted
+        count: int = yield handle.count()
+        events = yield handle.since(max(0, count - 4096))
+        for ev in reversed(events):
+            if ev.type is EventType.TURN_END and ev.data.get("turn_id") == exc.turn_id:
+                return bool(ev.data.get("reason") == "restart")
+        return False
 
     def _open_run(self, key: str, run: Run | None, config: RunnableConfig) -> Op[None]:
         """Open ``run``'s turn of thread ``key`` if this call is its first read."""
