@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from bounds import run
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import tool
+from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -191,3 +192,62 @@ def test_a_long_conversation_stores_each_message_once_per_checkpoint(sessions: S
     assert kinds[0] == "w"  # the first time the channel has a value
     assert set(kinds[1:]) <= {"t", "r"}  # then the new messages, or a reference to the writes
     assert len(kinds) == 60
+
+
+def extend(state: list[str], writes: Any) -> list[str]:
+    """The DeltaChannel's reducer: every write's items appended."""
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class DeltaState(TypedDict):
+    log: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=3)]
+
+
+def _delta_graph(saver: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """A graph whose ``log`` channel is a LangGraph DeltaChannel (only writes stored)."""
+
+    def note(state: DeltaState) -> dict[str, Any]:
+        return {"log": [f"noted {len(state['log'])}"]}
+
+    graph = StateGraph(DeltaState)
+    graph.add_node("note", note)
+    graph.add_edge(START, "note")
+    graph.add_edge("note", END)
+    return graph.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_delta_channel_graph_rebuilds_its_state_as_on_the_reference(
+    sessions: Sessions, api: str
+) -> None:
+    """A graph with a DeltaChannel (its values rebuilt from the writes of earlier
+    checkpoints through get_delta_channel_history) ends in the same state as on
+    InMemorySaver, and the saver's history equals LangGraph's own walk over get_tuple."""
+    saver = NousCheckpointSaver(sessions)
+    config: Any = {"configurable": {"thread_id": "delta"}}
+
+    def drive(s: BaseCheckpointSaver[Any]) -> list[str]:
+        app = _delta_graph(s)
+        for i in range(7):
+            if api == "sync":
+                app.invoke({"log": [f"in {i}"]}, config)
+            else:
+                run(app.ainvoke({"log": [f"in {i}"]}, config))
+        return list(app.get_state(config).values["log"])
+
+    assert drive(saver) == drive(InMemorySaver())
+    latest = saver.get_tuple(config)
+    assert latest is not None
+    for channels in (["log"], ["log", "missing"]):
+        mine = saver.get_delta_channel_history(config=latest.config, channels=channels)
+        walked = BaseCheckpointSaver.get_delta_channel_history(
+            saver, config=latest.config, channels=channels
+        )
+        assert mine == walked
+        assert (
+            run(saver.aget_delta_channel_history(config=latest.config, channels=channels))
+            == walked
+        )

@@ -96,7 +96,7 @@ def encode(serde: SerializerProtocol, value: Any) -> list[Any]:
         return [JSON_TAG, value]
     kind, blob = serde.dumps_typed(value)
     if len(blob) >= COMPRESS_FROM:
-        packed = zlib.compress(blob, 6)
+        packed = zlib.compress(blob, 1)
         if len(packed) * 5 <= len(blob) * 4:
             return [kind, base64.b85encode(packed).decode("ascii"), COMPRESSED]
     return [kind, base64.b64encode(blob).decode("ascii")]

@@ -33,7 +33,7 @@ for LangGraph, and kept in the log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple
 
@@ -97,14 +97,14 @@ def checkpoint_record(
     parent: str | None,
     base: State | None,
     run: str | None,
-    written: Callable[[str], tuple[list[list[Any]], list[Any]] | None] | None = None,
+    written: Callable[[str], tuple[list[Any], Sequence[Any]] | None] | None = None,
 ) -> dict[str, Any]:
     """The record of ``checkpoint`` (namespace ``ns``, parent ``parent``): what changed
     since ``base``, the parent's state, or everything when ``base`` is None.
 
-    ``written(channel)`` gives the parent's pending writes to a channel (their
-    ``[task, idx]`` and their values, flattened), or None: a tail equal to them is
-    kept as a reference to them."""
+    ``written(channel)`` gives the parent's one pending write to a channel (its
+    ``[task, idx]`` and its value as kept), or None: a tail kept exactly as that
+    write's value is kept as a reference to it."""
     values = checkpoint["channel_values"]
     versions = checkpoint["channel_versions"]
     seen = checkpoint["versions_seen"]
@@ -142,11 +142,12 @@ def checkpoint_record(
                 continue
             tail = delta(pv, v)
             if tail is not None:
+                kept = encode(serde, tail)
                 found = None if written is None or not tail else written(ch)
-                if found is not None and _equal(tail, found[1]):
-                    vals[ch] = [WRITTEN, found[0]]
+                if found is not None and list(found[1]) == kept:
+                    vals[ch] = [WRITTEN, [found[0]]]
                 else:
-                    vals[ch] = [TAIL, encode(serde, tail)]
+                    vals[ch] = [TAIL, kept]
                 continue
         vals[ch] = [WHOLE, encode(serde, v)]
     rec["vals"] = vals
@@ -180,10 +181,6 @@ def time_of(ts: object) -> datetime | None:
     if when.utcoffset() != timedelta(0) or when.astimezone(UTC).isoformat() != ts:
         return None
     return when.astimezone(UTC)
-
-
-def _equal(a: list[Any], b: list[Any]) -> bool:
-    return len(a) == len(b) and all(x is y or same(x, y) for x, y in zip(a, b, strict=True))
 
 
 def writes_record(

@@ -729,7 +729,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 parent,
                 base,
                 run_id if isinstance(run_id, str) else None,
-                None if parent is None else partial(thread.written, self.serde, ns, parent),
+                None if parent is None else partial(thread.written, ns, parent),
             )
         events = yield from self._append(key, handle, [record], run, [time_of(checkpoint["ts"])])
         cid = str(checkpoint["id"])

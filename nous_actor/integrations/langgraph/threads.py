@@ -189,22 +189,17 @@ class ThreadLog:
         ordered = sorted(table.items(), key=lambda kv: (kv[1][3], kv[0][0], kv[0][1]))
         return [(task, ch, decode(serde, kept)) for (task, _), (_, ch, kept, _) in ordered]
 
-    def written(
-        self, serde: SerializerProtocol, ns: str, cid: str, channel: str
-    ) -> tuple[list[list[Any]], list[Any]] | None:
-        """The pending writes of checkpoint ``cid`` to ``channel``, in LangGraph's order:
-        their ``[task, idx]`` and their values, flattened (None if it has none)."""
+    def written(self, ns: str, cid: str, channel: str) -> tuple[list[Any], Sequence[Any]] | None:
+        """The one pending write of checkpoint ``cid`` to ``channel``: its ``[task, idx]``
+        and its value as kept (None if it has none, or more than one)."""
         table = self._writes.get((ns, cid))
         if not table:
             return None
-        mine = sorted(
-            ((k, w) for k, w in table.items() if w[1] == channel and k[1] >= 0),
-            key=lambda kw: (kw[1][3], kw[0][0], kw[0][1]),
-        )
-        if not mine:
+        mine = [(k, w) for k, w in table.items() if w[1] == channel and k[1] >= 0]
+        if len(mine) != 1:
             return None
-        refs = [[task, idx] for (task, idx), _ in mine]
-        return refs, flatten([decode(serde, w[2]) for _, w in mine])
+        (task, idx), w = mine[0]
+        return [task, idx], w[2]
 
     def raw_writes(self, cp: Cp) -> list[tuple[str, int, str, Sequence[Any], str]]:
         """The pending writes of ``cp`` as kept: (task, idx, channel, value, path)."""
