@@ -374,3 +374,22 @@ def test_a_run_goes_on_when_its_session_restarts(sessions: Sessions) -> None:
         if e.type is EventType.TURN_END
     ]
     assert [e.get("reason") for e in ends] == ["restart", None]
+
+
+def test_the_saver_remembers_a_bounded_number_of_runs() -> None:
+    """Runs that came and went are let go of past RUNS_KEPT (a long-lived saver's memory
+    stays flat), a run with a call in flight never."""
+    from types import SimpleNamespace
+
+    from nous_actor.integrations.langgraph.runs import RUNS_KEPT, Runs
+
+    def config() -> dict[str, Any]:
+        return {"configurable": {"__pregel_runtime": SimpleNamespace(control=object())}}
+
+    runs = Runs("enqueue", 300.0, 300.0)
+    busy = runs.enter("t", config())
+    for _ in range(RUNS_KEPT * 2):
+        runs.leave(runs.enter("t", config()))
+    assert len(runs._runs) <= RUNS_KEPT
+    assert busy is not None
+    assert any(r is busy for r in runs._runs.values())
