@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event
 from nous_actor.integrations.langgraph.codec import (
     TAIL,
@@ -207,10 +208,12 @@ class ThreadLog:
         return [(t, i, ch, kept, path) for (t, i), (_, ch, kept, path) in table.items()]
 
     def metadata(self, serde: SerializerProtocol, cp: Cp) -> dict[str, Any]:
-        """The metadata of ``cp`` (decoded once; the caller gets a copy)."""
+        """The metadata of ``cp`` (decoded once; the caller gets a copy of its own, nested
+        dicts and lists included)."""
         if cp.meta is None:
             cp.meta = decode(serde, cp.rec["meta"])
-        return dict(cp.meta)
+        copied: dict[str, Any] = thaw(cp.meta)
+        return copied
 
     # -- states ------------------------------------------------------------------------------
 
