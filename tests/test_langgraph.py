@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
@@ -21,6 +22,8 @@ from nous_actor.core.event import Event
 from nous_actor.integrations.langgraph import NousCheckpointSaver, thread_key, thread_of
 
 pytestmark = pytest.mark.timeout(120)
+
+_CALL = {"id": "c1", "name": "add", "args": {"a": 1, "b": 2}}
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -407,3 +410,31 @@ def test_a_tail_that_the_parents_write_holds_is_stored_as_a_reference(
         got = reader.get_tuple(second)
         assert got is not None
         assert got.checkpoint["channel_values"] == {"m": ["a", "b", "c"]}
+
+
+class _MyMessage(AIMessage):
+    """A message class of an application's own (LangChain's reader does not know it)."""
+
+
+@pytest.mark.parametrize(
+    ("value", "tag"),
+    [
+        ([HumanMessage("hi", id="h1"), AIMessage("", id="a1", tool_calls=[_CALL])], "m"),
+        (ToolMessage("5", tool_call_id="c1", id="t1"), "m"),
+        ([AIMessage("x", id="a2", additional_kwargs={"raw": b"\x00"})], "msgpack"),
+        ([_MyMessage("mine", id="a3")], "msgpack"),
+    ],
+)
+def test_langchain_messages_are_kept_as_json_when_that_reads_back_equal(
+    saver: NousCheckpointSaver, sessions: Sessions, value: Any, tag: str
+) -> None:
+    """Messages are kept as readable JSON (their fields that are not defaults), unless that
+    would not read back equal (fields JSON cannot carry, a class of the application's own):
+    then through the serializer. Either way a fresh saver reads them back equal."""
+    [stored] = chain(saver, "t", [{"m": value}])
+    [record] = records(sessions, "t")
+    assert record.data["vals"]["m"][1][0] == tag
+    got = NousCheckpointSaver(sessions).get_tuple(stored)
+    assert got is not None
+    assert got.checkpoint["channel_values"]["m"] == value
+    assert type(got.checkpoint["channel_values"]["m"]) is type(value)

@@ -2,10 +2,12 @@
 
 A value is kept as ``["j", value]`` when it is plain JSON (exactly ``str``,
 ``int`` within 2**53, finite ``float``, ``bool``, ``None``, ``list``, ``dict``
-with ``str`` keys), which reads back equal and costs no serializer; anything
-else as ``[type, base64]`` of the saver's serializer (``serde.dumps_typed``,
-LangGraph's ``JsonPlusSerializer`` unless told), zlib-compressed (``[type,
-base85, "z"]``) when it is large and that saves a fifth.
+with ``str`` keys), which reads back equal and costs no serializer; a LangChain
+message or a list of them as JSON too (``["m", ...]``, readable in the log), when
+that reads back equal; anything else as ``[type, base64]`` of the saver's
+serializer (``serde.dumps_typed``, LangGraph's ``JsonPlusSerializer`` unless
+told), zlib-compressed (``[type, base85, "z"]``) when it is large and that saves
+a fifth.
 
 A channel value that *extends* the one its parent checkpoint held (a list whose
 prefix is the parent's list: the ``messages`` channel under ``add_messages``)
@@ -22,7 +24,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from nous_actor.core._frozen import thaw
-from nous_actor.integrations.langgraph.framework import SerializerProtocol
+from nous_actor.integrations.langgraph.framework import (
+    BaseMessage,
+    SerializerProtocol,
+    messages_from_dict,
+)
 
 __all__ = [
     "JSON_TAG",
@@ -40,6 +46,11 @@ __all__ = [
 JSON_TAG: Final = "j"
 """The type tag of a value kept as plain JSON."""
 
+MESSAGES_TAG: Final = "m"
+"""The type tag of a list of LangChain messages kept as JSON: ``["m", [[type, fields],
+...]]``, each message's fields those that differ from their defaults (a single message:
+``["m", [type, fields], 1]``)."""
+
 WHOLE: Final = "w"
 """A channel entry holding the whole value: ``["w", encoded]``."""
 
@@ -50,7 +61,7 @@ COMPRESSED: Final = "z"
 """The third element of a serialized value kept zlib-compressed, in base85 (JSON-safe, and
 smaller than base64): ``[type, base85, "z"]``."""
 
-COMPRESS_FROM: Final = 256
+COMPRESS_FROM: Final = 1024
 """Serialized values of at least this many bytes are compressed when that saves a fifth."""
 
 WRITTEN: Final = "r"
@@ -90,10 +101,51 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def _message_fields(value: object) -> list[Any] | None:
+    """``[type, fields]`` of a LangChain message, its fields those not at their default,
+    when they are plain JSON; else None."""
+    if not isinstance(value, BaseMessage):
+        return None
+    fields = value.model_dump(exclude_defaults=True)
+    return [value.type, fields] if _plain(fields) else None
+
+
+def _messages(value: object) -> list[Any] | None:
+    """A message, or a list of messages, kept as JSON (see `MESSAGES_TAG`) when that reads
+    back equal to ``value`` (same classes, same fields); else None."""
+    if type(value) is list and value:
+        kept: list[Any] = []
+        for m in value:
+            one = _message_fields(m)
+            if one is None:
+                return None
+            kept.append(one)
+        form: list[Any] = [MESSAGES_TAG, kept]
+    else:
+        one = _message_fields(value)
+        if one is None:
+            return None
+        form = [MESSAGES_TAG, one, 1]
+    try:
+        back = _read_messages(form)
+    except Exception:  # a message class LangChain's reader does not know
+        return None
+    return form if back == value else None
+
+
+def _read_messages(kept: Sequence[Any]) -> Any:
+    if len(kept) > 2:
+        return messages_from_dict([{"type": kept[1][0], "data": thaw(kept[1][1])}])[0]
+    return messages_from_dict([{"type": t, "data": thaw(d)} for t, d in kept[1]])
+
+
 def encode(serde: SerializerProtocol, value: Any) -> list[Any]:
     """``value`` in the form an event's data keeps it (see the module docs)."""
     if _plain(value):
         return [JSON_TAG, value]
+    messages = _messages(value)
+    if messages is not None:
+        return messages
     kind, blob = serde.dumps_typed(value)
     if len(blob) >= COMPRESS_FROM:
         packed = zlib.compress(blob, 1)
@@ -106,6 +158,8 @@ def decode(serde: SerializerProtocol, kept: Sequence[Any]) -> Any:
     """The value `encode` kept as ``kept`` (a fresh, mutable copy)."""
     if kept[0] == JSON_TAG:
         return thaw(kept[1])
+    if kept[0] == MESSAGES_TAG:
+        return _read_messages(kept)
     if len(kept) > 2 and kept[2] == COMPRESSED:
         blob = zlib.decompress(base64.b85decode(kept[1]))
     else:

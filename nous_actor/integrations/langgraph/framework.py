@@ -19,6 +19,7 @@ def _installed(name: str) -> bool:
 
 
 try:
+    from langchain_core.messages import BaseMessage, messages_from_dict
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.base import (
         WRITES_IDX_MAP,
@@ -55,6 +56,7 @@ __all__ = [
     "INTERRUPT",
     "WRITES_IDX_MAP",
     "BaseCheckpointSaver",
+    "BaseMessage",
     "ChannelVersions",
     "Checkpoint",
     "CheckpointMetadata",
@@ -65,5 +67,6 @@ __all__ = [
     "SerializerProtocol",
     "get_checkpoint_id",
     "get_checkpoint_metadata",
+    "messages_from_dict",
     "writes_sort_key",
 ]
