@@ -29,6 +29,7 @@ the turn of this saver's run that holds the thread, if any.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections import OrderedDict
@@ -62,6 +63,16 @@ LangGraph release of the ``langgraph`` extra."""
 
 RUNS_KEPT: Final = 4096
 """How many ended runs a saver remembers (so that their late writes find a turn)."""
+
+_NAMES: Final = itertools.count(1)
+_PROCESS: Final = uuid.uuid4().hex[:8]
+
+
+def _run_name() -> str:
+    """A run's owner name: unique in this process and across processes (no random draw
+    per run: ``os.urandom`` lets go of the GIL, and the event loop waits to get it back)."""
+    return f"langgraph run {_PROCESS}-{next(_NAMES)}"
+
 
 _EXPLICIT: ContextVar[tuple[tuple[str, Turn], ...]] = ContextVar(
     "nous_actor_langgraph_runs", default=()
@@ -169,7 +180,7 @@ class Runs:
         with self._lock:
             run = self._runs.get((key, id(control)))
             if run is None or run.control is not control:
-                run = Run(key, control, f"langgraph run {uuid.uuid4().hex[:12]}")
+                run = Run(key, control, _run_name())
                 self._runs[(key, id(control))] = run
                 self._forget()
             run.inflight += 1
@@ -339,7 +350,7 @@ class RunTurn:
         handle = self._saver.sessions.open(self._key)
         self.turn = handle.turn(
             self._strategy,
-            owner=f"langgraph run {uuid.uuid4().hex[:12]}",
+            owner=_run_name(),
             lease=self._lease,
             timeout=self._wait,
         )
@@ -372,7 +383,7 @@ class RunTurn:
             raise RuntimeError("a RunTurn is entered once: call saver.run(...) again")
         self.turn = handle.turn(
             self._strategy,
-            owner=f"langgraph run {uuid.uuid4().hex[:12]}",
+            owner=_run_name(),
             lease=self._lease,
             timeout=self._wait,
         )
