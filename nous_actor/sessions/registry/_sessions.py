@@ -527,6 +527,9 @@ class Sessions:
     def close(self, timeout: float = 10.0) -> None:
         """Stop every session, all within ``timeout``: each is asked at once (they stop
         side by side, each after the calls already queued to it), then waited for.
+        Their writer claims are given up together once they stopped (one store
+        transaction on SQLite), before this returns: another process may open any
+        of them at once.
 
         A registry running on its own stops too. One under a parent stays up,
         refusing every call (the parent stops it with the rest of its tree).
