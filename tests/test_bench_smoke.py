@@ -242,3 +242,27 @@ def test_the_fleet_rows_carry_their_cpu_bound(
         assert bound is not None, r
         assert 0 < bound < 50, r
         assert "CPU bound here" in r["ratio"]
+
+
+@pytest.mark.timeout(300)
+def test_the_schema_bench_compares_every_layout_with_todays(
+    quick_run: tuple[str, str, dict[str, Any], Path],
+) -> None:
+    """schema.layouts has a write row per layout, number of sessions and file, and a read
+    row per layout, read and session, each a ratio to the first layout (today's) of the
+    same run; today's ratios to itself are 1."""
+    from bench.schema import LAYOUTS
+
+    _, _, doc, _ = quick_run
+    sec = doc["benchmarks"]["schema.layouts"]
+    writes = [r for r in sec["rows"] if ": writes, " in r["benchmark"]]
+    reads = [r for r in sec["rows"] if ": read a " in r["benchmark"]]
+    assert len(writes) == len(LAYOUTS) * 2 * 3
+    assert len(reads) == 2 * sum(len(layout.reads) for layout in LAYOUTS)
+    assert {r["verdict"] for r in sec["rows"]} == {"info"}
+    ratios = sec["data"]["ratios_to_today"]
+    assert list(ratios) == [layout.name for layout in LAYOUTS]
+    assert set(ratios[LAYOUTS[0].name].values()) == {1.0}
+    assert all(v > 0 for cols in ratios.values() for v in cols.values())
+    for r in writes:
+        assert r["numbers"]["wal_bytes_per_commit"]["median"] > 0, r["benchmark"]
