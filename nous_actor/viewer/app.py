@@ -17,6 +17,13 @@ audit), ``/api/surface`` (the messages as of a seq) and ``/api/live`` (server-se
 events: the session's next seq each time events are committed, from the
 store's watch).
 
+A session that holds a LangGraph thread (records of the checkpointer in
+``nous_actor.integrations.langgraph``) has two more: ``/api/langgraph`` (its
+checkpoints as a tree, forks and hidden ones included, the heads marked) and
+``/api/langgraph/messages`` (a checkpoint's ``messages`` channel as a timeline),
+read from the raw events by `nous_actor.viewer.langgraph`; the session page
+offers them as its LangGraph view.
+
 Every response says that the page loads only from the viewer and may not be
 framed (`SECURITY_HEADERS`: a content security policy, no type sniffing, no
 referrer); the page's script and style are files, never inline, so the policy
@@ -56,6 +63,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import CallTimeout, NousActorError, SessionStopped, StoreError
 from nous_actor.store import Store
+from nous_actor.viewer.langgraph import MESSAGES, NoCheckpoint, Thread
 from nous_actor.viewer.source import SORT_KEYS, ReadOnlyStore, SessionIndex
 from nous_actor.viewer.timeline import Timeline
 
@@ -211,6 +219,44 @@ class Timelines:
         )
 
 
+class Threads:
+    """The LangGraph threads of the sessions looked at last, each folded from its
+    session's timeline and brought up to date on use (the events committed since)."""
+
+    def __init__(self, timelines: Timelines, keep: int = CACHED_SESSIONS) -> None:
+        self.timelines = timelines
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Thread] = OrderedDict()
+
+    def get(self, session_id: str) -> Thread:
+        """The thread ``session_id`` holds, current as of this call.
+
+        Raises:
+            _NoSession: the id is not valid, the session has no stored event, or it
+                holds no LangGraph record.
+            StoreError: the store failed.
+        """
+        tl = self.timelines.get(session_id)
+        with tl._lock:
+            if not tl.langgraph:
+                raise _NoSession(
+                    f"session {session_id!r} holds no LangGraph checkpoint (no record of "
+                    "the LangGraph checkpointer); its timeline is at /session?id="
+                    + urllib.parse.quote(session_id, safe="")
+                )
+            with self._lock:
+                th = self._cache.get(session_id)
+                if th is None:
+                    th = self._cache[session_id] = Thread(session_id)
+                self._cache.move_to_end(session_id)
+                while len(self._cache) > self.keep:
+                    self._cache.popitem(last=False)
+            lo = bisect.bisect_left(tl.seqs, th.next_seq)
+            th.extend(tl.events[lo:])
+        return th
+
+
 def _host_of(header: str) -> str | None:
     """The host part of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``),
     lower case, IPv6 without brackets; ``None`` if it is malformed."""
@@ -349,6 +395,7 @@ def create_app(
         store = ReadOnlyStore(store)
     index = SessionIndex(store)
     timelines = Timelines(store)
+    threads = Threads(timelines)
     label = where or store.where
 
     async def api(work: Callable[[], Any]) -> Response:
@@ -356,7 +403,7 @@ def create_app(
             return JSONResponse(await run_in_threadpool(work))
         except _BadRequest as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
-        except _NoSession as exc:
+        except (_NoSession, NoCheckpoint) as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
         except StoreError as exc:
             return JSONResponse({"error": f"the store failed: {exc}"}, status_code=503)
@@ -461,6 +508,23 @@ def create_app(
 
         return await api(work)
 
+    async def langgraph_api(request: Request) -> Response:
+        def work() -> Any:
+            th = threads.get(_session_id(request))
+            return {**th.summary(), "rows": th.tree(), "store": label}
+
+        return await api(work)
+
+    async def langgraph_messages_api(request: Request) -> Response:
+        def work() -> Any:
+            th = threads.get(_session_id(request))
+            params = request.query_params
+            cid = params.get("checkpoint") or None
+            channel = params.get("channel") or MESSAGES
+            return th.messages(params.get("ns", ""), cid, channel)
+
+        return await api(work)
+
     async def live_api(request: Request) -> Response:
         try:
             sid = _session_id(request)
@@ -536,6 +600,8 @@ def create_app(
         Route("/api/event", event_api),
         Route("/api/surface", surface_api),
         Route("/api/live", live_api),
+        Route("/api/langgraph", langgraph_api),
+        Route("/api/langgraph/messages", langgraph_messages_api),
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Mount(
             "/static", app=StaticFiles(packages=[("nous_actor.viewer", "static")]), name="static"
@@ -549,6 +615,7 @@ def create_app(
     )
     app.state.store = store
     app.state.timelines = timelines
+    app.state.threads = threads
     return app
 
 

@@ -29,6 +29,7 @@ from typing import Any, Final
 from nous_actor.core.codec import event_to_dict
 from nous_actor.core.event import SURFACE_TYPES, Event, EventType, project
 from nous_actor.core.message import tool_call_parts
+from nous_actor.viewer.langgraph import is_record
 
 __all__ = ["MAX_LANES", "Span", "Timeline"]
 
@@ -123,6 +124,7 @@ class Timeline:
         self.compactions: list[int] = []
         self.turn_starts: list[int] = []
         self._count = 0
+        self.langgraph = 0  # records of the LangGraph checkpointer
         self._as_of_cache: tuple[int, int, list[dict[str, Any]], int] | None = None
         self.extend(events)
 
@@ -176,6 +178,8 @@ class Timeline:
             forked = ev.data.get("forked_from")
             if isinstance(forked, Mapping):
                 self.forked_from = dict(forked)
+        if is_record(ev):
+            self.langgraph += 1
         if ev.type is EventType.STEP_END and ev.data.get("step") == "compaction":
             self.compactions.append(ev.seq)
         if op is not None:
@@ -256,6 +260,7 @@ class Timeline:
                 "surface_events": visible,
                 "shadowed": sum(1 for sh in self.first_shadow if sh >= 0),
                 "forked_from": self.forked_from,
+                "langgraph": self.langgraph,
             }
 
     def rows(self, lo: int, hi: int) -> list[dict[str, Any]]:
