@@ -3,7 +3,9 @@
 // first (/api/tail: they do not wait for the whole timeline, which the server reads
 // meanwhile), then only the rows in view (fetched a chunk at a time from /api/rows), the
 // spans over them (/api/spans), the surface as of a seq (/api/surface), one event's audit
-// (/api/event), and follows the session live (/api/live, server-sent events).
+// (/api/event), and follows the session live (/api/live, server-sent events). A session
+// that keeps a LangGraph thread also has a LangGraph view: its checkpoints as a tree
+// (/api/langgraph) and a chosen checkpoint's messages (/api/langgraph/messages).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -381,6 +383,9 @@ async function loadMeta() {
     fork.append(document.createTextNode("forked from "), a,
       document.createTextNode(` through seq ${meta.forked_from.through_seq}`));
   }
+  const toggle = $("lg-toggle");
+  toggle.hidden = !meta.langgraph;
+  if (meta.langgraph) toggle.textContent = lg.open ? "Timeline view" : "LangGraph view";
   $("spacer").style.height = meta.rows * ROW + "px";
   const last = meta.next_seq - 1;
   for (const id of ["asof-range", "asof-seq"]) $(id).max = last;
@@ -402,6 +407,7 @@ function follow() {
     if ($("follow").checked) scrollToRow(view.meta.rows - 1, true);
     renderNow();
     if (view.asOf === null) loadSurface();
+    if (lg.open) loadThread();
     setStatus(`live: seq ${next - 1}`, true);
   };
 }
@@ -457,7 +463,137 @@ async function startSession() {
   if ($("follow").checked) scrollToRow(view.meta.rows - 1, true);
   renderNow();
   loadSurface();
+  $("lg-toggle").addEventListener("click", () => showLangGraph(!lg.open));
+  if (view.meta.langgraph && location.hash === "#langgraph") showLangGraph(true);
   follow();
+}
+
+// -- a LangGraph thread -------------------------------------------------------------------
+
+const lg = { open: false, ns: "", checkpoint: null, asked: 0 };
+
+function showLangGraph(open) {
+  lg.open = open;
+  $("lg-view").hidden = !open;
+  $("timeline-split").hidden = open;
+  $("asof-tools").hidden = open;
+  $("lg-toggle").textContent = open ? "Timeline view" : "LangGraph view";
+  history.replaceState(null, "", open ? "#langgraph" : location.pathname + location.search);
+  if (open) loadThread();
+  else render();
+}
+
+function short(id) {
+  return id && id.length > 13 ? "…" + id.slice(-12) : id || "";
+}
+
+async function loadThread() {
+  let body;
+  try {
+    body = await getJSON("/api/langgraph", { id: view.id });
+  } catch (err) {
+    setStatus("error: " + err.message);
+    return;
+  }
+  const hidden = body.hidden ? `, ${body.hidden} hidden from LangGraph (kept)` : "";
+  $("lg-title").textContent =
+    `Thread ${body.thread_id ?? body.session_id}: ${body.checkpoints} checkpoints, ` +
+    `${body.forks} fork(s)${hidden}`;
+  const ol = $("lg-checkpoints");
+  const out = [];
+  let ns = null;
+  for (const r of body.rows) {
+    if (r.ns !== ns) {
+      ns = r.ns;
+      out.push(el("li", "lg-ns", ns === "" ? "graph" : "subgraph " + ns));
+    }
+    const li = el("li", "lg-cp");
+    li.dataset.id = r.id;
+    li.dataset.ns = r.ns;
+    li.style.paddingLeft = 8 + r.depth * 18 + "px";
+    if (r.depth) li.classList.add("branch");
+    if (r.gone) li.classList.add("gone");
+    if (r.head) li.classList.add("head");
+    if (r.id === lg.checkpoint && r.ns === lg.ns) li.classList.add("selected");
+    const id = el("span", "lg-id", short(r.id));
+    id.title = r.id;
+    li.append(id);
+    const step = r.step === null ? "" : `step ${r.step}`;
+    li.append(el("span", "lg-step", [step, r.source].filter(Boolean).join(" · ")));
+    li.append(el("span", "lg-count", r.messages === null ? "" : `${r.messages} msg`));
+    if (r.head) li.append(el("span", "badge head", "head"));
+    if (r.fork) li.append(el("span", "badge fork", `fork ×${r.children}`));
+    if (r.gone) {
+      const b = el("span", "badge gone", r.gone);
+      b.title = `hidden from LangGraph by seq ${r.gone_at}; kept in the log`;
+      li.append(b);
+    }
+    li.addEventListener("click", () => loadMessages(r.ns, r.id));
+    out.push(li);
+  }
+  ol.replaceChildren(...out);
+  if (lg.checkpoint === null || lg.checkpoint === lg.head) {
+    lg.head = body.head;
+    loadMessages("", null);
+  } else {
+    lg.head = body.head;
+  }
+}
+
+async function loadMessages(ns, checkpoint) {
+  const params = { id: view.id, ns };
+  if (checkpoint) params.checkpoint = checkpoint;
+  const asked = ++lg.asked;
+  let body;
+  try {
+    body = await getJSON("/api/langgraph/messages", params);
+  } catch (err) {
+    if (checkpoint === null) {  // no head (the thread was deleted): nothing to show yet
+      $("lg-messages-title").textContent = "Messages: " + err.message;
+      $("lg-messages").replaceChildren();
+      return;
+    }
+    setStatus("error: " + err.message);
+    return;
+  }
+  if (asked !== lg.asked) return;  // another checkpoint was chosen meanwhile
+  const cp = body.checkpoint;
+  lg.ns = cp.ns;
+  lg.checkpoint = cp.id;
+  for (const li of document.querySelectorAll("#lg-checkpoints .lg-cp")) {
+    li.classList.toggle("selected", li.dataset.id === cp.id && li.dataset.ns === cp.ns);
+  }
+  $("lg-messages-title").textContent =
+    `${body.channel} at checkpoint ${short(cp.id)}${cp.head ? " (head)" : ""}: ` +
+    `${body.messages.length} message(s)`;
+  const facts = [`id ${cp.id}`, `seq ${cp.seq}`, cp.time];
+  if (cp.step !== null) facts.push(`step ${cp.step}`);
+  if (cp.source) facts.push(cp.source);
+  if (cp.parent) facts.push(`parent ${short(cp.parent)}`);
+  if (cp.writes) facts.push(`${cp.writes} pending write(s)`);
+  if (cp.gone) facts.push(`${cp.gone} at seq ${cp.gone_at} (kept in the log)`);
+  if (body.partial) facts.push("an ancestor's record is missing: earlier messages are not shown");
+  if (!body.present) facts.push(`no ${body.channel} channel here`);
+  $("lg-cp").textContent = facts.join(" · ");
+  const out = [];
+  for (const m of body.messages) {
+    const li = el("li", "lg-msg");
+    li.dataset.type = m.type;
+    li.dataset.index = m.index;
+    const head = el("div", "lg-msg-head");
+    head.append(el("span", "role", m.name ? `${m.type} (${m.name})` : m.type));
+    if (m.tool_call_id) head.append(el("span", "lg-meta", `result of ${m.tool_call_id}`));
+    const by = el("span", "lg-meta", `added at ${short(m.added_by)}`);
+    by.title = m.added_by;
+    head.append(by);
+    li.append(head);
+    if (m.content) li.append(el("div", m.opaque ? "lg-content opaque" : "lg-content", m.content));
+    for (const c of m.tool_calls) {
+      li.append(el("div", "lg-call", `→ ${c.name}(${JSON.stringify(c.args)})` + (c.id ? `  [${c.id}]` : "")));
+    }
+    out.push(li);
+  }
+  $("lg-messages").replaceChildren(...out);
 }
 
 if (document.body.dataset.view === "session") startSession();
