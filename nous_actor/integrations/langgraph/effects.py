@@ -14,7 +14,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
-from nous_actor.errors import TurnInterrupted
+from nous_actor.errors import SessionStopped, TurnInterrupted
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import Turn
@@ -66,7 +66,7 @@ class OpenTurn:
 @dataclass(frozen=True, slots=True)
 class CloseTurn:
     """Close ``turn`` (as failed, with ``how: "failed"``, when ``failed``); a turn that
-    ended already closes quietly."""
+    ended already (its session restarted or moved meanwhile) closes quietly."""
 
     turn: Turn
     failed: bool = False
@@ -86,8 +86,8 @@ def _close(turn: Turn, failed: bool) -> None:
         return
     try:
         turn.close()
-    except TurnInterrupted:
-        pass  # ended already (taken by another run, expired, a restart)
+    except (TurnInterrupted, SessionStopped):
+        pass  # ended already (taken by another run, expired, a restart, its holder gone)
 
 
 async def _aclose(turn: Turn, failed: bool) -> None:
@@ -96,7 +96,7 @@ async def _aclose(turn: Turn, failed: bool) -> None:
         return
     try:
         await turn.aclose()
-    except TurnInterrupted:
+    except (TurnInterrupted, SessionStopped):
         pass
 
 

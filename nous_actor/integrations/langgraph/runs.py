@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from nous_actor.errors import TurnInterrupted
+from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.turn_handle import Turn
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class Run:
     inflight: int = 0
     end_at: str | None = None  # the root checkpoint whose storing ends the run
     stored: set[str] = field(default_factory=set)  # root checkpoints it stored
+    reopening: SessionFuture[None] | None = None  # its turn being opened again, if it is
 
 
 class Runs:
@@ -206,14 +208,32 @@ class Runs:
             run.turn = turn
             self._open.setdefault(run.key, []).append(turn)
 
-    def reopened(self, run: Run, turn: Turn) -> None:
-        """``run``'s turn, ended by a restart of its session, is open again as ``turn``."""
+    def claim_reopen(self, run: Run, ended: Turn, bound: float) -> SessionFuture[None] | None:
+        """The future that says when ``run``'s turn ``ended`` is open again: a new one if
+        this caller is to open it (then it is ``run.reopening``, and this caller must
+        call `reopened`), else None (another call of the run opens it, or has)."""
         with self._lock:
-            held = self._open.get(run.key)
-            if held is not None and run.turn in held:
-                held.remove(run.turn)
-            run.turn = turn
-            self._open.setdefault(run.key, []).append(turn)
+            if run.reopening is not None or run.turn is not ended:
+                return None
+            run.reopening = SessionFuture(run.key, bound)
+            return run.reopening
+
+    def reopened(self, run: Run, turn: Turn | None, error: BaseException | None = None) -> None:
+        """``run``'s turn, ended by a restart of its session, is open again as ``turn``
+        (None: it could not be, ``error`` says why); the calls waiting for it go on."""
+        with self._lock:
+            waiting, run.reopening = run.reopening, None
+            if turn is not None:
+                held = self._open.get(run.key)
+                if held is not None and run.turn in held:
+                    held.remove(run.turn)
+                run.turn = turn
+                self._open.setdefault(run.key, []).append(turn)
+        if waiting is not None:
+            if error is None:
+                waiting.set(None)
+            else:
+                waiting.set_exception((type(error), error, error.__traceback__))
 
     def writer(self, key: str, run: Run | None) -> Turn | None:
         """The turn a write of ``run`` to thread ``key`` goes through (None: the plain

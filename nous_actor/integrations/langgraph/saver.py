@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Any, Final, cast
 
 from nous_actor.core.event import EventType
-from nous_actor.errors import ConflictError, TurnBusy, TurnInterrupted
+from nous_actor.errors import ConflictError, SessionCrashed, TurnInterrupted
 from nous_actor.integrations.langgraph.codec import decode, encode
 from nous_actor.integrations.langgraph.effects import (
     CloseTurn,
@@ -466,9 +466,19 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
             return thread
 
     def _catch_up(self, thread: ThreadLog, handle: Session) -> Op[None]:
-        events = yield handle.since(thread.next)
-        with thread.lock:
-            thread.ingest(events)
+        """Fold the events of ``thread`` past those folded; a read the session's holder
+        did not answer (it went away: the session moves) is made again, at most
+        `REOPENS` times."""
+        for attempt in range(REOPENS + 1):
+            try:
+                events = yield handle.since(thread.next)
+            except SessionCrashed:
+                if attempt == REOPENS:
+                    raise
+                continue
+            with thread.lock:
+                thread.ingest(events)
+            return
 
     def _read(self, key: str) -> Op[ThreadLog | None]:
         """The fold of thread ``key``, caught up with its session; None if it has no events
@@ -489,10 +499,17 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         records: builtins.list[dict[str, Any]],
         run: Run | None = None,
         times: builtins.list[datetime | None] | None = None,
+        thread: ThreadLog | None = None,
     ) -> Op[builtins.list[Any]]:
         """Append ``records`` as one batch (at ``times``, each None for now): through the
         turn ``run`` writes through (see `Runs.writer`), else through the plain handle
         (waiting for an open turn).
+
+        A batch whose session's holder went away before answering (the session moves;
+        the batch may or may not have been applied) is looked for in the session's log
+        (``thread``'s fold caught up): found, it is done (no events are returned);
+        else it is appended again. Records other than checkpoints are appended again
+        in any case (a write, a deletion or a prune applied twice changes nothing).
 
         A run's turn that a restart of the session ended (nothing of the write was
         applied) is opened again, refusing to wait (a run that took the thread
@@ -509,25 +526,46 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
             try:
                 events = yield (handle if turn is None else turn).append_many(items)
                 return cast(builtins.list[Any], events)
+            except SessionCrashed:
+                if attempt == REOPENS:
+                    raise
+                if thread is not None:
+                    yield from self._catch_up(thread, handle)
+                    cps = [(str(r["ns"]), str(r["id"])) for r in records if r[RECORD_KEY] == "cp"]
+                    with thread.lock:
+                        if cps and all(thread.has(ns, cid) for ns, cid in cps):
+                            return []
+                continue
             except TurnInterrupted as exc:
                 if not own or attempt == REOPENS:
                     self._runs.lost(run, exc)
                     raise
                 assert run is not None
+                assert turn is not None
+                pending = run.reopening
+                if pending is not None:  # another call of this run is opening it again
+                    try:
+                        yield pending
+                    except Exception:
+                        self._runs.lost(run, exc)
+                        raise exc from None
+                    continue
                 if run.turn is not turn:
                     continue  # another call of this run opened it again already
                 restarted = yield from self._ended_by_restart(handle, exc)
                 if not restarted:
                     self._runs.lost(run, exc)
                     raise
+                claimed = self._runs.claim_reopen(run, turn, self._runs.wait + handle.timeout)
+                if claimed is None:
+                    continue  # another call of this run claimed it meanwhile
                 again = handle.turn(
                     "reject", owner=run.owner, lease=self._runs.lease, timeout=self._runs.wait
                 )
                 try:
                     yield OpenTurn(again)
-                except TurnBusy as busy:
-                    if busy.holder == run.owner:
-                        continue  # another call of this run is opening it again
+                except Exception as refused:
+                    self._runs.reopened(run, None, refused)
                     self._runs.lost(run, exc)
                     raise exc from None
                 self._runs.reopened(run, again)
@@ -731,7 +769,9 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 run_id if isinstance(run_id, str) else None,
                 None if parent is None else partial(thread.written, ns, parent),
             )
-        events = yield from self._append(key, handle, [record], run, [time_of(checkpoint["ts"])])
+        events = yield from self._append(
+            key, handle, [record], run, [time_of(checkpoint["ts"])], thread
+        )
         cid = str(checkpoint["id"])
         with thread.lock:
             thread.remember(ns, cid, state_of(checkpoint))
@@ -761,7 +801,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         try:
             handle = yield from self._handle(key)
             record = writes_record(self.serde, ns, cid, str(task_id), str(task_path), indexed)
-            events = yield from self._append(key, handle, [record], run)
+            events = yield from self._append(key, handle, [record], run, None, thread)
             with thread.lock:
                 thread.caught_up_with(events)
             if ns == "" and any(ch in (ERROR, INTERRUPT) for _, ch, _ in indexed):
