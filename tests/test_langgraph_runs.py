@@ -393,3 +393,17 @@ def test_the_saver_remembers_a_bounded_number_of_runs() -> None:
     assert len(runs._runs) <= RUNS_KEPT
     assert busy is not None
     assert any(r is busy for r in runs._runs.values())
+
+
+def test_concurrent_runs_take_turns_on_postgres(pg_stores: Any) -> None:
+    """The same race on PostgreSQL: the second run waits for the first, both are kept."""
+
+    async def main() -> list[str]:
+        store = pg_stores()
+        async with Sessions(store, timeout=20) as sessions:
+            a, b, app = await two_runs(NousCheckpointSaver(sessions), None)
+            assert not isinstance(a, BaseException)
+            assert not isinstance(b, BaseException)
+            return texts(await app.aget_state(cfg()))
+
+    assert run(main()) == ["one", "re: one", "two", "re: two"]
