@@ -613,3 +613,43 @@ def test_bench_runs_the_suite_of_the_checkout(tmp_path: Path) -> None:
     done = run("bench", "--", "--list", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "processes.mix" in done.stdout
+
+
+def test_langgraph_shows_a_thread_s_checkpoints_and_messages(tmp_path: Path) -> None:
+    """``langgraph`` prints the checkpoint tree (the fork and the head marked) and the head's
+    messages, or those of ``--checkpoint``, as ``--json`` too; a thread that is not there,
+    a session that is no thread and an unknown checkpoint are one clear line each."""
+    pytest.importorskip("langgraph", reason="the thread is written by the LangGraph saver")
+    from test_viewer_langgraph import write_thread
+
+    db = tmp_path / "thread.db"
+    listed = write_thread(db)
+    head = listed[0][0]
+    out = run("langgraph", str(db), "chat")
+    assert out.returncode == 0, out.stderr
+    assert f"head {head}" in out.stdout
+    assert "fork x2" in out.stdout
+    assert '-> add({"a": 2, "b": 3})' in out.stdout
+    assert out.stdout.rstrip().endswith("echo: a branch")
+    earlier, held = listed[-3]
+    out = run("langgraph", str(db), "langgraph/chat", "--checkpoint", earlier, "--json")
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert [m["content"] for m in body["messages"]] == held
+    assert body["checkpoint"]["id"] == earlier
+    assert {r["id"] for r in body["checkpoints"]} == {cid for cid, _ in listed}
+    assert body["thread"]["forks"] == 1
+    store = SQLiteStore(db)
+    try:
+        plain = Log().append("user_message", {"content": "hi"}).events()
+        assert store.write({"langgraph/plain": plain}) == {}
+    finally:
+        store.close()
+    for args, words in [
+        (("other",), "no LangGraph thread 'other'"),
+        (("plain",), "'langgraph/plain' holds no LangGraph checkpoint"),
+        (("langgraph/chat", "--checkpoint", "nope"), "no checkpoint 'nope'"),
+    ]:
+        out = run("langgraph", str(db), *args)
+        assert out.returncode == 1, out.stdout
+        one_error_line(out.stderr, *words.split())

@@ -1,5 +1,6 @@
-"""The commands that look inside a store: ``sessions``, ``show``, ``export``, ``audit``
-and ``serve`` (a read-only web page)."""
+"""The commands that look inside a store: ``sessions``, ``show``, ``export``, ``audit``,
+``langgraph`` (a LangGraph thread's checkpoints and messages) and ``serve`` (a read-only
+web page)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from nous_actor.cli._console import (
     _emit,
     _event_rows,
     _fail,
+    _json_text,
     _note,
     _out,
     _short,
@@ -104,6 +106,109 @@ def cmd_audit(args: argparse.Namespace) -> int:
             f"pruned {c['pruned']}, summarised {c['summarised']}"
         )
     _emit(args, info, "\n".join(lines))
+    return 0
+
+
+def _marks(row: dict[str, Any]) -> str:
+    marks = []
+    if row.get("head"):
+        marks.append("head")
+    if row["fork"]:
+        marks.append(f"fork x{row['children']}")
+    if row["gone"]:
+        marks.append(f"{row['gone']} at seq {row['gone_at']}")
+    return ", ".join(marks)
+
+
+def _said(message: dict[str, Any]) -> str:
+    """A LangGraph message's content, then its tool calls (``-> name(args)``)."""
+    parts = [message["content"]] if message["content"] else []
+    calls = [f"{c['name']}({_json_text(c['args'])})" for c in message["tool_calls"]]
+    if calls:
+        parts.append("-> " + ", ".join(calls))
+    if message["tool_call_id"]:
+        parts.insert(0, f"[{message['tool_call_id']}]")
+    return " ".join(parts)
+
+
+def cmd_langgraph(args: argparse.Namespace) -> int:
+    try:  # the viewer's reader of the records (the serve extra), not the adapter
+        from nous_actor.viewer.langgraph import NoCheckpoint, read_thread, session_of
+    except ImportError as exc:  # says which extra to install
+        _fail(str(exc))
+    try:
+        sid = session_of(args.thread)
+    except ValueError as exc:
+        _fail(str(exc))
+    store = _open_existing(args.db, args.schema)
+    events = store.load(sid)
+    if not events:
+        _fail(
+            f"no LangGraph thread {args.thread!r} in {_where(store)}: it has no session "
+            f"{sid!r} ('nous-actor sessions' lists the sessions; a thread's starts with "
+            "langgraph/)"
+        )
+    thread = read_thread(sid, events)
+    if not thread.records:
+        _fail(
+            f"session {sid!r} holds no LangGraph checkpoint (no record of the LangGraph "
+            f"checkpointer); 'nous-actor show {args.db} {sid}' shows its messages"
+        )
+    try:
+        shown = thread.messages(args.ns, args.checkpoint, args.channel)
+    except NoCheckpoint as exc:
+        _fail(str(exc))
+    info = thread.summary()
+    rows = thread.tree()
+    payload = {"thread": info, "checkpoints": rows, **shown}
+    several = len(info["namespaces"]) > 1
+    table = _table(
+        [*(["ns"] if several else []), "checkpoint", "step", "source", "msgs", "marks"],
+        [
+            [
+                *([r["ns"]] if several else []),
+                "  " * r["depth"] + r["id"],
+                "" if r["step"] is None else r["step"],
+                r["source"] or "",
+                "?" if r["messages"] is None else r["messages"],
+                _marks(r),
+            ]
+            for r in rows
+        ],
+    )
+    cp = shown["checkpoint"]
+    hidden = f", {info['hidden']} hidden from LangGraph (kept)" if info["hidden"] else ""
+    lines = [
+        f"thread {info['thread_id'] or sid}: {info['checkpoints']} checkpoints, "
+        f"{info['forks']} fork(s){hidden}; head {info['head'] or '(none)'}",
+        "",
+        table,
+        "",
+        f"{shown['channel']} at checkpoint {cp['id']}"
+        + (f" (namespace {cp['ns']!r})" if cp["ns"] else "")
+        + (" (head)" if cp["head"] else "")
+        + (f", {cp['gone']} at seq {cp['gone_at']}" if cp["gone"] else "")
+        + f": {len(shown['messages'])} message(s)",
+    ]
+    if shown["partial"]:
+        lines.append("(an ancestor's record is missing: earlier messages are not shown)")
+    if not shown["present"]:
+        lines.append(f"(no {shown['channel']} channel at this checkpoint)")
+    if shown["messages"]:
+        lines.append(
+            _table(
+                ["#", "type", "content"],
+                [
+                    [
+                        m["index"],
+                        m["type"],
+                        _short(_said(m), 90),
+                    ]
+                    for m in shown["messages"]
+                ],
+            )
+        )
+    _emit(args, payload, "\n".join(lines))
     return 0
 
 

@@ -12,7 +12,7 @@ This module parses the arguments and runs a command (`main`); the rest of the
 package, each module importing only those above it: ``_console`` (failing, the
 standard streams, output, logging), ``_stores`` (opening the store a command
 names), then the commands: ``_run`` (demo, tour, bench), ``_reading``
-(sessions, show, export, audit, serve) and ``_writing`` (import, fork,
+(sessions, show, export, audit, langgraph, serve) and ``_writing`` (import, fork,
 snapshot).
 """
 
@@ -28,6 +28,7 @@ from nous_actor.cli._console import _closed_standard_fds as _closed_standard_fds
 from nous_actor.cli._console import _configure_logging, _err, _fail, _Failure, _Held, _PipeClosed
 from nous_actor.cli._reading import cmd_audit as cmd_audit
 from nous_actor.cli._reading import cmd_export as cmd_export
+from nous_actor.cli._reading import cmd_langgraph as cmd_langgraph
 from nous_actor.cli._reading import cmd_serve as cmd_serve
 from nous_actor.cli._reading import cmd_sessions as cmd_sessions
 from nous_actor.cli._reading import cmd_show as cmd_show
@@ -142,6 +143,20 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("session_id")
     a.add_argument("seq", type=_seq)
     a.set_defaults(func=cmd_audit)
+
+    lg = add("langgraph", "show a LangGraph thread: its checkpoints as a tree, and messages")
+    _db_argument(lg)
+    lg.add_argument("thread", help="the thread id (or its session id, langgraph/...)")
+    lg.add_argument(
+        "--checkpoint",
+        metavar="ID",
+        help="whose messages to show (default: the head, the latest LangGraph still sees)",
+    )
+    lg.add_argument(
+        "--ns", default="", help="the checkpoint namespace (a subgraph's; default the graph's)"
+    )
+    lg.add_argument("--channel", default="messages", help="the channel (default messages)")
+    lg.set_defaults(func=cmd_langgraph)
 
     v = add("serve", "a local, read-only web page of the store's sessions", json_flag=False)
     _db_argument(v)
