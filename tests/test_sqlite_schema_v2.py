@@ -1,5 +1,6 @@
 """SQLiteStore schema version 2: the address a claim's holder advertised, the store's
-forwarding key, and the migration of a version-1 store.
+forwarding key, and the migration of a version-1 store (now to version 3, through
+version 2's statements: tests/test_sqlite_schema_v3.py has version 3's own).
 
 A version-1 store is made here with the DDL of the releases before version 2
 (`V1_SCHEMA`, copied: it is their layout, kept as it was) and filled with events,
@@ -141,10 +142,15 @@ def dump(path: Path) -> dict[str, Any]:
 
 
 def migrated(before: dict[str, Any]) -> dict[str, Any]:
-    """What a version-1 file's dump becomes once migrated (objects aside)."""
-    after = dict(before, version=2, keys=[])
+    """What a version-1 file's dump becomes once migrated to version 3 (objects aside):
+    the claims without an address, the sessions numbered in the order of their ids, each
+    event row under its session's number."""
+    after = dict(before, version=SCHEMA_VERSION, keys=[])
     after["writers"] = [(*row, None) for row in before["writers"]]
-    del after["objects"]
+    numbers = {sid: n for n, sid in enumerate(sorted({r[0] for r in before["events"]}), 1)}
+    after["sessions"] = sorted(((n, sid) for sid, n in numbers.items()), key=repr)
+    after["event_rows"] = sorted(((numbers[r[0]], *r[1:]) for r in before["events"]), key=repr)
+    del after["objects"], after["events"]
     return after
 
 
@@ -281,12 +287,13 @@ for line in sys.stdin:
 # -- a new store ------------------------------------------------------------------------------
 
 
-def test_a_new_store_is_made_at_schema_version_2(tmp_path: Path) -> None:
-    """A new store is made at version 2 directly: the address column, the keys table."""
+def test_a_new_store_is_made_with_version_2s_columns(tmp_path: Path) -> None:
+    """A new store is made at the current version directly, with what version 2 added:
+    the address column, the keys table."""
     path = tmp_path / "new.db"
     SQLiteStore(path).close()
-    assert SCHEMA_VERSION == 2
-    assert dump(path)["version"] == 2
+    assert SCHEMA_VERSION == 3
+    assert dump(path)["version"] == 3
     assert columns(path, "writers") == ["session_id", "pid", "token", "since", "address"]
     assert columns(path, "keys") == ["name", "value"]
     assert dump(path)["keys"] == []  # the key is made by the first process that asks
@@ -365,11 +372,11 @@ def test_a_v1_store_without_application_id_is_migrated(tmp_path: Path) -> None:
     with SQLiteStore(path) as store:
         assert store.load("s") == [ev(0)]
         store.claim("s")
-    assert (dump(path)["version"], dump(path)["app"]) == (2, APPLICATION_ID)
+    assert (dump(path)["version"], dump(path)["app"]) == (3, APPLICATION_ID)
 
 
 def test_a_migrated_store_reopens_as_it_is(tmp_path: Path) -> None:
-    """Opening a migrated store writes nothing: it is a whole store of version 2, and its
+    """Opening a migrated store writes nothing: it is a whole store of version 3, and its
     layout (the writers table's SQL as ALTER TABLE left it) is ours."""
     path = tmp_path / "v1.db"
     make_v1_store(path, {"s": [ev(0)]})
@@ -414,20 +421,22 @@ KILL_POINTS = {
     # the first statement after its COMMIT.
     "before-alter": ("ALTER TABLE writers ADD COLUMN address", 1),
     "after-alter": ("CREATE TABLE IF NOT EXISTS keys", 1),
-    "after-keys": ("CREATE TABLE IF NOT EXISTS events", 1),
+    "after-keys": ("CREATE TABLE IF NOT EXISTS sessions", 1),
+    "before-copy": ("INSERT INTO event_rows", 1),
+    "before-drop": ("DROP TABLE events", 1),
     "before-marks": ("PRAGMA application_id = ", 1),
-    "before-version": ("PRAGMA user_version = 2", 1),
+    "before-version": ("PRAGMA user_version = 3", 1),
     "before-commit": ("COMMIT", 1),
     "after-commit": ("PRAGMA journal_mode", 2),
 }
 
 
 @pytest.mark.parametrize("point", KILL_POINTS, ids=KILL_POINTS.keys())
-def test_sigkill_mid_migration_leaves_a_whole_v1_or_v2_store(
+def test_sigkill_mid_migration_leaves_a_whole_v1_or_v3_store(
     tmp_path: Path, children: list[Child], live_pid: int, point: str
 ) -> None:
     """A process SIGKILLed inside the migration's transaction leaves the file wholly at
-    version 1 (killed after COMMIT: wholly at version 2), and it opens again, migrated,
+    version 1 (killed after COMMIT: wholly at version 3), and it opens again, migrated,
     with every row as it was."""
     stop_at, expected = KILL_POINTS[point]
     path = tmp_path / "v1.db"
@@ -460,22 +469,22 @@ def test_sigkill_mid_migration_leaves_a_whole_v1_or_v2_store(
 
 @pytest.mark.parametrize("with_table", [False, True], ids=["same-tables", "a-new-table"])
 @pytest.mark.parametrize("how", ["create", "existing", "read-only"])
-def test_a_version_3_store_is_refused_unchanged(
+def test_a_version_4_store_is_refused_unchanged(
     tmp_path: Path, with_table: bool, how: str
 ) -> None:
-    """A store of ours at version 3 (a newer release's, with a table of its own or not) is
+    """A store of ours at version 4 (a newer release's, with a table of its own or not) is
     refused with an upgrade hint, and left byte for byte as it was (opened read-only: the
     database file byte for byte)."""
     folder = tmp_path / "db"
     folder.mkdir()
-    path = folder / "v3.db"
+    path = folder / "v4.db"
     with SQLiteStore(path) as store:
         store.write({"s": [ev(0)]})
         store.claim("s")
     with raw(path) as conn:
         if with_table:
             conn.execute("CREATE TABLE later_things (body TEXT)")
-        conn.execute("PRAGMA user_version = 3")
+        conn.execute("PRAGMA user_version = 4")
     before = files(folder)
 
     def open_it() -> None:
@@ -484,12 +493,12 @@ def test_a_version_3_store_is_refused_unchanged(
         else:
             SQLiteStore(path, create=how == "create").close()
 
-    with pytest.raises(StoreError, match=r"schema version 3.*upgrade nous_actor"):
+    with pytest.raises(StoreError, match=r"schema version 4.*upgrade nous_actor"):
         open_it()
     after = files(folder)
     if how == "read-only":  # a read-only connection leaves SQLite's empty WAL and its index
-        assert after.pop("v3.db-wal", b"") == b""
-        after.pop("v3.db-shm", None)
+        assert after.pop("v4.db-wal", b"") == b""
+        after.pop("v4.db-shm", None)
     assert after == before
 
 
@@ -703,7 +712,7 @@ def test_a_read_only_opening_of_a_v1_store_writes_nothing_and_reads_on_after_mig
 ) -> None:
     """A read-only opening (the viewer's) of a version-1 store reads it as it is, writes
     nothing and refuses a write without failing; once another process has migrated the
-    file under it, it reads version 2 (the address advertised with a claim)."""
+    file under it, it reads version 3 (the address advertised with a claim)."""
     folder = tmp_path / "db"
     folder.mkdir()
     path = folder / "v1.db"
@@ -735,7 +744,7 @@ def test_a_read_only_opening_of_a_v1_store_writes_nothing_and_reads_on_after_mig
         assert viewer.load("s") == [ev(0)]
         key = bytes.fromhex(child.ask("key", "key ").split()[1])
         assert inner.forwarding_key() == key
-    assert dump(path)["version"] == 2
+    assert dump(path)["version"] == 3
 
 
 V1_PROCESS = """
@@ -793,11 +802,11 @@ def test_a_v1_release_process_refuses_to_write_once_another_migrated_the_store(
     children.append(old)
     old.expect("ready")
     with SQLiteStore(path) as store:
-        assert dump(path)["version"] == 2
+        assert dump(path)["version"] == 3
         assert store.holder_address("s") == (f"process {old.pid}", None)
         old.send("write")
         refused = old.expect("refused ")
-        assert "now has schema version 2" in refused
+        assert "now has schema version 3" in refused
         assert "upgrade nous_actor" in refused
         assert old.expect("held_by ") == "held_by this process"
         assert store.load("s") == [ev(0)]

@@ -389,7 +389,7 @@ def test_a_store_half_made_by_an_older_release_is_completed(tmp_path: Path) -> N
         store.claim("s")
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x6E6F7573
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     conn.close()
 
 

@@ -205,11 +205,17 @@ def test_an_unknown_durability_is_a_value_error(path: Path) -> None:
 
 
 def test_the_primary_key_is_session_and_seq(store: SQLiteStore, path: Path) -> None:
-    """The events table's PRIMARY KEY is (session_id, seq), in that order."""
+    """The events' PRIMARY KEY is (session, seq), in that order: the session's number,
+    its id UNIQUE in the sessions table."""
     with raw(path) as conn:
-        cols = conn.execute("PRAGMA table_info(events)").fetchall()
+        cols = conn.execute("PRAGMA table_info(event_rows)").fetchall()
+        unique = conn.execute(
+            "SELECT il.name FROM pragma_index_list('sessions') AS l, "
+            'pragma_index_info(l.name) AS il WHERE l."unique"'
+        ).fetchall()
     pk = sorted((c[5], c[1]) for c in cols if c[5])
-    assert [name for _, name in pk] == ["session_id", "seq"]
+    assert [name for _, name in pk] == ["session", "seq"]
+    assert unique == [("session_id",)]
 
 
 def test_the_database_itself_refuses_a_duplicate_seq(store: SQLiteStore, path: Path) -> None:
@@ -540,10 +546,10 @@ def test_an_in_memory_store_is_not_a_file(tmp_path: Path, monkeypatch: pytest.Mo
 # -- schema objects we did not make; the schema version in every write (issue 30, item 6) ----
 
 EXTRA_OBJECTS = {
-    "trigger": "CREATE TRIGGER rewrite AFTER INSERT ON events BEGIN "
-    "UPDATE events SET data = '{}' WHERE session_id = new.session_id AND seq = new.seq; END",
+    "trigger": "CREATE TRIGGER rewrite AFTER INSERT ON event_rows BEGIN "
+    "UPDATE event_rows SET data = '{}' WHERE session = new.session AND seq = new.seq; END",
     "view": "CREATE VIEW recent AS SELECT * FROM events",
-    "index": "CREATE INDEX by_type ON events (type)",
+    "index": "CREATE INDEX by_type ON event_rows (type)",
     "table": "CREATE TABLE notes (body TEXT)",
     "events-trigger-on-writers": "CREATE TRIGGER gone AFTER DELETE ON writers BEGIN "
     "DELETE FROM events; END",
@@ -597,10 +603,10 @@ def test_a_write_after_another_process_bumps_the_schema_version_is_refused(path:
     with SQLiteStore(path) as store:
         store.write({"s": [ev(0)]})
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
-            other.execute("PRAGMA user_version = 3")
-        with pytest.raises(StoreError, match=r"schema version 3.*upgrade nous_actor"):
+            other.execute("PRAGMA user_version = 4")
+        with pytest.raises(StoreError, match=r"schema version 4.*upgrade nous_actor"):
             store.write({"s": [ev(1)], "t": [ev(0)]})
-        with pytest.raises(StoreError, match="schema version 3"):
+        with pytest.raises(StoreError, match="schema version 4"):
             store.claim("u")
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
             rows = other.execute("SELECT session_id, seq FROM events ORDER BY 1, 2").fetchall()

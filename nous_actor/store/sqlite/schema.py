@@ -5,7 +5,7 @@ opening one (looking before writing).
 by the store's connection, `connection._Connection`) opens a path, refuses a
 file that is not a store before anything is written to it, writes the schema
 and the file's marks in one transaction where a new store is made (or a store
-of schema version 1 is migrated to version 2), and tells, at each write,
+of schema version 1 or 2 is migrated to version 3), and tells, at each write,
 whether the file is still one this process may write.
 """
 
@@ -21,9 +21,9 @@ from typing import Final, Protocol
 
 from nous_actor.errors import StoreError
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 APPLICATION_ID: Final = 0x6E6F7573  # "nous": marks the file as a nous_actor store
-_EVENTS: Final = """CREATE TABLE IF NOT EXISTS events (
+_EVENTS_TABLE: Final = """CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL CHECK (seq >= 0),
     type TEXT NOT NULL,
@@ -31,26 +31,72 @@ _EVENTS: Final = """CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID"""
+"""The events table of versions 1 and 2: clustered on the session's id (text)."""
+_SESSIONS: Final = """CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL UNIQUE
+)"""
+"""Version 3: each session id that was ever written, numbered in the order sessions were
+first written. A number is never changed nor given to another id (a deleted session
+keeps its row), so a process may remember the numbers it has seen."""
+_EVENT_ROWS: Final = """CREATE TABLE IF NOT EXISTS event_rows (
+    session INTEGER NOT NULL,
+    seq INTEGER NOT NULL CHECK (seq >= 0),
+    type TEXT NOT NULL,
+    time TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (session, seq)
+) WITHOUT ROWID"""
+"""Version 3: the stored events, clustered on (session number, seq): a session's rows
+lie together (a whole-session read reads a few pages), a new session's rows go at the
+end of the tree (not into the middle of a big file), and a row is shorter by its id."""
+_EVENTS_VIEW: Final = """CREATE VIEW IF NOT EXISTS events (session_id, seq, type, time, data) AS
+SELECT s.session_id, e.seq, e.type, e.time, e.data
+FROM event_rows AS e JOIN sessions AS s ON s.id = e.session"""
+"""Version 3: the events by session id, as versions 1 and 2 stored them: every read
+(of this release or of a plain SQL client) reads either version's file alike."""
+_EVENTS_WRITES: Final = (
+    # Plain SQL that writes `events` (a tool, a repair by hand) writes the rows behind it:
+    # an insert numbers a new session, and an insert of a stored seq fails in SQLite.
+    """CREATE TRIGGER IF NOT EXISTS events_insert INSTEAD OF INSERT ON events BEGIN
+    INSERT OR IGNORE INTO sessions (session_id) VALUES (new.session_id);
+    INSERT INTO event_rows (session, seq, type, time, data) VALUES (
+        (SELECT id FROM sessions WHERE session_id = new.session_id),
+        new.seq, new.type, new.time, new.data);
+END""",
+    """CREATE TRIGGER IF NOT EXISTS events_update INSTEAD OF UPDATE ON events BEGIN
+    INSERT OR IGNORE INTO sessions (session_id) VALUES (new.session_id);
+    UPDATE event_rows SET
+        session = (SELECT id FROM sessions WHERE session_id = new.session_id),
+        seq = new.seq, type = new.type, time = new.time, data = new.data
+    WHERE session = (SELECT id FROM sessions WHERE session_id = old.session_id)
+        AND seq = old.seq;
+END""",
+    """CREATE TRIGGER IF NOT EXISTS events_delete INSTEAD OF DELETE ON events BEGIN
+    DELETE FROM event_rows
+    WHERE session = (SELECT id FROM sessions WHERE session_id = old.session_id)
+        AND seq = old.seq;
+END""",
+)
+_WRITERS: Final = """CREATE TABLE IF NOT EXISTS writers (
+    session_id TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    since TEXT NOT NULL,
+    address TEXT
+)"""
 _KEYS: Final = """CREATE TABLE IF NOT EXISTS keys (
     name TEXT PRIMARY KEY,
     value BLOB NOT NULL
 )"""
 """The store's secrets, by name: ``'forwarding'``, the key every process on the store
 shares (`SQLiteStore.forwarding_key`), made by the first process that asks."""
-_SCHEMA: Final = (
-    _EVENTS,
-    """CREATE TABLE IF NOT EXISTS writers (
-    session_id TEXT PRIMARY KEY,
-    pid INTEGER NOT NULL,
-    token TEXT NOT NULL,
-    since TEXT NOT NULL,
-    address TEXT
-)""",
-    _KEYS,
-)
-"""A new store's tables (schema version 2)."""
+_SCHEMA: Final = (_SESSIONS, _EVENT_ROWS, _EVENTS_VIEW, *_EVENTS_WRITES, _WRITERS, _KEYS)
+"""A new store's tables (schema version 3)."""
+_SCHEMA_V2: Final = (_EVENTS_TABLE, _WRITERS, _KEYS)
+"""The tables of schema version 2, as the releases of version 2 made them."""
 _SCHEMA_V1: Final = (
-    _EVENTS,
+    _EVENTS_TABLE,
     """CREATE TABLE IF NOT EXISTS writers (
     session_id TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,
@@ -59,13 +105,29 @@ _SCHEMA_V1: Final = (
 )""",
 )
 """The tables of schema version 1, as the releases before version 2 made them: a file
-holding them is ours, and is migrated (`_MIGRATION`) when opened for writing."""
-_MIGRATION: Final = (
-    # Version 1 to 2, in the one write transaction that also sets the version: the
-    # address where a claim's holder answers (NULL in the rows of version 1: none
-    # advertised), and the table of the store's secrets. Neither rewrites a row.
+holding them is ours, and is migrated (`_MIGRATION_V1`, `_MIGRATION_V2`) when opened
+for writing."""
+_MIGRATION_V1: Final = (
+    # Version 1 to 2: the address where a claim's holder answers (NULL in the rows of
+    # version 1: none advertised), and the table of the store's secrets. Neither
+    # rewrites a row.
     "ALTER TABLE writers ADD COLUMN address TEXT",
     _KEYS,
+)
+_MIGRATION_V2: Final = (
+    # Version 2 to 3: the sessions numbered in the order of their ids, every row copied
+    # under its session's number (read in key order, so written in key order: appended),
+    # the old table dropped and the view made in its place. In the one write transaction
+    # of `_Opening._create`: killed anywhere in it, the file is as it was.
+    _SESSIONS,
+    _EVENT_ROWS,
+    "INSERT INTO sessions (session_id) SELECT DISTINCT session_id FROM events ORDER BY session_id",
+    "INSERT INTO event_rows (session, seq, type, time, data) "
+    "SELECT s.id, e.seq, e.type, e.time, e.data "
+    "FROM sessions AS s JOIN events AS e ON e.session_id = s.session_id ORDER BY s.id, e.seq",
+    "DROP TABLE events",
+    _EVENTS_VIEW,
+    *_EVENTS_WRITES,
 )
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 _MADE_LATER: Final = (
@@ -108,7 +170,13 @@ change no row; a file holding them is still ours."""
 _LAYOUTS: Final = {
     1: (_SCHEMA_V1,),
     # Made new, or migrated from version 1 (ALTER TABLE rewrites the table's SQL text).
-    2: (_SCHEMA, (*_SCHEMA_V1, *_MIGRATION, *_SCHEMA)),
+    2: (_SCHEMA_V2, (*_SCHEMA_V1, *_MIGRATION_V1, *_SCHEMA_V2)),
+    # Made new, migrated from version 2, or from version 1 (as `_Opening._create` does).
+    3: (
+        _SCHEMA,
+        (*_SCHEMA_V2, *_MIGRATION_V2, *_SCHEMA),
+        (*_SCHEMA_V1, *_MIGRATION_V1, *_MIGRATION_V2, *_SCHEMA),
+    ),
 }
 """The statements that make each schema version's tables, one tuple per way it is made."""
 
@@ -187,6 +255,7 @@ class _Layout:
             if not in_transaction and conn.in_transaction:
                 conn.execute("COMMIT")
         self.tables = {name for kind, name, _ in self.objects if kind == "table"}
+        self.views = {name for kind, name, _ in self.objects if kind == "view"}
 
     @property
     def foreign(self) -> bool:
@@ -208,14 +277,15 @@ class _Layout:
         return (
             self.app_id == APPLICATION_ID
             and self.version == SCHEMA_VERSION
-            and {"events", "writers", "keys"} <= self.tables
+            and {"sessions", "event_rows", "writers", "keys"} <= self.tables
+            and "events" in self.views
         )
 
     @property
     def readable(self) -> bool:
-        """A whole store of schema version 1, which reads as it is (only a write needs
-        version 2): what a read-only opening that cannot migrate it reads."""
-        return self.version == 1 and {"events", "writers"} <= self.tables
+        """A whole store of schema version 1 or 2, which reads as it is (only a write
+        needs version 3): what a read-only opening that cannot migrate it reads."""
+        return self.version in (1, 2) and {"events", "writers"} <= self.tables
 
     @property
     def newer(self) -> bool:
@@ -233,20 +303,21 @@ class _Opening:
     """Opening a `SQLiteStore`'s file (see there for which files become a store), and
     at each write whether it is still one this process may write.
 
-    Versions: a new store is made at `SCHEMA_VERSION`; a store of version 1 (or one
-    an older release left half-made) is brought to it in the one write transaction
+    Versions: a new store is made at `SCHEMA_VERSION`; a store of version 1 or 2 (or
+    one an older release left half-made) is brought to it in the one write transaction
     of `_create`, so a process killed in it leaves the file wholly as it was. Only a
     connection that cannot write (``mode=ro``, a read-only file) opens a store of
-    version 1 as it is, writing nothing (``opened_at`` is then 1): its reads read
-    either layout, and a write is refused until the file has been migrated by a
-    process that can write it (`still_ours`), after which it writes version 2.
+    version 1 or 2 as it is, writing nothing (``opened_at`` is then its version): its
+    reads read every layout (version 3's ``events`` view reads as the older table), and
+    a write is refused until the file has been migrated by a process that can write it
+    (`still_ours`), after which it writes version 3.
 
     Attributes:
         path: the database file, or ``":memory:"``.
         file: the file opened (absolute path, ``st_dev``, ``st_ino``); ``None`` until
             `open` returns, and for ``":memory:"``.
         opened_at: the schema version the file had once opened: `SCHEMA_VERSION`, or
-            1 where a read-only connection could not migrate it.
+            1 or 2 where a read-only connection could not migrate it.
     """
 
     def __init__(self, path: str, connect: Connect) -> None:
@@ -392,7 +463,7 @@ class _Opening:
             raise newer  # marked as ours: a newer release's tables are no stranger's
         if layout.foreign:
             raise StoreError(self._foreign_message(layout))
-        if layout.version not in (0, 1, SCHEMA_VERSION):
+        if layout.version not in (0, 1, 2, SCHEMA_VERSION):
             raise newer
 
     # -- every write transaction: is the file still one this process may write? ----------
@@ -405,13 +476,14 @@ class _Opening:
         be written to it. Two pragmas read from the header (about 2 us); the schema
         table is read only when the cookie moved.
 
-        A store opened read-only at version 1 (``opened_at``) that is still at version 1
-        raises `StoreError` here instead (the store stays open for reading); once another
-        process has migrated the file, its schema is read again and it writes version 2.
+        A store opened read-only at version 1 or 2 (``opened_at``) that is still at that
+        version raises `StoreError` here instead (the store stays open for reading); once
+        another process has migrated the file, its schema is read again and it writes
+        version 3.
 
         Raises:
-            StoreError: the store was opened at version 1 without migrating it, and
-                the file is still at version 1.
+            StoreError: the store was opened at version 1 or 2 without migrating it, and
+                the file is still at that version.
         """
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
@@ -443,10 +515,13 @@ class _Opening:
         return None
 
     def _create(self, conn: sqlite3.Connection) -> None:
-        """Make the store, or bring one of version 1 (or one an older release left
-        half-made) to `SCHEMA_VERSION` (`_MIGRATION`): the tables, the migration and
-        the file's marks in one write transaction, all of it or nothing (DDL is
-        transactional in SQLite: a process killed in it leaves the file as it was)."""
+        """Make the store, or bring one of version 1 or 2 (or one an older release left
+        half-made) to `SCHEMA_VERSION` (`_MIGRATION_V1`, then `_MIGRATION_V2`): the
+        tables, the migration and the file's marks in one write transaction, all of it
+        or nothing (DDL is transactional in SQLite: a process killed in it leaves the
+        file as it was). Version 2 to 3 copies every event row once (about a second per
+        million rows on 2 CPUs); the space of the old table stays in the file as free
+        pages, which SQLite fills again before it grows the file."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             layout = _Layout(conn, in_transaction=True)
@@ -456,7 +531,10 @@ class _Opening:
                 conn.execute("ROLLBACK")
                 return
             if "writers" in layout.tables and not _has_address(conn):
-                for statement in _MIGRATION:
+                for statement in _MIGRATION_V1:
+                    conn.execute(statement)
+            if "events" in layout.tables:  # the table of versions 1 and 2, not the view
+                for statement in _MIGRATION_V2:
                     conn.execute(statement)
             for statement in _SCHEMA:
                 conn.execute(statement)

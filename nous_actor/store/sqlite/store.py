@@ -46,7 +46,13 @@ from nous_actor.store.sqlite.follower import close_follower, follower_of
 from nous_actor.store.sqlite.keys import forwarding_key as _forwarding_key
 from nous_actor.store.sqlite.vacuum import dropped_bytes, due, file_bytes
 from nous_actor.store.sqlite.vacuum import vacuum as _vacuum_file
-from nous_actor.store.sqlite.writes import _UNBINDABLE, _insert_rows, _session_rows, _write_each
+from nous_actor.store.sqlite.writes import (
+    _UNBINDABLE,
+    _insert_rows,
+    _session_rows,
+    _write_each,
+    session_numbers,
+)
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["SQLiteStore"]
@@ -160,9 +166,9 @@ class SQLiteStore(ClosingStore):
       while creating the store leaves either no store or a whole one;
     * a nous_actor store opens as it is (a store of an older release without
       `application_id`, or one left half-made by an older release, is
-      completed; one of schema version 1 is migrated to version 2 in one
-      write transaction, so a process killed in it leaves it at version 1;
-      a connection that cannot write reads a version-1 store as it is);
+      completed; one of schema version 1 or 2 is migrated to version 3 in one
+      write transaction, so a process killed in it leaves it as it was; a
+      connection that cannot write reads a version-1 or -2 store as it is);
     * anything else (another application's SQLite database, a file that is
       not SQLite, a store of a newer schema version, a store of ours that
       holds a schema object we do not make: a trigger, view, index or table
@@ -231,6 +237,9 @@ class SQLiteStore(ClosingStore):
         # connection's lock, as a claim reads them.
         self._asked: set[str] = set()
         self._holdings = _Holdings()  # the claims this object holds, and its address
+        # The session numbers (schema version 3) this object's writes have committed:
+        # a number never changes, so it is looked up once per session.
+        self._numbers: dict[str, int] = {}
         self._connection = self._connection_type(self.path, durability, timeout, create)
 
     _valid_id = staticmethod(valid_store_id)
@@ -269,16 +278,18 @@ class SQLiteStore(ClosingStore):
             return refused
         only = batches[0][0] if len(batches) == 1 else None
         with self._connection.transaction(only, "append events") as conn:
+            numbers = session_numbers(conn, [sid for sid, _ in batches], self._numbers)
             # Every session's rows in one statement (each statement hands the GIL
             # back and forth); only when a row is refused (a conflict, a value SQLite
             # cannot bind), session by session, so that it refuses its session alone.
             conn.execute("SAVEPOINT batch_write")
             try:
-                _insert_rows(conn, [row for _, rows in batches for row in rows])
+                _insert_rows(conn, [row for _, rows in batches for row in rows], numbers)
             except (sqlite3.IntegrityError, *_UNBINDABLE):
                 conn.execute("ROLLBACK TO batch_write")
-                _write_each(conn, batches, refused)
+                _write_each(conn, batches, refused, numbers)
             conn.execute("RELEASE batch_write")
+        self._numbers.update(numbers)  # committed: they stand
         return refused
 
     def drop(self, session_id: str, seqs: Sequence[int]) -> None:
@@ -291,7 +302,8 @@ class SQLiteStore(ClosingStore):
         with self._connection.transaction(session_id, "drop snapshotted events") as conn:
             dropped = dropped_bytes(conn, session_id, seqs)
             conn.executemany(
-                "DELETE FROM events WHERE session_id = ? AND seq = ?",
+                "DELETE FROM event_rows WHERE session = "
+                "(SELECT id FROM sessions WHERE session_id = ?) AND seq = ?",
                 [(session_id, s) for s in seqs],
             )
         self._reclaim(session_id, dropped)
@@ -342,7 +354,11 @@ class SQLiteStore(ClosingStore):
 
     def delete(self, session_id: str) -> None:
         with self._connection.transaction(session_id, "delete the session") as conn:
-            conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
+            conn.execute(  # (its number stays: a number is never given to another id)
+                "DELETE FROM event_rows WHERE session = "
+                "(SELECT id FROM sessions WHERE session_id = ?)",
+                (session_id,),
+            )
             conn.execute("DELETE FROM writers WHERE session_id = ?", (session_id,))
 
     def claim(self, session_id: str) -> str:
@@ -610,7 +626,7 @@ class SQLiteStore(ClosingStore):
 
         Raises:
             StoreError: the store is closed or failed, or it cannot be made (a store
-                opened read-only at schema version 1: open it once for writing).
+                opened read-only at schema version 1 or 2: open it once for writing).
         """
         return _forwarding_key(self._connection)
 

@@ -10,7 +10,7 @@ run inside it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -19,10 +19,13 @@ from nous_actor.core.codec import encode_data, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 
-_INSERT = "INSERT INTO events (session_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
+_INSERT = "INSERT INTO event_rows (session, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
 
 _ROWS_PER_INSERT: Final = 200
 """Rows per multi-row INSERT (5 parameters each, far below SQLite's limit)."""
+
+_IDS_PER_STATEMENT: Final = 500
+"""Session ids per statement that numbers them (one parameter each)."""
 
 _inserts: dict[int, str] = {}
 
@@ -76,8 +79,42 @@ def _session_rows(
     return rows
 
 
-def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """Insert ``rows`` with one statement per chunk rather than one per row.
+def session_numbers(
+    conn: sqlite3.Connection, session_ids: Sequence[str], known: Mapping[str, int]
+) -> dict[str, int]:
+    """Each of ``session_ids``'s number (the ``sessions`` table), inside a write
+    transaction: from ``known`` (numbers this store has seen committed: a number never
+    changes), else read, the sessions never written before numbered first (in this
+    transaction: remember the numbers only once it has committed)."""
+    numbers: dict[str, int] = {}
+    missing: list[str] = []
+    for sid in session_ids:
+        number = known.get(sid)
+        if number is None:
+            missing.append(sid)
+        else:
+            numbers[sid] = number
+    for i in range(0, len(missing), _IDS_PER_STATEMENT):
+        chunk = missing[i : i + _IDS_PER_STATEMENT]
+        conn.execute(
+            "INSERT OR IGNORE INTO sessions (session_id) VALUES " + ",".join(["(?)"] * len(chunk)),
+            chunk,
+        )
+        numbers.update(
+            conn.execute(
+                "SELECT session_id, id FROM sessions WHERE session_id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            )
+        )
+    return numbers
+
+
+def _insert_rows(
+    conn: sqlite3.Connection, rows: list[tuple[Any, ...]], numbers: Mapping[str, int]
+) -> None:
+    """Insert ``rows`` (each under its session's number in ``numbers``) with one
+    statement per chunk rather than one per row.
 
     The sqlite3 module hands the GIL back at every step of a statement; with
     many session threads waiting for it, a group commit of n rows by
@@ -88,16 +125,17 @@ def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
         sql = _inserts.get(len(chunk))
         if sql is None:
             sql = _inserts[len(chunk)] = (
-                "INSERT INTO events (session_id, seq, type, time, data) VALUES "
+                "INSERT INTO event_rows (session, seq, type, time, data) VALUES "
                 + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
             )
-        conn.execute(sql, [v for row in chunk for v in row])
+        conn.execute(sql, [v for row in chunk for v in (numbers[row[0]], *row[1:])])
 
 
 def _write_each(
     conn: sqlite3.Connection,
     batches: list[tuple[str, list[tuple[Any, ...]]]],
     refused: dict[str, StoreError],
+    numbers: Mapping[str, int],
 ) -> None:
     """Store each session's rows under a savepoint of its own, refusing the
     sessions whose seqs are already stored (`ConflictError`) or whose rows
@@ -105,7 +143,8 @@ def _write_each(
     for sid, rows in batches:
         conn.execute("SAVEPOINT session_write")
         try:
-            conn.executemany(_INSERT, rows)
+            number = numbers[sid]
+            conn.executemany(_INSERT, [(number, *row[1:]) for row in rows])
         except sqlite3.IntegrityError:
             conn.execute("ROLLBACK TO session_write")
             refused[sid] = ConflictError(
