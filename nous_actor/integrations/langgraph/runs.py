@@ -37,14 +37,12 @@ from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from nous_actor.errors import TurnInterrupted
 from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import Turn
-
-if TYPE_CHECKING:
-    from nous_actor.integrations.langgraph.saver import NousCheckpointSaver
 
 __all__ = ["STRATEGIES", "Run", "RunTurn", "Runs", "Strategy", "has_next", "strategy_of"]
 
@@ -350,13 +348,15 @@ class RunTurn:
 
     def __init__(
         self,
-        saver: NousCheckpointSaver,
+        sessions: Sessions,
+        runs: Runs,
         key: str,
         strategy: Strategy,
         lease: float,
         wait: float,
     ) -> None:
-        self._saver = saver
+        self._sessions = sessions
+        self._runs = runs
         self._key = key
         self._strategy = strategy
         self._lease = lease
@@ -367,7 +367,7 @@ class RunTurn:
     def _make(self) -> Turn:
         if self.turn is not None:
             raise RuntimeError("a RunTurn is entered once: call saver.run(...) again")
-        handle = self._saver.sessions.open(self._key)
+        handle = self._sessions.open(self._key)
         self.turn = handle.turn(
             self._strategy,
             owner=_run_name(),
@@ -379,7 +379,7 @@ class RunTurn:
     def __enter__(self) -> RunTurn:
         turn = self._make()
         turn.open()
-        self._token = self._saver._runs.push(self._key, turn)
+        self._token = self._runs.push(self._key, turn)
         return self
 
     def __exit__(
@@ -391,14 +391,14 @@ class RunTurn:
         turn, token = self.turn, self._token
         if turn is None or token is None:
             return
-        self._saver._runs.pop(self._key, turn, token)
+        self._runs.pop(self._key, turn, token)
         if exc_type is None:
             turn.close()
         else:
             turn.__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> RunTurn:
-        handle = await self._saver.sessions.aopen(self._key)
+        handle = await self._sessions.aopen(self._key)
         if self.turn is not None:
             raise RuntimeError("a RunTurn is entered once: call saver.run(...) again")
         self.turn = handle.turn(
@@ -408,7 +408,7 @@ class RunTurn:
             timeout=self._wait,
         )
         await self.turn.aopen()
-        self._token = self._saver._runs.push(self._key, self.turn)
+        self._token = self._runs.push(self._key, self.turn)
         return self
 
     async def __aexit__(
@@ -420,7 +420,7 @@ class RunTurn:
         turn, token = self.turn, self._token
         if turn is None or token is None:
             return
-        self._saver._runs.pop(self._key, turn, token)
+        self._runs.pop(self._key, turn, token)
         if exc_type is None:
             await turn.aclose()
         else:

@@ -282,7 +282,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         lease = self._runs.lease if lease is None else lease
         wait = self._runs.wait if wait is None else wait
         check_turn_args(strategy, None, lease, wait, None)
-        return RunTurn(self, key, strategy, float(lease), float(wait))
+        return RunTurn(self.sessions, self._runs, key, strategy, float(lease), float(wait))
 
     # -- LangGraph's API, sync ------------------------------------------------------------------
 
