@@ -507,3 +507,29 @@ def test_a_file_of_the_v2_release_is_migrated_and_its_process_writes_no_more(
         assert "now has schema version 3" in refused
         assert "upgrade nous_actor" in refused
         assert [e.seq for e in store.load("s")] == [0, 3, 4]
+
+
+def test_a_store_remembers_a_bounded_number_of_session_numbers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past `NUMBERS_KEPT` session numbers a store object forgets them and reads them again
+    as its writes need them: its memory stays bounded, and every write lands under its
+    own session."""
+    from datetime import UTC, datetime
+
+    from nous_actor import Event
+    from nous_actor.store.sqlite import store as store_module
+
+    monkeypatch.setattr(store_module, "NUMBERS_KEPT", 3)
+    t = datetime.now(UTC)
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        for round_ in range(2):
+            for i in range(5):
+                ev = Event(round_, "user_message", t, {"content": f"s{i} r{round_}"})
+                assert store.write({f"s{i}": [ev]}) == {}
+                assert len(store._numbers) <= 3
+        for i in range(5):
+            assert [e.data["content"] for e in store.load(f"s{i}")] == [f"s{i} r0", f"s{i} r1"]
+    finally:
+        store.close()

@@ -57,6 +57,11 @@ from nous_actor.store.subscription import Subscription
 
 __all__ = ["SQLiteStore"]
 
+NUMBERS_KEPT: Final = 100_000
+"""Session numbers (schema version 3) a store object remembers at most: past that, it
+forgets them all and reads them again as its writes need them (a process that writes
+to ever more sessions keeps its memory bounded)."""
+
 logger = get_logger("nous_actor.store.sqlite")
 
 _MAX_ADDRESS: Final = 1024
@@ -289,6 +294,8 @@ class SQLiteStore(ClosingStore):
                 conn.execute("ROLLBACK TO batch_write")
                 _write_each(conn, batches, refused, numbers)
             conn.execute("RELEASE batch_write")
+        if len(self._numbers) + len(numbers) > NUMBERS_KEPT:
+            self._numbers.clear()  # a long-lived store: read again (one indexed SELECT)
         self._numbers.update(numbers)  # committed: they stand
         return refused
 
