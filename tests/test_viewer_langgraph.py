@@ -217,12 +217,16 @@ def test_namespaces_and_bad_names_are_clear() -> None:
 
 
 @st.composite
-def trees(draw: st.DrawFn) -> tuple[list[Event], dict[str, list[str]], dict[str, str | None]]:
+def trees(
+    draw: st.DrawFn,
+) -> tuple[list[Event], dict[str, list[str]], dict[str, str | None], dict[str, str]]:
     """Random checkpoints, each on a random earlier one, each record a random delta of
-    the messages channel; the messages each must fold back to, and each one's parent."""
+    the messages channel, with prunes and deletes between them; the messages each must
+    fold back to, each one's parent, and what hid those hidden."""
     ev = Events()
     expected: dict[str, list[str]] = {}
     parents: dict[str, str | None] = {}
+    hidden: dict[str, str] = {}  # what hid each hidden one first
     count = draw(st.integers(1, 12))
     word = st.text("abc", min_size=1, max_size=3)
     for n in range(count):
@@ -269,17 +273,29 @@ def trees(draw: st.DrawFn) -> tuple[list[Event], dict[str, list[str]], dict[str,
             ev.cp(cid, parent, {})
             expected[cid] = before
         parents[cid] = parent
-    return ev.events, expected, parents
+        hide = draw(st.sampled_from(["", "", "", "prune", "del"]))
+        if hide == "prune":
+            keep = draw(st.lists(st.sampled_from(sorted(expected)), max_size=3))
+            ev.add({"lg": "prune", "keep": [["", k] for k in keep]})
+            for c in expected:
+                if c not in keep:
+                    hidden.setdefault(c, "pruned")
+        elif hide == "del":
+            ev.add({"lg": "del"})
+            for c in expected:
+                hidden.setdefault(c, "deleted")
+    return ev.events, expected, parents, hidden
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trees())
 def test_random_trees_fold_back_to_their_messages(
-    tree: tuple[list[Event], dict[str, list[str]], dict[str, str | None]],
+    tree: tuple[list[Event], dict[str, list[str]], dict[str, str | None], dict[str, str]],
 ) -> None:
-    """Every checkpoint of a random tree of deltas reads back as the messages it was given;
-    its count, forks, head and tree (each listed once, after its parent) agree."""
-    events, expected, parents = tree
+    """Every checkpoint of a random tree of deltas reads back as the messages it was given,
+    hidden or not; its count, forks, what hid it, the head (the largest id still seen) and
+    the tree (each listed once, after its parent) agree."""
+    events, expected, parents, hidden = tree
     whole = read_thread("s", events)
     # Read in two parts (the rest committed later): the same thread.
     half = read_thread("s", events[: len(events) // 2])
@@ -299,8 +315,9 @@ def test_random_trees_fold_back_to_their_messages(
                 kids[parent] = kids.get(parent, 0) + 1
         assert {r["id"] for r in rows if r["fork"]} == {c for c, k in kids.items() if k > 1}
         assert {r["id"]: r["messages"] for r in rows} == {c: len(m) for c, m in expected.items()}
-        head = [r["id"] for r in rows if r["head"]]
-        assert head == [max(expected)]
+        assert {r["id"]: r["gone"] for r in rows if r["gone"]} == hidden
+        seen = [c for c in expected if c not in hidden]
+        assert [r["id"] for r in rows if r["head"]] == ([max(seen)] if seen else [])
 
 
 # -- threads the real saver wrote ------------------------------------------------------------
