@@ -457,3 +457,51 @@ def test_a_session_without_records_is_not_a_thread(tmp_path: Path) -> None:
             assert "/session?id=chat" in r.json()["error"]
     finally:
         store.close()
+
+
+def test_tools_an_interrupt_and_a_subgraph_read_as_the_saver_reads_them(tmp_path: Path) -> None:
+    """A graph with a tool node, an ``interrupt()`` resumed, and a subgraph (a namespace of
+    its own): every checkpoint of every namespace reads as the saver reads it; after
+    ``delete_thread`` every one is still listed, marked deleted, and none is the head."""
+    from langgraph.types import Command
+    from test_langgraph_graph import build
+
+    store = SQLiteStore(tmp_path / "graph.db")
+    sessions = Sessions(store, timeout=20)
+    try:
+        saver = NousCheckpointSaver(sessions)
+        app = build(saver)
+        config: Any = {"configurable": {"thread_id": "t"}}
+        app.invoke({"messages": [HumanMessage("add 2 and 3")]}, config)
+        app.invoke(Command(resume="yes"), config)
+        listed = {
+            (
+                t.config["configurable"]["checkpoint_ns"],
+                t.config["configurable"]["checkpoint_id"],
+            ): [str(m.content) for m in t.checkpoint["channel_values"].get("messages", [])]
+            for ns in ("", *_subgraph_namespaces(saver))
+            for t in saver.list({"configurable": {"thread_id": "t", "checkpoint_ns": ns}})
+        }
+        th = read_thread(thread_key("t"), store.load(thread_key("t")))
+        assert len(th.namespaces()) > 1
+        assert {(r["ns"], r["id"]) for r in th.tree()} == set(listed)
+        for (ns, cid), messages in listed.items():
+            assert contents(th, cid, ns) == messages
+        tool = [m for m in th.messages("", None)["messages"] if m["type"] == "tool"]
+        assert [(m["content"], m["name"]) for m in tool] == [("5", "add")]
+        saver.delete_thread("t")
+        th.extend(store.load(thread_key("t")))
+        assert {r["gone"] for r in th.tree()} == {"deleted"}
+        assert th.head() is None
+        with pytest.raises(NoCheckpoint, match="no checkpoint LangGraph still sees"):
+            th.messages("", None)
+    finally:
+        sessions.close()
+        store.close()
+
+
+def _subgraph_namespaces(saver: NousCheckpointSaver) -> set[str]:
+    return {
+        t.config["configurable"]["checkpoint_ns"]
+        for t in saver.list({"configurable": {"thread_id": "t"}})
+    } - {""}
