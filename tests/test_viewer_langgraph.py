@@ -211,6 +211,12 @@ def test_namespaces_and_bad_names_are_clear() -> None:
     assert session_of("a/b c") == "langgraph/a%2Fb%20c"
     with pytest.raises(ValueError, match="empty"):
         session_of("")
+    with pytest.raises(TypeError, match="pass store"):
+        read_thread("s", [{"lg": "cp"}])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="the checkpoint id must be a str"):
+        th.messages("", 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="the thread id must be a str"):
+        session_of(7)  # type: ignore[arg-type]
 
 
 # -- random trees -----------------------------------------------------------------------------

@@ -247,6 +247,11 @@ class Thread:
     committed since (`extend`). Safe to share between threads (one lock)."""
 
     def __init__(self, session_id: str, events: Iterable[Event] = ()) -> None:
+        if not isinstance(session_id, str):
+            raise TypeError(
+                f"session_id must be the thread's session id (a str), got "
+                f"{type(session_id).__name__}"
+            )
         self.session_id = session_id
         self._lock = threading.RLock()
         self.next_seq = 0
@@ -275,6 +280,11 @@ class Thread:
         added = 0
         with self._lock:
             for ev in events:
+                if not isinstance(ev, Event):
+                    raise TypeError(
+                        f"a thread folds the session's events (nous_actor Event), got "
+                        f"{type(ev).__name__}; pass store.load(session_id)"
+                    )
                 if ev.seq < self.next_seq:
                     continue
                 self.next_seq = ev.seq + 1
@@ -441,6 +451,9 @@ class Thread:
         Raises:
             NoCheckpoint: there is none such.
         """
+        for name, value in (("ns", ns), ("checkpoint id", cid)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"the {name} must be a str, got {type(value).__name__}")
         with self._lock:
             cp = self.head(ns) if cid is None else self.cps.get((ns, cid))
             if cp is not None:
@@ -563,6 +576,8 @@ class Thread:
         Raises:
             NoCheckpoint: there is no such checkpoint.
         """
+        if not isinstance(channel, str):
+            raise TypeError(f"the channel must be a str, got {type(channel).__name__}")
         with self._lock:
             cp = self.find(ns, cid)
             values, partial = self._fold(cp, only=channel)
@@ -769,6 +784,8 @@ def session_of(thread: str) -> str:
     Raises:
         ValueError: ``thread`` is empty.
     """
+    if not isinstance(thread, str):
+        raise TypeError(f"the thread id must be a str, got {type(thread).__name__}")
     if not thread:
         raise ValueError("the thread id is empty; name the thread (or its session id)")
     if thread.startswith(THREAD_PREFIX) and len(thread) > len(THREAD_PREFIX):
