@@ -338,6 +338,27 @@ def scripted(state: MessagesState) -> dict[str, Any]:
     return {"messages": [AIMessage(f"echo: {last.content}")]}
 
 
+def agent(saver: NousCheckpointSaver) -> Any:
+    """A one-node graph of the scripted model on ``saver``."""
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", scripted)
+    graph.add_edge(START, "agent")
+    graph.add_edge("agent", END)
+    return graph.compile(checkpointer=saver)
+
+
+def add_turn(db: Path, text: str, thread: str = "chat") -> None:
+    """One more run of the thread on the SQLite file, from its head."""
+    store = SQLiteStore(db)
+    sessions = Sessions(store, timeout=20)
+    try:
+        app = agent(NousCheckpointSaver(sessions))
+        app.invoke({"messages": [HumanMessage(text)]}, {"configurable": {"thread_id": thread}})
+    finally:
+        sessions.close()
+        store.close()
+
+
 def write_thread(db: Path, thread: str = "chat") -> list[tuple[str, list[str]]]:
     """A thread of three runs on a SQLite file, the third from an earlier checkpoint (a
     fork); every checkpoint's id and message contents as the saver reads them back."""
@@ -345,11 +366,7 @@ def write_thread(db: Path, thread: str = "chat") -> list[tuple[str, list[str]]]:
     sessions = Sessions(store, timeout=20)
     try:
         saver = NousCheckpointSaver(sessions)
-        graph = StateGraph(MessagesState)
-        graph.add_node("agent", scripted)
-        graph.add_edge(START, "agent")
-        graph.add_edge("agent", END)
-        app = graph.compile(checkpointer=saver)
+        app = agent(saver)
         config: Any = {"configurable": {"thread_id": thread}}
         app.invoke({"messages": [HumanMessage("add 2 and 3")]}, config)
         app.invoke({"messages": [HumanMessage("and again")]}, config)

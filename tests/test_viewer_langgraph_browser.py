@@ -15,7 +15,7 @@ pytest.importorskip("langgraph", reason="the thread is written by the LangGraph 
 
 from test_viewer_browser import WAIT_MS, Served, _expect, _watched
 from test_viewer_browser import browser as browser  # the module's one Chromium
-from test_viewer_langgraph import write_thread
+from test_viewer_langgraph import add_turn, write_thread
 
 from nous_actor.integrations.langgraph import thread_key
 
@@ -38,8 +38,8 @@ def test_the_langgraph_view_shows_checkpoints_forks_and_messages(
     browser: Browser, thread: tuple[Served, list[tuple[str, list[str]]]]
 ) -> None:
     """The session page offers the LangGraph view; it lists every checkpoint with the fork
-    and the head marked, shows the head's messages (the tool call too), and a click on an
-    earlier checkpoint shows the messages it held."""
+    and the head marked, shows the head's messages (the tool call too) and follows a run
+    committed meanwhile, and a click on an earlier checkpoint shows the messages it held."""
     served, listed = thread
     expect = _expect()
     context = browser.new_context(viewport={"width": 1400, "height": 820})
@@ -64,6 +64,13 @@ def test_the_langgraph_view_shows_checkpoints_forks_and_messages(
         expect(messages.last).to_contain_text("echo: a branch")
         expect(loc("#lg-messages .lg-call")).to_contain_text('add({"a":2,"b":3})')
         expect(loc("#lg-messages-title")).to_contain_text("(head)")
+        # A run committed meanwhile: the view follows the thread's new head.
+        expect(loc("#status")).to_have_text("live")
+        add_turn(served.db, "a live question")
+        expect(messages).to_have_count(len(listed[0][1]) + 2)
+        expect(messages.last).to_contain_text("echo: a live question")
+        expect(loc("#lg-checkpoints .lg-cp")).to_have_count(len(listed) + 3)
+        expect(loc("#lg-checkpoints .lg-cp.head")).not_to_have_attribute("data-id", listed[0][0])
         # An earlier checkpoint of the main line, before the fork's branch was taken.
         cid, held = next((c, m) for c, m in listed if "and again" in m)
         loc(f"#lg-checkpoints .lg-cp[data-id='{cid}']").click()
