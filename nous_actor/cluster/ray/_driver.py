@@ -74,6 +74,11 @@ class RaySessions:
 
     Every argument is checked before anything starts (or connects to Ray).
 
+    Attributes:
+        store_factory: the ``store_factory`` given, for code of this process that
+            reads the shared journal itself (the LangGraph saver lists its
+            threads from a store made with it).
+
     Raises:
         ClusterError: Ray cannot be reached (within ``start_timeout``, at most 5 s,
             whatever listens at ``address``), or the address cannot be read; the
@@ -148,6 +153,7 @@ class RaySessions:
         check_dangling_turns(dangling_turns)
         remote = ray.remote(_Shard)
         base = _shard_options(remote, actor_options)
+        self.store_factory = store_factory
         self.shards = shards
         self.name = name
         self.namespace = namespace

@@ -3,8 +3,9 @@ generator that yields what it waits for (an `Effect`) and is sent the result; `r
 waits for each in the calling thread, `run_async` awaits each without blocking the loop.
 
 The effects: a `nous_actor.SessionFuture` (a call of a session or a reader), `Open`
-(a session's handle), `Stored` (whether a session has stored events), `Listing` (the
-sessions whose ids start with a prefix), `OpenTurn` and `CloseTurn`.
+(a session's handle, from the registry), `Stored` (whether a session has stored
+events) and `Listing` (the sessions whose ids start with a prefix), both read from
+the registry's store (see `Journal`), `OpenTurn` and `CloseTurn`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from nous_actor.errors import SessionStopped, TurnInterrupted
+from nous_actor.integrations.langgraph.registries import Journal
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import Turn
-from nous_actor.store import list_sessions
 
 __all__ = [
     "CloseTurn",
@@ -76,10 +76,6 @@ Effect: TypeAlias = SessionFuture[Any] | Open | Stored | Listing | OpenTurn | Cl
 Op: TypeAlias = Generator[Effect, Any, R]
 
 
-def _listing(sessions: Sessions, prefix: str) -> list[str]:
-    return [info.session_id for info in list_sessions(sessions.store, prefix=prefix)]
-
-
 def _close(turn: Turn, failed: bool) -> None:
     if failed:
         turn.__exit__(RuntimeError, None, None)
@@ -100,35 +96,35 @@ async def _aclose(turn: Turn, failed: bool) -> None:
         pass
 
 
-def _do(sessions: Sessions, effect: Effect) -> Any:
+def _do(journal: Journal, effect: Effect) -> Any:
     if isinstance(effect, SessionFuture):
         return effect.get()
     if isinstance(effect, Open):
-        return sessions.open(effect.key)
+        return journal.registry.open(effect.key)
     if isinstance(effect, Stored):
-        return sessions.read(effect.key).count().get() > 0
+        return journal.count(effect.key).get() > 0
     if isinstance(effect, Listing):
-        return _listing(sessions, effect.prefix)
+        return journal.listing(effect.prefix)
     if isinstance(effect, OpenTurn):
         return effect.turn.open()
     return _close(effect.turn, effect.failed)
 
 
-async def _ado(sessions: Sessions, effect: Effect) -> Any:
+async def _ado(journal: Journal, effect: Effect) -> Any:
     if isinstance(effect, SessionFuture):
         return await effect
     if isinstance(effect, Open):
-        return await sessions.aopen(effect.key)
+        return await journal.registry.aopen(effect.key)
     if isinstance(effect, Stored):
-        return await sessions.read(effect.key).count() > 0
+        return await journal.count(effect.key) > 0
     if isinstance(effect, Listing):
-        return await asyncio.to_thread(_listing, sessions, effect.prefix)
+        return await asyncio.to_thread(journal.listing, effect.prefix)
     if isinstance(effect, OpenTurn):
         return await effect.turn.aopen()
     return await _aclose(effect.turn, effect.failed)
 
 
-def run_sync(sessions: Sessions, op: Op[R]) -> R:
+def run_sync(journal: Journal, op: Op[R]) -> R:
     """Run ``op`` to its end in this thread, waiting for each effect it yields."""
     result: Any = None
     error: Exception | None = None
@@ -139,12 +135,12 @@ def run_sync(sessions: Sessions, op: Op[R]) -> R:
             return stop.value  # type: ignore[no-any-return]
         result, error = None, None
         try:
-            result = _do(sessions, effect)
+            result = _do(journal, effect)
         except Exception as exc:  # handed to the operation, which decides
             error = exc
 
 
-async def run_async(sessions: Sessions, op: Op[R]) -> R:
+async def run_async(journal: Journal, op: Op[R]) -> R:
     """Run ``op`` to its end, awaiting each effect it yields (the loop never blocks)."""
     result: Any = None
     error: Exception | None = None
@@ -155,6 +151,6 @@ async def run_async(sessions: Sessions, op: Op[R]) -> R:
             return stop.value  # type: ignore[no-any-return]
         result, error = None, None
         try:
-            result = await _ado(sessions, effect)
+            result = await _ado(journal, effect)
         except Exception as exc:
             error = exc

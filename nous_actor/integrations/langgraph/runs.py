@@ -40,8 +40,8 @@ from types import TracebackType
 from typing import Any, Final, Literal
 
 from nous_actor.errors import TurnInterrupted
+from nous_actor.integrations.langgraph.registries import Registry
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import Turn
 
 __all__ = ["STRATEGIES", "Run", "RunTurn", "Runs", "Strategy", "has_next", "strategy_of"]
@@ -348,7 +348,7 @@ class RunTurn:
 
     def __init__(
         self,
-        sessions: Sessions,
+        sessions: Registry,
         runs: Runs,
         key: str,
         strategy: Strategy,

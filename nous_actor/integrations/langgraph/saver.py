@@ -50,6 +50,7 @@ from nous_actor.integrations.langgraph.records import (
     time_of,
     writes_record,
 )
+from nous_actor.integrations.langgraph.registries import Journal, Registry
 from nous_actor.integrations.langgraph.runs import (
     Run,
     Runs,
@@ -60,7 +61,7 @@ from nous_actor.integrations.langgraph.runs import (
     strategy_of,
 )
 from nous_actor.integrations.langgraph.threads import Cp, ThreadLog
-from nous_actor.sessions.handle import Session
+from nous_actor.sessions.handle import SessionHandle
 from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import Turn, check_turn_args
 from nous_actor.store import SQLiteStore
@@ -115,7 +116,8 @@ def _own(value: Any) -> Any:
 
 class NousCheckpointSaver(BaseCheckpointSaver[str]):
     """LangGraph's checkpointer (`BaseCheckpointSaver`, sync and async), over the sessions
-    of a `nous_actor.Sessions` registry on any store.
+    of a `nous_actor.Sessions` registry on any store, or of a ``RaySessions`` (of
+    `nous_actor.cluster.ray`) on a store every process reaches.
 
     Swap ``SqliteSaver.from_conn_string("x.db")`` (or ``InMemorySaver()``,
     ``PostgresSaver``) for ``NousCheckpointSaver(sessions)``, or for
@@ -158,8 +160,16 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
     config): see `nous_actor.integrations.langgraph.runs` for when a run's turn
     opens and ends, and `run` to hold one explicitly.
 
+    **Over Ray.** Given a ``RaySessions``, each thread's session runs in its shard
+    and every call of the saver goes there; which threads are stored is read from
+    a store the saver makes with the registry's ``store_factory`` (so it must be
+    one every process reaches, e.g. ``functools.partial(PostgresStore, dsn)``,
+    not a ``MemoryStore``); `close` closes that store.
+
     Args:
-        sessions: the registry whose sessions keep the threads.
+        sessions: the registry whose sessions keep the threads: a
+            `nous_actor.Sessions`, a ``RaySessions``, or any `Registry` (``open``
+            and ``aopen``, and a ``store`` or a ``store_factory``).
         serde: the serializer of values that are not plain JSON (LangGraph's
             ``JsonPlusSerializer`` by default).
         multitask_strategy: what a run does when another run holds its thread,
@@ -170,34 +180,36 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
             `nous_actor.TurnBusy`.
 
     Raises:
-        TypeError: ``sessions`` is not a `nous_actor.Sessions`.
+        TypeError: ``sessions`` is not a registry (it lacks ``open`` or ``aopen``,
+            or has neither a ``store`` nor a ``store_factory``; the message names
+            what is missing).
         ValueError: ``multitask_strategy``, ``lease`` or ``wait`` is not one the
-            saver takes (the message names the values it takes).
+            saver takes (the message names the values it takes); the registry's
+            ``store_factory`` makes a `nous_actor.MemoryStore`, which no other
+            process reads.
+        StoreError: the store of the registry's ``store_factory`` cannot be
+            opened in this process.
     """
 
     def __init__(
         self,
-        sessions: Sessions,
+        sessions: Registry,
         *,
         serde: SerializerProtocol | None = None,
         multitask_strategy: Strategy = "enqueue",
         lease: float = 300.0,
         wait: float = 300.0,
     ) -> None:
-        if not isinstance(sessions, Sessions):
-            raise TypeError(
-                "NousCheckpointSaver takes a nous_actor.Sessions registry, got "
-                f"{type(sessions).__name__}; or use NousCheckpointSaver.from_conn_string(path)"
-            )
         strategy = check_strategy(multitask_strategy)
         check_turn_args(strategy, None, lease, wait, None)
+        self._journal = Journal(sessions)
         super().__init__(serde=serde)
         self._runs = Runs(strategy, float(lease), float(wait))
-        self.sessions = sessions
+        self.sessions: Registry = sessions
         self._owned: SQLiteStore | None = None
         self._lock = threading.Lock()
         self._threads: OrderedDict[str, ThreadLog] = OrderedDict()
-        self._handles: OrderedDict[str, Session] = OrderedDict()
+        self._handles: OrderedDict[str, SessionHandle] = OrderedDict()
 
     # -- construction and closing ------------------------------------------------------------
 
@@ -223,18 +235,20 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         return saver
 
     def close(self) -> None:
-        """Close the registry and store opened by `from_conn_string` (a registry passed in
-        is yours to close)."""
+        """Close the registry and store opened by `from_conn_string`, and the store made
+        by a registry's ``store_factory`` (a registry passed in is yours to close)."""
+        self._journal.close()
         store, self._owned = self._owned, None
         if store is not None:
-            self.sessions.close()
+            cast(Sessions, self.sessions).close()
             store.close()
 
     async def aclose(self) -> None:
         """`close` for asyncio code."""
+        self._journal.close()
         store, self._owned = self._owned, None
         if store is not None:
-            await self.sessions.aclose()
+            await cast(Sessions, self.sessions).aclose()
             store.close()
 
     def __enter__(self) -> NousCheckpointSaver:
@@ -294,7 +308,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         Raises:
             TypeError, ValueError: ``config`` has no ``configurable.thread_id``.
         """
-        return run_sync(self.sessions, self._get_tuple(config))
+        return run_sync(self._journal, self._get_tuple(config))
 
     def list(
         self,
@@ -308,7 +322,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         first: of its ``checkpoint_ns`` when given (else of every namespace), only
         ``checkpoint_id`` when given, only those whose metadata has every item of
         ``filter``, only those older than ``before``'s checkpoint, at most ``limit``."""
-        return iter(run_sync(self.sessions, self._list(config, filter, before, limit)))
+        return iter(run_sync(self._journal, self._list(config, filter, before, limit)))
 
     def put(
         self,
@@ -324,7 +338,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         Raises:
             TypeError, ValueError: ``config`` has no ``configurable.thread_id``.
         """
-        return run_sync(self.sessions, self._put(config, checkpoint, metadata))
+        return run_sync(self._journal, self._put(config, checkpoint, metadata))
 
     def put_writes(
         self,
@@ -340,26 +354,26 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         Raises:
             TypeError, ValueError: ``config`` names no thread or no checkpoint.
         """
-        run_sync(self.sessions, self._put_writes(config, writes, task_id, task_path))
+        run_sync(self._journal, self._put_writes(config, writes, task_id, task_path))
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread for LangGraph: every checkpoint and write of it is gone from
         `get_tuple` and `list`; its session keeps them (a deletion record is appended).
         Deleting a thread that has nothing does nothing."""
-        run_sync(self.sessions, self._delete_thread(thread_id))
+        run_sync(self._journal, self._delete_thread(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete, for LangGraph, the checkpoints (and their writes) whose metadata
         ``run_id`` is one of ``run_ids``, in every thread (each thread's session keeps
         them). Reads every stored thread of the registry's store."""
-        run_sync(self.sessions, self._delete_for_runs(run_ids))
+        run_sync(self._journal, self._delete_for_runs(run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread to another: the target's session
         is a fork of the source's (every event, the deleted ones too, seqs kept), or, when
         the target has events already, the source's visible checkpoints (kept whole) and
         their writes are appended to it. A source with nothing copies nothing."""
-        run_sync(self.sessions, self._copy_thread(source_thread_id, target_thread_id))
+        run_sync(self._journal, self._copy_thread(source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune the threads for LangGraph: ``keep_latest`` keeps the latest checkpoint of
@@ -368,7 +382,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         Raises:
             ValueError: ``strategy`` is neither.
         """
-        run_sync(self.sessions, self._prune(thread_ids, strategy))
+        run_sync(self._journal, self._prune(thread_ids, strategy))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -376,13 +390,13 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         """For each channel, the writes of the checkpoints before ``config``'s (on its
         parent chain, oldest first) back to the nearest holding a value of the channel,
         that value as ``seed`` (see LangGraph's `BaseCheckpointSaver`)."""
-        return run_sync(self.sessions, self._delta_history(config, channels))
+        return run_sync(self._journal, self._delta_history(config, channels))
 
     # -- LangGraph's API, async -----------------------------------------------------------------
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """`get_tuple`, awaited without blocking the loop."""
-        return await run_async(self.sessions, self._get_tuple(config))
+        return await run_async(self._journal, self._get_tuple(config))
 
     async def alist(
         self,
@@ -393,7 +407,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """`list`, awaited without blocking the loop."""
-        found = await run_async(self.sessions, self._list(config, filter, before, limit))
+        found = await run_async(self._journal, self._list(config, filter, before, limit))
         for tup in found:
             yield tup
 
@@ -405,7 +419,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """`put`, awaited without blocking the loop."""
-        return await run_async(self.sessions, self._put(config, checkpoint, metadata))
+        return await run_async(self._journal, self._put(config, checkpoint, metadata))
 
     async def aput_writes(
         self,
@@ -415,39 +429,39 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """`put_writes`, awaited without blocking the loop."""
-        await run_async(self.sessions, self._put_writes(config, writes, task_id, task_path))
+        await run_async(self._journal, self._put_writes(config, writes, task_id, task_path))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """`delete_thread`, awaited without blocking the loop."""
-        await run_async(self.sessions, self._delete_thread(thread_id))
+        await run_async(self._journal, self._delete_thread(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """`delete_for_runs`, awaited without blocking the loop."""
-        await run_async(self.sessions, self._delete_for_runs(run_ids))
+        await run_async(self._journal, self._delete_for_runs(run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """`copy_thread`, awaited without blocking the loop."""
-        await run_async(self.sessions, self._copy_thread(source_thread_id, target_thread_id))
+        await run_async(self._journal, self._copy_thread(source_thread_id, target_thread_id))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`prune`, awaited without blocking the loop."""
-        await run_async(self.sessions, self._prune(thread_ids, strategy))
+        await run_async(self._journal, self._prune(thread_ids, strategy))
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         """`get_delta_channel_history`, awaited without blocking the loop."""
-        return await run_async(self.sessions, self._delta_history(config, channels))
+        return await run_async(self._journal, self._delta_history(config, channels))
 
     # -- the folds and handles of threads ---------------------------------------------------
 
-    def _handle(self, key: str) -> Op[Session]:
+    def _handle(self, key: str) -> Op[SessionHandle]:
         with self._lock:
             known = self._handles.get(key)
             if known is not None:
                 self._handles.move_to_end(key)
                 return known
-        handle: Session = yield Open(key)
+        handle: SessionHandle = yield Open(key)
         with self._lock:
             self._handles[key] = handle
             if len(self._handles) > 4 * THREADS_KEPT:
@@ -465,7 +479,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 self._threads.move_to_end(key)
             return thread
 
-    def _catch_up(self, thread: ThreadLog, handle: Session) -> Op[None]:
+    def _catch_up(self, thread: ThreadLog, handle: SessionHandle) -> Op[None]:
         """Fold the events of ``thread`` past those folded; a read the session's holder
         did not answer (it went away: the session moves) is made again, at most
         `REOPENS` times."""
@@ -495,7 +509,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
     def _append(
         self,
         key: str,
-        handle: Session,
+        handle: SessionHandle,
         records: builtins.list[dict[str, Any]],
         run: Run | None = None,
         times: builtins.list[datetime | None] | None = None,
@@ -571,7 +585,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 self._runs.reopened(run, again)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _ended_by_restart(self, handle: Session, exc: TurnInterrupted) -> Op[bool]:
+    def _ended_by_restart(self, handle: SessionHandle, exc: TurnInterrupted) -> Op[bool]:
         """Whether the turn ``exc`` names ended because its session restarted (not because
         another run took it, or its lease ran out)."""
         if exc.how is None:
