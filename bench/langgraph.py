@@ -139,13 +139,6 @@ def _turns(s: h.Stats) -> str:
     return f"{s.median:.0f} [{s.min:.0f}-{s.max:.0f}] turns/s"
 
 
-def _row(
-    what: str, ours: str, baseline: str, ratio: str, goal: str, ok: bool, **numbers: Any
-) -> h.Row:
-    """A row judged against this module's goal (issue 34; not one of DESIGN.md §8's ids)."""
-    return h.Row(what, ours, baseline, ratio, goal, "pass" if ok else "fail", dict(numbers))
-
-
 def bench_storage(cfg: h.Config) -> h.Section:
     """The file size of one thread after 50/100/250/500 turns, ours vs SqliteSaver."""
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -187,28 +180,35 @@ def bench_storage(cfg: h.Config) -> h.Section:
     last, mid = marks[-1], marks[-2]
     smaller = theirs_size[last] / ours_size[last]
     sec.rows.append(
-        _row(
+        h.goal_row(
+            "G33",
             f"LangGraph thread after {last} turns: SqliteSaver's size / ours",
-            _mb(ours_size[last]),
-            f"SqliteSaver {_mb(theirs_size[last])}",
-            h.fmt_ratio(smaller),
-            ">= 100x smaller than SqliteSaver",
-            smaller >= 100.0,
-            ours_bytes=ours_size[last],
-            sqlite_saver_bytes=theirs_size[last],
+            ours=_mb(ours_size[last]),
+            baseline=f"SqliteSaver {_mb(theirs_size[last])}",
+            ratio=h.fmt_ratio(smaller) + " smaller",
+            value=smaller,
+            sense=">=",
+            target=100.0,
+            goal=">= 100x smaller",
+            numbers={"ours_bytes": ours_size[last], "sqlite_saver_bytes": theirs_size[last]},
         )
     )
     growth = ours_size[last] / ours_size[mid]
     sec.rows.append(
-        _row(
+        h.goal_row(
+            "G34",
             f"LangGraph thread, ours: size at {last} turns / size at {mid}",
-            h.fmt_ratio(growth),
-            f"SqliteSaver {h.fmt_ratio(theirs_size[last] / theirs_size[mid])}",
-            "-",
-            "<= 2.2x (linear)",
-            growth <= 2.2,
-            ours_growth=growth,
-            sqlite_saver_growth=theirs_size[last] / theirs_size[mid],
+            ours=h.fmt_ratio(growth),
+            baseline=f"SqliteSaver {h.fmt_ratio(theirs_size[last] / theirs_size[mid])}",
+            ratio=h.fmt_ratio(growth),
+            value=growth,
+            sense="<=",
+            target=2.2,
+            goal="<= 2.2x (linear)",
+            numbers={
+                "ours_growth": growth,
+                "sqlite_saver_growth": theirs_size[last] / theirs_size[mid],
+            },
         )
     )
     sec.notes.append(
@@ -278,15 +278,21 @@ def bench_throughput(cfg: h.Config) -> h.Section:
     ceiling = h.Stats.of([total / (t / 1e9) for t in memory_t])
     q = h.ratios(theirs_t, ours_t)
     sec.rows.append(
-        _row(
+        h.goal_row(
+            "G35",
             f"LangGraph turns/s, {threads} threads x {turns} turns from one asyncio loop",
-            _turns(mine),
-            f"AsyncSqliteSaver {_turns(base)}",
-            h.fmt_ratio(q.median, q.min, q.max),
-            ">= 5x AsyncSqliteSaver",
-            q.median >= 5.0,
-            ours_per_s=mine.as_dict(),
-            async_sqlite_saver_per_s=base.as_dict(),
+            ours=_turns(mine),
+            baseline=f"AsyncSqliteSaver {_turns(base)}",
+            ratio=h.fmt_ratio(q.median, q.min, q.max),
+            value=q.median,
+            sense=">=",
+            target=5.0,
+            goal=">= 5x AsyncSqliteSaver",
+            numbers={
+                "ours_per_s": mine.as_dict(),
+                "async_sqlite_saver_per_s": base.as_dict(),
+                "in_memory_saver_per_s": ceiling.as_dict(),
+            },
         )
     )
     sec.rows.append(
@@ -360,16 +366,18 @@ def bench_latest(cfg: h.Config) -> h.Section:
         )
         if name == "warm":
             sec.rows.append(
-                _row(
+                h.goal_row(
+                    "G36",
                     what,
-                    f"{h.fmt_time(long.median)} vs {h.fmt_time(short.median)}",
-                    f"AsyncSqliteSaver {h.fmt_time(stats['theirs', long_turns].median)} vs "
-                    f"{h.fmt_time(stats['theirs', short_turns].median)}",
-                    h.fmt_ratio(long.median / short.median),
-                    "<= 2x (long / short)",
-                    long.median / short.median <= 2.0,
-                    long_ns=long.as_dict(),
-                    short_ns=short.as_dict(),
+                    ours=f"{h.fmt_time(long.median)} vs {h.fmt_time(short.median)}",
+                    baseline=f"AsyncSqliteSaver {h.fmt_time(stats['theirs', long_turns].median)}"
+                    f" vs {h.fmt_time(stats['theirs', short_turns].median)}",
+                    ratio=h.fmt_ratio(long.median / short.median),
+                    value=long.median / short.median,
+                    sense="<=",
+                    target=2.0,
+                    goal="<= 2x (long / short)",
+                    numbers={"long_ns": long.as_dict(), "short_ns": short.as_dict()},
                 )
             )
         else:

@@ -8,4 +8,6 @@ missing); `nous_actor` itself never imports them:
   (`pip install 'nous-actor[openai-agents]'`).
 * `nous_actor.integrations.adk`: Google ADK's session service
   (`pip install 'nous-actor[adk]'`).
+* `nous_actor.integrations.langgraph`: LangGraph's checkpointer
+  (`pip install 'nous-actor[langgraph]'`).
 """

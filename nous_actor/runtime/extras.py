@@ -12,8 +12,9 @@ Each extra's entry module imports the extra's package first, in a
 The entry modules: `nous_actor.store.postgres` (``postgres``),
 `nous_actor.cluster.ray` (``ray``), `nous_actor.viewer` (``serve``),
 `nous_actor.runtime.otel` (``otel``); the adapters
-`nous_actor.integrations.openai_agents` (``openai-agents``) and
-`nous_actor.integrations.adk` (``adk``) word theirs the same way. Nothing else
+`nous_actor.integrations.openai_agents` (``openai-agents``),
+`nous_actor.integrations.adk` (``adk``) and `nous_actor.integrations.langgraph`
+(``langgraph``) word theirs the same way. Nothing else
 of the library imports them (``import nous_actor`` never needs an extra).
 """
 
@@ -29,6 +30,7 @@ EXTRAS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "ray": ("Ray", ("ray",)),
     "openai-agents": ("the OpenAI Agents SDK", ("agents",)),
     "adk": ("Google ADK", ("google.adk",)),
+    "langgraph": ("LangGraph", ("langgraph",)),
     "otel": ("the OpenTelemetry API", ("opentelemetry",)),
     "serve": ("Starlette and uvicorn", ("starlette", "uvicorn")),
 }
