@@ -441,47 +441,40 @@ def bench_sweep(cfg: h.Config) -> h.Section:
                 ours_events_per_s=r.as_dict(),
             )
         )
-    qf = h.ratios(filled_rates(top), rates(ref))
-    sec.rows.append(
-        h.goal_row(
+
+    def g4(what: str, top_rates: list[float], ours: str, **numbers: Any) -> h.Row:
+        """The G4 row of ``top_rates`` (the rates with ``top`` sessions) against the
+        rates with ``ref`` sessions on an empty file, repeat by repeat."""
+        q = h.ratios(top_rates, rates(ref))
+        return h.goal_row(
             "G4",
-            f"sweep {shape}: rate with {top} live sessions on a file pre-filled with "
-            f"{prefill:,} events / with {ref} on an empty one",
-            ours=f"{h.fmt_rate(h.Stats.of(filled_rates(top)).median)} at {top}, pre-filled",
-            baseline=f"{h.fmt_rate(rate(ref).median)} at {ref}",
-            ratio=h.fmt_ratio(qf.median, qf.min, qf.max),
-            value=qf.median,
-            sense=">=",
-            target=SWEEP_GOAL,
-            goal=f">= {SWEEP_GOAL:g}x",
-            numbers={
-                "shape": shape,
-                "sessions": top,
-                "vs_sessions": ref,
-                "prefilled_events": prefill,
-                "ratio": qf.as_dict(),
-            },
-        )
-    )
-    q = h.ratios(rates(top), rates(ref))
-    sec.rows.append(
-        h.goal_row(
-            "G4",
-            f"sweep {shape}: rate with {top} live sessions / with {ref}",
-            ours=f"{h.fmt_rate(rate(top).median)} at {top}",
+            what,
+            ours=ours,
             baseline=f"{h.fmt_rate(rate(ref).median)} at {ref}",
             ratio=h.fmt_ratio(q.median, q.min, q.max),
             value=q.median,
             sense=">=",
             target=SWEEP_GOAL,
             goal=f">= {SWEEP_GOAL:g}x",
-            numbers={
-                "shape": shape,
-                "sessions": top,
-                "vs_sessions": ref,
-                "events_per_run": total,
-                "ratio": q.as_dict(),
-            },
+            numbers={"shape": shape, "sessions": top, "vs_sessions": ref, **numbers}
+            | {"ratio": q.as_dict()},
+        )
+
+    sec.rows.append(
+        g4(
+            f"sweep {shape}: rate with {top} live sessions on a file pre-filled with "
+            f"{prefill:,} events / with {ref} on an empty one",
+            filled_rates(top),
+            f"{h.fmt_rate(h.Stats.of(filled_rates(top)).median)} at {top}, pre-filled",
+            prefilled_events=prefill,
+        )
+    )
+    sec.rows.append(
+        g4(
+            f"sweep {shape}: rate with {top} live sessions / with {ref}",
+            rates(top),
+            f"{h.fmt_rate(rate(top).median)} at {top}",
+            events_per_run=total,
         )
     )
     sec.data["sweep"] = {
