@@ -3,7 +3,8 @@
 `NousCheckpointSaver` implements LangGraph's ``BaseCheckpointSaver`` (sync and
 async: ``get_tuple``, ``list``, ``put``, ``put_writes``, ``delete_thread``,
 ``delete_for_runs``, ``copy_thread``, ``prune``, ``get_delta_channel_history``)
-over the sessions of a `nous_actor.Sessions` registry, on any store. Swap
+over the sessions of a `nous_actor.Sessions` registry, on any store, or of a
+``RaySessions`` (`nous_actor.cluster.ray`) on a store every process reaches. Swap
 
     checkpointer = SqliteSaver.from_conn_string("checkpoints.db")
 
