@@ -1,7 +1,8 @@
 """The LangGraph checkpointer over `RaySessions`: LangGraph's conformance suite, the sync
-API, a whole graph through ``ainvoke`` and two concurrent runs of one thread, each
-thread's session hosted in a shard of a real local Ray cluster and journaled in
-PostgreSQL; and the checks of what the saver takes as a registry (no Ray needed).
+API, a whole graph through ``ainvoke``, two concurrent runs of one thread and a run
+whose shard is killed, each thread's session hosted in a shard of a real local Ray
+cluster and journaled in PostgreSQL; and the checks of what the saver takes as a
+registry (no Ray needed).
 
 Ray and the server come from tests/ray_cluster.py and tests/postgres_server.py:
 without either these tests skip, saying why (they fail under CI). One `RaySessions`
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from bounds import BOUND, run
+from bounds import BOUND, SLOW_BOUND, run, wait_until
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_checkpoint
@@ -306,6 +307,71 @@ def test_two_concurrent_runs_of_one_thread_take_turns_over_ray(
     events = cluster.open(thread_key(thread)).events().get()
     ends = [e.data["how"] for e in events if e.type is EventType.TURN_END]
     assert ends.count("closed") == 2
+
+
+def test_a_run_goes_on_when_its_shard_is_killed(
+    ray_cluster: Any, pg_server: Server, schema: str
+) -> None:
+    """The worker of the shard that hosts a running run's thread is killed: Ray restarts
+    it, the session recovers from the journal, the run's turn is opened again and the
+    run finishes, nothing lost."""
+    import ray
+
+    from nous_actor.cluster.ray import RaySessions
+    from nous_actor.store.postgres import PostgresStore
+
+    thread = _thread("killed")
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def answer(state: MessagesState) -> dict[str, Any]:
+        entered.set()
+        await asyncio.wait_for(release.wait(), BOUND)
+        return {"messages": [AIMessage(f"re: {state['messages'][-1].content}")]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("answer", answer)
+    g.add_edge(START, "answer")
+    g.add_edge("answer", END)
+    sessions = RaySessions(
+        partial(PostgresStore, pg_server.dsn, schema=schema), shards=1, timeout=20
+    )
+    try:
+
+        async def main() -> list[str]:
+            async with NousCheckpointSaver(sessions) as saver:
+                app = g.compile(checkpointer=saver)
+                first = asyncio.ensure_future(
+                    app.ainvoke({"messages": [HumanMessage("one")]}, cfg(thread))
+                )
+                await asyncio.wait_for(entered.wait(), BOUND)
+                pid = sessions.shard_info()[0]["pid"]
+                ray.kill(sessions.shard_actor(0), no_restart=False)
+                await asyncio.to_thread(
+                    wait_until, lambda: _pid(sessions) not in (None, pid), SLOW_BOUND, "a restart"
+                )
+                release.set()
+                await asyncio.wait_for(first, BOUND)
+                return texts((await app.aget_state(cfg(thread))).values["messages"])
+
+        assert run(main()) == ["one", "re: one"]
+        events = sessions.open(thread_key(thread)).events().get()
+        ends = [e.data for e in events if e.type is EventType.TURN_END]
+        assert [(e["how"], e.get("reason")) for e in ends] == [
+            ("interrupted", "restart"),  # the run's turn, ended by the shard's restart
+            ("closed", None),  # the turn it opened again, closed when it finished
+        ]
+    finally:
+        sessions.shutdown()
+
+
+def _pid(sessions: RaySessions) -> int | None:
+    """The pid of shard 0's worker (None while it does not answer)."""
+    from nous_actor import CallTimeout, SessionStopped
+
+    try:
+        return int(sessions.shard_info()[0]["pid"])
+    except (SessionStopped, CallTimeout):
+        return None
 
 
 # -- the docs' example ----------------------------------------------------------------------
