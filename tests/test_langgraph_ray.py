@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from bounds import BOUND, SLOW_BOUND, run, wait_until
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import (
@@ -32,9 +31,8 @@ from langgraph.checkpoint.conformance.capabilities import (
 from langgraph.checkpoint.conformance.report import CapabilityReport
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.graph.state import CompiledStateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import Command, interrupt
+from langgraph.types import Command
+from test_langgraph_graph import FINAL, build
 
 from nous_actor import MemoryStore, TurnBusy
 from nous_actor.core.event import EventType
@@ -185,51 +183,6 @@ def test_delete_for_runs_reads_the_threads_from_the_journal(saver: NousCheckpoin
 
 
 # -- whole graphs ---------------------------------------------------------------------------
-
-FINAL = ["add 2 and 3", "", "5", "the sum is 5", "approved: yes", "checked by the subgraph"]
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-def model(state: MessagesState) -> dict[str, Any]:
-    """The scripted model: a tool call for a question, an answer for a tool's result."""
-    last = state["messages"][-1]
-    if isinstance(last, HumanMessage):
-        call = {"id": f"call-{len(state['messages'])}", "name": "add", "args": {"a": 2, "b": 3}}
-        return {"messages": [AIMessage("", tool_calls=[call])]}
-    return {"messages": [AIMessage(f"the sum is {last.content}")]}
-
-
-def approve(state: MessagesState) -> dict[str, Any]:
-    answer = interrupt("approve the answer?")
-    return {"messages": [AIMessage(f"approved: {answer}")]}
-
-
-def checker(state: MessagesState) -> dict[str, Any]:
-    return {"messages": [AIMessage("checked by the subgraph")]}
-
-
-def build(saver: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, Any]:
-    """A tool node, an interrupt and a subgraph (as in test_langgraph_graph.py)."""
-    sub = StateGraph(MessagesState)
-    sub.add_node("check", checker)
-    sub.add_edge(START, "check")
-    sub.add_edge("check", END)
-    graph = StateGraph(MessagesState)
-    graph.add_node("agent", model)
-    graph.add_node("tools", ToolNode([add]))
-    graph.add_node("approve", approve)
-    graph.add_node("sub", sub.compile())
-    graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: "approve"})
-    graph.add_edge("tools", "agent")
-    graph.add_edge("approve", "sub")
-    graph.add_edge("sub", END)
-    return graph.compile(checkpointer=saver)
 
 
 async def drive(saver: BaseCheckpointSaver[Any]) -> tuple[list[str], tuple[str, ...], int]:
