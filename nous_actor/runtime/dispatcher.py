@@ -211,7 +211,7 @@ class Dispatcher:
             again = self._turn(actor, quota)
             # The parked thread refers to no actor (it would keep the actor, its log and
             # its store alive after it stopped, until this thread ran another).
-            actor = None  # type: ignore[assignment]
+            del actor
 
     def _turn(self, actor: DispatchedActor, quota: int) -> DispatchedActor | None:
         """Run one turn of ``actor``; the actor to run next on this thread, if any."""

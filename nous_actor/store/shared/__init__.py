@@ -191,8 +191,14 @@ def release_many(store: Store, claims: Sequence[tuple[str, str]]) -> None:
     if own is not None:
         own(claims)
         return
+    failed: StoreError | None = None
     for session_id, token in claims:
-        store.release(session_id, token)
+        try:
+            store.release(session_id, token)
+        except StoreError as exc:  # the others are still given up
+            failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 def supports_forwarding(store: Store) -> bool:

@@ -435,28 +435,24 @@ class SQLiteStore(ClosingStore):
         return out
 
     def release(self, session_id: str, token: str) -> None:
-        with _live_lock:
-            _live_tokens.discard(token)
-            self._holdings.tokens.pop(token, None)
-        if self._connection.closed or self._connection.lost is not None:
-            return
-        with self._connection.transaction(session_id, "release the session", synced=False) as conn:
-            conn.execute(
-                "DELETE FROM writers WHERE session_id = ? AND token = ?", (session_id, token)
-            )
+        self._release([(session_id, token)], session_id, "release the session")
 
     def release_many(self, claims: Sequence[tuple[str, str]]) -> None:
         """`release` each ``(session id, token)`` of ``claims``, in one transaction (a
         registry closing gives up all its sessions' claims so)."""
-        if not claims:
-            return
+        if claims:
+            self._release(claims, None, "release the sessions")
+
+    def _release(
+        self, claims: Sequence[tuple[str, str]], session_id: str | None, doing: str
+    ) -> None:
         with _live_lock:
             for _, token in claims:
                 _live_tokens.discard(token)
                 self._holdings.tokens.pop(token, None)
         if self._connection.closed or self._connection.lost is not None:
             return
-        with self._connection.transaction(None, "release the sessions", synced=False) as conn:
+        with self._connection.transaction(session_id, doing, synced=False) as conn:
             conn.executemany("DELETE FROM writers WHERE session_id = ? AND token = ?", claims)
 
     # -- extras --------------------------------------------------------------------------
