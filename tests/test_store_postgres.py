@@ -207,7 +207,7 @@ def test_data_is_stored_as_json_text(pg_stores: Stores) -> None:
     store = pg_stores()
     store.write({"s": [Event(0, "turn_start", T0, {"x": -0.0, "y": 1e308, "z": "\x00"})]})
     (data,) = pg_stores.server.sql(f'SELECT data FROM "{pg_stores.schema}".events')[0]
-    assert data == '{"x":-0.0,"y":1e+308,"z":"\\u0000"}'
+    assert data == '{"x":-0.0,"y":1e308,"z":"\\u0000"}'
     assert_same_events(
         store.load("s"), [Event(0, "turn_start", T0, {"x": -0.0, "y": 1e308, "z": "\x00"})]
     )

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
+import msgspec
+
 from nous_actor.core.limits import INT_BOUND, MAX_DATA_DEPTH, MAX_INT_DIGITS
 
 __all__ = [
@@ -491,13 +493,23 @@ JSON_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")
 _encode_str: Final[Callable[[str], str]] = getattr(json.encoder, "encode_basestring")  # noqa: B009
 
 
+_FAST_ENCODE: Final[Callable[[Any], bytes]] = msgspec.json.Encoder().encode
+
+
 def encode_json(value: Any) -> str:
     """``value`` (a frozen or plain JSON value) as compact JSON text.
 
-    The C encoder recurses once per container; should this thread's recursion
-    limit run out before a value's end (it may nest `MAX_DATA_DEPTH` deep), the
-    same text is made without recursion.
+    A frozen value (exact JSON types, finite floats, text without lone surrogates:
+    what freezing checked) is written by msgspec; anything else, or a frozen value
+    msgspec cannot write, by the stdlib encoder, whose C part recurses once per
+    container: should this thread's recursion limit run out before a value's end (it
+    may nest `MAX_DATA_DEPTH` deep), the same text is made without recursion.
     """
+    if type(value) is FrozenDict or type(value) is FrozenList:
+        try:
+            return _FAST_ENCODE(value).decode("utf-8")
+        except (TypeError, ValueError, RecursionError):
+            pass
     try:
         return JSON_ENCODER.encode(value)
     except RecursionError:

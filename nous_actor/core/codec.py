@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
 
+import msgspec
+
 from nous_actor.core._frozen import (
     JSON_ENCODER,
     RECURSION_ERRORS,
@@ -138,6 +140,58 @@ def _finite_float(text: str) -> float:
     if math.isinf(x):
         raise ValueError(f"{text} overflows to infinity, which JSON data may not hold")
     return x
+
+
+def _tree_freezer(
+    untracked: Callable[[object], object],
+) -> Callable[[dict[str, Any]], FrozenDict]:
+    """Freeze a tree msgspec decoded (plain dicts and lists of exact JSON types, which
+    nothing else holds), as the stdlib decoder's hook freezes what it reads."""
+
+    def frozen_items(items: list[Any]) -> FrozenList:
+        for i, v in enumerate(items):
+            t = type(v)
+            if t is dict:
+                items[i] = frozen_tree(v)
+            elif t is list:
+                items[i] = frozen_items(v)
+        return _list_from(items)
+
+    def frozen_tree(obj: dict[str, Any]) -> FrozenDict:
+        for k, v in obj.items():  # replacing a value leaves the dict's size as it is
+            t = type(v)
+            if t is dict:
+                obj[k] = frozen_tree(v)
+            elif t is list:
+                obj[k] = frozen_items(v)
+        fd: FrozenDict = _new_dict(FrozenDict)
+        _fill_dict(fd, obj)
+        untracked(fd)
+        return fd
+
+    return frozen_tree
+
+
+_frozen_tree = _tree_freezer(untrack)
+_passing_tree = _tree_freezer(id)
+
+_FAST_DECODE: Final[Callable[[str | bytes], Any]] = msgspec.json.Decoder().decode
+"""The first reader of stored JSON: msgspec's strict decoder. Whatever it refuses (not
+JSON, NaN, a float that overflows, a lone surrogate, an int past its range, nesting past
+its recursion limit) is read again by the stdlib decoder below, which says what is wrong
+or reads it; what msgspec accepts, the stdlib decoder reads as the same value."""
+
+
+def _fast_object(
+    data: str | bytes, freeze_tree: Callable[[dict[str, Any]], FrozenDict]
+) -> FrozenDict | None:
+    """``data`` decoded and frozen by the fast path when it is a JSON object msgspec
+    reads; else ``None`` (the stdlib decoder decides)."""
+    try:
+        value = _FAST_DECODE(data)
+        return freeze_tree(value) if type(value) is dict else None
+    except (msgspec.MsgspecError, RecursionError, UnicodeError):
+        return None
 
 
 _DECODER = json.JSONDecoder(
@@ -258,6 +312,9 @@ def _scalar(text: str, idx: int) -> tuple[Any, int]:
 
 def _decode_text(text: str) -> Any:
     """``text``, one JSON value and nothing else, decoded and frozen."""
+    fast = _fast_object(text, _frozen_tree)
+    if fast is not None:
+        return fast
     try:
         return _DECODER.decode(text)
     except RECURSION_ERRORS:
@@ -341,12 +398,18 @@ RowDecoder = Callable[[int, str, str, "str | bytes"], Event]
 
 
 def _stored_loader(
-    scan: Scan, make_object: Callable[[dict[str, Any]], FrozenDict]
+    scan: Scan,
+    make_object: Callable[[dict[str, Any]], FrozenDict],
+    freeze_tree: Callable[[dict[str, Any]], FrozenDict],
 ) -> Callable[[str | bytes, int], Any]:
     def load_stored(data: str | bytes, seq: int) -> Any:
-        """Decode a stored ``data`` column: the decoder's scanner called directly (no
-        per-row Python frames), the text required to be one JSON value and nothing
-        else; read again without recursion if the scanner ran out of it."""
+        """Decode a stored ``data`` column: msgspec first; what it refuses, the stdlib
+        decoder's scanner called directly (no per-row Python frames), the text
+        required to be one JSON value and nothing else, read again without recursion
+        if the scanner ran out of it."""
+        fast = _fast_object(data, freeze_tree)
+        if fast is not None:
+            return fast
         try:
             text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
             try:
@@ -415,7 +478,11 @@ def _row_decoder(
     return event_from_row
 
 
-_load_stored = _stored_loader(getattr(_DECODER, "scan_once"), _frozen_object)  # noqa: B009
+_load_stored = _stored_loader(
+    getattr(_DECODER, "scan_once"),  # noqa: B009
+    _frozen_object,
+    _frozen_tree,
+)
 event_from_row: Final[RowDecoder] = _row_decoder(_load_stored, trusted_event)
 """Decode an event stored as columns (``data`` as JSON text): the fast path of
 recovery. Only the rules a stored row could still break are checked (type, time,
@@ -423,7 +490,11 @@ recovery. Only the rules a stored row could still break are checked (type, time,
 Raises `CodecError` (``.field`` names the column) for a malformed one."""
 
 passing_event_from_row: Final[RowDecoder] = _row_decoder(
-    _stored_loader(getattr(_PASSING_DECODER, "scan_once"), _passing_object),  # noqa: B009
+    _stored_loader(
+        getattr(_PASSING_DECODER, "scan_once"),  # noqa: B009
+        _passing_object,
+        _passing_tree,
+    ),
     passing_event,
 )
 """`event_from_row` for rows read to be looked at and dropped (a reader's cold read):
