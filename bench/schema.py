@@ -44,7 +44,15 @@ from typing import Any, Final
 from bench import harness as h
 from nous_actor import Log, SQLiteStore
 
-__all__ = ["BENCHMARKS", "LAYOUTS", "main"]
+__all__ = [
+    "BENCHMARKS",
+    "LAYOUTS",
+    "WriteRun",
+    "append_rows",
+    "layout_named",
+    "main",
+    "write_rows",
+]
 
 ROWS_PER_COMMIT: Final = 100
 WAL_COMMITS: Final = 20
@@ -254,11 +262,14 @@ def _prefill_rows(sizes: Sizes) -> Prefill:
     return Prefill(rows, long_id, short_id, others, seqs)
 
 
-def _commits(ids: list[str], seqs: list[int], commits: int) -> list[list[Row]]:
+def _commits(
+    ids: list[str], seqs: list[int], commits: int, by_seq: bool = False
+) -> list[list[Row]]:
     """``commits`` transactions of `ROWS_PER_COMMIT` rows over the sessions ``ids`` (each
     continuing from its seq in ``seqs``): each round gives every session one row, in a
     random order of its own (as a group commit takes whichever sessions appended
-    last), seqs in order per session."""
+    last), seqs in order per session. ``by_seq``: a row's payload is that of its seq
+    (as the durable benchmarks append them), else of its place in the run."""
     sessions = len(ids)
     rng = random.Random(sessions)
     seqs = list(seqs)
@@ -271,7 +282,7 @@ def _commits(ids: list[str], seqs: list[int], commits: int) -> list[list[Row]]:
                 order = list(range(sessions))
                 rng.shuffle(order)
             i = order.pop()
-            rows.append((ids[i], seqs[i], *_payload(c + j)))
+            rows.append((ids[i], seqs[i], *_payload(seqs[i] if by_seq else c + j)))
             seqs[i] += 1
         out.append(rows)
     return out
@@ -397,9 +408,16 @@ class WriteRun:
     wal_per_commit: float
 
 
-def _write(layout: Layout, folder: Path, base: Path | None, work: list[list[Row]]) -> WriteRun:
-    """Time ``work`` (all but the last `WAL_COMMITS` commits) into a fresh file of
-    ``layout``, a copy of ``base`` or empty; then size the WAL of the rest."""
+def _write(
+    layout: Layout,
+    folder: Path,
+    base: Path | None,
+    work: list[list[Row]],
+    tail: int = WAL_COMMITS,
+) -> WriteRun:
+    """Time ``work`` (all but the last ``tail`` commits) into a fresh file of
+    ``layout``, a copy of ``base`` or empty; then size the WAL of the rest (none
+    without a tail)."""
     path = folder / f"{layout.name}.db"
     if base is None:
         _make(layout, path)
@@ -421,23 +439,52 @@ def _write(layout: Layout, folder: Path, base: Path | None, work: list[list[Row]
         for rows in work:
             plans.append(_statements(layout, rows, next_id, numbers))
             next_id += len(rows)
-        timed, tail = plans[:-WAL_COMMITS], plans[-WAL_COMMITS:]
+        timed, rest = plans[: len(plans) - tail], plans[len(plans) - tail :]
         execute = conn.execute
         w0 = _written()
         ns = h.time_ns(lambda: _run(execute, timed))
         w1 = _written()
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        _run(execute, tail)
-        wal = os.path.getsize(f"{path}-wal")
+        wal = 0
+        if rest:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            _run(execute, rest)
+            wal = os.path.getsize(f"{path}-wal")
         after = int(conn.execute(layout.count_sql).fetchone()[0])
     finally:
         conn.close()
     stored = sum(len(r) for r in work)
     if after - before != stored:
         raise AssertionError(f"schema {layout.name}: {after - before} rows stored, not {stored}")
-    return WriteRun(ns, stored - sum(len(r) for r in work[-WAL_COMMITS:]),
-                    (w1 - w0) / len(timed), wal / len(tail))  # fmt: skip
+    return WriteRun(ns, stored - sum(len(r) for r in work[len(work) - tail :]),
+                    (w1 - w0) / len(timed), wal / len(rest) if rest else 0.0)  # fmt: skip
+
+
+def layout_named(name: str) -> Layout:
+    """The candidate layout called ``name``."""
+    for candidate in LAYOUTS:
+        if candidate.name == name:
+            return candidate
+    raise KeyError(f"no layout {name!r}; the layouts are {[c.name for c in LAYOUTS]}")
+
+
+def append_rows(ids: list[str], events: int) -> list[list[Row]]:
+    """The rows of ``events`` appends of ``{'content': 'short text <j>'}`` to each session
+    of ``ids``, encoded as the store stores them, in transactions of `ROWS_PER_COMMIT`
+    rows: each round gives every session its next row, in a random order (as a group
+    commit of as many sessions' appends). Needs ``len(ids) * events`` to be a multiple of
+    `ROWS_PER_COMMIT`."""
+    total = len(ids) * events
+    if total % ROWS_PER_COMMIT:
+        raise ValueError(f"{total} rows are not transactions of {ROWS_PER_COMMIT}")
+    return _commits(ids, [0] * len(ids), total // ROWS_PER_COMMIT, by_seq=True)
+
+
+def write_rows(layout: Layout, folder: Path, work: list[list[Row]]) -> WriteRun:
+    """Raw sqlite3 (WAL, ``synchronous=FULL``, as the store opens a file) writing ``work``
+    into a fresh file of ``layout`` in ``folder``, a transaction per item (statements
+    made before the clock starts), every row counted after: the time and rows."""
+    return _write(layout, folder, None, work, tail=0)
 
 
 def _run(execute: Any, plans: list[list[Statement]]) -> None:
