@@ -79,24 +79,27 @@ JOIN_TIMEOUT: Final = 300.0
 
 GOALS: Final[dict[str, str]] = {
     "G1": "session append round trip (memory) <= 1.2x a bare Pykka ask to a no-op actor",
-    "G2": "pipelined appends to one in-memory session, 100k appends >= 150k events/s",
+    "G2": "pipelined appends to one in-memory session, 100k appends >= 3x Pykka's pipelined "
+    "ask to a no-op actor in the same run",
     "G3": "durable 100 sessions x 100 events, SQLite file, durability full, acked after "
-    "commit, each caller shape (pipelined; a thread per session; one asyncio loop with 100 "
-    "coroutines): pipelined and asyncio >= 30k events/s, threads >= 25k; each >= 10x "
-    "eventsourcing's SQLite recorder and the Agents SDK SQLiteSession on the same work",
+    "commit, three caller shapes (pipelined; a thread per session; one asyncio loop with 100 "
+    "coroutines): pipelined and asyncio >= 10x both eventsourcing's SQLite recorder and the "
+    "Agents SDK SQLiteSession on the same work; threads >= 5x the recorder and >= 10x "
+    "SQLiteSession; pipelined >= 0.5x raw sqlite3 inserting the same pre-encoded rows 100 "
+    "per transaction (the floor, same run)",
     "G4": "100, 1,000, 10,000 live sessions in one process, asyncio callers, durable (SQLite): "
-    "throughput at 10,000 >= 0.9x that at 100",
+    "throughput at 10,000 >= 0.9x that at 100, on an empty file and on one that already "
+    "holds 1M events of other sessions",
     "G5": "a long session, 100k events, a compaction every 100: events/s over the last 30% "
     ">= 0.8x the first 30% (in memory and on SQLite); compact + next derive latency flat "
     "(last/first window <= 1.5x)",
     "G6": "derive_messages after one append on a 100k-event materialized log: <= 1 ms and "
     "flat on a compacted log; <= 3x a bare copy of a list that long uncompacted",
     "G7": "full fold, 100k events with 1k replaces >= 20x the O(n*r) reference fold",
-    "G8": "recovery of a 100k-event session from SQLite, GC on: <= 0.5 s and <= 1.5x a bare "
-    "SELECT + decoding the same rows with the library's own JSON decoder (stdlib json.loads "
-    "reported beside it)",
+    "G8": "recovery of a 100k-event session from SQLite, GC on: <= 1.0x a bare SELECT + "
+    "stdlib json.loads of the same rows (the library's own decoder reported beside it)",
     "G9": "a summariser that takes 2 s: the session's other calls answered in <= 10 ms meanwhile",
-    "G10": "memory per stored small event in a live session <= 1.3x a plain list of dicts",
+    "G10": "memory per stored small event in a live session <= 1.0x a plain list of dicts",
     "G11": "durable 100 sessions x 100 events on PostgresStore (local server), acked after "
     "commit: >= 20k events/s",
     "G12": "sessions on Ray, 4 shards on PostgresStore, 100 sessions x 100 appends from one "
@@ -108,7 +111,7 @@ GOALS: Final[dict[str, str]] = {
     "SQLite): threads in the process <= 64 whatever the count",
     "G15": "a live idle session <= 4 KB of memory beyond its events",
     "G16": "opening 10,000 stored sessions (10 events each, SQLite) at once from asyncio "
-    "<= 2 s (sessions open in parallel, not one after another)",
+    "<= 1 s (sessions open in parallel, not one after another)",
     "G17": "a program that ends without closing its registry exits <= 1 s after its last "
     "line; nothing acknowledged lost",
     "G18": "ADK get_session of a 10k-event session, whole, on SQLite: >= 10x ADK's "
@@ -122,7 +125,8 @@ GOALS: Final[dict[str, str]] = {
     "G23": "the same hand-off on PostgreSQL <= 100 ms",
     "G24": "4 web-worker processes on one SQLite file, 20 sessions, 32 concurrent clients in "
     "random order (read, then write one turn): >= 500 requests/s",
-    "G25": "a cold read of a 1k-event session by a process that does not hold it <= 5 ms",
+    "G25": "a cold read of a 1k-event session by a process that does not hold it <= 2 ms, "
+    "also inside a process with a big heap (millions of live objects, GC on)",
     "G26": "a snapshot that drops >= 50% of a SQLite file's events leaves the file <= 1.2x "
     "a VACUUMed copy of it",
     "G27": "the viewer's page of a 100k-event session: first rows drawn in a real browser "
@@ -144,6 +148,8 @@ GOALS: Final[dict[str, str]] = {
     "AsyncSqliteSaver's turns/s",
     "G36": "LangGraph checkpointer: the latest checkpoint of a 500-turn thread read (aget_tuple) "
     "in <= 2x the time of a 5-turn one's",
+    "G37": "CPU per durable append (SQLite, 100x100 pipelined), all threads together "
+    "<= 29.5 us (half of the ~59 us of the last profile), reported per thread",
 }
 """The DESIGN.md §8 goals the suite judges, by id, in the order of the brief."""
 

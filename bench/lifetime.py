@@ -36,7 +36,7 @@ __all__ = ["BENCHMARKS"]
 THROUGHPUT_GOAL: Final = 0.8
 FLAT_GOAL: Final = 1.5
 LATENCY_GOAL_MS: Final = 10.0
-MEMORY_GOAL: Final = 1.3
+MEMORY_GOAL: Final = 1.0
 CYCLE: Final = 100
 """Appends between two compactions in lifetime.long."""
 

@@ -182,9 +182,6 @@ def plot_scaling(doc: dict[str, Any], png: Path) -> Path | None:
                 for x, y in zip(xs, med, strict=True):
                     a.annotate(_count_label(y), (x, y), textcoords="offset points",
                                xytext=(5, 6), fontsize=8)  # fmt: skip
-            a.axhline(
-                30_000, color="tab:red", ls="-.", lw=1.2, label="30k ev/s (G3, 100 sessions)"
-            )
             a.set_xscale("log")
             a.set_yscale("log")
             sessions = sweep["sessions"]

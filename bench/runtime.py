@@ -44,7 +44,7 @@ __all__ = ["BENCHMARKS"]
 
 THREADS_GOAL: Final = 64
 IDLE_MEMORY_GOAL: Final = 4096.0
-OPEN_GOAL_S: Final = 2.0
+OPEN_GOAL_S: Final = 1.0
 EXIT_GOAL_S: Final = 1.0
 ROOT: Final = Path(__file__).resolve().parent.parent
 PROBE_TIMEOUT: Final = 600.0

@@ -41,7 +41,8 @@ from nous_actor import Log, Message, Session
 __all__ = ["BENCHMARKS"]
 
 ROUND_TRIP_GOAL: Final = 1.2
-PIPELINED_GOAL: Final = 150_000.0
+PIPELINED_GOAL: Final = 3.0
+"""DESIGN.md §8: pipelined appends >= 3x Pykka's pipelined asks to a no-op actor."""
 THREADS: Final = 8
 JOIN_TIMEOUT: Final = h.JOIN_TIMEOUT
 
@@ -457,19 +458,19 @@ def bench_pipelined(cfg: h.Config) -> h.Section:
         if i:
             sec.rows.append(h.info_row(title, *cells, **nums))
             continue
+        speed = h.ratios(samples["ask"], samples[name])  # pykka's time / ours: x faster
         sec.rows.append(
             h.goal_row(
                 "G2",
-                title,
+                title + " vs pipelined pykka asks",
                 ours=cells[0],
                 baseline=cells[1],
-                ratio=cells[2],
-                value=rates[name].median,
+                ratio=h.fmt_ratio(speed.median, speed.min, speed.max) + " pykka's rate",
+                value=speed.median,
                 sense=">=",
                 target=PIPELINED_GOAL,
-                goal=f">= {h.fmt_count(PIPELINED_GOAL)} ev/s",
-                unit="ev/s",
-                numbers=nums,
+                goal=f">= {PIPELINED_GOAL:g}x",
+                numbers={**nums, "speedup": speed.as_dict()},
             )
         )
     sec.data["cpu_us_per_event"] = {
@@ -481,7 +482,8 @@ def bench_pipelined(cfg: h.Config) -> h.Section:
         "first send to the last answer; every seq checked 0..n-1 in order afterwards (untimed).",
         "baseline = the same number of ref.ask(('user_message', d), block=False) to the no-op "
         "actor, the last one awaited; ratio = our time / pykka's in the same repeat (below 1: "
-        "ours is faster).",
+        "ours is faster), except in the G2 row: pykka's time / ours (our rate as a multiple "
+        "of pykka's, higher is better).",
         "per CPU-second = n / (CPU time of the caller thread + CPU time of the actor thread) "
         "over the same run (time.thread_time_ns in each thread): the CPU cost per event of "
         "both threads together (work outside the GIL included): other processes' load moves "
@@ -490,8 +492,10 @@ def bench_pipelined(cfg: h.Config) -> h.Section:
         "count() = the same pipeline through the session with no append: the session's "
         "messaging alone (handle, SessionFuture, actor dispatch), so append - count is the "
         "cost of Log.append (materialized) in the actor thread.",
-        f"goal (DESIGN.md §8): pipelined appends to one in-memory session >= "
-        f"{h.fmt_count(PIPELINED_GOAL)} events/s; verdict on the median wall rate.",
+        f"goal G2 (DESIGN.md §8): pipelined appends to one in-memory session >= "
+        f"{PIPELINED_GOAL:g}x the rate of pipelined pykka asks to the no-op actor in the same "
+        "run; verdict on the median over repeats of pykka's time / ours in the same repeat "
+        "(the events/s are context).",
     ]
     return sec
 

@@ -22,6 +22,7 @@ GOAL_IDS = (
     + ["G26", "G28"]
     + ["G29", "G30", "G31", "G32"]  # judged on SQLite in every run (PostgreSQL rows add to them)
     + ["G33", "G34", "G35", "G36"]  # the LangGraph checkpointer beside LangGraph's savers
+    + ["G37"]  # CPU per durable append
 )
 PG_GOAL_IDS = ["G11", "G23"]  # judged when a PostgreSQL server ran them
 RAY_GOAL_IDS = ["G12", "G13"]  # judged when cluster.ray ran (needs Ray and a PostgreSQL server)
@@ -79,7 +80,7 @@ def test_every_goal_is_judged_in_the_json(
     _, _, doc, _ = quick_run
     assert doc["meta"]["quick"] is True
     assert doc["meta"]["gc_enabled_in_timed_sections"] is True
-    assert list(doc["goals"]) == [f"G{i}" for i in range(1, 37)]
+    assert list(doc["goals"]) == [f"G{i}" for i in range(1, 38)]
     judged = _judged_ids(doc)
     for gid, goal in doc["goals"].items():
         if gid not in judged:
@@ -112,6 +113,14 @@ def test_goal_rows_are_consistent(quick_run: tuple[str, str, dict[str, Any], Pat
     # the peers are compared side by side in every shape (they are installed with the bench extra)
     if importlib.util.find_spec("eventsourcing") and importlib.util.find_spec("agents"):
         assert sum(1 for r in rows if r["goal_id"] == "G3" and "peer" in r["numbers"]) == 6
+    # pipelined against the floor (raw sqlite3, the same rows), in every run
+    (floor,) = [r for r in rows if r["goal_id"] == "G3" and "floor" in r["numbers"]]
+    assert floor["numbers"]["floor"] in {"numbered", "rowid"}
+    (cpu,) = [r for r in rows if r["goal_id"] == "G37"]
+    assert cpu["numbers"]["cpu_us_per_event_by_thread"]
+    g25 = [r for r in rows if r["goal_id"] == "G25"]
+    assert len(g25) == 2  # a cold read, and the same with a big heap in the reading process
+    assert g25[1]["numbers"]["heap_objects"] > 0
     g9 = [r for r in rows if r["goal_id"] == "G9"]
     assert len(g9) == 2
     assert all(r["numbers"]["latency_ns"]["n"] >= 1 for r in g9)
