@@ -44,7 +44,9 @@ from nous_actor.core.event import (
     Event,
     EventType,
     InvalidEvent,
+    MessageFields,
     Replace,
+    install_held_readers,
     parse_surface_op,
     passing_event,
     trusted_event,
@@ -142,9 +144,9 @@ def _finite_float(text: str) -> float:
     return x
 
 
-def _tree_freezer(
+def _tree_freezers(
     untracked: Callable[[object], object],
-) -> Callable[[dict[str, Any]], FrozenDict]:
+) -> tuple[Callable[[dict[str, Any]], FrozenDict], Callable[[list[Any]], FrozenList]]:
     """Freeze a tree msgspec decoded (plain dicts and lists of exact JSON types, which
     nothing else holds), as the stdlib decoder's hook freezes what it reads."""
 
@@ -169,11 +171,12 @@ def _tree_freezer(
         untracked(fd)
         return fd
 
-    return frozen_tree
+    return frozen_tree, frozen_items
 
 
-_frozen_tree = _tree_freezer(untrack)
-_passing_tree = _tree_freezer(id)
+_freezers = _tree_freezers(untrack)
+_passing_freezers = _tree_freezers(id)
+_frozen_tree, _passing_tree = _freezers[0], _passing_freezers[0]
 
 _FAST_DECODE: Final[Callable[[str | bytes], Any]] = msgspec.json.Decoder().decode
 """The first reader of stored JSON: msgspec's strict decoder. Whatever it refuses (not
@@ -381,8 +384,9 @@ def dumps_event(event: Event) -> str:
 
 def encode_data(event: Event) -> str:
     """The event's ``data`` as compact JSON text (the stored form), whatever this
-    thread's recursion limit."""
-    return encode_json(event.data)
+    thread's recursion limit; the text an event read from a store holds, as it is."""
+    held = event._data
+    return held if type_of(held) is str else encode_json(held)
 
 
 def _json_kind(value: Any) -> str:
@@ -436,10 +440,12 @@ def _row_decoder(
     def event_from_row(seq: int, type: str, time: str, data: str | bytes) -> Event:
         """Decode an event stored as columns (``data`` as JSON text).
 
-        The fast path of recovery: the decoder already freezes the data and
-        refuses what JSON data may not hold, so only the rules a stored row could
-        still break are checked (type, time, ``surface_op``). Every check is made
-        here, at decoding: a corrupt row is found when it is read, never later.
+        The fast path of recovery: the decoder refuses what JSON data may not hold,
+        so only the rules a stored row could still break are checked (type, time,
+        ``surface_op``). Every check is made here, at decoding: a corrupt row is
+        found when it is read, never later. An event without a ``surface_op``
+        keeps its checked text and freezes it when its ``data`` is first read
+        (what the fold needs, type and ``surface_op``, is known already).
 
         Raises:
             CodecError: a column is malformed; ``.field`` names it.
@@ -457,6 +463,13 @@ def _row_decoder(
             if t.tzinfo is None:
                 _fail(f"seq {seq}: 'time' has no UTC offset: {time!r}", None, "time")
             t = t.astimezone(UTC)
+        if type_of(data) is str:
+            try:
+                value = _FAST_DECODE(data)  # the whole text is checked here, at reading
+            except (msgspec.MsgspecError, RecursionError, UnicodeError):
+                value = None  # the stdlib path below decides
+            if type_of(value) is dict and value.get("surface_op") is None:
+                return make(seq, etype, t, data, None)  # held as text, frozen when read
         frozen = load_stored(data, seq)
         if type_of(frozen) is not FrozenDict:
             _fail(
@@ -489,18 +502,84 @@ recovery. Only the rules a stored row could still break are checked (type, time,
 ``surface_op``), all at decoding: a corrupt row is found when it is read.
 Raises `CodecError` (``.field`` names the column) for a malformed one."""
 
-passing_event_from_row: Final[RowDecoder] = _row_decoder(
-    _stored_loader(
-        getattr(_PASSING_DECODER, "scan_once"),  # noqa: B009
-        _passing_object,
-        _passing_tree,
-    ),
-    passing_event,
+_load_passing = _stored_loader(
+    getattr(_PASSING_DECODER, "scan_once"),  # noqa: B009
+    _passing_object,
+    _passing_tree,
 )
+passing_event_from_row: Final[RowDecoder] = _row_decoder(_load_passing, passing_event)
 """`event_from_row` for rows read to be looked at and dropped (a reader's cold read):
 the same checks; the values are left to the cyclic collector, which costs a value
 that dies young nothing, where taking each out of it costs a C call."""
 
+
+def _load_held(text: str, seq: int, tracked: bool) -> FrozenDict:
+    """The data of an event that holds its stored text (checked when it was read)."""
+    frozen: FrozenDict = (_load_passing if tracked else _load_stored)(text, seq)
+    return frozen
+
+
+class _MessageFields(msgspec.Struct):
+    """What a surface event's projection reads of its data (DESIGN.md §3); msgspec
+    skips every other key, and a key given twice is its last value, as in a dict."""
+
+    content: Any = None
+    reasoning_content: Any = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    name: Any = None
+    metadata: Any = None
+
+
+_FIELDS_DECODE: Final[Callable[[str], _MessageFields]] = msgspec.json.Decoder(
+    _MessageFields
+).decode
+
+
+def _held_fields(text: str, seq: int, tracked: bool) -> MessageFields:
+    """The message's fields out of an event's held text, each frozen as its data's
+    would be; the whole data read (`_load_held`) should msgspec refuse the text."""
+    try:
+        f = _FIELDS_DECODE(text)
+    except (msgspec.MsgspecError, RecursionError, UnicodeError):
+        d = _load_held(text, seq, tracked)
+        return (
+            d.get("content"),
+            d.get("reasoning_content"),
+            d.get("tool_calls"),
+            d.get("tool_call_id"),
+            d.get("name"),
+            d.get("metadata"),
+        )
+    tree, items = _passing_freezers if tracked else _freezers
+    content, reasoning, calls = f.content, f.reasoning_content, f.tool_calls
+    call_id, name, meta = f.tool_call_id, f.name, f.metadata
+    # Text and None are the rule; any other value that is a container is frozen.
+    if type_of(content) is not str and content is not None:
+        content = _frozen_any(content, tree, items)
+    if calls is not None:
+        calls = _frozen_any(calls, tree, items)
+    if meta is not None:
+        meta = _frozen_any(meta, tree, items)
+    if type_of(reasoning) is not str and reasoning is not None:
+        reasoning = _frozen_any(reasoning, tree, items)
+    if type_of(call_id) is not str and call_id is not None:
+        call_id = _frozen_any(call_id, tree, items)
+    if type_of(name) is not str and name is not None:
+        name = _frozen_any(name, tree, items)
+    return content, reasoning, calls, call_id, name, meta
+
+
+def _frozen_any(
+    v: Any,
+    tree: Callable[[dict[str, Any]], FrozenDict],
+    items: Callable[[list[Any]], FrozenList],
+) -> Any:
+    t = type_of(v)
+    return tree(v) if t is dict else items(v) if t is list else v
+
+
+install_held_readers(_load_held, _held_fields)
 
 _fromisoformat: Final = datetime.fromisoformat
 

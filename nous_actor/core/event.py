@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
+from gc import is_tracked as _is_tracked
 from typing import Any, Final, NoReturn
 
 from nous_actor.core import limits as _limits
@@ -493,9 +494,16 @@ _set = object.__setattr__
 
 
 class _EventSlots:
-    """The fields of an `Event`; set once, while it is built (see `trusted_event`)."""
+    """The fields of an `Event`; set once, while it is built (see `trusted_event`).
 
-    __slots__ = ("_msg", "_op", "_pos", "data", "seq", "time", "type")
+    ``_data`` is the frozen data, or the stored JSON text of an event read from a
+    store, already checked to be a JSON object without a ``surface_op`` (see
+    `nous_actor.core.codec.event_from_row`): it is decoded when something first
+    reads ``data``, so what nothing reads (a shadowed event, a bookkeeping one, a
+    session opened to be appended to) is never decoded.
+    """
+
+    __slots__ = ("_data", "_msg", "_op", "_pos", "seq", "time", "type")
 
 
 class _Building(_EventSlots):
@@ -506,14 +514,14 @@ class _Building(_EventSlots):
     seq: int
     type: EventType
     time: datetime
-    data: FrozenDict
+    _data: FrozenDict | str
     _op: Replace | None
     _pos: int
     _msg: Message | None
 
 
 def passing_event(
-    seq: int, etype: EventType, time: datetime, data: Any, op: Replace | None
+    seq: int, etype: EventType, time: datetime, data: FrozenDict | str, op: Replace | None
 ) -> Event:
     """`trusted_event` for an event read to be looked at and dropped (a reader's cold
     read): left to the cyclic collector, which costs nothing for a value that dies
@@ -522,7 +530,7 @@ def passing_event(
     ev.seq = seq
     ev.type = etype
     ev.time = time
-    ev.data = data
+    ev._data = data
     ev._op = op
     ev._pos = seq if op is None else op.start
     ev._msg = None
@@ -531,9 +539,11 @@ def passing_event(
 
 
 def trusted_event(
-    seq: int, etype: EventType, time: datetime, data: FrozenDict, op: Replace | None
+    seq: int, etype: EventType, time: datetime, data: FrozenDict | str, op: Replace | None
 ) -> Event:
-    """An Event of already checked parts: the hot path of appends and of recovery."""
+    """An Event of already checked parts: the hot path of appends and of recovery.
+
+    ``data`` is frozen, or stored JSON text the codec checked (see `_EventSlots`)."""
     ev = passing_event(seq, etype, time, data, op)
     untrack(ev)
     return ev
@@ -561,7 +571,7 @@ class Event(_EventSlots):
     seq: int
     type: EventType
     time: datetime
-    data: FrozenDict
+    _data: FrozenDict | str
     _op: Replace | None
     _pos: int
     _msg: Message | None
@@ -583,6 +593,12 @@ class Event(_EventSlots):
 
     def __delattr__(self, name: str) -> NoReturn:
         raise AttributeError("Event is immutable")
+
+    @property
+    def data(self) -> FrozenDict:
+        """The event's data: a deeply immutable mapping, equal to the plain dict."""
+        d = self._data
+        return _read_held(self, d) if isinstance(d, str) else d
 
     @property
     def surface_op(self) -> Replace | None:
@@ -607,7 +623,7 @@ class Event(_EventSlots):
 
     def with_seq(self, seq: int) -> Event:
         """The same event under another seq (used to copy an event into another log)."""
-        return trusted_event(seq, self.type, self.time, self.data, self._op)
+        return trusted_event(seq, self.type, self.time, self._data, self._op)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Event):
@@ -629,7 +645,7 @@ class Event(_EventSlots):
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (Event._trusted, (self.seq, self.type, self.time, self.data, self._op))
+        return (Event._trusted, (self.seq, self.type, self.time, self._data, self._op))
 
 
 def _fill(
@@ -638,7 +654,7 @@ def _fill(
     _set(ev, "seq", seq)
     _set(ev, "type", etype)
     _set(ev, "time", t)
-    _set(ev, "data", data)
+    _set(ev, "_data", data)
     _set(ev, "_op", op)
     _set(ev, "_pos", seq if op is None else op.start)
     _set(ev, "_msg", None)
@@ -648,24 +664,69 @@ def _fill(
 
 _SEQ: Final = _EventSlots.__dict__["seq"].__get__
 
+HeldLoader = Callable[[str, int, bool], FrozenDict]
+"""Decode an event's held JSON text: ``(text, seq, tracked)``, ``tracked`` being whether
+the event is left to the cyclic collector (a passing one), its data then too."""
+
+MessageFields = tuple[Any, Any, Any, Any, Any, Any]
+"""``content``, ``reasoning_content``, ``tool_calls``, ``tool_call_id``, ``name`` and
+``metadata`` of a surface event's data, frozen, ``None`` where absent."""
+
+HeldFields = Callable[[str, int, bool], MessageFields]
+"""Read the `MessageFields` out of an event's held text (same arguments as
+`HeldLoader`), decoding nothing else."""
+
+
+def _unregistered(text: str, seq: int, tracked: bool) -> Any:
+    """Never called: importing any part of the package imports the codec, which
+    registers its readers (`install_held_readers`) before it makes a held event."""
+    raise RuntimeError("nous_actor.core.codec registers the readers of held event text")
+
+
+_held_data: HeldLoader = _unregistered
+_held_fields: HeldFields = _unregistered
+
+
+def install_held_readers(load: HeldLoader, fields: HeldFields) -> None:
+    """Name the codec's readers of held text (the codec imports this module, so it
+    registers them rather than being imported here)."""
+    global _held_data, _held_fields
+    _held_data, _held_fields = load, fields
+
+
+def _read_held(ev: Event, text: str) -> FrozenDict:
+    """Decode the stored text an event holds, once: the frozen data replaces the text.
+
+    Two threads reading it at once both decode it and get equal values; either
+    value stays (both are the same data), and the text is never read again."""
+    frozen = _held_data(text, ev.seq, _is_tracked(ev))
+    _set(ev, "_data", frozen)
+    return frozen
+
 
 def project(ev: Event) -> Message:
     """Project a surface event to its message; memoised on the event."""
     m = ev._msg
     if m is None:
-        d = ev.data
-        calls = d.get("tool_calls")
-        meta = d.get("metadata")
+        d = ev._data
+        passing = _is_tracked(ev)  # an event read to be dropped: its message passes too
+        if isinstance(d, str):  # held text: only the message's fields are decoded
+            content, reasoning, calls, call_id, name, meta = _held_fields(d, ev.seq, passing)
+        else:
+            content, reasoning = d.get("content"), d.get("reasoning_content")
+            calls, call_id = d.get("tool_calls"), d.get("tool_call_id")
+            name, meta = d.get("name"), d.get("metadata")
         m = trusted_message(
             ROLE_OF[ev.type],
-            d.get("content"),
-            d.get("reasoning_content"),
+            content,
+            reasoning,
             EMPTY_LIST if calls is None else calls,
-            d.get("tool_call_id"),
-            d.get("name"),
+            call_id,
+            name,
             EMPTY_DICT if meta is None else meta,
             ev.time,
         )
-        untrack(m)
+        if not passing:
+            untrack(m)
         _set(ev, "_msg", m)
     return m

@@ -1,0 +1,196 @@
+"""Events read from a store hold their checked JSON text until their data is read.
+
+A row is decoded (and so checked) when it is read, but its data is frozen only when
+something reads it: a derive decodes each visible surface event's message fields and
+nothing of what is shadowed; a session opened to be appended to decodes nothing.
+These tests hold a held event to the same meaning as an eagerly decoded one, and
+count the work a derive does.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nous_actor import Event, FrozenDict, Log, Replace, SQLiteStore
+from nous_actor.core import codec
+from nous_actor.core import event as event_module
+from nous_actor.core._frozen import FrozenList
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+_ATOMS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+_VALUES = st.recursive(
+    _ATOMS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_FIELD = st.sampled_from(
+    ["content", "reasoning_content", "tool_calls", "tool_call_id", "name", "metadata", "other"]
+)
+_DATA = st.dictionaries(_FIELD | st.text(max_size=5), _VALUES, max_size=6)
+_TYPES = st.sampled_from(
+    ["user_message", "assistant_message", "tool_result", "system_message", "turn_start"]
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "held.db")
+    yield s
+    s.close()
+
+
+def _frozen_alike(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if type(a) is FrozenDict:
+        return list(a) == list(b) and all(_frozen_alike(a[k], b[k]) for k in a)
+    if type(a) is FrozenList:
+        return len(a) == len(b) and all(_frozen_alike(x, y) for x, y in zip(a, b, strict=True))
+    return bool(str(a) == str(b)) if type(a) is float else bool(a == b)
+
+
+def _held(etype: str, data: dict[str, Any], seq: int = 0) -> Event:
+    """The event as a store reads it back: from its row."""
+    ev = codec.event_from_row(
+        seq, etype, codec.format_time(T0), codec.encode_json(Event(seq, etype, T0, data).data)
+    )
+    return ev
+
+
+@settings(max_examples=200)
+@given(_TYPES, _DATA, st.booleans())
+def test_a_held_event_means_what_its_eager_twin_means(
+    etype: str, data: dict[str, Any], project_first: bool
+) -> None:
+    """Equal events, equal data frozen alike, equal messages, whichever is read first."""
+    eager = Event(0, etype, T0, data)
+    held = _held(etype, data)
+    assert isinstance(held._data, str)
+    if project_first:
+        assert held.to_message() == eager.to_message()
+        assert isinstance(held._data, str)  # the message's fields alone were read
+    assert _frozen_alike(held.data, eager.data)
+    assert type(held._data) is FrozenDict  # read once, kept
+    assert held == eager
+    assert held.to_message() == eager.to_message()
+    if eager.is_surface:
+        m, e = held.to_message(), eager.to_message()
+        assert m is not None
+        assert e is not None
+        for field in ("content", "reasoning_content", "tool_calls", "tool_call_id", "name"):
+            assert _frozen_alike(getattr(m, field), getattr(e, field))
+        assert _frozen_alike(m.metadata, e.metadata)
+
+
+@given(_TYPES, _DATA)
+def test_a_held_event_pickles_as_its_text_and_reads_back_equal(
+    etype: str, data: dict[str, Any]
+) -> None:
+    held = _held(etype, data)
+    back = pickle.loads(pickle.dumps(held))
+    assert isinstance(back._data, str)
+    assert back == Event(0, etype, T0, data)
+    assert held.with_seq(7).data == data
+
+
+def test_a_replace_is_decoded_when_read(store: SQLiteStore) -> None:
+    """A row with a surface_op is decoded at once: the fold needs it."""
+    ev = codec.event_from_row(
+        3, "system_message", codec.format_time(T0), '{"content":"s","surface_op":["replace",0,2]}'
+    )
+    assert type(ev._data) is FrozenDict
+    assert ev.surface_op == Replace(0, 2)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    counts = {"data": 0, "fields": 0}
+    data, fields = event_module._held_data, event_module._held_fields
+
+    def count_data(text: str, seq: int, tracked: bool) -> FrozenDict:
+        counts["data"] += 1
+        return data(text, seq, tracked)
+
+    def count_fields(text: str, seq: int, tracked: bool) -> Any:
+        counts["fields"] += 1
+        return fields(text, seq, tracked)
+
+    monkeypatch.setattr(event_module, "_held_data", count_data)
+    monkeypatch.setattr(event_module, "_held_fields", count_fields)
+    return counts
+
+
+def test_a_derive_decodes_the_visible_surface_alone(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 events, a summary replacing the first 190 positions: a derive after recovery
+    reads the message fields of the 10 visible events and the summary (a replace,
+    decoded at reading), and never the data of anything."""
+    log = Log()
+    for i in range(200):
+        log = log.append("user_message" if i % 3 else "tool_call", {"content": f"m{i}"})
+    log = log.append("system_message", {"content": "summary", "surface_op": Replace(0, 189)})
+    store.write({"s": list(log.events())})
+    counts = _counting(monkeypatch)
+    restored = Log.restore(store.load("s"))
+    messages = restored.derive_messages()
+    assert messages == log.derive_messages()
+    visible_held = sum(1 for ev in restored.events()[190:200] if ev.is_surface)
+    assert counts == {"data": 0, "fields": visible_held}
+    assert sum(isinstance(ev._data, str) for ev in restored.events()) == 200
+
+
+def test_copying_held_events_to_another_store_decodes_nothing(
+    store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored text is written as it was read: a copy never decodes the data."""
+    events = [
+        Event(i, "tool_result", T0 + timedelta(seconds=i), {"content": f"r{i}", "x": [i]})
+        for i in range(50)
+    ]
+    store.write({"s": events})
+    held = store.load("s")
+    counts = _counting(monkeypatch)
+    other = SQLiteStore(tmp_path / "other.db")
+    try:
+        other.write({"s": held})
+        assert counts == {"data": 0, "fields": 0}
+        assert other.load("s") == events
+    finally:
+        other.close()
+
+
+def test_threads_reading_one_held_event_at_once_read_equal_data() -> None:
+    held = _held("user_message", {"content": "x", "tool_calls": [{"id": "a"}]})
+    start = threading.Barrier(8, timeout=10)
+    seen: list[Any] = []
+
+    def read() -> None:
+        start.wait()
+        seen.append(held.data)
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(seen) == 8
+    assert all(d == {"content": "x", "tool_calls": [{"id": "a"}]} for d in seen)
+    assert held.data is held.data  # the last decode stays
