@@ -80,6 +80,11 @@ PRIVATE: Final[Mapping[str, str]] = {
         "SessionFuture and the simulation's future: a future made by map/filter/join "
         "is computed by a blocking get, which they must not replace"
     ),
+    "_get_hook_result": (
+        "SessionFuture: Pykka's Future.__init__ is done in place, its 'not computed yet' "
+        "marker one shared instance (Pykka makes one per future, an object more for the "
+        "cyclic collector to track per call in flight)"
+    ),
     "_result": (
         "the simulation's future: whether it is answered, without blocking (the "
         "simulation runs other steps until it is)"

@@ -30,6 +30,15 @@ DEFAULT_TIMEOUT = 30.0
 
 _PENDING, _VALUE, _ERROR = 0, 1, 2
 
+_UNSET: Final = pykka.Future()._get_hook_result
+"""Pykka's marker of a get hook's result not computed yet, one for every future (Pykka
+makes one per future, an object the cyclic collector tracks for each call in flight)."""
+
+_ANSWER_LOCKS: Final = tuple(allocate_lock() for _ in range(64))
+"""The locks that make a future's answer and its callbacks one step, shared by futures
+in stripes (a lock of its own would be one more object per call in flight for the
+cyclic collector); each is held for a few attribute reads and writes."""
+
 
 class SessionFuture(pykka.Future[T]):
     """The answer to one call on a session: a Pykka future with two differences.
@@ -56,18 +65,27 @@ class SessionFuture(pykka.Future[T]):
         "_tb",
         "_timeout",
         "_value",
+        "_waiter",
+        "_waker",
     )
 
     def __init__(self, session_id: str = "?", timeout: float = DEFAULT_TIMEOUT) -> None:
-        super().__init__()
+        # Pykka's Future.__init__, with its marker shared (see _UNSET).
+        self._get_hook = None
+        self._get_hook_result = _UNSET
         self._session_id = session_id
         self._timeout = timeout
         self._state = _PENDING
         self._value: Any = None
-        self._lock = allocate_lock()  # guards the answer (once) and the callbacks
+        # Guards the answer (once) and the callbacks.
+        self._lock = _ANSWER_LOCKS[(id(self) >> 4) & 63]
         self._ready = allocate_lock()  # held until answered
         self._ready.acquire()
         self._callbacks: list[Callable[[], None]] | None = None
+        # The coroutine awaiting it, if one does: woken by its loop's waker, with no
+        # callback object made for it.
+        self._waiter: asyncio.Future[None] | None = None
+        self._waker: _LoopWaker | None = None
         self._tb: Any = None
         # The event loop that must run for this future to be answered (a coroutine
         # summariser's): a blocking get() from inside it would wait out its bound.
@@ -84,7 +102,13 @@ class SessionFuture(pykka.Future[T]):
                 self._tb = value.__traceback__  # re-raised from here each time: no growth
             self._state = state
             callbacks, self._callbacks = self._callbacks, None
+            waiter, waker = self._waiter, self._waker
         self._ready.release()
+        if waker is not None:
+            try:
+                waker.push(waiter)  # type: ignore[arg-type]  # set with the waker
+            except BaseException as exc:
+                _callback_failed(exc, self._session_id)
         if callbacks:
             for cb in callbacks:
                 _run_callback(cb, self._session_id)
@@ -186,7 +210,15 @@ class SessionFuture(pykka.Future[T]):
             loop, waker = _waker()
             waiter: asyncio.Future[None] = loop.create_future()
             bucket = waker.watch(loop, waiter, self)
-            self.add_done_callback(partial(waker.push, waiter))
+            with self._lock:
+                pending = self._state == _PENDING
+                first = pending and self._waker is None  # the one awaiting coroutine
+                if first:
+                    self._waiter, self._waker = waiter, waker
+            if not pending:
+                waker.push(waiter)
+            elif not first:  # awaited by more than one coroutine at once
+                self.add_done_callback(partial(waker.push, waiter))
             try:
                 yield from waiter.__await__()
             finally:
@@ -206,12 +238,16 @@ def _run_callback(fn: Callable[[], None], session_id: str) -> None:
     try:
         fn()
     except BaseException as exc:
-        logger.error(
-            "future.callback_failed",
-            session_id=session_id,
-            reason=type(exc).__name__,
-            error=short_repr(exc),
-        )
+        _callback_failed(exc, session_id)
+
+
+def _callback_failed(exc: BaseException, session_id: str) -> None:
+    logger.error(
+        "future.callback_failed",
+        session_id=session_id,
+        reason=type(exc).__name__,
+        error=short_repr(exc),
+    )
 
 
 TICK: Final = 0.05

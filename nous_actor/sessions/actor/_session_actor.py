@@ -16,7 +16,6 @@ import inspect
 import threading
 import time
 from collections import deque
-from functools import partial
 from typing import Any
 
 import pykka
@@ -159,6 +158,29 @@ def session_cell(ref: pykka.ActorRef[Any]) -> SessionCell:
             "Sessions registry) for a session instead"
         )
     return cell
+
+
+class _Committed:
+    """What the committer calls once a batch of appends is stored or failed: the
+    actor's `SessionActor._on_commit` with the batch. One object per batch in flight,
+    where a partial of a bound method would be three for the cyclic collector."""
+
+    __slots__ = ("actor", "events", "fut", "result")
+
+    def __init__(
+        self,
+        actor: SessionActor,
+        events: tuple[Event, ...],
+        fut: SessionFuture[Any] | None,
+        result: Any,
+    ) -> None:
+        self.actor = actor
+        self.events = events
+        self.fut = fut
+        self.result = result
+
+    def __call__(self, err: StoreError | None) -> None:
+        self.actor._on_commit(self.events, self.fut, self.result, err)
 
 
 class SessionActor(DispatchedSupervisedActor):
@@ -528,7 +550,7 @@ class SessionActor(DispatchedSupervisedActor):
             inflight = self.inflight = deque()
         inflight.extend(events)
         self.ledger.begin()
-        committer.submit(self.session_id, events, partial(self._on_commit, events, fut, result))
+        committer.submit(self.session_id, events, _Committed(self, events, fut, result))
         return _DEFER
 
     def _on_commit(
