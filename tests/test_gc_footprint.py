@@ -1,0 +1,83 @@
+"""What a call in flight costs the cyclic collector, counted.
+
+With thousands of sessions, every awaited append is in flight at once while the
+store commits: whatever the call allocates that the collector tracks survives
+young collections and is traversed again by the older ones (the 10,000-session
+sweep lost a third of its rate to that). These tests count the tracked objects
+a call in flight holds, so a change that adds some fails here, not in a profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sqlite3
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nous_actor import Session, SQLiteStore
+
+SESSIONS = 300
+
+
+def _census() -> Counter[str]:
+    return Counter(type(o).__qualname__ for o in gc.get_objects())
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[tuple[Path, list[Session]]]:
+    path = tmp_path / "footprint.db"
+    store = SQLiteStore(path)
+    handles = [Session.start(f"s{i}", store=store) for i in range(SESSIONS)]
+    for h in handles:
+        h.append("user_message", {"content": "warm"}).get(timeout=10)
+    yield path, handles
+    for h in handles:
+        h.stop()
+    store.close()
+
+
+def test_an_awaited_append_in_flight_is_few_objects_for_the_collector(
+    sessions: tuple[Path, list[Session]],
+) -> None:
+    """300 coroutines each await an append while another connection holds the write
+    lock: what the appends hold meanwhile, per call, in objects the collector tracks
+    (the coroutines, their tasks and the events themselves excluded)."""
+    path, handles = sessions
+    blocker = sqlite3.connect(path, isolation_level=None, timeout=30)
+
+    async def main() -> float:
+        go = asyncio.Event()
+
+        async def one(h: Session) -> int:
+            await go.wait()
+            return (await h.append("user_message", {"content": "x"})).seq
+
+        tasks = [asyncio.ensure_future(one(h)) for h in handles]
+        await asyncio.sleep(0)  # every task runs up to go.wait()
+        gc.collect()
+        before = _census()
+        blocker.execute("BEGIN IMMEDIATE")  # the commits wait behind it
+        try:
+            go.set()
+            for _ in range(3):  # each task runs on into its append, then waits for it
+                await asyncio.sleep(0)
+            assert not any(t.done() for t in tasks)
+            after = _census()
+        finally:
+            blocker.execute("COMMIT")
+        seqs = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert seqs == [1] * len(handles)
+        grown = after - before
+        return sum(grown.values()) / len(handles)
+
+    try:
+        per_call = asyncio.run(main())
+    finally:
+        blocker.close()
+    # 8 at this writing (the future, its ready lock, the committer's item and notice,
+    # the await's generator, its asyncio future and iterator, a list); 20 before.
+    assert per_call <= 10, f"{per_call:.1f} tracked objects per append in flight"
