@@ -99,8 +99,9 @@ class Host(Protocol):
 
     def actor_inbox(self) -> Any:
         """The inbox of a thread-per-actor Pykka actor (its ``_create_actor_inbox``, made
-        before the actor is): Pykka's queue, or one a simulation binds to the actor's
-        task when it starts."""
+        before the actor is): a ``queue.SimpleQueue`` (Pykka's loop uses ``put``, a
+        blocking ``get`` and ``empty``), or one a simulation binds to the actor's task
+        when it starts."""
 
     def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
         """Start a thread-per-actor Pykka actor (``start``: Pykka's own start)."""
@@ -219,8 +220,10 @@ class RealHost:
     def dispatcher(self, own: Callable[[], Any]) -> Any:
         return own()
 
-    def actor_inbox(self) -> queue.Queue[Any]:
-        return queue.Queue()
+    def actor_inbox(self) -> queue.SimpleQueue[Any]:
+        # What Pykka's loop uses of its queue (put, a blocking get, empty), in C: a put
+        # takes no Python lock and notifies no Condition.
+        return queue.SimpleQueue()
 
     def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
         start()
