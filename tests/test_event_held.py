@@ -194,3 +194,20 @@ def test_threads_reading_one_held_event_at_once_read_equal_data() -> None:
     assert len(seen) == 8
     assert all(d == {"content": "x", "tool_calls": [{"id": "a"}]} for d in seen)
     assert held.data is held.data  # the last decode stays
+
+
+def test_a_projection_msgspec_refuses_reads_the_whole_data(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Should msgspec refuse the held text when the message is made (a thread with a
+    lower recursion limit than the reader's), the message comes from the whole data."""
+    held = _held("assistant_message", {"content": "x", "tool_calls": [{"id": "a"}]})
+
+    def refuse(text: str) -> Any:
+        raise RecursionError("too deep for this thread")
+
+    monkeypatch.setattr(codec, "_FIELDS_DECODE", refuse)
+    message = held.to_message()
+    assert message is not None
+    assert message == Event(0, "assistant_message", T0, held.data).to_message()
+    assert type(held._data) is FrozenDict  # the whole data was read

@@ -536,21 +536,14 @@ _FIELDS_DECODE: Final[Callable[[str], _MessageFields]] = msgspec.json.Decoder(
 ).decode
 
 
-def _held_fields(text: str, seq: int, tracked: bool) -> MessageFields:
+def _held_fields(text: str, seq: int, tracked: bool) -> MessageFields | None:
     """The message's fields out of an event's held text, each frozen as its data's
-    would be; the whole data read (`_load_held`) should msgspec refuse the text."""
+    would be; ``None`` should msgspec refuse the text here (say, nesting past this
+    thread's recursion limit): the caller reads the whole data then."""
     try:
         f = _FIELDS_DECODE(text)
     except (msgspec.MsgspecError, RecursionError, UnicodeError):
-        d = _load_held(text, seq, tracked)
-        return (
-            d.get("content"),
-            d.get("reasoning_content"),
-            d.get("tool_calls"),
-            d.get("tool_call_id"),
-            d.get("name"),
-            d.get("metadata"),
-        )
+        return None
     tree, items = _passing_freezers if tracked else _freezers
     content, reasoning, calls = f.content, f.reasoning_content, f.tool_calls
     call_id, name, meta = f.tool_call_id, f.name, f.metadata

@@ -672,9 +672,9 @@ MessageFields = tuple[Any, Any, Any, Any, Any, Any]
 """``content``, ``reasoning_content``, ``tool_calls``, ``tool_call_id``, ``name`` and
 ``metadata`` of a surface event's data, frozen, ``None`` where absent."""
 
-HeldFields = Callable[[str, int, bool], MessageFields]
+HeldFields = Callable[[str, int, bool], MessageFields | None]
 """Read the `MessageFields` out of an event's held text (same arguments as
-`HeldLoader`), decoding nothing else."""
+`HeldLoader`), decoding nothing else; ``None`` if only the whole data can be read."""
 
 
 def _unregistered(text: str, seq: int, tracked: bool) -> Any:
@@ -710,9 +710,12 @@ def project(ev: Event) -> Message:
     if m is None:
         d = ev._data
         passing = _is_tracked(ev)  # an event read to be dropped: its message passes too
-        if isinstance(d, str):  # held text: only the message's fields are decoded
-            content, reasoning, calls, call_id, name, meta = _held_fields(d, ev.seq, passing)
+        # Held text: only the message's fields are decoded.
+        fields = _held_fields(d, ev.seq, passing) if isinstance(d, str) else None
+        if fields is not None:
+            content, reasoning, calls, call_id, name, meta = fields
         else:
+            d = ev.data
             content, reasoning = d.get("content"), d.get("reasoning_content")
             calls, call_id = d.get("tool_calls"), d.get("tool_call_id")
             name, meta = d.get("name"), d.get("metadata")
