@@ -253,10 +253,12 @@ class SQLiteStore(ClosingStore):
 
     def load(self, session_id: str) -> list[Event]:
         with self._connection.locked(session_id, "load the session") as conn:
+            # Row by row off the cursor: no list of every row's tuple lives (or is
+            # visited by the cyclic collector) while they are decoded.
             rows = conn.execute(
                 "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
                 (session_id,),
-            ).fetchall()
+            )
             return [event_from_row(*row) for row in rows]
 
     def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
