@@ -103,6 +103,7 @@ class SessionFuture(pykka.Future[T]):
             self._state = state
             callbacks, self._callbacks = self._callbacks, None
             waiter, waker = self._waiter, self._waker
+            self._waiter = self._waker = None  # an answered future keeps no loop alive
         self._ready.release()
         if waker is not None:
             try:
