@@ -275,9 +275,11 @@ class SQLiteStore(ClosingStore):
         """
         refused: dict[str, StoreError] = {}
         batches = []
+        known = self._numbers  # ids this store committed: checked when first written
         for sid, evs in appends.items():
             if evs:
-                sid = self._valid_id(sid)
+                if type(sid) is not str or sid not in known:
+                    sid = self._valid_id(sid)
                 rows = _session_rows(sid, evs, refused)
                 if rows is not None:
                     batches.append((sid, rows))

@@ -52,6 +52,10 @@ def _unstorable(sid: str, exc: BaseException) -> StoreError:
     )
 
 
+_iso: Final = datetime.isoformat
+_MICRO: Final = "microseconds"  # format_time's form, called without its frame
+
+
 def _session_rows(
     sid: str, events: Sequence[Event], refused: dict[str, StoreError]
 ) -> list[tuple[Any, ...]] | None:
@@ -59,8 +63,10 @@ def _session_rows(
     ``refused`` when one of them cannot be made (a seq past 64 bits, data the
     codec cannot encode, a time without a text form)."""
     try:
+        # The type as it is: an EventType is a str, bound as its text.
         rows = [
-            (sid, ev.seq, ev.type.value, format_time(ev.time), encode_data(ev)) for ev in events
+            (sid, ev.seq, ev.type, _iso(ev.time, timespec=_MICRO), encode_data(ev))
+            for ev in events
         ]
         for row in rows:
             seq = row[1]
