@@ -168,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcomes,
         quick=config.quick,
         started=started,
-        argv=list(sys.argv if argv is None else argv),
+        # As typed (``python -m bench ...``), never the machine's path of this file.
+        argv=["python -m bench", *(sys.argv[1:] if argv is None else argv)],
         loadavg_before=loadavg,
     )
     table = args.json.with_suffix(".txt")
