@@ -39,8 +39,7 @@ def _goal_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         for r in section["rows"]:
             if r.get("goal_id") and r.get("value") is not None and r.get("target"):
                 rows.append(r)
-    order = {f"G{i}": i for i in range(1, 20)}
-    rows.sort(key=lambda r: order.get(r["goal_id"], 99))
+    rows.sort(key=lambda r: int(r["goal_id"][1:]))  # G1, G2, ... G37, in order
     return rows
 
 
