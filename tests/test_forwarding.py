@@ -534,3 +534,55 @@ def test_the_socket_folder_a_killed_process_left_is_removed_by_the_next_endpoint
         assert (left.exists(), alive.exists(), unnamed.exists()) == (False, True, True)
         (mine,) = tmp_path.glob(f"nous-actor-{os.getpid()}-*/calls")
         assert mine.is_socket()
+
+
+def test_a_holder_letting_its_claims_go_is_waited_for_not_refused(tmp_path: Path) -> None:
+    """A registry that closes says so on the claims it still holds (``ENDING``) until
+    they are let go: another process's ``open`` waits for them and then takes the
+    session, rather than take the holder for one it cannot call (``ConflictError``)."""
+    from nous_actor.sessions.forwarding import ENDING
+
+    path = tmp_path / "app.db"
+    store_a, store_b = SQLiteStore(path), SQLiteStore(path)
+    a, b = Sessions(store_a), Sessions(store_b)
+    try:
+        a.open("chat").append("user_message", {"content": "a0"}).get(timeout=BOUND)
+        b.open("other")  # b's endpoint is up, as in a live worker
+        shared.advertise(store_a, ENDING)  # where a's close stands before its claims go
+        waiting = threading.Event()
+        reach = b._reach
+
+        def noting(session_id: str, found: Any) -> Any:
+            got = reach(session_id, found)
+            if found is not None and found[1] == ENDING:
+                waiting.set()
+            return got
+
+        b._reach = noting  # type: ignore[method-assign]
+        outcome: list[Any] = []
+        opener = threading.Thread(target=lambda: outcome.append(_open_or_error(b, "chat")))
+        opener.start()
+        assert waiting.wait(BOUND), "b never looked at a's claim"
+        assert outcome == []  # still waiting: not refused
+        a.close()
+        opener.join(BOUND)
+        assert not opener.is_alive()
+        (handle,) = outcome
+        assert not isinstance(handle, BaseException), handle
+        assert handle.append("user_message", {"content": "b0"}).get(timeout=BOUND).seq == 1
+        assert b.live() == ["chat", "other"]
+        found = shared.holder_address(store_a, "chat")  # b's claim, with b's address
+        assert found is not None
+        assert found[1] not in (None, ENDING)
+    finally:
+        b.close()
+        a.close()
+        store_b.close()
+        store_a.close()
+
+
+def _open_or_error(registry: Sessions, session_id: str) -> Any:
+    try:
+        return registry.open(session_id)
+    except BaseException as exc:
+        return exc

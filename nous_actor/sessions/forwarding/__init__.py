@@ -6,11 +6,18 @@ process answers calls for the sessions it holds on a store at its `Endpoint`
 (`endpoint`), whose address the store keeps with every claim it takes.
 """
 
-from nous_actor.sessions.forwarding.endpoint import Endpoint, endpoint_for, local_endpoint
+from nous_actor.sessions.forwarding.endpoint import (
+    ENDING,
+    Endpoint,
+    endpoint_for,
+    let_go,
+    local_endpoint,
+)
 from nous_actor.sessions.forwarding.links import LocalLink, SocketLink, link_to, socket_path
 from nous_actor.sessions.forwarding.route import REGISTRY_CLOSED, Call, Link, Route
 
 __all__ = [
+    "ENDING",
     "REGISTRY_CLOSED",
     "Call",
     "Endpoint",
@@ -19,6 +26,7 @@ __all__ = [
     "Route",
     "SocketLink",
     "endpoint_for",
+    "let_go",
     "link_to",
     "local_endpoint",
     "socket_path",

@@ -71,6 +71,11 @@ CALLS: Final[dict[str, Handler]] = {
 _BY_SEQ: Final = frozenset({"h_append", "h_append_at", "h_append_many"})
 """The calls answered with the (first) seq of what they appended."""
 
+ENDING: Final = "ending:"
+"""The address a closing endpoint leaves on the claims it still holds: their holder is
+letting them go (a caller waits for that, rather than take the claim's refusal as final,
+as it does for a holder that never answers calls from other processes)."""
+
 ANSWER_BOUND: Final = 3600.0
 """How long a forwarded call's answer is waited for here, at most (the caller's own bound
 applies at the caller; this only keeps a lost answer from being kept for ever)."""
@@ -214,7 +219,7 @@ class Endpoint:
         _local.pop(self.address, None)
         _endpoints.pop(id(self.store), None)
         try:
-            shared.advertise(self.store, None)
+            shared.advertise(self.store, ENDING)
         except Exception:  # the store closed first: its claims went with it
             pass
         sock, self._sock = self._sock, None
@@ -347,6 +352,19 @@ _endpoints_lock = threading.Lock()
 def local_endpoint(address: str) -> Endpoint | None:
     """This process's endpoint at ``address``, if it is one of ours."""
     return _local.get(address)
+
+
+def let_go(store: Store) -> None:
+    """After a closing registry let its claims go: the claims ``store`` takes from now on
+    carry no address (not `ENDING`), unless an endpoint of it was made meanwhile."""
+    with _endpoints_lock:
+        found = _endpoints.get(id(store))
+        if found is not None and found.store is store and not found.closed:
+            return
+        try:
+            shared.advertise(store, None)
+        except Exception:  # the store closed: nothing more is claimed through it
+            pass
 
 
 def endpoint_for(store: Store) -> Endpoint | None:

@@ -29,11 +29,13 @@ from nous_actor.errors import ConflictError, SessionStopped
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.sessions.forwarding import (
+    ENDING,
     REGISTRY_CLOSED,
     Endpoint,
     Link,
     Route,
     endpoint_for,
+    let_go,
     link_to,
     local_endpoint,
     socket_path,
@@ -418,6 +420,8 @@ class Sessions:
         holder, address = found
         if address is None:
             return ""
+        if address == ENDING:
+            return None  # its registry is closing: the claim is let go shortly
         mine = self._endpoint
         if mine is not None and address == mine.address and mine.route_here(session_id) is None:
             return None  # ours, but no registry here runs it: it is being let go
@@ -541,8 +545,9 @@ class Sessions:
         for route in list(self._routes.values()):
             route.close(REGISTRY_CLOSED)
         endpoint, self._endpoint = self._endpoint, None
-        if endpoint is not None:
-            endpoint.leave(self)
+        # The endpoint's claims say ENDING while they are let go: a caller elsewhere
+        # waits for them, rather than take them for a holder it cannot call.
+        ended = endpoint is not None and endpoint.leave(self)
         ref = self._ref
         if ref is not None and ref.is_alive():
             try:
@@ -553,6 +558,8 @@ class Sessions:
                 pass
             if not self._supervised:
                 ref.stop(block=True, timeout=self.timeout)
+        if ended:
+            let_go(self.store)
         self._closed = True
 
     async def aclose(self, timeout: float = 10.0) -> None:
