@@ -73,7 +73,17 @@ def test_the_langgraph_view_shows_checkpoints_forks_and_messages(
         expect(loc("#lg-checkpoints .lg-cp.head")).not_to_have_attribute("data-id", listed[0][0])
         # An earlier checkpoint of the main line, before the fork's branch was taken.
         cid, held = next((c, m) for c, m in listed if "and again" in m)
-        loc(f"#lg-checkpoints .lg-cp[data-id='{cid}']").click()
+        # Its messages are held back while another run commits and the view refreshes
+        # the thread: the checkpoint chosen stays chosen (the head does not win).
+        waiting: list[Any] = []
+        page.route("**/api/langgraph/messages?*checkpoint=*", lambda r: waiting.append(r))
+        with page.expect_request(lambda r: "checkpoint=" in r.url):
+            loc(f"#lg-checkpoints .lg-cp[data-id='{cid}']").click()
+        with page.expect_response(lambda r: "/api/langgraph?" in r.url):
+            add_turn(served.db, "one more")
+        (route,) = waiting
+        route.continue_()
+        page.unroute("**/api/langgraph/messages?*checkpoint=*")
         expect(messages).to_have_count(len(held))
         expect(messages.last).to_contain_text(held[-1])
         expect(loc(f"#lg-checkpoints .lg-cp[data-id='{cid}']")).to_have_class(

@@ -528,7 +528,13 @@ async function loadThread() {
       b.title = `hidden from LangGraph by seq ${r.gone_at}; kept in the log`;
       li.append(b);
     }
-    li.addEventListener("click", () => loadMessages(r.ns, r.id));
+    li.addEventListener("click", () => {
+      // Chosen now, not when its messages arrive: a live refresh of the thread that
+      // lands meanwhile must not take the view back to the head.
+      lg.ns = r.ns;
+      lg.checkpoint = r.id;
+      loadMessages(r.ns, r.id);
+    });
     out.push(li);
   }
   ol.replaceChildren(...out);
