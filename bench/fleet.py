@@ -66,7 +66,7 @@ def open_store(spec: str) -> Any:
 
 def _serve(store_spec: str, path: str, wait: float) -> None:
     from nous_actor import Sessions
-    from nous_actor.errors import SessionCrashed, SessionStopped
+    from nous_actor.errors import CallOutcomeUnknown, SessionCrashed, SessionStopped
 
     # wait > 0: a session held by another worker is asked for (moved here, the hand-off);
     # wait == 0: the call goes to the worker that holds it (forwarding).
@@ -78,7 +78,7 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
         sid, rid = req["sid"], req["rid"]
         t0 = time.perf_counter()
         seen = sessions.read(sid).count().get()  # read without taking the session
-        refused = ambiguous = 0
+        refused = ambiguous = found = 0
         # A request sent again (its first worker died before answering), or whose
         # holder died before answering: it may be stored already; look first.
         check = bool(req.get("retry"))
@@ -106,6 +106,7 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
                         "seen": seen,
                         "refused": refused,
                         "ambiguous": ambiguous,
+                        "found": found,
                     }
                 turn = chat.append_many(
                     [
@@ -115,8 +116,25 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
                         ("turn_end", {"rid": rid}),
                     ]
                 ).get()
+            except CallOutcomeUnknown as exc:
+                # The worker holding it died between taking the call and answering: its
+                # record tells whether it was applied (asked of the session's next holder).
+                ambiguous += 1
+                seqs = sessions.open(sid, wait=wait or None).applied(exc.call_id).get()
+                if seqs is not None:
+                    found += 1
+                    return {
+                        "ok": True,
+                        "seq": seqs[0],
+                        "dup": True,
+                        "seen": seen,
+                        "refused": refused,
+                        "ambiguous": ambiguous,
+                        "found": found,
+                    }
+                continue  # not applied: make it again
             except SessionCrashed:
-                # The worker holding it died before answering: maybe applied. The store
+                # The session crashed here before answering: maybe applied. The store
                 # is the truth: look again (the loop's first read) before writing.
                 ambiguous += 1
                 check = True
@@ -131,6 +149,7 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
                 "seen": seen,
                 "refused": refused,
                 "ambiguous": ambiguous,
+                "found": found,
             }
         raise RuntimeError("the session kept moving away")
 
@@ -291,6 +310,7 @@ class Outcome:
     refused: list[str] = field(default_factory=list)  # replies refused, then sent again
     stopped: int = 0  # calls a live worker saw refused (SessionStopped), then made again
     ambiguous: int = 0  # calls whose holder died before answering (checked, then made)
+    found: int = 0  # of those, the ones `applied(call_id)` found applied (not made again)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     replies: int = 0
@@ -369,6 +389,7 @@ def run_clients(
                 out.replies += 1
                 out.stopped += int(reply.get("refused", 0))
                 out.ambiguous += int(reply.get("ambiguous", 0))
+                out.found += int(reply.get("found", 0))
                 if reply.get("ok"):
                     out.acked[rid] = sid
                 else:

@@ -83,6 +83,7 @@ class Run:
     p99: float
     refused: int  # calls a live worker saw refused (SessionStopped), then made again
     ambiguous: int  # calls whose holder died before answering (checked, then made again)
+    found: int  # of those, the ones `applied(call_id)` found applied (not made again)
     resent: int  # requests sent again because their worker died
     killed: int
     cpu_ms: float | None = None  # the workers' CPU time per request (None: not measured)
@@ -99,6 +100,7 @@ class Run:
             "p99_s": self.p99,
             "refused": self.refused,
             "ambiguous": self.ambiguous,
+            "found_applied": self.found,
             "resent": self.resent,
             "killed": self.killed,
             "cpu_ms_per_request": self.cpu_ms,
@@ -166,7 +168,7 @@ def _fleet_run(
         problems.append(f"{len(killed)} of {kills} workers killed mid-traffic")
     return Run(
         kind, workers, len(sent), len(sent) / out.seconds, out.p50, out.p99,
-        out.stopped, out.ambiguous, out.retried, len(killed),
+        out.stopped, out.ambiguous, out.found, out.retried, len(killed),
         None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000 / len(sent), problems,
         client_cpu_ms=mine,
     )  # fmt: skip
@@ -326,6 +328,7 @@ def _refusal_row(what: str, runs: list[Run], goal_note: str) -> h.Row:
     requests = sum(r.requests for r in runs)
     refused = sum(r.refused for r in runs)
     ambiguous = sum(r.ambiguous for r in runs)
+    found = sum(r.found for r in runs)
     resent = sum(r.resent for r in runs)
     killed = sum(r.killed for r in runs)
     problems = [p for r in runs for p in r.problems]
@@ -337,7 +340,10 @@ def _refusal_row(what: str, runs: list[Run], goal_note: str) -> h.Row:
         REFUSALS_ID,
         what,
         ours=ours + (" (INVALID)" if problems else ""),
-        baseline=f"ambiguous {ambiguous} (holder died before answering); resent {resent}",
+        baseline=(
+            f"ambiguous {ambiguous} (holder died before answering: {found} found applied by "
+            f"applied(call_id), {ambiguous - found} not, made again); resent {resent}"
+        ),
         ratio="-",
         value=share,
         sense=">=",
@@ -348,6 +354,7 @@ def _refusal_row(what: str, runs: list[Run], goal_note: str) -> h.Row:
             "requests": requests,
             "refused": refused,
             "ambiguous": ambiguous,
+            "found_applied": found,
             "resent": resent,
             "killed": killed,
             "runs": [r.numbers() for r in runs],
@@ -415,7 +422,9 @@ def bench_fleet(cfg: h.Config) -> h.Section:
         "alternate, ratios per repeat, median [min-max].",
         "fleet: a refusal is a SessionStopped seen by a live worker (the call then made "
         "again); an ambiguous call is one whose holder died before answering "
-        "(SessionCrashed): the worker reads the store before writing again. Every run's "
+        "(CallOutcomeUnknown): the worker asks session.applied(call_id) (the session's next "
+        "holder reads the call's record) and makes it again only if it was not applied; "
+        "the history check then proves each answer right. Every run's "
         "histories are checked (whole turns in order, each acknowledged request once).",
         "fleet: CPU ms/req is the CPU time (user + system) the worker processes used during "
         "the traffic, over the requests (the clients' and the database server's not "

@@ -20,6 +20,7 @@ from nous_actor.core.event import Event, EventType, InvalidEvent, Replace
 from nous_actor.core.log import Log
 from nous_actor.core.message import Message, Role, UnsendableMessage
 from nous_actor.errors import (
+    CallOutcomeUnknown,
     CallTimeout,
     ClusterError,
     ConflictError,
@@ -42,6 +43,7 @@ from nous_actor.sessions.reader import SessionReader
 from nous_actor.sessions.registry import RegistryActor, Sessions
 from nous_actor.sessions.turn_handle import Turn
 from nous_actor.store import MemoryStore, SessionInfo, SQLiteStore, Store, list_sessions
+from nous_actor.store.base import CALL_RECORD_SECONDS
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import (
     Backoff,
@@ -54,7 +56,9 @@ from nous_actor.supervision import (
 )
 
 __all__ = [
+    "CALL_RECORD_SECONDS",
     "Backoff",
+    "CallOutcomeUnknown",
     "CallTimeout",
     "ChildSpec",
     "ClusterError",

@@ -8,6 +8,7 @@ from datetime import datetime
 import pykka
 
 __all__ = [
+    "CallOutcomeUnknown",
     "CallTimeout",
     "ClusterError",
     "ConflictError",
@@ -51,6 +52,26 @@ class SessionStopped(SessionError):
 class SessionCrashed(SessionStopped):
     """The session died while handling this call; whether the call was applied is unknown
     unless the session has a store, in which case the store is the truth."""
+
+
+class CallOutcomeUnknown(SessionCrashed):
+    """A call sent to the process that holds the session got no answer: that process
+    died (or its connection broke) after taking the call, so the call may or may not
+    have been applied.
+
+    The one ambiguous case of a forwarded call, and a checkable one: the holder records
+    ``call_id`` with what the call appended, in the same transaction. Once the session
+    is reachable again, ``session.applied(err.call_id)`` answers with the seqs the call
+    appended, or ``None`` if it appended nothing (then send it again). The record is
+    kept for `nous_actor.CALL_RECORD_SECONDS` after the call.
+    """
+
+    def __init__(self, session_id: str, message: str, call_id: str) -> None:
+        super().__init__(session_id, message)
+        self.call_id = call_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.session_id, self.message, self.call_id))
 
 
 class CallTimeout(SessionError, TimeoutError, pykka.Timeout):

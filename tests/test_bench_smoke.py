@@ -229,7 +229,7 @@ def test_the_fleets_cpu_bound_is_the_machine_busy_at_the_measured_cost() -> None
     from bench.location import Run, cpu_bound
 
     def run(per_s: float, cpu: float | None, clients: float | None) -> Run:
-        return Run("k", 4, 1000, per_s, 0.01, 0.05, 0, 0, 0, 0, cpu, client_cpu_ms=clients)
+        return Run("k", 4, 1000, per_s, 0.01, 0.05, 0, 0, 0, 0, 0, cpu, client_cpu_ms=clients)
 
     fleet = [run(1800, 0.9, 0.1), run(1900, 0.7, 0.3), run(1700, 1.1, 0.3)]
     alone = [run(1000, 0.7, 0.2), run(1200, 0.7, 0.2), run(1100, 0.7, 0.2)]

@@ -19,7 +19,7 @@ from nous_actor.core._frozen import short_repr
 from nous_actor.errors import CallTimeout
 from nous_actor.runtime import scheduling
 
-__all__ = ["DEFAULT_TIMEOUT", "SessionFuture"]
+__all__ = ["DEFAULT_TIMEOUT", "ForwardedFuture", "SessionFuture"]
 
 T = TypeVar("T")
 
@@ -231,6 +231,19 @@ class SessionFuture(pykka.Future[T]):
     def __repr__(self) -> str:
         state = {_PENDING: "pending", _VALUE: "done", _ERROR: "failed"}[self._state]
         return f"<SessionFuture {self._session_id!r} {state}>"
+
+
+class ForwardedFuture(SessionFuture[T]):
+    """The answer to a call another process sent to a session held here: a
+    `SessionFuture` that also carries the call's id (``call_id``), which the holder
+    records with what the call appends, in the same transaction (its caller checks it
+    with ``session.applied(call_id)`` when the answer never reached it)."""
+
+    __slots__ = ("call_id",)
+
+    def __init__(self, session_id: str, timeout: float, call_id: str) -> None:
+        super().__init__(session_id, timeout)
+        self.call_id = call_id
 
 
 def _run_callback(fn: Callable[[], None], session_id: str) -> None:

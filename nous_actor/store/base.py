@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, Self, runtime_checkable
+from typing import Final, Protocol, Self, runtime_checkable
 
 from nous_actor.core.args import check_count
 from nous_actor.core.codec import CodecError, iter_jsonl, loads
@@ -20,7 +20,24 @@ from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, StoreError
 
-__all__ = ["SessionInfo", "Store", "export_session", "import_session", "list_sessions"]
+__all__ = [
+    "CALL_RECORD_SECONDS",
+    "CallRecords",
+    "SessionInfo",
+    "Store",
+    "export_session",
+    "import_session",
+    "list_sessions",
+]
+
+CALL_RECORD_SECONDS: Final = 600
+"""How long, at least, a store keeps the record of a call forwarded from another process
+(its id, and the seqs of what it appended): the time its caller has to ask
+``session.applied(call_id)`` after `nous_actor.CallOutcomeUnknown`."""
+
+CallRecords = Mapping[str, Sequence[tuple[str, int, int]]]
+"""The forwarded calls a write records, by session: ``(call id, first seq, last seq)``
+of the events each call appended (all in the same write)."""
 
 
 @runtime_checkable

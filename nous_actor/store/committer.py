@@ -23,7 +23,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final, cast
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
@@ -47,7 +47,7 @@ flooded session's commits stay short, so that another session waits for little."
 
 
 class _Item:
-    __slots__ = ("events", "kind", "notify", "seqs", "session_id")
+    __slots__ = ("call", "events", "kind", "notify", "seqs", "session_id")
 
     def __init__(
         self,
@@ -56,12 +56,14 @@ class _Item:
         notify: Notify,
         events: Sequence[Event] = (),
         seqs: Sequence[int] = (),
+        call: str | None = None,
     ) -> None:
         self.kind = kind
         self.session_id = session_id
         self.notify = notify
         self.events = events
         self.seqs = seqs
+        self.call = call
 
 
 class Committer:
@@ -97,9 +99,13 @@ class Committer:
         # Its writer: a thread (a task of a simulation, each batch a step).
         self._queue = scheduling.current().committer_queue(self)
 
-    def submit(self, session_id: str, events: Sequence[Event], notify: Notify) -> None:
-        """Queue ``events`` of one session for the next transaction."""
-        self._queue.put(_Item("write", session_id, notify, events=events))
+    def submit(
+        self, session_id: str, events: Sequence[Event], notify: Notify, call: str | None = None
+    ) -> None:
+        """Queue ``events`` of one session for the next transaction; ``call``: the id of
+        the forwarded call that appends them, recorded with them (the store's ``write``
+        takes ``calls=``)."""
+        self._queue.put(_Item("write", session_id, notify, events=events, call=call))
 
     def submit_drop(self, session_id: str, seqs: Sequence[int], notify: Notify) -> None:
         """Queue a deletion of snapshotted seqs, ordered after the session's earlier writes."""
@@ -189,6 +195,7 @@ class Committer:
         """Write one batch and answer each of its items exactly once; returns the
         ``KeyboardInterrupt``/``SystemExit`` a store's write raised (its items failed)."""
         writes: dict[str, list[Event]] = {}
+        calls: dict[str, list[tuple[str, int, int]]] = {}
         drops: list[_Item] = []
         done: list[tuple[_Item, StoreError | None]] = []
         with self._failed_lock:
@@ -199,6 +206,10 @@ class Committer:
                 done.append((item, _after(err, item.session_id)))
             elif item.kind == "write":
                 writes.setdefault(item.session_id, []).extend(item.events)
+                if item.call is not None and item.events:
+                    calls.setdefault(item.session_id, []).append(
+                        (item.call, item.events[0].seq, item.events[-1].seq)
+                    )
                 done.append((item, None))
             else:
                 drops.append(item)
@@ -213,7 +224,10 @@ class Committer:
             sink = telemetry.sink
             start = time.time_ns() if sink is not None else 0
             try:
-                refused = store.write(writes)
+                # (a store that forwards calls records them: see `nous_actor.store.shared`)
+                refused = (
+                    cast(Any, store).write(writes, calls=calls) if calls else store.write(writes)
+                )
             except StoreError as exc:
                 whole = exc
             except BaseException as exc:  # a store of the user's that broke the protocol

@@ -13,7 +13,7 @@ from nous_actor.core.event import Event
 from nous_actor.core.ids import plain_id
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.runtime import scheduling
-from nous_actor.store.base import SessionInfo, valid_store_id
+from nous_actor.store.base import CALL_RECORD_SECONDS, CallRecords, SessionInfo, valid_store_id
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["MemoryStore"]
@@ -39,6 +39,8 @@ class MemoryStore:
         self._asked: dict[str, float] = {}  # id -> until when it is asked for
         self._address: str | None = None  # where its holders answer calls (forwarding)
         self._watches: dict[str, list[_MemoryWatch]] = {}
+        # The forwarded calls' records, oldest first: (session, call id) -> (when, seqs).
+        self._calls: dict[tuple[str, str], tuple[float, int, int]] = {}
 
     def _changed(self) -> None:
         """Under the lock: something changed (wake `wait_changed`)."""
@@ -58,7 +60,11 @@ class MemoryStore:
             stored = self._events.get(session_id, {})
             return [stored[k] for k in sorted(stored)]
 
-    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+    def write(
+        self, appends: Mapping[str, Sequence[Event]], calls: CallRecords | None = None
+    ) -> dict[str, StoreError]:
+        """Store each session's events (see `Store.write`), and record the forwarded
+        ``calls`` of the sessions stored (see `applied_call`)."""
         refused: dict[str, StoreError] = {}
         # Plain ids: a str subclass with its own __hash__ is the session of its text.
         checked = [
@@ -88,8 +94,35 @@ class MemoryStore:
                 self._events.setdefault(sid, {}).update((ev.seq, ev) for ev in events)
                 for w in self._watches.get(sid, ()):
                     w._offer(sorted(events, key=lambda ev: ev.seq))
+            if calls:
+                self._record(calls, refused)
             self._changed()
         return refused
+
+    def _record(self, calls: CallRecords, refused: Mapping[str, StoreError]) -> None:
+        """Under the lock: record the calls of the sessions stored; forget records older
+        than `CALL_RECORD_SECONDS`."""
+        now = scheduling.monotonic()
+        records = self._calls
+        while records:
+            key = next(iter(records))
+            if records[key][0] >= now - CALL_RECORD_SECONDS:
+                break
+            del records[key]
+        for sid, made in calls.items():
+            if sid not in refused:
+                for call, first, last in made:
+                    records[(sid, call)] = (now, first, last)
+
+    def applied_call(self, session_id: str, call_id: str) -> tuple[int, int] | None:
+        """The first and last seq of what the forwarded call ``call_id`` appended to
+        ``session_id``, or ``None`` if no write recorded it (in the last
+        `CALL_RECORD_SECONDS` at least)."""
+        session_id = plain_id(session_id)
+        with self._lock:
+            self._check_open()
+            found = self._calls.get((session_id, call_id))
+        return None if found is None else (found[1], found[2])
 
     def drop(self, session_id: str, seqs: Sequence[int]) -> None:
         session_id = plain_id(session_id)

@@ -58,7 +58,7 @@ from nous_actor.sessions.actor._compactions import MAX_COMPACTION_RETRIES, Compa
 from nous_actor.sessions.actor._feeds import Feeds
 from nous_actor.sessions.actor._ledger import CommitLedger
 from nous_actor.sessions.actor._summary import _Compaction, _is_async, _run_awaitable
-from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.future import ForwardedFuture, SessionFuture
 from nous_actor.sessions.recovery import recover, release
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DEFER, TurnRequest, TurnTable
 from nous_actor.sessions.turns._table import _NOT_HERE, _Waiter, end_orphan_turn, not_open
@@ -550,7 +550,10 @@ class SessionActor(DispatchedSupervisedActor):
             inflight = self.inflight = deque()
         inflight.extend(events)
         self.ledger.begin()
-        committer.submit(self.session_id, events, _Committed(self, events, fut, result))
+        # A call another process sent: its id is recorded with its events (its caller
+        # can ask whether it was applied if the answer never reaches it).
+        call = fut.call_id if type(fut) is ForwardedFuture else None
+        committer.submit(self.session_id, events, _Committed(self, events, fut, result), call)
         return _DEFER
 
     def _on_commit(
@@ -651,6 +654,23 @@ class SessionActor(DispatchedSupervisedActor):
     @call(SEES_COMMITS | THROUGH_TURN | REMOTE)
     def h_log(self) -> Log:
         return self.log._view()
+
+    @call(SEES_COMMITS | REMOTE)
+    def h_applied(self, call_id: str) -> tuple[int, ...] | None:
+        """The seqs the forwarded call ``call_id`` appended, as the store recorded them in
+        the transaction of its events, or ``None`` if it appended nothing. Read by the
+        session's holder: its claim fences every earlier holder, so the answer stands."""
+        if self.store is None:
+            return None  # no store, no forwarded calls
+        read = getattr(self.store, "applied_call", None)
+        if read is None:
+            raise StoreError(
+                f"{type(self.store).__name__} records no forwarded calls, so whether one was "
+                "applied cannot be told from its id: read the session (since(seq)) instead",
+                session_id=self.session_id,
+            )
+        found = read(self.session_id, call_id)
+        return None if found is None else tuple(range(found[0], found[1] + 1))
 
     @call(THROUGH_TURN)
     def h_ping(self) -> None:

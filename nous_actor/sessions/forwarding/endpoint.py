@@ -49,10 +49,11 @@ from nous_actor.sessions.forwarding.links import (
     SEQ,
     LocalLink,
     Sender,
+    call_id,
     portable,
 )
 from nous_actor.sessions.forwarding.route import LIFE, REGISTRY_CLOSED, Route
-from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.future import ForwardedFuture, SessionFuture
 from nous_actor.store import shared
 from nous_actor.store.base import Store
 
@@ -250,15 +251,17 @@ class Endpoint:
             assert self._key is not None
             deliver_challenge(conn, self._key)
             answer_challenge(conn, self._key)
-            protocol = pickle.loads(conn.recv_bytes())
+            hello = pickle.loads(conn.recv_bytes())
         except Exception as exc:
             logger.warning("forwarding.peer_refused", reason=type(exc).__name__, error=str(exc))
             conn.close()
             return
-        if protocol != PROTOCOL:
+        if not (type(hello) is tuple and len(hello) == 2 and hello[0] == PROTOCOL):
+            protocol = hello[0] if type(hello) is tuple and hello else hello
             logger.warning("forwarding.peer_refused", reason="protocol", protocol=protocol)
             conn.close()
             return
+        token = str(hello[1])
         sender = Sender(conn, "nous-endpoint-writer")
         refused: dict[str, int] = {}  # the last epoch refused, per session
         try:
@@ -266,14 +269,16 @@ class Endpoint:
             # as not held (and those taken before are answered as they complete).
             while True:
                 for cid, blob in pickle.loads(conn.recv_bytes()):
-                    self._take(sender, refused, cid, blob)
+                    self._take(sender, refused, token, cid, blob)
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             pass
         finally:
             sender.close()
             conn.close()
 
-    def _take(self, sender: Sender, refused: dict[str, int], cid: int, blob: bytes) -> None:
+    def _take(
+        self, sender: Sender, refused: dict[str, int], token: str, cid: int, blob: bytes
+    ) -> None:
         try:
             session_id, epoch, name, args = pickle.loads(blob)
         except Exception as exc:
@@ -282,7 +287,7 @@ class Endpoint:
         if refused.get(session_id, -1) >= epoch:
             sender.put((cid, NOT_HELD, b""))
             return
-        fut: SessionFuture[Any] = SessionFuture(session_id, ANSWER_BOUND)
+        fut: SessionFuture[Any] = ForwardedFuture(session_id, ANSWER_BOUND, call_id(token, cid))
         fut.add_done_callback(partial(_answer, sender, cid, fut, refused, epoch, name in _BY_SEQ))
         handler = CALLS.get(name)
         if handler is None:

@@ -12,10 +12,11 @@ Two kinds, one interface (`nous_actor.sessions.forwarding.route.Link`):
   batches, in the order sent; a reader thread answers their futures.
 
 A call sent over a socket whose answer never comes back because the holder
-died or the connection broke fails with `SessionCrashed`: it may or may not have
-been applied (the store is the truth). A call that was not yet written to the
-socket was not applied: it goes back to its route, which delivers it where the
-session is next.
+died or the connection broke fails with `CallOutcomeUnknown` (a `SessionCrashed`):
+it may or may not have been applied. The holder records each call's id with what
+it appends, in the same transaction, so ``session.applied(err.call_id)`` tells which.
+A call that was not yet written to the socket was not applied: it goes back to its
+route, which delivers it where the session is next.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import pickle
+import secrets
 import socket
 import threading
 import time
@@ -33,7 +35,7 @@ from typing import Any, Final
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.event import Event
-from nous_actor.errors import NousActorError, SessionCrashed
+from nous_actor.errors import CallOutcomeUnknown, NousActorError
 from nous_actor.runtime.exit import at_exit
 from nous_actor.sessions.actor import Handler
 from nous_actor.sessions.forwarding.route import Call, Route
@@ -47,8 +49,17 @@ OK, FAILED, NOT_HELD, SEQ = range(4)
 session" (not applied: send it where the session is), or the (first) seq of what an
 append appended (the caller rebuilds the events from the parts it sent)."""
 
-PROTOCOL: Final = 2  # 2: appends are answered with their seq
-"""The version of what two processes say to each other over a socket; both check it."""
+PROTOCOL: Final = 3  # 2: appends are answered with their seq; 3: calls have ids
+"""The version of what two processes say to each other over a socket; both check it. A
+link opens with ``(PROTOCOL, token)``: a call's id is the link's token and the call's
+number on the link (`call_id`)."""
+
+
+def call_id(token: str, number: int) -> str:
+    """The id of call ``number`` of the link whose token is ``token``: what the holder
+    records with the call's events, and what `CallOutcomeUnknown` names."""
+    return f"{token}-{number:x}"
+
 
 HOST: Final = socket.gethostname()
 
@@ -163,6 +174,7 @@ class SocketLink:
         "_ids",
         "_lock",
         "_sender",
+        "_token",
         "address",
         "closed",
         "sent",
@@ -174,7 +186,8 @@ class SocketLink:
             raise NousActorError(f"{address!r} is not a socket of this host")
         self.address = address
         self._conn = _connect(path, key, timeout)
-        self._conn.send_bytes(pickle.dumps(PROTOCOL))
+        self._token = secrets.token_hex(8)  # this link's calls' ids begin with it
+        self._conn.send_bytes(pickle.dumps((PROTOCOL, self._token)))
         self._sender = Sender(self._conn, "nous-link-writer", self._unsent)
         self._lock = threading.Lock()
         self._calls: dict[int, tuple[Route, int, Call]] = {}
@@ -280,13 +293,15 @@ class SocketLink:
             self._conn.close()
         except OSError:
             pass
-        for route, _, (_, _, fut) in calls.values():
+        for number, (route, _, (_, _, fut)) in calls.items():
+            cid = call_id(self._token, number)
             fut._fail(
-                SessionCrashed(
+                CallOutcomeUnknown(
                     route.session_id,
                     f"the process holding it ({self.address}) went away before "
                     f"answering ({type(exc).__name__}); the call may or may not have "
-                    "been applied: read the session (e.g. since(seq)) to see what it holds",
+                    f"been applied: session.applied({cid!r}) tells which",
+                    cid,
                 )
             )
             route.answered()

@@ -300,6 +300,30 @@ class SessionCalls:
         """The current `Log` value (immutable; later appends do not change it)."""
         return self._call(SessionActor.h_log)
 
+    def applied(self, call_id: str) -> SessionFuture[tuple[int, ...] | None]:
+        """Whether the call that failed with `nous_actor.CallOutcomeUnknown` (``call_id``:
+        its ``call_id``) was applied: the seqs of the events it appended, or ``None``
+        if it appended nothing (send it again).
+
+        Asked of the process holding the session now, once it can be reached (the
+        call's holder died: another process takes the session over, after its lease
+        on PostgreSQL): its claim fences the dead holder, so the answer is final.
+        A call's record is kept `nous_actor.CALL_RECORD_SECONDS` after the call.
+
+        Raises:
+            TypeError: ``call_id`` is not a str (raised here, before anything is sent).
+            ValueError: ``call_id`` is empty (raised here).
+            StoreError: (in the future) the session's store records no forwarded calls.
+        """
+        if not isinstance(call_id, str):
+            raise TypeError(
+                f"applied(call_id) takes the call_id (a str) of a CallOutcomeUnknown, "
+                f"got {type(call_id).__name__}"
+            )
+        if not call_id:
+            raise ValueError("applied(call_id): call_id is empty; pass the error's call_id")
+        return self._call(SessionActor.h_applied, call_id)
+
     def subscribe(
         self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
     ) -> Subscription:

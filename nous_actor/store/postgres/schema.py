@@ -12,6 +12,7 @@ application's objects, a newer store or a damaged one.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +36,9 @@ class _Sql:
     epochs: str
     channel: str
     guard: str
+    calls: str
+    """The table of forwarded calls' records; ``""`` when the store has none (made by a
+    release before it, and this role may not add it): calls are then not recorded."""
 
     @classmethod
     def of(cls, schema: str, conn: psycopg.Connection[Any]) -> _Sql:
@@ -48,6 +52,7 @@ class _Sql:
             name("epochs"),
             _channel(schema),
             name(_GUARD),
+            name("calls"),
         )
 
     def names(self) -> dict[str, str]:
@@ -58,6 +63,7 @@ class _Sql:
             "meta": self.meta,
             "epochs": self.epochs,
             "guard": self.guard,
+            "calls": self.calls,
         }
 
 
@@ -145,6 +151,23 @@ _DDL: Final = (
     *_guard_ddl(SCHEMA_VERSION),
 )
 
+CALLS_DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS {calls} (
+    at bigint NOT NULL,
+    session_id text COLLATE "C" NOT NULL,
+    call text NOT NULL,
+    first bigint NOT NULL,
+    last bigint NOT NULL,
+    PRIMARY KEY (session_id, call)
+)""",
+    "CREATE INDEX IF NOT EXISTS calls_at ON {calls} (at)",
+)
+"""The calls other processes forwarded to this store's holders, each with the seqs of what
+it appended (`PostgresStore.applied_call`), written in the transaction of those events
+and kept `CALL_RECORD_SECONDS` at least (``at``: the write's Unix time, in seconds).
+Not part of the schema's version: a store made before it gets it when next opened by a
+role that may (releases without forwarding ignore it)."""
+
 _UPGRADES: Final = {
     # Version 1 to 2: the address where a claim's holder answers (NULL for the claims
     # of version 1: their holders advertised none), and the guard of version 2. The
@@ -177,16 +200,19 @@ def open_schema(ctx: _Context, create: bool) -> tuple[psycopg.Connection[Any], _
                     "is too old; PostgresStore needs PostgreSQL 13 or newer"
                 )
             q = _Sql.of(ctx.schema, conn)
-            prepare_schema(conn, ctx, q, create)
+            if not prepare_schema(conn, ctx, q, create):
+                q = dataclasses.replace(q, calls="")
     except BaseException:
         conn.close()
         raise
     return conn, q
 
 
-def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create: bool) -> None:
+def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create: bool) -> bool:
     """Open the store in ``ctx.schema``, making it in one transaction if missing or empty,
     or migrating a store of an older version to `SCHEMA_VERSION` in one transaction.
+    Returns whether the store has its table of call records (`CALLS_DDL`), made here
+    when missing if this role may.
 
     One process at a time makes or migrates a schema (a transaction-level advisory
     lock of the schema's name); a process that waited for another finds the store
@@ -215,7 +241,7 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
                     f"{state}); check the schema name, or open it with create=True"
                 )
             _create(conn, ctx.schema, q, state)
-            return
+            return True
         while version < SCHEMA_VERSION:
             try:
                 for statement in _UPGRADES[version]:
@@ -229,6 +255,23 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
                 ) from exc
             version += 1
             logger.info("store.schema_migrated", store=ctx.location, schema_version=version)
+        return _calls_table(conn, q)
+
+
+def _calls_table(conn: psycopg.Connection[Any], q: _Sql) -> bool:
+    """Whether the store has its table of call records, made now if missing and this role
+    may (it owns the schema); inside the opening transaction."""
+    if conn.execute("SELECT to_regclass(%s)", (q.calls,)).fetchone() != (None,):
+        return True
+    conn.execute("SAVEPOINT calls_table")
+    try:
+        for statement in CALLS_DDL:
+            conn.execute(statement.format(**q.names()))
+    except psycopg.errors.InsufficientPrivilege:
+        conn.execute("ROLLBACK TO SAVEPOINT calls_table")
+        return False
+    conn.execute("RELEASE SAVEPOINT calls_table")
+    return True
 
 
 def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> tuple[str, int]:
@@ -279,7 +322,7 @@ def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> tuple[str
 def _create(conn: psycopg.Connection[Any], schema: str, q: _Sql, state: str) -> None:
     if state == "missing":
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    for statement in _DDL:
+    for statement in (*_DDL, *CALLS_DDL):
         conn.execute(statement.format(**q.names()))
     conn.execute(
         f"INSERT INTO {q.meta} (key, value) VALUES ('application', %s), ('schema_version', %s)",

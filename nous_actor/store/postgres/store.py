@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -27,6 +28,8 @@ from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import StoreError
 from nous_actor.store.base import (
+    CALL_RECORD_SECONDS,
+    CallRecords,
     ClosingStore,
     SessionInfo,
     valid_store_id,
@@ -112,6 +115,7 @@ def _check_holder(holder: object) -> None:
 
 
 _MAX_ADDRESS: Final = 1024  # characters of an advertised address
+_FORGET_EVERY: Final = 60  # seconds between two forgettings of expired call records
 
 
 def _check_address(address: object) -> str | None:
@@ -248,6 +252,7 @@ class PostgresStore(ClosingStore):
         )
         self._listeners: list[_Listener] = []  # at most one, made on the first watch
         self._forwarding_key: bytes | None = None  # read from the store once
+        self._forget_calls_at = 0  # when a write next forgets expired call records
         self._listener_lock = threading.Lock()
 
         # A store nobody uses any more stops its threads and closes its connections
@@ -308,8 +313,12 @@ class PostgresStore(ClosingStore):
         """
         return self.load_since(session_id, 0)
 
-    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+    def write(
+        self, appends: Mapping[str, Sequence[Event]], calls: CallRecords | None = None
+    ) -> dict[str, StoreError]:
         """Store each session's events in one transaction; acknowledged once it committed.
+        The records of the forwarded ``calls`` that appended them are written in it too
+        (see `applied_call`).
 
         Per session (see `Store.write`): the events are all stored or none is.
         A session is refused (in the returned dict, the others still commit)
@@ -339,6 +348,12 @@ class PostgresStore(ClosingStore):
         self._check_open()
         todo, refused = _batches(appends)
         if todo:
+            forget = None
+            if calls:
+                now = int(time.time())
+                if now >= self._forget_calls_at:
+                    forget = now - CALL_RECORD_SECONDS
+                    self._forget_calls_at = now + _FORGET_EVERY
             write = _Write(
                 todo,
                 ctx=self._ctx,
@@ -347,6 +362,8 @@ class PostgresStore(ClosingStore):
                 leases=self._leases,
                 closing=self._closing,
                 check_open=self._check_open,
+                calls=calls,
+                forget_before=forget,
             )
             refused.update(write.run())
         return refused
@@ -671,6 +688,28 @@ class PostgresStore(ClosingStore):
             return [event_from_row(*row) for row in rows]
 
         return self._call(self._main, session_id, "load the session", work)
+
+    def applied_call(self, session_id: str, call_id: str) -> tuple[int, int] | None:
+        """The first and last seq of what the forwarded call ``call_id`` appended to
+        ``session_id``, or ``None`` if no write recorded it (a record is kept
+        `CALL_RECORD_SECONDS` at least; a store made by an older release that this
+        role could not add the table to records none). What the process holding the
+        session answers ``session.applied(call_id)`` with: its claim fences every
+        earlier holder's write, so none can still commit.
+
+        Raises:
+            StoreError: the store is closed or failed.
+        """
+        self._check_open()
+        if not self._storable(session_id) or not self._sql.calls:
+            return None
+        query = f"SELECT first, last FROM {self._sql.calls} WHERE session_id = %s AND call = %s"
+
+        def work(conn: psycopg.Connection[Any]) -> tuple[int, int] | None:
+            row = conn.execute(query, (session_id, call_id)).fetchone()
+            return None if row is None else (int(row[0]), int(row[1]))
+
+        return self._call(self._main, session_id, "read a call's record", work)
 
     def held_by(self, session_id: str) -> str | None:
         """The name of the process holding a live lease on `session_id`, or `None`.

@@ -24,7 +24,7 @@ from nous_actor.core._frozen import describe_error
 from nous_actor.core.codec import CodecError, encode_data, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import valid_store_id
+from nous_actor.store.base import CallRecords, valid_store_id
 from nous_actor.store.postgres.connection import _Context, _Link, _rollback
 from nous_actor.store.postgres.failures import (
     _again,
@@ -191,8 +191,14 @@ class _Write:
         leases: _Leases,
         closing: threading.Event,
         check_open: Callable[[], None],
+        calls: CallRecords | None = None,
+        forget_before: int | None = None,
     ) -> None:
         self.ctx = ctx
+        # The forwarded calls to record (if the store has their table), and the Unix
+        # time before which records are forgotten in this write (None: not in this one).
+        self.calls = calls if calls and q.calls else None
+        self.forget_before = forget_before
         self.q = q
         self.main = main
         self.leases = leases
@@ -245,6 +251,7 @@ class _Write:
                 return self.refused
             try:
                 xid = self._insert(conn, list(self.epochs))
+                self._record(conn)
             except (psycopg.errors.UniqueViolation, psycopg.DataError):
                 # A conflict, or a value the server refuses: session by session, so
                 # that it refuses its own session alone.
@@ -296,6 +303,30 @@ class _Write:
         assert row is not None
         return str(row[0])
 
+    def _record(self, conn: psycopg.Connection[Any]) -> None:
+        """Record the forwarded calls of the sessions written (``epochs``) in this
+        transaction; forget the expired records if this write is the one to."""
+        if self.calls is None:
+            return
+        rows = [
+            (sid, call, first, last)
+            for sid, made in self.calls.items()
+            if sid in self.epochs
+            for call, first, last in made
+        ]
+        if not rows:
+            return
+        q = self.q
+        now = int(time.time())
+        conn.execute(
+            f"INSERT INTO {q.calls} (at, session_id, call, first, last) "
+            "SELECT %b, * FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bigint[]) "
+            "ON CONFLICT (session_id, call) DO NOTHING",
+            (now, *(list(col) for col in zip(*rows, strict=True))),
+        )
+        if self.forget_before is not None:
+            conn.execute(f"DELETE FROM {q.calls} WHERE at < %b", (self.forget_before,))
+
     def _one_by_one(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
         """The slow path after a conflict or a refused value: each session in a
         savepoint of its own."""
@@ -328,6 +359,7 @@ class _Write:
             if not self.epochs:
                 conn.execute("ROLLBACK")
                 return self.refused
+            self._record(conn)
             row = conn.execute(
                 "SELECT pg_current_xact_id()::text, count(pg_notify(%b, p)) "
                 "FROM unnest(%b::text[]) AS p",

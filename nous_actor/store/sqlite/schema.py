@@ -130,7 +130,22 @@ _MIGRATION_V2: Final = (
     *_EVENTS_WRITES,
 )
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+CALLS_TABLE: Final = """CREATE TABLE IF NOT EXISTS calls (
+    at INTEGER NOT NULL,
+    session INTEGER NOT NULL,
+    call TEXT NOT NULL,
+    first INTEGER NOT NULL,
+    last INTEGER NOT NULL,
+    PRIMARY KEY (at, session, call),
+    UNIQUE (session, call)
+) WITHOUT ROWID"""
+"""The calls other processes forwarded to this store's holders, each with the seqs of what
+it appended (`SQLiteStore.applied_call`), written in the transaction of those events and
+kept `CALL_RECORD_SECONDS` at least (``at``: the write's Unix time, in whole seconds,
+the key that forgetting them walks). Made on the first forwarded call's write: a table
+releases without forwarding ignore."""
 _MADE_LATER: Final = (
+    CALLS_TABLE,
     # The hand-off requests (`SQLiteStore.ask_handoff`), made on the first request; and
     # their first layout, of development builds before requests stood per asker.
     """CREATE TABLE IF NOT EXISTS handoffs (

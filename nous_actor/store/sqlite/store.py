@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,7 +31,13 @@ from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.codec import CodecError, event_from_row, passing_event_from_row
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.store.base import ClosingStore, SessionInfo, valid_store_id
+from nous_actor.store.base import (
+    CALL_RECORD_SECONDS,
+    CallRecords,
+    ClosingStore,
+    SessionInfo,
+    valid_store_id,
+)
 from nous_actor.store.feed import DEFAULT_WATCH_BUFFER, _check_buffer, _check_from_seq
 from nous_actor.store.sqlite.claims import (
     _claim_all,
@@ -51,6 +58,7 @@ from nous_actor.store.sqlite.writes import (
     _insert_rows,
     _session_rows,
     _write_each,
+    record_calls,
     session_numbers,
 )
 from nous_actor.store.subscription import Subscription
@@ -69,6 +77,9 @@ _MAX_ADDRESS: Final = 1024
 
 _MAX_TIMEOUT_S: Final = 2_147_483
 """The longest `timeout`: SQLite's busy timeout is a 32-bit count of milliseconds."""
+
+_FORGET_EVERY: Final = 60
+"""Seconds between two forgettings of expired call records by one store object."""
 
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
     session_id TEXT NOT NULL,
@@ -245,6 +256,7 @@ class SQLiteStore(ClosingStore):
         # The session numbers (schema version 3) this object's writes have committed:
         # a number never changes, so it is looked up once per session.
         self._numbers: dict[str, int] = {}
+        self._forget_calls_at = 0  # when a write next forgets expired call records
         self._connection = self._connection_type(self.path, durability, timeout, create)
 
     _valid_id = staticmethod(valid_store_id)
@@ -261,8 +273,11 @@ class SQLiteStore(ClosingStore):
             )
             return [event_from_row(*row) for row in rows]
 
-    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
-        """Store each session's events in one transaction (see `Store.write`).
+    def write(
+        self, appends: Mapping[str, Sequence[Event]], calls: CallRecords | None = None
+    ) -> dict[str, StoreError]:
+        """Store each session's events in one transaction (see `Store.write`), with the
+        records of the forwarded ``calls`` that appended them (see `applied_call`).
 
         A session whose events cannot be stored (a seq not below 2**63, data the
         codec cannot encode, a time without a text form, a value SQLite cannot
@@ -298,10 +313,41 @@ class SQLiteStore(ClosingStore):
                 conn.execute("ROLLBACK TO batch_write")
                 _write_each(conn, batches, refused, numbers)
             conn.execute("RELEASE batch_write")
+            if calls:
+                now = int(time.time())
+                forget = None
+                if now >= self._forget_calls_at:
+                    forget = now - CALL_RECORD_SECONDS
+                    self._forget_calls_at = now + _FORGET_EVERY
+                record_calls(conn, calls, numbers, refused, now, forget)
         if len(self._numbers) + len(numbers) > NUMBERS_KEPT:
             self._numbers.clear()  # a long-lived store: read again (one indexed SELECT)
         self._numbers.update(numbers)  # committed: they stand
         return refused
+
+    def applied_call(self, session_id: str, call_id: str) -> tuple[int, int] | None:
+        """The first and last seq of what the forwarded call ``call_id`` appended to
+        ``session_id``, or ``None`` if no write recorded it (a record is kept
+        `CALL_RECORD_SECONDS` at least). What the process holding the session answers
+        ``session.applied(call_id)`` with: it holds the claim, so no earlier holder's
+        write can still commit.
+
+        Raises:
+            StoreError: the session id is not valid, or SQLite failed.
+        """
+        session_id = self._valid_id(session_id)
+        with self._connection.locked(session_id, "read a call's record") as conn:
+            try:
+                row = conn.execute(
+                    "SELECT first, last FROM calls WHERE session = "
+                    "(SELECT id FROM sessions WHERE session_id = ?) AND call = ?",
+                    (session_id, call_id),
+                ).fetchone()
+            except sqlite3.OperationalError as exc:
+                if "no such table" not in str(exc):
+                    raise
+                return None  # no call was ever forwarded to a holder of this file
+        return None if row is None else (int(row[0]), int(row[1]))
 
     def drop(self, session_id: str, seqs: Sequence[int]) -> None:
         """Delete the given seqs of one session (see `Store.drop`), then, once what

@@ -18,6 +18,8 @@ from nous_actor.core._frozen import describe_error
 from nous_actor.core.codec import encode_data, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
+from nous_actor.store.base import CallRecords
+from nous_actor.store.sqlite.schema import CALLS_TABLE
 
 _INSERT = "INSERT INTO event_rows (session, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
 
@@ -162,3 +164,34 @@ def _write_each(
             conn.execute("ROLLBACK TO session_write")
             refused[sid] = _unstorable(sid, exc)
         conn.execute("RELEASE session_write")
+
+
+_RECORD_CALL: Final = (
+    "INSERT OR REPLACE INTO calls (at, session, call, first, last) VALUES (?, ?, ?, ?, ?)"
+)
+
+
+def record_calls(
+    conn: sqlite3.Connection,
+    calls: CallRecords,
+    numbers: Mapping[str, int],
+    refused: Mapping[str, StoreError],
+    now: int,
+    forget_before: int | None,
+) -> None:
+    """Record the forwarded ``calls`` of the sessions written (not ``refused``), at Unix
+    time ``now``, in the write's transaction (the table made first, on the first
+    record); with ``forget_before``, forget the records older than it (a range of the
+    table's key: what expired, and nothing else, is read)."""
+    rows = [
+        (now, numbers[sid], call, first, last)
+        for sid, made in calls.items()
+        if sid in numbers and sid not in refused
+        for call, first, last in made
+    ]
+    if not rows:
+        return
+    conn.execute(CALLS_TABLE)
+    conn.executemany(_RECORD_CALL, rows)
+    if forget_before is not None:
+        conn.execute("DELETE FROM calls WHERE at < ?", (forget_before,))
