@@ -56,8 +56,8 @@ from nous_actor.supervision import (
 )
 
 __all__ = [
-    "CALL_RECORD_SECONDS",
     "Backoff",
+    "CALL_RECORD_SECONDS",
     "CallOutcomeUnknown",
     "CallTimeout",
     "ChildSpec",

@@ -9,6 +9,8 @@ import nous_actor
 
 EXPECTED = [
     "Backoff",
+    "CALL_RECORD_SECONDS",
+    "CallOutcomeUnknown",
     "CallTimeout",
     "ChildSpec",
     "ClusterError",
