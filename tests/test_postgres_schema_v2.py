@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 from bounds import BOUND, INTERPRETER_BOUND, wait_until
@@ -84,6 +84,18 @@ V1_INSERT = (
 
 def ev(seq: int, content: str | None = None) -> Event:
     return Event(seq, "user_message", T0, {"content": content or f"event {seq}"})
+
+
+CALLS_COLUMNS: Final = [("calls", c) for c in ("at", "call", "first", "last", "session_id")]
+"""The columns of version 3's table of forwarded calls' records."""
+
+
+def make_v2(server: Server, schema: str) -> None:
+    """Take the version-1 store in ``schema`` to version 2, as that release did."""
+    with server.connect() as conn, conn.transaction():
+        q = {**names(schema), "guard": f'"{schema}".{pg_schema._GUARD}'}
+        for statement in pg_schema._UPGRADES[1]:
+            conn.execute(statement.format(**q))
 
 
 def names(schema: str) -> dict[str, str]:
@@ -200,29 +212,30 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 # -- a new store, and one newer than this release --------------------------------------------
 
 
-def test_a_new_store_is_made_at_version_2_with_the_address_column(
+def test_a_new_store_is_made_at_version_3_with_the_address_column_and_the_calls(
     pg_server: Server, schema: str, stores: list[PostgresStore]
 ) -> None:
-    """A missing schema becomes a store of version 2: the claims have an address, the
-    guard of version 2 is in place."""
+    """A missing schema becomes a store of version 3: the claims have an address, the
+    calls' records have their table, the guard of version 3 is in place."""
     opened(stores, pg_server, schema)
-    assert SCHEMA_VERSION == 2
-    assert version_of(pg_server, schema) == "2"
+    assert SCHEMA_VERSION == 3
+    assert version_of(pg_server, schema) == "3"
     shot = snapshot(pg_server, schema)
     assert ("claims", "address") in shot["columns"]
+    assert set(CALLS_COLUMNS) <= set(shot["columns"])
     assert shot["functions"] == [("refuse_other_version",)]
     assert shot["triggers"] == [("version_guard", "claims"), ("version_guard", "events")]
 
 
 @pytest.mark.parametrize("create", [True, False])
-def test_a_store_of_version_3_is_refused_unchanged(
+def test_a_store_of_version_4_is_refused_unchanged(
     pg_server: Server, schema: str, stores: list[PostgresStore], create: bool
 ) -> None:
     """A store newer than this release is refused (upgrade) and left as it was."""
     opened(stores, pg_server, schema).write({"s": [ev(0)]})
-    pg_server.sql(f"UPDATE \"{schema}\".meta SET value = '3' WHERE key = 'schema_version'")
+    pg_server.sql(f"UPDATE \"{schema}\".meta SET value = '4' WHERE key = 'schema_version'")
     before = snapshot(pg_server, schema)
-    with pytest.raises(StoreError, match=r"schema version 3.*upgrade nous_actor"):
+    with pytest.raises(StoreError, match=r"schema version 4.*upgrade nous_actor"):
         PostgresStore(pg_server.dsn, schema=schema, create=create)
     assert snapshot(pg_server, schema) == before
 
@@ -235,16 +248,16 @@ def test_a_v1_store_is_migrated_and_reads_back_the_same(
     pg_server: Server, schema: str, stores: list[PostgresStore], create: bool
 ) -> None:
     """A store made by the version-1 release, with events and a live claim of another
-    process, opens as version 2: every row reads back the same, the old claims have
+    process, opens as version 3: every row reads back the same, the old claims have
     no address, the live one is still refused to others, the expired one is taken."""
     make_v1_store(pg_server, schema)
     before = snapshot(pg_server, schema)
     store = opened(stores, pg_server, schema, create=create)
     after = snapshot(pg_server, schema)
-    assert version_of(pg_server, schema) == "2"
+    assert version_of(pg_server, schema) == "3"
     assert after["events"] == before["events"]
     assert after["claims"] == before["claims"]
-    assert set(after["columns"]) == {*before["columns"], ("claims", "address")}
+    assert set(after["columns"]) == {*before["columns"], ("claims", "address"), *CALLS_COLUMNS}
     assert pg_server.sql(f'SELECT count(*) FROM "{schema}".claims WHERE address IS NULL') == [(2,)]
     # The events load back as they were written, through the store.
     assert store.load("held") == [ev(s, f"held {s} ✓") for s in range(3)]
@@ -272,7 +285,7 @@ def test_two_openings_of_a_v1_store_at_once_migrate_it_once(
     pg_server: Server, schema: str, stores: list[PostgresStore]
 ) -> None:
     """Two store objects opening a version-1 store at the same moment (both waiting on
-    the schema's lock, released together): one migrates it, the other opens version 2."""
+    the schema's lock, released together): one migrates it, the other opens version 3."""
     make_v1_store(pg_server, schema)
     key = f"nous_actor schema {schema}"
     results: list[object] = []
@@ -303,7 +316,7 @@ def test_two_openings_of_a_v1_store_at_once_migrate_it_once(
             t.join(BOUND)
     assert all(isinstance(r, PostgresStore) for r in results), results
     assert len(results) == 2
-    assert version_of(pg_server, schema) == "2"
+    assert version_of(pg_server, schema) == "3"
     assert ("claims", "address") in snapshot(pg_server, schema)["columns"]
 
 
@@ -314,8 +327,8 @@ import sys
 import psycopg
 from nous_actor.store.postgres import PostgresStore, schema
 
-dsn, name, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
-first = schema._UPGRADES[1][0].split("{")[0]
+dsn, name, start, step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+first = schema._UPGRADES[start][0].split("{")[0]
 seen = []
 real = psycopg.Connection.execute
 
@@ -334,15 +347,26 @@ print("finished", flush=True)
 """
 
 
-@pytest.mark.parametrize("step", range(len(pg_schema._UPGRADES[1])))
-def test_a_process_killed_mid_migration_leaves_a_v1_store_that_opens_again(
-    pg_server: Server, schema: str, stores: list[PostgresStore], step: int
+_STEPS: Final = [
+    (start, step)
+    for start in (1, 2)
+    for step in range(sum(len(pg_schema._UPGRADES[v]) for v in range(start, SCHEMA_VERSION)))
+]
+"""Where a migration is killed: from version 1 (through 2 to 3, one transaction) or 2,
+after each of its statements in turn."""
+
+
+@pytest.mark.parametrize(("start", "step"), _STEPS)
+def test_a_process_killed_mid_migration_leaves_the_store_as_it_was_and_it_opens_again(
+    pg_server: Server, schema: str, stores: list[PostgresStore], start: int, step: int
 ) -> None:
     """SIGKILL a process inside its migration (after each of its statements in turn):
-    the store is wholly version 1 as it was, and the next opening migrates it."""
+    the store is wholly of its old version as it was, and the next opening migrates it."""
     make_v1_store(pg_server, schema)
+    if start == 2:
+        make_v2(pg_server, schema)
     before = snapshot(pg_server, schema)
-    proc = child(MIGRATE_AND_STOP, pg_server.dsn, schema, str(step))
+    proc = child(MIGRATE_AND_STOP, pg_server.dsn, schema, str(start), str(step))
     try:
         said = read_line(proc, INTERPRETER_BOUND).split()
         assert said[0] == "stopped", said
@@ -359,11 +383,93 @@ def test_a_process_killed_mid_migration_leaves_a_v1_store_that_opens_again(
         "the killed process's session ends",
     )
     assert snapshot(pg_server, schema) == before
-    assert version_of(pg_server, schema) == "1"
+    assert version_of(pg_server, schema) == str(start)
     store = opened(stores, pg_server, schema)
-    assert version_of(pg_server, schema) == "2"
+    assert version_of(pg_server, schema) == "3"
     assert store.load("held") == [ev(s, f"held {s} ✓") for s in range(3)]
     assert store.holder_address("held") == ("old-host pid 7", None)
+
+
+# -- migrating a store of version 2 ----------------------------------------------------------
+
+
+def test_a_v2_store_is_migrated_and_a_v2_writer_is_refused(
+    pg_server: Server, schema: str, stores: list[PostgresStore]
+) -> None:
+    """A store of version 2 opens as version 3: rows unchanged, the calls' table made,
+    the guard of version 3 in place, so a process of the version-2 release (which says
+    its commits where this one no longer listens) writes nothing more."""
+    make_v1_store(pg_server, schema)
+    make_v2(pg_server, schema)
+    before = snapshot(pg_server, schema)
+    assert version_of(pg_server, schema) == "2"
+    store = opened(stores, pg_server, schema)
+    after = snapshot(pg_server, schema)
+    assert version_of(pg_server, schema) == "3"
+    assert after["events"] == before["events"]
+    assert after["claims"] == before["claims"]
+    assert set(after["columns"]) == {*before["columns"], *CALLS_COLUMNS}
+    assert after["triggers"] == before["triggers"]
+    assert store.load("held") == [ev(s, f"held {s} ✓") for s in range(3)]
+    n = names(schema)
+    with pg_server.connect() as old, old.transaction():
+        old.execute("SET LOCAL nous_actor.schema_version = '2'")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="as version 2"):
+            old.execute(V1_INSERT.format(**n), ("mine", 0, 1, "user_message", T0, "{}"))
+    assert store.write({"free": [ev(2)]}, calls={"free": [("k-1", 2, 2)]}) == {}
+    assert store.applied_call("free", "k-1") == (2, 2)
+
+
+# -- commits are heard only by stores that watch ------------------------------------------
+
+
+def test_a_store_that_watches_nothing_hears_no_commit_and_one_that_watches_does(
+    pg_server: Server, schema: str, stores: list[PostgresStore]
+) -> None:
+    """Another store's commits do not wake a store that watches nothing (its change
+    counter stays; a process holding sessions is not woken by every commit of every
+    other process), while hand-off requests still do; once it watches a session, that
+    session's commits reach the watch, and after the watch closes they stop again."""
+    idle = opened(stores, pg_server, schema)
+    writer = opened(stores, pg_server, schema)
+    version = _settled(idle)  # its listener runs from here
+    for k in range(5):
+        assert writer.write({f"other-{k}": [ev(0)]}) == {}
+    assert idle.wait_changed(version, 0.5) == version  # heard nothing
+    writer.ask_handoff("anything", 5.0)
+    version = idle.wait_changed(version, BOUND)  # a request is heard
+    with idle.watch("chat", 0) as watch:
+        assert writer.write({"chat": [ev(0), ev(1)]}) == {}
+        assert [watch.get(timeout=BOUND).seq for _ in range(2)] == [0, 1]
+        assert writer.write({"chat": [ev(2)]}) == {}
+        assert watch.get(timeout=BOUND).seq == 2
+    wait_until(
+        lambda: _a_commit_goes_unheard(writer, idle),
+        BOUND,
+        "commits stop waking the store once its last watch closed",
+    )
+
+
+def _settled(store: PostgresStore) -> int:
+    """``store``'s change counter once it has not moved for 0.3 s (its listener has
+    connected and heard what was said before)."""
+    seen: list[int] = [store.wait_changed(-1, 0.0)]
+
+    def still() -> bool:
+        now = store.wait_changed(seen[-1], 0.3)
+        seen.append(now)
+        return now == seen[-2]
+
+    wait_until(still, BOUND, "the store's listener settles")
+    return seen[-1]
+
+
+def _a_commit_goes_unheard(writer: PostgresStore, idle: PostgresStore) -> bool:
+    """Commit once more to ``chat``: whether ``idle``'s change counter stayed."""
+    before = idle.wait_changed(-1, 0.0)
+    top = writer.load("chat")[-1].seq + 1
+    assert writer.write({"chat": [ev(top)]}) == {}
+    return idle.wait_changed(before, 0.3) == before
 
 
 # -- every process agrees on the version ---------------------------------------------------
@@ -381,7 +487,7 @@ def test_a_v1_writer_open_before_the_migration_is_refused_and_writes_nothing(
         old.execute(V1_CLAIM.format(**n), ("mine", n["epochs"], "c" * 32, "v1 pid 3"))
         opened(stores, pg_server, schema)  # another process migrates the store
         before = snapshot(pg_server, schema)
-        refused = r"schema version 2, and this process writes as version 1.*upgrade nous_actor"
+        refused = r"schema version 3, and this process writes as version 1.*upgrade nous_actor"
         for statement, params in (
             (V1_TAKEOVER, ("e" * 32, "v1 pid 3", "free")),
             (V1_CLAIM, ("other", n["epochs"], "d" * 32, "v1 pid 3")),
@@ -391,8 +497,8 @@ def test_a_v1_writer_open_before_the_migration_is_refused_and_writes_nothing(
                 old.execute(statement.format(**n), params)
         # A transaction that says it writes another version is refused the same way.
         with old.transaction():
-            old.execute("SET LOCAL nous_actor.schema_version = '3'")
-            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="as version 3"):
+            old.execute("SET LOCAL nous_actor.schema_version = '4'")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="as version 4"):
                 old.execute(V1_INSERT.format(**n), ("mine", 0, 1, "user_message", T0, "{}"))
         assert snapshot(pg_server, schema) == before
         # Its renewal and its release go through: the claims it holds end with it.

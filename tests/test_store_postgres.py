@@ -84,7 +84,7 @@ def test_a_new_schema_is_created_with_every_table(pg_stores: Stores) -> None:
     rows = pg_stores.server.sql(
         "SELECT key, value FROM " + f'"{pg_stores.schema}".meta ORDER BY key'
     )
-    assert rows == [("application", "nous_actor"), ("schema_version", "2")]
+    assert rows == [("application", "nous_actor"), ("schema_version", "3")]
 
 
 def test_an_existing_store_opens_again_with_its_events(pg_stores: Stores) -> None:

@@ -12,7 +12,6 @@ application's objects, a newer store or a damaged one.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,10 +34,14 @@ class _Sql:
     meta: str
     epochs: str
     channel: str
+    """Where a store says what changes hands: hand-off requests, withdrawals, releases.
+    Every store's listener hears it."""
     guard: str
     calls: str
-    """The table of forwarded calls' records; ``""`` when the store has none (made by a
-    release before it, and this role may not add it): calls are then not recorded."""
+    commits: str
+    """Where a commit says which sessions it wrote (``"<last seq> <session id>"``): heard
+    only by the listeners of stores that watch a session (version 3; before it, commits
+    were said on `channel`, so every process holding a session woke at every commit)."""
 
     @classmethod
     def of(cls, schema: str, conn: psycopg.Connection[Any]) -> _Sql:
@@ -53,6 +56,7 @@ class _Sql:
             _channel(schema),
             name(_GUARD),
             name("calls"),
+            _commit_channel(schema),
         )
 
     def names(self) -> dict[str, str]:
@@ -74,7 +78,11 @@ def _channel(schema: str) -> str:
     return f"nous_actor:{schema}"
 
 
-SCHEMA_VERSION: Final = 2
+def _commit_channel(schema: str) -> str:
+    return f"nous_actor.{schema}"  # as long as `_channel`'s: both fit PostgreSQL's 63 bytes
+
+
+SCHEMA_VERSION: Final = 3
 APPLICATION: Final = "nous_actor"
 MIN_SERVER_VERSION: Final = 130000  # pg_current_xact_id / pg_xact_status
 
@@ -91,7 +99,11 @@ _GUARD: Final = "refuse_other_version"  # the guard's function, in the store's s
 _V1_OBJECTS: Final = frozenset(
     {"events", "events_pkey", "claims", "claims_pkey", "epochs", "meta", "meta_pkey"}
 )
-_LAYOUT: Final = {1: _V1_OBJECTS, 2: _V1_OBJECTS | {_GUARD}}
+_LAYOUT: Final = {
+    1: _V1_OBJECTS,
+    2: _V1_OBJECTS | {_GUARD},
+    3: _V1_OBJECTS | {_GUARD, "calls", "calls_pkey", "calls_at"},
+}
 _OUR_RELATIONS: Final = _LAYOUT[SCHEMA_VERSION]
 
 
@@ -126,6 +138,22 @@ $$""",
     )
 
 
+CALLS_DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS {calls} (
+    at bigint NOT NULL,
+    session_id text COLLATE "C" NOT NULL,
+    call text NOT NULL,
+    first bigint NOT NULL,
+    last bigint NOT NULL,
+    PRIMARY KEY (session_id, call)
+)""",
+    "CREATE INDEX IF NOT EXISTS calls_at ON {calls} (at)",
+)
+"""Version 3: the calls other processes forwarded to this store's holders, each with the
+seqs of what it appended (`PostgresStore.applied_call`), written in the transaction of
+those events and kept `CALL_RECORD_SECONDS` at least (``at``: the write's Unix time, in
+seconds)."""
+
 _DDL: Final = (
     """CREATE TABLE {events} (
     session_id text COLLATE "C" NOT NULL,
@@ -148,25 +176,10 @@ _DDL: Final = (
 )""",
     "CREATE SEQUENCE {epochs} AS bigint MINVALUE 1",
     "CREATE TABLE {meta} (key text PRIMARY KEY, value text NOT NULL)",
+    *CALLS_DDL,
     *_guard_ddl(SCHEMA_VERSION),
 )
 
-CALLS_DDL: Final = (
-    """CREATE TABLE IF NOT EXISTS {calls} (
-    at bigint NOT NULL,
-    session_id text COLLATE "C" NOT NULL,
-    call text NOT NULL,
-    first bigint NOT NULL,
-    last bigint NOT NULL,
-    PRIMARY KEY (session_id, call)
-)""",
-    "CREATE INDEX IF NOT EXISTS calls_at ON {calls} (at)",
-)
-"""The calls other processes forwarded to this store's holders, each with the seqs of what
-it appended (`PostgresStore.applied_call`), written in the transaction of those events
-and kept `CALL_RECORD_SECONDS` at least (``at``: the write's Unix time, in seconds).
-Not part of the schema's version: a store made before it gets it when next opened by a
-role that may (releases without forwarding ignore it)."""
 
 _UPGRADES: Final = {
     # Version 1 to 2: the address where a claim's holder answers (NULL for the claims
@@ -176,6 +189,15 @@ _UPGRADES: Final = {
         "ALTER TABLE {claims} ADD COLUMN address text",
         *_guard_ddl(2),
         "UPDATE {meta} SET value = '2' WHERE key = 'schema_version'",
+    ),
+    # Version 2 to 3: the table of forwarded calls' records, and the guard of version 3
+    # (its triggers stand: the function they call is replaced). Commits are said on a
+    # channel of their own from now on: a process of version 2 would not hear them, nor
+    # would this release hear its commits, so the guard keeps it from writing.
+    2: (
+        *CALLS_DDL,
+        _guard_ddl(3)[0],
+        "UPDATE {meta} SET value = '3' WHERE key = 'schema_version'",
     ),
 }
 """The statements that take a store from the version (the key) to the next one, run in
@@ -200,19 +222,16 @@ def open_schema(ctx: _Context, create: bool) -> tuple[psycopg.Connection[Any], _
                     "is too old; PostgresStore needs PostgreSQL 13 or newer"
                 )
             q = _Sql.of(ctx.schema, conn)
-            if not prepare_schema(conn, ctx, q, create):
-                q = dataclasses.replace(q, calls="")
+            prepare_schema(conn, ctx, q, create)
     except BaseException:
         conn.close()
         raise
     return conn, q
 
 
-def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create: bool) -> bool:
+def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create: bool) -> None:
     """Open the store in ``ctx.schema``, making it in one transaction if missing or empty,
     or migrating a store of an older version to `SCHEMA_VERSION` in one transaction.
-    Returns whether the store has its table of call records (`CALLS_DDL`), made here
-    when missing if this role may.
 
     One process at a time makes or migrates a schema (a transaction-level advisory
     lock of the schema's name); a process that waited for another finds the store
@@ -241,7 +260,7 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
                     f"{state}); check the schema name, or open it with create=True"
                 )
             _create(conn, ctx.schema, q, state)
-            return True
+            return
         while version < SCHEMA_VERSION:
             try:
                 for statement in _UPGRADES[version]:
@@ -255,23 +274,6 @@ def prepare_schema(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql, create
                 ) from exc
             version += 1
             logger.info("store.schema_migrated", store=ctx.location, schema_version=version)
-        return _calls_table(conn, q)
-
-
-def _calls_table(conn: psycopg.Connection[Any], q: _Sql) -> bool:
-    """Whether the store has its table of call records, made now if missing and this role
-    may (it owns the schema); inside the opening transaction."""
-    if conn.execute("SELECT to_regclass(%s)", (q.calls,)).fetchone() != (None,):
-        return True
-    conn.execute("SAVEPOINT calls_table")
-    try:
-        for statement in CALLS_DDL:
-            conn.execute(statement.format(**q.names()))
-    except psycopg.errors.InsufficientPrivilege:
-        conn.execute("ROLLBACK TO SAVEPOINT calls_table")
-        return False
-    conn.execute("RELEASE SAVEPOINT calls_table")
-    return True
 
 
 def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> tuple[str, int]:
@@ -322,7 +324,7 @@ def _inspect(conn: psycopg.Connection[Any], ctx: _Context, q: _Sql) -> tuple[str
 def _create(conn: psycopg.Connection[Any], schema: str, q: _Sql, state: str) -> None:
     if state == "missing":
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    for statement in (*_DDL, *CALLS_DDL):
+    for statement in _DDL:
         conn.execute(statement.format(**q.names()))
     conn.execute(
         f"INSERT INTO {q.meta} (key, value) VALUES ('application', %s), ('schema_version', %s)",

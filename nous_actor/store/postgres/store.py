@@ -692,8 +692,7 @@ class PostgresStore(ClosingStore):
     def applied_call(self, session_id: str, call_id: str) -> tuple[int, int] | None:
         """The first and last seq of what the forwarded call ``call_id`` appended to
         ``session_id``, or ``None`` if no write recorded it (a record is kept
-        `CALL_RECORD_SECONDS` at least; a store made by an older release that this
-        role could not add the table to records none). What the process holding the
+        `CALL_RECORD_SECONDS` at least). What the process holding the
         session answers ``session.applied(call_id)`` with: its claim fences every
         earlier holder's write, so none can still commit.
 
@@ -701,7 +700,7 @@ class PostgresStore(ClosingStore):
             StoreError: the store is closed or failed.
         """
         self._check_open()
-        if not self._storable(session_id) or not self._sql.calls:
+        if not self._storable(session_id):
             return None
         query = f"SELECT first, last FROM {self._sql.calls} WHERE session_id = %s AND call = %s"
 
@@ -763,8 +762,9 @@ class PostgresStore(ClosingStore):
         return [sid for sid in self._listener().requested() if self._leases.holds(sid)]
 
     def wait_changed(self, after: int, timeout: float) -> int:
-        """Wait at most `timeout` s for a notification (a commit, a release, a request)
-        after the counter `after`; returns the counter now.
+        """Wait at most `timeout` s for a notification (a release, a request; a commit
+        only while this store watches a session: see `watch`) after the counter
+        `after`; returns the counter now.
 
         Raises:
             StoreError: the store is closed.

@@ -1,9 +1,13 @@
 """Live feeds of `nous_actor.store.postgres`: `PostgresWatch`, and the listener feeding it.
 
 `_Listener` is one store's listening connection and its thread: ``LISTEN``
-on the store's channel wakes it, it reads each watched session's new rows by
-seq into its `PostgresWatch` feeds, counts every change for `wait_changed`,
-and remembers the sessions another process asks this one to hand over.
+on the store's channel wakes it (hand-off requests, releases), and, while the
+store watches a session, on its commit channel too; it reads each watched
+session's new rows by seq into its `PostgresWatch` feeds, counts every change
+for `wait_changed`, and remembers the sessions another process asks this one
+to hand over. A store that watches nothing never hears other processes'
+commits: a process holding sessions is not woken by every commit of every
+other process.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class _Listener:
     def __init__(self, ctx: _Context, q: _Sql, closing: threading.Event, holder: str) -> None:
         self.where = ctx.location
         self.channel = q.channel
+        self.commits = q.commits
+        self.hearing = False  # LISTENing on the commit channel (on this connection)
         self.events_table = q.events
         self.closing = closing
         self.mutex = threading.Lock()
@@ -95,6 +101,8 @@ class _Listener:
                 ws.remove(sub)
             if not ws:
                 self.watches.pop(sub.session_id, None)
+        if not self.watches:
+            self.poke()  # stop hearing commits
 
     def poke(self) -> None:
         with contextlib.suppress(OSError):
@@ -118,6 +126,7 @@ class _Listener:
                 if self.fresh:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self.fresh = False
+                    self.hearing = False
                     for w in self._all():  # notifications may have been missed: read again
                         w.dirty = True
                     self._bump()
@@ -140,6 +149,7 @@ class _Listener:
             "WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
         )
         while not self.closing.is_set():
+            self._hear_commits(conn)
             for n in conn.notifies(timeout=0):
                 self._note(n.payload)
             more = False
@@ -168,6 +178,19 @@ class _Listener:
                     pass
             if not ready:
                 conn.execute("SELECT 1")  # an idle connection may be dead: find out
+
+    def _hear_commits(self, conn: psycopg.Connection[Any]) -> None:
+        """LISTEN on the commit channel while there is a watch, UNLISTEN once there is
+        none. A watch heard again is read again (commits made meanwhile said nothing
+        to this store)."""
+        want = bool(self.watches)
+        if want is self.hearing:
+            return
+        verb = "LISTEN {}" if want else "UNLISTEN {}"
+        conn.execute(sql.SQL(verb).format(sql.Identifier(self.commits)))
+        self.hearing = want
+        for w in self._all():
+            w.dirty = True
 
     def _bump(self) -> None:
         with self.changed:

@@ -195,9 +195,9 @@ class _Write:
         forget_before: int | None = None,
     ) -> None:
         self.ctx = ctx
-        # The forwarded calls to record (if the store has their table), and the Unix
-        # time before which records are forgotten in this write (None: not in this one).
-        self.calls = calls if calls and q.calls else None
+        # The forwarded calls to record, and the Unix time before which records are
+        # forgotten in this write (None: not in this one).
+        self.calls = calls or None
         self.forget_before = forget_before
         self.q = q
         self.main = main
@@ -298,7 +298,7 @@ class _Write:
             "woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p) "
             "SELECT pg_current_xact_id()::text, (SELECT count(*) FROM ins), "
             "(SELECT count(*) FROM woke)",
-            (*self._rows(sids), q.channel, self._wakeups(sids)),
+            (*self._rows(sids), q.commits, self._wakeups(sids)),
         ).fetchone()
         assert row is not None
         return str(row[0])
@@ -363,7 +363,7 @@ class _Write:
             row = conn.execute(
                 "SELECT pg_current_xact_id()::text, count(pg_notify(%b, p)) "
                 "FROM unnest(%b::text[]) AS p",
-                (q.channel, self._wakeups(list(self.epochs))),
+                (q.commits, self._wakeups(list(self.epochs))),
             ).fetchone()
             assert row is not None
         except BaseException:

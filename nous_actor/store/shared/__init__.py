@@ -28,7 +28,8 @@ The optional methods a store of your own may offer (the shipped contract suite,
   stands, of an asker still alive where the store can tell).
 * ``wait_changed(after, timeout) -> int``: wait at most ``timeout`` seconds for
   anything to change in the store (a commit, a claim, a release, a request)
-  after the change counter ``after``; returns the counter now.
+  after the change counter ``after``; returns the counter now. (`PostgresStore`
+  counts releases and requests, and commits only while it watches a session.)
 
 Forwarding (a call made where a session is not held goes to its holder) needs
 three more; a store without them keeps the hand-off alone:
