@@ -224,6 +224,31 @@ def test_list_sessions_uses_the_index(pg_stores: Stores) -> None:
     ]
 
 
+def test_a_readers_count_decodes_no_event(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SessionReader.count()`` (what a web worker asks at each request) is one read of
+    the index: no row is decoded, however long the session (it loaded them all)."""
+    from nous_actor import SessionReader
+    from nous_actor.store.postgres import store as store_module
+
+    store = pg_stores()
+    store.write({"a": [ev(s) for s in range(50)], "b": [ev(7)]})
+    decoded: list[int] = []
+    real = store_module.event_from_row
+
+    def counting(*row: Any) -> Event:
+        decoded.append(row[0])
+        return real(*row)
+
+    monkeypatch.setattr(store_module, "event_from_row", counting)
+    assert [SessionReader(sid, store).count().get(timeout=30) for sid in "abc"] == [50, 8, 0]
+    assert store.next_seq("a") == 50
+    assert decoded == []
+    assert len(SessionReader("a", store).events().get(timeout=30)) == 50  # reads still do
+    assert len(decoded) == 50
+
+
 # -- claims, leases and fencing across store objects ------------------------------------------
 
 

@@ -60,6 +60,14 @@ class MemoryStore:
             stored = self._events.get(session_id, {})
             return [stored[k] for k in sorted(stored)]
 
+    def next_seq(self, session_id: str) -> int:
+        """The next seq of ``session_id``'s stored history (0 if it has none)."""
+        session_id = plain_id(session_id)
+        with self._lock:
+            self._check_open()
+            stored = self._events.get(session_id)
+            return max(stored) + 1 if stored else 0
+
     def write(
         self, appends: Mapping[str, Sequence[Event]], calls: CallRecords | None = None
     ) -> dict[str, StoreError]:

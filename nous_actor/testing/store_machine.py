@@ -201,9 +201,12 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def store_equals_model(self) -> None:
+        next_seq = getattr(self.store, "next_seq", None)  # optional (store.shared)
         for sid in _SESSIONS:
             want = [self.model[sid][s] for s in sorted(self.model[sid])]
             assert_same_events(self.store.load(sid), want)
+            if next_seq is not None:
+                assert next_seq(sid) == (max(self.model[sid]) + 1 if self.model[sid] else 0)
         assert self.store.sessions() == sorted(s for s in _SESSIONS if self.model[s])
 
     @invariant()

@@ -710,6 +710,26 @@ class PostgresStore(ClosingStore):
 
         return self._call(self._main, session_id, "read a call's record", work)
 
+    def next_seq(self, session_id: str) -> int:
+        """The next seq of `session_id`'s stored history (0 if it has none), read without
+        a claim: one read of the primary key's index, nothing decoded (a reader's
+        ``count()``, which loaded and decoded the whole session before).
+
+        Raises:
+            StoreError: the store is closed or failed.
+        """
+        self._check_open()
+        if not self._storable(session_id):
+            return 0
+        query = f"SELECT max(seq) FROM {self._sql.events} WHERE session_id = %s"
+
+        def work(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(query, (session_id,)).fetchone()
+            last = None if row is None else row[0]
+            return 0 if last is None else int(last) + 1
+
+        return self._call(self._main, session_id, "read the next seq", work)
+
     def held_by(self, session_id: str) -> str | None:
         """The name of the process holding a live lease on `session_id`, or `None`.
 

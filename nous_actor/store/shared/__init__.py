@@ -124,7 +124,7 @@ def load_since(store: Store, session_id: str, from_seq: int = 0) -> list[Event]:
 def next_seq(store: Store, session_id: str) -> int:
     """The next seq of ``session_id``'s stored history (its last event's seq + 1, 0 if
     it has none), read without claiming the session and without decoding it when the
-    store can tell by itself (SQLite: one indexed ``max``).
+    store can tell by itself (SQLite and PostgreSQL: one indexed ``max``).
 
     Raises:
         StoreError: the session id is not valid, or the store failed.
