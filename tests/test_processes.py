@@ -417,14 +417,26 @@ def test_a_dead_askers_request_never_hides_a_live_askers(tmp_path: Path) -> None
         holder.close()
 
 
-def test_a_registry_that_holds_nothing_stops_following_the_file(tmp_path: Path) -> None:
-    """While its registry holds a session, the hand-over side follows the SQLite file
-    (a poll every few ms, to hear requests); once it holds none it rests, and the
-    file is no longer polled; an open wakes it. Counted in polls, not time."""
-    with Sessions(SQLiteStore(tmp_path / "app.db")) as sessions:
+def test_a_holder_looks_for_requests_at_its_pace_and_rests_when_it_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    """While its registry holds a session, the hand-over side reads the SQLite file's
+    requests every `handoff_poll` (not at every commit of every process, and without
+    keeping the file polled: no follower poll while nobody else waits); once it holds
+    none it rests and reads nothing; an open wakes it. Counted in reads and polls."""
+    store = SQLiteStore(tmp_path / "app.db")
+    reads = [0]
+    real = store.handoff_requests
+
+    def counted_reads() -> list[str]:
+        reads[0] += 1
+        return real()
+
+    store.handoff_requests = counted_reads  # type: ignore[method-assign]
+    with Sessions(store) as sessions:
         chat = sessions.open("chat")
         chat.append("user_message", {"content": "hi"}).get(timeout=10)
-        follower = shared.follower_of(sessions.store._connection)  # type: ignore[attr-defined]
+        follower = shared.follower_of(store._connection)
         polls = [0]
         mark = follower._mark
 
@@ -433,22 +445,30 @@ def test_a_registry_that_holds_nothing_stops_following_the_file(tmp_path: Path) 
             return mark()
 
         follower._mark = counted  # type: ignore[method-assign]
-        deadline = time.monotonic() + 10
-        while polls[0] < 3:  # holding a session: the file is followed
-            assert time.monotonic() < deadline, "the file is not followed"
-            follower.wait_changed(follower.version, 0.05)
-        chat.stop()
         handover = sessions._handover
         deadline = time.monotonic() + 10
-        while not handover.resting or follower._waiting:
+        while reads[0] < 3:  # holding a session: requests are looked for
+            assert time.monotonic() < deadline, "the requests are never read"
+            handover._stop.wait(0.01)
+        before_reads, before_polls = reads[0], polls[0]
+        started = time.monotonic()
+        for i in range(40):  # commits do not make it look more often than its pace
+            chat.append("user_message", {"content": f"m{i}"}).get(timeout=10)
+        handover._stop.wait(0.1)
+        took = time.monotonic() - started
+        assert reads[0] - before_reads <= took / store.handoff_poll + 2
+        assert polls[0] - before_polls <= 1  # nobody waits on the file: not polled
+        chat.stop()
+        deadline = time.monotonic() + 10
+        while not handover.resting:
             assert time.monotonic() < deadline, "the hand-over side never rests"
             handover._stop.wait(0.01)
-        before = polls[0]
-        handover._stop.wait(0.3)  # a poll would come every few ms
-        assert polls[0] - before <= 1  # (one already under way)
+        before = reads[0]
+        handover._stop.wait(0.3)  # a look would come every handoff_poll
+        assert reads[0] - before <= 1  # (one already under way)
         sessions.open("chat").append("user_message", {"content": "again"}).get(timeout=10)
         deadline = time.monotonic() + 10
-        while polls[0] - before < 3:  # holding again: followed again
+        while reads[0] - before < 3:  # holding again: looked for again
             assert time.monotonic() < deadline, "an open did not wake the hand-over side"
             handover._stop.wait(0.01)
 

@@ -221,6 +221,7 @@ class HandOver:
 
     def _run(self) -> None:
         store = self._store
+        poll = shared.handoff_poll(store)  # None: look when the store changes
         version = -1
         waiting = False  # a session asked for was busy: look again soon
         next_look = 0.0  # when to see again whether this registry holds anything
@@ -237,7 +238,10 @@ class HandOver:
                 self.resting = False
                 next_look = time.monotonic() + REST
             try:
-                version = shared.wait_changed(store, version, GRACE if waiting else 0.25)
+                if poll is None:
+                    version = shared.wait_changed(store, version, GRACE if waiting else 0.25)
+                elif self._stop.wait(GRACE if waiting else poll):
+                    return
                 asked = shared.handoff_requests(store)
             except StoreError:
                 return  # the store closed (or failed): there is nothing to hand over
@@ -249,7 +253,8 @@ class HandOver:
                 if self._stop.is_set():
                     return
                 waiting |= not self._offer(session_id, now - seen[session_id] < GRACE_FOR)
-            self._stop.wait(IDLE_PAUSE)
+            if poll is None:
+                self._stop.wait(IDLE_PAUSE)
 
     def _holds_any(self) -> bool:
         """Whether this registry runs a session now (also when it cannot tell)."""

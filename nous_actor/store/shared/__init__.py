@@ -26,6 +26,10 @@ The optional methods a store of your own may offer (the shipped contract suite,
 * ``handoff_requests() -> list[str]``: the sessions this store object (this
   process, for `SQLiteStore`) holds that another one asked for (a request that
   stands, of an asker still alive where the store can tell).
+* ``handoff_poll`` (an attribute, seconds): look for requests this often rather
+  than at each change of the store (see `handoff_poll`).
+* ``next_seq(session_id) -> int``: the stored history's next seq, without a
+  claim and without decoding it.
 * ``wait_changed(after, timeout) -> int``: wait at most ``timeout`` seconds for
   anything to change in the store (a commit, a claim, a release, a request)
   after the change counter ``after``; returns the counter now. (`PostgresStore`
@@ -78,6 +82,7 @@ __all__ = [
     "ask_handoff",
     "forwarding_key",
     "handoff_requests",
+    "handoff_poll",
     "held_by",
     "holder_address",
     "load_since",
@@ -249,6 +254,19 @@ def forwarding_key(store: Store) -> bytes | None:
     """
     own: Callable[[], bytes] | None = _own(store, "forwarding_key")
     return None if own is None else bytes(own())
+
+
+def handoff_poll(store: Store) -> float | None:
+    """How often a holder looks for hand-off requests on ``store`` (its attribute
+    ``handoff_poll``, seconds), or ``None``: it waits for the store to change
+    (``wait_changed``) and looks then. A store whose change feed is itself a poll of
+    something every commit changes (`SQLiteStore`: the file) names an interval: a
+    holder waiting for changes there woke, and read the requests, at every commit of
+    every process."""
+    poll = getattr(store, "handoff_poll", None)
+    if isinstance(poll, (int, float)) and not isinstance(poll, bool) and 0 < poll <= 1:
+        return float(poll)
+    return None
 
 
 def supports_handoff(store: Store) -> bool:

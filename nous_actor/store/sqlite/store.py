@@ -261,6 +261,13 @@ class SQLiteStore(ClosingStore):
 
     _valid_id = staticmethod(valid_store_id)
 
+    handoff_poll: Final = 0.01
+    """A holder looks for hand-off requests this often (`nous_actor.store.shared`'s
+    ``handoff_poll``): a file says only that something changed, and a busy one changes
+    at every commit of every process; waiting for changes, each worker's holder read
+    the requests at each of them (5% of a CPU per worker in a 4-worker fleet, and its
+    file poll as much again)."""
+
     # -- the Store protocol --------------------------------------------------------------
 
     def load(self, session_id: str) -> list[Event]:
