@@ -13,6 +13,7 @@ cases the call was taken and never answered.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import subprocess
@@ -199,10 +200,11 @@ def test_the_error_survives_a_trip_between_processes() -> None:
 # -- a holder killed between taking a call and answering it ---------------------------------
 
 _HOLDER = r"""
-import os, signal, sys
+import json, os, signal, sys
 from nous_actor import Sessions, SQLiteStore
 
 kind, where, when = sys.argv[1], sys.argv[2], sys.argv[3]
+held = sys.argv[4] if len(sys.argv) > 4 else "chat"
 if kind == "sqlite":
     base = SQLiteStore
     args = (where,)
@@ -214,9 +216,13 @@ else:
     kwargs = {"schema": schema, "lease": 2.0}
 
 
+def _fatal(data):
+    return "fatal" in json.dumps(data)
+
+
 class Dying(base):
     def write(self, appends, calls=None):
-        fatal = any(ev.data.get("fatal") for evs in appends.values() for ev in evs)
+        fatal = any(_fatal(ev.data) for evs in appends.values() for ev in evs)
         if fatal and when == "before":
             os.kill(os.getpid(), signal.SIGKILL)  # taken, never written
         out = super().write(appends, calls)
@@ -226,18 +232,21 @@ class Dying(base):
 
 
 sessions = Sessions(Dying(*args, **kwargs))
-chat = sessions.open("chat")
-chat.append("user_message", {"content": "held here"}).get()
+chat = sessions.open(held)
+if held == "chat":
+    chat.append("user_message", {"content": "held here"}).get()
+else:
+    chat.count().get()  # opened: held here
 print("ready", flush=True)
 sys.stdin.readline()
 sessions.close()
 """
 
 
-def _start_holder(kind: str, where: str, when: str) -> subprocess.Popen[str]:
+def _start_holder(kind: str, where: str, when: str, held: str = "chat") -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, kind, where, when],
+        [sys.executable, "-c", _HOLDER, kind, where, when, held],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -327,3 +336,88 @@ def test_postgres_a_holder_killed_mid_call_leaves_a_checkable_call(
         )
     finally:
         pg_server.drop_schema(schema)
+
+
+# -- the adapters never show the ambiguity --------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["before", "after"], ids=["before_commit", "after_commit"])
+def test_an_agents_session_stores_a_batch_once_when_its_holder_dies_mid_call(
+    tmp_path: Path, when: str
+) -> None:
+    """`NousSession.add_items` to a session another process holds, which dies with the
+    batch taken (just before its commit, or just after it): the call returns, and the
+    batch is stored exactly once (looked up by its call's id, sent again only if it was
+    not applied)."""
+    agents = pytest.importorskip("nous_actor.integrations.openai_agents")
+    path = str(tmp_path / "app.db")
+    proc = _start_holder("sqlite", path, when)
+    try:
+        with Sessions(SQLiteStore(path)) as sessions:
+            nous = agents.NousSession("chat", sessions)
+
+            async def main() -> list[Any]:
+                await nous.add_items([{"role": "user", "content": "one"}])
+                await nous.add_items(
+                    [
+                        {"role": "user", "content": "fatal", "fatal": True},
+                        {"role": "assistant", "content": "reply"},
+                    ]
+                )
+                return await nous.get_items()
+
+            items = asyncio.run(asyncio.wait_for(main(), BOUND))
+            assert proc.wait(BOUND) == -9
+            assert [i["content"] for i in items] == ["held here", "one", "fatal", "reply"]
+    finally:
+        _end(proc)
+
+
+def test_an_adk_event_is_stored_once_when_its_holder_dies_after_the_commit(
+    tmp_path: Path,
+) -> None:
+    """ADK's `append_event` through `NousSessionService` to a session another process
+    holds, which dies right after committing the event: the call returns the event,
+    stored once."""
+    adk = pytest.importorskip("nous_actor.integrations.adk")
+    from google.adk.events import Event as AdkEvent
+    from google.genai import types
+
+    path = str(tmp_path / "app.db")
+    with Sessions(SQLiteStore(path)) as first:
+        service = adk.NousSessionService(first)
+        made = asyncio.run(service.create_session(app_name="app", user_id="u", session_id="s"))
+        key = adk.session_key("app", "u", "s")
+    proc = _start_holder("sqlite", path, "after", key)
+    try:
+        with Sessions(SQLiteStore(path)) as sessions:
+            service = adk.NousSessionService(sessions)
+
+            async def main() -> Any:
+                session = await service.get_session(app_name="app", user_id="u", session_id="s")
+                assert session is not None
+                event = AdkEvent(
+                    author="user",
+                    invocation_id="inv-1",
+                    content=types.Content(role="user", parts=[types.Part(text="fatal")]),
+                    custom_metadata={"fatal": True},
+                )
+                await service.append_event(session, event)
+                return await service.get_session(app_name="app", user_id="u", session_id="s")
+
+            after = asyncio.run(asyncio.wait_for(main(), BOUND))
+            assert proc.wait(BOUND) == -9
+            texts = [e.content.parts[0].text for e in after.events if e.content]
+            assert texts == ["fatal"]
+            assert made.id == "s"
+    finally:
+        _end(proc)
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(BOUND)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()

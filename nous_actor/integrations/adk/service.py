@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nous_actor.core.event import EventType, InvalidEvent
+from nous_actor.integrations._once import append_one_once
 from nous_actor.integrations.adk.events import _text_of, _utc, event_data
 from nous_actor.integrations.adk.folds import _View
 from nous_actor.integrations.adk.framework import (
@@ -188,7 +189,10 @@ class NousSessionService(BaseSessionService):
         record = {RECORD_KEY: {"op": "create", "state": own}, TIME_KEY: now}
         handle = await self._logs.handle(key)
         try:  # at the seq after the log seen: a create that raced this one wins alone
-            ev = await handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now))
+            ev = await append_one_once(
+                handle,
+                lambda: handle.append_at(view.seen, EventType.REQUEST_HEADER, record, _utc(now)),
+            )
         except InvalidEvent as exc:
             if exc.reason == "seq_behind_head":
                 raise AlreadyExistsError(f"Session with id {sid} already exists.") from None

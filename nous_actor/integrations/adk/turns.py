@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from functools import partial
 from typing import Any, Final, cast
 
 from nous_actor.core.event import Event, EventType
 from nous_actor.errors import TurnInterrupted
+from nous_actor.integrations._once import append_once
 from nous_actor.integrations.adk.logs import _Logs
 from nous_actor.sessions.turn_handle import Turn
 from nous_actor.sessions.turns import Policy
@@ -88,7 +90,9 @@ class _RunTurns:
                 borrowed = turn is not None
             if turn is not None:
                 try:
-                    return await turn.append_many(items)
+                    return await append_once(
+                        await self._logs.handle(key), partial(turn.append_many, items)
+                    )
                 except (TurnInterrupted, RuntimeError) as exc:
                     if borrowed and attempt < MAX_ATTEMPTS - 1:
                         continue  # that run's turn ended meanwhile: write again
@@ -106,7 +110,7 @@ class _RunTurns:
                     )
                     continue
             handle = await self._logs.handle(key)
-            return await handle.append_many(items)
+            return await append_once(handle, partial(handle.append_many, items))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _ended_by_restart(self, key: str, exc: TurnInterrupted) -> bool:

@@ -13,7 +13,12 @@ from types import TracebackType
 from typing import Any, Final, cast
 
 from nous_actor.core.event import EventType
-from nous_actor.errors import ConflictError, SessionCrashed, TurnInterrupted
+from nous_actor.errors import (
+    CallOutcomeUnknown,
+    ConflictError,
+    SessionCrashed,
+    TurnInterrupted,
+)
 from nous_actor.integrations.langgraph.codec import decode, encode
 from nous_actor.integrations.langgraph.effects import (
     CloseTurn,
@@ -519,11 +524,14 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         turn ``run`` writes through (see `Runs.writer`), else through the plain handle
         (waiting for an open turn).
 
-        A batch whose session's holder went away before answering (the session moves;
-        the batch may or may not have been applied) is looked for in the session's log
-        (``thread``'s fold caught up): found, it is done (no events are returned);
-        else it is appended again. Records other than checkpoints are appended again
-        in any case (a write, a deletion or a prune applied twice changes nothing).
+        A batch whose session's holder process died before answering is looked up by its
+        call's id (`CallOutcomeUnknown`; the holder recorded it with its events): applied,
+        its events are returned; else it is sent again. A batch whose session crashed
+        before answering (the session moves; it may or may not have been applied) is
+        looked for in the session's log (``thread``'s fold caught up): found, it is done
+        (no events are returned); else it is appended again. Records other than
+        checkpoints are appended again in any case (a write, a deletion or a prune
+        applied twice changes nothing).
 
         A run's turn that a restart of the session ended (nothing of the write was
         applied) is opened again, refusing to wait (a run that took the thread
@@ -540,6 +548,16 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
             try:
                 events = yield (handle if turn is None else turn).append_many(items)
                 return cast(builtins.list[Any], events)
+            except CallOutcomeUnknown as lost:
+                # The holder recorded the batch's call with its events: ask whether it
+                # was applied (then it is done), else send it again.
+                seqs = yield handle.applied(lost.call_id)
+                if seqs is not None:
+                    stored = yield handle.since(seqs[0])
+                    return cast(builtins.list[Any], stored[: len(seqs)])
+                if attempt == REOPENS:
+                    raise
+                continue
             except SessionCrashed:
                 if attempt == REOPENS:
                     raise

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from nous_actor.core.event import EventType, InvalidEvent
 from nous_actor.errors import CallTimeout, SessionStopped
+from nous_actor.integrations._once import append_once, append_one_once
 from nous_actor.integrations.openai_agents.shared import _shared_for, _turn_of
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.handle import Session, SessionCalls
@@ -126,10 +127,12 @@ class _Calls:
 
     async def append(self, pending: Pending, time: datetime) -> None:
         """Append `pending` as one batch: stored whole (one transaction) or not at all,
-        and no other call's events come between its items (also a call of another
-        process)."""
+        exactly once (also when the worker process holding the session dies before it
+        answers: see `append_once`), and no other call's events come between its items
+        (also a call of another process)."""
         calls = await self.live()
-        await calls.append_many([(etype, data, time) for etype, data in pending])
+        batch = [(etype, data, time) for etype, data in pending]
+        await append_once(await self.handle_of(), lambda: calls.append_many(batch))
 
     def plans(self) -> Iterator[int]:
         """The attempts of a planned append (`planned`, then `append_at`), for the
@@ -164,11 +167,12 @@ class _Calls:
         (a worker process may write the session too); ``False`` if something was: nothing
         was appended, plan again. Through a turn, nothing else can be appended."""
         calls = await self.live()
+        handle = await self.handle_of()
         if _turn_of(self.shared) is not None:
-            await calls.append(etype, data, time)
+            await append_one_once(handle, lambda: calls.append(etype, data, time))
             return True
         try:
-            await calls.append_at(seq, etype, data, time)
+            await append_one_once(handle, lambda: calls.append_at(seq, etype, data, time))
         except InvalidEvent as exc:
             if exc.reason == "seq_behind_head":
                 return False

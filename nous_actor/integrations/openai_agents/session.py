@@ -236,8 +236,8 @@ class NousSession:
 
         If the session crashes or moves before it applied the batch, the
         registry delivers it where the session runs next. A batch sent to a
-        worker process that died before answering raises `SessionCrashed`:
-        it may or may not be stored, whole (`get_items` shows which).
+        worker process that died before answering is looked up (the holder
+        recorded it with its events): stored once either way.
 
         Raises:
             TypeError: `items` is not a list, or an item is not a dict (the
@@ -249,9 +249,8 @@ class NousSession:
             NousSessionClosed: this object is closed (a `SessionStopped` and a
                 `RuntimeError`, as the SDK's own sessions raise).
             SessionStopped: the registry is closed, or it gave the session up.
-            SessionCrashed: the process that held the session died before it
-                answered; the batch may or may not be stored (whole or not at
-                all).
+            CallOutcomeUnknown: three sends of the batch in a row were lost with
+                the process that held the session, none stored.
             StoreError: the store failed; the batch may or may not be stored.
             CallTimeout: no answer within the registry's `timeout`.
         """
