@@ -154,7 +154,6 @@ function drawRow(r) {
     note.append(document.createTextNode("hidden by " + r.shadowed_by));
     d.append(note);
   }
-  d.addEventListener("click", () => openEvent(r.seq));
   return d;
 }
 
@@ -244,7 +243,6 @@ function drawSpans() {
     bar.title = `${s.kind} at seq ${s.seq}: positions ${s.start}..${s.stop}`;
     bar.dataset.seq = s.seq;
     if (view.asOf !== null && s.seq > view.asOf) bar.classList.add("future");
-    bar.addEventListener("click", (e) => { e.stopPropagation(); openEvent(s.seq); });
     out.push(bar);
   }
   if (view.spans.more) {
@@ -440,6 +438,15 @@ async function startSession() {
   $("session-view").hidden = false;
   view.id = document.body.dataset.session;
   $("timeline").addEventListener("scroll", render);
+  // A row or a replace's bar opens its event when pressed. Handled here, on the timeline
+  // (rows and bars are drawn anew at every render: a scroll, a chunk read, a commit), and
+  // on the press: a render between the press and the release made them two elements, so
+  // no click came at all.
+  $("timeline").addEventListener("pointerdown", (e) => {
+    if (e.button !== 0) return;
+    const hit = e.target.closest(".span, .row");
+    if (hit && hit.dataset.seq !== undefined) openEvent(Number(hit.dataset.seq));
+  });
   window.addEventListener("resize", render);
   try {
     await showTail();
