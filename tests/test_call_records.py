@@ -302,12 +302,7 @@ def _kill_mid_call(
             assert again.seq == len(stored)
             assert sessions.live() == ["chat"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(BOUND)
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        _end(proc)
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["append", "append_many"])

@@ -38,32 +38,18 @@ async def append_once(
         try:
             return await send()
         except CallOutcomeUnknown as lost:
-            found = await _applied(handle, lost, attempt)
-            if found is not None:
-                return found
+            seqs = await handle.applied(lost.call_id)
+            if seqs is not None:  # applied: its events, read back
+                return (await handle.since(seqs[0]))[: len(seqs)]
+            if attempt == ATTEMPTS - 1:
+                raise
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def append_one_once(handle: SessionHandle, send: Callable[[], Awaitable[Event]]) -> Event:
     """`append_once` for a call that appends one event (``append``, ``append_at``)."""
-    for attempt in range(ATTEMPTS):
-        try:
-            return await send()
-        except CallOutcomeUnknown as lost:
-            found = await _applied(handle, lost, attempt)
-            if found:
-                return found[0]
-    raise AssertionError("unreachable")  # pragma: no cover
 
+    async def batch() -> list[Event]:
+        return [await send()]
 
-async def _applied(
-    handle: SessionHandle, lost: CallOutcomeUnknown, attempt: int
-) -> list[Event] | None:
-    """The events of the lost call if it was applied; ``None`` if not (send it again),
-    unless it was the last attempt (then ``lost`` is raised)."""
-    seqs = await handle.applied(lost.call_id)
-    if seqs is not None:
-        return (await handle.since(seqs[0]))[: len(seqs)]
-    if attempt == ATTEMPTS - 1:
-        raise lost
-    return None
+    return (await append_once(handle, batch))[0]
