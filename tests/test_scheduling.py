@@ -105,7 +105,7 @@ def test_a_hand_over_thread_left_running_does_not_fail_a_later_simulation(
     looked_again = threading.Event()
     calls = 0
 
-    def live() -> list[str]:
+    def holds_any() -> bool:
         nonlocal calls
         calls += 1
         if calls == 1:
@@ -113,10 +113,14 @@ def test_a_hand_over_thread_left_running_does_not_fail_a_later_simulation(
             go.wait(BOUND)
         else:
             looked_again.set()
-        return ["s"]
+        return True
 
     hand = HandOver(
-        store, timeout=BOUND, live=live, live_ref=lambda _s, _t: None, idle_for=lambda _s: None
+        store,
+        timeout=BOUND,
+        holds_any=holds_any,
+        live_ref=lambda _s, _t: None,
+        idle_for=lambda _s: None,
     )
     hand.start()
     thread = hand._thread

@@ -158,8 +158,8 @@ class HandOver:
 
     What it knows of its registry is what it is given: the ``store`` the requests
     arrive in, the bound of a call (``timeout``), and three questions it asks:
-    ``live()`` (the ids of the sessions running there; raises `NousActorError` when
-    the registry cannot tell), ``live_ref(id, timeout)`` (the running actor of a
+    ``holds_any()`` (whether a session runs there; raises `NousActorError` when the
+    registry cannot tell), ``live_ref(id, timeout)`` (the running actor of a
     session, or ``None``) and ``idle_for(id)`` (seconds since its last use, ``None``
     if never).
     """
@@ -169,13 +169,13 @@ class HandOver:
         store: Store,
         *,
         timeout: float,
-        live: Callable[[], list[str]],
+        holds_any: Callable[[], bool],
         live_ref: Callable[[str, float], pykka.ActorRef[Any] | None],
         idle_for: Callable[[str], float | None],
     ) -> None:
         self._store = store
         self._timeout = timeout
-        self._live = live
+        self._holds = holds_any
         self._live_ref = live_ref
         self._idle_for = idle_for
         self._stop = threading.Event()
@@ -259,7 +259,7 @@ class HandOver:
     def _holds_any(self) -> bool:
         """Whether this registry runs a session now (also when it cannot tell)."""
         try:
-            return bool(self._live())
+            return self._holds()
         except NousActorError:
             return not self._stop.is_set()
 

@@ -194,7 +194,7 @@ class Sessions:
         self._handover = HandOver(
             self.store,
             timeout=timeout,
-            live=self.live,
+            holds_any=self._holds_any,
             live_ref=self._live_ref,
             idle_for=self._passivation.idle_for,
         )
@@ -517,6 +517,13 @@ class Sessions:
         if self._closed or self._ref is None or not self._ref.is_alive():
             return []
         return self._ask(("live",))  # type: ignore[no-any-return]
+
+    def _holds_any(self) -> bool:
+        """Whether a session runs here now (the hand-over rests while none does): one
+        look at the first live entry, where `live` sorts them all."""
+        if self._closed or self._ref is None or not self._ref.is_alive():
+            return False
+        return self._ask(("holds_any",))  # type: ignore[no-any-return]
 
     def restart_count(self, session_id: str) -> int:
         """How many times ``session_id`` was restarted after a crash."""

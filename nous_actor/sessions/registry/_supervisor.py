@@ -216,6 +216,9 @@ class RegistryActor(SupervisedActor):
     def m_live(self) -> list[str]:
         return sorted(sid for sid, ref in self.live.items() if ref.is_alive())
 
+    def m_holds_any(self) -> bool:
+        return any(ref.is_alive() for ref in self.live.values())
+
     def m_restart_count(self, session_id: str) -> int:
         return self.restarts.count(session_id)
 
