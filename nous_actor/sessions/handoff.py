@@ -192,7 +192,8 @@ class HandOver:
         """Start the thread unless it runs (or the store carries no requests); called
         at every open (it wakes a thread that rests while nothing is held)."""
         if self._thread is not None:
-            self._opened.set()
+            if not self._opened.is_set():  # (set once per rest: an open burst sets it once)
+                self._opened.set()
             return
         if not shared.supports_handoff(self._store):
             return

@@ -22,11 +22,10 @@ Where the library reaches into Pykka's private names (here: `_actor_loop`,
 
 from __future__ import annotations
 
-import weakref
 from _thread import allocate_lock
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import pykka
 
@@ -87,6 +86,11 @@ sees the supervisor's answer to it, and no thread ever blocks for that)."""
 Monitor = Callable[[Exit], Any]
 
 
+_CELLS_LOCK: Final = allocate_lock()
+"""Guards every cell's monitor and exit: each is taken once or twice in an actor's life,
+so one lock serves them all rather than one per actor (an idle session's memory)."""
+
+
 class Cell:
     """Ours, beside a supervised actor's Pykka ref: its ``started`` and ``finished``
     flags, and where its exit goes (Pykka's ref carries none of it).
@@ -103,7 +107,6 @@ class Cell:
         "__weakref__",
         "_ended",
         "_exit",
-        "_lock",
         "_monitor",
         "finished",
         "started",
@@ -118,14 +121,13 @@ class Cell:
         self.finished = Flag()
         """Set when the actor is done (after its last look at the inbox) and its exit
         is handled: the one signal that an actor has really stopped."""
-        self._lock = allocate_lock()
         self._monitor: Monitor | None = None
         self._exit: Exit | None = None  # an exit no monitor has seen yet
         self._ended = False
 
     def monitor(self, monitor: Monitor) -> None:
         """Report the actor's exit to ``monitor`` (at once if it has ended already)."""
-        with self._lock:
+        with _CELLS_LOCK:
             if self._monitor is not None:
                 raise ValueError(f"actor {self.urn} has a monitor already (one per actor)")
             self._monitor = monitor
@@ -136,7 +138,7 @@ class Cell:
     def exited(self, exit: Exit) -> None:
         """The actor's last act: report ``exit``, then set ``finished`` (unless the
         monitor returned `HANDLED_LATER`: then it sets it)."""
-        with self._lock:
+        with _CELLS_LOCK:
             if self._ended:  # reported once
                 return
             self._ended = True
@@ -169,9 +171,10 @@ def _deliver(monitor: Monitor, exit: Exit) -> Any:
         return None
 
 
-# Each supervised actor's cell, by its ref: how whoever holds only the ref (the ref
-# ``start()`` returned) finds the cell. Weak: an entry goes with its ref.
-_cells: weakref.WeakKeyDictionary[pykka.ActorRef[Any], Cell] = weakref.WeakKeyDictionary()
+# Each supervised actor's cell rides on its ref (Pykka makes one ref per actor), under
+# this name in the ref's attributes: how whoever holds only the ref (the ref ``start()``
+# returned) finds the cell, in one look and with nothing kept beside the ref.
+_CELL: Final = "_nous_cell"
 
 
 def cell_of(ref: pykka.ActorRef[Any]) -> Cell:
@@ -181,7 +184,7 @@ def cell_of(ref: pykka.ActorRef[Any]) -> Cell:
         TypeError: ``ref`` is not the ref of a `SupervisedActor` (or of a
             `DispatchedSupervisedActor`).
     """
-    cell = _cells.get(ref) if isinstance(ref, pykka.ActorRef) else None
+    cell: Cell | None = vars(ref).get(_CELL) if isinstance(ref, pykka.ActorRef) else None
     if cell is None:
         raise TypeError(
             f"{ref!r} is not the ref of a SupervisedActor: start a SupervisedActor "
@@ -227,7 +230,7 @@ class _Supervised(pykka.Actor):
         super().__init__(*args, **kwargs)
         self.exit_reason: BaseException | None = None
         self.cell = self.cell_type(self.actor_urn)
-        _cells[self.actor_ref] = self.cell
+        vars(self.actor_ref)[_CELL] = self.cell
         self.finished = self.cell.finished
         self.started = self.cell.started
 

@@ -9,6 +9,7 @@ and applies them. All of it under one lock, in this one object.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from nous_actor.core.event import Event
@@ -17,6 +18,10 @@ from nous_actor.runtime.flag import Flag
 from nous_actor.store.subscription import Subscription
 
 Done = tuple[tuple[Event, ...], "StoreError | None"]
+
+_NOTHING: tuple[Any, ...] = ()
+"""``done`` and ``closing`` while empty: a list is made only when something goes in (an
+idle session holds none)."""
 
 
 class CommitLedger:
@@ -59,14 +64,14 @@ class CommitLedger:
 
     def __init__(self, released: Flag | None = None) -> None:
         self.lock = threading.Lock()
-        self.done: list[Done] = []
+        self.done: list[Done] | tuple[Done, ...] = _NOTHING
         self.want = False
         self.wake_sent = False
         self.ops = 0
         self._stored = 0
         self.shutting = False
         self.feed_error: SessionStopped | None = None
-        self.closing: list[Subscription] = []  # (a fresh list only when stopping)
+        self.closing: list[Subscription] | tuple[Subscription, ...] = _NOTHING  # (when stopping)
         # Set once the claim is let go (the session's cell shows it beside its ref).
         self.released = Flag() if released is None else released
 
@@ -77,10 +82,10 @@ class CommitLedger:
         with self.lock:
             self.ops += 1
 
-    def take(self) -> list[Done]:
+    def take(self) -> Sequence[Done]:
         """The batches recorded since the last take (the next one wakes the actor again)."""
         with self.lock:
-            done, self.done = self.done, []
+            done, self.done = self.done, _NOTHING
             self.wake_sent = False
         return done
 
@@ -105,7 +110,7 @@ class CommitLedger:
             self.shutting = True
             self.feed_error = feed_error
             idle = self.ops == 0
-            done, self.done = self.done, []
+            done, self.done = self.done, _NOTHING
             for events, failed in done:
                 if failed is None:
                     for ev in events:
@@ -155,7 +160,10 @@ class CommitLedger:
                         subs = [s for s in subs if s._push(ev)]
                     self.closing = subs
                 return last, False
-            self.done.append((events, err))
+            if self.done:
+                self.done.append((events, err))  # type: ignore[union-attr]
+            else:
+                self.done = [(events, err)]
             wake = (self.want or err is not None) and not self.wake_sent
             if wake:
                 self.wake_sent = True
@@ -168,11 +176,11 @@ class CommitLedger:
             self.ops -= 1
             return self.shutting and self.ops == 0
 
-    def closing_feeds(self) -> tuple[list[Subscription], SessionStopped | None]:
+    def closing_feeds(self) -> tuple[Sequence[Subscription], SessionStopped | None]:
         """The stopped session's subscribers that waited for its last operation, and how
         their feeds end."""
         with self.lock:
-            subs, self.closing = self.closing, []
+            subs, self.closing = self.closing, _NOTHING
         return subs, self.feed_error
 
     def __repr__(self) -> str:

@@ -45,6 +45,26 @@ def _tell_started(registry: pykka.ActorRef[Any], session_id: str, urn: str) -> N
         pass
 
 
+class _ExitTo:
+    """A session's monitor: its exit goes to the registry (the session's last act; never
+    blocks). The registry sets the session's ``finished`` once it handled the exit:
+    whoever saw the session end sees the registry's answer to it. (One small object per
+    session, where a closure was four.)"""
+
+    __slots__ = ("registry", "session_id")
+
+    def __init__(self, registry: pykka.ActorRef[Any], session_id: str) -> None:
+        self.registry = registry
+        self.session_id = session_id
+
+    def __call__(self, exit: Exit) -> Any:
+        try:
+            self.registry.tell(("exit", self.session_id, exit))
+        except pykka.ActorDeadError:
+            return None  # nobody to answer: finished now
+        return HANDLED_LATER
+
+
 class Restarts:
     """Each session's restarts: how many there were, the restart intensity they count
     against (a `RestartPolicy`), and the sessions given up (with the last crash)."""
@@ -355,16 +375,7 @@ class RegistryActor(SupervisedActor):
         ready: SessionFuture[None] = SessionFuture(session_id, settings.timeout)
         links: list[object] = [] if context is None else [context]
         me = self.actor_ref
-
-        def monitor(exit: Exit) -> Any:  # the exiting session's last act; never blocks
-            # The registry sets the session's ``finished`` once it handled the exit:
-            # whoever saw the session end sees the registry's answer to it.
-            try:
-                me.tell(("exit", session_id, exit))
-            except pykka.ActorDeadError:
-                return None  # nobody to answer: finished now
-            return HANDLED_LATER
-
+        monitor = _ExitTo(me, session_id)
         ref = start_monitored(
             lambda: SessionActor.start(
                 session_id,
