@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
@@ -36,6 +35,7 @@ from nous_actor.errors import SessionStopped
 from nous_actor.runtime import scheduling
 from nous_actor.sessions.actor import Handler, _Envelope, session_cell
 from nous_actor.sessions.future import SessionFuture
+from nous_actor.store.subscription import Subscription
 
 __all__ = ["LIFE", "REGISTRY_CLOSED", "Call", "Link", "Route"]
 
@@ -75,10 +75,24 @@ class Link(Protocol):
         call sent, whatever its outcome."""
 
 
-Locate = Callable[[str], "pykka.ActorRef[Any] | Link"]
-"""Finds where a session is now: its actor here (opened, or reopened, by the registry) or
-a link to its holder. Blocks; raises `NousActorError` (or `ConflictError`, `StoreError`)
-when it cannot be reached."""
+class Home(Protocol):
+    """The registry a route belongs to: what a route and its session's handles ask of it,
+    by session id (one object for all the registry's routes, where each route and
+    handle would hold bound methods of their own)."""
+
+    def locate(self, session_id: str) -> pykka.ActorRef[Any] | Link:
+        """Where the session is now: its actor here (opened, or reopened, by the
+        registry) or a link to its holder. Blocks; raises `NousActorError` (or
+        `ConflictError`, `StoreError`) when it cannot be reached."""
+
+    def resolve(self, session_id: str) -> pykka.ActorRef[Any]:
+        """The session's live actor here, (re)opened if need be."""
+
+    def touch(self, session_id: str) -> None:
+        """The session is used now (its passivation's clock)."""
+
+    def watch(self, session_id: str, from_seq: int, buffer: int, timeout: float) -> Subscription:
+        """A subscription that follows the session's commits through the store."""
 
 
 class Route:
@@ -86,12 +100,12 @@ class Route:
 
     __slots__ = (
         "_cond",
-        "_locate",
         "_tries",
         "bounced",
         "closed",
         "epoch",
         "held",
+        "home",
         "inflight",
         "link",
         "lock",
@@ -102,9 +116,9 @@ class Route:
         "timeout",
     )
 
-    def __init__(self, session_id: str, locate: Locate, timeout: float) -> None:
+    def __init__(self, session_id: str, home: Home, timeout: float) -> None:
         self.session_id = session_id
-        self._locate = locate
+        self.home = home
         self.timeout = timeout
         self.lock = threading.RLock()
         # What a route needs only while its session moves is made then, not per session
@@ -330,7 +344,7 @@ class Route:
                     return
             first = False
             try:
-                found = self._locate(self.session_id)
+                found = self.home.locate(self.session_id)
             except Exception as exc:
                 with self.lock:
                     self._fail_held(exc)

@@ -51,32 +51,32 @@ class Session(SessionHandle):
     Args:
         session_id: the session's id.
         resolve: returns the live actor of the session (called again when the
-            actor it returned last has stopped, so a restarted session is found).
+            actor it returned last has stopped, so a restarted session is found);
+            ``None`` only for a registry's handle, which asks its registry.
         timeout: the default bound, in seconds, of every wait on a result.
     """
 
-    __slots__ = ("_own_ref", "_resolve", "_route", "_touch", "_watch")
+    __slots__ = ("_own_ref", "_resolve", "_route")
 
     def __init__(
         self,
         session_id: str,
-        resolve: Callable[[], pykka.ActorRef[SessionActor]],
+        resolve: Callable[[], pykka.ActorRef[SessionActor]] | None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        touch: Callable[[], None] | None = None,
         route: Route | None = None,
-        watch: Callable[[int, int, float], Subscription] | None = None,
     ) -> None:
         self.session_id = _check_handle_args(session_id, timeout)
         self.timeout = float(timeout)
+        if resolve is None and route is None:
+            raise TypeError("Session needs resolve (a callable returning the session's actor)")
         self._resolve = resolve
-        self._touch = touch
         self._own_ref: pykka.ActorRef[SessionActor] | None = None
         # A registry's handle: its calls go through the session's route (here, or to
-        # the process that holds it), and a subscription where the session is held
-        # elsewhere follows the store (``watch``).
+        # the process that holds it); the rest it asks of the route's registry (its
+        # ``home``): the actor, the passivation's clock, a subscription that follows
+        # the store where the session is held elsewhere.
         self._route = route
-        self._watch = watch
 
     @classmethod
     def start(
@@ -221,10 +221,18 @@ class Session(SessionHandle):
     def _ref(self, ref: pykka.ActorRef[SessionActor] | None) -> None:
         self._own_ref = ref
 
+    def _find(self) -> pykka.ActorRef[SessionActor]:
+        """The session's live actor, (re)opened by its registry if need be."""
+        route = self._route
+        if route is not None:
+            return route.home.resolve(self.session_id)
+        assert self._resolve is not None  # (a handle without a route has one)
+        return self._resolve()
+
     def _actor(self) -> pykka.ActorRef[SessionActor] | None:
         ref = self._ref
         if ref is None or ref.actor_stopped.is_set():
-            ref = self._resolve()
+            ref = self._find()
             self._ref = ref
         return ref
 
@@ -236,10 +244,9 @@ class Session(SessionHandle):
             fut = held_future(self.session_id, self.timeout)
         if fut is None:
             fut = SessionFuture(self.session_id, self.timeout)
-        if self._touch is not None:
-            self._touch()
         route = self._route
         if route is not None:
+            route.home.touch(self.session_id)
             route.send(handler, args, fut)
             return fut
         try:
@@ -271,12 +278,13 @@ class Session(SessionHandle):
     def subscribe(
         self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
     ) -> Subscription:
-        route, watch = self._route, self._watch
-        if route is not None and watch is not None and not route.here():
+        route = self._route
+        if route is not None and not route.here():
             # Held by another process: follow what it commits, through the store (the
             # same events, exactly once, in seq order).
             _check_seq(from_seq, "subscribe(from_seq)")
-            return watch(from_seq, buffer, self.timeout if timeout is None else timeout)
+            bound = self.timeout if timeout is None else timeout
+            return route.home.watch(self.session_id, from_seq, buffer, bound)
         return super().subscribe(from_seq, buffer=buffer, timeout=timeout)
 
     subscribe.__doc__ = SessionHandle.subscribe.__doc__
@@ -306,7 +314,7 @@ class Session(SessionHandle):
                 return False
         ref = self._ref
         if ref is None:
-            ref = self._ref = self._resolve()
+            ref = self._ref = self._find()
         return ref.is_alive()
 
     def stop(self, timeout: float | None = None) -> None:

@@ -201,6 +201,7 @@ class Sessions:
         # Each session's route (here, or to the process that holds it), and this
         # process's endpoint for the store (made with the first route).
         self._routes: dict[str, Route] = {}
+        self._home = _Home(self)
         self._endpoint: Endpoint | None = None
         # The registry's actor: set at each start (by a parent, at each of its restarts).
         self._ref: pykka.ActorRef[RegistryActor] | None = None
@@ -311,7 +312,7 @@ class Sessions:
                         if self._endpoint is not None:
                             self._endpoint.join(self)
             route = self._routes.setdefault(
-                session_id, Route(session_id, self._locate, self.timeout)
+                session_id, Route(session_id, self._home, self.timeout)
             )
         return route
 
@@ -500,17 +501,7 @@ class Sessions:
 
     def _handle(self, session_id: str, route: Route) -> Session:
         """A handle of ``session_id``: its calls go through the session's ``route``."""
-        return Session(
-            session_id,
-            partial(self._resolve, session_id),
-            timeout=self.timeout,
-            touch=partial(self._passivation.touch, session_id),
-            route=route,
-            watch=partial(self._watch, session_id),
-        )
-
-    def _watch(self, session_id: str, from_seq: int, buffer: int, timeout: float) -> Subscription:
-        return shared.watch(self.store, session_id, from_seq, buffer=buffer, timeout=timeout)
+        return Session(session_id, None, timeout=self.timeout, route=route)
 
     def live(self) -> list[str]:
         """Ids of the sessions running now, sorted."""
@@ -704,3 +695,27 @@ class Sessions:
         except (pykka.ActorDeadError, pykka.Timeout):
             return None
         return found if isinstance(found, pykka.ActorRef) else None
+
+
+class _Home:
+    """What a registry's routes and handles ask of it, by session id (`Home`): one object
+    per registry, where each route and handle held bound methods of their own (seven
+    objects per open session for the cyclic GC to visit)."""
+
+    __slots__ = ("_sessions",)
+
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
+
+    def locate(self, session_id: str) -> pykka.ActorRef[Any] | Link:
+        return self._sessions._locate(session_id)
+
+    def resolve(self, session_id: str) -> pykka.ActorRef[Any]:
+        return self._sessions._resolve(session_id)
+
+    def touch(self, session_id: str) -> None:
+        self._sessions._passivation.touch(session_id)
+
+    def watch(self, session_id: str, from_seq: int, buffer: int, timeout: float) -> Subscription:
+        store = self._sessions.store
+        return shared.watch(store, session_id, from_seq, buffer=buffer, timeout=timeout)
