@@ -160,6 +160,11 @@ class SessionFuture(pykka.Future[T]):
                 return
         _run_callback(fn, self._session_id)
 
+    def _relay(self, to: SessionFuture[Any], value: Any) -> None:
+        """Once answered, answer ``to``: with ``value`` if this future succeeded, else with
+        this future's error."""
+        self.add_done_callback(partial(_relay, self, to, value))
+
     def done(self) -> bool:
         """Whether the future has been answered."""
         return self._state != _PENDING
@@ -244,6 +249,13 @@ class ForwardedFuture(SessionFuture[T]):
     def __init__(self, session_id: str, timeout: float, call_id: str) -> None:
         super().__init__(session_id, timeout)
         self.call_id = call_id
+
+
+def _relay(src: SessionFuture[Any], to: SessionFuture[Any], value: Any) -> None:
+    if src._state == _ERROR:
+        to._fail(src._value)
+    else:
+        to._resolve(value)
 
 
 def _run_callback(fn: Callable[[], None], session_id: str) -> None:

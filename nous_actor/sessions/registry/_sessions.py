@@ -490,14 +490,12 @@ class Sessions:
         answer: SessionFuture[Any] = SessionFuture(session_id, self.timeout)
         ref = self._current(session_id)
         try:
-            ref.tell(("reply", answer, "open", session_id))
+            ref.tell(("open_ready", answer, session_id))
         except pykka.ActorDeadError:
             raise _not_running(session_id) from None
-        ref, ready = await answer
-        if ready is not None:
-            await ready
+        found = await answer  # the actor, once recovered
         self._handover.start()
-        return ref  # type: ignore[no-any-return]
+        return found  # type: ignore[no-any-return]
 
     def _handle(self, session_id: str, route: Route) -> Session:
         """A handle of ``session_id``: its calls go through the session's ``route``."""

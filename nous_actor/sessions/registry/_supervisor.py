@@ -38,11 +38,33 @@ Started = tuple[pykka.ActorRef[Any], "SessionFuture[None] | None"]
 """A session's actor, and the future of its recovery while it still recovers."""
 
 
-def _tell_started(registry: pykka.ActorRef[Any], session_id: str, urn: str) -> None:
-    try:
-        registry.tell(("started", session_id, urn))
-    except pykka.ActorDeadError:
-        pass
+class _Started:
+    """Recoveries that finished, by (session id, urn), for the registry to take: one
+    message per burst rather than one per session (10,000 sessions opened at once
+    recover in batches, and each batch's news comes in one message)."""
+
+    __slots__ = ("_done", "_lock", "_registry")
+
+    def __init__(self, registry: pykka.ActorRef[Any]) -> None:
+        self._registry = registry
+        self._lock = threading.Lock()
+        self._done: list[tuple[str, str]] = []
+
+    def add(self, session_id: str, urn: str) -> None:
+        """``urn``'s ready is answered (called in the thread that answered it)."""
+        with self._lock:
+            first = not self._done
+            self._done.append((session_id, urn))
+        if first:
+            try:
+                self._registry.tell(("started",))
+            except pykka.ActorDeadError:
+                pass
+
+    def take(self) -> list[tuple[str, str]]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
 
 
 class _ExitTo:
@@ -127,6 +149,7 @@ class RegistryActor(SupervisedActor):
         # ``ready`` themselves, never in this actor: many sessions recover at once.
         # urn -> (session id, ready, the trace contexts of the callers waiting for it)
         self.starting: dict[str, tuple[str, SessionFuture[None], list[object]]] = {}
+        self.recovered = _Started(self.actor_ref)  # their news, taken by `m_started`
         self.closed = False
 
     # -- life --------------------------------------------------------------------------------
@@ -184,13 +207,27 @@ class RegistryActor(SupervisedActor):
         self.restarts.retry(session_id)  # a fresh chance, asked for by name
         return self.m_resolve(session_id, context)
 
-    def m_started(self, session_id: str, urn: str) -> None:
-        """A session's recovery finished (its ``ready`` is answered)."""
-        entry = self.starting.pop(urn, None)
-        if entry is None or self.closed:
+    def m_open_ready(self, answer: SessionFuture[Any], session_id: str) -> None:
+        """`m_open` for a caller that awaits the recovery too: ``answer`` gets the actor
+        once it is ready (or the error of its start), so the caller wakes once."""
+        try:
+            ref, ready = self.m_open(session_id)
+        except Exception as exc:
+            answer._fail(exc)
             return
-        if entry[1].failed():
-            self._failed_start(session_id, urn)
+        if ready is None:
+            answer._resolve(ref)
+        else:
+            ready._relay(answer, ref)
+
+    def m_started(self) -> None:
+        """Sessions' recoveries finished (their ``ready`` is answered)."""
+        for session_id, urn in self.recovered.take():
+            entry = self.starting.pop(urn, None)
+            if entry is None or self.closed:
+                continue
+            if entry[1].failed():
+                self._failed_start(session_id, urn)
 
     def _failed_start(self, session_id: str, urn: str) -> None:
         """The actor ``urn`` of ``session_id`` failed to start: it is not live, and its
@@ -395,7 +432,7 @@ class RegistryActor(SupervisedActor):
             return ref, ready
         urn = ref.actor_urn
         self.starting[urn] = (session_id, ready, links)
-        ready.add_done_callback(partial(_tell_started, me, session_id, urn))
+        ready.add_done_callback(partial(self.recovered.add, session_id, urn))
         return ref, ready
 
     def _stop_session(self, session_id: str, why: str, timeout: float | None = None) -> None:
