@@ -173,7 +173,8 @@ def _deliver(monitor: Monitor, exit: Exit) -> Any:
 
 # Each supervised actor's cell rides on its ref (Pykka makes one ref per actor), under
 # this name in the ref's attributes: how whoever holds only the ref (the ref ``start()``
-# returned) finds the cell, in one look and with nothing kept beside the ref.
+# returned) finds the cell, in one look and with nothing kept beside the ref. (Set and
+# read as an attribute, never through ``vars``: the ref's values stay inline, no dict.)
 _CELL: Final = "_nous_cell"
 
 
@@ -184,7 +185,7 @@ def cell_of(ref: pykka.ActorRef[Any]) -> Cell:
         TypeError: ``ref`` is not the ref of a `SupervisedActor` (or of a
             `DispatchedSupervisedActor`).
     """
-    cell: Cell | None = vars(ref).get(_CELL) if isinstance(ref, pykka.ActorRef) else None
+    cell: Cell | None = getattr(ref, _CELL, None) if isinstance(ref, pykka.ActorRef) else None
     if cell is None:
         raise TypeError(
             f"{ref!r} is not the ref of a SupervisedActor: start a SupervisedActor "
@@ -230,7 +231,7 @@ class _Supervised(pykka.Actor):
         super().__init__(*args, **kwargs)
         self.exit_reason: BaseException | None = None
         self.cell = self.cell_type(self.actor_urn)
-        vars(self.actor_ref)[_CELL] = self.cell
+        setattr(self.actor_ref, _CELL, self.cell)  # (no dict made: see `cell_of`)
         self.finished = self.cell.finished
         self.started = self.cell.started
 
