@@ -20,13 +20,16 @@ import json
 import math
 import re
 from builtins import type as type_of
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any, Final, NoReturn
 
 import msgspec
 
 from nous_actor.core._frozen import (
+    EMPTY_DICT,
+    EMPTY_LIST,
     JSON_ENCODER,
     RECURSION_ERRORS,
     FrozenDict,
@@ -40,6 +43,7 @@ from nous_actor.core._frozen import (
 )
 from nous_actor.core.event import _LOOKUP as EVENT_TYPES
 from nous_actor.core.event import (
+    ROLE_OF,
     SURFACE_TYPES,
     Event,
     EventType,
@@ -51,16 +55,19 @@ from nous_actor.core.event import (
     passing_event,
     trusted_event,
 )
+from nous_actor.core.event import _Building as _EventBuilding
 from nous_actor.core.limits import MAX_SEQ
-from nous_actor.core.log import Log
-from nous_actor.core.message import Message
+from nous_actor.core.log import Log, shadowed
+from nous_actor.core.message import Message, Role
+from nous_actor.core.message._message import _Building as _MessageBuilding
 
 __all__ = [
     "CodecError",
     "dumps_event",
     "encode_data",
-    "event_from_row",
     "event_from_dict",
+    "event_from_row",
+    "events_from_rows",
     "event_to_dict",
     "from_jsonl",
     "from_v1",
@@ -69,6 +76,7 @@ __all__ = [
     "loads_event",
     "message_from_dict",
     "message_to_dict",
+    "surface_from_rows",
     "to_jsonl",
 ]
 
@@ -193,8 +201,8 @@ def _fast_object(
     try:
         value = _FAST_DECODE(data)
         return freeze_tree(value) if type(value) is dict else None
-    except (msgspec.MsgspecError, RecursionError, UnicodeError):
-        return None
+    except (msgspec.MsgspecError, RecursionError, UnicodeError, TypeError):
+        return None  # TypeError: not text at all (the stdlib path names it)
 
 
 _DECODER = json.JSONDecoder(
@@ -512,6 +520,66 @@ passing_event_from_row: Final[RowDecoder] = _row_decoder(_load_passing, passing_
 the same checks; the values are left to the cyclic collector, which costs a value
 that dies young nothing, where taking each out of it costs a C call."""
 
+Row = Sequence[Any]
+"""A stored event's columns: ``(seq, type, time, data)``."""
+
+_new: Final = object.__new__
+_FAST_REFUSALS: Final = (ValueError, TypeError, msgspec.MsgspecError, RecursionError)
+"""What reading a row's time or data on the fast path may raise (the row is then read
+by the row decoder, which says what is wrong or reads it)."""
+
+
+def _rows_decoder(one: RowDecoder, passing: bool) -> Callable[[Iterable[Row]], list[Event]]:
+    def events_from_rows(rows: Iterable[Row]) -> list[Event]:
+        """``[event_from_row(*row) for row in rows]``, in one loop.
+
+        The common row (an int seq, a known type, a time in UTC, data that msgspec
+        reads as an object without a ``surface_op``) becomes its event here, as the
+        row decoder makes it (holding its checked text); any other row is handed to
+        the row decoder, whose event or `CodecError` it is.
+
+        Raises:
+            CodecError: a row is malformed; ``.field`` names its column.
+        """
+        out: list[Event] = []
+        append = out.append
+        lookup, fromiso, decode = EVENT_TYPES, _fromisoformat, _FAST_DECODE
+        for seq, type_, time, data in rows:
+            etype = lookup.get(type_) if type_of(seq) is int and type_of(data) is str else None
+            if etype is not None and seq >= 0:
+                try:
+                    t = fromiso(time)
+                    value = decode(data)  # the whole text is checked here, at reading
+                except _FAST_REFUSALS:
+                    value = None
+                if type_of(value) is dict and t.tzinfo is UTC and value.get("surface_op") is None:
+                    # trusted_event / passing_event, inline: this is every row's path.
+                    ev = _new(_EventBuilding)
+                    ev.seq = seq
+                    ev.type = etype
+                    ev.time = t
+                    ev._data = data  # held as text, frozen when read
+                    ev._op = None
+                    ev._pos = seq
+                    ev._msg = None
+                    ev.__class__ = Event  # type: ignore[assignment]
+                    if not passing:
+                        untrack(ev)
+                    append(ev)  # type: ignore[arg-type]
+                    continue
+            append(one(seq, type_, time, data))
+        return out
+
+    return events_from_rows
+
+
+events_from_rows: Final = _rows_decoder(event_from_row, False)
+"""``[event_from_row(*row) for row in rows]`` in one loop (recovery's read): the same
+events, the same `CodecError` for the first malformed row."""
+
+passing_events_from_rows: Final = _rows_decoder(passing_event_from_row, True)
+"""``[passing_event_from_row(*row) for row in rows]`` in one loop (a reader's read)."""
+
 
 def _load_held(text: str, seq: int, tracked: bool) -> FrozenDict:
     """The data of an event that holds its stored text (checked when it was read)."""
@@ -545,8 +613,24 @@ def _held_fields(text: str, seq: int, tracked: bool) -> MessageFields | None:
     except (msgspec.MsgspecError, RecursionError, UnicodeError):
         return None
     tree, items = _passing_freezers if tracked else _freezers
-    content, reasoning, calls = f.content, f.reasoning_content, f.tool_calls
-    call_id, name, meta = f.tool_call_id, f.name, f.metadata
+    return _frozen_fields(
+        f.content, f.reasoning_content, f.tool_calls, f.tool_call_id, f.name, f.metadata,
+        tree, items,
+    )  # fmt: skip
+
+
+def _frozen_fields(
+    content: Any,
+    reasoning: Any,
+    calls: Any,
+    call_id: Any,
+    name: Any,
+    meta: Any,
+    tree: Callable[[dict[str, Any]], FrozenDict],
+    items: Callable[[list[Any]], FrozenList],
+) -> MessageFields:
+    """A message's fields as decoded (plain dicts and lists of exact JSON types, which
+    nothing else holds), each frozen as its data's would be."""
     # Text and None are the rule; any other value that is a container is frozen.
     if type_of(content) is not str and content is not None:
         content = _frozen_any(content, tree, items)
@@ -568,11 +652,125 @@ def _frozen_any(
     tree: Callable[[dict[str, Any]], FrozenDict],
     items: Callable[[list[Any]], FrozenList],
 ) -> Any:
+    """``v`` frozen; an empty object or list is the shared empty one (a seeded message's
+    ``metadata`` and ``tool_calls`` mostly are)."""
     t = type_of(v)
-    return tree(v) if t is dict else items(v) if t is list else v
+    if t is dict:
+        return tree(v) if v else EMPTY_DICT
+    if t is list:
+        return items(v) if v else EMPTY_LIST
+    return v
 
 
 install_held_readers(_load_held, _held_fields)
+
+
+# -- a cold read: rows straight to the surface ----------------------------------------------
+
+_KINDS: Final[dict[object, Role | None]] = {
+    t.value: ROLE_OF.get(t) for t in EventType
+}  # a type's text: its role, None for a bookkeeping type; absent if unknown
+_SURFACE_POS: Final = itemgetter(1)
+_SURFACE_OP: Final = itemgetter(2)
+_SURFACE_REFUSALS: Final = (KeyError, *_FAST_REFUSALS)
+
+
+def surface_from_rows(rows: Sequence[Row]) -> tuple[list[int], list[Message]]:
+    """The surface of a session's stored rows (in seq order), projected: the seqs and the
+    messages of ``Log.restore(passing_events_from_rows(rows)).derive_indexed()``, for a
+    read that keeps only the messages (a reader's cold read).
+
+    Every row is checked as `event_from_row` checks it before anything is returned, but
+    no event is built: each row's data is decoded once, and only the messages that are
+    visible are made. A row that needs more than the common path (a time not in UTC,
+    data msgspec refuses, a malformed column) sends every row down the plain one
+    (events, then the fold of a `Log`), which reads it or says what is wrong.
+
+    Raises:
+        CodecError: a row is malformed; ``.field`` names its column.
+        InvalidEvent: ``seq_behind_head``: the seqs do not increase.
+    """
+    fast = _fast_surface(rows)
+    if fast is not None:
+        return fast
+    pairs = Log.restore(passing_events_from_rows(rows)).derive_indexed()
+    return [seq for seq, _ in pairs], [m for _, m in pairs]
+
+
+_Found = tuple[int, int, "Replace | None", Role, datetime, dict[str, Any]]
+"""A surface row on the fast path: seq, position, replace, role, time, decoded data."""
+
+
+def _fast_surface(rows: Sequence[Row]) -> tuple[list[int], list[Message]] | None:
+    """`surface_from_rows` for rows that all take the common path; ``None`` if one does
+    not (nothing is returned from a partial read)."""
+    found: list[_Found] = []
+    append = found.append
+    kinds, fromiso, decode = _KINDS, _fromisoformat, _FAST_DECODE
+    replaces = False
+    last = -1
+    for seq, type_, time, data in rows:
+        if type_of(seq) is not int or seq <= last or type_of(data) is not str:
+            return None
+        last = seq
+        try:
+            role = kinds[type_]  # None for a bookkeeping type
+            t = fromiso(time)
+            value = decode(data)  # the whole text is checked here
+        except _SURFACE_REFUSALS:  # an unknown type, a time or data to look at
+            return None
+        if type_of(value) is not dict or t.tzinfo is not UTC:
+            return None
+        raw_op = value.get("surface_op")
+        if raw_op is not None:
+            if role is None:
+                return None  # a bookkeeping row with a surface_op
+            try:
+                op = parse_surface_op(raw_op)
+            except InvalidEvent:
+                return None
+            if op is not None:
+                replaces = True
+                append((seq, op.start, op, role, t, value))
+                continue
+        if role is not None:
+            append((seq, seq, None, role, t, value))
+    if replaces:  # the fold of DESIGN.md §3 (bookkeeping rows neither shadow nor show)
+        flags = shadowed(found, len(found), _SURFACE_POS, _SURFACE_OP)
+        found = [f for f, hidden in zip(found, flags, strict=True) if not hidden]
+        found.sort(key=_SURFACE_POS)  # stable: ties keep seq order
+    tree, items = _passing_freezers  # messages read to be dropped, as a passing event's
+    messages: list[Message] = []
+    append_message = messages.append
+    for _, _, _, role, t, value in found:
+        get = value.get
+        content, reasoning, calls = get("content"), get("reasoning_content"), get("tool_calls")
+        call_id, name, meta = get("tool_call_id"), get("name"), get("metadata")
+        if (
+            type_of(content) is not str
+            or calls is not None
+            or meta is not None
+            or reasoning is not None
+            or call_id is not None
+            or name is not None
+        ):  # more than text alone (which has nothing to freeze)
+            content, reasoning, calls, call_id, name, meta = _frozen_fields(
+                content, reasoning, calls, call_id, name, meta, tree, items
+            )
+        # trusted_message, inline: this is every visible row's path.
+        m = _new(_MessageBuilding)
+        m.role = role
+        m.content = content
+        m.reasoning_content = reasoning
+        m.tool_calls = EMPTY_LIST if calls is None else calls
+        m.tool_call_id = call_id
+        m.name = name
+        m.metadata = EMPTY_DICT if meta is None else meta
+        m.created_at = t
+        m.__class__ = Message  # type: ignore[assignment]
+        append_message(m)  # type: ignore[arg-type]
+    return [f[0] for f in found], messages
+
 
 _fromisoformat: Final = datetime.fromisoformat
 

@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.log import Log
+from nous_actor.core.message import Message
 from nous_actor.runtime.dispatcher import Workers
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.store import shared
@@ -100,6 +101,16 @@ class SessionReader:
     def _load(self, from_seq: int = 0) -> Log:
         return Log.restore(shared.load_since(self.store, self.session_id, from_seq))
 
+    def _surface(self) -> tuple[list[int], list[Message]]:
+        """The committed surface's seqs and messages: read straight from the rows where
+        the store can (``load_surface``: no event built per row), else folded."""
+        own = getattr(self.store, "load_surface", None)
+        if callable(own):
+            seqs, messages = own(self.session_id)
+            return seqs, messages
+        pairs = self._load().derive_indexed()
+        return [seq for seq, _ in pairs], [m for _, m in pairs]
+
     # -- reads: the handle's names ---------------------------------------------------------
 
     def log(self) -> SessionFuture[Log]:
@@ -109,11 +120,11 @@ class SessionReader:
 
     def derive_messages(self) -> SessionFuture[list[Any]]:
         """The model-visible messages of the committed history (a fresh list)."""
-        return self._read(lambda: self._load().derive_messages())
+        return self._read(lambda: self._surface()[1])
 
     def derive_indexed(self) -> SessionFuture[list[tuple[int, Any]]]:
         """``(seq, message)`` pairs of the committed surface."""
-        return self._read(lambda: self._load().derive_indexed())
+        return self._read(lambda: list(zip(*self._surface(), strict=True)))
 
     def surface(self) -> SessionFuture[list[Any]]:
         """The committed surface events, in position order."""

@@ -33,6 +33,7 @@ from nous_actor.core.log._events import new_event as new_event
 from nous_actor.core.log._fold import _Fold as _Fold
 from nous_actor.core.log._fold import _full_fold as _full_fold
 from nous_actor.core.log._fold import _shadow_flags as _shadow_flags
+from nous_actor.core.log._fold import shadowed as shadowed
 from nous_actor.core.log._log import Log as Log
 from nous_actor.core.log._log import _branch as _branch
 from nous_actor.core.log._log import _rebuild as _rebuild

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, Final
 
-from nous_actor.core.codec import CodecError, event_from_row
+from nous_actor.core.codec import CodecError, events_from_rows
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store.feed import FollowedWatch, _fill
@@ -194,7 +194,7 @@ class SQLiteFollower:
     def _read(self, session_id: str, from_seq: int, limit: int) -> list[Event]:
         rows = self.query(_ROWS, (session_id, from_seq, limit))
         try:
-            return [event_from_row(*r) for r in rows]
+            return events_from_rows(rows)
         except CodecError as exc:
             raise StoreError(
                 f"stored event is malformed in {self.path}: {exc}", session_id=session_id

@@ -23,13 +23,21 @@ import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import Final, Literal
 
 from nous_actor._log import get_logger
 from nous_actor.core.args import check_flag, check_seconds
-from nous_actor.core.codec import CodecError, event_from_row, passing_event_from_row
+from nous_actor.core.codec import (
+    CodecError,
+    events_from_rows,
+    passing_events_from_rows,
+    surface_from_rows,
+)
 from nous_actor.core.event import Event
+from nous_actor.core.message import Message
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import (
     CALL_RECORD_SECONDS,
@@ -79,6 +87,15 @@ _MAX_TIMEOUT_S: Final = 2_147_483
 """The longest `timeout`: SQLite's busy timeout is a 32-bit count of milliseconds."""
 
 _FORGET_EVERY: Final = 60
+
+_SELECT_EVENTS: Final = (
+    "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq"
+)
+"""A session's stored events, in seq order."""
+
+_SESSION_OF: Final = itemgetter(0)
+_EVENT_COLUMNS: Final = itemgetter(1, 2, 3, 4)
+"""A `load_many` row's session id, and its event's columns (``seq, type, time, data``)."""
 """Seconds between two forgettings of expired call records by one store object."""
 
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
@@ -274,11 +291,7 @@ class SQLiteStore(ClosingStore):
         with self._connection.locked(session_id, "load the session") as conn:
             # Row by row off the cursor: no list of every row's tuple lives (or is
             # visited by the cyclic collector) while they are decoded.
-            rows = conn.execute(
-                "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
-                (session_id,),
-            )
-            return [event_from_row(*row) for row in rows]
+            return events_from_rows(conn.execute(_SELECT_EVENTS, (session_id,)))
 
     def write(
         self, appends: Mapping[str, Sequence[Event]], calls: CallRecords | None = None
@@ -465,6 +478,8 @@ class SQLiteStore(ClosingStore):
             StoreError: nothing was read: an id is not valid, or the store failed.
         """
         ids = list(dict.fromkeys(self._valid_id(sid) for sid in session_ids))
+        if len(ids) == 1:  # one session (a session started alone): its rows alone
+            return {ids[0]: self._load_one(ids[0])}
         rows: list[tuple[str, int, str, str, str | bytes]] = []
         with self._connection.locked(None, "load the sessions") as conn:
             for lo in range(0, len(ids), _IN_CHUNK):
@@ -475,21 +490,25 @@ class SQLiteStore(ClosingStore):
                     chunk,
                 ).fetchall()
         out: dict[str, list[Event] | StoreError] = {sid: [] for sid in ids}
-        events: list[Event] = []
-        current: str | None = None
-        for sid, seq, type_, time_, data in rows:
-            if sid != current:
-                current, events = sid, []
-                out[sid] = events
-            elif not isinstance(out[sid], list):
-                continue  # a row of this session was malformed already
+        for sid, run in groupby(rows, _SESSION_OF):  # each session's rows, one run each
             try:
-                events.append(event_from_row(seq, type_, time_, data))
-            except CodecError as exc:
+                out[sid] = events_from_rows(map(_EVENT_COLUMNS, run))
+            except CodecError as exc:  # a malformed row fails its own session alone
                 out[sid] = StoreError(
                     f"stored event is malformed in {self.path}: {exc}", session_id=sid
                 )
         return out
+
+    def _load_one(self, session_id: str) -> list[Event] | StoreError:
+        """`load_many` of one session: its events, or why they could not be read."""
+        with self._connection.locked(session_id, "load the session") as conn:
+            rows = conn.execute(_SELECT_EVENTS, (session_id,)).fetchall()
+        try:  # decoded off the lock, as load_many's rows are
+            return events_from_rows(rows)
+        except CodecError as exc:
+            return StoreError(
+                f"stored event is malformed in {self.path}: {exc}", session_id=session_id
+            )
 
     def release(self, session_id: str, token: str) -> None:
         self._release([(session_id, token)], session_id, "release the session")
@@ -572,7 +591,22 @@ class SQLiteStore(ClosingStore):
             (session_id, min(from_seq, 2**63 - 1)),
         )
         with self._connection.translate(session_id, "load the session"):  # read to be looked at
-            return [passing_event_from_row(*row) for row in rows]
+            return passing_events_from_rows(rows)
+
+    def load_surface(self, session_id: str) -> tuple[list[int], list[Message]]:
+        """The committed surface of `session_id`, projected: the seqs and the messages of
+        ``Log.restore(load_since(session_id, 0)).derive_indexed()``, read as `load_since`
+        reads (without a claim, on a connection of its own), without an event per row
+        (`surface_from_rows`: a reader's cold read). Every row is checked when read.
+
+        Raises:
+            StoreError: the id is not valid, the store is closed or failed, or a stored
+                row is malformed.
+        """
+        session_id = valid_store_id(session_id)
+        rows = follower_of(self._connection).query(_SELECT_EVENTS, (session_id,))
+        with self._connection.translate(session_id, "load the session"):
+            return surface_from_rows(rows)
 
     def watch(
         self,
