@@ -88,11 +88,11 @@ def test_a_quiet_sessions_item_goes_into_the_first_commit_after_a_flood() -> Non
 
 
 def test_a_flooded_session_takes_a_bounded_share_of_each_commit() -> None:
-    """A session alone with a backlog writes it in commits of at most ``share`` events, so
-    an append of another session that arrives meanwhile waits for a small commit, never
-    for a whole batch of the flood; an item larger than the share is never split."""
+    """A session alone with a backlog writes it in commits of at most ``alone`` events, so
+    an append of another session that arrives meanwhile waits for a bounded commit, never
+    for a whole batch of the flood; an item larger than that is never split."""
     store = Recording(MemoryStore())
-    committer = Committer(store, share=100)
+    committer = Committer(store, share=10, alone=100, mixed_window=0.0)
     try:
         last = threading.Event()
         committer.submit("gate", [ev(0)], lambda err: None)
@@ -105,6 +105,35 @@ def test_a_flooded_session_takes_a_bounded_share_of_each_commit() -> None:
         assert last.wait(BOUND)
         sizes = [len(w["flood"]) for w in store.writes[1:]]
         assert sizes == [100] * 10 + [250, 1]
+    finally:
+        committer.close(BOUND)
+
+
+@pytest.mark.parametrize(("window", "after"), [(3600.0, 10), (0.0, 100)])
+def test_the_share_stays_small_while_other_sessions_wrote_lately(
+    window: float, after: int
+) -> None:
+    """While another session writes too, the flood gets ``share`` events a commit (the
+    other's next append waits for a short one); once it has been alone for
+    ``mixed_window`` it gets ``alone`` (fewer fsyncs). Counted in commits."""
+    store = Recording(MemoryStore())
+    committer = Committer(store, share=10, alone=100, mixed_window=window)
+    try:
+        last = threading.Event()
+        committer.submit("gate", [ev(0)], lambda err: None)
+        assert store.entered.wait(BOUND)
+        committer.submit("quiet", [ev(0)], lambda err: None)
+        for seq in range(300):
+            committer.submit("flood", [ev(seq)], lambda err: None)
+        committer.submit("flood", [ev(300)], lambda err: last.set())
+        store.opened.set()
+        assert last.wait(BOUND)
+        assert store.writes[1] == {"quiet": [0], "flood": list(range(10))}
+        sizes = [len(w["flood"]) for w in store.writes[2:]]
+        assert sizes[0] == after  # the quiet session wrote just before
+        assert sum(sizes) == 291
+        assert all(n <= after for n in sizes)
+        assert [s for w in store.writes for s in w.get("flood", [])] == list(range(301))
     finally:
         committer.close(BOUND)
 
@@ -128,7 +157,7 @@ def test_every_waiting_session_gets_into_the_next_commit_and_order_holds(
     at most ``share`` of one session, unless a single item is larger; each session's
     events are written once, in order, and its answers come in order."""
     store = Recording(MemoryStore())
-    committer = Committer(store, max_batch=max_batch, share=share)
+    committer = Committer(store, max_batch=max_batch, share=share, alone=share)
     try:
         committer.submit("gate", [ev(0)], lambda err: None)
         assert store.entered.wait(BOUND)
