@@ -35,6 +35,19 @@ from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
 from nous_actor.supervision import ChildSpec, RestartType
 
 
+class _Same:
+    """A standalone session's ``resolve``: its one actor (one small object, where a
+    closure is three for the cyclic GC to visit per session)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: pykka.ActorRef[SessionActor]) -> None:
+        self.ref = ref
+
+    def __call__(self) -> pykka.ActorRef[SessionActor]:
+        return self.ref
+
+
 class Session(SessionHandle):
     """The handle to one session; every method returns a `SessionFuture`.
 
@@ -142,7 +155,7 @@ class Session(SessionHandle):
         except BaseException:
             ref.stop(block=False)
             raise
-        return cls(session_id, lambda: ref, timeout=timeout)
+        return cls(session_id, _Same(ref), timeout=timeout)
 
     @classmethod
     def child(
