@@ -105,25 +105,49 @@ class Cell:
 
     __slots__ = (
         "__weakref__",
+        "_began",
         "_ended",
         "_exit",
         "_monitor",
+        "_started",
         "finished",
-        "started",
         "urn",
     )
 
     def __init__(self, urn: str) -> None:
         self.urn = urn
-        self.started = Flag()
-        """Set once ``on_start`` has returned (or failed): a supervisor starts its
-        children one after the other, each done starting before the next."""
+        # ``started`` is made when first asked for (a supervisor asks; most actors'
+        # starters never do): ``_began`` says whether it is set already.
+        self._started: Flag | None = None
+        self._began = False
         self.finished = Flag()
         """Set when the actor is done (after its last look at the inbox) and its exit
         is handled: the one signal that an actor has really stopped."""
         self._monitor: Monitor | None = None
         self._exit: Exit | None = None  # an exit no monitor has seen yet
         self._ended = False
+
+    @property
+    def started(self) -> Flag:
+        """Set once ``on_start`` has returned (or failed): a supervisor starts its
+        children one after the other, each done starting before the next."""
+        flag = self._started
+        if flag is None:
+            with _CELLS_LOCK:
+                flag = self._started
+                if flag is None:
+                    flag = self._started = Flag()
+                    if self._began:
+                        flag.set()
+        return flag
+
+    def began(self) -> None:
+        """``on_start`` has returned (or failed): set `started`."""
+        with _CELLS_LOCK:
+            self._began = True
+            flag = self._started
+        if flag is not None:
+            flag.set()
 
     def monitor(self, monitor: Monitor) -> None:
         """Report the actor's exit to ``monitor`` (at once if it has ended already)."""
@@ -154,7 +178,7 @@ class Cell:
                 self.finished.set()  # the very last thing: the exit has been reported
 
     def __repr__(self) -> str:
-        flags = f"started={self.started.is_set()} finished={self.finished.is_set()}"
+        flags = f"started={self._began} finished={self.finished.is_set()}"
         return f"<Cell {self.urn} {flags}>"
 
 
@@ -233,7 +257,6 @@ class _Supervised(pykka.Actor):
         self.cell = self.cell_type(self.actor_urn)
         setattr(self.actor_ref, _CELL, self.cell)  # (no dict made: see `cell_of`)
         self.finished = self.cell.finished
-        self.started = self.cell.started
 
     def _actor_loop_setup(self) -> None:
         try:
@@ -241,7 +264,7 @@ class _Supervised(pykka.Actor):
         except BaseException as exc:  # ... but not a BaseException: a crash too
             self._crash(exc)
         finally:
-            self.started.set()
+            self.cell.began()
 
     def _handle_receive(self, message: Any) -> Any:
         try:
