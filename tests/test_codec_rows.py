@@ -68,6 +68,12 @@ _BROKEN: dict[str, list[Any]] = {
         '{"a": ' + "9" * 30 + "}",
         '{"a": "\\ud800"}',
         '{"content": "a", "content": ["b", {"c": []}]}',
+        '{"content": "a", "source": {"x": [1, {}]}, "name": "n"}',
+        '{"content": "a", "x": 1e999}',
+        '{"content": "a", "x": ' + "9" * 30 + "}",
+        '{"content": ' + "9" * 5000 + "}",
+        '{"content": 5, "tool_calls": "x", "metadata": [1], "name": 2.5}',
+        '{"content": null, "tool_calls": [], "metadata": {}, "reasoning_content": "r"}',
         b'{"content": "bytes"}',
         '{"surface_op": "append"}',
         '{"surface_op": null, "content": "x"}',
@@ -247,6 +253,20 @@ def test_each_odd_column_gives_what_the_plain_read_gives(
         _events_alike(events[1], plain_events[1], False)
     else:
         assert events == plain_events
+
+
+def test_rows_with_keys_beyond_a_messages_take_the_fast_path_too() -> None:
+    """Data with other keys than a message's (read whole, then its fields taken), and
+    bookkeeping rows of any keys, are read without building an event."""
+    rows: list[Row] = [
+        (0, "turn_start", _TIME, '{"turn": 1, "model": {"name": "m"}}'),
+        (1, "user_message", _TIME, '{"content": "a", "source": "web", "metadata": {"k": 1}}'),
+        (2, "assistant_message", _TIME, '{"content": "b"}'),
+    ]
+    fast = codec._fast_surface(rows)
+    assert fast is not None
+    assert fast == _plain_surface(rows)
+    assert fast[1][0].metadata == {"k": 1}
 
 
 def test_seqs_that_do_not_increase_are_refused_as_a_restore_refuses_them() -> None:

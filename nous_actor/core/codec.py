@@ -697,8 +697,41 @@ def surface_from_rows(rows: Sequence[Row]) -> tuple[list[int], list[Message]]:
     return [seq for seq, _ in pairs], [m for _, m in pairs]
 
 
-_Found = tuple[int, int, "Replace | None", Role, datetime, dict[str, Any]]
-"""A surface row on the fast path: seq, position, replace, role, time, decoded data."""
+_Found = tuple[int, int, "Replace | None", Role, datetime, "_RowFields"]
+"""A surface row on the fast path: seq, position, replace, role, time, its fields."""
+
+
+class _RowFields(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A surface row's data when it holds no key but a message's and ``surface_op``:
+    then decoding it into this reads (and checks) the whole text, as decoding it whole
+    does, and gives the fields without a dict. Never on a cycle (decoded JSON only)."""
+
+    content: Any = None
+    reasoning_content: Any = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    name: Any = None
+    metadata: Any = None
+    surface_op: Any = None
+
+
+_ROW_FIELDS_DECODE: Final[Callable[[str], _RowFields]] = msgspec.json.Decoder(_RowFields).decode
+
+
+def _row_fields(data: str) -> _RowFields | None:
+    """The fields of a row's data that holds other keys too (read whole), or ``None``
+    if it is not an object msgspec reads."""
+    try:
+        value = _FAST_DECODE(data)
+    except _FAST_REFUSALS:
+        return None
+    if type_of(value) is not dict:
+        return None
+    get = value.get
+    return _RowFields(
+        get("content"), get("reasoning_content"), get("tool_calls"),
+        get("tool_call_id"), get("name"), get("metadata"), get("surface_op"),
+    )  # fmt: skip
 
 
 def _fast_surface(rows: Sequence[Row]) -> tuple[list[int], list[Message]] | None:
@@ -706,7 +739,12 @@ def _fast_surface(rows: Sequence[Row]) -> tuple[list[int], list[Message]] | None
     not (nothing is returned from a partial read)."""
     found: list[_Found] = []
     append = found.append
-    kinds, fromiso, decode = _KINDS, _fromisoformat, _FAST_DECODE
+    kinds, fromiso, decode, decode_fields = (
+        _KINDS,
+        _fromisoformat,
+        _FAST_DECODE,
+        _ROW_FIELDS_DECODE,
+    )
     replaces = False
     last = -1
     for seq, type_, time, data in rows:
@@ -716,25 +754,38 @@ def _fast_surface(rows: Sequence[Row]) -> tuple[list[int], list[Message]] | None
         try:
             role = kinds[type_]  # None for a bookkeeping type
             t = fromiso(time)
-            value = decode(data)  # the whole text is checked here
-        except _SURFACE_REFUSALS:  # an unknown type, a time or data to look at
+        except (KeyError, ValueError, TypeError):  # an unknown type, a time to look at
             return None
-        if type_of(value) is not dict or t.tzinfo is not UTC:
+        if t.tzinfo is not UTC:
             return None
-        raw_op = value.get("surface_op")
+        if role is None:  # a bookkeeping row: checked whole, and it may not hold an op
+            try:
+                value = decode(data)
+            except _FAST_REFUSALS:
+                return None
+            if type_of(value) is not dict or value.get("surface_op") is not None:
+                return None
+            continue
+        f: _RowFields | None
+        try:
+            f = decode_fields(data)  # the whole text is checked here
+        except msgspec.ValidationError:  # a key beyond a message's (or not an object)
+            f = _row_fields(data)
+        except _FAST_REFUSALS:
+            return None
+        if f is None:
+            return None
+        raw_op = f.surface_op
         if raw_op is not None:
-            if role is None:
-                return None  # a bookkeeping row with a surface_op
             try:
                 op = parse_surface_op(raw_op)
             except InvalidEvent:
                 return None
             if op is not None:
                 replaces = True
-                append((seq, op.start, op, role, t, value))
+                append((seq, op.start, op, role, t, f))
                 continue
-        if role is not None:
-            append((seq, seq, None, role, t, value))
+        append((seq, seq, None, role, t, f))
     if replaces:  # the fold of DESIGN.md §3 (bookkeeping rows neither shadow nor show)
         flags = shadowed(found, len(found), _SURFACE_POS, _SURFACE_OP)
         found = [f for f, hidden in zip(found, flags, strict=True) if not hidden]
@@ -742,10 +793,9 @@ def _fast_surface(rows: Sequence[Row]) -> tuple[list[int], list[Message]] | None
     tree, items = _passing_freezers  # messages read to be dropped, as a passing event's
     messages: list[Message] = []
     append_message = messages.append
-    for _, _, _, role, t, value in found:
-        get = value.get
-        content, reasoning, calls = get("content"), get("reasoning_content"), get("tool_calls")
-        call_id, name, meta = get("tool_call_id"), get("name"), get("metadata")
+    for _, _, _, role, t, f in found:
+        content, reasoning, calls = f.content, f.reasoning_content, f.tool_calls
+        call_id, name, meta = f.tool_call_id, f.name, f.metadata
         if (
             type_of(content) is not str
             or calls is not None
