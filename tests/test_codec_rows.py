@@ -327,3 +327,23 @@ def test_a_reader_on_sqlite_is_refused_a_malformed_row(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=r"stored event is malformed.*overflows"):
         SessionReader("chat", store).derive_messages().get()
     store.close()
+
+
+def test_a_reader_on_postgres_reads_the_surface_of_the_rows(pg_stores: Any) -> None:
+    """On PostgreSQL too (times come back as UTC text, on the fast path): the reader's
+    derive equals the log's, and a malformed row is a StoreError."""
+    pytest.importorskip("psycopg")
+    store = pg_stores()
+    log = Log.seed([Message.user("a"), Message.assistant("b", tool_calls=[{"id": "1"}])])
+    log = log.append("system_message", {"content": "s", "surface_op": ["replace", 0, 0]}, T0)
+    store.write({"chat": log.events(), "bad": [Event(0, "user_message", T0, {"content": "x"})]})
+    reader = SessionReader("chat", store)
+    with pytest.MonkeyPatch.context() as patch:  # the fast path builds no event
+        patch.setattr(codec, "passing_events_from_rows", None)
+        assert reader.derive_messages().get() == log.derive_messages()
+        assert reader.derive_indexed().get() == log.derive_indexed()
+    pg_stores.server.sql(
+        f"UPDATE \"{pg_stores.schema}\".events SET data = '[1]' WHERE session_id = 'bad'"
+    )
+    with pytest.raises(StoreError, match="stored event is malformed"):
+        SessionReader("bad", store).derive_messages().get()

@@ -23,9 +23,10 @@ from typing import Any, Final
 import psycopg
 
 from nous_actor.core.args import check_flag, check_seconds
-from nous_actor.core.codec import event_from_row
+from nous_actor.core.codec import CodecError, event_from_row, surface_from_rows
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
+from nous_actor.core.message import Message
 from nous_actor.errors import StoreError
 from nous_actor.store.base import (
     CALL_RECORD_SECONDS,
@@ -688,6 +689,32 @@ class PostgresStore(ClosingStore):
             return [event_from_row(*row) for row in rows]
 
         return self._call(self._main, session_id, "load the session", work)
+
+    def load_surface(self, session_id: str) -> tuple[list[int], list[Message]]:
+        """The committed surface of `session_id`, projected: the seqs and the messages of
+        ``Log.restore(load_since(session_id, 0)).derive_indexed()``, read as `load_since`
+        reads (without a claim), without an event per row (`surface_from_rows`: a
+        reader's cold read). Every row is checked when read.
+
+        Raises:
+            StoreError: the store is closed or failed, or a stored row is malformed.
+        """
+        self._check_open()
+        if not self._storable(session_id):
+            return [], []
+        query = (
+            f"SELECT seq, type, time, data FROM {self._sql.events} "
+            "WHERE session_id = %s ORDER BY seq"
+        )
+
+        def work(conn: psycopg.Connection[Any]) -> list[Any]:
+            return conn.execute(query, (session_id,)).fetchall()
+
+        rows = self._call(self._main, session_id, "load the session", work)
+        try:  # decoded off the connection's lock
+            return surface_from_rows(rows)
+        except CodecError as exc:
+            raise self._ctx.error(exc, session_id, "load the session") from exc
 
     def applied_call(self, session_id: str, call_id: str) -> tuple[int, int] | None:
         """The first and last seq of what the forwarded call ``call_id`` appended to
