@@ -347,3 +347,23 @@ def test_a_reader_on_postgres_reads_the_surface_of_the_rows(pg_stores: Any) -> N
     )
     with pytest.raises(StoreError, match="stored event is malformed"):
         SessionReader("bad", store).derive_messages().get()
+
+
+def test_loading_one_session_or_several_reads_the_same_events(tmp_path: Path) -> None:
+    """load_many of one id (its rows alone) and of several (one read, a run each) give
+    load's events; a malformed row fails its own session, as a StoreError, alone."""
+    store = SQLiteStore(tmp_path / "r.db")
+    a = Log().append("user_message", {"content": "a"}, T0).append("turn_start", {"n": 1}, T0)
+    b = Log().append("user_message", {"content": "b"}, T0)
+    store.write({"a": a.events(), "b": b.events(), "c": b.events()})
+    assert store.load_many(["a"]) == {"a": a.events()}
+    assert store.load_many(["b", "a", "none"]) == {"a": a.events(), "b": b.events(), "none": []}
+    with store._connection.locked(None, "break a row") as conn:
+        conn.execute("UPDATE events SET data = '{' WHERE session_id = 'c'")
+    (alone,) = store.load_many(["c"]).values()
+    assert isinstance(alone, StoreError)
+    assert "malformed" in str(alone)
+    many = store.load_many(["a", "c"])
+    assert isinstance(many["c"], StoreError)
+    assert many["a"] == a.events()
+    store.close()
