@@ -672,7 +672,6 @@ _KINDS: Final[dict[object, Role | None]] = {
 }  # a type's text: its role, None for a bookkeeping type; absent if unknown
 _SURFACE_POS: Final = itemgetter(1)
 _SURFACE_OP: Final = itemgetter(2)
-_SURFACE_REFUSALS: Final = (KeyError, *_FAST_REFUSALS)
 
 
 def surface_from_rows(rows: Sequence[Row]) -> tuple[list[int], list[Message]]:
