@@ -196,13 +196,6 @@ class RegistryActor(SupervisedActor):
             return super().on_receive(message)
         return handler(*args)
 
-    def m_reply(self, answer: SessionFuture[Any], kind: str, *args: Any) -> None:
-        """Run message ``kind`` and answer ``answer`` (which asyncio can await)."""
-        try:
-            answer._resolve(getattr(self, f"m_{kind}")(*args))
-        except Exception as exc:
-            answer._fail(exc)
-
     def m_open(self, session_id: str, context: object = None) -> Started:
         self.restarts.retry(session_id)  # a fresh chance, asked for by name
         return self.m_resolve(session_id, context)
@@ -304,8 +297,8 @@ class RegistryActor(SupervisedActor):
             msg = envelope.message
             if type(msg) is tuple and msg and msg[0] == "exit" and msg[2].finished is not None:
                 msg[2].finished.set()
-            elif type(msg) is tuple and msg and msg[0] == "reply":  # an aopen's: never run
-                msg[1]._fail(_not_running(msg[3] if len(msg) > 3 else "?"))
+            elif type(msg) is tuple and msg and msg[0] == "open_ready":  # an aopen's: never run
+                msg[1]._fail(_not_running(msg[2]))
                 continue
             kept.append(envelope)
         for envelope in kept:
