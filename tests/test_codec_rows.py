@@ -318,6 +318,36 @@ def test_a_reader_on_sqlite_reads_the_surface_of_the_rows(tmp_path: Path) -> Non
     store.close()
 
 
+def test_a_subclass_that_changes_load_since_alone_is_read_through_it(tmp_path: Path) -> None:
+    """The rows-to-messages read stands in for ``load_since`` only where the store's class
+    defines it as far down as ``load_since``: a subclass that changes ``load_since``
+    alone (here: it hides the last event) has its readers read through that."""
+
+    class Hiding(SQLiteStore):
+        def load_since(self, session_id: str, from_seq: int) -> list[Event]:
+            return super().load_since(session_id, from_seq)[:-1]
+
+    class HidingToo(Hiding):
+        def load_surface(self, session_id: str) -> tuple[list[int], list[Message]]:
+            seqs, messages = SQLiteStore.load_surface(self, session_id)
+            return seqs[:-1], messages[:-1]
+
+    log = Log.seed([Message.user("a"), Message.assistant("b"), Message.user("c")])
+    for cls in (Hiding, HidingToo):
+        store = cls(tmp_path / f"{cls.__name__}.db")
+        store.write({"chat": log.events()})
+        got = SessionReader("chat", store).derive_messages().get()
+        assert [m.content for m in got] == ["a", "b"]
+        store.close()
+    plain = SQLiteStore(tmp_path / "Hiding.db")
+    assert [m.content for m in SessionReader("chat", plain).derive_messages().get()] == [
+        "a",
+        "b",
+        "c",
+    ]
+    plain.close()
+
+
 def test_a_reader_on_sqlite_is_refused_a_malformed_row(tmp_path: Path) -> None:
     """A malformed stored row fails the read (StoreError naming it), never returns data."""
     store = SQLiteStore(tmp_path / "r.db")

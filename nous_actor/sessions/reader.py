@@ -104,12 +104,7 @@ class SessionReader:
     def _surface(self) -> tuple[list[int], list[Message]]:
         """The committed surface's seqs and messages: read straight from the rows where
         the store can (``load_surface``: no event built per row), else folded."""
-        own = getattr(self.store, "load_surface", None)
-        if callable(own):
-            seqs, messages = own(self.session_id)
-            return seqs, messages
-        pairs = self._load().derive_indexed()
-        return [seq for seq, _ in pairs], [m for _, m in pairs]
+        return shared.load_surface(self.store, self.session_id)
 
     # -- reads: the handle's names ---------------------------------------------------------
 

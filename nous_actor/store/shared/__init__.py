@@ -30,6 +30,11 @@ The optional methods a store of your own may offer (the shipped contract suite,
   than at each change of the store (see `handoff_poll`).
 * ``next_seq(session_id) -> int``: the stored history's next seq, without a
   claim and without decoding it.
+* ``load_surface(session_id) -> (seqs, messages)``: what
+  ``Log.restore(load_since(session_id, 0)).derive_indexed()`` gives, as two
+  lists, read without a claim and without an event per row (a reader's cold
+  read). Used only where the store's class defines it at least as far down as
+  ``load_since``: a subclass that changes ``load_since`` alone is read through it.
 * ``wait_changed(after, timeout) -> int``: wait at most ``timeout`` seconds for
   anything to change in the store (a commit, a claim, a release, a request)
   after the change counter ``after``; returns the counter now. (`PostgresStore`
@@ -64,6 +69,8 @@ from typing import Any, Final
 
 from nous_actor.core.args import check_seconds as _check_seconds
 from nous_actor.core.event import Event
+from nous_actor.core.log import Log
+from nous_actor.core.message import Message
 from nous_actor.errors import StoreError
 from nous_actor.store.base import Store, valid_store_id
 from nous_actor.store.feed import DEFAULT_WATCH_BUFFER as DEFAULT_WATCH_BUFFER
@@ -124,6 +131,38 @@ def load_since(store: Store, session_id: str, from_seq: int = 0) -> list[Event]:
         return list(own(session_id, from_seq))
     valid_store_id(session_id)
     return [ev for ev in store.load(session_id) if ev.seq >= from_seq]
+
+
+def load_surface(store: Store, session_id: str) -> tuple[list[int], list[Message]]:
+    """The committed surface of ``session_id``: the seqs and the messages of
+    ``Log.restore(load_since(store, session_id)).derive_indexed()``, read without
+    claiming the session; by the store's own ``load_surface`` when it has one that
+    reads what its ``load_since`` reads (see the module docs), else folded.
+
+    Raises:
+        StoreError: the session id is not valid, or the store failed (a stored row is
+            malformed).
+    """
+    own: Callable[[str], tuple[list[int], list[Message]]] | None = _own(store, "load_surface")
+    if own is not None and _as_deep(type(store), "load_surface", "load_since"):
+        return own(session_id)
+    pairs = Log.restore(load_since(store, session_id)).derive_indexed()
+    return [seq for seq, _ in pairs], [m for _, m in pairs]
+
+
+def _as_deep(cls: type, name: str, base: str) -> bool:
+    """Whether ``cls`` defines ``name`` in the class that defines ``base`` or below it."""
+    found = _deep.get((cls, name, base))
+    if found is None:
+        mro = cls.__mro__
+        where = [
+            next((i for i, c in enumerate(mro) if n in vars(c)), len(mro)) for n in (name, base)
+        ]
+        found = _deep[(cls, name, base)] = where[0] <= where[1]
+    return found
+
+
+_deep: dict[tuple[type, str, str], bool] = {}
 
 
 def next_seq(store: Store, session_id: str) -> int:
