@@ -687,6 +687,16 @@ _held_data: HeldLoader = _unregistered
 _held_fields: HeldFields = _unregistered
 
 
+def has_key(ev: Event, key: str) -> bool:
+    """Whether ``ev.data`` has the top-level key ``key``, without decoding a held text
+    that cannot hold it (no ``"key"`` in it, and no ``\\u`` escape that could spell it):
+    a look for one key through a long history decodes only the events that may have it."""
+    d = ev._data
+    if type(d) is str and f'"{key}"' not in d and "\\u" not in d:
+        return False
+    return key in ev.data
+
+
 def install_held_readers(load: HeldLoader, fields: HeldFields) -> None:
     """Name the codec's readers of held text (the codec imports this module, so it
     registers them rather than being imported here)."""

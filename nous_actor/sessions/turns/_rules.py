@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, Literal
 
-from nous_actor.core.event import Event, EventType
+from nous_actor.core.event import Event, EventType, has_key
 from nous_actor.core.log import Log
 from nous_actor.core.message import tool_call_parts
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
@@ -111,10 +111,12 @@ def open_turn(log: Log) -> Event | None:
     """The ``turn_start`` of the managed turn left open in ``log``, or ``None``.
 
     Managed turns never overlap, so the last managed turn event (one whose data
-    has a ``turn_id``) says it: a ``turn_start`` there is still open.
+    has a ``turn_id``) says it: a ``turn_start`` there is still open. (An event read
+    from a store whose text has no ``turn_id`` is passed over undecoded: a recovered
+    history of unmanaged turns is not decoded to find none.)
     """
     for ev in reversed(log.events()):
-        if ev.type in _TURN_TYPES and "turn_id" in ev.data:
+        if ev.type in _TURN_TYPES and has_key(ev, "turn_id"):
             return ev if ev.type is EventType.TURN_START else None
     return None
 
