@@ -21,7 +21,7 @@ from nous_actor.errors import CallTimeout, SessionStopped, StoreError
 from nous_actor.runtime import scheduling
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store.memory import MemoryStore
-from nous_actor.supervision import Backoff, ChildSpec, SupervisedActor, Supervisor, cell_of
+from nous_actor.supervision import Backoff, ChildSpec, SupervisedActor, Supervisor
 from nous_actor.testing.races import (
     MUTATIONS,
     compaction_scenario,
@@ -421,8 +421,7 @@ def test_a_thread_per_actor_actor_runs_with_nothing_set_on_its_ref(
 ) -> None:
     """A thread-per-actor actor under simulation gets its inbox from Pykka's hook (made
     without the actor, bound to its task when it starts): its ref gets what Pykka's
-    ``ActorRef.__init__`` sets and nothing else (beside the actor's cell, put in its
-    attributes while the actor is made), and it answers as on a thread."""
+    ``ActorRef.__init__`` sets and nothing else, and it answers as on a thread."""
     sets: list[str] = []
     real = pykka.ActorRef.__setattr__
 
@@ -439,4 +438,3 @@ def test_a_thread_per_actor_actor_runs_with_nothing_set_on_its_ref(
     monkeypatch.undo()
     assert sets == made
     assert sorted(made) == sorted(vars(ref))
-    assert cell_of(ref).finished.is_set()

@@ -22,6 +22,7 @@ Where the library reaches into Pykka's private names (here: `_actor_loop`,
 
 from __future__ import annotations
 
+import weakref
 from _thread import allocate_lock
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import NousActorError
 from nous_actor.runtime import scheduling
-from nous_actor.runtime.dispatcher import DispatchedActor
+from nous_actor.runtime.dispatcher import DispatchedActor, _Inbox
 from nous_actor.runtime.flag import Flag
 
 __all__ = [
@@ -195,11 +196,11 @@ def _deliver(monitor: Monitor, exit: Exit) -> Any:
         return None
 
 
-# Each supervised actor's cell rides on its ref (Pykka makes one ref per actor), under
-# this name in the ref's attributes: how whoever holds only the ref (the ref ``start()``
-# returned) finds the cell, in one look and with nothing kept beside the ref. (Set and
-# read as an attribute, never through ``vars``: the ref's values stay inline, no dict.)
-_CELL: Final = "_nous_cell"
+# How whoever holds only an actor's ref (the ref ``start()`` returned) finds its cell,
+# with nothing of ours set on Pykka's ref: a dispatched actor's inbox is ours and knows
+# its actor, which holds the cell; any other actor's cell is kept here, by its ref
+# (weakly: an entry goes with its ref).
+_cells: weakref.WeakKeyDictionary[pykka.ActorRef[Any], Cell] = weakref.WeakKeyDictionary()
 
 
 def cell_of(ref: pykka.ActorRef[Any]) -> Cell:
@@ -209,7 +210,14 @@ def cell_of(ref: pykka.ActorRef[Any]) -> Cell:
         TypeError: ``ref`` is not the ref of a `SupervisedActor` (or of a
             `DispatchedSupervisedActor`).
     """
-    cell: Cell | None = getattr(ref, _CELL, None) if isinstance(ref, pykka.ActorRef) else None
+    cell: Cell | None = None
+    if isinstance(ref, pykka.ActorRef):
+        inbox = ref.actor_inbox
+        if type(inbox) is _Inbox:
+            actor = inbox._actor
+            cell = actor.cell if isinstance(actor, _Supervised) else None
+        else:
+            cell = _cells.get(ref)
     if cell is None:
         raise TypeError(
             f"{ref!r} is not the ref of a SupervisedActor: start a SupervisedActor "
@@ -255,7 +263,8 @@ class _Supervised(pykka.Actor):
         super().__init__(*args, **kwargs)
         self.exit_reason: BaseException | None = None
         self.cell = self.cell_type(self.actor_urn)
-        setattr(self.actor_ref, _CELL, self.cell)  # (no dict made: see `cell_of`)
+        if type(self.actor_inbox) is not _Inbox:  # (a dispatched one's inbox knows it)
+            _cells[self.actor_ref] = self.cell
         self.finished = self.cell.finished
 
     def _actor_loop_setup(self) -> None:
