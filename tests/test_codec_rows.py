@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from frozen_alike import frozen_alike
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nous_actor import (
     Event,
-    FrozenDict,
     InvalidEvent,
     Log,
     Message,
@@ -30,7 +30,6 @@ from nous_actor import (
     StoreError,
 )
 from nous_actor.core import codec
-from nous_actor.core._frozen import FrozenList
 from nous_actor.core.codec import CodecError
 from nous_actor.testing.strategies import logs
 
@@ -117,23 +116,10 @@ def _outcome(read: Callable[[], Any]) -> Any:
         return type(exc), str(exc), getattr(exc, "field", None), getattr(exc, "reason", None)
 
 
-def _frozen_alike(a: Any, b: Any) -> bool:
-    """Equal, and frozen the same way at every level."""
-    if type(a) is not type(b):
-        return False
-    if type(a) is FrozenDict:
-        return list(a) == list(b) and all(_frozen_alike(a[k], b[k]) for k in a)
-    if type(a) is FrozenList:
-        return len(a) == len(b) and all(_frozen_alike(x, y) for x, y in zip(a, b, strict=True))
-    if type(a) is float or type(a) is datetime:  # -0.0 stays -0.0; the same offset
-        return bool(str(a) == str(b))
-    return bool(a == b)
-
-
 def _messages_alike(got: list[Message], want: list[Message]) -> bool:
     fields = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
     return len(got) == len(want) and all(
-        _frozen_alike(getattr(g, f), getattr(w, f))
+        frozen_alike(getattr(g, f), getattr(w, f))
         for g, w in zip(got, want, strict=True)
         for f in (*fields, "metadata", "created_at")
     )
@@ -150,7 +136,7 @@ def _events_alike(got: list[Event], want: list[Event], tracked: bool) -> None:
     assert [type(e._data) for e in got] == [type(e._data) for e in want]
     assert all(gc.is_tracked(e) is tracked for e in got)
     assert got == want
-    assert all(_frozen_alike(g.data, w.data) for g, w in zip(got, want, strict=True))
+    assert all(frozen_alike(g.data, w.data) for g, w in zip(got, want, strict=True))
     assert [e.surface_op for e in got] == [e.surface_op for e in want]
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from frozen_alike import frozen_alike
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nous_actor import Event, FrozenDict, Log, Replace, SQLiteStore
 from nous_actor.core import codec
 from nous_actor.core import event as event_module
-from nous_actor.core._frozen import FrozenList
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -57,16 +57,6 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     s.close()
 
 
-def _frozen_alike(a: Any, b: Any) -> bool:
-    if type(a) is not type(b):
-        return False
-    if type(a) is FrozenDict:
-        return list(a) == list(b) and all(_frozen_alike(a[k], b[k]) for k in a)
-    if type(a) is FrozenList:
-        return len(a) == len(b) and all(_frozen_alike(x, y) for x, y in zip(a, b, strict=True))
-    return bool(str(a) == str(b)) if type(a) is float else bool(a == b)
-
-
 def _held(etype: str, data: dict[str, Any], seq: int = 0) -> Event:
     """The event as a store reads it back: from its row."""
     ev = codec.event_from_row(
@@ -87,7 +77,7 @@ def test_a_held_event_means_what_its_eager_twin_means(
     if project_first:
         assert held.to_message() == eager.to_message()
         assert isinstance(held._data, str)  # the message's fields alone were read
-    assert _frozen_alike(held.data, eager.data)
+    assert frozen_alike(held.data, eager.data)
     assert type(held._data) is FrozenDict  # read once, kept
     assert held == eager
     assert held.to_message() == eager.to_message()
@@ -96,8 +86,8 @@ def test_a_held_event_means_what_its_eager_twin_means(
         assert m is not None
         assert e is not None
         for field in ("content", "reasoning_content", "tool_calls", "tool_call_id", "name"):
-            assert _frozen_alike(getattr(m, field), getattr(e, field))
-        assert _frozen_alike(m.metadata, e.metadata)
+            assert frozen_alike(getattr(m, field), getattr(e, field))
+        assert frozen_alike(m.metadata, e.metadata)
 
 
 @given(_TYPES, _DATA)

@@ -700,17 +700,11 @@ _Found = tuple[int, int, "Replace | None", Role, datetime, "_RowFields"]
 """A surface row on the fast path: seq, position, replace, role, time, its fields."""
 
 
-class _RowFields(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+class _RowFields(_MessageFields, forbid_unknown_fields=True, gc=False):
     """A surface row's data when it holds no key but a message's and ``surface_op``:
     then decoding it into this reads (and checks) the whole text, as decoding it whole
     does, and gives the fields without a dict. Never on a cycle (decoded JSON only)."""
 
-    content: Any = None
-    reasoning_content: Any = None
-    tool_calls: Any = None
-    tool_call_id: Any = None
-    name: Any = None
-    metadata: Any = None
     surface_op: Any = None
 
 
