@@ -286,3 +286,28 @@ def test_a_backlog_is_written_without_gathering() -> None:
     for sid in "defghij":
         recent, n = _expect(items(sid), recent)
     assert n == _COHORTS  # only the last transactions count
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcd"), st.integers(1, 3), max_size=4),
+    st.lists(st.sampled_from("abcd"), max_size=6),
+)
+def test_a_light_session_beside_others_is_found_as_by_counting_all(
+    waiting_sizes: dict[str, int], fresh_ids: list[str]
+) -> None:
+    """The writer's look for a one-item session beside others (which stops early) says
+    what counting every session's items says."""
+    from collections import deque
+
+    from nous_actor.store.committer import _Item, _light_beside_others
+
+    def item(sid: str) -> _Item:
+        return _Item("write", sid, lambda err: None, [ev(0)])
+
+    waiting = {sid: deque(item(sid) for _ in range(n)) for sid, n in waiting_sizes.items()}
+    fresh = [item(sid) for sid in fresh_ids]
+    pending = dict(waiting_sizes)
+    for sid in fresh_ids:
+        pending[sid] = pending.get(sid, 0) + 1
+    expected = len(pending) > 1 and min(pending.values()) == 1
+    assert _light_beside_others(waiting, fresh) == expected

@@ -63,6 +63,9 @@ transaction of ``alone`` events started between two of their calls would hold th
 _GATHER_PAUSE: Final = 1.0
 """Seconds without gathering after a wait in vain: callers that come at random (a web
 app's) would otherwise make every other transaction wait."""
+_GATHER_MAX: Final = 256
+"""Transactions of more items than this are not followed by a wait (nor counted: the
+count costs a look at each session)."""
 _COHORTS: Final = 4
 """Transactions whose one-item sessions are counted as awaiting each call."""
 GATHER: Final = 0.002
@@ -411,6 +414,8 @@ def _expect(
     transaction and the `_COHORTS` - 1 before) and how many items the next transaction
     waits for: all of them, so that groups answered by different commits merge; none
     after a backlog (several items of a session: written without waiting)."""
+    if len(batch) > _GATHER_MAX:
+        return (), 0  # (many sessions at once: a backlog, never waited for)
     sessions = frozenset(item.session_id for item in batch)
     if len(sessions) != len(batch):
         return (), 0
@@ -419,11 +424,20 @@ def _expect(
 
 
 def _light_beside_others(waiting: dict[str, deque[_Item]], fresh: list[_Item]) -> bool:
-    """Whether several sessions have items waiting, one of them a single item."""
-    pending = {sid: len(mine) for sid, mine in waiting.items()}
+    """Whether several sessions have items waiting, one of them a single item (stops at
+    the first such session: with thousands waiting, one item each, it looks at one)."""
+    counts: dict[str, int] = {}
     for item in fresh:
-        pending[item.session_id] = pending.get(item.session_id, 0) + 1
-    return len(pending) > 1 and min(pending.values()) == 1
+        counts[item.session_id] = counts.get(item.session_id, 0) + 1
+    if len(counts) + len(waiting) < 2:
+        return False  # (a session in both has two items or more: never the light one)
+    for sid, n in counts.items():
+        if n == 1 and sid not in waiting:
+            return len(counts) > 1 or any(s != sid for s in waiting)
+    for sid, mine in waiting.items():
+        if len(mine) == 1 and sid not in counts:
+            return len(waiting) > 1 or any(s != sid for s in counts)
+    return False
 
 
 def _fits(items: list[_Item], budget: int, share: int) -> bool:
