@@ -55,11 +55,9 @@ from nous_actor.core.event import (
     passing_event,
     trusted_event,
 )
-from nous_actor.core.event import _Building as _EventBuilding
 from nous_actor.core.limits import MAX_SEQ
 from nous_actor.core.log import Log, shadowed
-from nous_actor.core.message import Message, Role
-from nous_actor.core.message._message import _Building as _MessageBuilding
+from nous_actor.core.message import Message, Role, trusted_message
 
 __all__ = [
     "CodecError",
@@ -523,13 +521,14 @@ that dies young nothing, where taking each out of it costs a C call."""
 Row = Sequence[Any]
 """A stored event's columns: ``(seq, type, time, data)``."""
 
-_new: Final = object.__new__
 _FAST_REFUSALS: Final = (ValueError, TypeError, msgspec.MsgspecError, RecursionError)
 """What reading a row's time or data on the fast path may raise (the row is then read
 by the row decoder, which says what is wrong or reads it)."""
 
 
-def _rows_decoder(one: RowDecoder, passing: bool) -> Callable[[Iterable[Row]], list[Event]]:
+def _rows_decoder(
+    one: RowDecoder, make: Callable[[int, EventType, datetime, Any, Replace | None], Event]
+) -> Callable[[Iterable[Row]], list[Event]]:
     def events_from_rows(rows: Iterable[Row]) -> list[Event]:
         """``[event_from_row(*row) for row in rows]``, in one loop.
 
@@ -553,19 +552,7 @@ def _rows_decoder(one: RowDecoder, passing: bool) -> Callable[[Iterable[Row]], l
                 except _FAST_REFUSALS:
                     value = None
                 if type_of(value) is dict and t.tzinfo is UTC and value.get("surface_op") is None:
-                    # trusted_event / passing_event, inline: this is every row's path.
-                    ev = _new(_EventBuilding)
-                    ev.seq = seq
-                    ev.type = etype
-                    ev.time = t
-                    ev._data = data  # held as text, frozen when read
-                    ev._op = None
-                    ev._pos = seq
-                    ev._msg = None
-                    ev.__class__ = Event  # type: ignore[assignment]
-                    if not passing:
-                        untrack(ev)
-                    append(ev)  # type: ignore[arg-type]
+                    append(make(seq, etype, t, data, None))  # held as text, frozen when read
                     continue
             append(one(seq, type_, time, data))
         return out
@@ -573,11 +560,11 @@ def _rows_decoder(one: RowDecoder, passing: bool) -> Callable[[Iterable[Row]], l
     return events_from_rows
 
 
-events_from_rows: Final = _rows_decoder(event_from_row, False)
+events_from_rows: Final = _rows_decoder(event_from_row, trusted_event)
 """``[event_from_row(*row) for row in rows]`` in one loop (recovery's read): the same
 events, the same `CodecError` for the first malformed row."""
 
-passing_events_from_rows: Final = _rows_decoder(passing_event_from_row, True)
+passing_events_from_rows: Final = _rows_decoder(passing_event_from_row, passing_event)
 """``[passing_event_from_row(*row) for row in rows]`` in one loop (a reader's read)."""
 
 
@@ -800,18 +787,12 @@ def _fast_surface(rows: Sequence[Row]) -> tuple[list[int], list[Message]] | None
             content, reasoning, calls, call_id, name, meta = _frozen_fields(
                 content, reasoning, calls, call_id, name, meta, tree, items
             )
-        # trusted_message, inline: this is every visible row's path.
-        m = _new(_MessageBuilding)
-        m.role = role
-        m.content = content
-        m.reasoning_content = reasoning
-        m.tool_calls = EMPTY_LIST if calls is None else calls
-        m.tool_call_id = call_id
-        m.name = name
-        m.metadata = EMPTY_DICT if meta is None else meta
-        m.created_at = t
-        m.__class__ = Message  # type: ignore[assignment]
-        append_message(m)  # type: ignore[arg-type]
+        append_message(
+            trusted_message(
+                role, content, reasoning, EMPTY_LIST if calls is None else calls,
+                call_id, name, EMPTY_DICT if meta is None else meta, t,
+            )
+        )  # fmt: skip
     return [f[0] for f in found], messages
 
 
