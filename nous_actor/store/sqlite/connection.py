@@ -35,6 +35,11 @@ _BUSY_STEP_S: Final = 0.002
 for another process's write lock (see `_Connection.begin`)."""
 
 
+def malformed(path: object, session_id: str | None, exc: CodecError) -> StoreError:
+    """The error of a stored row the codec refused (``exc`` names its column)."""
+    return StoreError(f"stored event is malformed in {path}: {exc}", session_id=session_id)
+
+
 class _Connection:
     """The connection of a `SQLiteStore` and the calls made on it (see the module).
 
@@ -120,9 +125,7 @@ class _Connection:
                 f"could not {doing} in {self.path}: {kind}: {text}{hint}", session_id=session_id
             ) from exc
         except CodecError as exc:
-            raise StoreError(
-                f"stored event is malformed in {self.path}: {exc}", session_id=session_id
-            ) from exc
+            raise malformed(self.path, session_id, exc) from exc
         except (UnicodeEncodeError, OverflowError) as exc:  # what sqlite3 cannot bind
             raise StoreError(
                 f"could not {doing} in {self.path}: {type(exc).__name__}: {exc}; session ids "

@@ -22,7 +22,7 @@ from nous_actor.core.codec import CodecError, events_from_rows
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store.feed import FollowedWatch, _fill
-from nous_actor.store.sqlite.connection import _Connection
+from nous_actor.store.sqlite.connection import _Connection, malformed
 from nous_actor.store.subscription import Subscription
 
 FOLLOW_INTERVAL: Final = 0.004
@@ -196,9 +196,7 @@ class SQLiteFollower:
         try:
             return events_from_rows(rows)
         except CodecError as exc:
-            raise StoreError(
-                f"stored event is malformed in {self.path}: {exc}", session_id=session_id
-            ) from exc
+            raise malformed(self.path, session_id, exc) from exc
 
     def _end(self, err: StoreError) -> None:
         with self._cond:

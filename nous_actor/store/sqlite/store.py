@@ -56,7 +56,7 @@ from nous_actor.store.sqlite.claims import (
     _live_tokens,
     _pid_alive,
 )
-from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
+from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection, malformed
 from nous_actor.store.sqlite.follower import close_follower, follower_of
 from nous_actor.store.sqlite.keys import forwarding_key as _forwarding_key
 from nous_actor.store.sqlite.vacuum import dropped_bytes, due, file_bytes
@@ -87,6 +87,7 @@ _MAX_TIMEOUT_S: Final = 2_147_483
 """The longest `timeout`: SQLite's busy timeout is a 32-bit count of milliseconds."""
 
 _FORGET_EVERY: Final = 60
+"""Seconds between two forgettings of expired call records by one store object."""
 
 _SELECT_EVENTS: Final = (
     "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq"
@@ -96,7 +97,6 @@ _SELECT_EVENTS: Final = (
 _SESSION_OF: Final = itemgetter(0)
 _EVENT_COLUMNS: Final = itemgetter(1, 2, 3, 4)
 """A `load_many` row's session id, and its event's columns (``seq, type, time, data``)."""
-"""Seconds between two forgettings of expired call records by one store object."""
 
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
     session_id TEXT NOT NULL,
@@ -494,9 +494,7 @@ class SQLiteStore(ClosingStore):
             try:
                 out[sid] = events_from_rows(map(_EVENT_COLUMNS, run))
             except CodecError as exc:  # a malformed row fails its own session alone
-                out[sid] = StoreError(
-                    f"stored event is malformed in {self.path}: {exc}", session_id=sid
-                )
+                out[sid] = malformed(self.path, sid, exc)
         return out
 
     def _load_one(self, session_id: str) -> list[Event] | StoreError:
@@ -506,9 +504,7 @@ class SQLiteStore(ClosingStore):
         try:  # decoded off the lock, as load_many's rows are
             return events_from_rows(rows)
         except CodecError as exc:
-            return StoreError(
-                f"stored event is malformed in {self.path}: {exc}", session_id=session_id
-            )
+            return malformed(self.path, session_id, exc)
 
     def release(self, session_id: str, token: str) -> None:
         self._release([(session_id, token)], session_id, "release the session")
