@@ -608,8 +608,12 @@ def test_a_store_nobody_uses_any_more_ends_its_writer_thread(kind: str, tmp_path
     assert thread is not None
     assert thread.is_alive()
     gone = weakref.ref(store)
+    handover = sessions._handover._thread  # (it ends at its next look after close)
     sessions.close()
     store.close()
+    if handover is not None:
+        handover.join(BOUND)  # its frame holds the store while it waits for a change
+        assert not handover.is_alive()
     del store, sessions
     gc.collect()
     assert gone() is None
