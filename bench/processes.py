@@ -10,10 +10,12 @@
   median <= 100 ms; not run without a server).
 * ``processes.mix``: 4 worker processes on one SQLite file serve requests for
   20 sessions from 32 concurrent clients in random order (each request reads
-  the session without taking it, then writes one turn through ``append_many``,
-  asking the worker that holds the session for it): requests per second (G24:
-  >= 500). The same on PostgreSQL as context. Every run's histories are checked
-  (whole turns, in order, each request once) before its number counts.
+  the session without taking it, then writes one turn through ``append_many``
+  on the handle ``open(id)`` gives, which calls the worker that holds the
+  session): requests per second (G24: >= 500). As context, the same with each
+  request moving its session to the worker asked (``open(id, wait=30)``), and
+  both on PostgreSQL. Every run's histories are checked (whole turns, in
+  order, each request once) before its number counts.
 * ``processes.cold_read``: a worker process holds a 1,000-event session; this
   process reads it as a non-holder, a new `SessionReader` each time
   (``derive_messages``: one read of the rows, decoded and folded) (G25: median
@@ -137,9 +139,14 @@ def bench_handoff(cfg: h.Config) -> h.Section:
 # -- the 4-worker mix ---------------------------------------------------------------------------
 
 
-def _mix(spec: str, folder: Path, requests: int) -> tuple[float, list[str]]:
-    """Requests per second of 4 workers, and what is wrong with the histories."""
-    fleet = Fleet(spec, folder, wait=30.0)
+MOVE_WAIT: Final = 30.0
+"""The workers' ``open(id, wait=)`` in the context rows: each request moves its session."""
+
+
+def _mix(spec: str, folder: Path, requests: int, wait: float) -> tuple[float, list[str]]:
+    """Requests per second of 4 workers, and what is wrong with the histories; ``wait``
+    0 forwards each call to the session's holder, above 0 moves the session."""
+    fleet = Fleet(spec, folder, wait=wait)
     open_store(spec).close()
     fleet.start(4)
     rng = random.Random(24)
@@ -161,7 +168,7 @@ def bench_mix(cfg: h.Config) -> h.Section:
     sec = h.Section()
     n = cfg.pick(1000, 200)
     with h.scratch("mix") as folder:
-        rate, problems = _mix(f"sqlite:{folder / 'mix.db'}", folder, n)
+        rate, problems = _mix(f"sqlite:{folder / 'mix.db'}", folder, n, 0.0)
     sec.rows.append(
         _row(
             MIX_ID,
@@ -176,25 +183,32 @@ def bench_mix(cfg: h.Config) -> h.Section:
             valid=not problems,
         )
     )
+    with h.scratch("mix-move") as folder:
+        rate, problems = _mix(f"sqlite:{folder / 'mix.db'}", folder, n, MOVE_WAIT)
+    sec.rows.append(_context_row("SQLite", "each request moving its session", n, rate, problems))
     with server() as dsn:
         if dsn is not None:
-            with _schema(dsn) as schema, h.scratch("mix-pg") as folder:
-                rate, problems = _mix(f"postgres:{schema}:{dsn}", folder, n)
-            sec.rows.append(
-                h.info_row(
-                    "4 web workers on PostgreSQL, 20 sessions, 32 clients",
-                    f"{h.fmt_count(rate)} req/s" + (" (INVALID)" if problems else ""),
-                    requests=n,
-                    per_s=rate,
-                    problems=problems[:5],
-                )
-            )
+            for how, wait in (("", 0.0), ("each request moving its session", MOVE_WAIT)):
+                with _schema(dsn) as schema, h.scratch("mix-pg") as folder:
+                    rate, problems = _mix(f"postgres:{schema}:{dsn}", folder, n, wait)
+                sec.rows.append(_context_row("PostgreSQL", how, n, rate, problems))
     sec.notes.append(
-        "mix: each request reads the session without taking it, then opens it "
-        "(asking the worker that holds it) and writes one turn in one append_many; "
-        "clients pick a worker at random, so most requests move their session"
+        "mix: each request reads the session without taking it, then opens it and writes "
+        "one turn in one append_many; clients pick a worker at random. The goal row uses "
+        "open(id): a session another worker holds is called there. 'moving' rows use "
+        f"open(id, wait={MOVE_WAIT:g}): the session moves to the worker asked, each request"
     )
     return sec
+
+
+def _context_row(store: str, how: str, n: int, rate: float, problems: list[str]) -> h.Row:
+    return h.info_row(
+        f"4 web workers on {store}, 20 sessions, 32 clients" + (f", {how}" if how else ""),
+        f"{h.fmt_count(rate)} req/s" + (" (INVALID)" if problems else ""),
+        requests=n,
+        per_s=rate,
+        problems=problems[:5],
+    )
 
 
 # -- a cold read by a non-holder ------------------------------------------------------------
