@@ -560,3 +560,52 @@ def test_a_holder_that_closes_mid_stream_refuses_none_of_the_forwarded_calls(
         holder.stdin.close()
         holder.wait(30)
         holder.stdout.close()
+
+
+def test_a_holder_reads_requests_that_stand_and_only_those(tmp_path: Path) -> None:
+    """A look before anyone asked fails no statement and finds nothing; a request is seen
+    while it stands and not once its time has passed (compared with the clock only when
+    there is a request)."""
+    import os
+    import sqlite3
+    from datetime import UTC, datetime, timedelta
+
+    path = tmp_path / "asks.db"
+    store = SQLiteStore(path)
+    failed: list[str] = []
+    with Sessions(store) as sessions:
+        sessions.open("chat").append("user_message", {"content": "hi"}).get(timeout=10)
+        follower = shared.follower_of(store._connection)
+        real = follower.query
+
+        def watched(sql: str, params: Any = ()) -> list[Any]:
+            try:
+                return real(sql, params)
+            except Exception as exc:
+                failed.append(f"{sql}: {exc}")
+                raise
+
+        follower.query = watched  # type: ignore[method-assign]
+        offered: list[str] = []  # the registry's own looks see the request too: keep it
+        sessions._handover._offer = lambda sid, *_: offered.append(sid) or False  # type: ignore[method-assign]
+        assert store.handoff_requests() == []
+        assert failed == []
+        asker = os.getppid()  # a live process other than this one
+        now = datetime.now(UTC)
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS handoffs (session_id TEXT NOT NULL, "
+                "pid INTEGER NOT NULL, until TEXT NOT NULL, PRIMARY KEY (session_id, pid))"
+            )
+            conn.execute(
+                "INSERT INTO handoffs VALUES (?, ?, ?)",
+                ("chat", asker, (now - timedelta(seconds=5)).isoformat()),
+            )
+        assert store.handoff_requests() == []  # its time has passed
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "UPDATE handoffs SET until = ? WHERE session_id = 'chat'",
+                ((now + timedelta(seconds=60)).isoformat(),),
+            )
+        assert store.handoff_requests() == ["chat"]
+        assert failed == []

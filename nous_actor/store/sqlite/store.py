@@ -164,6 +164,13 @@ def _check_address(address: object) -> str | None:
     return str(address)
 
 
+_HANDOFFS_MADE: Final = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'handoffs'"
+_HANDOFF_ROWS: Final = (
+    "SELECT h.session_id, w.token, h.pid, h.until FROM handoffs AS h JOIN writers AS w "
+    "ON w.session_id = h.session_id WHERE w.pid = ? AND h.pid <> w.pid"
+)
+
+
 def _now_text(delta: float = 0.0) -> str:
     return (datetime.now(UTC) + timedelta(seconds=delta)).isoformat()
 
@@ -269,6 +276,7 @@ class SQLiteStore(ClosingStore):
         # Sessions this store asked for (store.shared), read and changed under the
         # connection's lock, as a claim reads them.
         self._asked: set[str] = set()
+        self._handoffs_made = False  # the table of requests is known to exist
         self._holdings = _Holdings()  # the claims this object holds, and its address
         # The session numbers (schema version 3) this object's writes have committed:
         # a number never changes, so it is looked up once per session.
@@ -749,17 +757,19 @@ class SQLiteStore(ClosingStore):
 
     def handoff_requests(self) -> list[str]:
         """The sessions this process holds that a live process asks for."""
-        try:
-            rows = follower_of(self._connection).query(
-                "SELECT h.session_id, w.token, h.pid FROM handoffs AS h JOIN writers AS w "
-                "ON w.session_id = h.session_id WHERE w.pid = ? AND h.pid <> w.pid "
-                "AND h.until > ?",
-                (os.getpid(), _now_text()),
-            )
-        except StoreError as exc:
-            if "no such table" in str(exc):  # nobody ever asked
+        follower = follower_of(self._connection)
+        if not self._handoffs_made:
+            # The first request of any process makes the table: until then nobody asked,
+            # and a look (every `handoff_poll` while this process holds a session) reads
+            # one row of the schema instead of failing a statement.
+            if not follower.query(_HANDOFFS_MADE):
                 return []
-            raise
+            self._handoffs_made = True
+        rows = follower.query(_HANDOFF_ROWS, (os.getpid(),))
+        if not rows:
+            return []  # the common case: no request, and no clock read
+        now = _now_text()  # a request stands until its time (text, compared as SQL would)
+        rows = [row[:3] for row in rows if isinstance(row[3], str) and row[3] > now]
         with _live_lock:
             # Several processes may ask for one session: one row each.
             held = [(str(sid), pid) for sid, token, pid in rows if token in _live_tokens]
