@@ -1,4 +1,8 @@
-"""Events read from a store hold their checked JSON text until their data is read.
+"""Events hold their checked JSON text until their data is read.
+
+An event read from a store holds its row's text; an event appended through a session
+holds the text its call encoded, once, in the caller's thread (`check_held`), which is
+the text the store then writes as it is.
 
 A row is decoded (and so checked) when it is read, but its data is frozen only when
 something reads it: a derive decodes each visible surface event's message fields and
@@ -21,7 +25,7 @@ from frozen_alike import frozen_alike
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nous_actor import Event, FrozenDict, Log, Replace, SQLiteStore
+from nous_actor import Event, FrozenDict, Log, Replace, Session, SQLiteStore
 from nous_actor.core import codec
 from nous_actor.core import event as event_module
 
@@ -201,3 +205,63 @@ def test_a_projection_msgspec_refuses_reads_the_whole_data(
     assert message is not None
     assert message == Event(0, "assistant_message", T0, held.data).to_message()
     assert type(held._data) is FrozenDict  # the whole data was read
+
+
+# -- appended events: encoded once, at the call --------------------------------------------
+
+
+@settings(max_examples=200)
+@given(_TYPES, _DATA)
+def test_an_appended_event_holds_the_text_a_store_writes(etype: str, data: dict[str, Any]) -> None:
+    """What the call checked and encoded is what the event means: the same data, frozen
+    alike, the same message, and the text is what the store would have written."""
+    live = Event._trusted(0, *event_module.check_held(0, etype, T0, data))
+    eager = Event(0, etype, T0, data)
+    assert isinstance(live._data, str)
+    assert live._data == codec.encode_json(eager.data)
+    assert live == eager
+    assert live.to_message() == eager.to_message()
+    assert frozen_alike(live.data, eager.data)
+
+
+def test_an_appended_replace_keeps_its_frozen_data() -> None:
+    """A replace's surface_op is kept outside the text, so a replace is not held."""
+    parts = event_module.check_held(
+        3, "system_message", T0, {"content": "s", "surface_op": ("replace", 0, 2)}
+    )
+    assert type(parts[2]) is FrozenDict
+    assert parts[3] == Replace(0, 2)
+
+
+def test_a_session_encodes_each_event_once(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends through a session: the committer writes the text each call made (the
+    codec encodes nothing), a derive reads the messages' fields alone, and the store
+    holds the events as they were given."""
+    encoded: list[object] = []
+    real = codec.encode_json
+
+    def counting(value: Any) -> str:
+        encoded.append(value)
+        return real(value)
+
+    monkeypatch.setattr(codec, "encode_json", counting)
+    data = [{"content": f"m{i}", "n": [i, {"k": str(i)}]} for i in range(40)]
+    s = Session.start("once", store=store, timeout=10)
+    try:
+        live = [s.append("user_message", d).get(timeout=10) for d in data]
+        live += s.append_many([("assistant_message", {"content": "a"}), ("turn_start", {})]).get(
+            timeout=10
+        )
+        assert all(type(ev._data) is str for ev in live)
+        counts = _counting(monkeypatch)
+        messages = s.derive_messages().get(timeout=10)
+        assert [m.content for m in messages] == [d["content"] for d in data] + ["a"]
+        assert counts == {"data": 0, "fields": 41}
+    finally:
+        s.stop()
+    assert encoded == []
+    stored = store.load("once")
+    assert [ev.data for ev in stored[:40]] == data
+    assert stored == live

@@ -258,6 +258,26 @@ def check_event(
         ) from None
 
 
+def check_held(
+    seq: object, etype: object, time: object, data: object
+) -> tuple[EventType, datetime, FrozenDict | str, Replace | None]:
+    """`check_event`, the data of a plain event then encoded once into its stored form.
+
+    The text is what a store writes as it is and what the event holds (decoded only
+    when something reads ``data``; a derive reads only a message's fields): checked,
+    frozen and encoded in the caller's thread, so what was validated is what is
+    stored, and a live event costs the bytes of its text, not a frozen tree. A
+    replace keeps its frozen data (its ``surface_op`` is kept outside the text).
+
+    Raises:
+        InvalidEvent: as `check_event`.
+    """
+    etype_, t, frozen, op = check_event(seq, etype, time, data)
+    if op is None:
+        return etype_, t, encode_json(frozen), None
+    return etype_, t, frozen, op
+
+
 def _freeze_data(data: Any) -> FrozenDict:
     """``data`` frozen and held to the depth, int and size limits."""
     try:

@@ -25,7 +25,7 @@ from nous_actor.errors import SessionCrashed
 Handler = Callable[..., Any]
 
 EventParts = tuple[EventType, datetime, Any, Any]
-"""An event checked and frozen in the caller's thread, waiting for its seq."""
+"""An event checked, frozen and (a plain one) encoded in the caller's thread; seq to come."""
 
 F = TypeVar("F", bound=Handler)
 

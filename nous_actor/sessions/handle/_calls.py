@@ -23,6 +23,7 @@ from nous_actor.core.event import (
     EventType,
     InvalidEvent,
     check_event,
+    check_held,
     type_text,
 )
 from nous_actor.core.ids import check_session_id
@@ -76,17 +77,19 @@ class SessionCalls:
     ) -> SessionFuture[Event]:
         """Append one event; the future resolves to it, with its seq.
 
-        ``data`` is checked and deeply frozen here, in the caller's thread, before
-        this returns: mutating the dict afterwards never changes what is stored,
-        also while the append is still in flight. With a store, the future
-        resolves only once the event is durably committed.
+        ``data`` is checked, frozen and encoded once into its stored JSON text here,
+        in the caller's thread, before this returns: mutating the dict afterwards
+        never changes what is stored, also while the append is still in flight, and
+        the store writes that text as it is. The event holds the text and decodes it
+        when its ``data`` is first read (a derive reads only a message's fields).
+        With a store, the future resolves only once the event is durably committed.
 
         Raises (through the future):
             InvalidEvent: the event is refused; nothing changed, the session runs on.
             SessionStopped: the session is stopped; nothing changed.
         """
         try:
-            parts = check_event(0, type, _utcnow() if time is None else time, data)
+            parts = check_held(0, type, _utcnow() if time is None else time, data)
         except InvalidEvent as exc:
             return self._failed(exc)
         return self._call(SessionActor.h_append, parts)
@@ -99,7 +102,7 @@ class SessionCalls:
         none), and no other call's events come between them. The future resolves
         to the events, in order, once they are committed.
 
-        Every item is checked and frozen here, before anything is sent.
+        Every item is checked, frozen and encoded here, before anything is sent.
 
         Raises (through the future):
             InvalidEvent: an item is refused (the message names its index); nothing
@@ -116,7 +119,7 @@ class SessionCalls:
                     )
                 t = item[2] if len(item) == 3 else None
                 try:
-                    batch.append(check_event(0, item[0], _utcnow() if t is None else t, item[1]))
+                    batch.append(check_held(0, item[0], _utcnow() if t is None else t, item[1]))
                 except InvalidEvent as exc:
                     raise InvalidEvent(exc.reason, f"item {i}: {exc}") from None
         except (TypeError, InvalidEvent) as exc:
@@ -148,7 +151,7 @@ class SessionCalls:
         ``type`` and ``reason``; it is never silent. Never raises for bad input.
         """
         try:
-            parts = check_event(0, type, _utcnow() if time is None else time, data)
+            parts = check_held(0, type, _utcnow() if time is None else time, data)
         except InvalidEvent as exc:
             logger.warning(
                 "log.event_dropped",
@@ -172,7 +175,7 @@ class SessionCalls:
                 below the session's next seq).
         """
         try:
-            parts = check_event(seq, type, _utcnow() if time is None else time, data)
+            parts = check_held(seq, type, _utcnow() if time is None else time, data)
         except InvalidEvent as exc:
             return self._failed(exc)
         return self._call(SessionActor.h_append_at, int.__int__(seq), parts)
