@@ -265,3 +265,73 @@ def test_a_session_encodes_each_event_once(
     stored = store.load("once")
     assert [ev.data for ev in stored[:40]] == data
     assert stored == live
+
+
+class _Key(str):
+    """A str subclass: frozen (and encoded) as the plain str it spells."""
+
+
+_BAD_ATOMS = (
+    _ATOMS
+    | st.just(float("nan"))
+    | st.just(float("inf"))
+    | st.builds(set)
+    | st.binary(max_size=3)
+    | st.just("\ud800")  # a lone surrogate
+    | st.integers(min_value=2**64, max_value=2**80)
+)
+_ANY_VALUES = st.recursive(
+    _BAD_ATOMS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(
+            st.text(max_size=4) | st.builds(_Key, st.text(max_size=3)), inner, max_size=3
+        )
+        | st.dictionaries(st.integers(0, 3), inner, max_size=2)
+    ),
+    max_leaves=10,
+)
+_ANY_DATA = st.dictionaries(_FIELD | st.text(max_size=5), _ANY_VALUES, max_size=5) | st.builds(
+    lambda d, op: {**d, "surface_op": op},
+    st.dictionaries(_FIELD, _ATOMS, max_size=2),
+    st.sampled_from([("replace", 0, 0), ["replace", 0, 3], ("replace", 2, 1), "replace", None]),
+)
+
+
+@settings(max_examples=400)
+@given(_TYPES, _ANY_DATA)
+def test_check_held_refuses_and_accepts_what_check_event_does(
+    etype: str, data: dict[Any, Any]
+) -> None:
+    """Whatever the data (bad values, str subclass keys, tuples, replaces): the same
+    error, or the same event, its text decoding to the data `check_event` froze."""
+    try:
+        expected = event_module.check_event(3, etype, T0, data)
+    except event_module.InvalidEvent as exc:
+        with pytest.raises(event_module.InvalidEvent) as got:
+            event_module.check_held(3, etype, T0, data)
+        assert (got.value.reason, str(got.value)) == (exc.reason, str(exc))
+        return
+    held = event_module.check_held(3, etype, T0, data)
+    assert held[0] is expected[0]
+    assert held[1] == expected[1]
+    assert held[3] == expected[3]
+    if expected[3] is None:
+        assert isinstance(held[2], str)
+        assert frozen_alike(Event._trusted(3, *held).data, expected[2])
+    else:
+        assert frozen_alike(held[2], expected[2])
+
+
+def test_a_plain_append_makes_no_frozen_container(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common case checks the data into a plain copy and encodes that: nothing is
+    frozen (and so nothing taken out of the collector) for a value dropped at once."""
+    from nous_actor.core import _frozen
+
+    untracked: list[object] = []
+    monkeypatch.setattr(_frozen, "untrack", untracked.append)
+    data = {"content": "hi", "tool_calls": [{"id": "c", "arguments": {"x": [1, 2.5, None]}}]}
+    text = event_module.check_held(0, "assistant_message", T0, data)[2]
+    assert untracked == []
+    assert text == codec.encode_json(Event(0, "assistant_message", T0, data).data)

@@ -19,6 +19,7 @@ from nous_actor.core._frozen import (
     _list_from,
     describe_error,
     encode_json,
+    encode_plain,
     freeze,
     freeze_measured,
     json_size_bounds,
@@ -264,14 +265,36 @@ def check_held(
     """`check_event`, the data of a plain event then encoded once into its stored form.
 
     The text is what a store writes as it is and what the event holds (decoded only
-    when something reads ``data``; a derive reads only a message's fields): checked,
-    frozen and encoded in the caller's thread, so what was validated is what is
-    stored, and a live event costs the bytes of its text, not a frozen tree. A
-    replace keeps its frozen data (its ``surface_op`` is kept outside the text).
+    when something reads ``data``; a derive reads only a message's fields): checked
+    and encoded in the caller's thread, so what was validated is what is stored, and
+    a live event costs the bytes of its text, not a frozen tree. In the common case
+    (plain values of the exact types) the data is checked into a plain copy, read
+    once, and that copy encoded: no frozen container is made for it. A replace keeps
+    its frozen data (its ``surface_op`` is kept outside the text).
 
     Raises:
         InvalidEvent: as `check_event`.
     """
+    if (
+        type(seq) is int
+        and 0 <= seq <= MAX_SEQ
+        and type(data) is dict
+        and type(time) is datetime
+        and time.tzinfo is UTC
+    ):
+        kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
+        if kind is not None:
+            meter = [0]
+            try:
+                copy = _freeze(data, "data", MAX_DATA_DEPTH, meter, True)
+            except (NotJSON, RecursionError):
+                pass  # check_event says which rule fails first
+            else:
+                if copy.get("surface_op") is not None:
+                    return check_event(seq, kind, time, copy)  # a replace: the copy frozen
+                if 6 * meter[0] + 2 > _limits._max_event_bytes:  # json_size_bounds
+                    _check_size(copy, meter, encode_plain)
+                return kind, time, encode_plain(copy), None
     etype_, t, frozen, op = check_event(seq, etype, time, data)
     if op is None:
         return etype_, t, encode_json(frozen), None
@@ -296,15 +319,18 @@ def _not_json(exc: NotJSON) -> InvalidEvent:
     )
 
 
-def _check_size(frozen: FrozenDict, meter: list[int]) -> None:
-    """Refuse ``frozen`` if its compact UTF-8 JSON is over the size limit: without
-    encoding it when what was counted is over already, else by encoding it once."""
+def _check_size(
+    frozen: Mapping[str, Any], meter: list[int], encode: Callable[[Any], str] = encode_json
+) -> None:
+    """Refuse ``frozen`` (or its plain copy, with ``encode_plain``) if its compact UTF-8
+    JSON is over the size limit: without encoding it when what was counted is over
+    already, else by encoding it once."""
     limit = _limits._max_event_bytes
     low, _ = json_size_bounds(meter)
     if low > limit:
         size, exact = low, False
     else:
-        text = encode_json(frozen)
+        text = encode(frozen)
         size, exact = (len(text) if text.isascii() else len(text.encode("utf-8"))), True
         if size <= limit:
             return
