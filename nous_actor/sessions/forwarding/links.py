@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import pickle
 import secrets
 import socket
@@ -110,11 +111,30 @@ class LocalLink:
 
 
 class Sender:
-    """Writes to one connection, in the order put, from a thread of its own: what is put
-    while it writes goes in its next batch, so calls (and answers) that come together
-    share one write, and no caller or committer thread ever blocks on the socket."""
+    """Writes to one connection, in the order put.
 
-    __slots__ = ("_closed", "_cond", "_conn", "_on_lost", "_pending", "broken")
+    A put finds the connection idle (nothing queued, nobody writing) most of the
+    time: it then writes its frame at once, in the putting thread, without waiting
+    for the socket (``MSG_DONTWAIT``): a call or an answer costs no wake-up of
+    another thread. What the socket does not take at once (a full buffer: a slow
+    reader), and whatever is put while a write is under way, goes to the writer
+    thread, which sends it, the rest of a cut frame first, then in batches: no
+    caller or committer thread ever blocks on the socket, and frames go out whole,
+    in the order put.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_cond",
+        "_conn",
+        "_cut",
+        "_on_lost",
+        "_pending",
+        "_sock",
+        "_thread",
+        "_writing",
+        "broken",
+    )
 
     def __init__(
         self, conn: Connection, name: str, on_lost: Callable[[list[Any]], None] | None = None
@@ -124,18 +144,48 @@ class Sender:
         self._pending: list[Any] = []
         self._on_lost = on_lost
         self._closed = False
+        self._writing = False  # a putting thread writes a frame now
+        self._cut: tuple[bytes, Any] | None = None  # the rest of a frame, and its item
         self.broken: BaseException | None = None
+        # The same socket, for writes that never wait (its own descriptor; the
+        # connection's stays as it was, blocking, for the writer thread).
+        self._sock: socket.socket | None = _nonblocking_twin(conn)
         # A plain daemon thread (it waits on a socket; never a simulation's task).
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
     def put(self, item: Any) -> bool:
-        """Queue ``item``; ``False`` if the connection is broken (nothing queued)."""
+        """Queue ``item`` (or write it at once); ``False`` if the connection is broken
+        (nothing queued)."""
         with self._cond:
             if self.broken is not None or self._closed:
                 return False
-            self._pending.append(item)
-            if len(self._pending) == 1:
-                self._cond.notify()
+            sock = self._sock
+            if sock is None or self._writing or self._pending or self._cut is not None:
+                self._pending.append(item)
+                if len(self._pending) == 1:
+                    self._cond.notify()
+                return True
+            self._writing = True  # others queue behind this frame
+        cut: tuple[bytes, Any] | None = None
+        try:
+            frame = _frame(pickle.dumps([item], pickle.HIGHEST_PROTOCOL))
+            try:
+                sent = sock.send(frame, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(frame):
+                cut = (frame[sent:], item) if sent else None
+        except Exception:
+            sent = 0  # not written: the writer thread sends it (and meets the error)
+        with self._cond:
+            self._writing = False
+            if cut is not None:
+                self._cut = cut
+            elif sent == 0:
+                self._pending.insert(0, item)  # first: everything else was put after it
+            if self._cut is not None or self._pending or self._closed or self.broken:
+                self._cond.notify()  # (only then: the writer thread sleeps on)
         return True
 
     def close(self) -> None:
@@ -145,23 +195,59 @@ class Sender:
             self._cond.notify()
 
     def _run(self) -> None:
+        try:
+            self._write_all()
+        finally:
+            with self._cond:  # a put writing now still holds the descriptor: let it end
+                while self._writing:
+                    self._cond.wait()
+                sock, self._sock = self._sock, None
+            if sock is not None:
+                sock.close()
+
+    def _write_all(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while (
+                    self._writing or not (self._pending or self._cut is not None)
+                ) and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
                 batch, self._pending = self._pending, []
+                cut, self._cut = self._cut, None
+                self._writing = True
             try:
-                self._conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
+                if cut is not None and self._sock is not None:  # (a cut needs the twin)
+                    self._sock.sendall(cut[0])  # the rest of the frame a put began
+                    cut = None
+                if batch:
+                    self._conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
             except (OSError, ValueError) as exc:
                 with self._cond:
+                    self._writing = False
                     self.broken = exc
-                    lost = batch + self._pending
+                    lost = ([cut[1]] if cut is not None else []) + batch + self._pending
                     self._pending = []
                 if self._on_lost is not None and lost:
                     self._on_lost(lost)
                 return
+            with self._cond:
+                self._writing = False
+
+
+def _frame(payload: bytes) -> bytes:
+    """``payload`` framed as `multiprocessing.connection` frames a message (a 4-byte
+    big-endian length, then the bytes), for a reader that calls ``recv_bytes``."""
+    return len(payload).to_bytes(4, "big", signed=True) + payload
+
+
+def _nonblocking_twin(conn: Connection) -> socket.socket | None:
+    """A socket on a duplicate of ``conn``'s descriptor, or ``None`` if it has none."""
+    try:
+        return socket.socket(fileno=os.dup(conn.fileno()))
+    except (OSError, ValueError):
+        return None
 
 
 class SocketLink:

@@ -1,0 +1,155 @@
+"""The writer of a forwarding connection (`links.Sender`): frames go out whole, in the
+order put, exactly once; a put never waits for the socket; a broken connection gives
+back what it did not write.
+
+A put on an idle connection writes its frame at once in the putting thread without
+waiting for the socket; what the socket does not take (a full buffer: the reader is
+slow) goes to the writer thread, the rest of a cut frame first. These tests fill the
+socket's buffer on purpose (big items, a reader that starts late) so that every path
+runs: a write in the putting thread, a cut frame, a queue behind a write.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection, Pipe
+from typing import Any
+
+import pytest
+from bounds import BOUND
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nous_actor.sessions.forwarding import links
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[Connection, Connection]]:
+    a, b = Pipe(duplex=True)  # a socket pair, as a forwarding link's connection
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _read_all(conn: Connection, expected: int) -> list[Any]:
+    got: list[Any] = []
+    while len(got) < expected:
+        assert conn.poll(BOUND), f"only {len(got)} of {expected} items came"
+        got.extend(pickle.loads(conn.recv_bytes()))
+    return got
+
+
+def _put_from_threads(
+    sender: links.Sender, threads: int, per_thread: int, size: int
+) -> tuple[list[bool], float]:
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def put(t: int) -> None:
+        for i in range(per_thread):
+            ok = sender.put((t, i, b"x" * size))
+            with lock:
+                results.append(ok)
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=put, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(BOUND)
+        assert not w.is_alive(), "a put waited for the socket"
+    return results, time.monotonic() - started
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    threads=st.integers(1, 6),
+    per_thread=st.integers(1, 40),
+    size=st.sampled_from([0, 100, 20_000, 300_000]),
+)
+def test_frames_come_whole_in_the_order_put_exactly_once(
+    threads: int, per_thread: int, size: int
+) -> None:
+    """Threads put at once while nobody reads (the socket's buffer fills: frames are cut
+    and queued); then the reader gets every item once, each thread's in its order."""
+    a, b = Pipe(duplex=True)
+    sender = links.Sender(a, "test-writer")
+    try:
+        results, _ = _put_from_threads(sender, threads, per_thread, size)
+        assert all(results)
+        got = _read_all(b, threads * per_thread)
+        assert sorted((t, i) for t, i, _ in got) == [
+            (t, i) for t in range(threads) for i in range(per_thread)
+        ]
+        for t in range(threads):
+            assert [i for u, i, _ in got if u == t] == list(range(per_thread))
+        assert all(len(x) == size for _, _, x in got)
+    finally:
+        sender.close()
+        a.close()
+        b.close()
+
+
+def test_a_put_never_waits_for_a_reader_that_does_not_read(
+    pipe: tuple[Connection, Connection],
+) -> None:
+    """20 MB put while nobody reads: every put returns (the socket holds a small part);
+    all of it comes once the reader reads."""
+    a, b = pipe
+    sender = links.Sender(a, "test-writer")
+    try:
+        results, took = _put_from_threads(sender, 2, 40, 250_000)
+        assert all(results)
+        assert took < BOUND
+        got = _read_all(b, 80)
+        assert [(t, i) for t, i, _ in got if t == 0] == [(0, i) for i in range(40)]
+    finally:
+        sender.close()
+
+
+def test_a_broken_connection_gives_back_what_it_did_not_write(
+    pipe: tuple[Connection, Connection],
+) -> None:
+    """The reader goes away with the buffer full: the items not written whole (a cut
+    frame's included) are handed to ``on_lost``, and later puts say the link is broken."""
+    a, b = pipe
+    lost: list[Any] = []
+    done = threading.Event()
+
+    def on_lost(items: list[Any]) -> None:
+        lost.extend(items)
+        done.set()
+
+    sender = links.Sender(a, "test-writer", on_lost)
+    try:
+        results, _ = _put_from_threads(sender, 1, 60, 200_000)
+        assert all(results)
+        b.close()
+        assert done.wait(BOUND), "the writer never saw the broken connection"
+        assert lost, "nothing was given back, though the reader read nothing"
+        assert [i for _, i, _ in lost] == sorted(i for _, i, _ in lost)
+        assert sender.broken is not None
+        assert sender.put((0, 99, b"")) is False
+    finally:
+        sender.close()
+
+
+def test_an_idle_connection_writes_in_the_putting_thread(
+    pipe: tuple[Connection, Connection],
+) -> None:
+    """With nothing queued and nobody writing, a put's frame is in the socket when the
+    put returns: written by the putting thread, no other thread woken for it."""
+    a, b = pipe
+    sender = links.Sender(a, "test-writer")
+    try:
+        for i in range(50):
+            assert sender.put(("call", i))
+            assert b.poll(0), "the frame was not written by the put"
+            assert pickle.loads(b.recv_bytes()) == [("call", i)]
+        assert sender._pending == []
+        assert sender._cut is None
+    finally:
+        sender.close()
