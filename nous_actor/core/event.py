@@ -228,26 +228,12 @@ def check_event(
     try:
         # The common case, plain values of the exact types: the data is frozen (read
         # once) and its surface_op read from the frozen value.
-        if (
-            type(seq) is int
-            and 0 <= seq <= MAX_SEQ
-            and type(data) is dict
-            and type(time) is datetime
-            and time.tzinfo is UTC
-        ):
-            kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
-            if kind is not None:
-                meter = [0]
-                try:
-                    frozen = _freeze(data, "data", MAX_DATA_DEPTH, meter)
-                except (NotJSON, RecursionError):
-                    pass  # the general path says which rule fails first
-                else:
-                    if frozen.get("surface_op") is None:
-                        if 6 * meter[0] + 2 > _limits._max_event_bytes:  # json_size_bounds
-                            _check_size(frozen, meter)
-                        return kind, time, frozen, None
-                    data = frozen  # a replace: its surface_op is checked on the frozen value
+        common = _common(seq, etype, time, data, False)
+        if common is not None:
+            kind, t, frozen = common
+            if frozen.get("surface_op") is None:
+                return kind, t, frozen, None
+            data = frozen  # a replace: its surface_op is checked on the frozen value
         return _check_event_guarded(seq, etype, time, data)
     except (InvalidEvent, MemoryError):
         raise
@@ -275,30 +261,45 @@ def check_held(
     Raises:
         InvalidEvent: as `check_event`.
     """
-    if (
+    common = _common(seq, etype, time, data, True)
+    if common is not None:
+        kind, t, copy = common
+        if copy.get("surface_op") is not None:
+            return check_event(seq, kind, t, copy)  # a replace: the copy frozen
+        return kind, t, encode_plain(copy), None
+    etype_, t, frozen, op = check_event(seq, etype, time, data)
+    if op is None:
+        return etype_, t, encode_json(frozen), None
+    return etype_, t, frozen, op
+
+
+def _common(
+    seq: object, etype: object, time: object, data: object, plain: bool
+) -> tuple[EventType, datetime, Any] | None:
+    """The common case: every part a plain value of the exact type and the data JSON
+    within the limits. Then the type, the time and the data checked (read once): frozen,
+    or with ``plain`` a plain copy (`_freeze`); its size held to the limit unless it
+    replaces (the caller checks its ``surface_op``, on it). Else ``None``: the general
+    path says which rule fails first."""
+    if not (
         type(seq) is int
         and 0 <= seq <= MAX_SEQ
         and type(data) is dict
         and type(time) is datetime
         and time.tzinfo is UTC
     ):
-        kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
-        if kind is not None:
-            meter = [0]
-            try:
-                copy = _freeze(data, "data", MAX_DATA_DEPTH, meter, True)
-            except (NotJSON, RecursionError):
-                pass  # check_event says which rule fails first
-            else:
-                if copy.get("surface_op") is not None:
-                    return check_event(seq, kind, time, copy)  # a replace: the copy frozen
-                if 6 * meter[0] + 2 > _limits._max_event_bytes:  # json_size_bounds
-                    _check_size(copy, meter, encode_plain)
-                return kind, time, encode_plain(copy), None
-    etype_, t, frozen, op = check_event(seq, etype, time, data)
-    if op is None:
-        return etype_, t, encode_json(frozen), None
-    return etype_, t, frozen, op
+        return None
+    kind = _LOOKUP.get(etype) if type(etype) is str or type(etype) is EventType else None
+    if kind is None:
+        return None
+    meter = [0]
+    try:
+        value = _freeze(data, "data", MAX_DATA_DEPTH, meter, plain)
+    except (NotJSON, RecursionError):
+        return None
+    if value.get("surface_op") is None and 6 * meter[0] + 2 > _limits._max_event_bytes:
+        _check_size(value, meter, encode_plain if plain else encode_json)  # json_size_bounds
+    return kind, time, value
 
 
 def _freeze_data(data: Any) -> FrozenDict:
