@@ -153,3 +153,25 @@ def test_an_idle_connection_writes_in_the_putting_thread(
         assert sender._cut is None
     finally:
         sender.close()
+
+
+def test_a_connection_that_is_no_socket_is_written_by_the_writer_thread() -> None:
+    """Over a pipe (no socket to write without waiting on) every item still comes, in
+    order, and no descriptor is left behind."""
+    import os
+
+    a, b = Pipe(duplex=False)  # (reader, writer): an os.pipe, not a socket
+    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    sender = links.Sender(b, "test-writer")
+    try:
+        assert sender._sock is None
+        for i in range(20):
+            assert sender.put(("call", i))
+        assert _read_all(a, 20) == [("call", i) for i in range(20)]
+    finally:
+        sender.close()
+        sender._thread.join(BOUND)
+        if before is not None:
+            assert len(os.listdir("/proc/self/fd")) == before
+        a.close()
+        b.close()

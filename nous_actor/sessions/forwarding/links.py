@@ -245,8 +245,13 @@ def _frame(payload: bytes) -> bytes:
 def _nonblocking_twin(conn: Connection) -> socket.socket | None:
     """A socket on a duplicate of ``conn``'s descriptor, or ``None`` if it has none."""
     try:
-        return socket.socket(fileno=os.dup(conn.fileno()))
+        fd = os.dup(conn.fileno())
     except (OSError, ValueError):
+        return None
+    try:
+        return socket.socket(fileno=fd)
+    except OSError:  # not a socket (a pipe): the writer thread writes everything
+        os.close(fd)
         return None
 
 
