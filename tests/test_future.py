@@ -59,6 +59,39 @@ def test_get_wakes_when_answered_from_another_thread() -> None:
     t.join(BOUND)
 
 
+def test_every_thread_blocked_on_one_future_wakes_once_it_is_answered() -> None:
+    """20 threads block in get() (one of them first times out, then waits again); one
+    answer wakes them all. The lock they wait on is made by the first that blocks: a
+    future nobody blocks on never makes one."""
+    fut: SessionFuture[str] = SessionFuture("s")
+    with pytest.raises(CallTimeout):
+        fut.get(timeout=0.01)
+    assert fut._ready is not None  # made by the get that blocked
+    got: list[str] = []
+    lock = threading.Lock()
+    blocked = threading.Barrier(21)
+
+    def wait() -> None:
+        blocked.wait(BOUND)
+        value = fut.get(timeout=BOUND)
+        with lock:
+            got.append(value)
+
+    threads = [threading.Thread(target=wait) for _ in range(20)]
+    for t in threads:
+        t.start()
+    blocked.wait(BOUND)
+    fut.set("x")
+    for t in threads:
+        t.join(BOUND)
+        assert not t.is_alive()
+    assert got == ["x"] * 20
+    answered: SessionFuture[int] = SessionFuture("s")
+    answered.set(1)
+    assert answered.get(timeout=BOUND) == 1
+    assert answered._ready is None
+
+
 def test_done_callbacks_run_once_answered_or_at_once() -> None:
     """add_done_callback runs the callback when answered, or immediately if already done."""
     fut: SessionFuture[int] = SessionFuture("s")

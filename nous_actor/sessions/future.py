@@ -7,7 +7,7 @@ import math
 import queue
 import threading
 import weakref
-from _thread import allocate_lock
+from _thread import LockType, allocate_lock
 from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -79,8 +79,9 @@ class SessionFuture(pykka.Future[T]):
         self._value: Any = None
         # Guards the answer (once) and the callbacks.
         self._lock = _ANSWER_LOCKS[(id(self) >> 4) & 63]
-        self._ready = allocate_lock()  # held until answered
-        self._ready.acquire()
+        # Made (held) by the first thread that blocks in get(), released by the answer:
+        # an awaited or callback-driven call never makes one.
+        self._ready: LockType | None = None
         self._callbacks: list[Callable[[], None]] | None = None
         # The coroutine awaiting it, if one does: woken by its loop's waker, with no
         # callback object made for it.
@@ -104,7 +105,9 @@ class SessionFuture(pykka.Future[T]):
             callbacks, self._callbacks = self._callbacks, None
             waiter, waker = self._waiter, self._waker
             self._waiter = self._waker = None  # an answered future keeps no loop alive
-        self._ready.release()
+            ready = self._ready
+        if ready is not None:
+            ready.release()  # the first blocked get() takes it, and passes it on
         if waker is not None:
             try:
                 waker.push(waiter)  # type: ignore[arg-type]  # set with the waker
@@ -198,14 +201,24 @@ class SessionFuture(pykka.Future[T]):
                 raise CallTimeout(
                     self._session_id, f"no answer within {bound:g} s; the call may still apply"
                 )
-            self._ready.release()
         if self._state == _ERROR:
             raise self._value.with_traceback(self._tb)
         return self._value  # type: ignore[no-any-return]
 
     def _acquire(self, timeout: float | None) -> bool:
+        """Block until answered, at most ``timeout``; whether it was answered."""
+        with self._lock:
+            if self._state != _PENDING:
+                return True
+            ready = self._ready
+            if ready is None:
+                ready = self._ready = allocate_lock()
+                ready.acquire()
         bound = threading.TIMEOUT_MAX if timeout is None else timeout
-        return self._ready.acquire(True, min(max(bound, 0), threading.TIMEOUT_MAX))
+        if not ready.acquire(True, min(max(bound, 0), threading.TIMEOUT_MAX)):
+            return False
+        ready.release()  # for the next thread blocked on this future
+        return True
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._get_hook is not None:  # map/filter/join: computed by a blocking get
