@@ -74,13 +74,18 @@ call (see `Committer._gather`)."""
 
 
 class _Item:
+    """One queued write (or drop) of one session; ``done(err)`` once it is stored or not.
+
+    A subclass may stand for its own notice (`Write`): one object per batch in flight
+    instead of an item and a callback."""
+
     __slots__ = ("call", "events", "kind", "notify", "seqs", "session_id")
 
     def __init__(
         self,
         kind: str,
         session_id: str,
-        notify: Notify,
+        notify: Notify | None,
         events: Sequence[Event] = (),
         seqs: Sequence[int] = (),
         call: str | None = None,
@@ -91,6 +96,24 @@ class _Item:
         self.events = events
         self.seqs = seqs
         self.call = call
+
+    def done(self, err: StoreError | None) -> None:
+        """The item is stored (``err`` ``None``) or not: tell whoever submitted it."""
+        assert self.notify is not None  # (set unless a subclass overrides this)
+        self.notify(err)
+
+
+class Write(_Item):
+    """A write that is its own notice: subclass it, override `done`, and give it to
+    `Committer.submit_write` (what a session's actor does for each batch it commits)."""
+
+    __slots__ = ()
+
+    def __init__(self, session_id: str, events: Sequence[Event], call: str | None = None):
+        super().__init__("write", session_id, None, events, (), call)
+
+    def done(self, err: StoreError | None) -> None:
+        raise NotImplementedError
 
 
 class Committer:
@@ -147,6 +170,10 @@ class Committer:
         the forwarded call that appends them, recorded with them (the store's ``write``
         takes ``calls=``)."""
         self._queue.put(_Item("write", session_id, notify, events=events, call=call))
+
+    def submit_write(self, write: Write) -> None:
+        """`submit` of a write that is its own notice (its `Write.done` is called)."""
+        self._queue.put(write)
 
     def submit_drop(self, session_id: str, seqs: Sequence[int], notify: Notify) -> None:
         """Queue a deletion of snapshotted seqs, ordered after the session's earlier writes."""
@@ -481,7 +508,7 @@ def _after(err: StoreError, session_id: str) -> StoreError:
 
 def _notify(item: _Item, err: StoreError | None) -> None:
     try:
-        item.notify(err)
+        item.done(err)
     except BaseException as exc:  # a session's callback must not stop the writer
         logger.error(
             "store.notify_failed",

@@ -64,7 +64,7 @@ from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DEFER, TurnRequest
 from nous_actor.sessions.turns._table import _NOT_HERE, _Waiter, end_orphan_turn, not_open
 from nous_actor.store import shared
 from nous_actor.store.base import Store
-from nous_actor.store.committer import Committer, committer_for
+from nous_actor.store.committer import Committer, Write, committer_for
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import Cell, DispatchedSupervisedActor, cell_of
 
@@ -160,12 +160,12 @@ def session_cell(ref: pykka.ActorRef[Any]) -> SessionCell:
     return cell
 
 
-class _Committed:
-    """What the committer calls once a batch of appends is stored or failed: the
-    actor's `SessionActor._on_commit` with the batch. One object per batch in flight,
-    where a partial of a bound method would be three for the cyclic collector."""
+class _Committed(Write):
+    """A batch of appends on its way to the store, and what the committer calls once it
+    is stored or failed: the actor's `SessionActor._on_commit` with the batch. One object
+    per batch in flight (the committer's item is its own notice)."""
 
-    __slots__ = ("actor", "events", "fut", "result")
+    __slots__ = ("actor", "fut", "result")
 
     def __init__(
         self,
@@ -173,14 +173,15 @@ class _Committed:
         events: tuple[Event, ...],
         fut: SessionFuture[Any] | None,
         result: Any,
+        call: str | None,
     ) -> None:
+        super().__init__(actor.session_id, events, call)
         self.actor = actor
-        self.events = events
         self.fut = fut
         self.result = result
 
-    def __call__(self, err: StoreError | None) -> None:
-        self.actor._on_commit(self.events, self.fut, self.result, err)
+    def done(self, err: StoreError | None) -> None:
+        self.actor._on_commit(self.events, self.fut, self.result, err)  # type: ignore[arg-type]
 
 
 class SessionActor(DispatchedSupervisedActor):
@@ -553,7 +554,7 @@ class SessionActor(DispatchedSupervisedActor):
         # A call another process sent: its id is recorded with its events (its caller
         # can ask whether it was applied if the answer never reaches it).
         call = fut.call_id if type(fut) is ForwardedFuture else None
-        committer.submit(self.session_id, events, _Committed(self, events, fut, result), call)
+        committer.submit_write(_Committed(self, events, fut, result, call))
         return _DEFER
 
     def _on_commit(
