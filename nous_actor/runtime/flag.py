@@ -12,6 +12,8 @@ import threading
 from _thread import allocate_lock
 from typing import Any
 
+import msgspec
+
 from nous_actor.runtime import scheduling
 
 __all__ = ["Flag"]
@@ -19,18 +21,20 @@ __all__ = ["Flag"]
 _guard = allocate_lock()  # one for every flag: held only to add, remove or wake waiters
 
 
-class Flag:
+class Flag(msgspec.Struct, gc=False, eq=False):
     """A flag that is set once; `wait` blocks until then, for at most a bound.
 
     The part of `threading.Event`'s interface that actors use (``is_set``,
     ``set``, ``wait``), so it stands in for one (Pykka's ``actor_stopped``).
+
+    It holds a bool and the locks of threads that wait (nothing that can refer back
+    to it), so it can never be on a reference cycle: a msgspec struct the cyclic
+    collector never tracks (each actor holds several; at 10,000 sessions that is
+    30,000 objects fewer for every full collection to visit). Compared by identity.
     """
 
-    __slots__ = ("_set", "_waiters")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._waiters: list[Any] | None = None
+    _set: bool = False
+    _waiters: list[Any] | None = None
 
     def is_set(self) -> bool:
         return self._set
