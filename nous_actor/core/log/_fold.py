@@ -24,8 +24,9 @@ T = TypeVar("T")
 class _Fold:
     """The memoised surface, position-sorted: its events and their messages.
 
-    ``claim`` holds one item while the fold belongs to the version holding it;
-    the first thread to pop it takes the lists over (``list.pop`` is atomic),
+    ``claim`` holds one byte while the fold belongs to the version holding it;
+    the first thread to pop it takes the lists over (``bytearray.pop`` is atomic,
+    as ``list.pop`` is, and a bytearray is no object for the cyclic collector),
     after which the holder must not trust them.
 
     Messages are projected lazily: the last ``lazy`` entries of ``msgs`` are
@@ -39,7 +40,7 @@ class _Fold:
         self.evs = evs
         self.msgs = msgs
         self.lazy = lazy
-        self.claim: list[bool] = [True]
+        self.claim = bytearray(b"\x01")
 
     def take(self) -> bool:
         """Claim the lists for exclusive mutation; ``False`` if someone else has."""
