@@ -8,9 +8,9 @@ and applies them. All of it under one lock, in this one object.
 
 from __future__ import annotations
 
-import threading
+from _thread import allocate_lock
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from nous_actor.core.event import Event
 from nous_actor.errors import SessionStopped, StoreError
@@ -22,6 +22,9 @@ Done = tuple[tuple[Event, ...], "StoreError | None"]
 _NOTHING: tuple[Any, ...] = ()
 """``done`` and ``closing`` while empty: a list is made only when something goes in (an
 idle session holds none)."""
+
+_LEDGER_LOCKS: Final = tuple(allocate_lock() for _ in range(64))
+"""The locks of all ledgers, in stripes (see `CommitLedger.__init__`)."""
 
 
 class CommitLedger:
@@ -63,7 +66,10 @@ class CommitLedger:
     )
 
     def __init__(self, released: Flag | None = None) -> None:
-        self.lock = threading.Lock()
+        # Shared by ledgers in stripes (one lock each would be one more object per
+        # session for the cyclic collector); each is held for a few reads and writes,
+        # and never while another ledger's is.
+        self.lock = _LEDGER_LOCKS[(id(self) >> 4) & 63]
         self.done: list[Done] | tuple[Done, ...] = _NOTHING
         self.want = False
         self.wake_sent = False
