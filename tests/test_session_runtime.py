@@ -90,8 +90,11 @@ def test_a_long_compacting_session_never_refolds_nor_copies_its_events(
     store: Store | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Thousands of appends, a compaction every 100, reads, rewinds and forks: no full
-    fold, no shadow pass and no copy of the event storage after the session started."""
+    fold, no shadow pass and no copy of the event storage after the session's first
+    read (a new session keeps no fold until something reads its surface: that read
+    folds what is there once, here nothing)."""
     s = Session.start("long", store=store, timeout=BOUND)
+    assert s.derive_messages().get() == []
     folds = Counter(monkeypatch, "_full_fold")
     shadows = Counter(monkeypatch, "_shadow_flags")
     copies = Counter(monkeypatch, "_branch")
@@ -112,12 +115,50 @@ def test_a_long_compacting_session_never_refolds_nor_copies_its_events(
     s.stop()
 
 
+def test_a_session_keeps_a_fold_only_once_its_surface_is_read(
+    store: Store | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new session only appended to keeps no fold (no full fold, nothing folded in per
+    append); its first read folds what is there once, and from then on each append
+    keeps the fold current. A session recovered with events is folded by recovery, off
+    its thread: its first read folds nothing."""
+    folds = Counter(monkeypatch, "_full_fold")
+    added = [0]
+    real_add = fold_module._Fold.add
+
+    def counted_add(self: Any, ev: Any) -> None:
+        added[0] += 1
+        real_add(self, ev)
+
+    monkeypatch.setattr(fold_module._Fold, "add", counted_add)
+    s = Session.start("lazy", store=store, timeout=BOUND)
+    for i in range(30):
+        turn(s, i)
+    s.count().get()
+    assert (folds.calls, added[0]) == (0, 0)
+    assert len(s.derive_messages().get()) == 60
+    assert folds.calls == 1
+    for i in range(30, 40):
+        turn(s, i)
+    assert len(s.derive_messages().get()) == 80
+    assert (folds.calls, added[0]) == (1, 20)
+    s.stop()
+    if store is not None:
+        again = Session.start("lazy", store=store, timeout=BOUND)
+        assert again.count().get() == 80  # (answered once recovered)
+        assert folds.calls == 2  # recovery folded the stored events
+        assert len(again.derive_messages().get()) == 80
+        assert folds.calls == 2
+        again.stop()
+
+
 def test_a_branch_of_a_log_taken_from_a_session_never_makes_the_session_copy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Appending to the Log a caller was given copies the caller's branch once; the
-    session goes on appending in place, its fold intact."""
+    session goes on appending in place, its fold (made by its first read) intact."""
     s = Session.start("branch", timeout=BOUND)
+    assert s.derive_messages().get() == []
     for i in range(20):
         turn(s, i)
     given = s.log().get()

@@ -107,8 +107,10 @@ def _one(store: Store, session_id: str, deliver: Deliver) -> None:
 
 
 def _folded(events: list[Event]) -> Log:
+    """The log of ``events``, folded here (off the session's thread) if it has any."""
     log = Log.restore(events)
-    log._folded()
+    if events:
+        log._folded()
     return log
 
 

@@ -408,9 +408,12 @@ class SessionActor(DispatchedSupervisedActor):
         self.h_committed()  # the calls that waited for the log
 
     def _adopted(self, log: Log) -> None:
-        # Fold once (messages are projected on the first read) so that every
-        # later append keeps the surface current.
-        log._folded()
+        # A log with events is folded once (messages are projected on the first read),
+        # so that every later append keeps the surface current and the first derive
+        # costs no fold. An empty one is folded by its first derive, if one comes: a
+        # session only appended to keeps no fold, nor pays to keep it current.
+        if log.last_event() is not None:
+            log._folded()
         self.log = log
         self.next_seq = log.count()
         end_orphan_turn(self)
