@@ -169,6 +169,46 @@ def test_await_is_bounded() -> None:
     s.stop()
 
 
+def test_awaits_cancelled_timed_out_and_answered_leave_the_loops_waker_empty() -> None:
+    """A task awaits the future itself (no wrapper of ours): its value, its error, a bound
+    that runs out and a cancelled task each end its wait, and nothing is left watched
+    on the loop (no entry, no timer) once they are over."""
+    from nous_actor.sessions import future as future_module
+
+    async def main() -> None:
+        waker = future_module._waker()[1]
+        ok: SessionFuture[int] = SessionFuture("ok", timeout=BOUND)
+        bad: SessionFuture[int] = SessionFuture("bad", timeout=BOUND)
+        slow: SessionFuture[int] = SessionFuture("slow", timeout=0.05)
+        dropped: SessionFuture[int] = SessionFuture("dropped", timeout=BOUND)
+        both: SessionFuture[int] = SessionFuture("both", timeout=BOUND)
+
+        async def wait(f: SessionFuture[int]) -> int:
+            return await f
+
+        tasks = [asyncio.ensure_future(wait(f)) for f in (ok, bad, slow, dropped, both, both)]
+        await asyncio.sleep(0)  # every task awaits now
+        assert len(waker.watched) == 6
+        tasks[3].cancel()
+        threading.Thread(target=ok.set, args=(1,)).start()
+        threading.Thread(target=bad._fail, args=(ValueError("no"),)).start()
+        threading.Thread(target=both.set, args=(2,)).start()
+        done, _ = await asyncio.wait(tasks, timeout=BOUND)
+        assert len(done) == 6
+        assert tasks[0].result() == 1
+        assert isinstance(tasks[1].exception(), ValueError)
+        assert isinstance(tasks[2].exception(), CallTimeout)
+        assert tasks[3].cancelled()
+        assert tasks[4].result() == tasks[5].result() == 2
+        dropped.set(3)  # answered after its awaiter went away
+        await asyncio.sleep(0.01)
+        assert waker.watched == {}
+        assert waker.buckets == {}
+        assert waker.timer is None
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
 def test_await_an_already_answered_future() -> None:
     """Awaiting a future that is already done returns at once."""
     fut: SessionFuture[int] = SessionFuture("s")

@@ -85,7 +85,7 @@ class SessionFuture(pykka.Future[T]):
         self._callbacks: list[Callable[[], None]] | None = None
         # The coroutine awaiting it, if one does: woken by its loop's waker, with no
         # callback object made for it.
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[Any] | None = None
         self._waker: _LoopWaker | None = None
         self._tb: Any = None
         # The event loop that must run for this future to be answered (a coroutine
@@ -221,28 +221,34 @@ class SessionFuture(pykka.Future[T]):
         return True
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self._get_hook is not None:  # map/filter/join: computed by a blocking get
+        if self._get_hook is not None or self._state != _PENDING:
+            return self._await_slow()
+        loop, waker = _waker()
+        # The awaiting task waits on ``waiter`` itself: the loop's waker gives it this
+        # future's value or error (`_LoopWaker._drain`), so the await is the waiter's
+        # own iterator, with no generator of ours around it.
+        waiter: asyncio.Future[T] = loop.create_future()
+        waker.watch(loop, waiter, self)
+        with self._lock:
+            pending = self._state == _PENDING
+            first = pending and self._waker is None  # the one awaiting coroutine
+            if first:
+                self._waiter, self._waker = waiter, waker
+        if not pending:
+            waker.push(waiter)
+        elif not first:  # awaited by more than one coroutine at once
+            self.add_done_callback(partial(waker.push, waiter))
+        return waiter.__await__()
+
+    def _await_slow(self) -> Generator[Any, None, T]:
+        """An answered future's value, or a future made by map/filter/join (computed by
+        a blocking get, in the loop's executor)."""
+        if self._get_hook is not None:
             loop = asyncio.get_running_loop()
             waiting = loop.run_in_executor(None, partial(self.get, timeout=self._timeout))
             return (yield from waiting.__await__())
-        if self._state == _PENDING:
-            loop, waker = _waker()
-            waiter: asyncio.Future[None] = loop.create_future()
-            bucket = waker.watch(loop, waiter, self)
-            with self._lock:
-                pending = self._state == _PENDING
-                first = pending and self._waker is None  # the one awaiting coroutine
-                if first:
-                    self._waiter, self._waker = waiter, waker
-            if not pending:
-                waker.push(waiter)
-            elif not first:  # awaited by more than one coroutine at once
-                self.add_done_callback(partial(waker.push, waiter))
-            try:
-                yield from waiter.__await__()
-            finally:
-                waker.unwatch(waiter, bucket)
         return self.get(timeout=0)
+        yield  # (a generator)
 
     __iter__ = __await__
 
@@ -305,21 +311,22 @@ class _LoopWaker:
     cancelled once no await is left to bound (an idle loop keeps no timer of ours).
     """
 
-    __slots__ = ("armed", "buckets", "lock", "loop", "ready", "scheduled", "timer")
+    __slots__ = ("armed", "buckets", "lock", "loop", "ready", "scheduled", "timer", "watched")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weakly: the waker is the value of a weak-keyed map from its loop.
         self.loop = weakref.ref(loop)
         self.lock = allocate_lock()
-        self.ready: list[asyncio.Future[None]] = []
+        self.ready: list[asyncio.Future[Any]] = []
         self.scheduled = False
-        self.buckets: dict[int, dict[asyncio.Future[None], SessionFuture[Any]]] = {}
+        self.buckets: dict[int, dict[asyncio.Future[Any], SessionFuture[Any]]] = {}
+        self.watched: dict[asyncio.Future[Any], int] = {}  # each waiter's bucket
         self.armed: int | None = None  # the bucket the loop timer is set for
         self.timer: asyncio.TimerHandle | None = None  # that timer
 
     # -- any thread ------------------------------------------------------------------------
 
-    def push(self, waiter: asyncio.Future[None]) -> None:
+    def push(self, waiter: asyncio.Future[Any]) -> None:
         with self.lock:
             self.ready.append(waiter)
             if self.scheduled:
@@ -339,16 +346,27 @@ class _LoopWaker:
         with self.lock:
             ready, self.ready = self.ready, []
             self.scheduled = False
+        watched, buckets = self.watched, self.buckets
         for waiter in ready:
-            if not waiter.done():
-                waiter.set_result(None)
+            bucket = watched.pop(waiter, None)
+            if bucket is None:  # timed out meanwhile: answered by _expire
+                continue
+            fut = buckets[bucket].pop(waiter)
+            if not buckets[bucket]:
+                self._emptied(bucket)
+            if waiter.done():  # its task was cancelled
+                continue
+            if fut._state == _ERROR:
+                waiter.set_exception(fut._value.with_traceback(fut._tb))
+            else:
+                waiter.set_result(fut._value)
 
     def watch(
         self,
         loop: asyncio.AbstractEventLoop,
-        waiter: asyncio.Future[None],
+        waiter: asyncio.Future[Any],
         fut: SessionFuture[Any],
-    ) -> int:
+    ) -> None:
         bucket = math.ceil((loop.time() + fut._timeout) / TICK)
         waiting = self.buckets.get(bucket)
         if waiting is None:
@@ -359,18 +377,14 @@ class _LoopWaker:
                 self.armed = bucket
                 self.timer = loop.call_at(bucket * TICK, self._expire, bucket)
         waiting[waiter] = fut
-        return bucket
+        self.watched[waiter] = bucket
 
-    def unwatch(self, waiter: asyncio.Future[None], bucket: int) -> None:
-        waiting = self.buckets.get(bucket)
-        if waiting is not None:
-            waiting.pop(waiter, None)
-            if not waiting:
-                del self.buckets[bucket]
-                if not self.buckets and self.timer is not None:  # nothing left to bound
-                    self.timer.cancel()
-                    self.timer = None
-                    self.armed = None
+    def _emptied(self, bucket: int) -> None:
+        del self.buckets[bucket]
+        if not self.buckets and self.timer is not None:  # nothing left to bound
+            self.timer.cancel()
+            self.timer = None
+            self.armed = None
 
     def _expire(self, bucket: int) -> None:
         if bucket != self.armed:  # superseded by an earlier timer
@@ -387,6 +401,7 @@ class _LoopWaker:
                 self.timer = loop.call_at(key * TICK, self._expire, key)
                 return
             for waiter, fut in self.buckets.pop(key).items():
+                self.watched.pop(waiter, None)
                 if not waiter.done():
                     waiter.set_exception(
                         CallTimeout(
