@@ -304,9 +304,10 @@ class _LoopWaker:
     """What wakes the coroutines of one event loop that await session futures.
 
     Futures answered in other threads (a session's actor, a store's writer)
-    queue their waiters here; the first of a batch schedules one callback on
-    the loop (one ``call_soon_threadsafe``, one wake-up of the loop), which
-    wakes them all. Bounds are enforced by one loop timer for every awaited
+    queue their waiters (the asyncio futures their tasks await) here; the first
+    of a batch schedules one callback on the loop (one ``call_soon_threadsafe``,
+    one wake-up of the loop), which answers them all with their futures' values
+    or errors. Bounds are enforced by one loop timer for every awaited
     future, in buckets of `TICK` seconds, not by a timer per await; the timer is
     cancelled once no await is left to bound (an idle loop keeps no timer of ours).
     """
