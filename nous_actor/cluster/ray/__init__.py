@@ -24,7 +24,7 @@ write it::
   guarantee of a local session.
 * `RaySessions.open` returns a `RaySession`: a `nous_actor.SessionHandle`
   with every method of a local `nous_actor.Session` handle. Input is checked
-  and frozen in the caller's thread, so bad input fails its own call with the
+  and encoded in the caller's thread, so bad input fails its own call with the
   same typed errors; every call returns a `nous_actor.SessionFuture` (a
   bounded ``get``, awaitable without blocking the event loop).
 * Calls to one shard travel in batches: while one batch is in flight, later
