@@ -335,3 +335,28 @@ def test_a_plain_append_makes_no_frozen_container(monkeypatch: pytest.MonkeyPatc
     text = event_module.check_held(0, "assistant_message", T0, data)[2]
     assert untracked == []
     assert text == codec.encode_json(Event(0, "assistant_message", T0, data).data)
+
+
+def test_large_data_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data whose size must be measured (its estimate is near the limit) is encoded once:
+    the text measured is the text held; over the limit it is refused, unchanged."""
+    from nous_actor.core import limits
+
+    encoded: list[object] = []
+    real = event_module.encode_plain
+
+    def counting(value: Any) -> str:
+        encoded.append(value)
+        return real(value)
+
+    monkeypatch.setattr(event_module, "encode_plain", counting)
+    old = limits.set_max_event_bytes(1000)
+    try:
+        data = {"content": "x" * 400, "note": "y" * 100}
+        parts = event_module.check_held(0, "user_message", T0, data)
+        assert len(encoded) == 1
+        assert parts[2] == codec.encode_json(Event(0, "user_message", T0, data).data)
+        with pytest.raises(event_module.InvalidEvent, match="over the event size limit"):
+            event_module.check_held(0, "user_message", T0, {"content": "x" * 1200})
+    finally:
+        limits.set_max_event_bytes(old)

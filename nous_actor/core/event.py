@@ -230,7 +230,7 @@ def check_event(
         # once) and its surface_op read from the frozen value.
         common = _common(seq, etype, time, data, False)
         if common is not None:
-            kind, t, frozen = common
+            kind, t, frozen, _ = common
             if frozen.get("surface_op") is None:
                 return kind, t, frozen, None
             data = frozen  # a replace: its surface_op is checked on the frozen value
@@ -263,10 +263,10 @@ def check_held(
     """
     common = _common(seq, etype, time, data, True)
     if common is not None:
-        kind, t, copy = common
+        kind, t, copy, text = common
         if copy.get("surface_op") is not None:
             return check_event(seq, kind, t, copy)  # a replace: the copy frozen
-        return kind, t, encode_plain(copy), None
+        return kind, t, encode_plain(copy) if text is None else text, None
     etype_, t, frozen, op = check_event(seq, etype, time, data)
     if op is None:
         return etype_, t, encode_json(frozen), None
@@ -275,12 +275,13 @@ def check_held(
 
 def _common(
     seq: object, etype: object, time: object, data: object, plain: bool
-) -> tuple[EventType, datetime, Any] | None:
+) -> tuple[EventType, datetime, Any, str | None] | None:
     """The common case: every part a plain value of the exact type and the data JSON
     within the limits. Then the type, the time and the data checked (read once): frozen,
     or with ``plain`` a plain copy (`_freeze`); its size held to the limit unless it
-    replaces (the caller checks its ``surface_op``, on it). Else ``None``: the general
-    path says which rule fails first."""
+    replaces (the caller checks its ``surface_op``, on it), and the text that took, if
+    measuring it took encoding it (large data: encoded once, not again to store it).
+    Else ``None``: the general path says which rule fails first."""
     if not (
         type(seq) is int
         and 0 <= seq <= MAX_SEQ
@@ -297,9 +298,10 @@ def _common(
         value = _freeze(data, "data", MAX_DATA_DEPTH, meter, plain)
     except (NotJSON, RecursionError):
         return None
+    text = None
     if value.get("surface_op") is None and 6 * meter[0] + 2 > _limits._max_event_bytes:
-        _check_size(value, meter, encode_plain if plain else encode_json)  # json_size_bounds
-    return kind, time, value
+        text = _check_size(value, meter, encode_plain if plain else encode_json)  # (bounds)
+    return kind, time, value, text
 
 
 def _freeze_data(data: Any) -> FrozenDict:
@@ -322,10 +324,11 @@ def _not_json(exc: NotJSON) -> InvalidEvent:
 
 def _check_size(
     frozen: Mapping[str, Any], meter: list[int], encode: Callable[[Any], str] = encode_json
-) -> None:
+) -> str:
     """Refuse ``frozen`` (or its plain copy, with ``encode_plain``) if its compact UTF-8
     JSON is over the size limit: without encoding it when what was counted is over
-    already, else by encoding it once."""
+    already, else by encoding it once; the text, when it is within the limit (for a
+    caller that stores it)."""
     limit = _limits._max_event_bytes
     low, _ = json_size_bounds(meter)
     if low > limit:
@@ -334,7 +337,7 @@ def _check_size(
         text = encode(frozen)
         size, exact = (len(text) if text.isascii() else len(text.encode("utf-8"))), True
         if size <= limit:
-            return
+            return text
     raise InvalidEvent(
         "unserializable_event_data",
         f"data is {'' if exact else 'at least '}{size} bytes as JSON, over the event size "

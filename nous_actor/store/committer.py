@@ -202,7 +202,7 @@ class Committer:
         waiting: dict[str, deque[_Item]] = {}  # per session, in the order served
         stop = False
         mixed_until = -1.0  # until when the share is small (several sessions wrote lately)
-        # Sessions that await each call, seen in the last two transactions: how many
+        # Sessions that await each call, seen in the last `_COHORTS` transactions: how many
         # items the next one waits for (`_gather`).
         recent: tuple[frozenset[str], ...] = ()
         expect = 0
@@ -278,7 +278,7 @@ class Committer:
 
     def _gather(self, fresh: list[_Item], expect: int, gather: float) -> bool | None:
         """Wait (at most ``gather`` seconds) for as many items as the sessions that await
-        each call (one item each in the last two transactions) before writing fewer:
+        each call (one item each in the last `_COHORTS` transactions) before writing fewer:
         woken together by a commit, they send their next appends over a few
         milliseconds, and a commit started at the first of them would split them (two
         fsyncs; with 100 coroutines on one loop, 51 a commit instead of 100).
