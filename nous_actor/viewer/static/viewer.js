@@ -477,7 +477,9 @@ async function startSession() {
 
 // -- a LangGraph thread -------------------------------------------------------------------
 
-const lg = { open: false, ns: "", checkpoint: null, asked: 0 };
+// following: the view shows the thread's head and moves with it (until a click on an
+// earlier checkpoint); said once, not inferred from ids that in-flight reads change.
+const lg = { open: false, ns: "", checkpoint: null, asked: 0, following: true };
 
 function showLangGraph(open) {
   lg.open = open;
@@ -540,17 +542,15 @@ async function loadThread() {
       // lands meanwhile must not take the view back to the head.
       lg.ns = r.ns;
       lg.checkpoint = r.id;
+      lg.following = Boolean(r.head);
       loadMessages(r.ns, r.id);
     });
     out.push(li);
   }
   ol.replaceChildren(...out);
-  if (lg.checkpoint === null || lg.checkpoint === lg.head) {
-    lg.head = body.head;
-    loadMessages("", null);
-  } else {
-    lg.head = body.head;
-  }
+  // (Two refreshes may overlap while a run commits its checkpoints: whether to show the
+  // new head must not depend on which of their reads answered first.)
+  if (lg.following) loadMessages("", null);
 }
 
 async function loadMessages(ns, checkpoint) {
