@@ -18,7 +18,9 @@ imported one way, from the bottom up: `schema` (the tables, what makes a file
 a store, and `_Opening`: opening one, and whether it is still ours at each
 write), `connection` (`_Connection`, the object that owns the store's
 connection: its lock, whether the store is closed or failed, the one place
-sqlite3's errors are translated, write transactions), `claims` (taking
+sqlite3's errors are translated, write transactions), `writelock` (the
+queue processes writing one file take turns in, a ``flock`` on
+``<file>-wlock``), `claims` (taking
 claims, the claims this process holds, whether a holder lives, where it
 answers), `writes` (how a write's rows go in), `follower` (`SQLiteFollower`:
 one per store's connection, following its file for its watches and waits),

@@ -25,6 +25,8 @@ from typing import Final, Literal
 from nous_actor.core.codec import CodecError
 from nous_actor.errors import StoreError
 from nous_actor.store.sqlite.schema import _Opening
+from nous_actor.store.sqlite.writelock import NO_QUEUE as _NO_QUEUE
+from nous_actor.store.sqlite.writelock import WriteLock
 
 _IN_CHUNK: Final = 500
 """Ids bound in one ``IN (...)`` (far below SQLite's bound on parameters)."""
@@ -74,6 +76,7 @@ class _Connection:
         with self.translate(None, "open the store"):
             self.conn = self._opening.open(timeout, create)
         self._file = self._opening.file  # (absolute path, st_dev, st_ino), or None
+        self._queue = _NO_QUEUE if self._file is None else WriteLock(self._file[0])
 
     def connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
         """A new connection to ``target`` with the store's settings."""
@@ -94,6 +97,7 @@ class _Connection:
             if not self.closed:
                 self.closed = True
                 self.conn.close()
+                self._queue.close()
 
     def release_file(self) -> None:
         """Every connection to the file is closed (the store's and its follower's): an
@@ -154,31 +158,54 @@ class _Connection:
         is fsynced carries it to disk, since the WAL is written in order)."""
         with self.locked(session_id, doing) as conn:
             relax = not synced and self.durability == "full"
-            if relax:
-                conn.execute("PRAGMA synchronous = NORMAL")
-            try:
-                self.begin(conn)
-                try:
-                    self.check_writable(conn)  # before anything is written
-                    yield conn
-                    self.check_file()  # under the write lock, before anything is committed
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            finally:
+            with self.queued() as deadline:
                 if relax:
-                    conn.execute("PRAGMA synchronous = FULL")
+                    conn.execute("PRAGMA synchronous = NORMAL")
+                try:
+                    self.begin(conn, deadline)
+                    try:
+                        self.check_writable(conn)  # before anything is written
+                        yield conn
+                        self.check_file()  # under the write lock, before anything is committed
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+                    conn.execute("COMMIT")
+                finally:
+                    if relax:
+                        conn.execute("PRAGMA synchronous = FULL")
 
-    def begin(self, conn: sqlite3.Connection) -> None:
-        """``BEGIN IMMEDIATE``, waiting at most ``timeout`` for another process's write lock
-        in steps of at most `_BUSY_STEP_S`: SQLite's own busy handler sleeps up to 100 ms
-        a time, long after the lock is free, which several processes writing one file
-        (web workers) pay on almost every transaction."""
+    @contextlib.contextmanager
+    def queued(self) -> Iterator[float]:
+        """This store's turn at writing the file among the processes that write it (see
+        `WriteLock`), held until the block ends; it yields the deadline
+        (``time.monotonic``) that the wait for SQLite's own lock keeps to.
+
+        Raises:
+            sqlite3.OperationalError: the turn did not come within the store's timeout.
+        """
+        deadline = time.monotonic() + self._busy_wait
+        if not self._queue.acquire(self._busy_wait):
+            raise sqlite3.OperationalError(
+                "database is locked: another process kept its turn to write past the "
+                f"timeout (the lock file {self._queue.path})"
+            )
+        try:
+            yield deadline
+        finally:
+            self._queue.release()
+
+    def begin(self, conn: sqlite3.Connection, deadline: float) -> None:
+        """``BEGIN IMMEDIATE``, waiting until ``deadline`` (``time.monotonic``) for another
+        process's write lock in steps of at most `_BUSY_STEP_S`: SQLite's own busy handler
+        sleeps up to 100 ms a time, long after the lock is free.
+
+        Called inside `queued`: the processes of this release queue for the file's
+        `WriteLock` first, so this finds the lock taken only by a writer that does not
+        queue (another tool, an older release)."""
         conn.execute("PRAGMA busy_timeout = 0")
         try:
-            deadline = time.monotonic() + self._busy_wait
             step = _BUSY_FIRST_S
             while True:
                 try:

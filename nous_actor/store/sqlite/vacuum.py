@@ -118,25 +118,26 @@ def vacuum(connection: _Connection, conn: sqlite3.Connection) -> None:
     Raises:
         sqlite3.Error: the vacuum failed (the file is as it was: it is one transaction).
     """
-    # A write of its own: only into a file this process may still write.
-    connection.begin(conn)
-    try:
-        connection.check_writable(conn)
-        connection.check_file()
-    finally:
-        if conn.in_transaction:
-            conn.execute("COMMIT")
-    before = file_bytes(conn)
-    conn.execute("VACUUM")
-    connection.dropped = 0
-    connection.vacuum_skipped = False
-    # The vacuum went through the WAL (as big as the file); give that space back too,
-    # without waiting long for readers (a later checkpoint finishes it).
-    conn.execute("PRAGMA busy_timeout = 100")
-    try:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {connection.busy_ms}")
+    with connection.queued() as deadline:  # every write of ours takes its turn
+        # A write of its own: only into a file this process may still write.
+        connection.begin(conn, deadline)
+        try:
+            connection.check_writable(conn)
+            connection.check_file()
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        before = file_bytes(conn)
+        conn.execute("VACUUM")
+        connection.dropped = 0
+        connection.vacuum_skipped = False
+        # The vacuum went through the WAL (as big as the file); give that space back
+        # too, without waiting long for readers (a later checkpoint finishes it).
+        conn.execute("PRAGMA busy_timeout = 100")
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {connection.busy_ms}")
     logger.info(
         "store.vacuumed",
         store=connection.path,

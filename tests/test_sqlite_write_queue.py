@@ -1,0 +1,321 @@
+"""The write queue of a SQLite file (`nous_actor.store.sqlite.writelock`): writers take
+turns through a ``flock`` on ``<file>-wlock`` instead of polling SQLite's lock.
+
+Two `WriteLock`s (or two stores) on one file in one process stand for two processes:
+each holds its own open file description, so they exclude each other as processes do.
+A child process that holds the lock and is SIGKILLed stands for a worker that dies.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import structlog
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from nous_actor import SQLiteStore
+from nous_actor.core.event import Event
+from nous_actor.errors import StoreError
+from nous_actor.store.sqlite.writelock import NO_QUEUE, SUFFIX, WriteLock
+
+WAIT = 10.0  # the bound of every wait that should end (a hang fails the test)
+
+
+def _event(seq: int, text: str = "x") -> Event:
+    return Event(seq, "user_message", datetime.now(UTC), {"content": text})
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "s.db")
+
+
+def test_a_turn_is_exclusive_and_a_waiter_gives_up_at_its_bound(db: str) -> None:
+    a, b = WriteLock(db), WriteLock(db)
+    try:
+        assert a.acquire(WAIT)
+        t0 = time.monotonic()
+        assert not b.acquire(0.05)  # held by "the other process"
+        assert 0.04 <= time.monotonic() - t0 < WAIT
+        a.release()
+        assert b.acquire(WAIT)
+        assert not a.acquire(0.01)
+        b.release()
+    finally:
+        a.close()
+        b.close()
+    assert os.path.exists(db + SUFFIX)
+
+
+def test_a_waiter_gets_the_turn_when_its_holder_lets_go(db: str) -> None:
+    a, b = WriteLock(db), WriteLock(db)
+    got: list[bool] = []
+    try:
+        assert a.acquire(WAIT)
+        waiter = threading.Thread(target=lambda: got.append(b.acquire(WAIT)))
+        waiter.start()
+        # It waits (through its helper, in the kernel) while the turn is a's.
+        deadline = time.monotonic() + WAIT
+        while not b._inflight and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert b._inflight
+        assert not got
+        a.release()
+        waiter.join(WAIT)
+        assert got == [True]
+        assert not a.acquire(0.01)  # b holds it now
+        b.release()
+        assert a.acquire(WAIT)
+        a.release()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_turn_that_comes_after_its_waiter_gave_up_is_let_go(db: str) -> None:
+    a, b, c = WriteLock(db), WriteLock(db), WriteLock(db)
+    try:
+        assert a.acquire(WAIT)
+        assert not b.acquire(0.02)  # b's helper is left waiting in the kernel
+        assert b._inflight
+        a.release()
+        # b's helper gets the lock for nobody and lets it go: c gets it.
+        assert c.acquire(WAIT)
+        c.release()
+        # b's next turn comes through its helper, which is still the one thread.
+        helper = b._helper
+        assert b.acquire(WAIT)
+        assert b._helper is helper
+        b.release()
+    finally:
+        for lock in (a, b, c):
+            lock.close()
+
+
+def test_close_ends_a_helper_that_waits_in_the_kernel(db: str) -> None:
+    a, b = WriteLock(db), WriteLock(db)
+    assert a.acquire(WAIT)
+    assert not b.acquire(0.01)
+    helper = b._helper
+    assert helper is not None
+    assert helper.is_alive()
+    b.close()
+    assert helper.is_alive()  # still in flock: a holds the lock
+    a.release()
+    helper.join(WAIT)
+    assert not helper.is_alive()
+    assert b._fd is None  # it closed the descriptor as it ended
+    assert a.acquire(WAIT)  # and did not keep the lock
+    a.release()
+    a.close()
+    b.close()  # twice: nothing
+
+
+_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_turn_of_a_process_killed_while_holding_it_passes_on(db: str) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, db + SUFFIX],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lock = WriteLock(db)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        assert not lock.acquire(0.02)
+        got: list[bool] = []
+        waiter = threading.Thread(target=lambda: got.append(lock.acquire(WAIT)))
+        waiter.start()
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(WAIT)
+        waiter.join(WAIT)
+        assert got == [True]
+        lock.release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(WAIT)
+        for pipe in (holder.stdin, holder.stdout):
+            if pipe is not None:
+                pipe.close()
+        lock.close()
+
+
+def test_a_lock_file_that_cannot_be_opened_leaves_the_store_polling(
+    tmp_path: Path, db: str
+) -> None:
+    os.mkdir(db + SUFFIX)  # not a file: it cannot be opened for writing
+    with structlog.testing.capture_logs() as logs:
+        store = SQLiteStore(db)
+        try:
+            assert store.write({"s": [_event(0)]}) == {}
+            assert store.write({"s": [_event(1)]}) == {}
+            assert [e.seq for e in store.load("s")] == [0, 1]
+        finally:
+            store.close()
+    unused = [e for e in logs if e["event"] == "store.write_lock_unused"]
+    assert len(unused) == 1  # said once, not at each write
+    assert unused[0]["log_level"] == "info"
+
+
+def test_an_in_memory_store_makes_no_lock_file(tmp_path: Path) -> None:
+    assert NO_QUEUE.acquire(0.0)
+    assert NO_QUEUE.path == ""
+    NO_QUEUE.release()
+    store = SQLiteStore(":memory:")
+    try:
+        assert store.write({"s": [_event(0)]}) == {}
+    finally:
+        store.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_store_only_read_makes_no_lock_file(db: str) -> None:
+    SQLiteStore(db).close()  # makes the file (its schema)
+    store = SQLiteStore(db)
+    try:
+        assert store.load("s") == []
+    finally:
+        store.close()
+    assert not os.path.exists(db + SUFFIX)
+
+
+def test_a_store_waits_for_its_turn_at_most_its_timeout(db: str) -> None:
+    store = SQLiteStore(db, timeout=0.2)
+    other = WriteLock(db)
+    try:
+        assert store.write({"s": [_event(0)]}) == {}
+        assert other.acquire(WAIT)  # "another process" keeps its turn
+        t0 = time.monotonic()
+        with pytest.raises(StoreError, match="another process holds the write lock: retry"):
+            store.write({"s": [_event(1, "late")]})
+        assert 0.15 <= time.monotonic() - t0 < WAIT
+        other.release()
+        assert [e.seq for e in store.load("s")] == [0]  # the refused write left nothing
+        assert store.write({"s": [_event(1)]}) == {}  # and the next goes in
+        assert [e.seq for e in store.load("s")] == [0, 1]
+    finally:
+        other.close()
+        store.close()
+
+
+def test_stores_writing_one_file_take_turns_without_polling(db: str) -> None:
+    """Two stores (two processes' worth) write from 4 threads each: every write lands,
+    and each transaction begins at its first try (no BEGIN refused and tried again)."""
+    stores = [SQLiteStore(db), SQLiteStore(db)]
+    begins: list[int] = [0, 0]
+    busy: list[int] = [0, 0]
+    for i, store in enumerate(stores):
+        conn = store._connection.conn
+
+        def trace(sql: str, i: int = i) -> None:
+            if sql.startswith("BEGIN IMMEDIATE"):
+                begins[i] += 1
+
+        conn.set_trace_callback(trace)
+    real_begin = [s._connection.begin for s in stores]
+
+    def counting(i: int):  # type: ignore[no-untyped-def]
+        def begin(conn: sqlite3.Connection, deadline: float) -> None:
+            busy[i] += 1
+            real_begin[i](conn, deadline)
+
+        return begin
+
+    for i, store in enumerate(stores):
+        store._connection.begin = counting(i)  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        store = stores[k % 2]
+        try:
+            for j in range(25):
+                assert store.write({f"s{k}": [_event(j)]}) == {}
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT * 6)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == []
+        for k in range(8):
+            assert [e.seq for e in stores[0].load(f"s{k}")] == list(range(25))
+        assert busy == [100, 100]  # one transaction per write
+        assert begins == busy  # each BEGIN IMMEDIATE went through at its first try
+    finally:
+        for store in stores:
+            store.close()
+
+
+class WriteQueueMachine(RuleBasedStateMachine):
+    """Three stores' locks on one file against a model of who holds the turn: a turn is
+    never had by two at once, and a turn let go (or given up waiting for) is never lost
+    (the next one asked for with time to spare comes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = tempfile.mkdtemp()
+        db = os.path.join(self.folder, "m.db")
+        self.locks = [WriteLock(db) for _ in range(3)]
+        self.holder: int | None = None
+
+    @rule(i=st.integers(0, 2))
+    def ask(self, i: int) -> None:
+        if self.holder is None:
+            assert self.locks[i].acquire(WAIT)
+            self.holder = i
+        elif self.holder != i:
+            assert not self.locks[i].acquire(0.005)
+
+    @precondition(lambda self: self.holder is not None)
+    @rule()
+    def let_go(self) -> None:
+        assert self.holder is not None
+        self.locks[self.holder].release()
+        self.holder = None
+
+    @rule(i=st.integers(0, 2))
+    def reopen(self, i: int) -> None:
+        """A store closed and opened again (its helper, if any, ends on its own)."""
+        if self.holder == i:
+            self.locks[i].release()
+            self.holder = None
+        self.locks[i].close()
+        self.locks[i] = WriteLock(self.locks[i].path[: -len(SUFFIX)])
+
+    def teardown(self) -> None:
+        if self.holder is not None:
+            self.locks[self.holder].release()
+        for lock in self.locks:
+            lock.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+TestWriteQueueMachine = WriteQueueMachine.TestCase
+TestWriteQueueMachine.settings = settings(stateful_step_count=20)
