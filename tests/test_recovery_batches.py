@@ -11,6 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bounds import BOUND
@@ -207,3 +208,34 @@ def test_load_many_equals_load_for_each_session(sqlite: SQLiteStore) -> None:
     for sid in ids:
         assert got[sid] == sqlite.load(sid)
     assert got["nobody"] == []
+
+
+@pytest.mark.parametrize("events", [recovery.EAGER_FOLD, recovery.EAGER_FOLD + 1])
+def test_a_short_log_is_folded_by_its_first_read_and_a_long_one_at_recovery(
+    sqlite: SQLiteStore, monkeypatch: pytest.MonkeyPatch, events: int
+) -> None:
+    """Opening sessions of a short log folds none of them (a session opened and never
+    read keeps no fold); a long log is folded once, at recovery, so its first derive
+    folds nothing. Either way each session is folded once, and derives the same."""
+    import nous_actor.core.log._log as log_module
+
+    folds: list[int] = []
+    real = log_module._full_fold
+
+    def counting(evs: Any, n: int) -> Any:
+        folds.append(n)
+        return real(evs, n)
+
+    monkeypatch.setattr(log_module, "_full_fold", counting)
+    ids = _seed(sqlite, 5, events)
+    registry = Sessions(sqlite, timeout=BOUND)
+    try:
+        handles = _open_all(registry, ids)
+        long = events > recovery.EAGER_FOLD
+        assert folds == ([events] * 5 if long else [])
+        for h in handles:
+            msgs = h.derive_messages().get(timeout=BOUND)  # type: ignore[attr-defined]
+            assert [m.content for m in msgs] == [f"m{k}" for k in range(events)]
+        assert folds == [events] * 5  # once each, whenever it came
+    finally:
+        registry.close(timeout=BOUND)

@@ -517,3 +517,35 @@ def test_without_a_sink_no_context_is_taken() -> None:
         assert telemetry.context() is None
     finally:
         telemetry.install(old)
+
+
+def test_spans_are_not_built_until_the_application_sets_up_tracing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sink on the global providers (opentelemetry-api installed, its SDK not set up
+    yet) builds no span, whose links and attributes would be thrown away; once a
+    provider is set up it does, with no new sink."""
+    from opentelemetry import trace
+
+    sink = OpenTelemetrySink(MeterProvider())
+    made: list[str] = []
+
+    class Spy:
+        def start_span(self, name: str, *args: Any, **kwargs: Any) -> Any:
+            made.append(name)
+            return trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+
+    sink.tracer = Spy()  # type: ignore[assignment]
+    for unset in (trace.ProxyTracerProvider(), trace.NoOpTracerProvider()):
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda unset=unset: unset)
+        sink.recovered("s", "recovered", 3, 0, 10)
+    assert made == []
+    monkeypatch.setattr(trace, "get_tracer_provider", TracerProvider)
+    sink.recovered("s", "recovered", 3, 0, 10)
+    assert made == ["nous_actor.session.recover"]
+    # A sink given its provider builds its spans whatever the global one is.
+    given = OpenTelemetrySink(MeterProvider(), TracerProvider())
+    given.tracer = Spy()  # type: ignore[assignment]
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    given.recovered("s", "recovered", 3, 0, 10)
+    assert made == ["nous_actor.session.recover"] * 2

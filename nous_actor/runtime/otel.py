@@ -124,6 +124,10 @@ def _links(captured: Sequence[object]) -> list[trace.Link] | None:
     return out or None
 
 
+_NO_TRACING: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+"""The global tracer providers whose spans record nothing: the API's own, until the
+application sets up the SDK."""
+
 _OK: Final = {"nous_actor.outcome": "ok"}
 _FAILED: Final = {"nous_actor.outcome": "failed"}
 
@@ -138,6 +142,7 @@ class OpenTelemetrySink:
     ) -> None:
         meter = metrics.get_meter(METER, __version__, meter_provider)
         self.tracer = trace.get_tracer(METER, __version__, tracer_provider)
+        self._global_tracing = tracer_provider is None
         meter.create_observable_up_down_counter(
             "nous_actor.session.live",
             [self._live],
@@ -319,6 +324,8 @@ class OpenTelemetrySink:
         parent: object | None = None,
         links: Sequence[object] = (),
     ) -> None:
+        if self._global_tracing and isinstance(trace.get_tracer_provider(), _NO_TRACING):
+            return  # no SDK set up (yet): the span would be a no-op, its links built for nothing
         span = self.tracer.start_span(
             name,
             _parent(parent),

@@ -59,7 +59,7 @@ from nous_actor.sessions.actor._feeds import Feeds
 from nous_actor.sessions.actor._ledger import CommitLedger
 from nous_actor.sessions.actor._summary import _Compaction, _is_async, _run_awaitable
 from nous_actor.sessions.future import ForwardedFuture, SessionFuture
-from nous_actor.sessions.recovery import recover, release
+from nous_actor.sessions.recovery import EAGER_FOLD, recover, release
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DEFER, TurnRequest, TurnTable
 from nous_actor.sessions.turns._table import _NOT_HERE, _Waiter, end_orphan_turn, not_open
 from nous_actor.store import shared
@@ -408,11 +408,11 @@ class SessionActor(DispatchedSupervisedActor):
         self.h_committed()  # the calls that waited for the log
 
     def _adopted(self, log: Log) -> None:
-        # A log with events is folded once (messages are projected on the first read),
-        # so that every later append keeps the surface current and the first derive
-        # costs no fold. An empty one is folded by its first derive, if one comes: a
-        # session only appended to keeps no fold, nor pays to keep it current.
-        if log.last_event() is not None:
+        # A long log is folded once (messages are projected on the first read), so
+        # that every later append keeps the surface current and the first derive
+        # costs no fold. A short or empty one is folded by its first derive, if one
+        # comes: a session only appended to keeps no fold, nor pays to keep it current.
+        if log.count() > EAGER_FOLD:
             log._folded()
         self.log = log
         self.next_seq = log.count()
