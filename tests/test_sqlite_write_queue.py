@@ -8,6 +8,7 @@ A child process that holds the lock and is SIGKILLed stands for a worker that di
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from nous_actor import SQLiteStore
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
+from nous_actor.store.sqlite import writelock
 from nous_actor.store.sqlite.writelock import NO_QUEUE, SUFFIX, WriteLock
 
 WAIT = 10.0  # the bound of every wait that should end (a hang fails the test)
@@ -122,6 +124,48 @@ def test_close_ends_a_helper_that_waits_in_the_kernel(db: str) -> None:
     a.release()
     a.close()
     b.close()  # twice: nothing
+
+
+def test_an_idle_helper_ends_and_the_next_wait_starts_another(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writelock, "IDLE_S", 0.02)
+    a, b = WriteLock(db), WriteLock(db)
+    try:
+        assert a.acquire(WAIT)
+        assert not b.acquire(0.01)
+        first = b._helper
+        assert first is not None
+        a.release()
+        first.join(WAIT)  # it let the lock go, then found nothing asked
+        assert not first.is_alive()
+        assert b._helper is None
+        assert a.acquire(WAIT)  # the lock was not kept
+        got: list[bool] = []
+        waiter = threading.Thread(target=lambda: got.append(b.acquire(WAIT)))
+        waiter.start()
+        deadline = time.monotonic() + WAIT
+        while b._helper in (None, first) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        a.release()
+        waiter.join(WAIT)
+        assert got == [True]
+        b.release()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_forgotten_lock_closes_its_file(db: str) -> None:
+    lock = WriteLock(db)
+    assert lock.acquire(WAIT)
+    lock.release()
+    closer = lock._closer
+    assert closer is not None
+    assert closer.alive
+    del lock
+    gc.collect()
+    assert not closer.alive
 
 
 _HOLDER = """

@@ -32,7 +32,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Final
+import weakref
+from typing import Any, Final
 
 from nous_actor._log import get_logger
 
@@ -47,6 +48,10 @@ logger = get_logger("nous_actor.store")
 
 SUFFIX: Final = "-wlock"
 """The lock file's name is the database file's with this added (as SQLite adds ``-wal``)."""
+
+IDLE_S: Final = 30.0
+"""A helper with no waiter for this long ends (a store forgotten, never closed, keeps
+no thread)."""
 
 
 class WriteLock:
@@ -65,7 +70,9 @@ class WriteLock:
     """
 
     __slots__ = (
+        "__weakref__",
         "_closed",
+        "_closer",
         "_fd",
         "_given",
         "_helper",
@@ -81,6 +88,7 @@ class WriteLock:
     def __init__(self, db_path: str | None) -> None:
         self._path = "" if db_path is None else db_path + SUFFIX
         self._fd: int | None = None
+        self._closer: weakref.finalize[Any, Any] | None = None  # closes _fd, once
         self._tried = db_path is None  # no file (an in-memory database): nothing to queue
         self._mu = threading.Lock()  # guards the fields below
         self._wake = threading.Lock()
@@ -106,6 +114,8 @@ class WriteLock:
                     self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
                 except OSError as exc:
                     self._unused(exc)
+                else:  # closed by close(), or with this object if its store is forgotten
+                    self._closer = weakref.finalize(self, os.close, self._fd)
         return self._fd
 
     def _unused(self, exc: OSError) -> None:
@@ -170,20 +180,33 @@ class WriteLock:
                     self._woken = True
                     self._wake.release()
                 return
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+            self._shut()
+
+    def _shut(self) -> None:
+        """(Under ``_mu``.) Close the descriptor, once."""
+        self._fd = None
+        if self._closer is not None:
+            self._closer()
 
     def _serve(self) -> None:
-        """(The helper thread.) Take the lock for each waiter, blocking in the kernel."""
+        """(The helper thread.) Take the lock for each waiter, blocking in the kernel;
+        end when the store closes, or after `IDLE_S` with nothing asked (the next wait
+        starts another)."""
         fd = self._fd
         assert fd is not None
         while True:
-            self._wake.acquire()
+            woke = self._wake.acquire(True, IDLE_S)
             with self._mu:
+                if not woke:
+                    if not self._woken and not self._closed:
+                        self._helper = None
+                        return
+                    self._wake.acquire()  # released as the wait ended: take it
                 self._woken = False
                 if self._closed:
-                    break
+                    self._helper = None
+                    self._shut()
+                    return
                 if not self._wanted:
                     continue  # its waiter gave up before this took the wake-up
                 self._inflight = True
@@ -203,10 +226,6 @@ class WriteLock:
                     self._given.release()
                 elif not failed:
                     fcntl.flock(fd, fcntl.LOCK_UN)  # its waiter gave up meanwhile
-        with self._mu:
-            self._fd = None
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 NO_QUEUE: Final = WriteLock(None)
