@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_THROUGHPUT",
     "DispatchedActor",
     "Dispatcher",
+    "Inbox",
     "Workers",
     "default_dispatcher",
     "default_threads",
@@ -254,7 +255,7 @@ def default_dispatcher() -> Dispatcher:
         return _default[0]
 
 
-class _Inbox:
+class Inbox:
     """A dispatched actor's inbox: a queue plus the token that says the actor is
     scheduled (held from the moment it is put on the run queue until its turn ends)."""
 
@@ -296,11 +297,11 @@ class DispatchedActor(pykka.Actor):
 
     dispatcher: ClassVar[Dispatcher | None] = None
     pinned: ClassVar[bool] = False
-    actor_inbox: _Inbox
+    actor_inbox: Inbox
 
     @staticmethod
     def _create_actor_inbox() -> Any:
-        return _Inbox()
+        return Inbox()
 
     @staticmethod
     def _create_future() -> pykka.Future[Any]:

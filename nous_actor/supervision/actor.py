@@ -34,7 +34,7 @@ from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import NousActorError
 from nous_actor.runtime import scheduling
-from nous_actor.runtime.dispatcher import DispatchedActor, _Inbox
+from nous_actor.runtime.dispatcher import DispatchedActor, Inbox
 from nous_actor.runtime.flag import Flag
 
 __all__ = [
@@ -260,7 +260,7 @@ class _Supervised(pykka.Actor):
         super().__init__(*args, **kwargs)
         self.exit_reason: BaseException | None = None
         self.cell = self.cell_type(self.actor_urn)
-        if type(self.actor_inbox) is not _Inbox:  # (a dispatched one's inbox knows it)
+        if type(self.actor_inbox) is not Inbox:  # (a dispatched one's inbox knows it)
             _cells[self.actor_ref] = self.cell
         self.finished = self.cell.finished
 
