@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -363,3 +364,22 @@ class WriteQueueMachine(RuleBasedStateMachine):
 
 TestWriteQueueMachine = WriteQueueMachine.TestCase
 TestWriteQueueMachine.settings = settings(stateful_step_count=20)
+
+
+def test_the_lock_file_has_the_database_file_s_permissions(db: str) -> None:
+    """As SQLite's -wal and -shm, whatever the umask: whoever may write the database
+    may queue for it."""
+    SQLiteStore(db).close()
+    os.chmod(db, 0o664)
+    old = os.umask(0o022)
+    try:
+        store = SQLiteStore(db)
+        try:
+            assert store.write({"s": [_event(0)]}) == {}
+        finally:
+            store.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(db + SUFFIX).st_mode) == 0o664
+    if os.path.exists(db + "-wal"):  # (SQLite's own, for comparison)
+        assert stat.S_IMODE(os.stat(db + "-wal").st_mode) == 0o664

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import weakref
 from typing import Any, Final
@@ -52,6 +53,24 @@ SUFFIX: Final = "-wlock"
 IDLE_S: Final = 30.0
 """A helper with no waiter for this long ends (a store forgotten, never closed, keeps
 no thread)."""
+
+
+def _open_like(path: str, db: str) -> int:
+    """Open (or make) the lock file with the database file's permissions, whatever the
+    umask, as SQLite makes its ``-wal`` and ``-shm``: whoever may write the file may
+    queue for it."""
+    try:
+        mode = stat.S_IMODE(os.stat(db).st_mode)
+    except OSError:
+        mode = 0o600
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+    try:
+        st = os.fstat(fd)
+        if st.st_size == 0 and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)  # made just now (narrowed by the umask), or never used
+    except OSError:
+        pass  # not ours to change: it still locks
+    return fd
 
 
 class WriteLock:
@@ -111,7 +130,7 @@ class WriteLock:
             self._tried = True
             if fcntl is not None:
                 try:
-                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+                    self._fd = _open_like(self._path, self._path[: -len(SUFFIX)])
                 except OSError as exc:
                     self._unused(exc)
                 else:  # closed by close(), or with this object if its store is forgotten
