@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Final
 
 from nous_actor.cli._console import _emit, _err, _fail, _log_to_file, _out, _stdout_failed
 from nous_actor.cli._stores import _is_dsn, _not_a_file
+from nous_actor.store.sqlite.writelock import SUFFIX as WRITE_QUEUE_SUFFIX
 
 if TYPE_CHECKING:
     from nous_actor.cli.agents_demo import DemoReport
@@ -45,7 +46,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if refusal is not None:
         _fail(refusal)
     if not args.keep:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", WRITE_QUEUE_SUFFIX):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
     return _run_demo(args, str(db), Path(f"{db}.log"), partial(run_demo, db))
 
