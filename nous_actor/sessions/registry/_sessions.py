@@ -473,8 +473,17 @@ class Sessions:
             if known is not None:
                 return known
         found: pykka.ActorRef[Any] | Link
+        # The actor, once recovered: the registry answers when the recovery is done, so
+        # the caller wakes once (awaited here, not in a coroutine of its own: one object
+        # fewer per open in flight for the collector).
+        answer: SessionFuture[Any] = SessionFuture(session_id, self.timeout)
         try:
-            found = await self._aopen_ref(session_id)
+            self._current(session_id).tell(("open_ready", answer, session_id))
+        except pykka.ActorDeadError:
+            raise _not_running(session_id) from None
+        try:
+            found = await answer
+            self._handover.start()
         except ConflictError as exc:
             if wait:
                 found = await _off_loop(
@@ -485,17 +494,6 @@ class Sessions:
             else:
                 found = await _off_loop(partial(self._locate, session_id, True, exc))
         return self._settled(session_id, route, found)
-
-    async def _aopen_ref(self, session_id: str) -> pykka.ActorRef[Any]:
-        answer: SessionFuture[Any] = SessionFuture(session_id, self.timeout)
-        ref = self._current(session_id)
-        try:
-            ref.tell(("open_ready", answer, session_id))
-        except pykka.ActorDeadError:
-            raise _not_running(session_id) from None
-        found = await answer  # the actor, once recovered
-        self._handover.start()
-        return found  # type: ignore[no-any-return]
 
     def _handle(self, session_id: str, route: Route) -> Session:
         """A handle of ``session_id``: its calls go through the session's ``route``."""
