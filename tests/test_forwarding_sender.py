@@ -175,3 +175,84 @@ def test_a_connection_that_is_no_socket_is_written_by_the_writer_thread() -> Non
             assert len(os.listdir("/proc/self/fd")) == before
         a.close()
         b.close()
+
+
+# -- a link is made once -------------------------------------------------------------------
+
+
+@pytest.fixture
+def holder(tmp_path: Any) -> Iterator[tuple[str, bytes]]:
+    """A registry holding a session on a SQLite file: its endpoint's address and key."""
+    from nous_actor import Sessions, SQLiteStore
+    from nous_actor.store import shared
+
+    store = SQLiteStore(tmp_path / "s.db")
+    sessions = Sessions(store, timeout=BOUND)
+    sessions.open("held").append("user_message", {"content": "x"}).get()
+    endpoint = sessions._endpoint
+    assert endpoint is not None
+    key = shared.forwarding_key(store)
+    assert key is not None
+    yield endpoint.address, key
+    sessions.close(timeout=BOUND)
+    store.close()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_threads_that_want_a_link_at_once_share_the_one_being_made(
+    holder: tuple[str, bytes], monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    """Eight threads ask for a link to one holder while the first is still connecting
+    (its handshake held until all have asked): one connection is made and all get it.
+    If that one fails, each of the others tries for itself."""
+    address, key = holder
+    real = links._connect
+    connects: list[str] = []
+    asked = threading.Semaphore(0)
+    first = threading.Event()
+
+    def slow(path: str, k: bytes, timeout: float) -> Connection:
+        connects.append(path)
+        if len(connects) == 1:
+            first.set()
+            for _ in range(7):  # every other thread has asked (and waits)
+                assert asked.acquire(timeout=BOUND)
+            if fails:
+                raise ConnectionRefusedError("refused (test)")
+        return real(path, k, timeout)
+
+    monkeypatch.setattr(links, "_connect", slow)
+    got: list[Any] = []
+    errors: list[BaseException] = []
+
+    def want(i: int) -> None:
+        if i:
+            assert first.wait(BOUND)
+            with links._links_lock:
+                assert address in links._connecting  # the first one is connecting
+            asked.release()
+        try:
+            got.append(links.link_to(address, key, BOUND))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=want, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(BOUND)
+    assert not any(t.is_alive() for t in threads)
+    try:
+        if fails:
+            assert [type(e) for e in errors] == [ConnectionRefusedError]
+            assert len(connects) == 8  # the others each tried, after the first failed
+            assert len({id(link) for link in got}) == 1  # and kept one link
+        else:
+            assert errors == []
+            assert len(connects) == 1
+            assert len(got) == 8
+            assert len({id(link) for link in got}) == 1
+        assert address not in links._connecting
+    finally:
+        for link in {id(x): x for x in got}.values():
+            link.close()

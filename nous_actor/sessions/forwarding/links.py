@@ -458,8 +458,26 @@ _links: dict[str, SocketLink] = {}
 _links_lock = threading.Lock()
 
 
+class _Connecting:
+    """A link being made to an address: the other threads that want one wait for it."""
+
+    __slots__ = ("done", "link")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.link: SocketLink | None = None  # None once done: it failed
+
+
+_connecting: dict[str, _Connecting] = {}  # under _links_lock
+
+
 def link_to(address: str, key: bytes, timeout: float) -> SocketLink:
     """This process's link to ``address`` (made on first use, shared by its routes).
+
+    One thread makes it; the others that want it meanwhile wait for that one (at most
+    ``timeout``) instead of each connecting and authenticating, to keep one link: a
+    web worker's first requests all want the same few links at once. If that one
+    fails, each tries for itself (and says why).
 
     Raises:
         OSError: no process answers there (it ended, or never listened).
@@ -469,7 +487,34 @@ def link_to(address: str, key: bytes, timeout: float) -> SocketLink:
         link = _links.get(address)
         if link is not None and not link.closed:
             return link
-    made = SocketLink(address, key, timeout)
+        pending = _connecting.get(address)
+        mine = pending is None
+        if mine:
+            pending = _connecting[address] = _Connecting()
+    assert pending is not None
+    if not mine:
+        pending.done.wait(timeout)
+        link = pending.link
+        if link is not None and not link.closed:
+            return link
+        return _made(address, SocketLink(address, key, timeout))
+    try:
+        made = _made(address, SocketLink(address, key, timeout))
+    except BaseException:
+        with _links_lock:
+            _connecting.pop(address, None)
+        pending.done.set()
+        raise
+    with _links_lock:
+        _connecting.pop(address, None)
+    pending.link = made
+    pending.done.set()
+    return made
+
+
+def _made(address: str, made: SocketLink) -> SocketLink:
+    """Keep ``made`` as the link to ``address``, unless one is kept already (then that
+    one, and ``made`` is closed)."""
     with _links_lock:
         link = _links.get(address)
         if link is not None and not link.closed:
