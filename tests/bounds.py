@@ -8,7 +8,7 @@ larger one, named for what it bounds, as its BOUND
 (``from bounds import SLOW_BOUND as BOUND``).
 
 Helpers that test files import live in modules named for what they hold (this
-one, postgres_server.py, ray_cluster.py, cli_process.py, crashes.py); fixtures live in
+one, postgres_server.py, ray_cluster.py, cli_process.py, crashes.py, spies.py); fixtures live in
 conftest.py. (A test file does not import conftest.py: pytest imports it itself,
 and the top-level conftest.py has the same module name.)
 """

@@ -24,6 +24,7 @@ import pytest
 from frozen_alike import frozen_alike
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spies import spy
 
 from nous_actor import Event, FrozenDict, Log, Replace, Session, SQLiteStore
 from nous_actor.core import codec
@@ -239,14 +240,7 @@ def test_a_session_encodes_each_event_once(
     """Appends through a session: the committer writes the text each call made (the
     codec encodes nothing), a derive reads the messages' fields alone, and the store
     holds the events as they were given."""
-    encoded: list[object] = []
-    real = codec.encode_json
-
-    def counting(value: Any) -> str:
-        encoded.append(value)
-        return real(value)
-
-    monkeypatch.setattr(codec, "encode_json", counting)
+    encoded = spy(monkeypatch, codec, "encode_json")
     data = [{"content": f"m{i}", "n": [i, {"k": str(i)}]} for i in range(40)]
     s = Session.start("once", store=store, timeout=10)
     try:
@@ -342,14 +336,7 @@ def test_large_data_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
     the text measured is the text held; over the limit it is refused, unchanged."""
     from nous_actor.core import limits
 
-    encoded: list[object] = []
-    real = event_module.encode_plain
-
-    def counting(value: Any) -> str:
-        encoded.append(value)
-        return real(value)
-
-    monkeypatch.setattr(event_module, "encode_plain", counting)
+    encoded = spy(monkeypatch, event_module, "encode_plain")
     old = limits.set_max_event_bytes(1000)
     try:
         data = {"content": "x" * 400, "note": "y" * 100}

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from spies import spy
 from structlog.testing import capture_logs
 
 import nous_actor.core.log._log
@@ -800,23 +801,16 @@ def test_materialized_log_keeps_the_fold_current_without_refolding(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After ``materialize``, appends and replaces on the result never trigger a full fold."""
-    full_folds: list[int] = []
-    real = nous_actor.core.log._log._full_fold
-
-    def counting(events: Any, n: int) -> Any:
-        full_folds.append(n)
-        return real(events, n)
-
-    monkeypatch.setattr(nous_actor.core.log._log, "_full_fold", counting)
+    calls = spy(monkeypatch, nous_actor.core.log._log, "_full_fold")
     _, log = users(5).materialize()
-    assert full_folds == [5]
+    assert [n for _, n in calls] == [5]
     log = log.append("system_message", rep(1, 3), at(5))
     log = log.append("turn_end", {}, at(6))
     log = log.append("user_message", {}, at(7))
     log = log.append("system_message", rep(20, 30), at(8))
     log = log.append_at(10, "user_message", {}, at(10))
     assert surface_seqs(log) == [0, 5, 4, 7, 10, 8]
-    assert full_folds == [5]
+    assert [n for _, n in calls] == [5]
 
 
 # -- seed -------------------------------------------------------------------------------

@@ -11,10 +11,10 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from bounds import BOUND
+from spies import spy
 
 from nous_actor import ConflictError, Event, Session, Sessions, SQLiteStore, StoreError
 from nous_actor.core.log import new_event
@@ -219,23 +219,16 @@ def test_a_short_log_is_folded_by_its_first_read_and_a_long_one_at_recovery(
     folds nothing. Either way each session is folded once, and derives the same."""
     import nous_actor.core.log._log as log_module
 
-    folds: list[int] = []
-    real = log_module._full_fold
-
-    def counting(evs: Any, n: int) -> Any:
-        folds.append(n)
-        return real(evs, n)
-
-    monkeypatch.setattr(log_module, "_full_fold", counting)
+    calls = spy(monkeypatch, log_module, "_full_fold")
     ids = _seed(sqlite, 5, events)
     registry = Sessions(sqlite, timeout=BOUND)
     try:
         handles = _open_all(registry, ids)
         long = events > recovery.EAGER_FOLD
-        assert folds == ([events] * 5 if long else [])
+        assert [n for _, n in calls] == ([events] * 5 if long else [])
         for h in handles:
             msgs = h.derive_messages().get(timeout=BOUND)  # type: ignore[attr-defined]
             assert [m.content for m in msgs] == [f"m{k}" for k in range(events)]
-        assert folds == [events] * 5  # once each, whenever it came
+        assert [n for _, n in calls] == [events] * 5  # once each, whenever it came
     finally:
         registry.close(timeout=BOUND)
