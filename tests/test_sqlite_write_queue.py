@@ -235,6 +235,7 @@ def test_an_in_memory_store_makes_no_lock_file(tmp_path: Path) -> None:
     finally:
         store.close()
     assert not list(tmp_path.iterdir())
+    assert not NO_QUEUE._closed  # the shared queue of every in-memory store stays open
 
 
 def test_a_store_only_read_makes_no_lock_file(db: str) -> None:

@@ -190,6 +190,8 @@ class WriteLock:
     def close(self) -> None:
         """Close the lock file (a helper waiting in the kernel closes it once it gets
         the lock, and lets it go)."""
+        if not self._path:
+            return  # `NO_QUEUE`, shared by every in-memory store: nothing to close
         with self._mu:
             if self._closed:
                 return
