@@ -250,6 +250,27 @@ def test_the_sink_is_on_when_the_extra_is_installed_and_off_when_told() -> None:
     assert _child(PROBE, NOUS_ACTOR_OTEL="off") == "NoneType"
 
 
+def test_the_registry_sets_the_sink_up_so_no_open_imports_anything() -> None:
+    # Importing OpenTelemetry takes milliseconds: a web worker's first open must not
+    # pay them (nor the opens queued behind it), so Sessions() sets the sink up.
+    code = """
+        import sys, tempfile, os
+        from nous_actor import Sessions, SQLiteStore
+        from nous_actor.runtime import telemetry
+        store = SQLiteStore(os.path.join(tempfile.mkdtemp(), "s.db"))
+        sessions = Sessions(store)
+        ready = type(telemetry.sink).__name__
+        before = set(sys.modules)
+        s = sessions.open("first")
+        s.append("user_message", {"content": "x"}).get(timeout=10)
+        s.derive_messages().get(timeout=10)
+        print(ready, sorted(set(sys.modules) - before))
+        sessions.close()
+        store.close()
+    """
+    assert _child(code) == "OpenTelemetrySink []"
+
+
 def test_without_opentelemetry_nothing_is_reported_and_sessions_work() -> None:
     blocked = "import sys; sys.modules['opentelemetry'] = None\n" + textwrap.dedent(PROBE)
     assert _child(blocked) == "NoneType"

@@ -133,7 +133,7 @@ def context() -> object | None:
 def probe() -> None:
     """Install the OpenTelemetry sink if ``opentelemetry-api`` is importable and
     ``NOUS_ACTOR_OTEL`` does not say ``off`` (once; the sessions call this as their
-    first session starts)."""
+    first registry is made or first session starts)."""
     global _probed
     if _probed:
         return

@@ -163,6 +163,10 @@ class Sessions:
         check_dangling_turns(dangling_turns)
         if clock is time.monotonic:
             clock = scheduling.current().now  # the host's (a simulation's virtual) clock
+        # The telemetry sink is set up here, once per process, not by the first session
+        # started: importing OpenTelemetry takes ~12 ms, which the first request a web
+        # worker served would pay (and every open behind it in the registry's queue).
+        telemetry.probe()
         self.store: Store = MemoryStore() if store is None else store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
