@@ -84,3 +84,54 @@ def test_a_watch_follows_a_session_written_through_another_store(pg_stores: Stor
     assert [watch.get(10).seq for _ in seqs] == seqs
     session.stop()
     watch.close()
+
+
+def test_many_opens_at_once_take_their_claims_and_reads_in_batches(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening many stored sessions at once claims and reads them in a few batches (one
+    transaction of claims, one query of rows each), never one round of claim and read
+    per session; each session recovers its own events, and one held elsewhere is
+    refused alone."""
+    import asyncio
+
+    from bounds import BOUND
+    from spies import spy
+
+    from nous_actor.core.log import new_event
+    from nous_actor.store.postgres import PostgresStore
+
+    store = pg_stores()
+    ids = [f"s-{i}" for i in range(60)]
+    written = {
+        sid: [new_event(k, "user_message", {"content": f"{sid} {k}"}, None) for k in range(3)]
+        for sid in ids
+    }
+    assert store.write(written) == {}
+    other = pg_stores(holder="elsewhere")
+    other.claim("s-7")
+    claims = spy(monkeypatch, PostgresStore, "claim_many")
+    loads = spy(monkeypatch, PostgresStore, "load_many")
+    singles = spy(monkeypatch, PostgresStore, "claim")
+    registry = Sessions(store, timeout=BOUND)
+    try:
+
+        async def main() -> list[object]:
+            return await asyncio.wait_for(
+                asyncio.gather(*(registry.aopen(i) for i in ids), return_exceptions=True),
+                BOUND,
+            )
+
+        handles = asyncio.run(main())
+        assert sum(len(args[1]) for args in claims) == len(ids)
+        assert len(claims) <= len(ids) // 4  # batches, not one claim per open
+        assert len(loads) <= len(claims)
+        assert singles == []
+        for sid, h in zip(ids, handles, strict=True):
+            if sid == "s-7":  # held by a live writer elsewhere: its calls go there
+                continue
+            assert not isinstance(h, BaseException), h
+            msgs = h.derive_messages().get(timeout=BOUND)  # type: ignore[attr-defined]
+            assert [m.content for m in msgs] == [f"{sid} {k}" for k in range(3)]
+    finally:
+        registry.close(timeout=BOUND)

@@ -297,6 +297,171 @@ def test_a_takeover_after_the_lease_expired_fences_the_old_writer(pg_stores: Sto
     assert isinstance(again["s"], FencedError)
 
 
+# -- many claims in one transaction (the opens of many sessions at once) -----------------------
+
+
+def test_claim_many_answers_each_id_in_order_as_claim_would(pg_stores: Stores) -> None:
+    """One batch holding a new id, an expired lease, a dead holder's live lease, a live
+    holder's, one held here and an id given twice: each gets what claim gives it, the
+    claims taken fence their old writers, and the refused ones change nothing."""
+    a = pg_stores(lease=30, holder="live-one")
+    doomed = pg_stores(lease=30, holder="doomed")
+    b = pg_stores(lease=30)
+    a.claim("live")
+    a.claim("expired")
+    doomed.claim("dead")
+    pg_stores.server.sql(
+        f"UPDATE \"{pg_stores.schema}\".claims SET lease_until = now() - interval '1 second' "
+        "WHERE session_id = 'expired'"
+    )
+    conn = doomed._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    mine = b.claim("mine")
+    epochs_before = dict(
+        pg_stores.server.sql(f'SELECT session_id, epoch FROM "{pg_stores.schema}".claims')
+    )
+    got = b.claim_many(["new", "live", "expired", "mine", "dead", "new"])
+    assert [type(g).__name__ for g in got] == [
+        "str", "ConflictError", "str", "ConflictError", "str", "ConflictError"
+    ]  # fmt: skip
+    assert "live-one holds its lease until" in str(got[1])
+    assert got[1].session_id == "live"  # type: ignore[union-attr]
+    assert "through this store object" in str(got[3])
+    rows = dict(pg_stores.server.sql(f'SELECT session_id, token FROM "{pg_stores.schema}".claims'))
+    assert rows["new"] == got[0]
+    assert rows["expired"] == got[2]
+    assert rows["dead"] == got[4]
+    assert rows["mine"] == mine
+    epochs = dict(
+        pg_stores.server.sql(f'SELECT session_id, epoch FROM "{pg_stores.schema}".claims')
+    )
+    assert epochs["live"] == epochs_before["live"]  # refused: untouched
+    assert epochs["expired"] > max(epochs_before.values())
+    assert isinstance(a.write({"expired": [ev(0)]})["expired"], FencedError)
+    assert isinstance(doomed.write({"dead": [ev(0)]})["dead"], FencedError)
+    assert b.write({sid: [ev(0)] for sid in ("new", "expired", "dead", "mine")}) == {}
+    assert a.write({"live": [ev(0)]}) == {}
+    # The new claims hold their locks: when b's connection dies, each is taken at once.
+    conn = b._leases.link.conn
+    assert conn is not None
+    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    c = pg_stores(lease=30)
+    assert all(isinstance(t, str) for t in c.claim_many(["new", "expired", "dead"]))
+    assert b.claim_many([]) == []
+    with pytest.raises(StoreError, match="session id"):
+        c.claim_many(["fine", ""])  # nothing is claimed
+    c.claim("fine")
+
+
+def test_claim_many_reads_a_claim_of_its_own_whose_answer_was_lost_as_its_own(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run again after a lost connection, the batch finds rows holding its own tokens
+    (its commit had landed): those are its claims, not another writer's."""
+    import nous_actor.store.postgres.leases as leases_module
+
+    store = pg_stores(lease=30)
+    real = leases_module._Leases._take_many
+    cut: list[int] = []
+    epochs: dict[str, int] = {}
+    schema = pg_stores.schema
+
+    def lossy(self: Any, conn: Any, todo: dict[str, str]) -> Any:
+        if not cut:  # the first attempt commits, and its answer never arrives
+            cut.append(1)
+            real(self, conn, todo)
+            epochs.update(pg_stores.server.sql(f'SELECT session_id, epoch FROM "{schema}".claims'))
+            pg_stores.server.terminate(pid=conn.info.backend_pid)
+            raise psycopg.OperationalError("the connection was lost (test)")
+        return real(self, conn, todo)
+
+    monkeypatch.setattr(leases_module._Leases, "_take_many", lossy)
+    got = store.claim_many(["x", "y"])
+    assert cut
+    assert all(isinstance(t, str) for t in got)
+    rows = dict(pg_stores.server.sql(f'SELECT session_id, token FROM "{pg_stores.schema}".claims'))
+    assert [rows["x"], rows["y"]] == got
+    # Its own claims, as they committed: not taken over again under a new epoch.
+    assert dict(pg_stores.server.sql(f'SELECT session_id, epoch FROM "{schema}".claims')) == epochs
+    assert store.write({"x": [ev(0)], "y": [ev(0)]}) == {}
+
+
+def test_a_batch_that_meets_a_lock_wait_claims_each_id_alone(pg_stores: Stores) -> None:
+    """A claim row locked by another transaction past the claim's wait fails the batch's
+    transaction: every other id is still claimed, and only that one is refused."""
+    a, b = pg_stores(lease=30), pg_stores(lease=30)
+    a.claim("locked")
+    _expire_all(pg_stores)
+    b._leases.claim_wait_ms = 200
+    with pg_stores.server.connect() as blocker:
+        blocker.execute("BEGIN")
+        blocker.execute(
+            f'SELECT 1 FROM "{pg_stores.schema}".claims WHERE session_id = %s FOR UPDATE',
+            ("locked",),
+        )
+        got = b.claim_many(["one", "locked", "two"])
+        blocker.execute("ROLLBACK")
+    assert isinstance(got[0], str)
+    assert isinstance(got[2], str)
+    assert type(got[1]) is StoreError
+    assert b.write({"one": [ev(0)], "two": [ev(0)]}) == {}
+    assert isinstance(b.claim("locked"), str)  # once the lock is gone
+
+
+def test_concurrent_batches_claim_each_id_once(pg_stores: Stores) -> None:
+    """Four stores claim overlapping batches at once: each id is claimed by exactly one,
+    the others are refused with ConflictError (no deadlock, no other error)."""
+    stores = [pg_stores(lease=30) for _ in range(4)]
+    ids = [f"s{i}" for i in range(40)]
+    results: dict[int, list[Any]] = {}
+    barrier = threading.Barrier(len(stores))
+
+    def claim(k: int) -> None:
+        batch = ids[k * 5 :] + ids[: k * 5]  # each in its own order
+        barrier.wait(timeout=10)
+        results[k] = list(zip(batch, stores[k].claim_many(batch), strict=True))
+
+    threads = [threading.Thread(target=claim, args=(k,)) for k in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == len(stores)
+    winners: dict[str, int] = {}
+    for k, pairs in results.items():
+        for sid, got in pairs:
+            if isinstance(got, str):
+                assert sid not in winners
+                winners[sid] = k
+            else:
+                assert type(got) is ConflictError, got
+    assert sorted(winners) == sorted(ids)
+    for sid, k in winners.items():
+        assert stores[k].write({sid: [ev(0)]}) == {}
+
+
+def test_load_many_equals_load_for_each_session(pg_stores: Stores) -> None:
+    """load_many gives each id what load gives it (an unknown id: no events); a malformed
+    row fails its own session alone."""
+    store = pg_stores()
+    ids = [f"s{i}" for i in range(5)]
+    assert store.write({sid: [ev(k, f"{sid} {k}") for k in range(4)] for sid in ids}) == {}
+    got = store.load_many([*ids, "nobody", ids[0]])
+    assert set(got) == {*ids, "nobody"}
+    for sid in ids:
+        assert got[sid] == store.load(sid)
+    assert got["nobody"] == []
+    pg_stores.server.sql(
+        f"UPDATE \"{pg_stores.schema}\".events SET type = 'no_such_type' "
+        "WHERE session_id = 's2' AND seq = 1"
+    )
+    again = store.load_many(ids)
+    assert isinstance(again["s2"], StoreError)
+    assert "malformed" in str(again["s2"])
+    assert [again[sid] == got[sid] for sid in ids] == [True, True, False, True, True]
+
+
 def test_epochs_only_grow(pg_stores: Stores) -> None:
     """Each claim of a session gets a higher epoch than any before, also after a delete."""
     store = pg_stores()

@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,6 +31,14 @@ _RENEW_FRACTION: Final = 1 / 3  # renew this far into a lease
 logger = get_logger("nous_actor.store.postgres")  # the package's name
 
 _FAIL_CLOSED_FRACTION: Final = 2 / 3  # refuse writes this long after the last renewal began
+
+_ONE_BY_ONE: Final = (
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+)
+"""What fails a batch of claims as a whole and yet is one session's: each is then claimed
+alone, and the one that still meets it is refused with it."""
 
 
 @dataclass
@@ -196,12 +204,7 @@ class _Leases:
     def claim(self, session_id: str) -> str:
         with self.mutex:
             if session_id in self.claims or session_id in self.pending:
-                raise ConflictError(
-                    f"already has a live writer through this store object ({self.holder}); "
-                    "use that session's handle, or stop it first",
-                    session_id=session_id,
-                    holder=self.holder,
-                )
+                raise self._held_here(session_id)
             token = uuid.uuid4().hex
             self.pending[session_id] = token
         try:
@@ -293,6 +296,201 @@ class _Leases:
                     self._unlock_on(conn, sid, token)
             raise
         return epoch, locked
+
+    def claim_many(self, ids: Sequence[str]) -> list[str | StoreError]:
+        """`claim` each of ``ids`` (valid ids) in one transaction of a few statements,
+        whatever their number: for each id, in order, its token or the error that
+        refused it (`ConflictError`: held here or by a live writer elsewhere; an id given
+        twice is refused the second time). An id another claimer inserted meanwhile,
+        or every id of a transaction that failed as a whole (a lock wait past
+        ``claim_wait_ms``, a deadlock with another claimer), is claimed alone.
+
+        Raises:
+            StoreError: nothing was claimed: the store is closed, or the server could not
+                be reached in ``timeout``.
+        """
+        out: list[str | StoreError | None] = [None] * len(ids)
+        todo: dict[str, str] = {}  # the ids to claim here, sorted: their new tokens
+        with self.mutex:
+            for i, sid in enumerate(ids):
+                if sid in self.claims or sid in self.pending or sid in todo:
+                    out[i] = self._held_here(sid)
+                else:
+                    todo[sid] = uuid.uuid4().hex
+            todo = dict(sorted(todo.items()))  # rows locked in one order: no deadlock
+            self.pending.update(todo)
+        got: dict[str, str | StoreError] = {}
+        alone: list[str] = []
+        try:
+            if todo:
+                started = time.monotonic()
+                taken, alone = self._call(
+                    None, "claim the sessions", lambda conn: self._take_many(conn, todo)
+                )
+                deadline = started + self.lease * _FAIL_CLOSED_FRACTION
+                with self.mutex:
+                    for sid, won in taken.items():
+                        if isinstance(won, ConflictError):
+                            got[sid] = won
+                        else:
+                            self.claims[sid] = _Claim(todo[sid], won[0], deadline, won[1])
+                            got[sid] = todo[sid]
+        finally:
+            with self.mutex:
+                for sid in todo:
+                    self.pending.pop(sid, None)
+        for sid in alone:
+            try:
+                got[sid] = self.claim(sid)
+            except StoreError as exc:
+                if self.closing.is_set():
+                    raise
+                got[sid] = exc
+        if len(got) > len(alone):
+            self._start_renewer()
+        # The ids refused up front keep their refusal; each other id was claimed once.
+        return [got.pop(sid) if done is None else done for sid, done in zip(ids, out, strict=True)]
+
+    def _held_here(self, sid: str) -> ConflictError:
+        return ConflictError(
+            f"already has a live writer through this store object ({self.holder}); "
+            "use that session's handle, or stop it first",
+            session_id=sid,
+            holder=self.holder,
+        )
+
+    def _take_many(
+        self, conn: psycopg.Connection[Any], todo: dict[str, str]
+    ) -> tuple[dict[str, tuple[int, bool] | ConflictError], list[str]]:
+        """One claim transaction for the ids of ``todo`` (sorted, with their tokens):
+        (epoch and advisory lock held, or the refusal, by id; the ids another claimer
+        inserted meanwhile, for `claim` alone). Safe to run again on a new connection:
+        a row holding our token is a claim of ours whose commit's answer was lost."""
+        table = self.claims_table
+        lease = f"clock_timestamp() + make_interval(secs => {self.lease!r})"
+        sids = list(todo)
+        out: dict[str, tuple[int, bool] | ConflictError] = {}
+        locked: list[str] = []  # session-level advisory locks taken here (undone on failure)
+        conn.execute(BEGIN_WRITE)
+        try:
+            conn.execute(f"SET LOCAL lock_timeout = {self.claim_wait_ms}")
+            rows = {
+                str(r[0]): _ClaimRow(int(r[1]), str(r[2]), str(r[3]), r[4], bool(r[5]), bool(r[6]))
+                for r in conn.execute(
+                    "SELECT session_id, epoch, token, holder, lease_until, "
+                    f"lease_until > clock_timestamp(), locked FROM {table} "
+                    "WHERE session_id = ANY(%b::text[]) ORDER BY session_id FOR UPDATE",
+                    (sids,),
+                ).fetchall()
+            }
+            # A live lease whose holder recorded its lock is a dead holder's if that lock
+            # is free: looked at for all of them in one statement (held until COMMIT).
+            telling = [
+                sid
+                for sid, row in rows.items()
+                if row.token != todo[sid] and row.live and row.locked and self.detect_dead
+            ]
+            gone: set[str] = set()
+            if telling:
+                gone = {
+                    str(r[0])
+                    for r in conn.execute(
+                        "SELECT u.s FROM unnest(%b::text[], %b::text[]) AS u(s, k) "
+                        "WHERE pg_try_advisory_xact_lock(hashtextextended(u.k, 0))",
+                        (telling, [self._key(sid, rows[sid].token) for sid in telling]),
+                    ).fetchall()
+                }
+            own: list[str] = []
+            over: dict[str, str] = {}  # taken over: why
+            for sid, row in rows.items():
+                if row.token == todo[sid]:
+                    own.append(sid)
+                elif not row.live:
+                    over[sid] = "lease_expired"
+                elif sid in gone:
+                    over[sid] = "holder_connection_gone"
+                else:
+                    out[sid] = _held_elsewhere(
+                        sid, row.holder, row.until, "already has a live writer elsewhere"
+                    )
+            new = [sid for sid in sids if sid not in rows]
+            mine = [sid for sid in sids if sid not in out]
+            has_lock = dict.fromkeys(mine, False)
+            if self.detect_dead and mine:
+                for r in conn.execute(
+                    "SELECT u.s, pg_try_advisory_lock(hashtextextended(u.k, 0)) "
+                    "FROM unnest(%b::text[], %b::text[]) AS u(s, k)",
+                    (mine, [self._key(sid, todo[sid]) for sid in mine]),
+                ).fetchall():
+                    has_lock[str(r[0])] = bool(r[1])
+                locked = [sid for sid, held in has_lock.items() if held]
+            if new:
+                for r in conn.execute(
+                    f"INSERT INTO {table} (session_id, epoch, token, holder, claimed_at, "
+                    "lease_until, locked, address) SELECT u.s, nextval(%s::regclass), u.t, "
+                    f"%s, clock_timestamp(), {lease}, u.l, %s "
+                    "FROM unnest(%b::text[], %b::text[], %b::bool[]) AS u(s, t, l) "
+                    "ORDER BY u.s ON CONFLICT (session_id) DO NOTHING RETURNING session_id, epoch",
+                    (
+                        self.epochs_name,
+                        self.holder,
+                        self.address,
+                        new,
+                        [todo[sid] for sid in new],
+                        [has_lock[sid] for sid in new],
+                    ),
+                ).fetchall():
+                    out[str(r[0])] = (int(r[1]), has_lock[str(r[0])])
+            if over:
+                for sid, reason in over.items():
+                    row = rows[sid]
+                    logger.warning(
+                        "store.claim_taken_over",
+                        session_id=sid,
+                        reason=reason,
+                        holder=row.holder,
+                        epoch=row.epoch,
+                    )
+                taken = list(over)
+                for r in conn.execute(
+                    f"UPDATE {table} AS c SET epoch = nextval(%s::regclass), token = u.t, "
+                    f"holder = %s, claimed_at = clock_timestamp(), lease_until = {lease}, "
+                    "locked = u.l, address = %s "
+                    "FROM unnest(%b::text[], %b::text[], %b::bool[]) AS u(s, t, l) "
+                    "WHERE c.session_id = u.s RETURNING c.session_id, c.epoch",
+                    (
+                        self.epochs_name,
+                        self.holder,
+                        self.address,
+                        taken,
+                        [todo[sid] for sid in taken],
+                        [has_lock[sid] for sid in taken],
+                    ),
+                ).fetchall():
+                    out[str(r[0])] = (int(r[1]), has_lock[str(r[0])])
+            if own:
+                conn.execute(
+                    f"UPDATE {table} AS c SET locked = u.l, address = %s "
+                    "FROM unnest(%b::text[], %b::bool[]) AS u(s, l) WHERE c.session_id = u.s",
+                    (self.address, own, [has_lock[sid] for sid in own]),
+                )
+                for sid in own:
+                    out[sid] = (rows[sid].epoch, has_lock[sid])
+            # Inserted by another claimer since the look above: claimed alone, after this.
+            alone = [sid for sid in new if sid not in out]
+            for sid in alone:
+                if has_lock[sid]:
+                    self._unlock_on(conn, sid, todo[sid])
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if _rollback(conn):
+                with contextlib.suppress(psycopg.Error):
+                    for sid in locked:
+                        self._unlock_on(conn, sid, todo[sid])
+            if isinstance(exc, _ONE_BY_ONE):
+                return {}, sids  # each claimed alone: the wait or deadlock is its own
+            raise
+        return out, alone
 
     def _try_lock(
         self, conn: psycopg.Connection[Any], sid: str, token: str, *, until_commit: bool = False

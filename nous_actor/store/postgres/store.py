@@ -18,12 +18,14 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Final
 
 import psycopg
 
 from nous_actor.core.args import check_flag, check_seconds
-from nous_actor.core.codec import CodecError, event_from_row, surface_from_rows
+from nous_actor.core.codec import CodecError, event_from_row, events_from_rows, surface_from_rows
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.message import Message
@@ -116,6 +118,8 @@ def _check_holder(holder: object) -> None:
 
 
 _MAX_ADDRESS: Final = 1024  # characters of an advertised address
+_SESSION_OF: Final = itemgetter(0)  # a load_many row's session id
+_EVENT_COLUMNS: Final = itemgetter(1, 2, 3, 4)  # its (seq, type, time, data)
 _FORGET_EVERY: Final = 60  # seconds between two forgettings of expired call records
 
 
@@ -462,6 +466,52 @@ class PostgresStore(ClosingStore):
         self._check_open()
         session_id = self._valid_id(session_id)
         return self._leases.claim(session_id)
+
+    def claim_many(self, session_ids: Sequence[str]) -> list[str | StoreError]:
+        """`claim` each of `session_ids` in one transaction (the opens of many sessions at
+        once take their claims together, in a few statements whatever their number):
+        for each id, in order, its token or the error that refused it, a
+        `ConflictError` as `claim` raises it (an id given twice is refused the second
+        time: its first claim holds it). A claim that meets a lock wait or a deadlock
+        with another claimer is taken alone, and refused with that error if it
+        meets it again.
+
+        Raises:
+            StoreError: nothing was claimed: an id is not valid (see `nous_actor.core.ids`),
+                the store is closed, or the server could not be reached in `timeout`.
+        """
+        self._check_open()
+        ids = [self._valid_id(sid) for sid in session_ids]
+        if not ids:
+            return []
+        return self._leases.claim_many(ids)
+
+    def load_many(self, session_ids: Sequence[str]) -> dict[str, list[Event] | StoreError]:
+        """`load` each of `session_ids` in one query: each id maps to its events in seq
+        order, or to the `StoreError` that says why that session alone could not be
+        read (a malformed row fails its own session, never the others).
+
+        Raises:
+            StoreError: nothing was read: an id is not valid, or the store failed.
+        """
+        self._check_open()
+        ids = list(dict.fromkeys(self._valid_id(sid) for sid in session_ids))
+        query = (
+            f"SELECT session_id, seq, type, time, data FROM {self._sql.events} "
+            "WHERE session_id = ANY(%b::text[]) ORDER BY session_id, seq"
+        )
+
+        def work(conn: psycopg.Connection[Any]) -> list[Any]:
+            return conn.execute(query, (ids,)).fetchall()
+
+        rows = self._call(self._main, None, "load the sessions", work) if ids else []
+        out: dict[str, list[Event] | StoreError] = {sid: [] for sid in ids}
+        for sid, run in groupby(rows, _SESSION_OF):  # each session's rows, one run each
+            try:  # decoded off the connection's lock
+                out[sid] = events_from_rows(map(_EVENT_COLUMNS, run))
+            except CodecError as exc:  # a malformed row fails its own session alone
+                out[sid] = self._ctx.error(exc, sid, "load the session")
+        return out
 
     def release(self, session_id: str, token: str) -> None:
         """Give up a claim (a no-op if `token` no longer holds it, or the store is closed).
