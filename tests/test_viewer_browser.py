@@ -337,6 +337,42 @@ def test_a_long_session_draws_its_newest_rows_before_the_rest_is_read(
     assert errors == [], f"the page failed: {errors}"
 
 
+def test_a_session_read_already_draws_its_newest_rows_from_the_tail(
+    browser: Browser, long_db: Path
+) -> None:
+    """When the server has read the whole timeline already, the first drawing still holds
+    the newest rows: the tail's answer fills the last chunks, so they never wait for a
+    chunk read (here every one is held back), and never come after older rows."""
+    import json
+    import urllib.request
+
+    served = Served(long_db)
+    context = browser.new_context(viewport={"width": 1400, "height": 820})
+    context.set_default_timeout(WAIT_MS * 3)
+    errors: list[str] = []
+    held: list[Any] = []
+    try:
+        with urllib.request.urlopen(served.url + "/api/session?id=long", timeout=60) as r:
+            assert r.status == 200  # the server reads the whole timeline now
+        with urllib.request.urlopen(served.url + "/api/tail?id=long", timeout=60) as r:
+            assert json.load(r)["ready"] is True
+        expect = _expect()
+        page = _watched(context.new_page(), errors)
+        page.route("**/api/rows?*", lambda route: held.append(route))
+        loc = page.locator
+        page.goto(served.url + "/session?id=long")
+        last = long_log(100_000, 100).count() - 1
+        expect(loc(f".row[data-seq='{last}']")).to_be_visible()
+        expect(loc("#summary")).to_contain_text("1000 summaries")
+        for route in held:
+            route.continue_()
+        page.unroute("**/api/rows?*")
+    finally:
+        context.close()
+        served.stop()
+    assert errors == [], f"the page failed: {errors}"
+
+
 def test_five_digit_seq_ranges_stay_in_their_column(
     browser: Browser, long_db: Path, tmp_path: Path
 ) -> None:

@@ -417,7 +417,16 @@ async function showTail() {
   const tail = await (preloaded
     ? fetchJSON(preloaded.getAttribute("href"))
     : getJSON("/api/tail", { id: view.id, n: TAIL }));
-  if (tail.ready) return;  // the whole timeline is read already: no need
+  if (tail.ready) {
+    // The whole timeline is read already: these are its newest rows, under their row
+    // numbers. Kept as the chunks they fill, so that the first drawing (at the end of
+    // the timeline) has them, whichever chunk read answers first.
+    const end = tail.lo + tail.rows.length;
+    for (let k = Math.ceil(tail.lo / CHUNK); k * CHUNK < end; k++) {
+      view.chunks.set(k, tail.rows.filter((r) => r.row >= k * CHUNK && r.row < (k + 1) * CHUNK));
+    }
+    return;
+  }
   // Drawn in a frame of their own (one line above them while older ones are read).
   tail.offset = tail.older ? 1 : 0;
   for (const r of tail.rows) r.row += tail.offset;
