@@ -101,6 +101,12 @@ class _Leases:
         self.wake = threading.Event()
         self.renewals = 0
 
+    @property
+    def begin(self) -> str:
+        """How a claim's transaction begins, in one round trip: it waits for a claim row's
+        lock at most ``claim_wait_ms``."""
+        return f"{BEGIN_WRITE}; SET LOCAL lock_timeout = {self.claim_wait_ms}"
+
     # -- the store's view ----------------------------------------------------------------
 
     def get(self, session_id: str) -> _Claim | None:
@@ -243,9 +249,8 @@ class _Leases:
                 locked = self._try_lock(conn, sid, token)
             return locked
 
-        conn.execute(BEGIN_WRITE)
         try:
-            conn.execute(f"SET LOCAL lock_timeout = {self.claim_wait_ms}")
+            conn.execute(self.begin)
             for _ in range(3):
                 row = self.claim_row(conn, sid)
                 if row is None:
@@ -371,9 +376,8 @@ class _Leases:
         sids = list(todo)
         out: dict[str, tuple[int, bool] | ConflictError] = {}
         locked: list[str] = []  # session-level advisory locks taken here (undone on failure)
-        conn.execute(BEGIN_WRITE)
         try:
-            conn.execute(f"SET LOCAL lock_timeout = {self.claim_wait_ms}")
+            conn.execute(self.begin)
             rows = {
                 str(r[0]): _ClaimRow(int(r[1]), str(r[2]), str(r[3]), r[4], bool(r[5]), bool(r[6]))
                 for r in conn.execute(
@@ -414,33 +418,42 @@ class _Leases:
                         sid, row.holder, row.until, "already has a live writer elsewhere"
                     )
             new = [sid for sid in sids if sid not in rows]
-            mine = [sid for sid in sids if sid not in out]
-            has_lock = dict.fromkeys(mine, False)
-            if self.detect_dead and mine:
+            kept = [sid for sid in sids if sid in rows and sid not in out]  # own, taken over
+            has_lock = dict.fromkeys(sids, False)
+            if self.detect_dead and kept:
                 for r in conn.execute(
                     "SELECT u.s, pg_try_advisory_lock(hashtextextended(u.k, 0)) "
                     "FROM unnest(%b::text[], %b::text[]) AS u(s, k)",
-                    (mine, [self._key(sid, todo[sid]) for sid in mine]),
+                    (kept, [self._key(sid, todo[sid]) for sid in kept]),
                 ).fetchall():
                     has_lock[str(r[0])] = bool(r[1])
-                locked = [sid for sid, held in has_lock.items() if held]
+                locked = [sid for sid in kept if has_lock[sid]]
             if new:
+                # The new claims take their locks in the statement that inserts them (the
+                # lock is the claim's own: free), also those another claimer inserted
+                # meanwhile, which are let go below.
+                take = "pg_try_advisory_lock(hashtextextended(u.k, 0))"
+                if self.detect_dead:
+                    locked += new
                 for r in conn.execute(
                     f"INSERT INTO {table} (session_id, epoch, token, holder, claimed_at, "
                     "lease_until, locked, address) SELECT u.s, nextval(%s::regclass), u.t, "
-                    f"%s, clock_timestamp(), {lease}, u.l, %s "
-                    "FROM unnest(%b::text[], %b::text[], %b::bool[]) AS u(s, t, l) "
-                    "ORDER BY u.s ON CONFLICT (session_id) DO NOTHING RETURNING session_id, epoch",
+                    f"%s, clock_timestamp(), {lease}, {take if self.detect_dead else 'false'}, "
+                    "%s FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(s, t, k) "
+                    "ORDER BY u.s ON CONFLICT (session_id) DO NOTHING "
+                    "RETURNING session_id, epoch, locked",
                     (
                         self.epochs_name,
                         self.holder,
                         self.address,
                         new,
                         [todo[sid] for sid in new],
-                        [has_lock[sid] for sid in new],
+                        [self._key(sid, todo[sid]) for sid in new],
                     ),
                 ).fetchall():
-                    out[str(r[0])] = (int(r[1]), has_lock[str(r[0])])
+                    sid = str(r[0])
+                    has_lock[sid] = bool(r[2])
+                    out[sid] = (int(r[1]), has_lock[sid])
             if over:
                 for sid, reason in over.items():
                     row = rows[sid]
@@ -476,11 +489,13 @@ class _Leases:
                 )
                 for sid in own:
                     out[sid] = (rows[sid].epoch, has_lock[sid])
-            # Inserted by another claimer since the look above: claimed alone, after this.
+            # Inserted by another claimer since the look above: claimed alone, after this
+            # (their locks, taken by the insert, let go).
             alone = [sid for sid in new if sid not in out]
-            for sid in alone:
-                if has_lock[sid]:
+            if self.detect_dead:
+                for sid in alone:
                     self._unlock_on(conn, sid, todo[sid])
+                    locked.remove(sid)
             conn.execute("COMMIT")
         except BaseException as exc:
             if _rollback(conn):
