@@ -232,3 +232,22 @@ def test_a_short_log_is_folded_by_its_first_read_and_a_long_one_at_recovery(
         assert [n for _, n in calls] == [events] * 5  # once each, whenever it came
     finally:
         registry.close(timeout=BOUND)
+
+
+@pytest.mark.parametrize("bad", ["abc", b"abc", 5, None])
+def test_the_batch_methods_refuse_one_id_or_a_non_list_and_claim_nothing(
+    sqlite: SQLiteStore, path: Path, bad: object
+) -> None:
+    """claim_many and load_many take a list of ids: one str (which would be taken as its
+    letters) or a non-iterable is a StoreError that says to pass a list; nothing changes."""
+    for method in (sqlite.claim_many, sqlite.load_many):
+        with pytest.raises(
+            StoreError, match=r"expected a list of session ids.*pass \[session_id\]"
+        ):
+            method(bad)  # type: ignore[arg-type]
+    other = SQLiteStore(path)
+    try:
+        for sid in ("a", "b", "c", "abc"):
+            other.release(sid, other.claim(sid))  # none of them was claimed
+    finally:
+        other.close()

@@ -351,6 +351,11 @@ def test_claim_many_answers_each_id_in_order_as_claim_would(pg_stores: Stores) -
     assert b.claim_many([]) == []
     with pytest.raises(StoreError, match="session id"):
         c.claim_many(["fine", ""])  # nothing is claimed
+    for bad in ("fine", 5):
+        with pytest.raises(StoreError, match="expected a list of session ids"):
+            c.claim_many(bad)  # type: ignore[arg-type]
+        with pytest.raises(StoreError, match="expected a list of session ids"):
+            c.load_many(bad)  # type: ignore[arg-type]
     c.claim("fine")
 
 

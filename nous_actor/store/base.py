@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Protocol, Self, runtime_checkable
 
+from nous_actor.core._frozen import short_repr
 from nous_actor.core.args import check_count
 from nous_actor.core.codec import CodecError, iter_jsonl, loads
 from nous_actor.core.event import Event
@@ -231,6 +232,23 @@ def valid_store_id(session_id: str) -> str:
         return check_session_id(session_id)
     except (TypeError, ValueError) as exc:
         raise StoreError(str(exc)) from exc
+
+
+def valid_store_ids(session_ids: Iterable[str]) -> list[str]:
+    """``session_ids`` (a list, tuple or other iterable of ids, never one str) checked as
+    `valid_store_id` checks each, in order: what a batch entry point (``claim_many``,
+    ``load_many``) takes.
+
+    Raises:
+        StoreError: an id is not valid, or ``session_ids`` is one str or not iterable (the
+            message says to pass a list of ids).
+    """
+    if isinstance(session_ids, str | bytes) or not isinstance(session_ids, Iterable):
+        raise StoreError(
+            f"expected a list of session ids, got {type(session_ids).__name__} "
+            f"{short_repr(session_ids)}: pass [session_id] for one session"
+        )
+    return [valid_store_id(sid) for sid in session_ids]
 
 
 def export_session(store: Store, session_id: str) -> str:

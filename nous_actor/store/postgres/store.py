@@ -36,6 +36,7 @@ from nous_actor.store.base import (
     ClosingStore,
     SessionInfo,
     valid_store_id,
+    valid_store_ids,
 )
 from nous_actor.store.postgres.connection import T, _Context, _Link, _transaction
 from nous_actor.store.postgres.failures import _describe, _parse_time
@@ -481,7 +482,7 @@ class PostgresStore(ClosingStore):
                 the store is closed, or the server could not be reached in `timeout`.
         """
         self._check_open()
-        ids = [self._valid_id(sid) for sid in session_ids]
+        ids = valid_store_ids(session_ids)
         if not ids:
             return []
         return self._leases.claim_many(ids)
@@ -495,7 +496,7 @@ class PostgresStore(ClosingStore):
             StoreError: nothing was read: an id is not valid, or the store failed.
         """
         self._check_open()
-        ids = list(dict.fromkeys(self._valid_id(sid) for sid in session_ids))
+        ids = list(dict.fromkeys(valid_store_ids(session_ids)))
         query = (
             f"SELECT session_id, seq, type, time, data FROM {self._sql.events} "
             "WHERE session_id = ANY(%b::text[]) ORDER BY session_id, seq"

@@ -45,6 +45,7 @@ from nous_actor.store.base import (
     ClosingStore,
     SessionInfo,
     valid_store_id,
+    valid_store_ids,
 )
 from nous_actor.store.feed import DEFAULT_WATCH_BUFFER, _check_buffer, _check_from_seq
 from nous_actor.store.sqlite.claims import (
@@ -472,7 +473,7 @@ class SQLiteStore(ClosingStore):
             StoreError: nothing was claimed: an id is not valid (see `nous_actor.core.ids`),
                 or the store failed.
         """
-        ids = [self._valid_id(sid) for sid in session_ids]
+        ids = valid_store_ids(session_ids)
         if not ids:
             return []
         return _claim_all(self._connection, self._asked, self._holdings, ids)
@@ -485,7 +486,7 @@ class SQLiteStore(ClosingStore):
         Raises:
             StoreError: nothing was read: an id is not valid, or the store failed.
         """
-        ids = list(dict.fromkeys(self._valid_id(sid) for sid in session_ids))
+        ids = list(dict.fromkeys(valid_store_ids(session_ids)))
         if len(ids) == 1:  # one session (a session started alone): its rows alone
             return {ids[0]: self._load_one(ids[0])}
         rows: list[tuple[str, int, str, str, str | bytes]] = []
