@@ -62,6 +62,16 @@ class _ClaimRow:
     locked: bool  # its holder took the claim's advisory lock (so a free lock means it died)
 
 
+def _taken_over(session_id: str, reason: str, row: _ClaimRow) -> None:
+    logger.warning(
+        "store.claim_taken_over",
+        session_id=session_id,
+        reason=reason,
+        holder=row.holder,
+        epoch=row.epoch,
+    )
+
+
 class _Leases:
     """The claims of one store: its lease connection, and the thread that renews them.
 
@@ -276,13 +286,7 @@ class _Leases:
                     break
                 reason = self.may_take_over(conn, sid, row, "already has a live writer elsewhere")
                 lock()  # the new claim holds its own lock
-                logger.warning(
-                    "store.claim_taken_over",
-                    session_id=sid,
-                    reason=reason,
-                    holder=row.holder,
-                    epoch=row.epoch,
-                )
+                _taken_over(sid, reason, row)
                 new = conn.execute(
                     f"UPDATE {table} SET epoch = nextval(%s::regclass), token = %s, "
                     f"holder = %s, claimed_at = clock_timestamp(), lease_until = {lease}, "
@@ -456,14 +460,7 @@ class _Leases:
                     out[sid] = (int(r[1]), has_lock[sid])
             if over:
                 for sid, reason in over.items():
-                    row = rows[sid]
-                    logger.warning(
-                        "store.claim_taken_over",
-                        session_id=sid,
-                        reason=reason,
-                        holder=row.holder,
-                        epoch=row.epoch,
-                    )
+                    _taken_over(sid, reason, rows[sid])
                 taken = list(over)
                 for r in conn.execute(
                     f"UPDATE {table} AS c SET epoch = nextval(%s::regclass), token = u.t, "
