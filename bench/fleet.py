@@ -39,6 +39,8 @@ __all__ = ["Fleet", "Outcome", "check_histories", "open_store", "run_clients"]
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 TRACE: Final = bool(os.environ.get("FLEET_TRACE"))
+COLD: Final = 100
+"""The answers counted as a cold start's in `Outcome.p99_warm`."""
 REPLY_TIMEOUT: Final = 60.0
 """A client's bound on one reply (a live worker always answers well within it)."""
 
@@ -324,6 +326,13 @@ class Outcome:
             raise ValueError("no request was answered")
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+    @property
+    def p99_warm(self) -> float:
+        """The p99 of the latencies after the first `COLD` answers (a cold start's: each
+        worker's first opens, links and connections), in seconds."""
+        warm = Outcome(latencies=self.latencies[COLD:])
+        return warm.percentile(0.99) if warm.latencies else self.percentile(0.99)
 
     @property
     def p50(self) -> float:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import harness as h
-from bench.fleet import ROOT, Fleet, check_histories, open_store, run_clients
+from bench.fleet import COLD, ROOT, Fleet, check_histories, open_store, run_clients
 from bench.postgres import _schema, server
 
 __all__ = ["BENCHMARKS", "main"]
@@ -89,6 +89,7 @@ class Run:
     cpu_ms: float | None = None  # the workers' CPU time per request (None: not measured)
     problems: list[str] = field(default_factory=list)
     client_cpu_ms: float | None = None  # the clients' (this process's) CPU time per request
+    p99_warm: float | None = None  # the p99 after the first fleet.COLD answers
 
     def numbers(self) -> dict[str, Any]:
         return {
@@ -98,6 +99,7 @@ class Run:
             "per_s": self.per_s,
             "p50_s": self.p50,
             "p99_s": self.p99,
+            "p99_warm_s": self.p99_warm,
             "refused": self.refused,
             "ambiguous": self.ambiguous,
             "found_applied": self.found,
@@ -170,7 +172,7 @@ def _fleet_run(
         kind, workers, len(sent), len(sent) / out.seconds, out.p50, out.p99,
         out.stopped, out.ambiguous, out.found, out.retried, len(killed),
         None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000 / len(sent), problems,
-        client_cpu_ms=mine,
+        client_cpu_ms=mine, p99_warm=out.p99_warm,
     )  # fmt: skip
 
 
@@ -289,6 +291,16 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
             valid=valid,
         ),
     ]
+    warm = h.ratios([r.p99_warm or r.p99 for r in fleet], [r.p99_warm or r.p99 for r in alone])
+    rows.append(
+        h.info_row(
+            f"{what}: p99 latency after each run's first {COLD} answers (a cold start's)",
+            "p99 " + ", ".join(_ms(r.p99_warm or r.p99) for r in fleet),
+            "1 worker p99 " + ", ".join(_ms(r.p99_warm or r.p99) for r in alone),
+            h.fmt_ratio(warm.median, warm.min, warm.max),
+            ratio=warm.as_dict(),
+        )
+    )
     handoff = runs.get("handoff")
     if handoff:
         ho = h.Stats.of([r.per_s for r in handoff])
