@@ -16,6 +16,7 @@ and the top-level conftest.py has the same module name.)
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
@@ -56,3 +57,13 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {what}")
         time.sleep(0.01)
+
+
+def end_child(proc: subprocess.Popen[str], bound: float = BOUND) -> None:
+    """Kill ``proc`` if it still runs, wait for it (within ``bound``) and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(bound)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bounds import end_child
 from google.adk.events import Event as AdkEvent
 from google.adk.events import EventActions
 from google.genai import types
@@ -176,12 +177,7 @@ class Child:
         assert self.proc.wait(BOUND) == -signal.SIGKILL
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(BOUND)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        end_child(self.proc, BOUND)
 
 
 # -- the two stores ------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bounds import BOUND
+from bounds import BOUND, end_child
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -410,9 +410,4 @@ def test_an_adk_event_is_stored_once_when_its_holder_dies_after_the_commit(
 
 
 def _end(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(BOUND)
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            pipe.close()
+    end_child(proc, BOUND)

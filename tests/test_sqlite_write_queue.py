@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from bounds import end_child
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
@@ -199,12 +200,7 @@ def test_the_turn_of_a_process_killed_while_holding_it_passes_on(db: str) -> Non
         assert got == [True]
         lock.release()
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(WAIT)
-        for pipe in (holder.stdin, holder.stdout):
-            if pipe is not None:
-                pipe.close()
+        end_child(holder, WAIT)
         lock.close()
 
 

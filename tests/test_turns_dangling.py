@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from bounds import BOUND
+from bounds import BOUND, end_child
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -149,11 +149,7 @@ def _killed_mid_turn(path: Path) -> None:
         child.send_signal(signal.SIGKILL)
         assert child.wait(timeout=60) == -signal.SIGKILL
     finally:
-        child.kill()
-        child.wait(timeout=60)
-        for pipe in (child.stdin, child.stdout):
-            if pipe is not None:
-                pipe.close()
+        end_child(child, 60)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")

@@ -6,6 +6,7 @@ a missing browser fails instead, since ``.ci/run`` installs it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -139,6 +140,23 @@ def page(browser: Browser, served: Served) -> Iterator[Any]:
     assert errors == [], f"the page failed: {errors}"
 
 
+@contextlib.contextmanager
+def _long_page(browser: Browser, db: Path) -> Iterator[tuple[Served, Page]]:
+    """A viewer of ``db`` and a page of a fresh browser context on it (a long session's
+    bound on every wait); on the way out both are closed, and the page must not have
+    failed."""
+    served = Served(db)
+    context = browser.new_context(viewport={"width": 1400, "height": 820})
+    context.set_default_timeout(WAIT_MS * 3)
+    errors: list[str] = []
+    try:
+        yield served, _watched(context.new_page(), errors)
+    finally:
+        context.close()
+        served.stop()
+    assert errors == [], f"the page failed: {errors}"
+
+
 def _expect() -> Any:
     from playwright.sync_api import expect
 
@@ -263,13 +281,8 @@ def test_a_long_session_opens_and_scrolls_a_window_at_a_time(
 ) -> None:
     """A 100k-event session with 1k compactions opens quickly, and the page holds only
     the rows in view, also after a jump to its middle."""
-    served = Served(long_db)
-    context = browser.new_context(viewport={"width": 1400, "height": 820})
-    context.set_default_timeout(WAIT_MS * 3)
-    errors: list[str] = []
-    try:
+    with _long_page(browser, long_db) as (served, page):
         expect = _expect()
-        page = _watched(context.new_page(), errors)
         loc = page.locator
         began = time.perf_counter()
         page.goto(served.url + "/session?id=long")
@@ -285,10 +298,6 @@ def test_a_long_session_opens_and_scrolls_a_window_at_a_time(
         # A generous bound for a shared machine; the docs give the measured figure.
         print(f"a 100k-event session with 1k compactions opened in {opened:.2f} s")
         assert opened < 5.0, f"the long session took {opened:.2f} s to open"
-    finally:
-        context.close()
-        served.stop()
-    assert errors == [], f"the page failed: {errors}"
 
 
 def test_a_long_session_draws_its_newest_rows_before_the_rest_is_read(
@@ -297,14 +306,9 @@ def test_a_long_session_draws_its_newest_rows_before_the_rest_is_read(
     """The newest rows are drawn, at the bottom of the whole, while the rest of the
     session is still being read (here held back until they are seen), with a line
     saying so; then every feature is there: the counts, the spans, the surface, live."""
-    served = Served(long_db)
-    context = browser.new_context(viewport={"width": 1400, "height": 820})
-    context.set_default_timeout(WAIT_MS * 3)
-    errors: list[str] = []
     held: list[Any] = []
-    try:
+    with _long_page(browser, long_db) as (served, page):
         expect = _expect()
-        page = _watched(context.new_page(), errors)
 
         def hold(route: Any) -> None:  # the whole timeline waits
             held.append(route)
@@ -331,10 +335,6 @@ def test_a_long_session_draws_its_newest_rows_before_the_rest_is_read(
         expect(loc("#status")).to_have_text("live")
         expect(loc(f".row[data-seq='{last}']")).to_be_visible()  # following the tail
         expect(loc("#surface-title")).to_contain_text(f"as of seq {last} (now)")
-    finally:
-        context.close()
-        served.stop()
-    assert errors == [], f"the page failed: {errors}"
 
 
 def test_a_session_read_already_draws_its_newest_rows_from_the_tail(
@@ -346,18 +346,13 @@ def test_a_session_read_already_draws_its_newest_rows_from_the_tail(
     import json
     import urllib.request
 
-    served = Served(long_db)
-    context = browser.new_context(viewport={"width": 1400, "height": 820})
-    context.set_default_timeout(WAIT_MS * 3)
-    errors: list[str] = []
     held: list[Any] = []
-    try:
+    with _long_page(browser, long_db) as (served, page):
         with urllib.request.urlopen(served.url + "/api/session?id=long", timeout=60) as r:
             assert r.status == 200  # the server reads the whole timeline now
         with urllib.request.urlopen(served.url + "/api/tail?id=long", timeout=60) as r:
             assert json.load(r)["ready"] is True
         expect = _expect()
-        page = _watched(context.new_page(), errors)
         page.route("**/api/rows?*", lambda route: held.append(route))
         loc = page.locator
         page.goto(served.url + "/session?id=long")
@@ -367,10 +362,6 @@ def test_a_session_read_already_draws_its_newest_rows_from_the_tail(
         for route in held:
             route.continue_()
         page.unroute("**/api/rows?*")
-    finally:
-        context.close()
-        served.stop()
-    assert errors == [], f"the page failed: {errors}"
 
 
 def test_five_digit_seq_ranges_stay_in_their_column(

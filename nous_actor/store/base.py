@@ -12,11 +12,13 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Protocol, Self, runtime_checkable
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, Final, Protocol, Self, runtime_checkable
 
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.args import check_count
-from nous_actor.core.codec import CodecError, iter_jsonl, loads
+from nous_actor.core.codec import CodecError, events_from_rows, iter_jsonl, loads
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, StoreError
@@ -249,6 +251,28 @@ def valid_store_ids(session_ids: Iterable[str]) -> list[str]:
             f"{short_repr(session_ids)}: pass [session_id] for one session"
         )
     return [valid_store_id(sid) for sid in session_ids]
+
+
+_SESSION_OF: Final = itemgetter(0)
+_EVENT_COLUMNS: Final = itemgetter(1, 2, 3, 4)
+
+
+def events_by_session(
+    ids: Iterable[str],
+    rows: Iterable[Sequence[Any]],
+    malformed: Callable[[str, CodecError], StoreError],
+) -> dict[str, list[Event] | StoreError]:
+    """What a batch read (``load_many``) answers: each of ``ids`` mapped to its events, from
+    ``rows`` of ``(session_id, seq, type, time, data)`` in session then seq order (an id
+    without rows: no events), or to ``malformed(id, error)`` when one of its rows is
+    malformed: that session alone fails, never the others."""
+    out: dict[str, list[Event] | StoreError] = {sid: [] for sid in ids}
+    for sid, run in groupby(rows, _SESSION_OF):  # each session's rows, one run each
+        try:
+            out[sid] = events_from_rows(map(_EVENT_COLUMNS, run))
+        except CodecError as exc:
+            out[sid] = malformed(sid, exc)
+    return out
 
 
 def export_session(store: Store, session_id: str) -> str:

@@ -18,14 +18,12 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from itertools import groupby
-from operator import itemgetter
 from typing import Any, Final
 
 import psycopg
 
 from nous_actor.core.args import check_flag, check_seconds
-from nous_actor.core.codec import CodecError, event_from_row, events_from_rows, surface_from_rows
+from nous_actor.core.codec import CodecError, event_from_row, surface_from_rows
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.message import Message
@@ -35,6 +33,7 @@ from nous_actor.store.base import (
     CallRecords,
     ClosingStore,
     SessionInfo,
+    events_by_session,
     valid_store_id,
     valid_store_ids,
 )
@@ -119,8 +118,6 @@ def _check_holder(holder: object) -> None:
 
 
 _MAX_ADDRESS: Final = 1024  # characters of an advertised address
-_SESSION_OF: Final = itemgetter(0)  # a load_many row's session id
-_EVENT_COLUMNS: Final = itemgetter(1, 2, 3, 4)  # its (seq, type, time, data)
 _FORGET_EVERY: Final = 60  # seconds between two forgettings of expired call records
 
 
@@ -506,13 +503,9 @@ class PostgresStore(ClosingStore):
             return conn.execute(query, (ids,)).fetchall()
 
         rows = self._call(self._main, None, "load the sessions", work) if ids else []
-        out: dict[str, list[Event] | StoreError] = {sid: [] for sid in ids}
-        for sid, run in groupby(rows, _SESSION_OF):  # each session's rows, one run each
-            try:  # decoded off the connection's lock
-                out[sid] = events_from_rows(map(_EVENT_COLUMNS, run))
-            except CodecError as exc:  # a malformed row fails its own session alone
-                out[sid] = self._ctx.error(exc, sid, "load the session")
-        return out
+        return events_by_session(  # decoded off the connection's lock
+            ids, rows, lambda sid, exc: self._ctx.error(exc, sid, "load the session")
+        )
 
     def release(self, session_id: str, token: str) -> None:
         """Give up a claim (a no-op if `token` no longer holds it, or the store is closed).

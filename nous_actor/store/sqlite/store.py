@@ -23,8 +23,7 @@ import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from itertools import groupby
-from operator import itemgetter
+from functools import partial
 from pathlib import Path
 from typing import Final, Literal
 
@@ -44,6 +43,7 @@ from nous_actor.store.base import (
     CallRecords,
     ClosingStore,
     SessionInfo,
+    events_by_session,
     valid_store_id,
     valid_store_ids,
 )
@@ -95,8 +95,6 @@ _SELECT_EVENTS: Final = (
 )
 """A session's stored events, in seq order."""
 
-_SESSION_OF: Final = itemgetter(0)
-_EVENT_COLUMNS: Final = itemgetter(1, 2, 3, 4)
 """A `load_many` row's session id, and its event's columns (``seq, type, time, data``)."""
 
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
@@ -498,13 +496,7 @@ class SQLiteStore(ClosingStore):
                     f"({','.join('?' * len(chunk))}) ORDER BY session_id, seq",
                     chunk,
                 ).fetchall()
-        out: dict[str, list[Event] | StoreError] = {sid: [] for sid in ids}
-        for sid, run in groupby(rows, _SESSION_OF):  # each session's rows, one run each
-            try:
-                out[sid] = events_from_rows(map(_EVENT_COLUMNS, run))
-            except CodecError as exc:  # a malformed row fails its own session alone
-                out[sid] = malformed(self.path, sid, exc)
-        return out
+        return events_by_session(ids, rows, partial(malformed, self.path))
 
     def _load_one(self, session_id: str) -> list[Event] | StoreError:
         """`load_many` of one session: its events, or why they could not be read."""
