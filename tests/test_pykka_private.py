@@ -19,6 +19,7 @@ import ast
 import hashlib
 import inspect
 import textwrap
+import uuid
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -303,18 +304,47 @@ def test_cell_of_a_ref_that_is_not_supervised_says_what_to_do() -> None:
         cell_of("not a ref")  # type: ignore[arg-type]
 
 
-# Pykka 4.5.0's ``Actor._actor_loop_running``, as ``ast.dump`` of its parsed source.
-_LOOP_RUNNING_4_5_0 = "408d2207fb0777878af32caef2e355c55300cc658d832f4cb98e8ed8777bb6e3"
+# Pykka 4.5.0's copied methods, as ``ast.dump`` of their parsed source.
+_COPIED_4_5_0 = {
+    "Actor._actor_loop_running": (
+        "408d2207fb0777878af32caef2e355c55300cc658d832f4cb98e8ed8777bb6e3",
+        "nous_actor.runtime.dispatcher.receive_one (or reuse it)",
+    ),
+    "Actor.__init__": (
+        "6f7ea9a5d636c8ce09c4a93661657441423f89cb0a3ab1b8d8c21b4d706aa94e",
+        "nous_actor.runtime.dispatcher.DispatchedActor.__init__",
+    ),
+}
 
 
-def test_the_copied_loop_is_still_what_pykka_ships() -> None:
-    """``receive_one`` copies the body of Pykka's message loop (why: ``COPIED``). A Pykka
-    release that changes that loop fails here: compare the copy with it, then update
-    the digest."""
-    assert set(COPIED) == {"Actor._actor_loop_running"}
-    tree = ast.parse(textwrap.dedent(inspect.getsource(pykka.Actor._actor_loop_running)))
-    digest = hashlib.sha256(ast.dump(tree.body[0]).encode()).hexdigest()
-    assert digest == _LOOP_RUNNING_4_5_0, (
-        f"Pykka {version('pykka')} changed Actor._actor_loop_running: port the change to "
-        "nous_actor.runtime.dispatcher.receive_one (or reuse it), then pin the new digest"
+@pytest.mark.parametrize("name", sorted(_COPIED_4_5_0))
+def test_the_copied_code_is_still_what_pykka_ships(name: str) -> None:
+    """What the library copies of Pykka (why: ``COPIED``): the body of its message loop
+    (``receive_one``) and what its ``Actor.__init__`` sets. A Pykka release that
+    changes either fails here: compare the copy with it, then update the digest."""
+    assert set(COPIED) == set(_COPIED_4_5_0)
+    digest, port = _COPIED_4_5_0[name]
+    method = getattr(pykka.Actor, name.split(".")[1])
+    tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    found = hashlib.sha256(ast.dump(tree.body[0]).encode()).hexdigest()
+    assert found == digest, (
+        f"Pykka {version('pykka')} changed {name}: port the change to {port}, then pin "
+        "the new digest"
     )
+
+
+def test_a_dispatched_actor_has_the_fields_pykkas_init_sets() -> None:
+    """``DispatchedActor.__init__`` sets what Pykka's would: the same attributes, an urn
+    of Pykka's form unique per actor, its own inbox, a stopped flag its ref shares."""
+
+    class Threaded(pykka.ThreadingActor):
+        pass
+
+    pykkas = set(vars(Threaded()))
+    a, b = _Plain(), _Plain()
+    assert set(vars(a)) - {"_stopped"} >= pykkas - {"actor_stopped"}
+    assert a.actor_urn != b.actor_urn
+    assert uuid.UUID(a.actor_urn).version == 4  # Pykka's form
+    assert a.actor_ref.actor_urn == a.actor_urn
+    assert a.actor_ref.actor_stopped is a.actor_stopped
+    assert a.actor_inbox is not b.actor_inbox

@@ -52,6 +52,7 @@ from pykka import ActorRegistry
 from nous_actor._log import get_logger
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.flag import Flag
+from nous_actor.runtime.unique import unique_hex
 
 __all__ = [
     "DEFAULT_THROUGHPUT",
@@ -285,6 +286,16 @@ class Inbox:
         return self._q.qsize()
 
 
+_VARIANT: Final = "89ab89ab89ab89ab"  # a hex digit -> the same with RFC 4122's variant bits
+
+
+def _urn() -> str:
+    """A new actor's urn, in Pykka's form: a version-4 UUID's, unique in this process and
+    across processes (`unique_hex`, with the version and variant bits put in)."""
+    h = unique_hex()
+    return f"urn:uuid:{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[int(h[16], 16)]}{h[17:20]}-{h[20:]}"
+
+
 class DispatchedActor(pykka.Actor):
     """A Pykka actor that runs on a `Dispatcher` instead of a thread of its own.
 
@@ -307,9 +318,9 @@ class DispatchedActor(pykka.Actor):
     def _create_future() -> pykka.Future[Any]:
         return scheduling.current().future()
 
-    # Pykka's ``Actor.__init__`` assigns ``actor_stopped`` a `threading.Event` and then
-    # makes the ref, which copies it: this setter puts a `Flag` in its place, so the
-    # actor and its ref share the Flag and nothing is set on the ref afterwards.
+    # The ref copies ``actor_stopped`` when it is made: the actor and its ref share one
+    # `Flag` (a `threading.Event` is a Condition and a lock, per actor, mostly never
+    # waited for), and nothing is set on the ref afterwards.
     @property  # type: ignore[override]
     def actor_stopped(self) -> Flag:
         return self._stopped
@@ -319,7 +330,15 @@ class DispatchedActor(pykka.Actor):
         self._stopped = Flag()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # What Pykka's ``Actor.__init__`` sets (tested against it), not calling it: it
+        # names the actor with ``uuid.uuid4()``, a draw from ``os.urandom`` that lets go
+        # of the GIL; with other threads busy the starting thread then waits ~0.2 ms to
+        # get it back, and a registry opening 10,000 sessions paid that 10,000 times.
+        # It would also make a ``threading.Event`` for ``actor_stopped`` to be dropped.
+        self.actor_urn = _urn()
+        self.actor_inbox = self._create_actor_inbox()
+        self._stopped = Flag()
+        self._actor_ref = pykka.ActorRef(self)
         self._began = False
         self._ended = False
         self._dispatcher: Dispatcher = _NOT_BOUND

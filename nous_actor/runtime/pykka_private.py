@@ -71,6 +71,10 @@ PRIVATE: Final[Mapping[str, str]] = {
         "a dispatched turn calls it for a failed message; _Supervised: the exception "
         "that crashed a tell is recorded as the exit reason"
     ),
+    "_actor_ref": (
+        "DispatchedActor.__init__ makes the actor's ref as Pykka's Actor.__init__ does "
+        "(see COPIED)"
+    ),
     "_stop": (
         "a dispatched turn stops the actor as Pykka's loop does; SessionActor stops "
         "itself at once (a hand-off, a fatal store error) without a trip through its inbox"
@@ -103,6 +107,15 @@ COPIED: Final[Mapping[str, str]] = {
         "out: Pykka's INFO log of an exception returned to the caller. Everything else "
         "(the answer, set_exception, _handle_failure then on_failure, _stop) is as in "
         "Pykka, which tests/pykka_port checks on DispatchedActor."
+    ),
+    "Actor.__init__": (
+        "DispatchedActor.__init__ sets the same four fields (urn, inbox, stopped, ref) "
+        "instead of calling it: Pykka names each actor with uuid.uuid4(), a draw from "
+        "os.urandom that lets go of the GIL, and with other threads busy the thread "
+        "starting the actor waits ~0.2 ms to get it back (opening 10,000 sessions paid "
+        "it 10,000 times on the registry's thread); the urn is made by "
+        "nous_actor.core.ids.unique_hex, in Pykka's form. It would also make a "
+        "threading.Event for actor_stopped that a Flag replaces at once."
     ),
 }
 """Pykka's code that the library copies instead of calling -> where, and why."""

@@ -16,12 +16,12 @@ import math
 import os
 import socket
 import threading
-import uuid
 from typing import Any, NoReturn, Protocol
 
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout
 from nous_actor.runtime import telemetry
+from nous_actor.runtime.unique import unique_hex
 from nous_actor.sessions.actor import (
     _WAIT_FOR_COMMITS,
     THROUGH,
@@ -178,7 +178,7 @@ class Turn(SessionCalls):
         self.lease = float(lease)
         self.wait = handle.timeout if timeout is None else float(timeout)
         self.note = DEFAULT_ROLLBACK_NOTE if note is None else note
-        self.turn_id = uuid.uuid4().hex
+        self.turn_id = unique_hex()
         self.start_seq: int | None = None
         self._state = _NEW
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from functools import partial
 
@@ -13,6 +12,7 @@ from nous_actor.core.event import Event
 from nous_actor.core.ids import plain_id
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.runtime import scheduling
+from nous_actor.runtime.unique import unique_hex
 from nous_actor.store.base import CALL_RECORD_SECONDS, CallRecords, SessionInfo, valid_store_id
 from nous_actor.store.subscription import Subscription
 
@@ -165,7 +165,7 @@ class MemoryStore:
                     "or stop that session first",
                     session_id=session_id,
                 )
-            token = uuid.uuid4().hex
+            token = unique_hex()
             self._claims[session_id] = token
             self._changed()
             return token

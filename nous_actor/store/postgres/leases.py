@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -22,6 +21,7 @@ import psycopg
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
+from nous_actor.runtime.unique import unique_hex
 from nous_actor.store.postgres.connection import T, _Context, _Link, _rollback
 from nous_actor.store.postgres.failures import _fenced, _first_line, _held_elsewhere
 from nous_actor.store.postgres.schema import BEGIN_WRITE, _Sql
@@ -221,7 +221,7 @@ class _Leases:
         with self.mutex:
             if session_id in self.claims or session_id in self.pending:
                 raise self._held_here(session_id)
-            token = uuid.uuid4().hex
+            token = unique_hex()
             self.pending[session_id] = token
         try:
             started = time.monotonic()
@@ -325,7 +325,7 @@ class _Leases:
                 if sid in self.claims or sid in self.pending or sid in todo:
                     out[i] = self._held_here(sid)
                 else:
-                    todo[sid] = uuid.uuid4().hex
+                    todo[sid] = unique_hex()
             todo = dict(sorted(todo.items()))  # rows locked in one order: no deadlock
             self.pending.update(todo)
         got: dict[str, str | StoreError] = {}

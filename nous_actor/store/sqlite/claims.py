@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from nous_actor.errors import ConflictError, StoreError
+from nous_actor.runtime.unique import unique_hex
 from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
 
 # Claim tokens held by live writers of this process, whatever store object made them.
@@ -138,7 +138,7 @@ def _claim_all(
                         )
                     )
                     continue
-                token = uuid.uuid4().hex
+                token = unique_hex()
                 # Under _live_lock and before COMMIT: another store object of this
                 # process that reads the row next also finds the token live.
                 _live_tokens.add(token)

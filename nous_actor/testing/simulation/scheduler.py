@@ -25,6 +25,7 @@ import pykka
 from nous_actor import _log
 from nous_actor.core import clock as core_clock
 from nous_actor.runtime import scheduling
+from nous_actor.runtime import unique as unique_ids
 from nous_actor.runtime.dispatcher import DispatchedActor, _run_logged, receive_one
 from nous_actor.store import committer as committer_module
 from nous_actor.testing.simulation.aio import SimEventLoop, describe
@@ -160,6 +161,7 @@ class Simulation:
         ids = self._ids
         self._saved = [
             uuid.uuid4,
+            unique_ids._reseed(f"{ids.getrandbits(64):016x}"),
             core_clock.set_utcnow(self.utcnow),
             random.getstate(),
             _log._Logger._emit,
@@ -197,8 +199,9 @@ class Simulation:
             self._closed = True
             if self._loop is not None:
                 self._loop.close()
-            uuid4, clock, state, emit = self._saved
+            uuid4, unique, clock, state, emit = self._saved
             uuid.uuid4 = uuid4
+            unique_ids._restore(unique)
             core_clock.set_utcnow(clock)
             random.setstate(state)
             _log._Logger._emit = emit  # type: ignore[method-assign]
