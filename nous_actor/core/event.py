@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
-from gc import is_tracked as _is_tracked
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+import msgspec
+import msgspec.structs
 
 from nous_actor.core import limits as _limits
 from nous_actor.core._frozen import (
@@ -539,53 +541,47 @@ def _unreadable_data(path: str, value: object, exc: BaseException) -> InvalidEve
     )
 
 
-_new = object.__new__
-_set = object.__setattr__
+class _EventMeta(msgspec.StructMeta):
+    """The metaclass of `Event`: ``Event(seq, type, time, data)`` checks its parts
+    (DESIGN.md §2) and builds the event of their normalised form; `trusted_event`
+    builds one of parts checked already, with no check at all.
+
+    A subclass (``class Tagged(Event): ...``) is as a Python subclass of a slotted
+    class would be: it has a ``__dict__`` and weak references, so it may be on a
+    reference cycle, and is left to the cyclic collector."""
+
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> _EventMeta:
+        if any(isinstance(base, _EventMeta) for base in bases):
+            for key in ("gc", "dict", "weakref"):
+                kwargs.setdefault(key, True)
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+    if not TYPE_CHECKING:  # to a type checker, an Event is built as its class says
+
+        def __call__(cls, seq, type, time, data):
+            etype, t, frozen, op = check_event(seq, type, time, data)
+            seq = int.__int__(seq)
+            return _make(cls, seq, etype, t, frozen, op, seq if op is None else op.start)
 
 
-class _EventSlots:
-    """The fields of an `Event`; set once, while it is built (see `trusted_event`).
-
-    ``_data`` is the frozen data, or the stored JSON text of an event read from a
-    store, already checked to be a JSON object without a ``surface_op`` (see
-    `nous_actor.core.codec.event_from_row`): it is decoded when something first
-    reads ``data``, so what nothing reads (a shadowed event, a bookkeeping one, a
-    session opened to be appended to) is never decoded.
-    """
-
-    __slots__ = ("_data", "_msg", "_op", "_pos", "seq", "time", "type")
-
-
-class _Building(_EventSlots):
-    """An `Event` being filled in: its fields are set as on any object, then it
-    becomes an Event (same layout), which refuses every later assignment."""
-
-    __slots__ = ()
-    seq: int
-    type: EventType
-    time: datetime
-    _data: FrozenDict | str
-    _op: Replace | None
-    _pos: int
-    _msg: Message | None
+_make: Final = msgspec.StructMeta.__call__
+"""Build an Event (or a subclass) from its fields, with no check: msgspec's own
+constructor, which the metaclass's ``__call__`` (the checked one) stands in front of."""
 
 
 def passing_event(
     seq: int, etype: EventType, time: datetime, data: FrozenDict | str, op: Replace | None
 ) -> Event:
     """`trusted_event` for an event read to be looked at and dropped (a reader's cold
-    read): left to the cyclic collector, which costs nothing for a value that dies
-    young, where taking it out costs a C call per event."""
-    ev = _new(_Building)
-    ev.seq = seq
-    ev.type = etype
-    ev.time = time
-    ev._data = data
-    ev._op = op
-    ev._pos = seq if op is None else op.start
-    ev._msg = None
-    ev.__class__ = Event  # type: ignore[assignment]
-    return ev  # type: ignore[return-value]
+    read): what it decodes later (its data, its message) is left to the cyclic
+    collector, which costs nothing for a value that dies young, where taking it out
+    costs a C call per value."""
+    ev: Event = _make(
+        Event, seq, etype, time, data, op, seq if op is None else op.start, None, True
+    )
+    return ev
 
 
 def trusted_event(
@@ -593,13 +589,12 @@ def trusted_event(
 ) -> Event:
     """An Event of already checked parts: the hot path of appends and of recovery.
 
-    ``data`` is frozen, or stored JSON text the codec checked (see `_EventSlots`)."""
-    ev = passing_event(seq, etype, time, data, op)
-    untrack(ev)
+    ``data`` is frozen, or stored JSON text the codec checked (see `Event`)."""
+    ev: Event = _make(Event, seq, etype, time, data, op, seq if op is None else op.start)
     return ev
 
 
-class Event(_EventSlots):
+class Event(msgspec.Struct, metaclass=_EventMeta, frozen=True, gc=False, eq=False):
     """One immutable log event: ``Event(seq, type, time, data)``.
 
     ``data`` is deeply frozen on construction (a caller mutating its dict
@@ -613,27 +608,35 @@ class Event(_EventSlots):
     >>> e.type, e.surface_op, e.position
     (<EventType.SYSTEM_MESSAGE: 'system_message'>, Replace(start=0, stop=2), 0)
 
+    An event is a frozen msgspec struct the cyclic collector never tracks: it holds
+    immutable values only (its data, a `Replace`, its memoised `Message`, all frozen),
+    so it can never be on a reference cycle, and a long session's hundreds of
+    thousands of events cost a full collection nothing.
+
+    ``_data`` is the frozen data, or the stored JSON text of an event read from a
+    store or appended through a session, already checked to be a JSON object
+    without a ``surface_op`` (see `nous_actor.core.codec.event_from_row`): it is
+    decoded when something first reads ``data``, so what nothing reads (a shadowed
+    event, a bookkeeping one, a session opened to be appended to) is never decoded.
+
     Raises:
         InvalidEvent: see DESIGN.md §2 for the reasons, checked in order.
     """
 
-    __slots__ = ()
     seq: int
     type: EventType
     time: datetime
     _data: FrozenDict | str
     _op: Replace | None
     _pos: int
-    _msg: Message | None
+    _msg: Message | None = None
+    _passing: bool = False  # read to be dropped (`passing_event`)
 
-    def __init__(self, seq: int, type: EventType | str, time: datetime, data: Mapping[str, Any]):
-        if _is_set(_SEQ, self):
-            raise TypeError(
-                "Event is immutable: it was built already, and __init__ cannot build it "
-                "again; make a new Event (or use with_seq)"
-            )
-        etype, t, frozen, op = check_event(seq, type, time, data)
-        _fill(self, int.__int__(seq), etype, t, frozen, op)
+    if TYPE_CHECKING:  # what the metaclass's checked constructor takes
+
+        def __init__(
+            self, seq: int, type: EventType | str, time: datetime, data: Mapping[str, Any]
+        ) -> None: ...
 
     _trusted = staticmethod(trusted_event)
     """An Event of parts `check_event` (or the row decoder) already checked."""
@@ -697,22 +700,24 @@ class Event(_EventSlots):
     def __reduce__(self) -> tuple[object, ...]:
         return (Event._trusted, (self.seq, self.type, self.time, self._data, self._op))
 
+    def __copy__(self) -> Event:
+        return self  # immutable: a copy is the event itself
 
-def _fill(
-    ev: Event, seq: int, etype: EventType, t: datetime, data: FrozenDict, op: Replace | None
-) -> None:
-    _set(ev, "seq", seq)
-    _set(ev, "type", etype)
-    _set(ev, "time", t)
-    _set(ev, "_data", data)
-    _set(ev, "_op", op)
-    _set(ev, "_pos", seq if op is None else op.start)
-    _set(ev, "_msg", None)
-    if type(ev) is Event:  # a subclass may have a __dict__, so be on a cycle
-        untrack(ev)
+    def __deepcopy__(self, memo: dict[int, object]) -> Event:
+        return self
 
 
-_SEQ: Final = _EventSlots.__dict__["seq"].__get__
+def _refuse_event_init(self: object, *args: object, **kwargs: object) -> NoReturn:
+    raise TypeError(
+        "Event is immutable: it was built already, and __init__ cannot build it "
+        "again; make a new Event (or use with_seq)"
+    )
+
+
+# msgspec refuses an ``__init__`` in a struct's body; a built event refuses one called
+# again (construction never calls it: the metaclass builds the event).
+Event.__init__ = _refuse_event_init  # type: ignore[method-assign]
+_set_field: Final = msgspec.structs.force_setattr
 
 HeldLoader = Callable[[str, int, bool], FrozenDict]
 """Decode an event's held JSON text: ``(text, seq, tracked)``, ``tracked`` being whether
@@ -759,8 +764,8 @@ def _read_held(ev: Event, text: str) -> FrozenDict:
 
     Two threads reading it at once both decode it and get equal values; either
     value stays (both are the same data), and the text is never read again."""
-    frozen = _held_data(text, ev.seq, _is_tracked(ev))
-    _set(ev, "_data", frozen)
+    frozen = _held_data(text, ev.seq, ev._passing)
+    _set_field(ev, "_data", frozen)
     return frozen
 
 
@@ -769,7 +774,7 @@ def project(ev: Event) -> Message:
     m = ev._msg
     if m is None:
         d = ev._data
-        passing = _is_tracked(ev)  # an event read to be dropped: its message passes too
+        passing = ev._passing  # an event read to be dropped: its message passes too
         # Held text: only the message's fields are decoded.
         fields = _held_fields(d, ev.seq, passing) if isinstance(d, str) else None
         if fields is not None:
@@ -791,5 +796,5 @@ def project(ev: Event) -> Message:
         )
         if not passing:
             untrack(m)
-        _set(ev, "_msg", m)
+        _set_field(ev, "_msg", m)
     return m
