@@ -124,4 +124,4 @@ def strike(fault: Fault, task: Task, step: int) -> bool:
         die(crash)
     else:
         actor._crash(crash)
-    return bool(actor.actor_inbox._token.acquire(False))  # not scheduled: a turn tears it down
+    return bool(actor.actor_inbox.take())  # not scheduled: a turn tears it down

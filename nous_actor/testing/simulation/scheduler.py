@@ -830,8 +830,8 @@ class Simulation:
             actor._turn(self.throughput)
         except BaseException as exc:  # a turn never takes the simulation down (as a thread)
             self.trace.append(f"{self.steps} {task.label} turn_failed {type(exc).__name__}")
-        inbox._token.release()
-        if not inbox._q.empty() and inbox._token.acquire(False):
+        inbox.give()
+        if not inbox.empty() and inbox.take():
             self._make_ready(task)
 
     def _threaded_step(self, task: Task) -> None:

@@ -213,8 +213,8 @@ def run_inline(task: Task) -> None:
     inbox = actor.actor_inbox
     while True:
         actor._turn(1 << 30)
-        inbox._token.release()
-        if inbox._q.empty() or not inbox._token.acquire(False):
+        inbox.give()
+        if inbox.empty() or not inbox.take():
             return
 
 
