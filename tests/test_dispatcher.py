@@ -27,6 +27,7 @@ from nous_actor import (
     SQLiteStore,
     Store,
 )
+from nous_actor.runtime.dispatcher import Inbox
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.testing import DelegatingStore
 
@@ -632,3 +633,56 @@ def test_a_call_made_after_a_crash_was_reported_reaches_the_restarted_session(
         later = h.count()
         called.set()
         assert later.get(timeout=BOUND) == 1
+
+
+# -- the inbox's token ---------------------------------------------------------------------
+
+
+def test_an_inbox_token_is_taken_by_one_thread_at_a_time() -> None:
+    """The token says an actor is scheduled: of threads that take it at once, one gets
+    it until it is given back. Four threads take and give it 20,000 times each; none
+    ever finds another inside, and every take that failed found it held."""
+    inbox = Inbox()
+    inbox.give()  # free, as once the actor is bound and started
+    inside: list[int] = []
+    clashes: list[int] = []
+    taken = [0] * 4
+    start = threading.Barrier(4, timeout=BOUND)
+
+    def work(k: int) -> None:
+        start.wait()
+        for _ in range(20_000):
+            if inbox.take():
+                if inside:
+                    clashes.append(k)
+                inside.append(k)
+                inside.pop()
+                taken[k] += 1
+                inbox.give()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as the interpreter lets them
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(BOUND)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads)
+    assert clashes == []
+    assert sum(taken) > 0
+    assert inbox.take()  # given back by the last taker
+    assert not inbox.take()  # and now held
+
+
+def test_an_inbox_token_given_back_twice_is_an_error() -> None:
+    """Two givers would let two threads run one actor at once: refused, not counted."""
+    inbox = Inbox()
+    assert not inbox.take()  # held from the start, until the actor is bound
+    inbox.give()
+    with pytest.raises(RuntimeError, match="given back twice"):
+        inbox.give()
+    assert inbox.take()
+    assert not inbox.take()
