@@ -276,12 +276,7 @@ class Inbox(queue.SimpleQueue):  # type: ignore[type-arg]
 
     def put(self, envelope: Any, /) -> None:  # type: ignore[override]
         _put(self, envelope)
-        token = self._token
-        if token:  # not scheduled: whoever pops the token schedules the actor
-            try:
-                token.pop()
-            except IndexError:  # another thread popped it first
-                return
+        if self.take():  # it was not scheduled: the taker schedules it
             actor = self._actor
             assert actor is not None
             actor._dispatcher._schedule(actor)
@@ -345,20 +340,16 @@ class DispatchedActor(pykka.Actor):
     # The ref copies ``actor_stopped`` when it is made: the actor and its ref share one
     # `Flag` (a `threading.Event` is a Condition and a lock, per actor, mostly never
     # waited for), and nothing is set on the ref afterwards.
-    @property  # type: ignore[override]
-    def actor_stopped(self) -> Flag:
+    @property
+    def actor_stopped(self) -> Flag:  # type: ignore[override]
         return self._stopped
-
-    @actor_stopped.setter
-    def actor_stopped(self, _event: object) -> None:
-        self._stopped = Flag()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # What Pykka's ``Actor.__init__`` sets (tested against it), not calling it: it
         # names the actor with ``uuid.uuid4()``, a draw from ``os.urandom`` that lets go
         # of the GIL; with other threads busy the starting thread then waits ~0.2 ms to
         # get it back, and a registry opening 10,000 sessions paid that 10,000 times.
-        # It would also make a ``threading.Event`` for ``actor_stopped`` to be dropped.
+        # It would also make a ``threading.Event`` for ``actor_stopped``, which is a Flag.
         self.actor_urn = _urn()
         self.actor_inbox = self._create_actor_inbox()
         self._stopped = Flag()

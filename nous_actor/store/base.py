@@ -255,6 +255,7 @@ def valid_store_ids(session_ids: Iterable[str]) -> list[str]:
 
 _SESSION_OF: Final = itemgetter(0)
 _EVENT_COLUMNS: Final = itemgetter(1, 2, 3, 4)
+"""A batch read's row: its session id, and its event's columns (``seq, type, time, data``)."""
 
 
 def events_by_session(

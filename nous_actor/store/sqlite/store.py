@@ -95,8 +95,6 @@ _SELECT_EVENTS: Final = (
 )
 """A session's stored events, in seq order."""
 
-"""A `load_many` row's session id, and its event's columns (``seq, type, time, data``)."""
-
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
     session_id TEXT NOT NULL,
     pid INTEGER NOT NULL,
