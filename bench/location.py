@@ -47,7 +47,7 @@ from typing import Any, Final
 
 from bench import harness as h
 from bench.fleet import COLD, ROOT, Fleet, check_histories, open_store, run_clients
-from bench.postgres import _schema, server
+from bench.postgres import _schema, _sql, server
 
 __all__ = ["BENCHMARKS", "main"]
 
@@ -90,6 +90,7 @@ class Run:
     problems: list[str] = field(default_factory=list)
     client_cpu_ms: float | None = None  # the clients' (this process's) CPU time per request
     p99_warm: float | None = None  # the p99 after the first fleet.COLD answers
+    server_cpu_ms: float | None = None  # the database server's CPU time per request
 
     def numbers(self) -> dict[str, Any]:
         return {
@@ -107,8 +108,14 @@ class Run:
             "killed": self.killed,
             "cpu_ms_per_request": self.cpu_ms,
             "client_cpu_ms_per_request": self.client_cpu_ms,
+            "server_cpu_ms_per_request": self.server_cpu_ms,
             "problems": self.problems[:5],
         }
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
 
 
 def _cpu_seconds(pids: list[int]) -> float | None:
@@ -117,16 +124,55 @@ def _cpu_seconds(pids: list[int]) -> float | None:
     total = 0.0
     try:
         for pid in pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            fields = _stat(pid)
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
     return total
 
 
+def _postmaster(base: str | None) -> int | None:
+    """The pid of the PostgreSQL server at ``base`` if it runs on this machine and says
+    where its data lives (its first process, the parent of its backends); ``None`` for
+    SQLite, a remote server, or a server that does not say."""
+    if base is None:
+        return None
+    try:
+        data = _sql(base, "SHOW data_directory")[0][0]
+        pid = int((Path(data) / "postmaster.pid").read_text().split()[0])
+        _stat(pid)
+    except Exception:  # not a local server this process may look at: not measured
+        return None
+    return pid
+
+
+def _server_cpu(postmaster: int | None) -> float | None:
+    """The CPU time (user + system) the database server used so far: its first process,
+    the children it has reaped (their whole time, as the kernel adds it up) and those
+    still running; ``None`` where not known."""
+    if postmaster is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = _stat(postmaster)
+        total = sum(int(f) for f in fields[11:15]) / tick
+    except (OSError, ValueError, IndexError):
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry.name))
+            if int(fields[1]) == postmaster:
+                total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile: its time is in the server's reaped children's
+    return total
+
+
 def _fleet_run(
     spec: str, folder: Path, kind: str, workers: int, wait: float,
-    sent: list[tuple[str, str]], kills: int = 0, seed: int = 32,
+    sent: list[tuple[str, str]], kills: int = 0, seed: int = 32, postmaster: int | None = None,
 ) -> Run:  # fmt: skip
     """``sent`` from `CLIENTS` clients to ``workers`` fresh workers on ``spec``; with
     ``kills``, that many workers SIGKILLed (and replaced) at even marks of the traffic."""
@@ -149,13 +195,14 @@ def _fleet_run(
         t.start()
 
     pids = [w.pid for w in fleet.live()]
-    cpu0, mine0 = _cpu_seconds(pids), time.process_time()
+    cpu0, mine0, db0 = _cpu_seconds(pids), time.process_time(), _server_cpu(postmaster)
     try:
         out = run_clients(fleet, sent, CLIENTS, seed=seed, on_progress=on_progress)
         mine = (time.process_time() - mine0) * 1000 / len(sent)
         for t in killers:
             t.join(h.JOIN_TIMEOUT)
         cpu1 = None if kills else _cpu_seconds(pids)
+        db1 = None if kills else _server_cpu(postmaster)
     finally:
         fleet.stop()
     store = open_store(spec)
@@ -173,15 +220,17 @@ def _fleet_run(
         out.stopped, out.ambiguous, out.found, out.retried, len(killed),
         None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000 / len(sent), problems,
         client_cpu_ms=mine, p99_warm=out.p99_warm,
+        server_cpu_ms=None if db0 is None or db1 is None else (db1 - db0) * 1000 / len(sent),
     )  # fmt: skip
 
 
 def cpu_bound(fleet: list[Run], alone: list[Run], cpus: int) -> float | None:
     """The most the fleet could serve here over one worker's rate: every CPU busy with
-    requests that each cost what the fleet's measured (its workers' CPU plus the clients'),
-    over one worker alone's requests/s (``None`` where the CPU was not measured)."""
+    requests that each cost what the fleet's measured (its workers' CPU plus the clients'
+    and, when it runs here, the database server's), over one worker alone's requests/s
+    (``None`` where the CPU was not measured)."""
     costs = [
-        r.cpu_ms + r.client_cpu_ms
+        r.cpu_ms + r.client_cpu_ms + (r.server_cpu_ms or 0.0)
         for r in fleet
         if r.cpu_ms is not None and r.client_cpu_ms is not None
     ]
@@ -228,13 +277,18 @@ def _compare(
     if handoff:
         kinds.append(("handoff", WORKERS, HANDOFF_WAIT))
     runs: dict[str, list[Run]] = {k: [] for k, _, _ in kinds}
+    postmaster = _postmaster(base)
     for k in range(repeats):
         order = kinds if k % 2 == 0 else list(reversed(kinds))
         sent = _requests(shape.requests, shape.conversations, seed=32 + k)
         for kind, workers, wait in order:
             h.progress(f"location.fleet: {store}, {shape.label}, {kind}, {k + 1}/{repeats}")
             with _fresh(base, f"loc-{kind}") as (spec, folder):
-                runs[kind].append(_fleet_run(spec, folder, kind, workers, wait, sent, seed=k))
+                runs[kind].append(
+                    _fleet_run(
+                        spec, folder, kind, workers, wait, sent, seed=k, postmaster=postmaster
+                    )
+                )
             h.settle()
     return runs
 
@@ -331,8 +385,11 @@ def _cpu_text(runs: list[Run]) -> str:
     if not known:
         return ""
     clients = [r.client_cpu_ms for r in runs if r.client_cpu_ms is not None]
-    also = f" (clients {statistics.median(clients):.2g})" if clients else ""
-    return f"; CPU {statistics.median(known):.2g} ms/req{also}"
+    server = [r.server_cpu_ms for r in runs if r.server_cpu_ms is not None]
+    also = [f"clients {statistics.median(clients):.2g}"] if clients else []
+    also += [f"server {statistics.median(server):.2g}"] if server else []
+    extra = f" ({', '.join(also)})" if also else ""
+    return f"; CPU {statistics.median(known):.2g} ms/req{extra}"
 
 
 def _refusal_row(what: str, runs: list[Run], goal_note: str) -> h.Row:
@@ -439,15 +496,16 @@ def bench_fleet(cfg: h.Config) -> h.Section:
         "the history check then proves each answer right. Every run's "
         "histories are checked (whole turns in order, each acknowledged request once).",
         "fleet: CPU ms/req is the CPU time (user + system) the worker processes used during "
-        "the traffic, over the requests (the clients' and the database server's not "
-        "counted): the work a request costs, whatever the machine's other load; the "
-        "clients' is this process's CPU time over the same traffic.",
+        "the traffic, over the requests: the work a request costs, whatever the machine's "
+        "other load; the clients' is this process's CPU time over the same traffic; the "
+        "server's (PostgreSQL, when it runs on this machine) is its processes' (the "
+        "postmaster, its backends and helpers, those that ended included).",
         "fleet: 'CPU bound here' is the most the 4 workers could reach on this machine at "
         "the cost they measured: all of its CPUs busy with requests that each cost the "
-        "workers' plus the clients' CPU time, over one worker alone's requests/s. A ratio "
-        "at the bound is limited by the CPUs, not by waiting; a goal above the bound needs "
-        "cheaper requests or more CPUs. The database server's CPU is not counted: on "
-        "PostgreSQL the real bound is lower than the one shown.",
+        "workers', the clients' and the database server's CPU time, over one worker "
+        "alone's requests/s. A ratio at the bound is limited by the CPUs, not by waiting; "
+        "a goal above the bound needs cheaper requests or more CPUs (or the server on "
+        "another machine).",
         f"fleet: load average {load:.1f} before the runs; the machine's CPUs are shared by "
         "the client threads, the workers and the store (trust the ratios).",
     ]

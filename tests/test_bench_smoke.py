@@ -240,6 +240,55 @@ def test_the_fleets_cpu_bound_is_the_machine_busy_at_the_measured_cost() -> None
     assert cpu_bound(fleet, [], 2) is None
 
 
+def test_the_fleets_cpu_bound_counts_the_database_servers_cpu() -> None:
+    """On PostgreSQL, the server's CPU per request shares the machine's CPUs: the bound
+    counts it beside the workers' and the clients'."""
+    from bench.location import Run, cpu_bound
+
+    def run(per_s: float, server: float | None) -> Run:
+        return Run(
+            "k", 4, 1000, per_s, 0.01, 0.05, 0, 0, 0, 0, 0, 0.7,
+            client_cpu_ms=0.1, server_cpu_ms=server,
+        )  # fmt: skip
+
+    alone = [run(1000, 0.5)]
+    assert cpu_bound([run(1500, 0.2)], alone, 2) == pytest.approx(2000 / 1.0 / 1000)
+    assert cpu_bound([run(1500, None)], alone, 2) == pytest.approx(2000 / 0.8 / 1000)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_database_servers_cpu_is_read_from_its_processes() -> None:
+    """The server's CPU is its first process's, its reaped children's and its live
+    children's: a child that burns CPU and ends is still counted."""
+    from bench.location import _server_cpu
+
+    script = (
+        "import subprocess, sys\n"
+        "sys.stdin.readline()\n"
+        "subprocess.run([sys.executable, '-c', 'sum(range(30_000_000))'], check=True)\n"
+        "print('done', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdin is not None
+        assert parent.stdout is not None
+        try:
+            before = _server_cpu(parent.pid)
+            parent.stdin.write("go\n")
+            parent.stdin.flush()
+            assert parent.stdout.readline() == "done\n"
+            after = _server_cpu(parent.pid)
+        finally:
+            parent.kill()
+            parent.wait(30)
+    assert before is not None
+    assert after is not None
+    assert after - before >= 0.2  # the reaped child's ~0.5-1 s of CPU
+    assert _server_cpu(None) is None
+
+
 def test_the_fleet_rows_carry_their_cpu_bound(
     quick_run: tuple[str, str, dict[str, Any], Path],
 ) -> None:
