@@ -297,6 +297,62 @@ def test_a_takeover_after_the_lease_expired_fences_the_old_writer(pg_stores: Sto
     assert isinstance(again["s"], FencedError)
 
 
+def _statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement a connection sends from now on (each one a round trip)."""
+    import psycopg
+
+    sent: list[str] = []
+    real = psycopg.Connection.execute
+
+    def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(" ".join(str(query).split())[:40])
+        return real(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    return sent
+
+
+def test_a_write_that_the_fence_lets_through_is_three_round_trips(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Begin, one statement (fence, rows, call records, wake-ups), commit: however many
+    sessions, claimed or not, and with forwarded calls recorded."""
+    a = pg_stores()
+    a.claim("s")
+    a.claim("t")
+    sent = _statements(monkeypatch)
+    assert a.write({"s": [ev(0), ev(1)], "t": [ev(0)], "u": [ev(0)]}) == {}
+    assert len(sent) == 3, sent
+    sent.clear()
+    assert a.write({"s": [ev(2)]}, calls={"s": [("call-1", 2, 2)]}) == {}
+    assert len(sent) == 3, sent
+    assert a.applied_call("s", "call-1") == (2, 2)
+    assert [e.seq for e in a.load("s")] == [0, 1, 2]
+    assert [len(a.load(sid)) for sid in "tu"] == [1, 1]
+
+
+def test_a_write_with_a_refused_session_keeps_nothing_of_its_first_try(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-statement try inserts every session's rows; when the fence refuses one,
+    that try is rolled back whole and the write goes step by step: the refused
+    session stores nothing (nor its call records), the others everything, once."""
+    a, b = pg_stores(), pg_stores()
+    b.claim("held")
+    sent = _statements(monkeypatch)
+    refused = a.write(
+        {"held": [ev(0, "not mine")], "free": [ev(0)]},
+        calls={"held": [("c-held", 0, 0)], "free": [("c-free", 0, 0)]},
+    )
+    assert set(refused) == {"held"}
+    assert type(refused["held"]) is ConflictError
+    assert len(sent) > 3  # tried at once, then step by step
+    assert b.load("held") == []
+    assert [e.seq for e in b.load("free")] == [0]
+    assert a.applied_call("held", "c-held") is None
+    assert a.applied_call("free", "c-free") == (0, 0)
+
+
 # -- many claims in one transaction (the opens of many sessions at once) -----------------------
 
 

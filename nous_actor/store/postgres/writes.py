@@ -3,9 +3,9 @@
 `_fence` is the one check every write transaction makes (and a snapshot's
 drop): it locks the sessions' claim rows and says which may be written under
 which epoch. `_Write` is one `PostgresStore.write`: fence, insert, notify,
-commit, retried on a new connection when nothing can have committed, and
-settled by reading the outcome back from the server when the connection was
-lost during ``COMMIT``.
+commit (in the common case, all but the commit in one statement), retried on
+a new connection when nothing can have committed, and settled by reading the
+outcome back from the server when the connection was lost during ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ logger = get_logger("nous_actor.store.postgres")  # the package's name
 # -- fencing: one check, used by every write transaction -------------------------------
 
 
+_FENCE_COLUMNS: Final = (
+    "session_id, epoch, lease_until > clock_timestamp() AS live, holder, lease_until"
+)
+"""A claim row as the fence reads it: its session, epoch, whether its lease is live, its
+holder and the lease's end."""
+
+
 def _fence(
     conn: psycopg.Connection[Any], leases: _Leases, session_ids: Sequence[str]
 ) -> tuple[dict[str, StoreError], dict[str, int]]:
@@ -57,10 +64,19 @@ def _fence(
     at commit.
     """
     rows = conn.execute(
-        f"SELECT session_id, epoch, lease_until > clock_timestamp(), holder, lease_until "
-        f"FROM {leases.claims_table} WHERE session_id = ANY(%b) FOR KEY SHARE",
+        f"SELECT {_FENCE_COLUMNS} FROM {leases.claims_table} "
+        "WHERE session_id = ANY(%b) FOR KEY SHARE",
         (list(session_ids),),
     ).fetchall()
+    return _judge(rows, leases, session_ids, lose=True)
+
+
+def _judge(
+    rows: Sequence[Sequence[Any]], leases: _Leases, session_ids: Sequence[str], *, lose: bool
+) -> tuple[dict[str, StoreError], dict[str, int]]:
+    """`_fence`'s verdict on the claim ``rows`` it read; with ``lose``, a claim found
+    taken over or expired is marked lost in ``leases`` (without, nothing changes: a
+    write that tried its luck checks again before it refuses anything)."""
     found = {str(r[0]): r for r in rows}
     now = time.monotonic()
     refused: dict[str, StoreError] = {}
@@ -77,7 +93,8 @@ def _fence(
                 epochs[sid] = 0
         elif row is None or row[1] != mine.epoch or not row[2]:
             err: StoreError = _fenced(sid, mine.epoch, row)
-            leases.lose(sid, mine, err)
+            if lose:
+                leases.lose(sid, mine, err)
             refused[sid] = err
         elif mine.lost is not None:
             refused[sid] = _again(mine.lost, sid)
@@ -87,7 +104,8 @@ def _fence(
                 "the lease ran out; restart the session (it reloads from the store)",
                 session_id=sid,
             )
-            leases.lose(sid, mine, err)
+            if lose:
+                leases.lose(sid, mine, err)
             refused[sid] = err
         else:
             epochs[sid] = mine.epoch
@@ -245,6 +263,82 @@ class _Write:
     def _attempt(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
         conn.execute(BEGIN_WRITE)
         try:
+            xid = self._at_once(conn)
+            if xid is None:  # a session refused, a conflict or a refused value: step by step
+                conn.execute("ROLLBACK")
+                return self._stepwise(conn)
+        except BaseException:
+            _rollback(conn)
+            raise
+        self._commit(conn, xid)
+        return self.refused
+
+    def _at_once(self, conn: psycopg.Connection[Any]) -> str | None:
+        """The common case in one statement: lock and read the claim rows (the fence),
+        insert every session's rows under the epoch its claim here says, record the
+        forwarded calls (forgetting the expired records if this write is the one to)
+        and queue the wake-ups; the transaction id if the fence lets
+        every session be written, else ``None`` (the caller rolls back, so nothing of
+        it is kept, and writes step by step, which says who is refused and why).
+
+        Three round trips a write (begin, this, commit) where the steps take four or
+        five: less work for the server and for the committer, most where small writes
+        are many (several processes, each committing the sessions it holds)."""
+        q = self.q
+        epochs: dict[str, int] = {}
+        for sid in self.sids:
+            mine = self.leases.get(sid)
+            epochs[sid] = 0 if mine is None else mine.epoch
+        self.epochs = epochs
+        calls = self._call_rows()
+        params: list[Any] = [
+            self.sids,
+            *self._rows(self.sids),
+            q.commits,
+            self._wakeups(self.sids),
+        ]
+        record = ""
+        if calls:
+            record = (
+                f", rec AS (INSERT INTO {q.calls} (at, session_id, call, first, last) "
+                "SELECT %b, * FROM unnest(%b::text[], %b::text[], %b::bigint[], "
+                "%b::bigint[]) ON CONFLICT (session_id, call) DO NOTHING)"
+            )
+            params += [int(time.time()), *(list(col) for col in zip(*calls, strict=True))]
+            if self.forget_before is not None:  # and the expired records forgotten
+                record += f", gone AS (DELETE FROM {q.calls} WHERE at < %b)"
+                params.append(self.forget_before)
+        try:
+            rows = conn.execute(
+                f"WITH f AS MATERIALIZED (SELECT {_FENCE_COLUMNS} FROM {q.claims} "
+                "WHERE session_id = ANY(%b) FOR KEY SHARE), "
+                f"ins AS (INSERT INTO {q.events} (session_id, seq, epoch, type, time, data) "
+                "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::text[], "
+                "%b::timestamptz[], %b::text[]) RETURNING 1), "
+                f"woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p){record}, "
+                "done AS (SELECT pg_current_xact_id()::text AS xid, "
+                "(SELECT count(*) FROM ins) AS n, (SELECT count(*) FROM woke) AS w) "
+                # Every count is selected: a column left out is not computed, and its
+                # CTE (the wake-ups') would not run.
+                "SELECT f.*, done.xid, done.n, done.w FROM done LEFT JOIN f ON true",
+                params,
+            ).fetchall()
+        except (psycopg.errors.UniqueViolation, psycopg.DataError):
+            return None  # the transaction is aborted: rolled back by the caller
+        refused, _ = _judge(
+            [r for r in rows if r[0] is not None], self.leases, self.sids, lose=False
+        )
+        if refused:
+            return None
+        self.refused = {}
+        return str(rows[0][5])
+
+    def _stepwise(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
+        """A write whose sessions are not all written at once: fence, then insert those
+        the fence lets through (session by session after a conflict or a refused
+        value), record, commit."""
+        conn.execute(BEGIN_WRITE)
+        try:
             self.refused, self.epochs = _fence(conn, self.leases, self.sids)
             if not self.epochs:
                 conn.execute("ROLLBACK")
@@ -303,26 +397,30 @@ class _Write:
         assert row is not None
         return str(row[0])
 
-    def _record(self, conn: psycopg.Connection[Any]) -> None:
-        """Record the forwarded calls of the sessions written (``epochs``) in this
-        transaction; forget the expired records if this write is the one to."""
+    def _call_rows(self) -> list[tuple[str, str, int, int]]:
+        """The forwarded calls to record: ``(session id, call id, first seq, last seq)`` of
+        the sessions written (``epochs``)."""
         if self.calls is None:
-            return
-        rows = [
+            return []
+        return [
             (sid, call, first, last)
             for sid, made in self.calls.items()
             if sid in self.epochs
             for call, first, last in made
         ]
+
+    def _record(self, conn: psycopg.Connection[Any]) -> None:
+        """Record the forwarded calls of the sessions written (``epochs``) in this
+        transaction; forget the expired records if this write is the one to."""
+        rows = self._call_rows()
         if not rows:
             return
         q = self.q
-        now = int(time.time())
         conn.execute(
             f"INSERT INTO {q.calls} (at, session_id, call, first, last) "
             "SELECT %b, * FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bigint[]) "
             "ON CONFLICT (session_id, call) DO NOTHING",
-            (now, *(list(col) for col in zip(*rows, strict=True))),
+            (int(time.time()), *(list(col) for col in zip(*rows, strict=True))),
         )
         if self.forget_before is not None:
             conn.execute(f"DELETE FROM {q.calls} WHERE at < %b", (self.forget_before,))
