@@ -137,3 +137,36 @@ def test_a_good_registry_still_starts() -> None:
         timeout=0.5, max_restarts=0, max_sessions=1, dispatcher=Dispatcher(1), idle_timeout=0.5
     ) as sessions:
         assert sessions.open("a").append("user_message", {"content": "x"}).get().seq == 0
+
+
+def test_a_store_is_recognised_as_the_protocol_says_and_its_class_once() -> None:
+    """`is_store` answers as ``isinstance(obj, Store)``: a class with every method of the
+    protocol is remembered (its next instance is not looked at method by method); one
+    that lacks a method is not, so an instance that carries the method itself passes
+    alone and its siblings do not."""
+    from nous_actor import MemoryStore
+    from nous_actor.store import Store, base
+
+    class Partial:
+        def load(self, session_id: str) -> list[Any]:
+            return []
+
+    def noop(*args: Any) -> None:
+        return None
+
+    full = MemoryStore()
+    try:
+        assert base.is_store(full)
+        assert MemoryStore in base._STORE_CLASSES
+        lacking, fixed = Partial(), Partial()
+        for name in base._STORE_METHODS - {"load"}:
+            setattr(fixed, name, noop)
+        assert isinstance(fixed, Store)
+        assert base.is_store(fixed)
+        assert Partial not in base._STORE_CLASSES
+        assert not base.is_store(lacking)
+        assert not isinstance(lacking, Store)
+        assert not base.is_store("x.db")
+        assert not base.is_store(None)
+    finally:
+        full.close()

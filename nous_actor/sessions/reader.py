@@ -28,7 +28,7 @@ from nous_actor.core.message import Message
 from nous_actor.runtime.dispatcher import Workers
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.store import shared
-from nous_actor.store.base import Store
+from nous_actor.store.base import Store, is_store
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["READS", "SessionReader"]
@@ -69,7 +69,7 @@ class SessionReader:
 
     def __init__(self, session_id: str, store: Store, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         session_id = check_session_id(session_id)
-        if not isinstance(store, Store):
+        if not is_store(store):
             raise TypeError(
                 f"store must implement nous_actor.store.Store, got {type(store).__name__}"
             )

@@ -55,7 +55,7 @@ from nous_actor.errors import (
 from nous_actor.sessions.actor import HELD, SessionActor, _Compaction
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
-from nous_actor.store.base import Store
+from nous_actor.store.base import Store, is_store
 from nous_actor.store.subscription import Subscription
 
 logger = get_logger("nous_actor.cluster.ray")  # the package's name, as before it was split
@@ -102,7 +102,7 @@ class _Shard:
         self.with_turns: set[str] = set()
         try:
             store = store_factory()
-            if not isinstance(store, Store):
+            if not is_store(store):
                 raise TypeError(
                     f"store_factory must return a nous_actor Store, got {type(store).__name__}"
                 )

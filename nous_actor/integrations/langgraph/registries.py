@@ -16,6 +16,7 @@ from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import SessionHandle
 from nous_actor.sessions.reader import SessionReader
 from nous_actor.store import MemoryStore, Store, list_sessions
+from nous_actor.store.base import is_store
 
 __all__ = ["Journal", "Registry"]
 
@@ -71,7 +72,7 @@ class Journal:
         factory: Callable[[], object] | None = getattr(registry, "store_factory", None)
         self.registry: Registry = registry  # type: ignore[assignment]
         self.made = False
-        if not isinstance(store, Store):
+        if not is_store(store):
             if not callable(factory):
                 raise TypeError(
                     f"{_what_to_pass(registry)}, which has neither a store (as Sessions "
@@ -79,7 +80,7 @@ class Journal:
                     "threads' journal through one of them"
                 )
             store = factory()
-            if not isinstance(store, Store):
+            if not is_store(store):
                 raise TypeError(
                     f"the registry's store_factory made a {type(store).__name__}, not a "
                     "nous_actor store; pass e.g. functools.partial(PostgresStore, dsn)"

@@ -30,7 +30,7 @@ from nous_actor.sessions.handle._checks import _check_handle_args, _check_seq, c
 from nous_actor.sessions.handle._session_handle import SessionHandle
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.sessions.turns._blocks import _ENTERED, held_future
-from nous_actor.store.base import Store
+from nous_actor.store.base import Store, is_store
 from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
 from nous_actor.supervision import ChildSpec, RestartType
 
@@ -134,7 +134,7 @@ class Session(SessionHandle):
                 raise ValueError(
                     "pass either log= or store=: a session on a store recovers its log from it"
                 )
-            if not isinstance(store, Store):
+            if not is_store(store):
                 raise TypeError(
                     f"store must implement nous_actor.store.Store, got {type(store).__name__}"
                 )
@@ -185,7 +185,7 @@ class Session(SessionHandle):
         """
         session_id = _check_handle_args(session_id, timeout)
         check_dangling_turns(dangling_turns)
-        if not isinstance(store, Store):
+        if not is_store(store):
             raise TypeError(
                 f"store must implement nous_actor.store.Store, got {type(store).__name__}"
             )

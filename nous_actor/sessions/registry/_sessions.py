@@ -55,7 +55,7 @@ from nous_actor.sessions.registry._settings import (
 from nous_actor.sessions.registry._supervisor import RegistryActor
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.store import shared
-from nous_actor.store.base import Store
+from nous_actor.store.base import Store, is_store
 from nous_actor.store.memory import MemoryStore
 from nous_actor.store.subscription import Subscription
 from nous_actor.supervision import (
@@ -145,7 +145,7 @@ class Sessions:
         handoff_wait: float | None = None,
         dangling_turns: DanglingTurns = DEFAULT_DANGLING_TURNS,
     ) -> None:
-        if store is not None and not isinstance(store, Store):
+        if store is not None and not is_store(store):
             raise TypeError(
                 f"store must be a nous_actor store (MemoryStore, SQLiteStore(path), "
                 f"PostgresStore(dsn) or your own Store), got {type(store).__name__}"
