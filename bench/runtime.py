@@ -33,6 +33,7 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -376,21 +377,45 @@ def _prepare(path: Path, count: int, events: int) -> None:
         store.close()
 
 
-def _open_all(path: Path, count: int, events: int) -> tuple[int, int, int]:
-    """Open every stored session at once from one loop: (open ns, close ns, threads seen)."""
+@dataclass
+class _Collector:
+    """What the cyclic collector did during a timed part: collections by generation and
+    the time spent in them (``gc.callbacks``), and the objects it tracked at the start."""
+
+    tracked: int = 0
+    collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    ns: int = 0
+    _began: int = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter_ns()
+        else:
+            self.collections[info["generation"]] += 1
+            self.ns += time.perf_counter_ns() - self._began
+
+
+def _open_all(path: Path, count: int, events: int) -> tuple[int, int, int, _Collector]:
+    """Open every stored session at once from one loop: (open ns, close ns, threads seen,
+    what the collector did meanwhile)."""
     from nous_actor import Sessions, SQLiteStore
 
     store = SQLiteStore(path)
     sessions = Sessions(store, max_sessions=count + 10)
+    collector = _Collector(tracked=len(gc.get_objects()))
     try:
 
         async def main() -> tuple[int, int]:
-            t0 = time.perf_counter_ns()
-            handles = await asyncio.wait_for(
-                asyncio.gather(*(sessions.aopen(f"s-{i}") for i in range(count))),
-                h.JOIN_TIMEOUT,
-            )
-            ns = time.perf_counter_ns() - t0
+            gc.callbacks.append(collector)
+            try:
+                t0 = time.perf_counter_ns()
+                handles = await asyncio.wait_for(
+                    asyncio.gather(*(sessions.aopen(f"s-{i}") for i in range(count))),
+                    h.JOIN_TIMEOUT,
+                )
+                ns = time.perf_counter_ns() - t0
+            finally:
+                gc.callbacks.remove(collector)
             threads = threading.active_count()
             counts = await asyncio.gather(*(s.count() for s in handles))
             if set(counts) != {events}:
@@ -401,7 +426,7 @@ def _open_all(path: Path, count: int, events: int) -> tuple[int, int, int]:
     finally:
         close_ns = h.time_ns(lambda: sessions.close(timeout=60))
         store.close()
-    return ns, close_ns, threads
+    return ns, close_ns, threads, collector
 
 
 def bench_open_many(cfg: h.Config) -> h.Section:
@@ -412,13 +437,15 @@ def bench_open_many(cfg: h.Config) -> h.Section:
     opens: list[int] = []
     closes: list[int] = []
     threads: list[int] = []
+    collectors: list[_Collector] = []
     with h.scratch("open") as folder, structlog.testing.capture_logs() as logs:
         path = folder / "stored.db"
         _prepare(path, count, events)
         for k in range(repeats):
             h.progress(f"runtime.open_many: opening {count} sessions at once, {k + 1}/{repeats}")
             h.settle()
-            ns, cns, th = _open_all(path, count, events)
+            ns, cns, th, coll = _open_all(path, count, events)
+            collectors.append(coll)
             opens.append(ns)
             closes.append(cns)
             threads.append(th)
@@ -453,6 +480,18 @@ def bench_open_many(cfg: h.Config) -> h.Section:
             f"then Sessions.close() of the {count}",
             h.fmt_time_spread(c),
             close_ns=c.as_dict(),
+        )
+    )
+    sec.rows.append(
+        h.info_row(
+            "the cyclic collector during each open: time in it, full collections, "
+            "objects it tracked at the start",
+            ", ".join(f"{h.fmt_time(k.ns)} ({k.collections[2]} full)" for k in collectors),
+            ", ".join(f"{k.tracked:,} objects" for k in collectors),
+            collectors=[
+                {"gc_ns": k.ns, "collections": k.collections, "tracked": k.tracked}
+                for k in collectors
+            ],
         )
     )
     sec.notes += [

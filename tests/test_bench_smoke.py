@@ -325,3 +325,21 @@ def test_the_schema_bench_compares_every_layout_with_todays(
     assert all(v > 0 for cols in ratios.values() for v in cols.values())
     for r in writes:
         assert r["numbers"]["wal_bytes_per_commit"]["median"] > 0, r["benchmark"]
+
+
+def test_the_open_of_many_sessions_says_what_the_collector_did(
+    quick_run: tuple[str, str, dict[str, Any], Path],
+) -> None:
+    """G16's run reports, for each timed open, the time the cyclic collector took, its
+    collections by generation and the objects it tracked when the open began."""
+    _, _, doc, _ = quick_run
+    rows = doc["benchmarks"]["runtime.open_many"]["rows"]
+    (row,) = [r for r in rows if r["benchmark"].startswith("the cyclic collector")]
+    (opened,) = [r for r in rows if r["goal_id"] == "G16"]
+    runs = row["numbers"]["collectors"]
+    assert len(runs) == opened["numbers"]["open_ns"]["n"] >= 1
+    for run in runs:
+        assert len(run["collections"]) == 3
+        assert run["collections"][0] > 0  # thousands of objects made: some collection ran
+        assert 0 < run["gc_ns"] < opened["numbers"]["open_ns"]["max"]
+        assert run["tracked"] > 1000
