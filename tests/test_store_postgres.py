@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 # Under CI a missing driver fails the run; elsewhere these tests skip, saying why.
 psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
 from nous_actor.store.postgres import PostgresStore, PostgresWatch, _Write  # noqa: E402
+from nous_actor.store.postgres.schema import BEGIN_WRITE  # noqa: E402
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -351,6 +352,87 @@ def test_a_write_with_a_refused_session_keeps_nothing_of_its_first_try(
     assert [e.seq for e in b.load("free")] == [0]
     assert a.applied_call("held", "c-held") is None
     assert a.applied_call("free", "c-free") == (0, 0)
+
+
+def test_a_write_locks_its_claim_rows_before_it_inserts_a_row(pg_stores: Stores) -> None:
+    """The one-statement write takes its claim rows' locks before inserting anything, as
+    the step-by-step write does: while a takeover holds one session's claim row, the
+    write waits holding no row of any session. (Rows inserted before that lock would let
+    the new holder's write and this one each wait for a row of the other: a deadlock.)"""
+    a = pg_stores()
+    a.claim("s0")
+    a.claim("s1")
+    server, schema = pg_stores.server, pg_stores.schema
+    takeover = server.connect()
+    takeover.autocommit = False
+    takeover.execute(f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE', ("s1",))
+    done: list[dict[str, StoreError]] = []
+    writer = threading.Thread(target=lambda: done.append(a.write({"s0": [ev(0)], "s1": [ev(0)]})))
+    writer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.sql(
+            "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        ):  # the write waits for the takeover's transaction
+            assert time.monotonic() < deadline, "the write never waited for the claim row"
+            assert writer.is_alive()
+            time.sleep(0.005)
+        with server.connect() as other:
+            other.execute("SET lock_timeout = '2s'")
+            other.execute(BEGIN_WRITE)
+            other.execute(  # the row the write would insert: nothing holds it
+                f'INSERT INTO "{schema}".events (session_id, seq, epoch, type, time, data) '
+                "VALUES ('s0', 0, 0, 'user_message', now(), '{}')"
+            )
+            other.execute("COMMIT")
+    finally:
+        takeover.rollback()
+        takeover.close()
+        writer.join(30)
+    assert not writer.is_alive()
+    assert set(done[0]) == {"s0"}  # its row was taken meanwhile: a conflict, s0 alone
+    assert type(done[0]["s0"]) is ConflictError
+    assert [e.seq for e in a.load("s1")] == [0]
+
+
+def test_a_write_locks_its_claim_rows_in_session_id_order(pg_stores: Stores) -> None:
+    """The fence locks the claim rows in session id order, the order a batch of claims
+    locks them: blocked at "s1" by a takeover, a write of "s1" and "s0" (claimed in
+    that order, so stored in it) already holds "s0". In the rows' stored order it would
+    hold nothing, and a batch of claims holding "s0" and waiting for "s1" would wait
+    for it as it waits for "s1": a deadlock the server ends by failing one of them."""
+    import psycopg
+
+    a = pg_stores()
+    a.claim("s1")
+    a.claim("s0")
+    server, schema = pg_stores.server, pg_stores.schema
+    takeover = server.connect()
+    takeover.autocommit = False
+    takeover.execute(f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE', ("s1",))
+    done: list[dict[str, StoreError]] = []
+    writer = threading.Thread(target=lambda: done.append(a.write({"s1": [ev(0)], "s0": [ev(0)]})))
+    writer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.sql(
+            "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        ):  # the write waits for the takeover's transaction
+            assert time.monotonic() < deadline, "the write never waited for the claim row"
+            assert writer.is_alive()
+            time.sleep(0.005)
+        with server.connect() as other, pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute(
+                f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE NOWAIT',
+                ("s0",),
+            )
+    finally:
+        takeover.rollback()
+        takeover.close()
+        writer.join(30)
+    assert not writer.is_alive()
+    assert done == [{}]
+    assert [len(a.load(sid)) for sid in ("s0", "s1")] == [1, 1]
 
 
 # -- many claims in one transaction (the opens of many sessions at once) -----------------------

@@ -61,11 +61,14 @@ def _fence(
 
     The lock keeps a takeover (which locks the row ``FOR UPDATE``) from
     committing until this transaction ends, so what is checked here holds
-    at commit.
+    at commit. The rows are locked in session id order, the order in which a
+    batch of claims locks them: in any other, a write and a batch of claims
+    (another process opening the same sessions) could each wait for a row the
+    other holds, and the server would end one of them (a deadlock).
     """
     rows = conn.execute(
         f"SELECT {_FENCE_COLUMNS} FROM {leases.claims_table} "
-        "WHERE session_id = ANY(%b) FOR KEY SHARE",
+        "WHERE session_id = ANY(%b) ORDER BY session_id FOR KEY SHARE",
         (list(session_ids),),
     ).fetchall()
     return _judge(rows, leases, session_ids, lose=True)
@@ -302,19 +305,28 @@ class _Write:
             record = (
                 f", rec AS (INSERT INTO {q.calls} (at, session_id, call, first, last) "
                 "SELECT %b, * FROM unnest(%b::text[], %b::text[], %b::bigint[], "
-                "%b::bigint[]) ON CONFLICT (session_id, call) DO NOTHING)"
+                "%b::bigint[]) WHERE (SELECT count(*) FROM f) >= 0 "
+                "ON CONFLICT (session_id, call) DO NOTHING)"
             )
             params += [int(time.time()), *(list(col) for col in zip(*calls, strict=True))]
             if self.forget_before is not None:  # and the expired records forgotten
-                record += f", gone AS (DELETE FROM {q.calls} WHERE at < %b)"
+                record += (
+                    f", gone AS (DELETE FROM {q.calls} WHERE at < %b "
+                    "AND (SELECT count(*) FROM f) >= 0)"
+                )
                 params.append(self.forget_before)
         try:
             rows = conn.execute(
                 f"WITH f AS MATERIALIZED (SELECT {_FENCE_COLUMNS} FROM {q.claims} "
-                "WHERE session_id = ANY(%b) FOR KEY SHARE), "
+                "WHERE session_id = ANY(%b) ORDER BY session_id FOR KEY SHARE), "
+                # The claim rows are locked before any row is inserted (the rows wait
+                # for the count of f, read once, before the first of them), as the
+                # step-by-step write does: a row inserted before them would let the
+                # new holder's write and this one each wait for a row of the other.
                 f"ins AS (INSERT INTO {q.events} (session_id, seq, epoch, type, time, data) "
                 "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::text[], "
-                "%b::timestamptz[], %b::text[]) RETURNING 1), "
+                "%b::timestamptz[], %b::text[]) WHERE (SELECT count(*) FROM f) >= 0 "
+                "RETURNING 1), "
                 f"woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p){record}, "
                 "done AS (SELECT pg_current_xact_id()::text AS xid, "
                 "(SELECT count(*) FROM ins) AS n, (SELECT count(*) FROM woke) AS w) "
