@@ -435,6 +435,44 @@ def test_a_write_locks_its_claim_rows_in_session_id_order(pg_stores: Stores) -> 
     assert [len(a.load(sid)) for sid in ("s0", "s1")] == [1, 1]
 
 
+def test_a_lease_renewal_locks_its_claim_rows_in_session_id_order(pg_stores: Stores) -> None:
+    """A renewal locks its claim rows in session id order, as a batch of claims and a
+    write do: blocked at "s1", a renewal of "s1" and "s0" (claimed in that order)
+    already holds "s0"."""
+    import psycopg
+
+    a = pg_stores()
+    a.claim("s1")
+    a.claim("s0")
+    items = sorted(a._leases.claims.items(), reverse=True)  # ("s1", ...), ("s0", ...)
+    server, schema = pg_stores.server, pg_stores.schema
+    takeover = server.connect()
+    takeover.autocommit = False
+    takeover.execute(f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE', ("s1",))
+    done: list[set[str]] = []
+    renewer = threading.Thread(target=lambda: done.append(a._leases._renew(items)[0]))
+    renewer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.sql(
+            "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        ):  # the renewal waits for the takeover's transaction
+            assert time.monotonic() < deadline, "the renewal never waited for the claim row"
+            assert renewer.is_alive()
+            time.sleep(0.005)
+        with server.connect() as other, pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute(
+                f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE NOWAIT',
+                ("s0",),
+            )
+    finally:
+        takeover.rollback()
+        takeover.close()
+        renewer.join(30)
+    assert not renewer.is_alive()
+    assert done == [{"s0", "s1"}]
+
+
 # -- many claims in one transaction (the opens of many sessions at once) -----------------------
 
 

@@ -655,13 +655,20 @@ class _Leases:
                 for sid, claim in items:
                     if not claim.locked:
                         claim.locked = self._try_lock(conn, sid, claim.token)
+            # The rows are locked first, in session id order (the rows wait for the count
+            # of o, read once, before the first is updated): the order in which a batch
+            # of claims and a write lock them, so that none of them waits for another
+            # that waits for it.
             rows = conn.execute(
+                f"WITH o AS MATERIALIZED (SELECT session_id FROM {table} "
+                "WHERE session_id = ANY(%b) ORDER BY session_id FOR NO KEY UPDATE) "
                 f"UPDATE {table} AS c SET lease_until = clock_timestamp() + "
                 f"make_interval(secs => {self.lease!r}), locked = u.l "
                 "FROM unnest(%b::text[], %b::bigint[], %b::bool[]) AS u(s, e, l) "
                 "WHERE c.session_id = u.s AND c.epoch = u.e "
-                "AND c.lease_until > clock_timestamp() RETURNING c.session_id",
-                (sids, epochs, [c.locked for _, c in items]),
+                "AND c.lease_until > clock_timestamp() AND (SELECT count(*) FROM o) >= 0 "
+                "RETURNING c.session_id",
+                (sids, sids, epochs, [c.locked for _, c in items]),
             ).fetchall()
             renewed = {str(r[0]) for r in rows}
             lost = [sid for sid in sids if sid not in renewed]
