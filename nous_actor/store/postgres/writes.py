@@ -280,9 +280,9 @@ class _Write:
         """The common case in one statement: lock and read the claim rows (the fence),
         insert every session's rows under the epoch its claim here says, record the
         forwarded calls (forgetting the expired records if this write is the one to)
-        and queue the wake-ups; the transaction id if the fence lets
-        every session be written, else ``None`` (the caller rolls back, so nothing of
-        it is kept, and writes step by step, which says who is refused and why).
+        and queue the wake-ups. The transaction id if the fence lets every session be
+        written, else ``None``: the caller rolls back, so nothing of it is kept, and
+        writes step by step, which says who is refused and why.
 
         Three round trips a write (begin, this, commit) where the steps take four or
         five: less work for the server and for the committer, most where small writes
