@@ -6,12 +6,13 @@ of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -354,6 +355,49 @@ def test_a_write_with_a_refused_session_keeps_nothing_of_its_first_try(
     assert a.applied_call("free", "c-free") == (0, 0)
 
 
+@contextlib.contextmanager
+def _behind_a_takeover(stores: Stores, sid: str, work: Callable[[], Any]) -> Iterator[list[Any]]:
+    """``work()`` in a thread while another transaction holds ``sid``'s claim row ``FOR
+    UPDATE``, as a takeover does; the block runs once ``work`` waits for that row, and
+    ``work``'s result is in the list yielded once the takeover has rolled back."""
+    server, schema = stores.server, stores.schema
+    takeover = server.connect()
+    takeover.autocommit = False
+    takeover.execute(f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE', (sid,))
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(work()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.sql(
+            "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        ):  # work waits for the takeover's transaction
+            assert time.monotonic() < deadline, "the work never waited for the claim row"
+            assert thread.is_alive()
+            time.sleep(0.005)
+        yield done
+    finally:
+        takeover.rollback()
+        takeover.close()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def _locked(stores: Stores, sid: str) -> bool:
+    """Whether another transaction holds a lock on ``sid``'s claim row now."""
+    import psycopg
+
+    with stores.server.connect() as conn:
+        try:
+            conn.execute(
+                f'SELECT 1 FROM "{stores.schema}".claims WHERE session_id = %s FOR UPDATE NOWAIT',
+                (sid,),
+            )
+        except psycopg.errors.LockNotAvailable:
+            return True
+    return False
+
+
 def test_a_write_locks_its_claim_rows_before_it_inserts_a_row(pg_stores: Stores) -> None:
     """The one-statement write takes its claim rows' locks before inserting anything, as
     the step-by-step write does: while a takeover holds one session's claim row, the
@@ -362,34 +406,18 @@ def test_a_write_locks_its_claim_rows_before_it_inserts_a_row(pg_stores: Stores)
     a = pg_stores()
     a.claim("s0")
     a.claim("s1")
-    server, schema = pg_stores.server, pg_stores.schema
-    takeover = server.connect()
-    takeover.autocommit = False
-    takeover.execute(f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE', ("s1",))
-    done: list[dict[str, StoreError]] = []
-    writer = threading.Thread(target=lambda: done.append(a.write({"s0": [ev(0)], "s1": [ev(0)]})))
-    writer.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.sql(
-            "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-        ):  # the write waits for the takeover's transaction
-            assert time.monotonic() < deadline, "the write never waited for the claim row"
-            assert writer.is_alive()
-            time.sleep(0.005)
-        with server.connect() as other:
-            other.execute("SET lock_timeout = '2s'")
-            other.execute(BEGIN_WRITE)
-            other.execute(  # the row the write would insert: nothing holds it
-                f'INSERT INTO "{schema}".events (session_id, seq, epoch, type, time, data) '
-                "VALUES ('s0', 0, 0, 'user_message', now(), '{}')"
-            )
-            other.execute("COMMIT")
-    finally:
-        takeover.rollback()
-        takeover.close()
-        writer.join(30)
-    assert not writer.is_alive()
+
+    def write() -> dict[str, StoreError]:
+        return a.write({"s0": [ev(0)], "s1": [ev(0)]})
+
+    with _behind_a_takeover(pg_stores, "s1", write) as done, pg_stores.server.connect() as other:
+        other.execute("SET lock_timeout = '2s'")
+        other.execute(BEGIN_WRITE)
+        other.execute(  # the row the write would insert: nothing holds it
+            f'INSERT INTO "{pg_stores.schema}".events (session_id, seq, epoch, type, time, '
+            "data) VALUES ('s0', 0, 0, 'user_message', now(), '{}')"
+        )
+        other.execute("COMMIT")
     assert set(done[0]) == {"s0"}  # its row was taken meanwhile: a conflict, s0 alone
     assert type(done[0]["s0"]) is ConflictError
     assert [e.seq for e in a.load("s1")] == [0]
@@ -401,36 +429,15 @@ def test_a_write_locks_its_claim_rows_in_session_id_order(pg_stores: Stores) -> 
     that order, so stored in it) already holds "s0". In the rows' stored order it would
     hold nothing, and a batch of claims holding "s0" and waiting for "s1" would wait
     for it as it waits for "s1": a deadlock the server ends by failing one of them."""
-    import psycopg
-
     a = pg_stores()
     a.claim("s1")
     a.claim("s0")
-    server, schema = pg_stores.server, pg_stores.schema
-    takeover = server.connect()
-    takeover.autocommit = False
-    takeover.execute(f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE', ("s1",))
-    done: list[dict[str, StoreError]] = []
-    writer = threading.Thread(target=lambda: done.append(a.write({"s1": [ev(0)], "s0": [ev(0)]})))
-    writer.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.sql(
-            "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-        ):  # the write waits for the takeover's transaction
-            assert time.monotonic() < deadline, "the write never waited for the claim row"
-            assert writer.is_alive()
-            time.sleep(0.005)
-        with server.connect() as other, pytest.raises(psycopg.errors.LockNotAvailable):
-            other.execute(
-                f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE NOWAIT',
-                ("s0",),
-            )
-    finally:
-        takeover.rollback()
-        takeover.close()
-        writer.join(30)
-    assert not writer.is_alive()
+
+    def write() -> dict[str, StoreError]:
+        return a.write({"s1": [ev(0)], "s0": [ev(0)]})
+
+    with _behind_a_takeover(pg_stores, "s1", write) as done:
+        assert _locked(pg_stores, "s0")
     assert done == [{}]
     assert [len(a.load(sid)) for sid in ("s0", "s1")] == [1, 1]
 
@@ -439,37 +446,12 @@ def test_a_lease_renewal_locks_its_claim_rows_in_session_id_order(pg_stores: Sto
     """A renewal locks its claim rows in session id order, as a batch of claims and a
     write do: blocked at "s1", a renewal of "s1" and "s0" (claimed in that order)
     already holds "s0"."""
-    import psycopg
-
     a = pg_stores()
     a.claim("s1")
     a.claim("s0")
     items = sorted(a._leases.claims.items(), reverse=True)  # ("s1", ...), ("s0", ...)
-    server, schema = pg_stores.server, pg_stores.schema
-    takeover = server.connect()
-    takeover.autocommit = False
-    takeover.execute(f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE', ("s1",))
-    done: list[set[str]] = []
-    renewer = threading.Thread(target=lambda: done.append(a._leases._renew(items)[0]))
-    renewer.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.sql(
-            "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-        ):  # the renewal waits for the takeover's transaction
-            assert time.monotonic() < deadline, "the renewal never waited for the claim row"
-            assert renewer.is_alive()
-            time.sleep(0.005)
-        with server.connect() as other, pytest.raises(psycopg.errors.LockNotAvailable):
-            other.execute(
-                f'SELECT 1 FROM "{schema}".claims WHERE session_id = %s FOR UPDATE NOWAIT',
-                ("s0",),
-            )
-    finally:
-        takeover.rollback()
-        takeover.close()
-        renewer.join(30)
-    assert not renewer.is_alive()
+    with _behind_a_takeover(pg_stores, "s1", lambda: a._leases._renew(items)[0]) as done:
+        assert _locked(pg_stores, "s0")
     assert done == [{"s0", "s1"}]
 
 
