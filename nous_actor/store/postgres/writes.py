@@ -51,6 +51,43 @@ _FENCE_COLUMNS: Final = (
 holder and the lease's end."""
 
 
+_FENCED: Final = "(SELECT count(*) FROM f) >= 0"
+"""In the one-statement write (`_Write._at_once`), a condition that holds once the claim
+rows (the CTE ``f``) are read and locked: an insert or delete that waits for it takes
+no row before those locks (the count is read once, before its first row), as the
+step-by-step write does. A row inserted before them would let a takeover's new holder,
+writing the same session, and this write each wait for a row of the other."""
+_AFTER_THE_FENCE: Final = f" WHERE {_FENCED}"
+
+
+def _lock_claims(claims: str) -> str:
+    """The fence's read of the claim rows of the sessions ``%b``: locked ``FOR KEY SHARE``
+    in session id order (see `_fence`), as every write reads them."""
+    return (
+        f"SELECT {_FENCE_COLUMNS} FROM {claims} "
+        "WHERE session_id = ANY(%b) ORDER BY session_id FOR KEY SHARE"
+    )
+
+
+def _insert_rows(events: str, where: str = "") -> str:
+    """The insert of a write's rows, one array a column (see `_Write._rows`)."""
+    return (
+        f"INSERT INTO {events} (session_id, seq, epoch, type, time, data) "
+        "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::text[], "
+        f"%b::timestamptz[], %b::text[]){where}"
+    )
+
+
+def _insert_calls(calls: str, where: str = "") -> str:
+    """The insert of a write's call records: its Unix time, then one array a column of
+    ``(session id, call id, first seq, last seq)``; a record already there is kept."""
+    return (
+        f"INSERT INTO {calls} (at, session_id, call, first, last) "
+        "SELECT %b, * FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bigint[])"
+        f"{where} ON CONFLICT (session_id, call) DO NOTHING"
+    )
+
+
 def _fence(
     conn: psycopg.Connection[Any], leases: _Leases, session_ids: Sequence[str]
 ) -> tuple[dict[str, StoreError], dict[str, int]]:
@@ -66,11 +103,7 @@ def _fence(
     (another process opening the same sessions) could each wait for a row the
     other holds, and the server would end one of them (a deadlock).
     """
-    rows = conn.execute(
-        f"SELECT {_FENCE_COLUMNS} FROM {leases.claims_table} "
-        "WHERE session_id = ANY(%b) ORDER BY session_id FOR KEY SHARE",
-        (list(session_ids),),
-    ).fetchall()
+    rows = conn.execute(_lock_claims(leases.claims_table), (list(session_ids),)).fetchall()
     return _judge(rows, leases, session_ids, lose=True)
 
 
@@ -302,31 +335,15 @@ class _Write:
         ]
         record = ""
         if calls:
-            record = (
-                f", rec AS (INSERT INTO {q.calls} (at, session_id, call, first, last) "
-                "SELECT %b, * FROM unnest(%b::text[], %b::text[], %b::bigint[], "
-                "%b::bigint[]) WHERE (SELECT count(*) FROM f) >= 0 "
-                "ON CONFLICT (session_id, call) DO NOTHING)"
-            )
+            record = f", rec AS ({_insert_calls(q.calls, _AFTER_THE_FENCE)})"
             params += [int(time.time()), *(list(col) for col in zip(*calls, strict=True))]
             if self.forget_before is not None:  # and the expired records forgotten
-                record += (
-                    f", gone AS (DELETE FROM {q.calls} WHERE at < %b "
-                    "AND (SELECT count(*) FROM f) >= 0)"
-                )
+                record += f", gone AS (DELETE FROM {q.calls} WHERE at < %b AND {_FENCED})"
                 params.append(self.forget_before)
         try:
             rows = conn.execute(
-                f"WITH f AS MATERIALIZED (SELECT {_FENCE_COLUMNS} FROM {q.claims} "
-                "WHERE session_id = ANY(%b) ORDER BY session_id FOR KEY SHARE), "
-                # The claim rows are locked before any row is inserted (the rows wait
-                # for the count of f, read once, before the first of them), as the
-                # step-by-step write does: a row inserted before them would let the
-                # new holder's write and this one each wait for a row of the other.
-                f"ins AS (INSERT INTO {q.events} (session_id, seq, epoch, type, time, data) "
-                "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::text[], "
-                "%b::timestamptz[], %b::text[]) WHERE (SELECT count(*) FROM f) >= 0 "
-                "RETURNING 1), "
+                f"WITH f AS MATERIALIZED ({_lock_claims(q.claims)}), "
+                f"ins AS ({_insert_rows(q.events, _AFTER_THE_FENCE)} RETURNING 1), "
                 f"woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p){record}, "
                 "done AS (SELECT pg_current_xact_id()::text AS xid, "
                 "(SELECT count(*) FROM ins) AS n, (SELECT count(*) FROM woke) AS w) "
@@ -398,9 +415,7 @@ class _Write:
         """Insert the sessions' rows and queue their wake-ups; returns the transaction id."""
         q = self.q
         row = conn.execute(
-            f"WITH ins AS (INSERT INTO {q.events} (session_id, seq, epoch, type, time, data) "
-            "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::text[], "
-            "%b::timestamptz[], %b::text[]) RETURNING 1), "
+            f"WITH ins AS ({_insert_rows(q.events)} RETURNING 1), "
             "woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p) "
             "SELECT pg_current_xact_id()::text, (SELECT count(*) FROM ins), "
             "(SELECT count(*) FROM woke)",
@@ -429,9 +444,7 @@ class _Write:
             return
         q = self.q
         conn.execute(
-            f"INSERT INTO {q.calls} (at, session_id, call, first, last) "
-            "SELECT %b, * FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bigint[]) "
-            "ON CONFLICT (session_id, call) DO NOTHING",
+            _insert_calls(q.calls),
             (int(time.time()), *(list(col) for col in zip(*rows, strict=True))),
         )
         if self.forget_before is not None:
@@ -447,12 +460,7 @@ class _Write:
             for sid in list(self.epochs):
                 conn.execute("SAVEPOINT session_write")
                 try:
-                    conn.execute(
-                        f"INSERT INTO {q.events} (session_id, seq, epoch, type, time, data) "
-                        "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], "
-                        "%b::text[], %b::timestamptz[], %b::text[])",
-                        self._rows([sid]),
-                    )
+                    conn.execute(_insert_rows(q.events), self._rows([sid]))
                 except psycopg.errors.UniqueViolation:
                     conn.execute("ROLLBACK TO SAVEPOINT session_write")
                     del self.epochs[sid]
