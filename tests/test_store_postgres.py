@@ -455,6 +455,40 @@ def test_a_lease_renewal_locks_its_claim_rows_in_session_id_order(pg_stores: Sto
     assert done == [{"s0", "s1"}]
 
 
+def test_advertising_an_address_locks_the_claim_rows_in_session_id_order(
+    pg_stores: Stores,
+) -> None:
+    """Writing the store's address into its claim rows locks them in session id order:
+    blocked at "s1", an address written into "s1" and "s0" (claimed in that order)
+    already holds "s0"; then both rows carry it."""
+    a = pg_stores()
+    a.claim("s1")
+    a.claim("s0")
+    with _behind_a_takeover(pg_stores, "s1", lambda: a._leases.advertise("there")) as done:
+        assert _locked(pg_stores, "s0")
+    assert done == [None]
+    rows = pg_stores.server.sql(
+        f'SELECT session_id, address FROM "{pg_stores.schema}".claims ORDER BY session_id'
+    )
+    assert [tuple(r) for r in rows] == [("s0", "there"), ("s1", "there")]
+
+
+def test_giving_every_claim_up_locks_the_claim_rows_in_session_id_order(
+    pg_stores: Stores,
+) -> None:
+    """A closing store gives up its claims in one statement that locks their rows in
+    session id order: blocked at "s1", it already holds "s0"; then both rows are gone
+    and another store claims both at once."""
+    a, b = pg_stores(), pg_stores()
+    a.claim("s1")
+    a.claim("s0")
+    with _behind_a_takeover(pg_stores, "s1", a._leases.release_all) as done:
+        assert _locked(pg_stores, "s0")
+    assert done == [None]
+    assert pg_stores.server.sql(f'SELECT session_id FROM "{pg_stores.schema}".claims') == []
+    assert all(type(t) is str for t in b.claim_many(["s0", "s1"]))
+
+
 # -- many claims in one transaction (the opens of many sessions at once) -----------------------
 
 

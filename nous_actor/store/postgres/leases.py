@@ -32,6 +32,25 @@ logger = get_logger("nous_actor.store.postgres")  # the package's name
 
 _FAIL_CLOSED_FRACTION: Final = 2 / 3  # refuse writes this long after the last renewal began
 
+
+def _in_order(table: str, mode: str) -> str:
+    """The head of a statement that updates or deletes several claim rows of the sessions
+    ``%b`` (its first parameter): the CTE ``o``, which locks them (``FOR`` ``mode``) in
+    session id order, the order in which a batch of claims and a write lock them. The
+    statement waits for ``o`` with `_AFTER_O`, so that it holds none of the rows before
+    it holds them all in that order: in the rows' stored order it could wait for one
+    another process holds while holding one that process waits for (a deadlock the
+    server ends by failing one of them)."""
+    return (
+        f"WITH o AS MATERIALIZED (SELECT session_id FROM {table} "
+        f"WHERE session_id = ANY(%b) ORDER BY session_id FOR {mode}) "
+    )
+
+
+_AFTER_O: Final = "(SELECT count(*) FROM o) >= 0"
+"""The condition of a statement headed by `_in_order`: it holds once ``o`` locked its
+rows (the count is read once, before the statement's first row)."""
+
 _ONE_BY_ONE: Final = (
     psycopg.errors.LockNotAvailable,
     psycopg.errors.DeadlockDetected,
@@ -205,11 +224,12 @@ class _Leases:
                 held = {sid: c.token for sid, c in self.claims.items()}
                 held.update(self.pending)
             if held:
+                table = self.claims_table
                 conn.execute(
-                    f"UPDATE {self.claims_table} AS c SET address = %s "
+                    f"{_in_order(table, 'NO KEY UPDATE')}UPDATE {table} AS c SET address = %s "
                     "FROM unnest(%b::text[], %b::text[]) AS u(s, t) "
-                    "WHERE c.session_id = u.s AND c.token = u.t",
-                    (address, list(held), list(held.values())),
+                    f"WHERE c.session_id = u.s AND c.token = u.t AND {_AFTER_O}",
+                    (list(held), address, list(held), list(held.values())),
                 )
             self.address = address
 
@@ -596,9 +616,10 @@ class _Leases:
             conn = self.link.conn
             if conn is not None and not conn.broken and not conn.closed:
                 conn.execute(
-                    f"DELETE FROM {table} AS c USING unnest(%b::text[], %b::text[]) AS u(s, t) "
-                    "WHERE c.session_id = u.s AND c.token = u.t",
-                    (list(claims), [c.token for c in claims.values()]),
+                    f"{_in_order(table, 'UPDATE')}DELETE FROM {table} AS c "
+                    "USING unnest(%b::text[], %b::text[]) AS u(s, t) "
+                    f"WHERE c.session_id = u.s AND c.token = u.t AND {_AFTER_O}",
+                    (list(claims), list(claims), [c.token for c in claims.values()]),
                 )
 
     # -- renewing ---------------------------------------------------------------------------
@@ -655,18 +676,13 @@ class _Leases:
                 for sid, claim in items:
                     if not claim.locked:
                         claim.locked = self._try_lock(conn, sid, claim.token)
-            # The rows are locked first, in session id order (the rows wait for the count
-            # of o, read once, before the first is updated): the order in which a batch
-            # of claims and a write lock them, so that none of them waits for another
-            # that waits for it.
+            # The rows are locked first, in session id order (`_in_order`).
             rows = conn.execute(
-                f"WITH o AS MATERIALIZED (SELECT session_id FROM {table} "
-                "WHERE session_id = ANY(%b) ORDER BY session_id FOR NO KEY UPDATE) "
-                f"UPDATE {table} AS c SET lease_until = clock_timestamp() + "
-                f"make_interval(secs => {self.lease!r}), locked = u.l "
+                f"{_in_order(table, 'NO KEY UPDATE')}UPDATE {table} AS c SET lease_until = "
+                f"clock_timestamp() + make_interval(secs => {self.lease!r}), locked = u.l "
                 "FROM unnest(%b::text[], %b::bigint[], %b::bool[]) AS u(s, e, l) "
                 "WHERE c.session_id = u.s AND c.epoch = u.e "
-                "AND c.lease_until > clock_timestamp() AND (SELECT count(*) FROM o) >= 0 "
+                f"AND c.lease_until > clock_timestamp() AND {_AFTER_O} "
                 "RETURNING c.session_id",
                 (sids, sids, epochs, [c.locked for _, c in items]),
             ).fetchall()
