@@ -36,8 +36,8 @@ from nous_actor import (
     StoreError,
     TooManySessions,
 )
-from nous_actor.sessions.actor import SessionActor
-from nous_actor.sessions.registry import DEFAULT_BACKOFF
+from nous_actor.sessions.actor import SessionActor, session_cell
+from nous_actor.sessions.registry import DEFAULT_BACKOFF, _supervisor
 from nous_actor.supervision import _timer, cell_of
 
 # A fixed, tiny backoff: every restart goes through the (injected) scheduler.
@@ -863,16 +863,15 @@ def test_close_asks_every_session_to_stop_before_it_waits_for_any(
     handles = [reg.open(sid) for sid in ("a", "b", "c")]
     asked: list[str] = []
     all_asked, release = threading.Event(), threading.Event()
-    stop = pykka.ActorRef.stop
+    stop = _supervisor._ask_stop
 
-    def counted_stop(ref: pykka.ActorRef[Any], *args: Any, **kwargs: Any) -> Any:
-        if isinstance(ref.actor_class, type) and issubclass(ref.actor_class, SessionActor):
-            asked.append(ref.actor_urn)
-            if len(asked) == len(handles):
-                all_asked.set()
-        return stop(ref, *args, **kwargs)
+    def counted_stop(ref: pykka.ActorRef[Any]) -> None:
+        asked.append(ref.actor_urn)
+        if len(asked) == len(handles):
+            all_asked.set()
+        stop(ref)
 
-    monkeypatch.setattr(pykka.ActorRef, "stop", counted_stop)
+    monkeypatch.setattr(_supervisor, "_ask_stop", counted_stop)
     busy = [h._call(lambda actor: release.wait(BOUND)) for h in handles]
     closing = threading.Thread(target=reg.close, daemon=True)
     closing.start()
@@ -885,6 +884,43 @@ def test_close_asks_every_session_to_stop_before_it_waits_for_any(
     assert not closing.is_alive()
     assert all(f.get(timeout=BOUND) for f in busy)
     assert reg.live() == []
+
+
+def test_close_makes_no_future_to_stop_a_session(
+    monkeypatch: pytest.MonkeyPatch, registries: Callable[..., Sessions], tmp_path: Path
+) -> None:
+    """close() tells each session to stop and waits for its ``actor_stopped``: no future
+    is made for a stop (Pykka's ``ActorRef.stop`` makes two a session, each a
+    ``queue.Queue`` with three ``Condition`` objects: most of what closing 10,000 sessions
+    cost). The sessions stop all the same, and their claims are given up."""
+    from nous_actor.runtime.dispatcher import DispatchedActor
+
+    store = SQLiteStore(tmp_path / "s.db", durability="normal")
+    reg = registries(store)
+    ids = [f"s{i}" for i in range(20)]
+    handles = [reg.open(sid) for sid in ids]
+    for h in handles:
+        h.append("user_message", {"content": "hi"}).get(timeout=BOUND)
+    refs = [h._actor() for h in handles]
+    made: list[object] = []
+    make = DispatchedActor._create_future
+
+    def counted() -> pykka.Future[Any]:
+        future = make()
+        made.append(future)
+        return future
+
+    monkeypatch.setattr(DispatchedActor, "_create_future", staticmethod(counted))
+    reg.close()
+    assert made == []
+    assert all(ref is not None and ref.actor_stopped.is_set() for ref in refs)
+    assert all(session_cell(ref).released.is_set() for ref in refs if ref is not None)
+    store.close()
+    other = SQLiteStore(tmp_path / "s.db", durability="normal")
+    try:  # every claim was given up: another store claims them all
+        assert all(type(token) is str for token in other.claim_many(ids))
+    finally:
+        other.close()
 
 
 class _CountedReleases(SQLiteStore):

@@ -702,6 +702,15 @@ class SessionActor(DispatchedSupervisedActor):
             return "a turn is open"
         return None
 
+    @call(AT_ONCE)
+    def h_stop(self) -> None:
+        """Its registry stops it (a close, a passivation, a move): stop now, as Pykka's
+        ``ActorRef.stop`` would, the calls queued before this one run first. Told, not
+        asked: the registry waits for ``actor_stopped`` and then for ``released``, so a
+        stop makes no future (Pykka's makes two, each a ``queue.Queue`` with its three
+        ``Condition`` objects: most of what closing 10,000 sessions cost)."""
+        self._stop()
+
     def h_handoff(self) -> bool:
         """Another process asked for this session: if it is idle, stop now (normally:
         no restart), letting go of the claim; ``False`` if it is busy (ask again later).

@@ -87,6 +87,16 @@ class _ExitTo:
         return HANDLED_LATER
 
 
+def _ask_stop(ref: pykka.ActorRef[Any]) -> None:
+    """Tell the session of ``ref`` to stop (`SessionActor.h_stop`), after the calls
+    queued before; a session stopped already is left as it is. `RegistryActor._await_stop`
+    waits for it."""
+    try:
+        ref.tell((SessionActor.h_stop, (), None))
+    except pykka.ActorDeadError:
+        pass
+
+
 class Restarts:
     """Each session's restarts: how many there were, the restart intensity they count
     against (a `RestartPolicy`), and the sessions given up (with the last crash)."""
@@ -176,12 +186,13 @@ class RegistryActor(SupervisedActor):
             ref = self._let_go(sid)
             if ref is not None:
                 session_cell(ref).release_to = releases
-                stopping.append((sid, ref, ref.stop(block=False)))
+                _ask_stop(ref)
+                stopping.append((sid, ref))
         host = scheduling.current()
         deadline = host.now() + timeout
         try:
-            for sid, ref, stopped in stopping:
-                self._await_stop(sid, ref, stopped, why, max(deadline - host.now(), 0.0))
+            for sid, ref in stopping:
+                self._await_stop(sid, ref, why, max(deadline - host.now(), 0.0))
         finally:
             releases.flush()
 
@@ -433,7 +444,8 @@ class RegistryActor(SupervisedActor):
         if ref is None:
             return
         bound = self.settings.timeout if timeout is None else timeout
-        self._await_stop(session_id, ref, ref.stop(block=False), why, bound)
+        _ask_stop(ref)
+        self._await_stop(session_id, ref, why, bound)
 
     def _let_go(self, session_id: str) -> pykka.ActorRef[Any] | None:
         """Take ``session_id`` off the live table before its actor is stopped on purpose
@@ -445,17 +457,11 @@ class RegistryActor(SupervisedActor):
         return ref
 
     def _await_stop(
-        self,
-        session_id: str,
-        ref: pykka.ActorRef[Any],
-        stopped: pykka.Future[bool],
-        why: str,
-        bound: float,
+        self, session_id: str, ref: pykka.ActorRef[Any], why: str, bound: float
     ) -> None:
-        """Wait (at most ``bound``) for the stop asked of ``ref`` and its claim's release."""
-        try:
-            stopped.get(timeout=bound)
-        except pykka.Timeout:
+        """Wait (at most ``bound``) for the stop asked of ``ref`` (`_ask_stop`) and its
+        claim's release."""
+        if not ref.actor_stopped.wait(bound):
             logger.error(
                 "session.shutdown_timeout",
                 session_id=session_id,
