@@ -60,6 +60,11 @@ writing the same session, and this write each wait for a row of the other."""
 _AFTER_THE_FENCE: Final = f" WHERE {_FENCED}"
 
 
+_WAKE_UPS: Final = "woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p)"
+"""The CTE that queues a write's wake-ups (the channel, then `_Write._wakeups`): its count
+must be selected, or it does not run."""
+
+
 def _lock_claims(claims: str) -> str:
     """The fence's read of the claim rows of the sessions ``%b``: locked ``FOR KEY SHARE``
     in session id order (see `_fence`), as every write reads them."""
@@ -280,7 +285,7 @@ class _Write:
                 self.check_open()
                 conn = self.main.get(deadline)
                 try:
-                    return self._attempt(conn)
+                    return self._in_transaction(conn, self._at_once)
                 except _Unknown as unknown:
                     self.main.drop()
                     if self._resolve(unknown, deadline):
@@ -296,26 +301,36 @@ class _Write:
             self.closing.wait(delay)
             delay = min(max(delay * 2, 0.02), 1.0)
 
-    def _attempt(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
+    def _in_transaction(
+        self,
+        conn: psycopg.Connection[Any],
+        body: Callable[[psycopg.Connection[Any]], str | dict[str, StoreError]],
+    ) -> dict[str, StoreError]:
+        """One write transaction: ``BEGIN``, then ``body``, which answers the transaction
+        id to commit, or the write's answer once it ended the transaction itself (rolled
+        back, with nothing to write or to go on in a slower path); whatever it raises
+        rolls the transaction back. Once committed: the sessions refused. (Not
+        `connection._transaction`: a write begins with `BEGIN_WRITE`, and a commit whose
+        answer is lost is settled by `_resolve`.)"""
         conn.execute(BEGIN_WRITE)
         try:
-            xid = self._at_once(conn)
-            if xid is None:  # a session refused, a conflict or a refused value: step by step
-                conn.execute("ROLLBACK")
-                return self._stepwise(conn)
+            got = body(conn)
         except BaseException:
             _rollback(conn)
             raise
-        self._commit(conn, xid)
+        if isinstance(got, dict):
+            return got
+        self._commit(conn, got)
         return self.refused
 
-    def _at_once(self, conn: psycopg.Connection[Any]) -> str | None:
+    def _at_once(self, conn: psycopg.Connection[Any]) -> str | dict[str, StoreError]:
         """The common case in one statement: lock and read the claim rows (the fence),
         insert every session's rows under the epoch its claim here says, record the
         forwarded calls (forgetting the expired records if this write is the one to)
         and queue the wake-ups. The transaction id if the fence lets every session be
-        written, else ``None``: the caller rolls back, so nothing of it is kept, and
-        writes step by step, which says who is refused and why.
+        written; else (a session refused, a conflict, a refused value) it rolls back,
+        so nothing of it is kept, and writes step by step, which says who is refused
+        and why.
 
         Three round trips a write (begin, this, commit) where the steps take four or
         five: less work for the server and for the committer, most where small writes
@@ -344,7 +359,7 @@ class _Write:
             rows = conn.execute(
                 f"WITH f AS MATERIALIZED ({_lock_claims(q.claims)}), "
                 f"ins AS ({_insert_rows(q.events, _AFTER_THE_FENCE)} RETURNING 1), "
-                f"woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p){record}, "
+                f"{_WAKE_UPS}{record}, "
                 "done AS (SELECT pg_current_xact_id()::text AS xid, "
                 "(SELECT count(*) FROM ins) AS n, (SELECT count(*) FROM woke) AS w) "
                 # Every count is selected: a column left out is not computed, and its
@@ -353,38 +368,41 @@ class _Write:
                 params,
             ).fetchall()
         except (psycopg.errors.UniqueViolation, psycopg.DataError):
-            return None  # the transaction is aborted: rolled back by the caller
+            return self._instead(conn, self._stepwise)
         refused, _ = _judge(
             [r for r in rows if r[0] is not None], self.leases, self.sids, lose=False
         )
         if refused:
-            return None
+            return self._instead(conn, self._stepwise)
         self.refused = {}
         return str(rows[0][5])
 
-    def _stepwise(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
-        """A write whose sessions are not all written at once: fence, then insert those
-        the fence lets through (session by session after a conflict or a refused
-        value), record, commit."""
-        conn.execute(BEGIN_WRITE)
+    def _instead(
+        self,
+        conn: psycopg.Connection[Any],
+        body: Callable[[psycopg.Connection[Any]], str | dict[str, StoreError]],
+    ) -> dict[str, StoreError]:
+        """Roll this transaction back (nothing of it is kept) and write in ``body``'s
+        transaction instead."""
+        conn.execute("ROLLBACK")
+        return self._in_transaction(conn, body)
+
+    def _stepwise(self, conn: psycopg.Connection[Any]) -> str | dict[str, StoreError]:
+        """A write whose sessions are not all written at once (an `_in_transaction` body):
+        fence, then insert those the fence lets through (session by session after a
+        conflict or a refused value), record."""
+        self.refused, self.epochs = _fence(conn, self.leases, self.sids)
+        if not self.epochs:
+            conn.execute("ROLLBACK")
+            return self.refused
         try:
-            self.refused, self.epochs = _fence(conn, self.leases, self.sids)
-            if not self.epochs:
-                conn.execute("ROLLBACK")
-                return self.refused
-            try:
-                xid = self._insert(conn, list(self.epochs))
-                self._record(conn)
-            except (psycopg.errors.UniqueViolation, psycopg.DataError):
-                # A conflict, or a value the server refuses: session by session, so
-                # that it refuses its own session alone.
-                conn.execute("ROLLBACK")
-                return self._one_by_one(conn)
-        except BaseException:
-            _rollback(conn)
-            raise
-        self._commit(conn, xid)
-        return self.refused
+            xid = self._insert(conn, list(self.epochs))
+            self._record(conn)
+        except (psycopg.errors.UniqueViolation, psycopg.DataError):
+            # A conflict, or a value the server refuses: session by session, so that it
+            # refuses its own session alone.
+            return self._instead(conn, self._one_by_one)
+        return xid
 
     def _commit(self, conn: psycopg.Connection[Any], xid: str) -> None:
         try:
@@ -415,8 +433,7 @@ class _Write:
         """Insert the sessions' rows and queue their wake-ups; returns the transaction id."""
         q = self.q
         row = conn.execute(
-            f"WITH ins AS ({_insert_rows(q.events)} RETURNING 1), "
-            "woke AS (SELECT pg_notify(%b, p) FROM unnest(%b::text[]) AS p) "
+            f"WITH ins AS ({_insert_rows(q.events)} RETURNING 1), {_WAKE_UPS} "
             "SELECT pg_current_xact_id()::text, (SELECT count(*) FROM ins), "
             "(SELECT count(*) FROM woke)",
             (*self._rows(sids), q.commits, self._wakeups(sids)),
@@ -450,45 +467,38 @@ class _Write:
         if self.forget_before is not None:
             conn.execute(f"DELETE FROM {q.calls} WHERE at < %b", (self.forget_before,))
 
-    def _one_by_one(self, conn: psycopg.Connection[Any]) -> dict[str, StoreError]:
-        """The slow path after a conflict or a refused value: each session in a
-        savepoint of its own."""
+    def _one_by_one(self, conn: psycopg.Connection[Any]) -> str | dict[str, StoreError]:
+        """The slow path after a conflict or a refused value (an `_in_transaction` body):
+        each session in a savepoint of its own."""
         q = self.q
-        conn.execute(BEGIN_WRITE)
-        try:
-            self.refused, self.epochs = _fence(conn, self.leases, self.sids)
-            for sid in list(self.epochs):
-                conn.execute("SAVEPOINT session_write")
-                try:
-                    conn.execute(_insert_rows(q.events), self._rows([sid]))
-                except psycopg.errors.UniqueViolation:
-                    conn.execute("ROLLBACK TO SAVEPOINT session_write")
-                    del self.epochs[sid]
-                    self.refused[sid] = ConflictError(
-                        "a seq in this write is already stored (a second writer?); reopen "
-                        "the session to continue from the store",
-                        session_id=sid,
-                    )
-                except psycopg.DataError as exc:
-                    conn.execute("ROLLBACK TO SAVEPOINT session_write")
-                    del self.epochs[sid]
-                    self.refused[sid] = _unstorable(sid, exc)
-                conn.execute("RELEASE SAVEPOINT session_write")
-            if not self.epochs:
-                conn.execute("ROLLBACK")
-                return self.refused
-            self._record(conn)
-            row = conn.execute(
-                "SELECT pg_current_xact_id()::text, count(pg_notify(%b, p)) "
-                "FROM unnest(%b::text[]) AS p",
-                (q.commits, self._wakeups(list(self.epochs))),
-            ).fetchone()
-            assert row is not None
-        except BaseException:
-            _rollback(conn)
-            raise
-        self._commit(conn, str(row[0]))
-        return self.refused
+        self.refused, self.epochs = _fence(conn, self.leases, self.sids)
+        for sid in list(self.epochs):
+            conn.execute("SAVEPOINT session_write")
+            try:
+                conn.execute(_insert_rows(q.events), self._rows([sid]))
+            except psycopg.errors.UniqueViolation:
+                conn.execute("ROLLBACK TO SAVEPOINT session_write")
+                del self.epochs[sid]
+                self.refused[sid] = ConflictError(
+                    "a seq in this write is already stored (a second writer?); reopen "
+                    "the session to continue from the store",
+                    session_id=sid,
+                )
+            except psycopg.DataError as exc:
+                conn.execute("ROLLBACK TO SAVEPOINT session_write")
+                del self.epochs[sid]
+                self.refused[sid] = _unstorable(sid, exc)
+            conn.execute("RELEASE SAVEPOINT session_write")
+        if not self.epochs:
+            conn.execute("ROLLBACK")
+            return self.refused
+        self._record(conn)
+        row = conn.execute(
+            f"WITH {_WAKE_UPS} SELECT pg_current_xact_id()::text, (SELECT count(*) FROM woke)",
+            (q.commits, self._wakeups(list(self.epochs))),
+        ).fetchone()
+        assert row is not None
+        return str(row[0])
 
     def _resolve(self, unknown: _Unknown, deadline: float) -> bool:
         """Read back a commit whose answer was lost: whether it committed.
