@@ -1140,6 +1140,7 @@ class SessionActor(DispatchedSupervisedActor):
                     left.append(envelope)
             if calls:
                 route.take_back(calls)
+            route.let_go(self.actor_ref)
         return left
 
     def _take_inbox(self) -> list[Any]:

@@ -180,16 +180,19 @@ class Endpoint:
     def route_here(self, session_id: str) -> Route | None:
         """The route of the registry here that holds ``session_id`` (``None``: none).
 
-        A registry may have restarted the session behind its route's back (a crash):
-        then the route is pointed at the running actor first."""
+        A registry may have restarted the session behind its route's back (a crash),
+        and routes nothing refers to are let go: then the running actor is asked of
+        the registry, and its route (made again if need be) pointed at it first."""
         for registry in list(self.registries):
             route: Route | None = registry._routes.get(session_id)
-            if route is None:
-                continue
-            if route.here():
+            if route is not None and route.here():
                 return route
             ref = registry._live_ref(session_id, LIVE_REF_WAIT)
             if ref is not None:
+                try:
+                    route = registry._route(session_id)
+                except SessionStopped:  # the registry closed meanwhile
+                    continue
                 route.settle(ref)
                 if route.here():
                     return route

@@ -99,6 +99,7 @@ class Route:
     """Where one session's calls go from one registry (see the module docs)."""
 
     __slots__ = (
+        "__weakref__",  # a registry keeps its routes weakly: see `Sessions._route`
         "_cond",
         "_tries",
         "bounced",
@@ -221,6 +222,14 @@ class Route:
             if not self._begin_move():
                 return  # the move under way delivers them
         scheduling.spawn(self._move, "nous-route")
+
+    def let_go(self, ref: pykka.ActorRef[Any]) -> None:
+        """``ref``'s actor stopped and handed back what it had not applied (called by the
+        actor, under this route's lock, after `take_back`): the route no longer points
+        at it, so a stopped session's actor and log are not kept alive through its
+        route (or a handle on it); the next call finds where the session is now."""
+        if self.ref is ref:
+            self.ref = None
 
     def _begin_move(self) -> bool:
         """Hold calls from now on (under the lock); whether a move must be started (none
@@ -429,7 +438,7 @@ class Route:
         with self.lock:
             self.closed = reason
             self._notify()
-            ref = self.ref
+            ref, self.ref = self.ref, None  # (its registry stops it; nothing is sent to it)
             if ref is not None:
                 session_cell(ref).reroute = None
             self._fail_held(SessionStopped(self.session_id, reason))

@@ -232,7 +232,10 @@ class Session(SessionHandle):
 
     @_ref.setter
     def _ref(self, ref: pykka.ActorRef[SessionActor] | None) -> None:
-        self._own_ref = ref
+        # A registry's handle asks its route each time: keeping the actor here too
+        # would keep a stopped session's actor and log alive as long as the handle.
+        if self._route is None:
+            self._own_ref = ref
 
     def _find(self) -> pykka.ActorRef[SessionActor]:
         """The session's live actor, (re)opened by its registry if need be."""

@@ -43,6 +43,11 @@ class Passivation:
         """``session_id`` is used now (a call through a handle, or its start)."""
         self._last_used[session_id] = self.clock()
 
+    def forget(self, session_id: str) -> None:
+        """``session_id`` stopped here: it is not idle here any more (a registry that opens
+        millions of sessions over its life keeps the times of the live ones only)."""
+        self._last_used.pop(session_id, None)
+
     def idle_for(self, session_id: str) -> float | None:
         """Seconds since ``session_id`` was last used (``None``: never, here)."""
         last = self._last_used.get(session_id)

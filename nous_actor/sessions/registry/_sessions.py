@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import partial
 from multiprocessing import AuthenticationError
@@ -203,8 +204,13 @@ class Sessions:
             idle_for=self._passivation.idle_for,
         )
         # Each session's route (here, or to the process that holds it), and this
-        # process's endpoint for the store (made with the first route).
-        self._routes: dict[str, Route] = {}
+        # process's endpoint for the store (made with the first route). Kept weakly: a
+        # route lives while something sends through it (a handle, a move under way, a
+        # call in flight over its link) or its session's actor here runs (the actor's
+        # cell refers to it); a process that opens millions of sessions over its life
+        # keeps only those. Routes are made under ``_routes_lock`` (one per session).
+        self._routes: weakref.WeakValueDictionary[str, Route] = weakref.WeakValueDictionary()
+        self._routes_lock = threading.Lock()
         self._home = _Home(self)
         self._endpoint: Endpoint | None = None
         # The registry's actor: set at each start (by a parent, at each of its restarts).
@@ -282,10 +288,7 @@ class Sessions:
         elif target.closed:
             return None
         self._handover.start()
-        handle = self._handle(route.session_id, route)
-        if isinstance(target, pykka.ActorRef):
-            handle._ref = target
-        return handle
+        return self._handle(route.session_id, route)
 
     def _wait(self, wait: object) -> float:
         """``wait`` (or the registry's default) as seconds to wait for a hand-off."""
@@ -315,19 +318,17 @@ class Sessions:
                         self._endpoint = endpoint_for(self.store)
                         if self._endpoint is not None:
                             self._endpoint.join(self)
-            route = self._routes.setdefault(
-                session_id, Route(session_id, self._home, self.timeout)
-            )
+            with self._routes_lock:
+                route = self._routes.get(session_id)
+                if route is None:
+                    route = self._routes[session_id] = Route(session_id, self._home, self.timeout)
         return route
 
     def _settled(
         self, session_id: str, route: Route, found: pykka.ActorRef[Any] | Link
     ) -> Session:
         route.settle(found)
-        handle = self._handle(session_id, route)
-        if isinstance(found, pykka.ActorRef):
-            handle._ref = found
-        return handle
+        return self._handle(session_id, route)
 
     def _locate(
         self, session_id: str, opening: bool = False, refused: ConflictError | None = None

@@ -18,6 +18,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, SessionStopped, TooManySessions
 from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.actor import Releases, SessionActor, _safe_str, session_cell
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.registry._passivation import Passivation
@@ -32,6 +33,10 @@ from nous_actor.supervision import (
 )
 
 logger = get_logger("nous_actor.sessions.registry")
+
+_PREVIOUS_SWEEP = 64
+"""The least size at which a registry sweeps released claims out of its table of
+sessions' previous actors (`RegistryActor._remember_released`)."""
 
 
 Started = tuple[pykka.ActorRef[Any], "SessionFuture[None] | None"]
@@ -154,7 +159,11 @@ class RegistryActor(SupervisedActor):
         )
         self.live: dict[str, pykka.ActorRef[Any]] = {}
         self.expected: set[str] = set()  # urns of sessions stopped on purpose
-        self.previous: dict[str, pykka.ActorRef[Any]] = {}  # the last actor of each id
+        # The claim's ``released`` of each id's last actor, while it may not be set yet
+        # (a reopen waits for it): not the actor, whose log a stopped session would keep
+        # alive for the life of the process; dropped once seen set (`_forget_released`).
+        self.previous: dict[str, Flag] = {}
+        self._previous_mark = _PREVIOUS_SWEEP
         # Sessions recovering from the store, by urn: (id, ready). Opens wait for
         # ``ready`` themselves, never in this actor: many sessions recover at once.
         # urn -> (session id, ready, the trace contexts of the callers waiting for it)
@@ -239,7 +248,7 @@ class RegistryActor(SupervisedActor):
         ref = self.live.get(session_id)
         if ref is not None and ref.actor_urn == urn:
             del self.live[session_id]
-            self.previous[session_id] = ref
+            self._remember_released(session_id, ref)
         self.expected.add(urn)
 
     def m_resolve(self, session_id: str, context: object = None) -> Started:
@@ -331,7 +340,7 @@ class RegistryActor(SupervisedActor):
         if current:
             assert ref is not None
             del self.live[session_id]
-            self.previous[session_id] = ref
+            self._remember_released(session_id, ref)
         if exit.normal or self.closed:
             return
         assert exit.reason is not None
@@ -401,13 +410,13 @@ class RegistryActor(SupervisedActor):
                     f"(max_sessions={settings.max_sessions}); close or passivate some "
                     "(idle_timeout=), or raise max_sessions"
                 )
-        previous = self.previous.pop(session_id, None)
+        released = self.previous.pop(session_id, None)
         dead = self.live.get(session_id)
         if dead is not None and not dead.is_alive():  # stopped; its exit not yet handled
-            previous = dead
+            released = session_cell(dead).released
         # Its appends still in flight must land first.
-        if previous is not None and not session_cell(previous).released.wait(settings.timeout):
-            self.previous[session_id] = previous
+        if released is not None and not released.wait(settings.timeout):
+            self.previous[session_id] = released
             raise SessionStopped(
                 session_id,
                 f"its previous actor still holds the store after {settings.timeout:g} s "
@@ -453,8 +462,25 @@ class RegistryActor(SupervisedActor):
         ref = self.live.pop(session_id, None)
         if ref is not None:
             self.expected.add(ref.actor_urn)
-            self.previous[session_id] = ref
+            self._remember_released(session_id, ref)
         return ref
+
+    def _remember_released(self, session_id: str, ref: pykka.ActorRef[Any]) -> None:
+        """``ref`` is no longer ``session_id``'s live actor: it is not idle here any more,
+        and its next actor waits for its claim's release. Released ones are swept out as
+        the table grows (amortized: a sweep each time it doubled since the last)."""
+        self.passivation.forget(session_id)
+        self.previous[session_id] = session_cell(ref).released
+        if len(self.previous) >= self._previous_mark:
+            for sid, flag in list(self.previous.items()):
+                if flag.is_set():
+                    del self.previous[sid]
+            self._previous_mark = max(_PREVIOUS_SWEEP, 2 * len(self.previous))
+
+    def _forget_released(self, session_id: str, released: Flag) -> None:
+        """``session_id``'s last actor gave its claim up: nothing left to wait for."""
+        if released.is_set() and self.previous.get(session_id) is released:
+            del self.previous[session_id]
 
     def _await_stop(
         self, session_id: str, ref: pykka.ActorRef[Any], why: str, bound: float
@@ -468,7 +494,9 @@ class RegistryActor(SupervisedActor):
                 reason=f"did not stop in time ({why}); abandoned",
             )
         else:  # its claim is given up (off its thread) before this returns
-            session_cell(ref).released.wait(bound)
+            released = session_cell(ref).released
+            if released.wait(bound):
+                self._forget_released(session_id, released)
         logger.info(
             "session.passivated" if why == "idle" else "session.stopped",
             session_id=session_id,

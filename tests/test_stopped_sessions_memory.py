@@ -1,0 +1,169 @@
+"""What a session that stopped leaves in memory, counted.
+
+A long-running process opens far more sessions over its life than it holds at
+once: the idle ones are passivated, and a registry that closes lets all of them
+go. None of that may keep a stopped session's actor or its log (its events)
+alive: not the registry's route of the session, not a handle the application
+keeps, not a closed registry the application still refers to. These tests count
+the objects left after a collection, so a reference that pins a stopped session
+fails here, not in a memory profile a week into production.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bounds import BOUND
+
+from nous_actor import MemoryStore, Sessions, SessionStopped, SQLiteStore, Store
+from nous_actor.sessions.actor import session_cell
+from nous_actor.store.sqlite import store as sqlite_store
+
+SESSIONS = 200
+KINDS = ("SessionActor", "Log", "Route", "Session")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _census() -> Counter[str]:
+    gc.collect()
+    return Counter(name for o in gc.get_objects() if (name := type(o).__qualname__) in KINDS)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "m.db")
+    yield s
+    s.close()
+
+
+def _filled(reg: Sessions) -> list[str]:
+    ids = [f"s-{i}" for i in range(SESSIONS)]
+    for sid in ids:
+        h = reg.open(sid)
+        h.append_many([("user_message", {"content": f"hello {k}"}) for k in range(10)]).get(
+            timeout=BOUND
+        )
+    return ids
+
+
+def test_passivated_sessions_leave_nothing_behind(store: Store) -> None:
+    """Passivating sessions nobody holds a handle to frees their actors, logs and routes."""
+    clock = Clock()
+    base = _census()
+    reg = Sessions(store, idle_timeout=30, clock=clock, timeout=BOUND)
+    try:
+        ids = _filled(reg)
+        during = _census() - base
+        assert during["SessionActor"] == SESSIONS
+        assert during["Log"] == SESSIONS
+        clock.now = 60
+        assert sorted(reg.passivate_idle()) == sorted(ids)
+        left = _census() - base
+        assert left == Counter(), f"left behind by {SESSIONS} passivated sessions: {left}"
+        # And they reopen from the store, whole.
+        assert reg.open(ids[7]).count().get(timeout=BOUND) == 10
+    finally:
+        reg.close(timeout=BOUND)
+
+
+def test_a_kept_handle_does_not_keep_its_passivated_session(store: Store) -> None:
+    """An application that keeps its handles (a dict of conversations) keeps their routes,
+    not the stopped actors and their logs; each handle's next call reopens its session."""
+    clock = Clock()
+    base = _census()
+    reg = Sessions(store, idle_timeout=30, clock=clock, timeout=BOUND)
+    try:
+        ids = _filled(reg)
+        handles = {sid: reg.open(sid) for sid in ids}
+        clock.now = 60
+        assert len(reg.passivate_idle()) == SESSIONS
+        left = _census() - base
+        assert left == Counter({"Route": SESSIONS, "Session": SESSIONS}), left
+        assert (
+            handles[ids[3]].append("user_message", {"content": "back"}).get(timeout=BOUND).seq
+            == 10
+        )
+        assert (_census() - base)["Log"] == 1
+    finally:
+        reg.close(timeout=BOUND)
+
+
+def test_a_closed_registry_keeps_no_session(store: Store) -> None:
+    """A closed registry the application still refers to (and the handles it gave out)
+    hold none of its sessions' actors or logs."""
+    base = _census()
+    reg = Sessions(store, timeout=BOUND)
+    ids = _filled(reg)
+    kept = [reg.open(sid) for sid in ids[:10]]
+    reg.close(timeout=BOUND)
+    left = _census() - base
+    assert left == Counter({"Route": 10, "Session": 10}), left
+    with pytest.raises(SessionStopped, match="closed"):
+        kept[0].count().get(timeout=BOUND)
+
+
+def test_passivated_sessions_do_not_add_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that keeps opening new sessions and passivating them keeps no memory per
+    session it ever had: a round of new sessions, opened then passivated, adds next to
+    nothing to what the rounds before it left (once the tables they share found their
+    size), while each round held several KB a session while open. The one thing each
+    session would add is its number in the store's cache of session numbers, bounded
+    on its own (`NUMBERS_KEPT`, made small here so that it does not count)."""
+    monkeypatch.setattr(sqlite_store, "NUMBERS_KEPT", 10)
+    store = SQLiteStore(tmp_path / "m.db")
+    clock = Clock()
+    reg = Sessions(store, idle_timeout=30, clock=clock, timeout=BOUND)
+    try:
+        reg.open("warm").count().get(timeout=BOUND)
+
+        def round_(k: int) -> tuple[int, int]:
+            base = tracemalloc.get_traced_memory()[0]
+            ids = [f"r{k}-{i}" for i in range(SESSIONS)]
+            handles = [reg.open(sid) for sid in ids]
+            for h in handles:
+                h.append_many([("user_message", {"content": f"hi {j}"}) for j in range(10)]).get(
+                    timeout=BOUND
+                )
+            # Each session's end, as its registry handled it (its exit is news the
+            # registry takes after the stop returned): waited for before measuring.
+            ends = [session_cell(h._ref).finished for h in handles if h._ref is not None]
+            assert len(ends) == SESSIONS
+            del h, handles
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - base
+            clock.now += 60
+            assert set(ids) <= set(reg.passivate_idle())
+            assert all(end.wait(BOUND) for end in ends)
+            del ends
+            gc.collect()
+            return held, tracemalloc.get_traced_memory()[0]
+
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for k in range(3):  # (the tables the rounds share find their size)
+                _, after = round_(k)
+            held, last = round_(3)
+        finally:
+            tracemalloc.stop()
+        per_open = held / SESSIONS
+        added = (last - after) / SESSIONS
+        assert per_open > 2_000, per_open  # the rounds hold something while open
+        assert added < 100, f"{added:.0f} B a passivated session (open: {per_open:.0f} B)"
+    finally:
+        reg.close(timeout=BOUND)
+        store.close()
