@@ -41,9 +41,14 @@ def _census() -> Counter[str]:
     return Counter(name for o in gc.get_objects() if (name := type(o).__qualname__) in KINDS)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "m.db")
+    s: Store
+    if request.param == "postgres":
+        s = request.getfixturevalue("pg_stores")()  # closed with its schema
+        yield s
+        return
+    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "m.db")
     yield s
     s.close()
 
@@ -114,8 +119,9 @@ def test_a_closed_registry_keeps_no_session(store: Store) -> None:
         kept[0].count().get(timeout=BOUND)
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_passivated_sessions_do_not_add_up(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A process that keeps opening new sessions and passivating them keeps no memory per
     session it ever had: a round of new sessions, opened then passivated, adds next to
@@ -124,7 +130,11 @@ def test_passivated_sessions_do_not_add_up(
     session would add is its number in the store's cache of session numbers, bounded
     on its own (`NUMBERS_KEPT`, made small here so that it does not count)."""
     monkeypatch.setattr(sqlite_store, "NUMBERS_KEPT", 10)
-    store = SQLiteStore(tmp_path / "m.db")
+    store: Store = (
+        request.getfixturevalue("pg_stores")()
+        if kind == "postgres"
+        else SQLiteStore(tmp_path / "m.db")
+    )
     clock = Clock()
     reg = Sessions(store, idle_timeout=30, clock=clock, timeout=BOUND)
     try:
@@ -167,3 +177,50 @@ def test_passivated_sessions_do_not_add_up(
     finally:
         reg.close(timeout=BOUND)
         store.close()
+
+
+def test_a_ray_shard_keeps_the_handles_of_live_sessions_only() -> None:
+    """A Ray shard (driven here in this process, without a cluster) that serves ever new
+    sessions, passivated as they go idle, keeps a handle only for those still running
+    once its table has grown past a sweep; a batch's handles stay its own meanwhile."""
+    pytest.importorskip("ray")
+    import asyncio
+
+    from nous_actor.cluster.ray._protocol import CALL, OPEN
+    from nous_actor.cluster.ray._shard import _HANDLES_SWEEP, _Shard
+
+    clock = Clock()
+    shard = _Shard(MemoryStore, 0, 1, {"idle_timeout": 30, "clock": clock, "timeout": BOUND})
+    assert shard.sessions is not None
+    try:
+
+        async def serve(first: int, count: int) -> None:
+            ops = [(OPEN, f"s-{i}", "", ()) for i in range(first, first + count)]
+            handles, refused = await shard._open(ops)
+            assert not refused
+            assert sorted(handles) == sorted(op[1] for op in ops)
+
+        async def main() -> None:
+            total = 0
+            for _ in range(3):
+                await serve(total, _HANDLES_SWEEP)
+                total += _HANDLES_SWEEP
+                clock.now += 60
+                shard.sessions.passivate_idle()  # type: ignore[union-attr]
+            # Past the sweep: the handles of passivated sessions are gone.
+            await serve(total, 10)
+            assert len(shard.handles) <= _HANDLES_SWEEP + 10
+            # A batch that names a passivated session reopens it (a new handle), and the
+            # call goes through.
+            op = (CALL, "s-3", "h_read", ("count",))
+            handles, refused = await shard._open([op])
+            assert not refused
+            _, count = shard._start(op, handles)
+            assert await count == 0
+
+        asyncio.run(main())
+        live = set(shard.sessions.live())
+        assert set(shard.handles) >= {"s-3"}
+        assert len(shard.handles) <= len(live) + _HANDLES_SWEEP
+    finally:
+        shard.sessions.close(timeout=BOUND)

@@ -60,6 +60,9 @@ from nous_actor.store.subscription import Subscription
 
 logger = get_logger("nous_actor.cluster.ray")  # the package's name, as before it was split
 
+_HANDLES_SWEEP = 1024
+"""The least size at which a shard sweeps the handles of stopped sessions out of its table."""
+
 
 async def _outcome(waiting: Any) -> tuple[int, Any]:
     """What a call the shard waited for came to: ``(NOW, its value)``, or ``(FAILED, what
@@ -90,7 +93,13 @@ class _Shard:
         self.started = time.time()
         self.error: Exception | None = None
         self.sessions: Sessions | None = None
+        # A handle per session opened here; those of sessions stopped since (passivated,
+        # moved) are swept out as the table grows (amortized: a sweep each time it
+        # doubled since the last), so a shard that serves ever new sessions keeps the
+        # live ones only. A batch uses the handles its `_open` returned, never this
+        # table, so a sweep while it waits cannot take one from under it.
         self.handles: dict[str, Session] = {}
+        self._handles_mark = _HANDLES_SWEEP
         self.later: dict[int, Any] = {}
         self.subs: dict[int, Subscription] = {}
         self.tokens = itertools.count()
@@ -129,16 +138,20 @@ class _Shard:
         h = self.handles.get(session_id)
         return h is not None and h._ref is not None and not h._ref.actor_stopped.is_set()
 
-    async def _open(self, ops: list[Op]) -> dict[str, Exception]:
+    async def _open(self, ops: list[Op]) -> tuple[dict[str, Session], dict[str, Exception]]:
         """Open (recovering from the store, off the loop) every session these calls
-        need that is not running here; the ones that could not be opened, and why."""
+        need that is not running here: the handles of the sessions the calls name, and
+        the ones that could not be opened, and why."""
         assert self.sessions is not None
+        handles: dict[str, Session] = {}
         need: list[str] = []
         for kind, sid, _, _ in ops:
             if kind in (ALIVE, RESTARTS) or sid in need:
                 continue
             if kind == OPEN or not self._usable(sid):
                 need.append(sid)
+            else:
+                handles[sid] = self.handles[sid]
         refused: dict[str, Exception] = {}
         if need:
             got = await asyncio.gather(
@@ -146,19 +159,27 @@ class _Shard:
             )
             for sid, h in zip(need, got, strict=True):
                 if isinstance(h, Session):
-                    self.handles[sid] = h
+                    self.handles[sid] = handles[sid] = h
                 elif isinstance(h, Exception):
                     refused[sid] = _portable(h)
                 else:
                     raise h
-        return refused
+            if len(self.handles) >= self._handles_mark:
+                self._sweep_handles()
+        return handles, refused
+
+    def _sweep_handles(self) -> None:
+        """Let go of the handles of sessions no longer running here."""
+        for sid in [sid for sid in self.handles if not self._usable(sid)]:
+            del self.handles[sid]
+        self._handles_mark = max(_HANDLES_SWEEP, 2 * len(self.handles))
 
     def _later(self, waiting: Any) -> tuple[int, Any]:
         token = next(self.tokens)
         self.later[token] = waiting
         return LATER, token
 
-    def _start(self, op: Op) -> tuple[int, Any]:
+    def _start(self, op: Op, handles: dict[str, Session]) -> tuple[int, Any]:
         """Put one call in its session's inbox (in order); what to wait for."""
         assert self.sessions is not None
         kind, sid, name, args = op
@@ -166,7 +187,7 @@ class _Shard:
             return NOW, sid in self.sessions.live()
         if kind == RESTARTS:
             return NOW, self.sessions.restart_count(sid)
-        h = self.handles[sid]
+        h = handles[sid]
         if kind == OPEN:
             return NOW, None
         if kind == CALL:
@@ -275,7 +296,7 @@ class _Shard:
                     "nous_actor, with the same modules, on every node"
                 )
                 return _pack([(FAILED, unread)] * count)
-            refused = await self._open(ops)
+            handles, refused = await self._open(ops)
             started: list[tuple[int, Any]] = []
             for op in ops:
                 why = refused.get(op[1])
@@ -283,7 +304,7 @@ class _Shard:
                     started.append((FAILED, why))
                     continue
                 try:
-                    started.append(self._start(op))
+                    started.append(self._start(op, handles))
                 except Exception as exc:
                     started.append((FAILED, _portable(exc)))
         finally:
@@ -307,13 +328,11 @@ class _Shard:
     ) -> tuple[int, Any]:
         if self.error is not None:
             return FAILED, self.error
-        refused = await self._open([(OPEN, session_id, "", ())])
+        handles, refused = await self._open([(OPEN, session_id, "", ())])
         if session_id in refused:
             return FAILED, refused[session_id]
         try:
-            sub = await self.handles[session_id].asubscribe(
-                from_seq, buffer=buffer, timeout=timeout
-            )
+            sub = await handles[session_id].asubscribe(from_seq, buffer=buffer, timeout=timeout)
         except Exception as exc:
             return FAILED, _portable(exc)
         token = next(self.tokens)

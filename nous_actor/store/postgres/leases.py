@@ -637,34 +637,37 @@ class _Leases:
         interval = self.lease * _RENEW_FRACTION
         delay = interval
         while not self.closing.wait(delay):
+            delay = self._renew_held(interval)
+
+    def _renew_held(self, interval: float) -> float:
+        """Renew every claim held now; the wait before the next renewal. (A method of its
+        own: what it looked at is let go before the wait, not kept until the next one.)"""
+        with self.mutex:
+            items = [(sid, c) for sid, c in self.claims.items() if c.lost is None]
+        if not items:
+            return interval
+        started = time.monotonic()
+        try:
+            renewed, current = self._renew(items)
+        except Exception as exc:  # the connection is gone: retry soon, fail closed later
+            logger.warning(
+                "store.lease_renewal_failed",
+                store=self.where,
+                sessions=len(items),
+                reason=type(exc).__name__,
+                error=_first_line(exc),
+            )
+            return min(interval, max(0.05, interval / 4))
+        self.renewals += 1
+        for sid, claim in items:
             with self.mutex:
-                items = [(sid, c) for sid, c in self.claims.items() if c.lost is None]
-            if not items:
-                delay = interval
-                continue
-            started = time.monotonic()
-            try:
-                renewed, current = self._renew(items)
-            except Exception as exc:  # the connection is gone: retry soon, fail closed later
-                logger.warning(
-                    "store.lease_renewal_failed",
-                    store=self.where,
-                    sessions=len(items),
-                    reason=type(exc).__name__,
-                    error=_first_line(exc),
-                )
-                delay = min(interval, max(0.05, interval / 4))
-                continue
-            self.renewals += 1
-            for sid, claim in items:
-                with self.mutex:
-                    if self.claims.get(sid) is not claim:
-                        continue  # released meanwhile
-                    if sid in renewed:
-                        claim.deadline = started + self.lease * _FAIL_CLOSED_FRACTION
-                        continue
-                self.lose(sid, claim, _fenced(sid, claim.epoch, current.get(sid)))
-            delay = interval
+                if self.claims.get(sid) is not claim:
+                    continue  # released meanwhile
+                if sid in renewed:
+                    claim.deadline = started + self.lease * _FAIL_CLOSED_FRACTION
+                    continue
+            self.lose(sid, claim, _fenced(sid, claim.epoch, current.get(sid)))
+        return interval
 
     def _renew(self, items: list[tuple[str, _Claim]]) -> tuple[set[str], dict[str, Any]]:
         table = self.claims_table
