@@ -224,3 +224,28 @@ def test_a_ray_shard_keeps_the_handles_of_live_sessions_only() -> None:
         assert len(shard.handles) <= len(live) + _HANDLES_SWEEP
     finally:
         shard.sessions.close(timeout=BOUND)
+
+
+def test_a_holder_forgets_the_sessions_it_handed_over_long_ago(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registry remembers each session it handed to an asker for `GIVEN_FOR` seconds (its
+    own next call then goes to the asker); past that, the ones never asked about again
+    are let go as the table grows, not kept for the life of the process."""
+    from nous_actor.sessions import handoff
+
+    monkeypatch.setattr(handoff, "GRACE_FOR", 0.0)  # a session is offered at the first look
+    monkeypatch.setattr(handoff, "GIVEN_FOR", 0.0)  # and is "long ago" at once
+    store = MemoryStore()
+    a, b = Sessions(store, timeout=BOUND), Sessions(store, timeout=BOUND)
+    try:
+        count = 3 * handoff._GIVEN_SWEEP
+        for i in range(count):
+            a.open(f"s-{i}").append("user_message", {"content": "x"}).get(timeout=BOUND)
+        for i in range(count):
+            assert b.open(f"s-{i}", wait=BOUND).count().get(timeout=BOUND) == 1
+        assert a._handover.handed == count
+        assert len(a._handover._given) < 2 * handoff._GIVEN_SWEEP
+    finally:
+        b.close(timeout=BOUND)
+        a.close(timeout=BOUND)
