@@ -15,12 +15,13 @@ interleaving shrinks with the rules.
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
 from bounds import BOUND
+from freed import Freed
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -151,8 +152,19 @@ class RegistryMachine(RuleBasedStateMachine):
         for sid in touched:
             self.registry.open(sid).count().get()
         expected = set(self.registry.live()) - touched
+        # What a passivated session leaves in memory: its actor (and its log) freed,
+        # whatever handles the machine keeps (checked where threads are real).
+        freed = Freed(self._actors(expected)) if self.sim is None else None
         assert sorted(self.registry.passivate_idle(self.now)) == sorted(expected)
         assert self.registry.live() == sorted(touched)
+        if freed is not None:
+            assert freed.wait(BOUND) == [], "a passivated session's actor is still alive"
+
+    def _actors(self, ids: set[str]) -> Iterator[object]:
+        for sid in ids:
+            ref = self.registry._live_ref(sid, BOUND)
+            assert ref is not None, sid
+            yield ref.actor_inbox._actor  # type: ignore[attr-defined]
 
     @rule(handle=handles)
     def reopen(self, handle: Session) -> None:

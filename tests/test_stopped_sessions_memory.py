@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from bounds import BOUND
+from freed import Freed
 
 from nous_actor import MemoryStore, Sessions, SessionStopped, SQLiteStore, Store
 from nous_actor.sessions.actor import session_cell
@@ -53,6 +54,14 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
+def _actors(reg: Sessions, ids: list[str]) -> Iterator[object]:
+    """The running actors of ``ids`` (for `Freed`, which keeps none of them alive)."""
+    for sid in ids:
+        ref = reg._live_ref(sid, BOUND)
+        assert ref is not None, sid
+        yield ref.actor_inbox._actor  # type: ignore[attr-defined]
+
+
 def _filled(reg: Sessions) -> list[str]:
     ids = [f"s-{i}" for i in range(SESSIONS)]
     for sid in ids:
@@ -73,8 +82,10 @@ def test_passivated_sessions_leave_nothing_behind(store: Store) -> None:
         during = _census() - base
         assert during["SessionActor"] == SESSIONS
         assert during["Log"] == SESSIONS
+        freed = Freed(_actors(reg, ids))
         clock.now = 60
         assert sorted(reg.passivate_idle()) == sorted(ids)
+        assert freed.wait(BOUND) == []
         left = _census() - base
         assert left == Counter(), f"left behind by {SESSIONS} passivated sessions: {left}"
         # And they reopen from the store, whole.
@@ -92,8 +103,10 @@ def test_a_kept_handle_does_not_keep_its_passivated_session(store: Store) -> Non
     try:
         ids = _filled(reg)
         handles = {sid: reg.open(sid) for sid in ids}
+        freed = Freed(_actors(reg, ids))
         clock.now = 60
         assert len(reg.passivate_idle()) == SESSIONS
+        assert freed.wait(BOUND) == []
         left = _census() - base
         assert left == Counter({"Route": SESSIONS, "Session": SESSIONS}), left
         assert (
@@ -112,7 +125,9 @@ def test_a_closed_registry_keeps_no_session(store: Store) -> None:
     reg = Sessions(store, timeout=BOUND)
     ids = _filled(reg)
     kept = [reg.open(sid) for sid in ids[:10]]
+    freed = Freed(_actors(reg, ids))
     reg.close(timeout=BOUND)
+    assert freed.wait(BOUND) == []
     left = _census() - base
     assert left == Counter({"Route": 10, "Session": 10}), left
     with pytest.raises(SessionStopped, match="closed"):
@@ -149,16 +164,20 @@ def test_passivated_sessions_do_not_add_up(
                     timeout=BOUND
                 )
             # Each session's end, as its registry handled it (its exit is news the
-            # registry takes after the stop returned): waited for before measuring.
+            # registry takes after the stop returned), and its actor freed: waited for
+            # before measuring.
             ends = [session_cell(h._ref).finished for h in handles if h._ref is not None]
             assert len(ends) == SESSIONS
             del h, handles
+            freed = Freed(_actors(reg, ids))
             gc.collect()
             held = tracemalloc.get_traced_memory()[0] - base
             clock.now += 60
             assert set(ids) <= set(reg.passivate_idle())
             assert all(end.wait(BOUND) for end in ends)
             del ends
+            assert freed.wait(BOUND) == []
+            del freed
             gc.collect()
             return held, tracemalloc.get_traced_memory()[0]
 
