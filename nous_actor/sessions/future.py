@@ -166,7 +166,7 @@ class SessionFuture(pykka.Future[T]):
     def _relay(self, to: SessionFuture[Any], value: Any) -> None:
         """Once answered, answer ``to``: with ``value`` if this future succeeded, else with
         this future's error."""
-        self.add_done_callback(partial(_relay, self, to, value))
+        self.add_done_callback(_Relay(self, to, value))
 
     def done(self) -> bool:
         """Whether the future has been answered."""
@@ -270,11 +270,23 @@ class ForwardedFuture(SessionFuture[T]):
         self.call_id = call_id
 
 
-def _relay(src: SessionFuture[Any], to: SessionFuture[Any], value: Any) -> None:
-    if src._state == _ERROR:
-        to._fail(src._value)
-    else:
-        to._resolve(value)
+class _Relay:
+    """`SessionFuture._relay`'s callback: one object for the cyclic collector, where a
+    ``partial`` was two (it and its arguments' tuple), per session opened at once."""
+
+    __slots__ = ("src", "to", "value")
+
+    def __init__(self, src: SessionFuture[Any], to: SessionFuture[Any], value: Any) -> None:
+        self.src = src
+        self.to = to
+        self.value = value
+
+    def __call__(self) -> None:
+        src = self.src
+        if src._state == _ERROR:
+            self.to._fail(src._value)
+        else:
+            self.to._resolve(self.value)
 
 
 def _run_callback(fn: Callable[[], None], session_id: str) -> None:

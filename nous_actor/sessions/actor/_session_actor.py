@@ -286,12 +286,13 @@ class SessionActor(DispatchedSupervisedActor):
         # Claim and read the store off the dispatcher; the log arrives as h_adopt.
         self._loading = True
         self.ledger.begin()  # a stop meanwhile keeps the claim until this is back
-        inbox = self.actor_inbox
-        recover(
-            self.store,
-            self.session_id,
-            lambda result: inbox.put(_Envelope((SessionActor.h_adopt, result, None))),
-        )
+        recover(self.store, self.session_id, self._deliver_recovery)
+
+    def _deliver_recovery(self, result: Any) -> None:
+        """(On the reader that recovered the session.) Its result goes to the inbox, as
+        ``h_adopt`` (a bound method: one object for the collector while the recovery
+        waits, where a closure over the inbox was two)."""
+        self.actor_inbox.put(_Envelope((SessionActor.h_adopt, result, None)))
 
     def _handle_receive(self, message: Any) -> Any:
         # Our calls first, before Pykka's chain of isinstance checks.

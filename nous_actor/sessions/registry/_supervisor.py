@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import pykka
@@ -70,6 +69,22 @@ class _Started:
         with self._lock:
             done, self._done = self._done, []
         return done
+
+
+class _Recovered:
+    """The callback of a session's ``ready``: its news goes to `_Started` (one object for
+    the cyclic collector per session opening, where a ``partial`` of a bound method was
+    three)."""
+
+    __slots__ = ("session_id", "started", "urn")
+
+    def __init__(self, started: _Started, session_id: str, urn: str) -> None:
+        self.started = started
+        self.session_id = session_id
+        self.urn = urn
+
+    def __call__(self) -> None:
+        self.started.add(self.session_id, self.urn)
 
 
 class _ExitTo:
@@ -445,7 +460,7 @@ class RegistryActor(SupervisedActor):
             return ref, ready
         urn = ref.actor_urn
         self.starting[urn] = (session_id, ready, links)
-        ready.add_done_callback(partial(self.recovered.add, session_id, urn))
+        ready.add_done_callback(_Recovered(self.recovered, session_id, urn))
         return ref, ready
 
     def _stop_session(self, session_id: str, why: str, timeout: float | None = None) -> None:
