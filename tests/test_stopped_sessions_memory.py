@@ -141,12 +141,15 @@ def test_passivated_sessions_do_not_add_up(
     """A process that keeps opening new sessions and passivating them keeps no memory per
     session it ever had: a round of new sessions, opened then passivated, adds next to
     nothing to what the rounds before it left (once the tables they share found their
-    size), while each round held several KB a session while open. The one thing each
+    size), while each round held several KB a session while open (before the fix, each
+    round left about 4 KB a session). The one thing each
     session would add is its number in the store's cache of session numbers, bounded
     on its own (`NUMBERS_KEPT`, made small here so that it does not count)."""
     monkeypatch.setattr(sqlite_store, "NUMBERS_KEPT", 10)
+    # (On PostgreSQL a lease longer than the test: a renewal under way holds the claims
+    # of its round, those of sessions passivated meanwhile included, until it is done.)
     store: Store = (
-        request.getfixturevalue("pg_stores")()
+        request.getfixturevalue("pg_stores")(lease=600.0)
         if kind == "postgres"
         else SQLiteStore(tmp_path / "m.db")
     )
@@ -186,13 +189,22 @@ def test_passivated_sessions_do_not_add_up(
         try:
             for k in range(3):  # (the tables the rounds share find their size)
                 _, after = round_(k)
-            held, last = round_(3)
+            # Three rounds measured: what one leaves is the least of them (a round
+            # may also count what another thread of the process holds meanwhile; a
+            # session that leaves something leaves it in every round).
+            added: list[float] = []
+            for k in range(3, 6):
+                held, last = round_(k)
+                added.append((last - after) / SESSIONS)
+                after = last
         finally:
             tracemalloc.stop()
         per_open = held / SESSIONS
-        added = (last - after) / SESSIONS
         assert per_open > 2_000, per_open  # the rounds hold something while open
-        assert added < 100, f"{added:.0f} B a passivated session (open: {per_open:.0f} B)"
+        assert min(added) < 100, (
+            f"{min(added):.0f} B a passivated session at least (rounds: "
+            f"{', '.join(f'{a:.0f}' for a in added)} B; open: {per_open:.0f} B)"
+        )
     finally:
         reg.close(timeout=BOUND)
         store.close()
