@@ -86,17 +86,26 @@ def test_an_awaited_append_in_flight_is_few_objects_for_the_collector(
     assert per_call <= 6, f"{per_call:.1f} tracked objects per append in flight"
 
 
+def _stored(path: Path) -> SQLiteStore:
+    """A store at ``path`` holding `SESSIONS` sessions (``s0``...) of one event each, none
+    of them open."""
+    from nous_actor import Sessions
+
+    store = SQLiteStore(path)
+    with Sessions(store, max_sessions=SESSIONS + 10) as warm:
+        for i in range(SESSIONS):
+            warm.open(f"s{i}").append("user_message", {"content": "x"}).get(timeout=10)
+    return store
+
+
 def test_an_open_session_is_few_objects_for_the_collector(tmp_path: Path) -> None:
     """300 stored sessions opened through a registry and left idle: what each holds in
     objects the collector tracks (its actor, inbox, log, fold, handle, route, ledger...).
     Every full collection visits them all, and a process may hold 10,000 sessions."""
     from nous_actor import Sessions
 
-    store = SQLiteStore(tmp_path / "open.db")
+    store = _stored(tmp_path / "open.db")
     try:
-        with Sessions(store, max_sessions=SESSIONS + 10) as warm:
-            for i in range(SESSIONS):
-                warm.open(f"s{i}").append("user_message", {"content": "x"}).get(timeout=10)
         with Sessions(store, max_sessions=SESSIONS + 10) as sessions:
             sessions.open("warm").count().get(timeout=10)
             gc.collect()
@@ -126,11 +135,8 @@ def test_an_open_in_flight_is_few_objects_for_the_collector(tmp_path: Path) -> N
     from nous_actor import Sessions
 
     path = tmp_path / "opening.db"
-    store = SQLiteStore(path)
+    store = _stored(path)
     try:
-        with Sessions(store, max_sessions=SESSIONS + 10) as warm:
-            for i in range(SESSIONS):
-                warm.open(f"s{i}").append("user_message", {"content": "x"}).get(timeout=10)
         with Sessions(store, max_sessions=SESSIONS + 10) as sessions:
             sessions.open("warm").count().get(timeout=10)
             blocker = sqlite3.connect(path, isolation_level=None, timeout=30)
