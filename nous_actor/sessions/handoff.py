@@ -30,6 +30,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, NousActorError, SessionStopped, StoreError
 from nous_actor.runtime import scheduling
+from nous_actor.runtime.tables import Sweep
 from nous_actor.sessions.actor import SessionActor, _Envelope
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import shared
@@ -73,7 +74,12 @@ claiming it back."""
 
 _GIVEN_SWEEP: Final = 64
 """The least size at which the sessions handed over more than `GIVEN_FOR` seconds ago are
-let go of (amortized: a sweep each time the table doubled since the last)."""
+let go of (`Sweep`)."""
+
+
+def _given_long_ago(session_id: str, at: float) -> bool:
+    return scheduling.monotonic() - at > GIVEN_FOR
+
 
 IDLE_PAUSE: Final = 0.005
 """The least time between two looks at the requests by a holder (caps how often a busy
@@ -187,7 +193,7 @@ class HandOver:
         self._thread: threading.Thread | None = None
         self.handed = 0  # sessions handed over (for tests and the benchmark)
         self._given: dict[str, float] = {}  # when each session was last handed over
-        self._given_mark = _GIVEN_SWEEP  # its size at which those of long ago go
+        self._given_sweep: Sweep[str, float] = Sweep(_given_long_ago, _GIVEN_SWEEP)
         self._seen: dict[str, float] = {}  # when each standing request was first seen
         self._opened = threading.Event()  # a session opened since the thread last looked
         self._taking: dict[str, int] = {}  # sessions this registry is asking for (`taking`)
@@ -295,15 +301,10 @@ class HandOver:
             return True  # stopped meanwhile (or slow): nothing to hand over now
         if handed:
             self.handed += 1
-            now = self._given[session_id] = scheduling.monotonic()
-            if len(self._given) >= self._given_mark:
-                # Those handed over long ago and never asked about since: let go (a
-                # worker that hands over ever new sessions keeps the recent ones only).
-                # (``list`` takes the items in one step; `given_away` pops from any thread.)
-                for sid, at in list(self._given.items()):
-                    if now - at > GIVEN_FOR:
-                        self._given.pop(sid, None)
-                self._given_mark = max(_GIVEN_SWEEP, 2 * len(self._given))
+            self._given[session_id] = scheduling.monotonic()
+            # Those handed over long ago and never asked about since go (a worker that
+            # hands over ever new sessions keeps the recent ones only).
+            self._given_sweep.after(self._given)
         else:
             self._given.pop(session_id, None)
         return handed

@@ -52,6 +52,7 @@ from nous_actor.errors import (
     StoreError,
     SubscriptionLagged,
 )
+from nous_actor.runtime.tables import Sweep
 from nous_actor.sessions.actor import HELD, SessionActor, _Compaction
 from nous_actor.sessions.handle import Session
 from nous_actor.sessions.registry import Sessions
@@ -62,6 +63,11 @@ logger = get_logger("nous_actor.cluster.ray")  # the package's name, as before i
 
 _HANDLES_SWEEP = 1024
 """The least size at which a shard sweeps the handles of stopped sessions out of its table."""
+
+
+def _stopped(session_id: str, h: Session) -> bool:
+    """Whether ``h``'s session no longer runs here (its handle may go)."""
+    return h._ref is None or h._ref.actor_stopped.is_set()
 
 
 async def _outcome(waiting: Any) -> tuple[int, Any]:
@@ -99,7 +105,7 @@ class _Shard:
         # live ones only. A batch uses the handles its `_open` returned, never this
         # table, so a sweep while it waits cannot take one from under it.
         self.handles: dict[str, Session] = {}
-        self._handles_mark = _HANDLES_SWEEP
+        self._handles_sweep: Sweep[str, Session] = Sweep(_stopped, _HANDLES_SWEEP)
         self.later: dict[int, Any] = {}
         self.subs: dict[int, Subscription] = {}
         self.tokens = itertools.count()
@@ -136,7 +142,7 @@ class _Shard:
 
     def _usable(self, session_id: str) -> bool:
         h = self.handles.get(session_id)
-        return h is not None and h._ref is not None and not h._ref.actor_stopped.is_set()
+        return h is not None and not _stopped(session_id, h)
 
     async def _open(self, ops: list[Op]) -> tuple[dict[str, Session], dict[str, Exception]]:
         """Open (recovering from the store, off the loop) every session these calls
@@ -164,15 +170,8 @@ class _Shard:
                     refused[sid] = _portable(h)
                 else:
                     raise h
-            if len(self.handles) >= self._handles_mark:
-                self._sweep_handles()
+            self._handles_sweep.after(self.handles)
         return handles, refused
-
-    def _sweep_handles(self) -> None:
-        """Let go of the handles of sessions no longer running here."""
-        for sid in [sid for sid in self.handles if not self._usable(sid)]:
-            del self.handles[sid]
-        self._handles_mark = max(_HANDLES_SWEEP, 2 * len(self.handles))
 
     def _later(self, waiting: Any) -> tuple[int, Any]:
         token = next(self.tokens)

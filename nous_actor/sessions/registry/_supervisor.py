@@ -18,6 +18,7 @@ from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, SessionStopped, TooManySessions
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.flag import Flag
+from nous_actor.runtime.tables import Sweep
 from nous_actor.sessions.actor import Releases, SessionActor, _safe_str, session_cell
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.registry._passivation import Passivation
@@ -69,6 +70,11 @@ class _Started:
         with self._lock:
             done, self._done = self._done, []
         return done
+
+
+def _released(session_id: str, released: Flag) -> bool:
+    """Whether a previous actor's claim is given up (its entry may go)."""
+    return released.is_set()
 
 
 class _Recovered:
@@ -178,7 +184,7 @@ class RegistryActor(SupervisedActor):
         # (a reopen waits for it): not the actor, whose log a stopped session would keep
         # alive for the life of the process; dropped once seen set (`_forget_released`).
         self.previous: dict[str, Flag] = {}
-        self._previous_mark = _PREVIOUS_SWEEP
+        self._previous_sweep: Sweep[str, Flag] = Sweep(_released, _PREVIOUS_SWEEP)
         # Sessions recovering from the store, by urn: (id, ready). Opens wait for
         # ``ready`` themselves, never in this actor: many sessions recover at once.
         # urn -> (session id, ready, the trace contexts of the callers waiting for it)
@@ -483,14 +489,10 @@ class RegistryActor(SupervisedActor):
     def _remember_released(self, session_id: str, ref: pykka.ActorRef[Any]) -> None:
         """``ref`` is no longer ``session_id``'s live actor: it is not idle here any more,
         and its next actor waits for its claim's release. Released ones are swept out as
-        the table grows (amortized: a sweep each time it doubled since the last)."""
+        the table grows (`Sweep`)."""
         self.passivation.forget(session_id)
         self.previous[session_id] = session_cell(ref).released
-        if len(self.previous) >= self._previous_mark:
-            for sid, flag in list(self.previous.items()):
-                if flag.is_set():
-                    del self.previous[sid]
-            self._previous_mark = max(_PREVIOUS_SWEEP, 2 * len(self.previous))
+        self._previous_sweep.after(self.previous)
 
     def _forget_released(self, session_id: str, released: Flag) -> None:
         """``session_id``'s last actor gave its claim up: nothing left to wait for."""
