@@ -1,7 +1,7 @@
 """Recovery: claiming a session in its store and reading its log, off the dispatcher.
 
 A session that starts on a store asks `recover` for its log; the answer comes
-back through a callback (the session posts it to its own inbox), so no
+back through its ``deliver_recovery`` (the session posts it to its own inbox), so no
 dispatcher thread ever waits for a store. The reads run on `READERS`, a bounded
 pool.
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import safe_str
@@ -32,7 +32,16 @@ from nous_actor.errors import StoreError
 from nous_actor.runtime.dispatcher import Workers
 from nous_actor.store.base import Store
 
-__all__ = ["BATCH", "DRAINS", "EAGER_FOLD", "READERS", "Recovered", "recover", "release"]
+__all__ = [
+    "BATCH",
+    "DRAINS",
+    "EAGER_FOLD",
+    "READERS",
+    "Recovered",
+    "Recovering",
+    "recover",
+    "release",
+]
 
 logger = get_logger("nous_actor.session")
 
@@ -50,25 +59,35 @@ Recovered = tuple[str | None, Log | None, BaseException | None, float]
 """What `recover` delivers: (claim token, folded log, None, seconds taken), or
 (None, None, the error, 0.0)."""
 
-Deliver = Callable[[Recovered], None]
+
+class Recovering(Protocol):
+    """A session waiting for its recovery (a session's actor): queued as it is, one
+    object per session waiting, where an id and a callback were three."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    def deliver_recovery(self, result: Recovered, /) -> None:
+        """The result, on the reader that recovered the session (keep it short)."""
 
 
-def recover(store: Store, session_id: str, deliver: Deliver) -> None:
-    """Claim ``session_id`` in ``store``, load and fold its log on a reader, and call
-    ``deliver`` with the result on that reader (exactly once, whatever fails).
+def recover(store: Store, who: Recovering) -> None:
+    """Claim ``who.session_id`` in ``store``, load and fold its log on a reader, and call
+    ``who.deliver_recovery`` with the result on that reader (exactly once, whatever
+    fails).
 
-    On a failure after the claim was taken, the claim is released before ``deliver``
-    is called, so the error the session reports leaves the session free to retry."""
+    On a failure after the claim was taken, the claim is released before the result
+    is delivered, so the error the session reports leaves the session free to retry."""
     kind = type(store)
     if getattr(kind, "claim_many", None) is None or getattr(kind, "load_many", None) is None:
-        READERS.submit(lambda: _one(store, session_id, deliver))
+        READERS.submit(lambda: _one(store, who))
         return
     key = id(store)
     with _lock:
         queue = _queues.get(key)
         if queue is None:
             queue = _queues[key] = _Queue(store)
-        queue.items.append((session_id, deliver))
+        queue.items.append(who)
         start = queue.drains < DRAINS
         if start:
             queue.drains += 1
@@ -92,7 +111,8 @@ def release(store: Store, session_id: str, token: str) -> None:
 # -- one session at a time (any store) ------------------------------------------------
 
 
-def _one(store: Store, session_id: str, deliver: Deliver) -> None:
+def _one(store: Store, who: Recovering) -> None:
+    session_id = who.session_id
     token: str | None = None
     try:
         token = store.claim(session_id)
@@ -103,7 +123,7 @@ def _one(store: Store, session_id: str, deliver: Deliver) -> None:
         if token is not None:
             release(store, session_id, token)
         result = (None, None, exc, 0.0)
-    deliver(result)
+    who.deliver_recovery(result)
 
 
 EAGER_FOLD: Final = 64
@@ -131,7 +151,7 @@ class _Queue:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.items: deque[tuple[str, Deliver]] = deque()
+        self.items: deque[Recovering] = deque()
         self.drains = 0
 
 
@@ -153,11 +173,11 @@ def _drain(key: int, queue: _Queue) -> None:
         _batch(queue.store, batch)
 
 
-def _batch(store: Any, batch: Sequence[tuple[str, Deliver]]) -> None:
+def _batch(store: Any, batch: Sequence[Recovering]) -> None:
     """Claim every session of ``batch`` in one transaction, read them in one read, fold
     each, and deliver each result (every deliver is called, whatever fails)."""
     t0 = time.perf_counter()
-    ids = [sid for sid, _ in batch]
+    ids = [who.session_id for who in batch]
     try:
         claims: list[str | StoreError] = list(store.claim_many(ids))
         if len(claims) != len(ids):
@@ -165,8 +185,8 @@ def _batch(store: Any, batch: Sequence[tuple[str, Deliver]]) -> None:
                 f"the store's claim_many answered {len(claims)} claims for {len(ids)} ids"
             )
     except BaseException as exc:
-        for _, deliver in batch:
-            deliver((None, None, exc, 0.0))
+        for who in batch:
+            who.deliver_recovery((None, None, exc, 0.0))
         if not isinstance(exc, Exception):
             raise
         return
@@ -178,9 +198,9 @@ def _batch(store: Any, batch: Sequence[tuple[str, Deliver]]) -> None:
             loaded = store.load_many(claimed)
         except BaseException as exc:
             failed = exc
-    for (sid, deliver), got in zip(batch, claims, strict=True):
+    for who, sid, got in zip(batch, ids, claims, strict=True):
         if not isinstance(got, str):
-            deliver((None, None, got, 0.0))
+            who.deliver_recovery((None, None, got, 0.0))
             continue
         try:
             if failed is not None:
@@ -194,6 +214,6 @@ def _batch(store: Any, batch: Sequence[tuple[str, Deliver]]) -> None:
         except BaseException as exc:
             release(store, sid, got)
             result = (None, None, exc, 0.0)
-        deliver(result)
+        who.deliver_recovery(result)
     if failed is not None and not isinstance(failed, Exception):
         raise failed

@@ -16,6 +16,7 @@ import inspect
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 import pykka
@@ -72,6 +73,7 @@ logger = get_logger("nous_actor.sessions.actor")
 
 _DEFER: Any = DEFER  # a handler's result meaning "the future is answered later"
 _NONE: Any = deque(maxlen=0)  # "no queue": shared by every session until one needs its own
+_RECOVERING: Log = Log()._view()  # every stored session's log until its recovery's arrives
 
 Parked = tuple[Handler, tuple[Any, ...], "SessionFuture[Any] | None"]
 
@@ -244,7 +246,7 @@ class SessionActor(DispatchedSupervisedActor):
         crash_on_store_failure: bool = False,
         dispatcher: Dispatcher | None = None,
         pinned: bool = False,
-        trace_links: list[object] | None = None,
+        trace_links: Iterable[object] | None = None,
         dangling_turns: str = DEFAULT_DANGLING_TURNS,
     ) -> None:
         super().__init__()
@@ -255,7 +257,9 @@ class SessionActor(DispatchedSupervisedActor):
         self.crash_on_store_failure = crash_on_store_failure
         self.dangling_turns = dangling_turns  # a gone holder's turn (sessions.turns)
         self.session_id = session_id
-        self.log = Log() if log is None else log
+        # A stored session's log is the one its recovery reads: until then, one shared
+        # empty log that is never appended to (a view) stands in.
+        self.log = (_RECOVERING if store is not None else Log()) if log is None else log
         self.store = store
         self.committer: Committer | None = None
         self.claim_token: str | None = None
@@ -267,8 +271,8 @@ class SessionActor(DispatchedSupervisedActor):
         self.failed: StoreError | None = None
         self.crash: BaseException | None = None
         self._ready = ready
-        # The trace contexts of the callers waiting for the recovery (telemetry); more
-        # may join (from the registry's thread) until the store is read.
+        # The trace contexts of the callers waiting for the recovery (telemetry), read
+        # once the store is read; more may join (from the registry's thread) until then.
         self._trace_links = trace_links
         self._loading = False  # the store is being read: calls wait in ``parked``
         # A successor waits for ``released`` (read off the cell) before it claims the session.
@@ -286,12 +290,11 @@ class SessionActor(DispatchedSupervisedActor):
         # Claim and read the store off the dispatcher; the log arrives as h_adopt.
         self._loading = True
         self.ledger.begin()  # a stop meanwhile keeps the claim until this is back
-        recover(self.store, self.session_id, self._deliver_recovery)
+        recover(self.store, self)  # queued as it is: no callback object while it waits
 
-    def _deliver_recovery(self, result: Any) -> None:
+    def deliver_recovery(self, result: Any) -> None:
         """(On the reader that recovered the session.) Its result goes to the inbox, as
-        ``h_adopt`` (a bound method: one object for the collector while the recovery
-        waits, where a closure over the inbox was two)."""
+        ``h_adopt``."""
         self.actor_inbox.put(_Envelope((SessionActor.h_adopt, result, None)))
 
     def _handle_receive(self, message: Any) -> Any:

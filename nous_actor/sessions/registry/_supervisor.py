@@ -9,7 +9,7 @@ a time, in its own thread; `Sessions` only asks it. It holds the registry's
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykka
@@ -77,17 +77,35 @@ def _released(session_id: str, released: Flag) -> bool:
     return released.is_set()
 
 
-class _Recovered:
-    """The callback of a session's ``ready``: its news goes to `_Started` (one object for
-    the cyclic collector per session opening, where a ``partial`` of a bound method was
-    three)."""
+class _Starting:
+    """A session recovering from the store: its ``ready``, the callback of that
+    ``ready`` (its news goes to `_Started`), and the trace contexts of the callers
+    waiting for it, which its actor links from the recovery's span (it iterates over
+    them once the store is read; more may join until then). One object for the cyclic
+    collector per session opening, where a ``partial`` of a bound method was three and
+    the entry a tuple and a list beside it."""
 
-    __slots__ = ("session_id", "started", "urn")
+    __slots__ = ("links", "ready", "session_id", "started", "urn")
 
-    def __init__(self, started: _Started, session_id: str, urn: str) -> None:
+    def __init__(
+        self, started: _Started, session_id: str, ready: SessionFuture[None], context: object
+    ) -> None:
         self.started = started
         self.session_id = session_id
-        self.urn = urn
+        self.urn = ""  # set once its actor is started
+        self.ready = ready
+        self.links: list[object] | None = None if context is None else [context]
+
+    def join(self, context: object) -> None:
+        """Another caller (with trace ``context``) waits for this recovery too."""
+        if self.links is None:
+            self.links = [context]
+        else:
+            self.links.append(context)
+
+    def __iter__(self) -> Iterator[object]:
+        links = self.links
+        return iter(() if links is None else links)
 
     def __call__(self) -> None:
         self.started.add(self.session_id, self.urn)
@@ -185,10 +203,9 @@ class RegistryActor(SupervisedActor):
         # alive for the life of the process; dropped once seen set (`_forget_released`).
         self.previous: dict[str, Flag] = {}
         self._previous_sweep: Sweep[str, Flag] = Sweep(_released, _PREVIOUS_SWEEP)
-        # Sessions recovering from the store, by urn: (id, ready). Opens wait for
-        # ``ready`` themselves, never in this actor: many sessions recover at once.
-        # urn -> (session id, ready, the trace contexts of the callers waiting for it)
-        self.starting: dict[str, tuple[str, SessionFuture[None], list[object]]] = {}
+        # Sessions recovering from the store, by urn. Opens wait for their ``ready``
+        # themselves, never in this actor: many sessions recover at once.
+        self.starting: dict[str, _Starting] = {}
         self.recovered = _Started(self.actor_ref)  # their news, taken by `m_started`
         self.closed = False
 
@@ -260,7 +277,7 @@ class RegistryActor(SupervisedActor):
             entry = self.starting.pop(urn, None)
             if entry is None or self.closed:
                 continue
-            if entry[1].failed():
+            if entry.ready.failed():
                 self._failed_start(session_id, urn)
 
     def _failed_start(self, session_id: str, urn: str) -> None:
@@ -291,8 +308,8 @@ class RegistryActor(SupervisedActor):
             if entry is None:
                 return ref, None
             if context is not None:  # it waits for that recovery too
-                entry[2].append(context)
-            return ref, entry[1]
+                entry.join(context)
+            return ref, entry.ready
         return self._start_session(session_id, context=context)
 
     def m_live_ref(self, session_id: str) -> pykka.ActorRef[Any] | None:
@@ -300,7 +317,7 @@ class RegistryActor(SupervisedActor):
         if ref is None or not ref.is_alive():
             return None
         entry = self.starting.get(ref.actor_urn)
-        if entry is not None and not entry[1].done():
+        if entry is not None and not entry.ready.done():
             return None  # still recovering: nothing to hand over yet
         return ref
 
@@ -444,7 +461,7 @@ class RegistryActor(SupervisedActor):
                 "(a commit is stuck); try again later",
             )
         ready: SessionFuture[None] = SessionFuture(session_id, settings.timeout)
-        links: list[object] = [] if context is None else [context]
+        starting = None if restarted else _Starting(self.recovered, session_id, ready, context)
         me = self.actor_ref
         monitor = _ExitTo(me, session_id)
         ref = start_monitored(
@@ -456,17 +473,17 @@ class RegistryActor(SupervisedActor):
                 crash_on_store_failure=True,
                 dispatcher=settings.dispatcher,
                 dangling_turns=settings.dangling_turns,
-                trace_links=links,
+                trace_links=starting,
             ),
             monitor,
         )
         self.live[session_id] = ref
         self.passivation.touch(session_id)
-        if restarted:
+        if starting is None:  # a restart: m_restart waits for it
             return ref, ready
-        urn = ref.actor_urn
-        self.starting[urn] = (session_id, ready, links)
-        ready.add_done_callback(_Recovered(self.recovered, session_id, urn))
+        starting.urn = ref.actor_urn
+        self.starting[starting.urn] = starting
+        ready.add_done_callback(starting)
         return ref, ready
 
     def _stop_session(self, session_id: str, why: str, timeout: float | None = None) -> None:
