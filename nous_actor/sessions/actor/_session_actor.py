@@ -241,7 +241,7 @@ class SessionActor(DispatchedSupervisedActor):
         session_id: str,
         log: Log | None = None,
         store: Store | None = None,
-        ready: SessionFuture[None] | None = None,
+        ready: SessionFuture[Any] | None = None,
         *,
         crash_on_store_failure: bool = False,
         dispatcher: Dispatcher | None = None,
@@ -423,7 +423,7 @@ class SessionActor(DispatchedSupervisedActor):
         end_orphan_turn(self)
         ready, self._ready = self._ready, None  # answered: not kept by an idle session
         if ready is not None:
-            ready._resolve(None)
+            ready._resolve(self.actor_ref)
 
     def _start_failed(self, exc: BaseException) -> None:
         # A refusal the caller is told of (another writer holds it) is not an error

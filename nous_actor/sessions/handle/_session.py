@@ -138,7 +138,7 @@ class Session(SessionHandle):
                 raise TypeError(
                     f"store must implement nous_actor.store.Store, got {type(store).__name__}"
                 )
-        ready: SessionFuture[None] = SessionFuture(session_id, timeout)
+        ready: SessionFuture[Any] = SessionFuture(session_id, timeout)
         context = None if store is None else telemetry.context()  # for its recovery's span
         ref = SessionActor.start(
             session_id,

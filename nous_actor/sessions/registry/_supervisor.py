@@ -39,8 +39,9 @@ _PREVIOUS_SWEEP = 64
 sessions' previous actors (`RegistryActor._remember_released`)."""
 
 
-Started = tuple[pykka.ActorRef[Any], "SessionFuture[None] | None"]
-"""A session's actor, and the future of its recovery while it still recovers."""
+Started = tuple[pykka.ActorRef[Any], "SessionFuture[Any] | None"]
+"""A session's actor, and the future of its recovery while it still recovers (its value:
+the actor's ref)."""
 
 
 class _Started:
@@ -88,7 +89,7 @@ class _Starting:
     __slots__ = ("links", "ready", "session_id", "started", "urn")
 
     def __init__(
-        self, started: _Started, session_id: str, ready: SessionFuture[None], context: object
+        self, started: _Started, session_id: str, ready: SessionFuture[Any], context: object
     ) -> None:
         self.started = started
         self.session_id = session_id
@@ -254,21 +255,24 @@ class RegistryActor(SupervisedActor):
             return super().on_receive(message)
         return handler(*args)
 
-    def m_open(self, session_id: str, context: object = None) -> Started:
+    def m_open(
+        self, session_id: str, context: object = None, ready: SessionFuture[Any] | None = None
+    ) -> Started:
         self.restarts.retry(session_id)  # a fresh chance, asked for by name
-        return self.m_resolve(session_id, context)
+        return self.m_resolve(session_id, context, ready)
 
     def m_open_ready(self, answer: SessionFuture[Any], session_id: str) -> None:
         """`m_open` for a caller that awaits the recovery too: ``answer`` gets the actor
-        once it is ready (or the error of its start), so the caller wakes once."""
+        once it is ready (or the error of its start), so the caller wakes once. An
+        actor started for it answers ``answer`` itself, as its ``ready``."""
         try:
-            ref, ready = self.m_open(session_id)
+            ref, ready = self.m_open(session_id, None, answer)
         except Exception as exc:
             answer._fail(exc)
             return
         if ready is None:
             answer._resolve(ref)
-        else:
+        elif ready is not answer:  # it recovers for an earlier caller: wait for that
             ready._relay(answer, ref)
 
     def m_started(self) -> None:
@@ -289,10 +293,13 @@ class RegistryActor(SupervisedActor):
             self._remember_released(session_id, ref)
         self.expected.add(urn)
 
-    def m_resolve(self, session_id: str, context: object = None) -> Started:
+    def m_resolve(
+        self, session_id: str, context: object = None, ready: SessionFuture[Any] | None = None
+    ) -> Started:
         """The live actor of ``session_id`` (started if need be) and the ``ready`` of its
         recovery if that is under way; ``context``: the caller's trace context, linked
-        from the recovery's span (telemetry)."""
+        from the recovery's span (telemetry); ``ready``: the future a start answers
+        (one is made if not given)."""
         if self.closed:
             raise SessionStopped(session_id, "the registry is closed")
         reason = self.restarts.given_up(session_id)
@@ -310,7 +317,7 @@ class RegistryActor(SupervisedActor):
             if context is not None:  # it waits for that recovery too
                 entry.join(context)
             return ref, entry.ready
-        return self._start_session(session_id, context=context)
+        return self._start_session(session_id, context=context, ready=ready)
 
     def m_live_ref(self, session_id: str) -> pykka.ActorRef[Any] | None:
         ref = self.live.get(session_id)
@@ -432,7 +439,11 @@ class RegistryActor(SupervisedActor):
     # -- the work ------------------------------------------------------------------------------
 
     def _start_session(
-        self, session_id: str, restarted: bool = False, context: object = None
+        self,
+        session_id: str,
+        restarted: bool = False,
+        context: object = None,
+        ready: SessionFuture[Any] | None = None,
     ) -> Started:
         """Start ``session_id``'s actor; it recovers from the store off this actor, and
         the caller waits for the ``ready`` returned (`m_started` sees how an open ended;
@@ -460,7 +471,8 @@ class RegistryActor(SupervisedActor):
                 f"its previous actor still holds the store after {settings.timeout:g} s "
                 "(a commit is stuck); try again later",
             )
-        ready: SessionFuture[None] = SessionFuture(session_id, settings.timeout)
+        if ready is None:
+            ready = SessionFuture(session_id, settings.timeout)
         starting = None if restarted else _Starting(self.recovered, session_id, ready, context)
         me = self.actor_ref
         monitor = _ExitTo(me, session_id)
