@@ -103,6 +103,28 @@ def test_done_callbacks_run_once_answered_or_at_once() -> None:
     assert calls == ["early", "late"]
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+@pytest.mark.parametrize("fails", [False, True])
+def test_every_done_callback_runs_once_in_the_order_added(count: int, fails: bool) -> None:
+    """One callback, or several (kept apart from the first's own way of being held),
+    each run once, in the order added, whether the future succeeds or fails; none is
+    kept after the answer."""
+    fut: SessionFuture[int] = SessionFuture("s")
+    calls: list[int] = []
+    for i in range(count):
+        fut.add_done_callback(lambda i=i: calls.append(i))
+    assert calls == []
+    if fails:
+        fut.set_exception((ValueError, ValueError("no"), None))
+    else:
+        fut.set(1)
+    assert calls == list(range(count))
+    assert fut._callbacks is None
+    with pytest.raises(queue.Full):  # answered once only: nothing runs again
+        fut.set(2)
+    assert calls == list(range(count))
+
+
 def test_pykka_get_all_and_map_work() -> None:
     """SessionFutures work with pykka.get_all and Future.map."""
     s = Session.start("compat", timeout=BOUND)

@@ -82,7 +82,9 @@ class SessionFuture(pykka.Future[T]):
         # Made (held) by the first thread that blocks in get(), released by the answer:
         # an awaited or callback-driven call never makes one.
         self._ready: LockType | None = None
-        self._callbacks: list[Callable[[], None]] | None = None
+        # One callback as it is, a list only from the second (most futures with a
+        # callback have one: a session opening, the registry's news of it).
+        self._callbacks: Callable[[], None] | list[Callable[[], None]] | None = None
         # The coroutine awaiting it, if one does: woken by its loop's waker, with no
         # callback object made for it.
         self._waiter: asyncio.Future[Any] | None = None
@@ -113,9 +115,12 @@ class SessionFuture(pykka.Future[T]):
                 waker.push(waiter)  # type: ignore[arg-type]  # set with the waker
             except BaseException as exc:
                 _callback_failed(exc, self._session_id)
-        if callbacks:
-            for cb in callbacks:
-                _run_callback(cb, self._session_id)
+        if callbacks is not None:
+            if type(callbacks) is list:
+                for cb in callbacks:
+                    _run_callback(cb, self._session_id)
+            else:
+                _run_callback(callbacks, self._session_id)  # type: ignore[arg-type]
 
     def set(self, value: Any | None = None) -> None:
         self._answer(_VALUE, value)
@@ -156,10 +161,13 @@ class SessionFuture(pykka.Future[T]):
         """
         with self._lock:
             if self._state == _PENDING:
-                if self._callbacks is None:
-                    self._callbacks = [fn]
+                callbacks = self._callbacks
+                if callbacks is None:
+                    self._callbacks = fn
+                elif type(callbacks) is list:
+                    callbacks.append(fn)
                 else:
-                    self._callbacks.append(fn)
+                    self._callbacks = [callbacks, fn]  # type: ignore[list-item]
                 return
         _run_callback(fn, self._session_id)
 
