@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Final
 
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout, SessionStopped, SubscriptionLagged
@@ -17,6 +18,16 @@ DEFAULT_BUFFER = 10_000
 """Live events a subscriber may have pending before it is cut off as lagging."""
 
 
+class _Moved(SessionStopped):
+    """(Internal.) How a stopped session that lives on ends its feeds (see `MOVED`)."""
+
+
+MOVED: Final = _Moved("", "the session stopped here and lives on in the store")
+"""What a session that a registry stopped but that lives on (passivated, handed over to
+another process) ends its subscriptions with: a registry handle's subscription then
+follows the session through the store; any other ends as after any stop."""
+
+
 class Subscription(Iterator[Event], AsyncIterator[Event]):
     """Every event of a session with ``seq >= from_seq``, exactly once, in seq order.
 
@@ -26,7 +37,9 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
 
     Iterate it (``for ev in sub``) or ``async for ev in sub``; iteration ends
     when the session stops or the subscription is closed. `get` waits
-    with a bound.
+    with a bound. (A registry handle's subscription goes on when its session is
+    passivated or handed over to another process: it follows the session
+    through the store, and ends when the session is stopped for good.)
 
     A slow subscriber never blocks the session: once more than ``buffer`` live
     events are pending it is cut off, and after the pending events the next
@@ -83,7 +96,10 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
         return True
 
     def _finish(self, error: BaseException | None = None) -> None:
-        """End the feed: normally (``None``) or with ``error`` after the pending events."""
+        """End the feed: normally (``None``, or `MOVED`) or with ``error`` after the
+        pending events."""
+        if error is MOVED:
+            error = None
         with self._cond:
             if not self._ended:
                 self._end_locked(error)

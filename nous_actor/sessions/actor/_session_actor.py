@@ -66,7 +66,7 @@ from nous_actor.sessions.turns._table import _NOT_HERE, _Waiter, end_orphan_turn
 from nous_actor.store import shared
 from nous_actor.store.base import Store
 from nous_actor.store.committer import Committer, Write, committer_for
-from nous_actor.store.subscription import Subscription
+from nous_actor.store.subscription import MOVED, Subscription
 from nous_actor.supervision import Cell, DispatchedSupervisedActor, cell_of
 
 logger = get_logger("nous_actor.sessions.actor")
@@ -91,10 +91,12 @@ class SessionCell(Cell):
     for: the passivation leaves it alone), and ``reroute``: the registry's route of the
     session, which takes back the calls a stopped session did not apply (``None``:
     they fail with `SessionStopped`), and ``release_to``: the `Releases` its claim goes
-    to when it stops (``None``: it gives the claim up itself). Reach it with
-    `session_cell`."""
+    to when it stops (``None``: it gives the claim up itself), and ``follow``: set
+    by whoever stops a session that lives on (a passivation, a hand-off), whose
+    subscriptions then end with `MOVED` (a registry handle's follows the session
+    through the store). Reach it with `session_cell`."""
 
-    __slots__ = ("in_turn", "release_to", "released", "reroute")
+    __slots__ = ("follow", "in_turn", "release_to", "released", "reroute")
 
     def __init__(self, urn: str) -> None:
         super().__init__(urn)
@@ -102,6 +104,7 @@ class SessionCell(Cell):
         self.in_turn = False
         self.reroute: Any = None
         self.release_to: Releases | None = None
+        self.follow = False
 
 
 class Releases:
@@ -726,6 +729,7 @@ class SessionActor(DispatchedSupervisedActor):
         if self.busy() is not None or not self.actor_inbox.empty():
             return False
         logger.info("session.handed_over", session_id=self.session_id, reason="asked")
+        self.cell.follow = True  # it lives on in the process that asked
         self._stop()
         return True
 
@@ -1021,7 +1025,8 @@ class SessionActor(DispatchedSupervisedActor):
         super()._actor_loop_teardown()
 
     def on_stop(self) -> None:
-        self._shut(SessionStopped(self.session_id, "the session stopped before this call"), None)
+        err = SessionStopped(self.session_id, "the session stopped before this call")
+        self._shut(err, MOVED if self.cell.follow else None)
 
     def _die(self, exc: BaseException, event: str = "session.crashed", log: bool = True) -> None:
         self.crash = exc

@@ -105,6 +105,7 @@ class Route:
         "bounced",
         "closed",
         "epoch",
+        "followers",
         "held",
         "home",
         "inflight",
@@ -137,6 +138,9 @@ class Route:
         self.epoch = 0  # grows at every move: a link's refusals of an older one are late
         self.inflight = 0  # calls sent over ``link`` and not answered yet
         self.closed: str | None = None
+        # Subscriptions of its handles that follow the session through the store (it
+        # stopped here and lives on): they end when the route closes.
+        self.followers: list[Any] | None = None
         self.moves = 0  # (for tests and the benchmark)
 
     # -- sending -----------------------------------------------------------------------------
@@ -442,6 +446,25 @@ class Route:
             if ref is not None:
                 session_cell(ref).reroute = None
             self._fail_held(SessionStopped(self.session_id, reason))
+            followers, self.followers = self.followers, None
+        for sub in followers or ():
+            sub._finish(None)
+
+    def follow(self, sub: Any) -> bool:
+        """``sub`` follows the session through the store until this route closes (or
+        it is closed); ``False`` if the route is closed already."""
+        with self.lock:
+            if self.closed is not None:
+                return False
+            if self.followers is None:
+                self.followers = []
+            self.followers.append(sub)
+            return True
+
+    def unfollow(self, sub: Any) -> None:
+        with self.lock:
+            if self.followers is not None and sub in self.followers:
+                self.followers.remove(sub)
 
     def release_actor(self) -> None:
         """The session here is stopped on purpose (``stop()``): calls still queued fail as

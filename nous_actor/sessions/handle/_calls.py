@@ -341,13 +341,18 @@ class SessionCalls:
             CallTimeout: not registered in time.
         """
         _check_seq(from_seq, "subscribe(from_seq)")
-        sub = Subscription(self.session_id, from_seq=from_seq, buffer=buffer, timeout=self.timeout)
+        sub = self._subscription(from_seq, buffer)
         try:
             self._register(sub, self.timeout if timeout is None else timeout)
         except BaseException:
             sub.close()  # a late registration must not leave a subscriber nobody reads
             raise
         return sub
+
+    def _subscription(self, from_seq: int, buffer: int) -> Subscription:
+        """The subscription `subscribe` registers with the session."""
+        sid, timeout = self.session_id, self.timeout
+        return Subscription(sid, from_seq=from_seq, buffer=buffer, timeout=timeout)
 
     def _register(self, sub: Subscription, timeout: float) -> None:
         """Have the session feed ``sub`` (catch-up from ``sub.from_seq``, then live),

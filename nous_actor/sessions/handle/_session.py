@@ -27,6 +27,7 @@ from nous_actor.sessions.actor import (
 from nous_actor.sessions.forwarding.route import LIFE, Route
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle._checks import _check_handle_args, _check_seq, check_placement
+from nous_actor.sessions.handle._following import Following
 from nous_actor.sessions.handle._session_handle import SessionHandle
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
 from nous_actor.sessions.turns._blocks import _ENTERED, held_future
@@ -286,6 +287,16 @@ class Session(SessionHandle):
     def _compact_in_turn(self, req: _Compaction, turn_id: str) -> SessionFuture[Any]:
         # Here the session runs the compaction itself, as any call through the turn.
         return self._call(SessionActor.h_turn_call, turn_id, "h_compact", (req,))
+
+    def _subscription(self, from_seq: int, buffer: int) -> Subscription:
+        route = self._route
+        if route is None:
+            return super()._subscription(from_seq, buffer)
+        # A registry's: it follows the session through the store once stopped here
+        # (passivated, handed over), wherever the session is written next.
+        return Following(
+            self.session_id, route, from_seq=from_seq, buffer=buffer, timeout=self.timeout
+        )
 
     def _register(self, sub: Subscription, timeout: float) -> None:
         sub._on_close = self._unsubscribe

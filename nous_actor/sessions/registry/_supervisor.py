@@ -503,6 +503,8 @@ class RegistryActor(SupervisedActor):
         if ref is None:
             return
         bound = self.settings.timeout if timeout is None else timeout
+        # A passivated session lives on in the store: its subscribers follow it there.
+        session_cell(ref).follow = why == "idle"
         _ask_stop(ref)
         self._await_stop(session_id, ref, why, bound)
 

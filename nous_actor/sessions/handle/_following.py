@@ -1,0 +1,183 @@
+"""`Following`: a registry handle's subscription, which outlives its session's stops.
+
+A registry stops a session that went idle (passivation) or that another process
+asked for (a hand-off), and the session lives on: in the store, and in whichever
+process opens it next. A subscription made through the registry's handle goes on
+with it: the stopped actor gives it every event it committed and then, instead of
+its end, `MOVED`; the subscription then follows the session's commits through the
+store (the registry's `Home.watch`) from the next seq on, wherever the session is
+written from now: every event exactly once, in seq order, as before. The store
+feed is made on a reader (`READERS`), never on the session's or the caller's thread.
+
+It ends as any subscription does when it is closed, cut off as lagging, or when its
+session crashed (with `SessionCrashed`), and quietly when its session is stopped
+for good (`stop()`, the registry closed or gave it up), also while it follows the
+store (its route ends it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from nous_actor.core.event import Event
+from nous_actor.errors import CallTimeout, SessionStopped
+from nous_actor.runtime import scheduling
+from nous_actor.sessions.forwarding.route import Route
+from nous_actor.sessions.recovery import READERS
+from nous_actor.store.subscription import MOVED, Subscription
+
+__all__ = ["Following"]
+
+
+class Following(Subscription):
+    """A `Subscription` of a registry's handle: fed by the session's actor while it runs
+    here, then, once the session stopped but lives on, by a feed of the store."""
+
+    def __init__(
+        self,
+        session_id: str,
+        route: Route,
+        *,
+        from_seq: int,
+        buffer: int,
+        timeout: float,
+    ) -> None:
+        super().__init__(session_id, from_seq=from_seq, buffer=buffer, timeout=timeout)
+        self._route = route
+        self._next = from_seq  # the seq after the last one read
+        self._moving = False  # the session stopped under it: the store's feed is coming
+        self._inner: Subscription | None = None  # the store's feed, once it follows that
+
+    # -- the session's side ------------------------------------------------------------
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if error is not MOVED:
+            super()._finish(error)
+            with self._cond:
+                inner = self._inner
+            if inner is not None:  # wakes a reader waiting on it: the feed ended
+                inner.close()
+            return
+        with self._cond:
+            if self._ended or self._moving:
+                return
+            self._moving = True
+            # The actor holds it no more: closing it must not call (and reopen) the session.
+            self._on_close = None
+        READERS.submit(self._follow_store)
+
+    def _follow_store(self) -> None:
+        """(A reader.) Go on with a feed of the store, from the first seq not delivered."""
+        with self._cond:
+            if self._ended:
+                return
+            start = self._items[-1].seq + 1 if self._items else self._next
+        route = self._route
+        try:
+            inner = route.home.watch(self.session_id, start, self.buffer, self.timeout)
+        except BaseException as exc:  # the registry closed meanwhile, or the store failed
+            super()._finish(None if route.closed is not None else exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        with self._cond:
+            ended = self._ended
+            if not ended:
+                self._inner = inner
+                self._cond.notify_all()
+                self._wake_async()
+        if ended:  # closed meanwhile
+            inner.close()
+        elif not route.follow(self):  # the registry closed, or the session was stopped
+            self._finish(None)
+
+    # -- the consumer's side: its own events first, then the store's feed ------------------
+
+    def _pop_locked(self) -> Event:
+        ev = super()._pop_locked()
+        self._next = ev.seq + 1
+        return ev
+
+    def _readable(self) -> bool:
+        return bool(self._items) or self._ended or self._inner is not None
+
+    def _own_or_inner(self, stop: type[Exception]) -> Event | Subscription | None:
+        """(Under ``_cond``.) Its next own event, else the store's feed if it follows that,
+        else ``None`` (nothing yet); raises as the base class does once it ended."""
+        if self._items:
+            return self._pop_locked()
+        if self._inner is not None:
+            return self._inner
+        if self._ended:
+            self._raise_end(stop)
+        return None
+
+    def get(self, timeout: float | None = None) -> Event:
+        bound = self.timeout if timeout is None else timeout
+        host = scheduling.current()
+        deadline = host.now() + bound
+        while True:
+            with self._cond:
+                try:
+                    got = self._own_or_inner(_Ended)
+                except _Ended:
+                    raise SessionStopped(self.session_id, "the subscription has ended") from None
+            if isinstance(got, Event):
+                return got
+            if got is not None:
+                return got.get(max(deadline - host.now(), 0.0))
+            left = deadline - host.now()
+            if left <= 0 or not host.wait(self._readable, left, self._wait_readable):
+                raise CallTimeout(self.session_id, f"no event within {bound:g} s")
+
+    def get_nowait(self) -> Event | None:
+        with self._cond:
+            try:
+                got = self._own_or_inner(_Ended)
+            except _Ended:
+                raise SessionStopped(self.session_id, "the subscription has ended") from None
+        if got is None or isinstance(got, Event):
+            return got
+        return got.get_nowait()
+
+    def pending(self) -> int:
+        with self._cond:
+            own, inner = len(self._items), self._inner
+        return own + (0 if inner is None else inner.pending())
+
+    def __next__(self) -> Event:
+        while True:
+            with self._cond:
+                got = self._own_or_inner(StopIteration)
+            if isinstance(got, Event):
+                return got
+            if got is not None:
+                return next(got)
+            if not scheduling.current().wait(self._readable, None, self._wait_readable):
+                raise CallTimeout(self.session_id, "no event (nothing else could run)")
+
+    async def __anext__(self) -> Event:
+        while True:
+            with self._cond:
+                got = self._own_or_inner(StopAsyncIteration)
+                if got is None:
+                    loop = asyncio.get_running_loop()
+                    fut: asyncio.Future[None] = loop.create_future()
+                    self._waiters.append((loop, fut))
+            if isinstance(got, Event):
+                return got
+            if got is not None:
+                return await got.__anext__()
+            await fut
+
+    def close(self) -> None:
+        super().close()  # (its inner feed too: `_finish`)
+        self._route.unfollow(self)
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else "following the store" if self._inner else "open"
+        return f"<Subscription session={self.session_id!r} {state} pending={self.pending()}>"
+
+
+class _Ended(Exception):
+    """(Internal.) The feed ended with nothing left to read: `get` says so its own way."""
