@@ -153,6 +153,30 @@ def test_it_follows_a_session_handed_over_to_another_process() -> None:
         a.close()
 
 
+def test_one_made_where_the_session_is_held_elsewhere_ends_with_its_registry() -> None:
+    """Through a handle whose session another process holds, a subscription follows the
+    store from the start; it too ends when its own registry closes."""
+    store = MemoryStore()
+    holder, other = Sessions(store, timeout=BOUND), Sessions(store, timeout=BOUND)
+    try:
+        at_holder = holder.open("chat")
+        _say(at_holder, "h0")
+        sub = other.open("chat").subscribe()
+        assert other.live() == []
+        _say(at_holder, "h1")
+        assert [sub.get(timeout=BOUND).seq for _ in range(2)] == [0, 1]
+        rest: list[int] = []
+        reader = threading.Thread(target=lambda: rest.extend(ev.seq for ev in sub))
+        reader.start()
+        other.close()
+        reader.join(BOUND)
+        assert not reader.is_alive(), "its iteration did not end with its registry"
+        assert rest == []
+    finally:
+        other.close()
+        holder.close()
+
+
 def test_it_ends_when_its_registry_closes_also_while_following_the_store(
     store: Store,
 ) -> None:

@@ -66,6 +66,17 @@ class Following(Subscription):
             self._on_close = None
         READERS.submit(self._follow_store)
 
+    @classmethod
+    def of_store(
+        cls, session_id: str, route: Route, *, from_seq: int, buffer: int, timeout: float
+    ) -> Following:
+        """One that follows the store from the start (the session is held by another
+        process): made here, in the caller's thread, whose errors it raises."""
+        sub = cls(session_id, route, from_seq=from_seq, buffer=buffer, timeout=timeout)
+        sub._moving = True
+        sub._adopt(route.home.watch(session_id, from_seq, buffer, timeout))
+        return sub
+
     def _follow_store(self) -> None:
         """(A reader.) Go on with a feed of the store, from the first seq not delivered."""
         with self._cond:
@@ -80,6 +91,11 @@ class Following(Subscription):
             if not isinstance(exc, Exception):
                 raise
             return
+        self._adopt(inner)
+
+    def _adopt(self, inner: Subscription) -> None:
+        """Read on from ``inner`` (a feed of the store), until the route ends it."""
+        route = self._route
         with self._cond:
             ended = self._ended
             if not ended:

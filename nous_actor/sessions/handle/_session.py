@@ -311,7 +311,9 @@ class Session(SessionHandle):
             # same events, exactly once, in seq order).
             _check_seq(from_seq, "subscribe(from_seq)")
             bound = self.timeout if timeout is None else timeout
-            return route.home.watch(self.session_id, from_seq, buffer, bound)
+            return Following.of_store(
+                self.session_id, route, from_seq=from_seq, buffer=buffer, timeout=bound
+            )
         return super().subscribe(from_seq, buffer=buffer, timeout=timeout)
 
     subscribe.__doc__ = SessionHandle.subscribe.__doc__
