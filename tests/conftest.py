@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from postgres_server import pg_server, pg_stores, pg_workers, schema  # noqa: F4
 # The Ray cluster and its helpers (see tests/ray_cluster.py).
 from ray_cluster import ray_cluster, ray_scope  # noqa: F401
 
-from nous_actor import Session
+from nous_actor import MemoryStore, Session, SQLiteStore, Store
 from nous_actor.sessions.actor import SessionActor
 
 
@@ -49,6 +50,20 @@ def _pinned_sessions(request: pytest.FixtureRequest) -> Iterator[None]:
             del SessionActor.start
         else:
             SessionActor.start = start  # type: ignore[method-assign]
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def each_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A store of each kind, empty, closed after the test (PostgreSQL: a schema of its
+    own on the test server; skipped without one)."""
+    s: Store
+    if request.param == "postgres":
+        s = request.getfixturevalue("pg_stores")()  # closed with its schema
+        yield s
+        return
+    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "store.db")
+    yield s
+    s.close()
 
 
 @pytest.fixture

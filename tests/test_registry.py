@@ -20,6 +20,7 @@ import pykka
 import pytest
 from bounds import BOUND
 from crashes import crash_behind
+from fake_clock import FakeClock
 from structlog.testing import capture_logs
 
 from nous_actor import (
@@ -169,14 +170,6 @@ class Timeline:
             if kind == "scheduled":
                 what()
                 fired += 1
-
-
-@dataclass
-class FakeClock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- fixtures and helpers --------------------------------------------------------------------

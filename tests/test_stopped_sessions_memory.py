@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from bounds import BOUND
+from fake_clock import FakeClock
 from freed import Freed
 
 from nous_actor import MemoryStore, Sessions, SessionStopped, SQLiteStore, Store
@@ -29,29 +30,14 @@ SESSIONS = 200
 KINDS = ("SessionActor", "Log", "Route", "Session")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _census() -> Counter[str]:
     gc.collect()
     return Counter(name for o in gc.get_objects() if (name := type(o).__qualname__) in KINDS)
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store
-    if request.param == "postgres":
-        s = request.getfixturevalue("pg_stores")()  # closed with its schema
-        yield s
-        return
-    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "m.db")
-    yield s
-    s.close()
+@pytest.fixture
+def store(each_store: Store) -> Store:
+    return each_store
 
 
 def _actors(reg: Sessions, ids: list[str]) -> Iterator[object]:
@@ -74,7 +60,7 @@ def _filled(reg: Sessions) -> list[str]:
 
 def test_passivated_sessions_leave_nothing_behind(store: Store) -> None:
     """Passivating sessions nobody holds a handle to frees their actors, logs and routes."""
-    clock = Clock()
+    clock = FakeClock()
     base = _census()
     reg = Sessions(store, idle_timeout=30, clock=clock, timeout=BOUND)
     try:
@@ -97,7 +83,7 @@ def test_passivated_sessions_leave_nothing_behind(store: Store) -> None:
 def test_a_kept_handle_does_not_keep_its_passivated_session(store: Store) -> None:
     """An application that keeps its handles (a dict of conversations) keeps their routes,
     not the stopped actors and their logs; each handle's next call reopens its session."""
-    clock = Clock()
+    clock = FakeClock()
     base = _census()
     reg = Sessions(store, idle_timeout=30, clock=clock, timeout=BOUND)
     try:
@@ -153,7 +139,7 @@ def test_passivated_sessions_do_not_add_up(
         if kind == "postgres"
         else SQLiteStore(tmp_path / "m.db")
     )
-    clock = Clock()
+    clock = FakeClock()
     reg = Sessions(store, idle_timeout=30, clock=clock, timeout=BOUND)
     try:
         reg.open("warm").count().get(timeout=BOUND)
@@ -220,7 +206,7 @@ def test_a_ray_shard_keeps_the_handles_of_live_sessions_only() -> None:
     from nous_actor.cluster.ray._protocol import CALL, OPEN
     from nous_actor.cluster.ray._shard import _HANDLES_SWEEP, _Shard
 
-    clock = Clock()
+    clock = FakeClock()
     shard = _Shard(MemoryStore, 0, 1, {"idle_timeout": 30, "clock": clock, "timeout": BOUND})
     assert shard.sessions is not None
     try:

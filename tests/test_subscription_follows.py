@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from bounds import BOUND
+from fake_clock import FakeClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,44 +27,28 @@ from nous_actor import (
     SessionCrashed,
     Sessions,
     SessionStopped,
-    SQLiteStore,
     Store,
 )
 from nous_actor.testing.races import crash_session
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store
-    if request.param == "postgres":
-        s = request.getfixturevalue("pg_stores")()  # closed with its schema
-        yield s
-        return
-    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "f.db")
-    yield s
-    s.close()
+@pytest.fixture
+def store(each_store: Store) -> Store:
+    return each_store
 
 
 def _say(h: Session, text: str) -> int:
     return h.append("user_message", {"content": text}).get(timeout=BOUND).seq
 
 
-def _passivate(reg: Sessions, clock: Clock, sid: str) -> None:
+def _passivate(reg: Sessions, clock: FakeClock, sid: str) -> None:
     clock.now += 1_000
     assert reg.passivate_idle() == [sid]
     assert reg.live() == []
 
 
 def test_it_follows_its_session_through_passivations(store: Store) -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = Sessions(store, idle_timeout=60, clock=clock, timeout=BOUND)
     try:
         chat = reg.open("chat")
@@ -92,7 +75,7 @@ def test_it_follows_its_session_through_passivations(store: Store) -> None:
 
 
 def test_iteration_and_asyncio_go_on_across_a_passivation(store: Store) -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = Sessions(store, idle_timeout=60, clock=clock, timeout=BOUND)
     try:
         chat = reg.open("chat")
@@ -180,7 +163,7 @@ def test_one_made_where_the_session_is_held_elsewhere_ends_with_its_registry() -
 def test_it_ends_when_its_registry_closes_also_while_following_the_store(
     store: Store,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = Sessions(store, idle_timeout=60, clock=clock, timeout=BOUND)
     chat = reg.open("chat")
     _say(chat, "m0")
@@ -262,7 +245,7 @@ def test_whatever_happens_it_gets_every_event_once_in_order(
     every event from ``from_seq`` on, exactly once, in seq order, equal to the stored
     ones."""
     store = MemoryStore()
-    clock = Clock()
+    clock = FakeClock()
     regs = [Sessions(store, idle_timeout=60, clock=clock, timeout=BOUND) for _ in range(2)]
     try:
         holder = 0

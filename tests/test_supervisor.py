@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import pykka
 import pytest
 from bounds import BOUND
+from fake_clock import FakeClock
 from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
@@ -139,14 +140,6 @@ class Plain(pykka.ThreadingActor):
 
     def ping(self) -> str:
         return "plain"
-
-
-@dataclass
-class FakeClock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
