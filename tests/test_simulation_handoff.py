@@ -167,3 +167,31 @@ def test_forwarding_runs_on_the_virtual_clock_with_no_thread() -> None:
     assert digest.startswith("(['chat'], []):")
     assert run(5) == (texts, digest)
     assert set(threading.enumerate()) - before == set()
+
+
+def _followed(seed: int) -> tuple[list[tuple[int, str]], str]:
+    with Simulation(seed) as sim:
+        store = MemoryStore()
+        holder, asker = Sessions(store), Sessions(store)
+        at_holder = holder.open("chat")
+        at_holder.append("user_message", {"content": "one"}).get()
+        sub = at_holder.subscribe()
+        chat = asker.open("chat", wait=30)  # the holder hands it over; sub follows on
+        chat.append("user_message", {"content": "two"}).get()
+        chat.append("user_message", {"content": "three"}).get()
+        got = [(ev.seq, ev.data["content"]) for ev in (sub.get(timeout=5) for _ in range(3))]
+        sub.close()
+        asker.close()
+        holder.close()
+        return got, sim.digest()
+
+
+def test_a_subscription_follows_a_handed_over_session_in_virtual_time() -> None:
+    """The holder's subscriber goes on with the store's feed once the session is handed
+    over (made on a reader, which the simulation runs too): every event once, in order,
+    no thread of the process left, and the same seed gives the same run."""
+    before = set(threading.enumerate())
+    got, digest = _followed(5)
+    assert got == [(0, "one"), (1, "two"), (2, "three")]
+    assert _followed(5) == (got, digest)
+    assert set(threading.enumerate()) - before == set()
