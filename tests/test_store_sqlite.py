@@ -763,3 +763,50 @@ def test_the_demos_mark_in_its_store_is_ours(path: Path) -> None:
         store.write({"s": [ev(1)]})
     with SQLiteStore(path, create=False) as store:
         assert [e.seq for e in store.load("s")] == [0, 1]
+
+
+@pytest.mark.parametrize("rollbacks", [1, 2])
+def test_claims_whose_transaction_sqlite_rolled_back_are_made_once_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rollbacks: int
+) -> None:
+    """A batch of claims whose transaction SQLite rolled back by itself (its ``COMMIT``
+    finds no transaction; nothing of it was written) is made once more, and logged; a
+    second such rollback fails the batch with `StoreError`, holding nothing. Its own
+    hand-off requests are withdrawn only by the claim that committed."""
+    from nous_actor.store.sqlite.connection import _Connection
+
+    store = SQLiteStore(tmp_path / "rolled.db")
+    store.ask_handoff("b", 60)  # this process asks for "b": a claim of it withdraws that
+    assert "b" in store._asked
+    left = [rollbacks]
+    check_file = _Connection.check_file
+
+    def roll_back_first(self: _Connection) -> None:  # just before the COMMIT
+        if left[0]:
+            left[0] -= 1
+            self.conn.execute("ROLLBACK")
+        check_file(self)
+
+    monkeypatch.setattr(_Connection, "check_file", roll_back_first)
+    try:
+        with capture_logs() as logs:
+            if rollbacks == 1:
+                tokens = store.claim_many(["a", "b"])
+            else:
+                with pytest.raises(StoreError, match="no transaction is active"):
+                    store.claim_many(["a", "b"])
+        rolled = [e for e in logs if e["event"] == "store.transaction_rolled_back"]
+        assert [(e["doing"], e["sessions"]) for e in rolled] == [("claim the sessions", 2)]
+        monkeypatch.undo()
+        if rollbacks == 1:
+            assert all(isinstance(t, str) for t in tokens)
+            assert store.held_by("a") == "this process"
+            assert "b" not in store._asked
+            with pytest.raises(ConflictError):
+                store.claim("a")
+        else:  # nothing was claimed: both are free, and "b" is still asked for
+            assert store.held_by("a") is None
+            assert "b" in store._asked
+            assert isinstance(store.claim("a"), str)
+    finally:
+        store.close()

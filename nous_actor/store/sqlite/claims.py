@@ -15,14 +15,18 @@ store object took, and the address it advertises for them, are its
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.runtime.unique import unique_hex
 from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
+
+logger = get_logger("nous_actor.store.sqlite")
 
 # Claim tokens held by live writers of this process, whatever store object made them.
 _live_tokens: set[str] = set()
@@ -100,6 +104,36 @@ class _Holdings:
 def _claim_all(
     connection: _Connection, asked: set[str], holdings: _Holdings, ids: list[str]
 ) -> list[str | ConflictError]:
+    """`_claim_once`, made once more if SQLite rolled its transaction back by itself
+    (its ``COMMIT`` found no transaction: nothing of it was written, and its tokens
+    were forgotten), which is logged (``store.transaction_rolled_back``). Seen once,
+    unexplained, where a batch of claims had waited behind another connection's write
+    lock; a claim is safe to make again."""
+    try:
+        return _claim_once(connection, asked, holdings, ids)
+    except StoreError as exc:
+        if not rolled_back(exc):
+            raise
+        logger.warning(
+            "store.transaction_rolled_back",
+            store=connection.path,
+            doing="claim the sessions",
+            sessions=len(ids),
+            error=str(exc),
+        )
+    return _claim_once(connection, asked, holdings, ids)
+
+
+def rolled_back(exc: StoreError) -> bool:
+    """Whether ``exc`` says SQLite had rolled a transaction back before its ``COMMIT``
+    (nothing of it was written)."""
+    cause = exc.__cause__
+    return isinstance(cause, sqlite3.OperationalError) and "no transaction is active" in str(cause)
+
+
+def _claim_once(
+    connection: _Connection, asked: set[str], holdings: _Holdings, ids: list[str]
+) -> list[str | ConflictError]:
     """Claim each of ``ids`` (valid, at least one) in one transaction on ``connection``:
     for each id, in order, its token or the `ConflictError` that refused it (see
     `SQLiteStore.claim_many`). Each row is written with ``holdings.address``, and its
@@ -158,6 +192,8 @@ def _claim_all(
                     "DELETE FROM handoffs WHERE session_id = ? AND pid = ?",
                     [(sid, pid) for sid in taken_asked],
                 )
+        if taken_asked:  # once committed (a transaction SQLite rolled back withdrew none)
+            with connection.lock:
                 asked.difference_update(taken_asked)
     except BaseException:
         with _live_lock:
