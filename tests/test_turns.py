@@ -6,7 +6,7 @@ import asyncio
 import functools
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -18,6 +18,8 @@ from nous_actor import (
     CallTimeout,
     Compactor,
     ConflictError,
+    Event,
+    EventType,
     MemoryStore,
     Message,
     Session,
@@ -25,6 +27,7 @@ from nous_actor import (
     SessionError,
     Sessions,
     SessionStopped,
+    StoreError,
     Turn,
     TurnBusy,
     TurnInterrupted,
@@ -33,6 +36,7 @@ from nous_actor.core.history import explain, turns
 from nous_actor.runtime import scheduling
 from nous_actor.sessions.faults import crash
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE
+from nous_actor.testing import DelegatingStore
 
 T = TypeVar("T")
 
@@ -525,6 +529,46 @@ def test_a_crash_ends_an_open_turn_as_interrupted() -> None:
             crash(handle).get()
         with pytest.raises(TurnInterrupted, match="reason 'restart'"):
             turn.append("user_message", {"content": "refused"}).get()
+        assert [(t["how"], t["reason"]) for t in turns(handle.log().get())] == [
+            ("interrupted", "restart")
+        ]
+
+
+class _HeldTurnEnds(DelegatingStore):
+    """A store whose writes of a ``turn_end`` wait (bounded) until the test lets them go:
+    a restart's own end of the turn stays in flight meanwhile."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.held = threading.Event()
+        self.go = threading.Event()
+
+    def write(self, appends: Mapping[str, Sequence[Event]]) -> dict[str, StoreError]:
+        if any(ev.type is EventType.TURN_END for evs in appends.values() for ev in evs):
+            self.held.set()
+            if not self.go.wait(BOUND):
+                raise AssertionError("the test never let the turn's end be written")
+        return self.inner.write(appends)
+
+
+def test_a_turn_ended_by_a_restart_names_the_restart_while_its_end_is_in_flight() -> None:
+    """The restart's end of the turn may still be on its way to the store when the turn's
+    next call arrives: that call is told of the restart all the same (not that the turn
+    never opened)."""
+    store = _HeldTurnEnds(MemoryStore())
+    with Sessions(store, timeout=BOUND, backoff=None) as reg:
+        handle = reg.open("crash")
+        turn = handle.turn(owner="run-1").open()
+        turn.append("user_message", {"content": "kept"}).get()
+        with pytest.raises(SessionCrashed):
+            crash(handle).get()
+        call = turn.append("user_message", {"content": "refused"})
+        assert store.held.wait(BOUND), "the restart did not end the turn"
+        try:
+            with pytest.raises(TurnInterrupted, match="reason 'restart'"):
+                call.get()
+        finally:
+            store.go.set()
         assert [(t["how"], t["reason"]) for t in turns(handle.log().get())] == [
             ("interrupted", "restart")
         ]

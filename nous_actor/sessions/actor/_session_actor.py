@@ -937,7 +937,7 @@ class SessionActor(DispatchedSupervisedActor):
         now = scheduling.monotonic()
         table = self._turns_now(now)
         if table is None or table.open is None or table.open.req.turn_id != turn_id:
-            raise not_open(self.session_id, self.log, turn_id)
+            raise not_open(self.session_id, self.log, turn_id, self.inflight)
         handler = getattr(SessionActor, name, None) if isinstance(name, str) else None
         traits = TRAITS.get(handler, 0) if handler is not None else 0
         reads = TURN_READS.get(handler) if handler is not None else None
@@ -970,7 +970,7 @@ class SessionActor(DispatchedSupervisedActor):
             result = table.end(turn_id, how, error, fut, now)
             if result is not _NOT_HERE:
                 return result
-        raise not_open(self.session_id, self.log, turn_id)
+        raise not_open(self.session_id, self.log, turn_id, self.inflight)
 
     def h_turn_tick(self) -> None:
         """The alarm: a lease or a waiter's bound may have run out."""

@@ -469,9 +469,20 @@ def end_orphan_turn(s: TurnSession) -> None:
         record(s, gone_events(s, start.seq, data, "restart"))
 
 
-def not_open(session_id: str, log: Log, turn_id: str) -> TurnInterrupted:
-    """`TurnInterrupted` for a call through turn ``turn_id``, which is not open."""
-    end = _ended(log, turn_id)
+def not_open(
+    session_id: str, log: Log, turn_id: str, pending: Sequence[Event] = ()
+) -> TurnInterrupted:
+    """`TurnInterrupted` for a call through turn ``turn_id``, which is not open; its
+    ``turn_end`` is looked for in ``pending`` (events on their way to the store, not in
+    the log yet: a restart's own end of the turn) first, then in ``log``."""
+    end = next(
+        (
+            ev
+            for ev in reversed(pending)
+            if ev.type is EventType.TURN_END and ev.data.get("turn_id") == turn_id
+        ),
+        None,
+    ) or _ended(log, turn_id)
     if end is None:
         return TurnInterrupted(
             session_id,
