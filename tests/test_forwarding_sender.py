@@ -161,7 +161,7 @@ def test_a_connection_that_is_no_socket_is_written_by_the_writer_thread() -> Non
     import os
 
     a, b = Pipe(duplex=False)  # (reader, writer): an os.pipe, not a socket
-    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    before = _pipes() if os.path.isdir("/proc/self/fd") else None
     sender = links.Sender(b, "test-writer")
     try:
         assert sender._sock is None
@@ -171,10 +171,25 @@ def test_a_connection_that_is_no_socket_is_written_by_the_writer_thread() -> Non
     finally:
         sender.close()
         sender._thread.join(BOUND)
-        if before is not None:
-            assert len(os.listdir("/proc/self/fd")) == before
+        if before is not None:  # (another thread's files may come and go meanwhile)
+            assert _pipes() - before == set(), "the sender left a pipe open"
         a.close()
         b.close()
+
+
+def _pipes() -> set[str]:
+    """The pipes this process has open, as ``/proc`` names them (``pipe:[inode]``)."""
+    import os
+
+    names = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("pipe:"):
+            names.add(f"{fd}:{target}")
+    return names
 
 
 # -- a link is made once -------------------------------------------------------------------
