@@ -10,6 +10,7 @@ tests/test_processes.py.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.forwarding import LocalLink, Route
 from nous_actor.sessions.forwarding import endpoint as endpoint_module
 from nous_actor.sessions.future import SessionFuture
+from nous_actor.sessions.registry import _sessions as registry_module
 from nous_actor.store import MemoryStore, shared
 from nous_actor.store.base import Store
 
@@ -281,6 +283,59 @@ def test_closing_the_callers_registry_fails_its_calls_and_leaves_the_holder_alon
         in_b.append("user_message", {"content": "late"}).get(timeout=BOUND)
     assert in_a.append("user_message", {"content": "a0"}).get(timeout=BOUND).seq == 1
     assert contents(in_a) == ["b0", "a0"]
+
+
+def test_a_handle_per_request_looks_the_holder_up_once(
+    pair: tuple[Sessions, Sessions], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A web worker opens a handle per request and drops it: the route to the session's
+    holder is kept, so the store is asked where the session is once, not per request;
+    a kept route whose holder let go meanwhile still delivers (its session moves)."""
+    a, b = pair
+    a.open("chat").append("user_message", {"content": "a0"}).get(timeout=BOUND)
+    looks: list[str] = []
+    real = shared.holder_address
+
+    def counted(store: Store, session_id: str) -> Any:
+        looks.append(session_id)
+        return real(store, session_id)
+
+    monkeypatch.setattr(shared, "holder_address", counted)
+    for n in range(5):
+        handle = b.open("chat")
+        handle.append("user_message", {"content": f"b{n}"}).get(timeout=BOUND)
+        del handle
+        gc.collect()
+        if n == 0:
+            assert looks  # located at the first open
+            first = len(looks)
+    assert len(looks) == first  # and never again
+    assert b.live() == []
+    a.close()
+    handle = b.open("chat")  # the kept route: its first call finds the session gone
+    assert handle.append("user_message", {"content": "b5"}).get(timeout=BOUND).seq == 6
+    assert b.live() == ["chat"]
+    assert contents(handle) == ["a0"] + [f"b{n}" for n in range(6)]
+
+
+def test_the_routes_kept_to_other_holders_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the last few routes located in another process outlive their handles: a
+    process that calls many sessions elsewhere over its life keeps no route of each."""
+    monkeypatch.setattr(registry_module, "LINKED_KEPT", 2)
+    store = MemoryStore()
+    a, b = Sessions(store), Sessions(store)
+    try:
+        for sid in ("s0", "s1", "s2"):
+            a.open(sid).append("user_message", {"content": sid}).get(timeout=BOUND)
+            b.open(sid).count().get(timeout=BOUND)
+        gc.collect()
+        assert sorted(b._routes) == ["s1", "s2"]
+        assert contents(b.open("s0")) == ["s0"]  # located again, through its holder
+        gc.collect()
+        assert sorted(b._routes) == ["s0", "s2"]
+    finally:
+        b.close()
+        a.close()
 
 
 def test_open_with_wait_still_moves_the_session_here() -> None:

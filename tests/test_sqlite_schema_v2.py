@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bounds import INTERPRETER_BOUND, SLOW_BOUND
+from bounds import BOUND, INTERPRETER_BOUND, SLOW_BOUND
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -553,6 +553,20 @@ def test_the_forwarding_key_is_kept_in_the_store(tmp_path: Path) -> None:
         assert other.forwarding_key() != key
     with SQLiteStore(":memory:") as memory:
         assert len(memory.forwarding_key()) == 32
+
+
+def test_the_forwarding_key_is_read_from_the_file_once(tmp_path: Path) -> None:
+    """A process asks for the key whenever it locates a session held elsewhere: the
+    store reads it once, and after that never waits for its connection (which a commit
+    holds) to answer."""
+    with SQLiteStore(tmp_path / "a.db") as store:
+        key = store.forwarding_key()
+        with store._connection.locked(None, "a commit under way"):
+            got: list[bytes] = []
+            asker = threading.Thread(target=lambda: got.append(store.forwarding_key()))
+            asker.start()
+            asker.join(BOUND)
+            assert got == [key]
 
 
 def test_a_malformed_forwarding_key_is_refused_with_what_to_do(tmp_path: Path) -> None:

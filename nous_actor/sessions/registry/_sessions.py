@@ -81,6 +81,10 @@ before its own next call may claim it back."""
 _CONNECT_BOUND: Final = 5.0
 """Seconds a connection to a holder's endpoint may take, at most."""
 
+LINKED_KEPT: Final = 1024
+"""Routes to sessions held by other processes that a registry keeps after their last
+handle is gone (the most recently located): the next open of one needs no lookup."""
+
 
 class Sessions:
     """A registry of supervised sessions on one store (a context manager).
@@ -211,6 +215,11 @@ class Sessions:
         # keeps only those. Routes are made under ``_routes_lock`` (one per session).
         self._routes: weakref.WeakValueDictionary[str, Route] = weakref.WeakValueDictionary()
         self._routes_lock = threading.Lock()
+        # The last `LINKED_KEPT` routes that found their session in another process,
+        # kept alive: a web worker opens a handle per request, and a route forgotten
+        # between two requests would look its holder up in the store again (a handle
+        # per request on a session held here needs nothing: its actor keeps its route).
+        self._linked: dict[str, Route] = {}
         self._home = _Home(self)
         self._endpoint: Endpoint | None = None
         # The registry's actor: set at each start (by a parent, at each of its restarts).
@@ -328,6 +337,13 @@ class Sessions:
         self, session_id: str, route: Route, found: pykka.ActorRef[Any] | Link
     ) -> Session:
         route.settle(found)
+        if not isinstance(found, pykka.ActorRef):
+            with self._routes_lock:
+                linked = self._linked
+                linked.pop(session_id, None)
+                linked[session_id] = route
+                if len(linked) > LINKED_KEPT:
+                    del linked[next(iter(linked))]
         return self._handle(session_id, route)
 
     def _locate(
@@ -543,6 +559,8 @@ class Sessions:
         self._handover.stop()
         for route in list(self._routes.values()):
             route.close(REGISTRY_CLOSED)
+        with self._routes_lock:
+            self._linked.clear()
         endpoint, self._endpoint = self._endpoint, None
         # The endpoint's claims say ENDING while they are let go: a caller elsewhere
         # waits for them, rather than take them for a holder it cannot call.

@@ -280,6 +280,7 @@ class SQLiteStore(ClosingStore):
         self._numbers: dict[str, int] = {}
         self._forget_calls_at = 0  # when a write next forgets expired call records
         self._connection = self._connection_type(self.path, durability, timeout, create)
+        self._forwarding_key: bytes | None = None  # read from the file once
 
     _valid_id = staticmethod(valid_store_id)
 
@@ -711,13 +712,17 @@ class SQLiteStore(ClosingStore):
         store by the first process that asks, in a write transaction that stores a
         key only where none is (two processes asking at once get the same bytes), and
         kept in the file's ``keys`` table, so every process that opens the store reads
-        the same bytes. Whoever can read the file can read it.
+        the same bytes (this object reads it once). Whoever can read the file can
+        read it.
 
         Raises:
             StoreError: the store is closed or failed, or it cannot be made (a store
                 opened read-only at schema version 1 or 2: open it once for writing).
         """
-        return _forwarding_key(self._connection)
+        key = self._forwarding_key
+        if key is None:  # read once: a process looks for it at each call it forwards
+            key = self._forwarding_key = _forwarding_key(self._connection)
+        return key
 
     def ask_handoff(self, session_id: str, seconds: float) -> None:
         """Ask whoever holds `session_id` to hand it over: a request of this process, in
