@@ -49,6 +49,7 @@ from nous_actor.sessions.forwarding.links import (
     SEQ,
     LocalLink,
     Sender,
+    arrived,
     call_id,
     portable,
 )
@@ -284,6 +285,7 @@ class Endpoint:
     ) -> None:
         try:
             session_id, epoch, name, args = pickle.loads(blob)
+            args = arrived(name, args)
         except Exception as exc:
             sender.put((cid, FAILED, _dump(NousActorError(f"the call could not be read: {exc}"))))
             return

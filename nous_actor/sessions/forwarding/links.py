@@ -30,15 +30,16 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Final
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
-from nous_actor.core.event import Event
+from nous_actor.core.event import Event, EventType
 from nous_actor.errors import CallOutcomeUnknown, NousActorError
 from nous_actor.runtime.exit import at_exit
-from nous_actor.sessions.actor import Handler
+from nous_actor.sessions.actor import EventParts, Handler
 from nous_actor.sessions.forwarding.route import Call, Route
 
 __all__ = ["NOT_HELD", "OK", "FAILED", "SEQ", "LocalLink", "SocketLink", "portable", "socket_path"]
@@ -50,10 +51,11 @@ OK, FAILED, NOT_HELD, SEQ = range(4)
 session" (not applied: send it where the session is), or the (first) seq of what an
 append appended (the caller rebuilds the events from the parts it sent)."""
 
-PROTOCOL: Final = 3  # 2: appends are answered with their seq; 3: calls have ids
+PROTOCOL: Final = 4
 """The version of what two processes say to each other over a socket; both check it. A
 link opens with ``(PROTOCOL, token)``: a call's id is the link's token and the call's
-number on the link (`call_id`)."""
+number on the link (`call_id`). (2: appends are answered with their seq; 3: calls have
+ids; 4: an append's events travel flat, `_flat`.)"""
 
 
 def call_id(token: str, number: int) -> str:
@@ -417,10 +419,50 @@ def _appended(call: Call, first: int) -> Any:
     return [Event._trusted(first + k, *parts) for k, parts in enumerate(args[0])]
 
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_KINDS: Final = EventType._value2member_map_
+
+
+def _flat(parts: EventParts) -> tuple[str, int, Any, Any]:
+    """An event's parts as they travel: its type's name and its time in microseconds
+    since the epoch (a datetime and its time zone cost pickle 3 to 4 us each)."""
+    kind, t, data, op = parts
+    d = t - _EPOCH
+    return kind.value, (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds, data, op
+
+
+def _parts(flat: tuple[str, int, Any, Any]) -> EventParts:
+    """The parts `_flat` made travel, as they were."""
+    kind, micros, data, op = flat
+    return _KINDS[kind], _EPOCH + timedelta(microseconds=micros), data, op  # type: ignore[return-value]
+
+
+def arrived(name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arguments of call ``name`` as they were sent (`_travelling` undone).
+
+    Raises:
+        KeyError, ValueError, TypeError: they are not what `_travelling` makes.
+    """
+    if name == "h_append_many":
+        return (tuple(map(_parts, args[0])),)
+    if name == "h_append":
+        return (_parts(args[0]),)
+    if name == "h_append_at":
+        return (args[0], _parts(args[1]))
+    return args
+
+
 def _travelling(handler: Handler, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """``args`` as they can travel: a compaction leaves its caller's event loop, its slot
-    and its trace context behind (its summariser runs where the session is)."""
+    and its trace context behind (its summariser runs where the session is); an
+    append's events travel flat (`_flat`)."""
     name = handler.__name__
+    if name == "h_append_many":
+        return (tuple(map(_flat, args[0])),)
+    if name == "h_append":
+        return (_flat(args[0]),)
+    if name == "h_append_at":
+        return (args[0], _flat(args[1]))
     if name == "h_compact":
         return (_plain_compaction(args[0]),)
     if name == "h_turn_call" and args[1] == "h_compact":
