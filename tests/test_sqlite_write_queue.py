@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from nous_actor import SQLiteStore
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
+from nous_actor.store.committer import committer_for
 from nous_actor.store.sqlite import writelock
 from nous_actor.store.sqlite.writelock import NO_QUEUE, SUFFIX, WriteLock
 
@@ -258,6 +260,47 @@ def test_a_store_waits_for_its_turn_at_most_its_timeout(db: str) -> None:
         assert [e.seq for e in store.load("s")] == [0]  # the refused write left nothing
         assert store.write({"s": [_event(1)]}) == {}  # and the next goes in
         assert [e.seq for e in store.load("s")] == [0, 1]
+    finally:
+        other.close()
+        store.close()
+
+
+def test_what_comes_while_another_process_writes_goes_in_the_same_commit(db: str) -> None:
+    """The committer takes the file's turn before it fills a transaction: appends sent
+    while another process holds the turn all go in the one commit made when it comes,
+    not the first alone and the rest in a second commit, after a second wait."""
+    store = SQLiteStore(db)
+    other = WriteLock(db)
+    committer = committer_for(store)
+    answered: list[tuple[str, StoreError | None]] = []
+    came = threading.Condition()
+
+    def notify(sid: str) -> Callable[[StoreError | None], None]:
+        def done(err: StoreError | None) -> None:
+            with came:
+                answered.append((sid, err))
+                came.notify_all()
+
+        return done
+
+    try:
+        assert other.acquire(WAIT)  # "another process" writes the file
+        before = committer.commits
+        committer.submit("s0", [_event(0)], notify("s0"))
+        deadline = time.monotonic() + WAIT
+        while not store._connection._queue._inflight and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert store._connection._queue._inflight  # the committer waits for the turn
+        for k in range(1, 5):
+            committer.submit(f"s{k}", [_event(0), _event(1)], notify(f"s{k}"))
+        other.release()
+        with came:
+            assert came.wait_for(lambda: len(answered) == 5, WAIT)
+        assert committer.commits - before == 1
+        assert sorted(answered) == [(f"s{k}", None) for k in range(5)]
+        assert {sid: len(store.load(sid)) for sid in store.sessions()} == {
+            "s0": 1, "s1": 2, "s2": 2, "s3": 2, "s4": 2
+        }  # fmt: skip
     finally:
         other.close()
         store.close()

@@ -20,6 +20,7 @@ newcomer waits for one transaction of that size at most).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import queue
 import threading
@@ -231,15 +232,8 @@ class Committer:
                 fresh.append(first)
             # Everything queued now is seen before the next transaction is filled
             # (what arrives meanwhile waits for the one after).
-            for _ in range(0 if stop else intake.qsize()):
-                try:
-                    item = intake.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                fresh.append(item)
+            if not stop:
+                stop = _drain(intake, fresh)
             if (
                 not waiting
                 and not stop
@@ -253,28 +247,40 @@ class Committer:
                     gather_after = scheduling.monotonic() + _GATHER_PAUSE
                 elif came:
                     stop = True
-            # The share: small while a session with one item waits beside others (one
-            # that awaits each call), or did lately; else (one session alone, or every
-            # session with a backlog) transactions hold more of each.
-            now = scheduling.monotonic()
-            light = _light_beside_others(waiting, fresh)
-            if light:
-                mixed_until = now + window
-            cap = share if light or now < mixed_until else alone
-            if not waiting and _fits(fresh, budget, cap):
-                self._write(fresh)  # no backlog: all of it, in the order it came
-                recent, expect = _expect(fresh, recent)
-                continue
-            for item in fresh:
-                mine = waiting.get(item.session_id)
-                if mine is None:
-                    waiting[item.session_id] = deque((item,))
-                else:
-                    mine.append(item)
-            batch = _fill(waiting, budget, cap)
-            self._write(batch)
+            with self._turn() as turned:
+                if turned and not stop:
+                    # What came while other processes wrote the file goes in this commit.
+                    stop = _drain(intake, fresh)
+                # The share: small while a session with one item waits beside others (one
+                # that awaits each call), or did lately; else (one session alone, or every
+                # session with a backlog) transactions hold more of each.
+                now = scheduling.monotonic()
+                light = _light_beside_others(waiting, fresh)
+                if light:
+                    mixed_until = now + window
+                cap = share if light or now < mixed_until else alone
+                if not waiting and _fits(fresh, budget, cap):
+                    self._write(fresh)  # no backlog: all of it, in the order it came
+                    recent, expect = _expect(fresh, recent)
+                    continue
+                for item in fresh:
+                    mine = waiting.get(item.session_id)
+                    if mine is None:
+                        waiting[item.session_id] = deque((item,))
+                    else:
+                        mine.append(item)
+                batch = _fill(waiting, budget, cap)
+                self._write(batch)
             recent, expect = _expect(batch, recent)
             batch = []
+
+    def _turn(self) -> contextlib.AbstractContextManager[bool]:
+        """The store's turn at writing, taken before a transaction is filled (its
+        ``write_turn()``: a SQLite file's, among the processes that write it), so that
+        what comes while it waits for it goes in that transaction; whether it came.
+        A store without one: no wait here (the write waits, if it must)."""
+        own = getattr(self._store(), "write_turn", None)
+        return own() if callable(own) else _NO_TURN
 
     def _gather(self, fresh: list[_Item], expect: int, gather: float) -> bool | None:
         """Wait (at most ``gather`` seconds) for as many items as the sessions that await
@@ -398,6 +404,22 @@ class Committer:
                         error=str(err),
                     )
         return interrupt
+
+
+_NO_TURN: Final = contextlib.nullcontext(False)
+
+
+def _drain(intake: Any, fresh: list[_Item]) -> bool:
+    """Move everything queued in ``intake`` now to ``fresh``; whether it said stop."""
+    for _ in range(intake.qsize()):
+        try:
+            item = intake.get_nowait()
+        except queue.Empty:
+            break
+        if item is None:
+            return True
+        fresh.append(item)
+    return False
 
 
 def _fill(waiting: dict[str, deque[_Item]], budget: int, share: int) -> list[_Item]:

@@ -67,7 +67,9 @@ class _Connection:
         self.durability = durability
         self._busy_wait = timeout
         self.busy_ms = int(timeout * 1000)
-        self.lock = threading.Lock()
+        # Re-entrant: the committer holds it through a `turn`, then writes in it.
+        self.lock = threading.RLock()
+        self._turn = False  # the turn is taken ahead of a write (under ``lock``)
         self.closed = False
         self.lost: str | None = None
         self.dropped = 0
@@ -177,15 +179,44 @@ class _Connection:
                         conn.execute("PRAGMA synchronous = FULL")
 
     @contextlib.contextmanager
+    def turn(self) -> Iterator[bool]:
+        """This store's turn at writing the file, taken ahead of a write: whether it came
+        (``False`` if the store is closed or failed, or the turn did not come within the
+        store's timeout: the write then waits for it itself, and says why). The
+        connection's lock is held throughout, and a write transaction made in the block
+        (by this thread) takes no other turn.
+
+        For the committer: it fills its transaction once the turn came, so what its
+        sessions sent while other processes wrote the file goes in the same commit, not
+        in the next one, which would wait for them again."""
+        with self.lock:
+            if self.closed or self.lost is not None or self._turn:
+                yield False
+                return
+            if not self._queue.acquire(self._busy_wait):
+                yield False
+                return
+            self._turn = True
+            try:
+                yield True
+            finally:
+                self._turn = False
+                self._queue.release()
+
+    @contextlib.contextmanager
     def queued(self) -> Iterator[float]:
         """This store's turn at writing the file among the processes that write it (see
-        `WriteLock`), held until the block ends; it yields the deadline
+        `WriteLock`), held until the block ends (or the `turn` taken ahead, under the
+        connection's lock, as every caller of this is); it yields the deadline
         (``time.monotonic``) that the wait for SQLite's own lock keeps to.
 
         Raises:
             sqlite3.OperationalError: the turn did not come within the store's timeout.
         """
         deadline = time.monotonic() + self._busy_wait
+        if self._turn:
+            yield deadline
+            return
         if not self._queue.acquire(self._busy_wait):
             raise sqlite3.OperationalError(
                 "database is locked: another process kept its turn to write past the "

@@ -17,6 +17,7 @@ snapshots' drops are given back by `vacuum`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -706,6 +707,13 @@ class SQLiteStore(ClosingStore):
         if holder is None:
             return None
         return holder, address if isinstance(address, str) else None
+
+    def write_turn(self) -> contextlib.AbstractContextManager[bool]:
+        """This store's turn at writing the file among the processes that write it,
+        taken ahead of a write (by the store's committer, before it fills a
+        transaction): whether it came. A write made in the block by the same thread
+        takes no other turn; other threads' writes wait for the block to end."""
+        return self._connection.turn()
 
     def forwarding_key(self) -> bytes:
         """This store's shared secret: 32 random bytes (``os.urandom``), made once per
