@@ -120,6 +120,11 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
 
     # -- the consumer's side -----------------------------------------------------------
 
+    _inner: Subscription | None = None
+    """A feed this one reads on from once its own events are read (a registry handle's,
+    whose session stopped here and lives on: see `nous_actor.sessions.handle`'s
+    ``Following``); ``None``: its own events are all it has."""
+
     def _pop_locked(self) -> Event:
         ev = self._items.popleft()
         if self._live > len(self._items):
@@ -131,6 +136,17 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             raise self._error.with_traceback(None)
         raise stop
 
+    def _next_locked(self, stop: type[Exception]) -> Event | Subscription | None:
+        """(Under ``_cond``.) Its next own event, else the feed it reads on from, else
+        ``None`` (nothing yet); once it ended with nothing left, its error, or ``stop``."""
+        if self._items:
+            return self._pop_locked()
+        if self._inner is not None:
+            return self._inner
+        if self._ended:
+            self._raise_end(stop)
+        return None
+
     def get(self, timeout: float | None = None) -> Event:
         """The next event, waiting at most ``timeout`` seconds (default: the handle's bound).
 
@@ -139,18 +155,22 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
             SessionStopped: the feed ended (session stopped or subscription closed).
         """
-        if timeout is None:
-            timeout = self.timeout
-        if not self._items:
-            scheduling.current().wait(self._readable, timeout, self._wait_readable)
-        with self._cond:
-            if not self._items:
-                if self._ended:
-                    if self._error is not None:
-                        raise self._error.with_traceback(None)
-                    raise SessionStopped(self.session_id, "the subscription has ended")
-                raise CallTimeout(self.session_id, f"no event within {timeout:g} s")
-            return self._pop_locked()
+        bound = self.timeout if timeout is None else timeout
+        host = scheduling.current()
+        deadline = host.now() + bound
+        while True:
+            with self._cond:
+                try:
+                    got = self._next_locked(_Ended)
+                except _Ended:
+                    raise SessionStopped(self.session_id, "the subscription has ended") from None
+            if isinstance(got, Event):
+                return got
+            if got is not None:
+                return got.get(max(deadline - host.now(), 0.0))
+            left = deadline - host.now()
+            if left <= 0 or not host.wait(self._readable, left, self._wait_readable):
+                raise CallTimeout(self.session_id, f"no event within {bound:g} s")
 
     def get_nowait(self) -> Event | None:
         """The next pending event, or ``None`` if there is none right now.
@@ -160,24 +180,25 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             SessionStopped: the feed ended (nothing more will come).
         """
         with self._cond:
-            if self._items:
-                return self._pop_locked()
-            if self._ended:
-                if self._error is not None:
-                    raise self._error.with_traceback(None)
-                raise SessionStopped(self.session_id, "the subscription has ended")
-            return None
+            try:
+                got = self._next_locked(_Ended)
+            except _Ended:
+                raise SessionStopped(self.session_id, "the subscription has ended") from None
+        if got is None or isinstance(got, Event):
+            return got
+        return got.get_nowait()
 
     def pending(self) -> int:
         """How many events are waiting to be read."""
         with self._cond:
-            return len(self._items)
+            own, inner = len(self._items), self._inner
+        return own + (0 if inner is None else inner.pending())
 
     def __iter__(self) -> Subscription:
         return self
 
     def _readable(self) -> bool:
-        return bool(self._items) or self._ended
+        return bool(self._items) or self._ended or self._inner is not None
 
     def _wait_readable(self, timeout: float | None) -> bool:
         with self._cond:
@@ -185,16 +206,15 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             return self._cond.wait_for(self._readable, bound)
 
     def __next__(self) -> Event:
-        if not self._items and not scheduling.current().wait(
-            self._readable, None, self._wait_readable
-        ):
-            raise CallTimeout(self.session_id, "no event (nothing else could run)")
-        with self._cond:
-            while not self._items:
-                if self._ended:
-                    return self._raise_end(StopIteration)
-                self._cond.wait()
-            return self._pop_locked()
+        while True:
+            with self._cond:
+                got = self._next_locked(StopIteration)
+            if isinstance(got, Event):
+                return got
+            if got is not None:
+                return next(got)
+            if not scheduling.current().wait(self._readable, None, self._wait_readable):
+                raise CallTimeout(self.session_id, "no event (nothing else could run)")
 
     def __aiter__(self) -> Subscription:
         return self
@@ -202,13 +222,15 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
     async def __anext__(self) -> Event:
         while True:
             with self._cond:
-                if self._items:
-                    return self._pop_locked()
-                if self._ended:
-                    return self._raise_end(StopAsyncIteration)
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, fut))
+                got = self._next_locked(StopAsyncIteration)
+                if got is None:
+                    loop = asyncio.get_running_loop()
+                    fut: asyncio.Future[None] = loop.create_future()
+                    self._waiters.append((loop, fut))
+            if isinstance(got, Event):
+                return got
+            if got is not None:
+                return await got.__anext__()
             await fut
 
     async def aget(self, timeout: float | None = None) -> Event:
@@ -248,8 +270,12 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
         self.close()
 
     def __repr__(self) -> str:
-        state = "ended" if self._ended else "open"
-        return f"<Subscription session={self.session_id!r} {state} pending={len(self._items)}>"
+        state = "ended" if self._ended else "following the store" if self._inner else "open"
+        return f"<Subscription session={self.session_id!r} {state} pending={self.pending()}>"
+
+
+class _Ended(Exception):
+    """(Internal.) The feed ended with nothing left to read: `get` says so its own way."""
 
 
 def _set_if_pending(fut: asyncio.Future[None]) -> None:

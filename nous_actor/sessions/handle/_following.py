@@ -17,11 +17,7 @@ store (its route ends it).
 
 from __future__ import annotations
 
-import asyncio
-
 from nous_actor.core.event import Event
-from nous_actor.errors import CallTimeout, SessionStopped
-from nous_actor.runtime import scheduling
 from nous_actor.sessions.forwarding.route import Route
 from nous_actor.sessions.recovery import READERS
 from nous_actor.store.subscription import MOVED, Subscription
@@ -107,93 +103,13 @@ class Following(Subscription):
         elif not route.follow(self):  # the registry closed, or the session was stopped
             self._finish(None)
 
-    # -- the consumer's side: its own events first, then the store's feed ------------------
+    # -- the consumer's side: its own events first, then the store's feed (the base's) ----
 
     def _pop_locked(self) -> Event:
         ev = super()._pop_locked()
         self._next = ev.seq + 1
         return ev
 
-    def _readable(self) -> bool:
-        return bool(self._items) or self._ended or self._inner is not None
-
-    def _own_or_inner(self, stop: type[Exception]) -> Event | Subscription | None:
-        """(Under ``_cond``.) Its next own event, else the store's feed if it follows that,
-        else ``None`` (nothing yet); raises as the base class does once it ended."""
-        if self._items:
-            return self._pop_locked()
-        if self._inner is not None:
-            return self._inner
-        if self._ended:
-            self._raise_end(stop)
-        return None
-
-    def get(self, timeout: float | None = None) -> Event:
-        bound = self.timeout if timeout is None else timeout
-        host = scheduling.current()
-        deadline = host.now() + bound
-        while True:
-            with self._cond:
-                try:
-                    got = self._own_or_inner(_Ended)
-                except _Ended:
-                    raise SessionStopped(self.session_id, "the subscription has ended") from None
-            if isinstance(got, Event):
-                return got
-            if got is not None:
-                return got.get(max(deadline - host.now(), 0.0))
-            left = deadline - host.now()
-            if left <= 0 or not host.wait(self._readable, left, self._wait_readable):
-                raise CallTimeout(self.session_id, f"no event within {bound:g} s")
-
-    def get_nowait(self) -> Event | None:
-        with self._cond:
-            try:
-                got = self._own_or_inner(_Ended)
-            except _Ended:
-                raise SessionStopped(self.session_id, "the subscription has ended") from None
-        if got is None or isinstance(got, Event):
-            return got
-        return got.get_nowait()
-
-    def pending(self) -> int:
-        with self._cond:
-            own, inner = len(self._items), self._inner
-        return own + (0 if inner is None else inner.pending())
-
-    def __next__(self) -> Event:
-        while True:
-            with self._cond:
-                got = self._own_or_inner(StopIteration)
-            if isinstance(got, Event):
-                return got
-            if got is not None:
-                return next(got)
-            if not scheduling.current().wait(self._readable, None, self._wait_readable):
-                raise CallTimeout(self.session_id, "no event (nothing else could run)")
-
-    async def __anext__(self) -> Event:
-        while True:
-            with self._cond:
-                got = self._own_or_inner(StopAsyncIteration)
-                if got is None:
-                    loop = asyncio.get_running_loop()
-                    fut: asyncio.Future[None] = loop.create_future()
-                    self._waiters.append((loop, fut))
-            if isinstance(got, Event):
-                return got
-            if got is not None:
-                return await got.__anext__()
-            await fut
-
     def close(self) -> None:
         super().close()  # (its inner feed too: `_finish`)
         self._route.unfollow(self)
-
-    def __repr__(self) -> str:
-        state = "ended" if self._ended else "following the store" if self._inner else "open"
-        return f"<Subscription session={self.session_id!r} {state} pending={self.pending()}>"
-
-
-class _Ended(Exception):
-    """(Internal.) The feed ended with nothing left to read: `get` says so its own way."""
