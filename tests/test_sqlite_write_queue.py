@@ -268,15 +268,20 @@ def test_a_store_waits_for_its_turn_at_most_its_timeout(db: str) -> None:
 def test_what_comes_while_another_process_writes_goes_in_the_same_commit(db: str) -> None:
     """The committer takes the file's turn before it fills a transaction: appends sent
     while another process holds the turn all go in the one commit made when it comes,
-    not the first alone and the rest in a second commit, after a second wait."""
+    not the first alone and the rest in a second commit, after a second wait; the turn
+    is let go once the file is written, before the answers."""
     store = SQLiteStore(db)
     other = WriteLock(db)
     committer = committer_for(store)
     answered: list[tuple[str, StoreError | None]] = []
     came = threading.Condition()
 
+    free: list[bool] = []  # whether another process could take the turn at each answer
+
     def notify(sid: str) -> Callable[[StoreError | None], None]:
         def done(err: StoreError | None) -> None:
+            free.append(other.acquire(0.0))
+            other.release()
             with came:
                 answered.append((sid, err))
                 came.notify_all()
@@ -298,6 +303,7 @@ def test_what_comes_while_another_process_writes_goes_in_the_same_commit(db: str
             assert came.wait_for(lambda: len(answered) == 5, WAIT)
         assert committer.commits - before == 1
         assert sorted(answered) == [(f"s{k}", None) for k in range(5)]
+        assert free == [True] * 5  # the turn was let go before the answers
         assert {sid: len(store.load(sid)) for sid in store.sessions()} == {
             "s0": 1, "s1": 2, "s2": 2, "s3": 2, "s4": 2
         }  # fmt: skip

@@ -247,7 +247,8 @@ class Committer:
                     gather_after = scheduling.monotonic() + _GATHER_PAUSE
                 elif came:
                     stop = True
-            with self._turn() as turned:
+            with contextlib.ExitStack() as turn:
+                turned = turn.enter_context(self._turn())  # let go before answering
                 if turned and not stop:
                     # What came while other processes wrote the file goes in this commit.
                     stop = _drain(intake, fresh)
@@ -260,7 +261,7 @@ class Committer:
                     mixed_until = now + window
                 cap = share if light or now < mixed_until else alone
                 if not waiting and _fits(fresh, budget, cap):
-                    self._write(fresh)  # no backlog: all of it, in the order it came
+                    self._write(fresh, turn.close)  # no backlog: all of it, in order
                     recent, expect = _expect(fresh, recent)
                     continue
                 for item in fresh:
@@ -270,7 +271,7 @@ class Committer:
                     else:
                         mine.append(item)
                 batch = _fill(waiting, budget, cap)
-                self._write(batch)
+                self._write(batch, turn.close)
             recent, expect = _expect(batch, recent)
             batch = []
 
@@ -305,10 +306,12 @@ class Committer:
             fresh.append(item)
         return None
 
-    def _write(self, batch: list[_Item]) -> None:
-        """Commit one batch and answer its items (never raises: the writer lives on)."""
+    def _write(self, batch: list[_Item], written: Callable[[], None] = lambda: None) -> None:
+        """Commit one batch and answer its items (never raises: the writer lives on);
+        ``written`` is called once the store is written, before the answers (the turn
+        at writing is let go then)."""
         try:
-            interrupt = self._commit(batch)
+            interrupt = self._commit(batch, written)
         except BaseException as exc:  # never let the writer thread die silently
             logger.error("store.committer_failed", reason=type(exc).__name__, error=str(exc))
             err = StoreError(f"the store's writer failed: {type(exc).__name__}: {exc}")
@@ -320,9 +323,10 @@ class Committer:
                 "store.committer_failed", reason=type(interrupt).__name__, error=str(interrupt)
             )
 
-    def _commit(self, batch: list[_Item]) -> BaseException | None:
-        """Write one batch and answer each of its items exactly once; returns the
-        ``KeyboardInterrupt``/``SystemExit`` a store's write raised (its items failed)."""
+    def _commit(self, batch: list[_Item], written: Callable[[], None]) -> BaseException | None:
+        """Write one batch and answer each of its items exactly once (``written`` called
+        in between); returns the ``KeyboardInterrupt``/``SystemExit`` a store's write
+        raised (its items failed)."""
         writes: dict[str, list[Event]] = {}
         calls: dict[str, list[tuple[str, int, int]]] = {}
         drops: list[_Item] = []
@@ -377,6 +381,7 @@ class Committer:
                         if isinstance(exc, StoreError)
                         else StoreError(f"store drop failed: {exc}", session_id=item.session_id)
                     )
+        written()
         self.commits += 1
         self.items += len(batch)
         newly_failed: dict[str, StoreError] = {}
