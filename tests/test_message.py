@@ -183,8 +183,27 @@ def test_dataclasses_replace_revalidates_the_copy() -> None:
 
 @given(messages())
 def test_pickle_round_trip(m: Message) -> None:
-    """A pickled message unpickles equal to itself."""
-    assert pickle.loads(pickle.dumps(m)) == m
+    """A pickled message unpickles equal to itself, as frozen as it was (it is unpickled
+    without its checks: every field as it was, of the same types)."""
+    back = pickle.loads(pickle.dumps(m))
+    assert back == m
+    assert type(back) is Message
+    assert hash(back) == hash(m)
+    for f in dataclasses.fields(Message):
+        assert type(getattr(back, f.name)) is type(getattr(m, f.name)), f.name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.content = "changed"  # type: ignore[misc]
+
+
+def test_a_subclass_of_message_pickles_as_itself() -> None:
+    back = pickle.loads(pickle.dumps(_Tagged("user", "hi")))
+    assert type(back) is _Tagged
+    assert back == _Tagged("user", "hi", created_at=back.created_at)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
+class _Tagged(Message):
+    pass
 
 
 # -- convenience constructors ------------------------------------------------------------

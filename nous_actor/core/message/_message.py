@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final, SupportsIndex
 
 from nous_actor.core._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze
 from nous_actor.core.clock import utcnow
@@ -93,6 +93,24 @@ class Message:
             _utcnow() if created_at is None else created_at,
         )
         self._check()
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        """Pickled as its fields and unpickled by `trusted_message` (checked and frozen
+        already: nothing is checked again, no field set through ``object.__setattr__``),
+        its role by name: a third of the time of pickle's own way, both ways. A
+        subclass is pickled pickle's way."""
+        if type(self) is not Message:
+            return object.__reduce_ex__(self, protocol)
+        return _unpickled, (
+            self.role.value,
+            self.content,
+            self.reasoning_content,
+            self.tool_calls,
+            self.tool_call_id,
+            self.name,
+            self.metadata,
+            self.created_at,
+        )
 
     def _check(self) -> None:
         set_ = object.__setattr__
@@ -395,6 +413,32 @@ def trusted_message(
     m.created_at = created_at
     m.__class__ = Message  # type: ignore[assignment]
     return m  # type: ignore[return-value]
+
+
+def _unpickled(
+    role: str,
+    content: Any,
+    reasoning_content: Any,
+    tool_calls: Any,
+    tool_call_id: Any,
+    name: Any,
+    metadata: Any,
+    created_at: datetime,
+) -> Message:
+    """A pickled `Message` (see `Message.__reduce_ex__`)."""
+    return trusted_message(
+        _ROLE_NAMED[role],
+        content,
+        reasoning_content,
+        tool_calls,
+        tool_call_id,
+        name,
+        metadata,
+        created_at,
+    )
+
+
+_ROLE_NAMED: Final = {role.value: role for role in Role}
 
 
 class _Building:

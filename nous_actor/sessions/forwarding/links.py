@@ -420,7 +420,7 @@ def _appended(call: Call, first: int) -> Any:
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_KINDS: Final = EventType._value2member_map_
+_KINDS: Final = {kind.value: kind for kind in EventType}
 
 
 def _flat(parts: EventParts) -> tuple[str, int, Any, Any]:
@@ -434,7 +434,7 @@ def _flat(parts: EventParts) -> tuple[str, int, Any, Any]:
 def _parts(flat: tuple[str, int, Any, Any]) -> EventParts:
     """The parts `_flat` made travel, as they were."""
     kind, micros, data, op = flat
-    return _KINDS[kind], _EPOCH + timedelta(microseconds=micros), data, op  # type: ignore[return-value]
+    return _KINDS[kind], _EPOCH + timedelta(microseconds=micros), data, op
 
 
 def arrived(name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
