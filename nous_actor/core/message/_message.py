@@ -415,27 +415,10 @@ def trusted_message(
     return m  # type: ignore[return-value]
 
 
-def _unpickled(
-    role: str,
-    content: Any,
-    reasoning_content: Any,
-    tool_calls: Any,
-    tool_call_id: Any,
-    name: Any,
-    metadata: Any,
-    created_at: datetime,
-) -> Message:
-    """A pickled `Message` (see `Message.__reduce_ex__`)."""
-    return trusted_message(
-        _ROLE_NAMED[role],
-        content,
-        reasoning_content,
-        tool_calls,
-        tool_call_id,
-        name,
-        metadata,
-        created_at,
-    )
+def _unpickled(role: str, *fields: Any) -> Message:
+    """A pickled `Message` (see `Message.__reduce_ex__`): its role by name, then its
+    other fields in order."""
+    return trusted_message(_ROLE_NAMED[role], *fields)
 
 
 _ROLE_NAMED: Final = {role.value: role for role in Role}
