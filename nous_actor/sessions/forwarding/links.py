@@ -437,19 +437,28 @@ def _parts(flat: tuple[str, int, Any, Any]) -> EventParts:
     return _KINDS[kind], _EPOCH + timedelta(microseconds=micros), data, op
 
 
+def _each_event(
+    name: str, args: tuple[Any, ...], each: Callable[[Any], Any]
+) -> tuple[Any, ...] | None:
+    """The arguments of append call ``name`` with ``each`` applied to every event's
+    parts; ``None`` for any other call."""
+    if name == "h_append_many":
+        return (tuple(map(each, args[0])),)
+    if name == "h_append":
+        return (each(args[0]),)
+    if name == "h_append_at":
+        return (args[0], each(args[1]))
+    return None
+
+
 def arrived(name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """The arguments of call ``name`` as they were sent (`_travelling` undone).
 
     Raises:
         KeyError, ValueError, TypeError: they are not what `_travelling` makes.
     """
-    if name == "h_append_many":
-        return (tuple(map(_parts, args[0])),)
-    if name == "h_append":
-        return (_parts(args[0]),)
-    if name == "h_append_at":
-        return (args[0], _parts(args[1]))
-    return args
+    made = _each_event(name, args, _parts)
+    return args if made is None else made
 
 
 def _travelling(handler: Handler, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -457,12 +466,9 @@ def _travelling(handler: Handler, args: tuple[Any, ...]) -> tuple[Any, ...]:
     and its trace context behind (its summariser runs where the session is); an
     append's events travel flat (`_flat`)."""
     name = handler.__name__
-    if name == "h_append_many":
-        return (tuple(map(_flat, args[0])),)
-    if name == "h_append":
-        return (_flat(args[0]),)
-    if name == "h_append_at":
-        return (args[0], _flat(args[1]))
+    flat = _each_event(name, args, _flat)
+    if flat is not None:
+        return flat
     if name == "h_compact":
         return (_plain_compaction(args[0]),)
     if name == "h_turn_call" and args[1] == "h_compact":

@@ -121,9 +121,9 @@ def open_turn(log: Log) -> Event | None:
     return None
 
 
-def _ended(log: Log, turn_id: str) -> Event | None:
-    """The ``turn_end`` of ``turn_id`` in ``log`` (newest first), or ``None``."""
-    for ev in reversed(log.events()):
+def _ended(events: Sequence[Event], turn_id: str) -> Event | None:
+    """The ``turn_end`` of ``turn_id`` among ``events`` (newest first), or ``None``."""
+    for ev in reversed(events):
         if ev.type is EventType.TURN_END and ev.data.get("turn_id") == turn_id:
             return ev
     return None

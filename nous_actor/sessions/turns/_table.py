@@ -475,14 +475,7 @@ def not_open(
     """`TurnInterrupted` for a call through turn ``turn_id``, which is not open; its
     ``turn_end`` is looked for in ``pending`` (events on their way to the store, not in
     the log yet: a restart's own end of the turn) first, then in ``log``."""
-    end = next(
-        (
-            ev
-            for ev in reversed(pending)
-            if ev.type is EventType.TURN_END and ev.data.get("turn_id") == turn_id
-        ),
-        None,
-    ) or _ended(log, turn_id)
+    end = _ended(pending, turn_id) or _ended(log.events(), turn_id)
     if end is None:
         return TurnInterrupted(
             session_id,
