@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import queue
 import shutil
 import signal
 import sqlite3
@@ -260,6 +261,44 @@ def test_a_store_waits_for_its_turn_at_most_its_timeout(db: str) -> None:
         assert [e.seq for e in store.load("s")] == [0]  # the refused write left nothing
         assert store.write({"s": [_event(1)]}) == {}  # and the next goes in
         assert [e.seq for e in store.load("s")] == [0, 1]
+    finally:
+        other.close()
+        store.close()
+
+
+def test_a_committer_whose_turn_does_not_come_waits_for_it_once(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer takes the file's turn ahead of its write: when it does not come
+    within the store's timeout, the write fails at once with the reason (nothing is
+    written), instead of waiting out the timeout a second time; the next goes in."""
+    store = SQLiteStore(db, timeout=0.2)
+    other = WriteLock(db)
+    committer = committer_for(store)
+    mine = store._connection._queue
+    waits: list[float] = []
+    real = WriteLock.acquire
+
+    def counted(self: WriteLock, timeout: float) -> bool:
+        if self is mine:
+            waits.append(timeout)
+        return real(self, timeout)
+
+    monkeypatch.setattr(WriteLock, "acquire", counted)
+    answers: queue.SimpleQueue[StoreError | None] = queue.SimpleQueue()
+    try:
+        assert other.acquire(WAIT)  # "another process" keeps its turn
+        committer.submit("s", [_event(0)], answers.put)
+        err = answers.get(timeout=WAIT)
+        assert isinstance(err, StoreError)
+        assert "another process holds the write lock: retry" in str(err)
+        assert waits == [0.2]  # one wait, at the store's bound
+        assert store.load("s") == []
+        other.release()
+        committer.reset("s")
+        committer.submit("s", [_event(0)], answers.put)
+        assert answers.get(timeout=WAIT) is None
+        assert [e.seq for e in store.load("s")] == [0]
     finally:
         other.close()
         store.close()

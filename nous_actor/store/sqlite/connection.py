@@ -70,6 +70,7 @@ class _Connection:
         # Re-entrant: the committer holds it through a `turn`, then writes in it.
         self.lock = threading.RLock()
         self._turn = False  # the turn is taken ahead of a write (under ``lock``)
+        self._late = False  # the turn taken ahead did not come in time (under ``lock``)
         self.closed = False
         self.lost: str | None = None
         self.dropped = 0
@@ -181,10 +182,11 @@ class _Connection:
     @contextlib.contextmanager
     def turn(self) -> Iterator[bool]:
         """This store's turn at writing the file, taken ahead of a write: whether it came
-        (``False`` if the store is closed or failed, or the turn did not come within the
-        store's timeout: the write then waits for it itself, and says why). The
-        connection's lock is held throughout, and a write transaction made in the block
-        (by this thread) takes no other turn.
+        (``False`` if the store is closed or failed: the write says why; or if the turn
+        did not come within the store's timeout: a write in the block then fails at once,
+        as a write that waited for it itself does, instead of waiting that long again).
+        The connection's lock is held throughout, and a write transaction made in the
+        block (by this thread) takes no other turn.
 
         For the committer: it fills its transaction once the turn came, so what its
         sessions sent while other processes wrote the file goes in the same commit, not
@@ -194,7 +196,11 @@ class _Connection:
                 yield False
                 return
             if not self._queue.acquire(self._busy_wait):
-                yield False
+                self._late = True
+                try:
+                    yield False
+                finally:
+                    self._late = False
                 return
             self._turn = True
             try:
@@ -217,7 +223,7 @@ class _Connection:
         if self._turn:
             yield deadline
             return
-        if not self._queue.acquire(self._busy_wait):
+        if self._late or not self._queue.acquire(self._busy_wait):
             raise sqlite3.OperationalError(
                 "database is locked: another process kept its turn to write past the "
                 f"timeout (the lock file {self._queue.path})"
