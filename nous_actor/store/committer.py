@@ -36,6 +36,7 @@ from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.store.base import Store
+from nous_actor.store.shared import write_turn
 
 __all__ = ["Committer", "committer_for"]
 
@@ -280,8 +281,8 @@ class Committer:
         ``write_turn()``: a SQLite file's, among the processes that write it), so that
         what comes while it waits for it goes in that transaction; whether it came.
         A store without one: no wait here (the write waits, if it must)."""
-        own = getattr(self._store(), "write_turn", None)
-        return own() if callable(own) else _NO_TURN
+        store = self._store()
+        return contextlib.nullcontext(False) if store is None else write_turn(store)
 
     def _gather(self, fresh: list[_Item], expect: int, gather: float) -> bool | None:
         """Wait (at most ``gather`` seconds) for as many items as the sessions that await
@@ -409,9 +410,6 @@ class Committer:
                         error=str(err),
                     )
         return interrupt
-
-
-_NO_TURN: Final = contextlib.nullcontext(False)
 
 
 def _drain(intake: Any, fresh: list[_Item]) -> bool:

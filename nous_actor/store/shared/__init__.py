@@ -35,6 +35,9 @@ The optional methods a store of your own may offer (the shipped contract suite,
   lists, read without a claim and without an event per row (a reader's cold
   read). Used only where the store's class defines it at least as far down as
   ``load_since``: a subclass that changes ``load_since`` alone is read through it.
+* ``write_turn() -> context manager of bool``: the store's turn at writing among
+  the processes that write it, taken ahead of a write (a SQLite file's); in the
+  block, this thread's writes take no other turn (see `write_turn`).
 * ``wait_changed(after, timeout) -> int``: wait at most ``timeout`` seconds for
   anything to change in the store (a commit, a claim, a release, a request)
   after the change counter ``after``; returns the counter now. (`PostgresStore`
@@ -63,6 +66,7 @@ optional methods live with `SQLiteStore`, in `nous_actor.store.sqlite`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -101,6 +105,7 @@ __all__ = [
     "wait_changed",
     "watch",
     "withdraw_handoff",
+    "write_turn",
 ]
 
 FALLBACK_INTERVAL: Final = 0.05
@@ -178,6 +183,20 @@ def next_seq(store: Store, session_id: str) -> int:
         return int(own(session_id))
     events = load_since(store, session_id)
     return events[-1].seq + 1 if events else 0
+
+
+def write_turn(store: Store) -> contextlib.AbstractContextManager[bool]:
+    """The store's turn at writing among the processes that write it, taken ahead of a
+    write and held for the ``with`` block: whether it came. A store's committer takes
+    it before it fills a transaction, so that what its sessions send while other
+    processes write goes in that transaction (`SQLiteStore`: the file's queue of
+    writers). A store without one: ``False`` at once (its writes wait, if they must).
+    """
+    own: Callable[[], contextlib.AbstractContextManager[bool]] | None = _own(store, "write_turn")
+    return own() if own is not None else _NO_TURN
+
+
+_NO_TURN: Final = contextlib.nullcontext(False)
 
 
 def watch(

@@ -694,6 +694,23 @@ class StoreContract(abc.ABC):
         assert len(first) == 32
         assert shared.forwarding_key(store) == first
 
+    def test_a_write_in_the_store_s_turn_takes_no_other(self, store: Store) -> None:
+        """Inside ``write_turn()`` (or its fallback), this thread's write is stored and
+        answers: it takes no second turn (a turn that waited for itself would hang)."""
+        done: list[dict[str, StoreError]] = []
+
+        def in_turn() -> None:
+            with shared.write_turn(store) as came:
+                assert isinstance(came, bool)
+                done.append(store.write({"t": [_ev(0)]}))
+
+        writer = threading.Thread(target=in_turn, daemon=True)
+        writer.start()
+        writer.join(10)
+        assert not writer.is_alive(), "a write inside write_turn() waited for another turn"
+        assert done == [{}]
+        assert [e.seq for e in store.load("t")] == [0]
+
     def test_handoff_requests_are_sessions_this_store_holds(self, store: Store) -> None:
         """Asking, withdrawing and listing requests work on claimed and unclaimed
         sessions alike; only sessions this store holds are ever listed."""
