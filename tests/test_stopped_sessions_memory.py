@@ -148,16 +148,21 @@ def test_passivated_sessions_do_not_add_up(
             base = tracemalloc.get_traced_memory()[0]
             ids = [f"r{k}-{i}" for i in range(SESSIONS)]
             handles = [reg.open(sid) for sid in ids]
-            for h in handles:
-                h.append_many([("user_message", {"content": f"hi {j}"}) for j in range(10)]).get(
-                    timeout=BOUND
-                )
+            # Sent to every session before any answer is waited for: their commits are
+            # shared (one at a time, each its own fsync, made the test slow, not truer).
+            sent = [
+                h.append_many([("user_message", {"content": f"hi {j}"}) for j in range(10)])
+                for h in handles
+            ]
+            for f in sent:
+                f.get(timeout=BOUND)
+            del sent, f
             # Each session's end, as its registry handled it (its exit is news the
             # registry takes after the stop returned), and its actor freed: waited for
             # before measuring.
             ends = [session_cell(h._ref).finished for h in handles if h._ref is not None]
             assert len(ends) == SESSIONS
-            del h, handles
+            del handles
             freed = Freed(_actors(reg, ids))
             gc.collect()
             held = tracemalloc.get_traced_memory()[0] - base
