@@ -319,6 +319,17 @@ class Outcome:
     latencies: list[float] = field(default_factory=list)
     """Seconds of each answered request, from its first send to the reply that ended it
     (a resend to another worker after one died included)."""
+    answered: list[float] = field(default_factory=list)
+    """When each answer came (seconds since the clients started), in that order."""
+
+    @property
+    def per_s_warm(self) -> float:
+        """Requests per second after the first `COLD` answers (a cold start's: each
+        worker's first opens, claims, links and connections); over the whole run when
+        it had no more answers than that."""
+        if len(self.answered) <= COLD or self.seconds <= self.answered[COLD - 1]:
+            return self.replies / self.seconds
+        return (len(self.answered) - COLD) / (self.seconds - self.answered[COLD - 1])
 
     def percentile(self, q: float) -> float:
         """The ``q`` quantile (0..1, nearest rank) of :attr:`latencies`, in seconds."""
@@ -395,6 +406,7 @@ def run_clients(
             took = time.perf_counter() - first_sent
             with lock:
                 out.latencies.append(took)
+                out.answered.append(time.perf_counter() - t0)
                 out.replies += 1
                 out.stopped += int(reply.get("refused", 0))
                 out.ambiguous += int(reply.get("ambiguous", 0))
@@ -407,8 +419,8 @@ def run_clients(
             if on_progress is not None:
                 on_progress(done)
 
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:

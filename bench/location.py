@@ -90,6 +90,7 @@ class Run:
     problems: list[str] = field(default_factory=list)
     client_cpu_ms: float | None = None  # the clients' (this process's) CPU time per request
     p99_warm: float | None = None  # the p99 after the first fleet.COLD answers
+    per_s_warm: float | None = None  # requests/s after the first fleet.COLD answers
     server_cpu_ms: float | None = None  # the database server's CPU time per request
 
     def numbers(self) -> dict[str, Any]:
@@ -101,6 +102,7 @@ class Run:
             "p50_s": self.p50,
             "p99_s": self.p99,
             "p99_warm_s": self.p99_warm,
+            "per_s_warm": self.per_s_warm,
             "refused": self.refused,
             "ambiguous": self.ambiguous,
             "found_applied": self.found,
@@ -219,7 +221,7 @@ def _fleet_run(
         kind, workers, len(sent), len(sent) / out.seconds, out.p50, out.p99,
         out.stopped, out.ambiguous, out.found, out.retried, len(killed),
         None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000 / len(sent), problems,
-        client_cpu_ms=mine, p99_warm=out.p99_warm,
+        client_cpu_ms=mine, p99_warm=out.p99_warm, per_s_warm=out.per_s_warm,
         server_cpu_ms=None if db0 is None or db1 is None else (db1 - db0) * 1000 / len(sent),
     )  # fmt: skip
 
@@ -353,6 +355,19 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
             "1 worker p99 " + ", ".join(_ms(r.p99_warm or r.p99) for r in alone),
             h.fmt_ratio(warm.median, warm.min, warm.max),
             ratio=warm.as_dict(),
+        )
+    )
+    warm_rate = h.ratios(
+        [r.per_s_warm or r.per_s for r in fleet], [r.per_s_warm or r.per_s for r in alone]
+    )
+    rows.append(
+        h.info_row(
+            f"{what}: requests/s after each run's first {COLD} answers (a cold start's: "
+            "first opens, claims, links)",
+            ", ".join(f"{r.per_s_warm or r.per_s:.0f}" for r in fleet) + " req/s",
+            "1 worker " + ", ".join(f"{r.per_s_warm or r.per_s:.0f}" for r in alone) + " req/s",
+            h.fmt_ratio(warm_rate.median, warm_rate.min, warm_rate.max),
+            ratio=warm_rate.as_dict(),
         )
     )
     handoff = runs.get("handoff")
