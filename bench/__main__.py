@@ -4,8 +4,10 @@ Runs the registered benchmarks one after the other, prints progress on
 stderr, then the results table and the summary of the DESIGN.md §8 goals on
 stdout (the same text also in a ``.txt`` beside the JSON file), writes every
 number to the JSON file and draws the figures (:mod:`bench.plot`, needs
-matplotlib: ``goals.png``, ``scaling.png``) next to it. The cyclic GC stays on
-in every timed section.
+matplotlib: ``goals.png``, ``scaling.png``) next to it: ``bench/results/`` for a
+full run of every benchmark, ``bench/results/partial/`` for a quick run or one of
+some benchmarks only (``--json`` chooses). The cyclic GC stays on in every timed
+section.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from bench import (
     viewer,
 )
 from bench.harness import Benchmark, Config, progress
-from bench.report import DEFAULT_JSON, Outcome, print_goals, print_table, write_json
+from bench.report import DEFAULT_JSON, PARTIAL_JSON, Outcome, print_goals, print_table, write_json
 
 MODULES: Final[tuple[ModuleType, ...]] = (
     core,
@@ -117,6 +119,12 @@ def _route_library_logs() -> None:
     )
 
 
+def results_path(*, quick: bool, whole: bool) -> Path:
+    """Where a run writes unless ``--json`` says: a full run of every benchmark
+    (``whole``) replaces the suite's results; a quick or partial one never does."""
+    return DEFAULT_JSON if whole and not quick else PARTIAL_JSON
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run, print, write; always 0 (a failed goal is a result to read, not a crash)."""
     _route_library_logs()
@@ -134,9 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--json",
         type=Path,
-        default=DEFAULT_JSON,
+        default=None,
         metavar="PATH",
-        help=f"where to write all numbers (default: {DEFAULT_JSON})",
+        help=f"where to write all numbers (default: {DEFAULT_JSON} for a full run of "
+        f"every benchmark, else {PARTIAL_JSON})",
     )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
@@ -147,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{b.name:24} {b.title}")
         return 0
     chosen = select(benchmarks, args.only)
+    if args.json is None:
+        args.json = results_path(quick=args.quick, whole=len(chosen) == len(benchmarks))
     config = Config(quick=args.quick)
     started = datetime.now(UTC)
     t_start = time.perf_counter()

@@ -5,8 +5,9 @@ baseline, ratio, goal, verdict) followed by that benchmark's footnotes,
 wrapped for a terminal. After it, :func:`print_goals` lists each DESIGN.md §8
 goal of :data:`bench.harness.GOALS` with its rows and one verdict: PASS when
 every row judging it passes, FAIL when one fails, NOT RUN when none ran. The
-JSON file (``bench/results/latest.json`` unless ``--json`` says otherwise)
-holds the same rows, the per-goal verdicts, the raw figures behind them and a
+JSON file (``bench/results/latest.json`` for a full run of every benchmark,
+``bench/results/partial/latest.json`` for a quick or partial one, unless ``--json``
+says otherwise) holds the same rows, the per-goal verdicts, the raw figures behind them and a
 description of the machine and run.
 """
 
@@ -29,6 +30,7 @@ from bench import harness as h
 __all__ = [
     "COLUMNS",
     "DEFAULT_JSON",
+    "PARTIAL_JSON",
     "Outcome",
     "goal_verdicts",
     "machine",
@@ -39,6 +41,9 @@ __all__ = [
 
 COLUMNS: Final = ("id", "what", "ours", "baseline", "ratio", "goal", "verdict")
 DEFAULT_JSON: Final = Path(__file__).resolve().parent / "results" / "latest.json"
+PARTIAL_JSON: Final = Path(__file__).resolve().parent / "results" / "partial" / "latest.json"
+"""Where a quick run, or one of some benchmarks only (``--only``), writes unless told: never
+over the whole suite's results (`DEFAULT_JSON`, its table and figures)."""
 WIDTHS: Final = (3, 44, 24, 26, 17, 15, 7)
 """Column widths (characters); a longer cell is wrapped within its column."""
 NOTE_WIDTH: Final = 118

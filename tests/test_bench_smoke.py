@@ -343,3 +343,15 @@ def test_the_open_of_many_sessions_says_what_the_collector_did(
         assert run["collections"][0] > 0  # thousands of objects made: some collection ran
         assert 0 < run["gc_ns"] < opened["numbers"]["open_ns"]["max"]
         assert run["tracked"] > 1000
+
+
+def test_only_a_full_run_of_every_benchmark_replaces_the_suite_s_results() -> None:
+    """A quick run, or one of some benchmarks (``--only``), writes under
+    ``bench/results/partial/`` unless told: the committed full results stay."""
+    import bench.__main__ as entry
+    from bench.report import DEFAULT_JSON, PARTIAL_JSON
+
+    assert entry.results_path(quick=False, whole=True) == DEFAULT_JSON
+    assert entry.results_path(quick=True, whole=True) == PARTIAL_JSON
+    assert entry.results_path(quick=False, whole=False) == PARTIAL_JSON
+    assert PARTIAL_JSON.parent != DEFAULT_JSON.parent  # its table and figures apart too
