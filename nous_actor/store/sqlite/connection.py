@@ -69,8 +69,9 @@ class _Connection:
         self.busy_ms = int(timeout * 1000)
         # Re-entrant: the committer holds it through a `turn`, then writes in it.
         self.lock = threading.RLock()
-        self._turn = False  # the turn is taken ahead of a write (under ``lock``)
-        self._late = False  # the turn taken ahead did not come in time (under ``lock``)
+        # The turn taken ahead of a write (`turn`, under ``lock``): ``True`` it came,
+        # ``False`` it did not come in time, ``None`` none is taken ahead.
+        self._ahead: bool | None = None
         self.closed = False
         self.lost: str | None = None
         self.dropped = 0
@@ -192,22 +193,16 @@ class _Connection:
         sessions sent while other processes wrote the file goes in the same commit, not
         in the next one, which would wait for them again."""
         with self.lock:
-            if self.closed or self.lost is not None or self._turn:
+            if self.closed or self.lost is not None or self._ahead is not None:
                 yield False
                 return
-            if not self._queue.acquire(self._busy_wait):
-                self._late = True
-                try:
-                    yield False
-                finally:
-                    self._late = False
-                return
-            self._turn = True
+            came = self._ahead = self._queue.acquire(self._busy_wait)
             try:
-                yield True
+                yield came
             finally:
-                self._turn = False
-                self._queue.release()
+                self._ahead = None
+                if came:
+                    self._queue.release()
 
     @contextlib.contextmanager
     def queued(self) -> Iterator[float]:
@@ -220,10 +215,10 @@ class _Connection:
             sqlite3.OperationalError: the turn did not come within the store's timeout.
         """
         deadline = time.monotonic() + self._busy_wait
-        if self._turn:
+        if self._ahead:
             yield deadline
             return
-        if self._late or not self._queue.acquire(self._busy_wait):
+        if self._ahead is False or not self._queue.acquire(self._busy_wait):
             raise sqlite3.OperationalError(
                 "database is locked: another process kept its turn to write past the "
                 f"timeout (the lock file {self._queue.path})"
