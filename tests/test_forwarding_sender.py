@@ -226,7 +226,7 @@ def test_threads_that_want_a_link_at_once_share_the_one_being_made(
     asked = threading.Semaphore(0)
     first = threading.Event()
 
-    def slow(path: str, k: bytes, timeout: float) -> Connection:
+    def slow(path: str, k: bytes, timeout: float, opening: bytes) -> Connection:
         connects.append(path)
         if len(connects) == 1:
             first.set()
@@ -234,7 +234,7 @@ def test_threads_that_want_a_link_at_once_share_the_one_being_made(
                 assert asked.acquire(timeout=BOUND)
             if fails:
                 raise ConnectionRefusedError("refused (test)")
-        return real(path, k, timeout)
+        return real(path, k, timeout, opening)
 
     monkeypatch.setattr(links, "_connect", slow)
     got: list[Any] = []

@@ -7,11 +7,12 @@ finds a session held finds where to send its calls (``holder_address``).
 * On a store with a secret (``forwarding_key``: `SQLiteStore`,
   `PostgresStore`), the endpoint listens on a Unix-domain socket in a folder
   of its own, readable by this user alone (mode 0700), and admits a peer only
-  after both sides proved they know the store's secret (the HMAC challenge of
-  `multiprocessing.connection`, both ways). **Who can call**: a process of the
-  same OS user (or root) on the same host that can read the store. **What it
-  can do**: what a handle can do on the sessions this process holds (the
-  session actor's calls declared `REMOTE`, a compaction, a stop); calls and
+  after both sides proved they know the store's secret (HMAC-SHA256 over both
+  sides' fresh nonces, in one round trip: `nous_actor.sessions.forwarding.auth`).
+  **Who can call**: a process of the same OS user (or root) on the same host
+  that can read the store. **What it can do**: what a handle can do on the
+  sessions this process holds (the session actor's calls declared `REMOTE`, a
+  compaction, a stop); calls and
   answers travel pickled, so a peer is trusted as the user's own code is (as
   with `multiprocessing`'s managers): never expose the socket to anyone else.
 * On a store without one (`MemoryStore`), the endpoint is reachable from this
@@ -33,13 +34,14 @@ import threading
 import uuid
 from collections.abc import Callable
 from functools import partial
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection
 from typing import Any, Final
 
 from nous_actor._log import get_logger
 from nous_actor.errors import NousActorError, SessionStopped
 from nous_actor.sessions.actor import Handler, SessionActor
 from nous_actor.sessions.actor._calls import REMOTE, handlers_with
+from nous_actor.sessions.forwarding.auth import holder_side
 from nous_actor.sessions.forwarding.links import (
     FAILED,
     HOST,
@@ -253,9 +255,7 @@ class Endpoint:
         conn = Connection(client.detach())
         try:
             assert self._key is not None
-            deliver_challenge(conn, self._key)
-            answer_challenge(conn, self._key)
-            hello = pickle.loads(conn.recv_bytes())
+            hello = pickle.loads(holder_side(conn, self._key))
         except Exception as exc:
             logger.warning("forwarding.peer_refused", reason=type(exc).__name__, error=str(exc))
             conn.close()

@@ -8,7 +8,7 @@ Two kinds, one interface (`nous_actor.sessions.forwarding.route.Link`):
   caller's own future.
 * `SocketLink`: the holder is another process on this host. Calls go over one
   Unix-domain socket per holder (`multiprocessing.connection`, authenticated
-  by the store's secret: see `nous_actor.sessions.forwarding.endpoint`), in
+  by the store's secret: see `nous_actor.sessions.forwarding.auth`), in
   batches, in the order sent; a reader thread answers their futures.
 
 A call sent over a socket whose answer never comes back because the holder
@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection
 from typing import Any, Final
 
 from nous_actor._log import get_logger
@@ -40,6 +40,7 @@ from nous_actor.core.event import Event, EventType
 from nous_actor.errors import CallOutcomeUnknown, NousActorError
 from nous_actor.runtime.exit import at_exit
 from nous_actor.sessions.actor import EventParts, Handler
+from nous_actor.sessions.forwarding.auth import caller_side
 from nous_actor.sessions.forwarding.route import Call, Route
 
 __all__ = ["NOT_HELD", "OK", "FAILED", "SEQ", "LocalLink", "SocketLink", "portable", "socket_path"]
@@ -51,11 +52,12 @@ OK, FAILED, NOT_HELD, SEQ = range(4)
 session" (not applied: send it where the session is), or the (first) seq of what an
 append appended (the caller rebuilds the events from the parts it sent)."""
 
-PROTOCOL: Final = 4
+PROTOCOL: Final = 5
 """The version of what two processes say to each other over a socket; both check it. A
 link opens with ``(PROTOCOL, token)``: a call's id is the link's token and the call's
-number on the link (`call_id`). (2: appends are answered with their seq; 3: calls have
-ids; 4: an append's events travel flat, `_flat`.)"""
+number on the link (`call_id`), sent with the caller's proof (`auth`). (2: appends are
+answered with their seq; 3: calls have ids; 4: an append's events travel flat, `_flat`;
+5: a one-round-trip handshake, `auth`.)"""
 
 
 def call_id(token: str, number: int) -> str:
@@ -278,9 +280,8 @@ class SocketLink:
         if path is None:
             raise NousActorError(f"{address!r} is not a socket of this host")
         self.address = address
-        self._conn = _connect(path, key, timeout)
         self._token = secrets.token_hex(8)  # this link's calls' ids begin with it
-        self._conn.send_bytes(pickle.dumps((PROTOCOL, self._token)))
+        self._conn = _connect(path, key, timeout, pickle.dumps((PROTOCOL, self._token)))
         self._sender = Sender(self._conn, "nous-link-writer", self._unsent)
         self._lock = threading.Lock()
         self._calls: dict[int, tuple[Route, int, Call]] = {}
@@ -482,8 +483,9 @@ def _plain_compaction(req: Any) -> Any:
     return dataclasses.replace(req, loop=None, slot=None, context=None)
 
 
-def _connect(path: str, key: bytes, timeout: float) -> Connection:
-    """A connection to the socket at ``path``, authenticated with ``key``."""
+def _connect(path: str, key: bytes, timeout: float, opening: bytes) -> Connection:
+    """A connection to the socket at ``path``, authenticated with ``key`` both ways
+    (`auth`), ``opening`` sent with this side's proof."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -494,8 +496,7 @@ def _connect(path: str, key: bytes, timeout: float) -> Connection:
         sock.close()
         raise
     try:
-        answer_challenge(conn, key)
-        deliver_challenge(conn, key)
+        caller_side(conn, key, opening, timeout)
     except BaseException:
         conn.close()
         raise

@@ -14,6 +14,7 @@ other processes call the sessions it holds.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -208,7 +209,8 @@ class Sessions:
             idle_for=self._passivation.idle_for,
         )
         # Each session's route (here, or to the process that holds it), and this
-        # process's endpoint for the store (made with the first route). Kept weakly: a
+        # process's endpoint for the store (made with the registry on a store other
+        # processes share, else with the first route). Routes are kept weakly: a
         # route lives while something sends through it (a handle, a move under way, a
         # call in flight over its link) or its session's actor here runs (the actor's
         # cell refers to it); a process that opens millions of sessions over its life
@@ -231,6 +233,13 @@ class Sessions:
         if start:
             self._start_actor()
         self._passivation.start(self.passivate_idle)
+        if shared.forwards_between_processes(self.store):
+            # A store that other processes share: this process's endpoint is made now,
+            # not by the first open, which a web worker's first requests would all wait
+            # for (its secret read, its socket and thread made, its address told).
+            # What fails here is met again, and raised, by the first open.
+            with contextlib.suppress(Exception):
+                self._join_endpoint()
 
     # -- the user's side -------------------------------------------------------------------
 
@@ -322,16 +331,20 @@ class Sessions:
             if self._closed:
                 raise SessionStopped(session_id, "the registry is closed")
             if self._endpoint is None and not self._closed:
-                with self._ref_changed:
-                    if self._endpoint is None:
-                        self._endpoint = endpoint_for(self.store)
-                        if self._endpoint is not None:
-                            self._endpoint.join(self)
+                self._join_endpoint()
             with self._routes_lock:
                 route = self._routes.get(session_id)
                 if route is None:
                     route = self._routes[session_id] = Route(session_id, self._home, self.timeout)
         return route
+
+    def _join_endpoint(self) -> None:
+        """Make (or find) this process's endpoint for the store, and join it."""
+        with self._ref_changed:
+            if self._endpoint is None and not self._closed:
+                self._endpoint = endpoint_for(self.store)
+                if self._endpoint is not None:
+                    self._endpoint.join(self)
 
     def _settled(
         self, session_id: str, route: Route, found: pykka.ActorRef[Any] | Link

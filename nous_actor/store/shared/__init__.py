@@ -92,6 +92,7 @@ __all__ = [
     "advertise",
     "ask_handoff",
     "forwarding_key",
+    "forwards_between_processes",
     "handoff_requests",
     "handoff_poll",
     "held_by",
@@ -269,6 +270,12 @@ def supports_forwarding(store: Store) -> bool:
     """Whether ``store`` keeps its holders' addresses (``advertise`` and
     ``holder_address``), so that calls can go to a session's holder."""
     return _own(store, "advertise") is not None and _own(store, "holder_address") is not None
+
+
+def forwards_between_processes(store: Store) -> bool:
+    """Whether calls can go to a session's holder in another process on ``store``: it
+    keeps holders' addresses and has a shared secret (``forwarding_key``)."""
+    return supports_forwarding(store) and _own(store, "forwarding_key") is not None
 
 
 def tells_holders(store: Store) -> bool:
