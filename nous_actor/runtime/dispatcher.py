@@ -389,7 +389,7 @@ class DispatchedActor(pykka.Actor):
         empty, get = q.empty, q.get_nowait
         while quota and not empty() and not stopped.is_set():
             quota -= 1
-            self._receive_one(get())
+            receive_one(self, get())
         if stopped.is_set():
             self._actor_loop_teardown()
             if not self._ended:
@@ -399,9 +399,6 @@ class DispatchedActor(pykka.Actor):
                 finally:
                     if self._pin:  # its thread ends with it
                         self._dispatcher.close(timeout=0)
-
-    def _receive_one(self, envelope: Any) -> None:
-        receive_one(self, envelope)
 
     def _actor_loop_teardown(self) -> None:
         """Pykka's teardown: every queued ask is answered (a stop request with ``None``,
@@ -490,13 +487,18 @@ def receive_one(actor: Any, envelope: Any) -> None:
     """Pykka's ``_actor_loop_running`` body, for one envelope of ``actor`` (a dispatched
     actor's turn, or a simulation's step of any actor): the one copy of Pykka's loop,
     and why it is a copy, is in `nous_actor.runtime.pykka_private` (`COPIED`)."""
+    message, reply_to = envelope.message, envelope.reply_to
+    # Not held while the call runs: our envelopes are invisible to the cyclic collector,
+    # and this frame can be kept by the traceback of an error the call stored in its
+    # future (a cycle through the envelope would never be collected).
+    del envelope
     try:
-        response = actor._handle_receive(envelope.message)
-        if envelope.reply_to is not None:
-            envelope.reply_to.set(response)
+        response = actor._handle_receive(message)
+        if reply_to is not None:
+            reply_to.set(response)
     except Exception:
-        if envelope.reply_to is not None:
-            envelope.reply_to.set_exception()
+        if reply_to is not None:
+            reply_to.set_exception()
         else:
             actor._handle_failure(*sys.exc_info())
             try:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
+import msgspec
+
 from nous_actor.core._frozen import safe_str
 from nous_actor.core.event import EventType
 from nous_actor.errors import SessionCrashed
@@ -92,15 +94,20 @@ def handlers_with(trait: int) -> frozenset[Handler]:
     return frozenset(h for h, t in TRAITS.items() if t & trait)
 
 
-class _Envelope:
+class _Envelope(msgspec.Struct, gc=False):
     """What Pykka's actor loop reads from the inbox (``message``, ``reply_to``); our calls
-    carry their own future, so ``reply_to`` is always ``None``."""
+    carry their own future, so ``reply_to`` is always ``None``.
 
-    __slots__ = ("message", "reply_to")
+    The cyclic collector never sees an envelope (``gc=False``): a call queued behind
+    others is one object fewer for each of its collections (a caller that runs ahead of
+    its session keeps thousands queued; with the envelope tracked, the collections they
+    set off took about a quarter of the time of 100k pipelined appends). An envelope is
+    in no cycle of its own; what it holds could be in one only through a frame that
+    holds the envelope, so none is kept by a frame a stored traceback refers to (the
+    actor's loop lets go of it before it runs the call: `receive_one`)."""
 
-    def __init__(self, message: Any) -> None:
-        self.message = message
-        self.reply_to = None
+    message: Any
+    reply_to: Any = None
 
 
 _safe_str = safe_str
