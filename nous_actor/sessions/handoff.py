@@ -294,7 +294,7 @@ class HandOver:
         # the asker rather than claim the session back.
         self._given[session_id] = scheduling.monotonic()
         try:
-            ref.actor_inbox.put(_Envelope((SessionActor.h_handoff, (), fut)))  # type: ignore[arg-type]
+            ref.actor_inbox.put(_Envelope(SessionActor.h_handoff, (), fut))  # type: ignore[arg-type]
             handed = bool(fut.get(timeout=OFFER_WAIT))
         except (NousActorError, SessionStopped):
             self._given.pop(session_id, None)

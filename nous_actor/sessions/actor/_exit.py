@@ -44,8 +44,8 @@ def _flush_at_exit() -> None:
         counted: SessionFuture[Any] = SessionFuture(actor.session_id)
         flushed: SessionFuture[Any] = SessionFuture(actor.session_id)
         try:
-            ref.actor_inbox.put(_Envelope((_uncommitted, (), counted)))  # type: ignore[arg-type]
-            ref.actor_inbox.put(_Envelope((SessionActor.h_flush, (), flushed)))  # type: ignore[arg-type]
+            ref.actor_inbox.put(_Envelope(_uncommitted, (), counted))  # type: ignore[arg-type]
+            ref.actor_inbox.put(_Envelope(SessionActor.h_flush, (), flushed))  # type: ignore[arg-type]
         except Exception:
             continue
         waits.append((actor, counted, flushed))

@@ -298,7 +298,7 @@ class SessionActor(DispatchedSupervisedActor):
     def deliver_recovery(self, result: Any) -> None:
         """(On the reader that recovered the session.) Its result goes to the inbox, as
         ``h_adopt``."""
-        self.actor_inbox.put(_Envelope((SessionActor.h_adopt, result, None)))
+        self.actor_inbox.put(_Envelope(SessionActor.h_adopt, result, None))
 
     def _handle_receive(self, message: Any) -> Any:
         # Our calls first, before Pykka's chain of isinstance checks.

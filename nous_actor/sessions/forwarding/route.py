@@ -158,7 +158,7 @@ class Route:
                 ref = self.ref
                 if ref is not None:
                     if not ref.actor_stopped.is_set():
-                        ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
+                        ref.actor_inbox.put(_Envelope(handler, args, fut))  # type: ignore[arg-type]
                         return
                 elif self.link is not None:
                     link, epoch = self.link, self.epoch
@@ -423,7 +423,7 @@ class Route:
                 if local:
                     # Under the lock: the actor drains its inbox under it too, so a call
                     # put here is either applied or handed back.
-                    found.actor_inbox.put(_Envelope(call))  # type: ignore[union-attr,arg-type]
+                    found.actor_inbox.put(_Envelope(*call))  # type: ignore[union-attr,arg-type]
                     continue
                 self.inflight += 1
             found.send(self, epoch, *call)  # type: ignore[union-attr]

@@ -281,7 +281,7 @@ class Session(SessionHandle):
         # Pykka's stop race (the actor stopped between the check above and the put)
         # is closed by the dispatcher: a put after the stop runs the actor's
         # teardown, which answers the call with SessionStopped.
-        ref.actor_inbox.put(_Envelope((handler, args, fut)))  # type: ignore[arg-type]
+        ref.actor_inbox.put(_Envelope(handler, args, fut))  # type: ignore[arg-type]
         return fut
 
     def _compact_in_turn(self, req: _Compaction, turn_id: str) -> SessionFuture[Any]:
