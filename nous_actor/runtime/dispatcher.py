@@ -46,6 +46,7 @@ from collections.abc import Callable
 from itertools import count
 from typing import Any, ClassVar, Final
 
+import msgspec
 import pykka
 from pykka import ActorRegistry
 
@@ -56,6 +57,7 @@ from nous_actor.runtime.unique import unique_hex
 
 __all__ = [
     "DEFAULT_THROUGHPUT",
+    "CallEnvelope",
     "DispatchedActor",
     "Dispatcher",
     "Inbox",
@@ -257,6 +259,34 @@ def default_dispatcher() -> Dispatcher:
 
 
 _put: Final = queue.SimpleQueue.put
+
+
+class CallEnvelope(msgspec.Struct, gc=False):
+    """A call on its way to an actor whose messages are ``(handler, args, future)``
+    (a session's): what Pykka's actor loop reads from the inbox (``message``,
+    ``reply_to``); such calls carry their own future, so ``reply_to`` is always
+    ``None``.
+
+    The cyclic collector never sees an envelope (``gc=False``), and the envelope holds
+    the call's parts itself (its ``message`` tuple is made as the actor reads it): a
+    call queued behind others is two objects fewer for each collection (a caller that
+    runs ahead of its session keeps thousands queued; with the envelope and its tuple
+    tracked, the collections they set off took about a quarter of the time of 100k
+    pipelined appends). An envelope is in no cycle of its own; what it holds could be
+    in one only through a frame that holds the envelope, so none is kept by a frame a
+    stored traceback refers to (the actor's loop lets go of it before it runs the
+    call: `receive_one`)."""
+
+    handler: Any
+    args: Any
+    future: Any
+    reply_to: ClassVar[None] = None
+
+    @property
+    def message(self) -> tuple[Any, Any, Any]:
+        """The call, ``(handler, args, future)``, as the actor reads it (made as it is
+        read: a queued call holds no tuple of its own for the collector to visit)."""
+        return (self.handler, self.args, self.future)
 
 
 class Inbox(queue.SimpleQueue):  # type: ignore[type-arg]

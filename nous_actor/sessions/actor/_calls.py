@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar, Final, TypeVar
-
-import msgspec
+from typing import Any, Final, TypeVar
 
 from nous_actor.core._frozen import safe_str
 from nous_actor.core.event import EventType
 from nous_actor.errors import SessionCrashed
+from nous_actor.runtime.dispatcher import CallEnvelope
 
 Handler = Callable[..., Any]
 
@@ -94,31 +93,9 @@ def handlers_with(trait: int) -> frozenset[Handler]:
     return frozenset(h for h, t in TRAITS.items() if t & trait)
 
 
-class _Envelope(msgspec.Struct, gc=False):
-    """A call on its way to a session's actor: what Pykka's actor loop reads from the
-    inbox (``message``, ``reply_to``); our calls carry their own future, so ``reply_to``
-    is always ``None``.
-
-    The cyclic collector never sees an envelope (``gc=False``), and the envelope holds
-    the call's parts itself (its ``message`` tuple is made as the actor reads it): a
-    call queued behind others is two objects fewer for each collection (a caller that
-    runs ahead of its session keeps thousands queued; with the envelope and its tuple
-    tracked, the collections they set off took about a quarter of the time of 100k
-    pipelined appends). An envelope is in no cycle of its own; what it holds could be
-    in one only through a frame that holds the envelope, so none is kept by a frame a
-    stored traceback refers to (the actor's loop lets go of it before it runs the
-    call: `receive_one`)."""
-
-    handler: Any
-    args: Any
-    future: Any
-    reply_to: ClassVar[None] = None
-
-    @property
-    def message(self) -> tuple[Any, Any, Any]:
-        """The call, ``(handler, args, future)``, as the actor reads it (made as it is
-        read: a queued call holds no tuple of its own for the collector to visit)."""
-        return (self.handler, self.args, self.future)
+_Envelope = CallEnvelope
+"""A call on its way to a session's actor: ``(handler, args, future)`` (see
+`CallEnvelope`)."""
 
 
 _safe_str = safe_str
