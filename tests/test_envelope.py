@@ -8,6 +8,7 @@ them holds the envelope.
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from bounds import BOUND
 
 from nous_actor import Session
 from nous_actor.errors import SessionCrashed
+from nous_actor.runtime.dispatcher import CallEnvelope, DispatchedActor
 from nous_actor.sessions.actor import _Envelope
 
 
@@ -63,3 +65,24 @@ def test_what_a_failed_call_refers_to_is_collected_once_dropped(
     del fut, s, marker
     gc.collect()
     assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]
+
+
+def test_any_dispatched_actor_reads_a_call_envelope_as_its_message() -> None:
+    """An actor that does not run such calls itself (not a session's) gets the call as
+    Pykka would: the ``(handler, args, future)`` tuple, through its ``on_receive``."""
+    got: list[Any] = []
+    done = threading.Event()
+
+    class Recorder(DispatchedActor):
+        def on_receive(self, message: Any) -> Any:
+            got.append(message)
+            done.set()
+            return None
+
+    ref = Recorder.start()
+    try:
+        ref.actor_inbox.put(CallEnvelope(len, ("x",), None))  # type: ignore[attr-defined]
+        assert done.wait(BOUND)
+        assert got == [(len, ("x",), None)]
+    finally:
+        ref.stop(timeout=BOUND)

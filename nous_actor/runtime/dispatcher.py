@@ -289,6 +289,14 @@ class CallEnvelope(msgspec.Struct, gc=False):
         return (self.handler, self.args, self.future)
 
 
+class _Plain(msgspec.Struct, gc=False):
+    """A message with no one to answer (how `DispatchedActor` runs a `CallEnvelope`'s
+    call through Pykka's handling)."""
+
+    message: Any
+    reply_to: ClassVar[None] = None
+
+
 class Inbox(queue.SimpleQueue):  # type: ignore[type-arg]
     """A dispatched actor's inbox: a queue (put and get in C; a quarter of a deque's
     cost) that holds the token saying the actor is scheduled (taken from the moment it
@@ -430,6 +438,11 @@ class DispatchedActor(pykka.Actor):
                     if self._pin:  # its thread ends with it
                         self._dispatcher.close(timeout=0)
 
+    def _receive_call(self, handler: Any, args: Any, future: Any) -> None:
+        """Run one call that came in a `CallEnvelope`: here, as Pykka runs a message
+        ``(handler, args, future)``; an actor that takes such calls runs them itself."""
+        receive_one(self, _Plain((handler, args, future)))
+
     def _actor_loop_teardown(self) -> None:
         """Pykka's teardown: every queued ask is answered (a stop request with ``None``,
         the others with `pykka.ActorDeadError`); also run for envelopes that land after
@@ -517,10 +530,15 @@ def receive_one(actor: Any, envelope: Any) -> None:
     """Pykka's ``_actor_loop_running`` body, for one envelope of ``actor`` (a dispatched
     actor's turn, or a simulation's step of any actor): the one copy of Pykka's loop,
     and why it is a copy, is in `nous_actor.runtime.pykka_private` (`COPIED`)."""
+    # The envelope is not held while the call runs: ours are invisible to the cyclic
+    # collector, and this frame can be kept by the traceback of an error the call stored
+    # in its future (a cycle through the envelope would never be collected).
+    if type(envelope) is CallEnvelope:
+        handler, args, future = envelope.handler, envelope.args, envelope.future
+        del envelope
+        actor._receive_call(handler, args, future)
+        return
     message, reply_to = envelope.message, envelope.reply_to
-    # Not held while the call runs: our envelopes are invisible to the cyclic collector,
-    # and this frame can be kept by the traceback of an error the call stored in its
-    # future (a cycle through the envelope would never be collected).
     del envelope
     try:
         response = actor._handle_receive(message)

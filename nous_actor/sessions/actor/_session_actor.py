@@ -311,10 +311,26 @@ class SessionActor(DispatchedSupervisedActor):
                 return None
         return super()._handle_receive(message)
 
+    def _receive_call(
+        self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
+    ) -> None:
+        # A call in a `CallEnvelope` (every call of a handle): as `_handle_receive` then
+        # `on_receive` run a ``(handler, args, future)`` message, without the tuple.
+        try:
+            self._on_call(handler, args, fut)
+        except BaseException as exc:  # never let anything reach Pykka's handling
+            if not self.actor_stopped.is_set():
+                self._die(exc)
+
     def on_receive(self, message: Any) -> Any:
         if type(message) is not tuple or len(message) != 3:
             return super().on_receive(message)
         handler, args, fut = message
+        return self._on_call(handler, args, fut)
+
+    def _on_call(
+        self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
+    ) -> None:
         if self.ledger.done and not self._absorb():  # died of a store failure
             if fut is not None:
                 fut._fail(SessionStopped(self.session_id, "the session crashed before this call"))

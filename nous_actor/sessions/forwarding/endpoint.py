@@ -12,9 +12,9 @@ finds a session held finds where to send its calls (``holder_address``).
   **Who can call**: a process of the same OS user (or root) on the same host
   that can read the store. **What it can do**: what a handle can do on the
   sessions this process holds (the session actor's calls declared `REMOTE`, a
-  compaction, a stop); calls and
-  answers travel pickled, so a peer is trusted as the user's own code is (as
-  with `multiprocessing`'s managers): never expose the socket to anyone else.
+  compaction, a stop); calls and answers travel pickled, so a peer is trusted
+  as the user's own code is (as with `multiprocessing`'s managers): never
+  expose the socket to anyone else.
 * On a store without one (`MemoryStore`), the endpoint is reachable from this
   process only: two registries on one store object hand calls to each other
   directly (a simulation's two "processes").
