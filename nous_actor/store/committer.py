@@ -36,7 +36,7 @@ from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.store.base import Store
-from nous_actor.store.shared import write_turn
+from nous_actor.store.shared import NO_TURN, write_turn
 
 __all__ = ["Committer", "committer_for"]
 
@@ -282,7 +282,7 @@ class Committer:
         what comes while it waits for it goes in that transaction; whether it came.
         A store without one: no wait here (the write waits, if it must)."""
         store = self._store()
-        return contextlib.nullcontext(False) if store is None else write_turn(store)
+        return NO_TURN if store is None else write_turn(store)
 
     def _gather(self, fresh: list[_Item], expect: int, gather: float) -> bool | None:
         """Wait (at most ``gather`` seconds) for as many items as the sessions that await

@@ -303,19 +303,15 @@ class SessionActor(DispatchedSupervisedActor):
     def _handle_receive(self, message: Any) -> Any:
         # Our calls first, before Pykka's chain of isinstance checks.
         if type(message) is tuple and len(message) == 3:
-            try:
-                return self.on_receive(message)
-            except BaseException as exc:  # never let anything reach Pykka's handling
-                if not self.actor_stopped.is_set():
-                    self._die(exc)
-                return None
+            self._receive_call(*message)
+            return None
         return super()._handle_receive(message)
 
     def _receive_call(
         self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
     ) -> None:
-        # A call in a `CallEnvelope` (every call of a handle): as `_handle_receive` then
-        # `on_receive` run a ``(handler, args, future)`` message, without the tuple.
+        # A call: from a `CallEnvelope` (every call of a handle), or a message
+        # ``(handler, args, future)`` put as it is (`_handle_receive`).
         try:
             self._on_call(handler, args, fut)
         except BaseException as exc:  # never let anything reach Pykka's handling

@@ -87,6 +87,7 @@ from nous_actor.store.sqlite.follower import follower_of as follower_of
 from nous_actor.store.subscription import Subscription
 
 __all__ = [
+    "NO_TURN",
     "FOLLOW_INTERVAL",
     "FollowedWatch",
     "advertise",
@@ -194,10 +195,11 @@ def write_turn(store: Store) -> contextlib.AbstractContextManager[bool]:
     writers). A store without one: ``False`` at once (its writes wait, if they must).
     """
     own: Callable[[], contextlib.AbstractContextManager[bool]] | None = _own(store, "write_turn")
-    return own() if own is not None else _NO_TURN
+    return own() if own is not None else NO_TURN
 
 
-_NO_TURN: Final = contextlib.nullcontext(False)
+NO_TURN: Final = contextlib.nullcontext(False)
+"""No turn at writing (`write_turn` of a store without one)."""
 
 
 def watch(
