@@ -87,6 +87,36 @@ def test_a_write_records_its_calls_for_the_sessions_it_stored(any_store: Any) ->
     assert [e.seq for e in any_store.load("a")] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("rows", [3, 450])
+def test_a_conflict_refuses_its_session_alone_in_a_write_of_any_size(
+    any_store: Any, rows: int
+) -> None:
+    """A write of ``rows`` events and as many calls over three sessions (one statement, or
+    several with SQLite's limit of rows per statement), one session's first seq already
+    stored: that session alone is refused, with its calls; the others' events are stored
+    once each, and every one of their calls is recorded."""
+    assert any_store.write({"b": _events(0, 1)}) == {}
+    per = rows // 3
+    calls = {
+        sid: [(f"{sid}-{k}", first + k, first + k) for k in range(per)]
+        for sid, first in (("a", 0), ("c", 0), ("b", 0))
+    }
+    refused = any_store.write(
+        # b's seq 0 is stored; its rows come last (with 450, in a later statement than
+        # the first rows of the others)
+        {sid: _events(0, per) for sid in ("a", "c", "b")},
+        calls=calls,
+    )
+    assert set(refused) == {"b"}
+    for sid in ("a", "c"):
+        assert [e.seq for e in any_store.load(sid)] == list(range(per))
+        assert [any_store.applied_call(sid, f"{sid}-{k}") for k in range(per)] == [
+            (k, k) for k in range(per)
+        ]
+    assert [e.seq for e in any_store.load("b")] == [0]
+    assert any_store.applied_call("b", "b-0") is None
+
+
 def test_records_older_than_the_bound_are_forgotten_by_a_later_write(
     any_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -403,6 +403,113 @@ def test_stores_writing_one_file_take_turns_without_polling(db: str) -> None:
             store.close()
 
 
+class _Watched:
+    """A store's `WriteLock`, seen: whether the turn is held now, and the statements the
+    store's connection ran in each turn (one list per turn)."""
+
+    def __init__(self, lock: WriteLock) -> None:
+        self.lock = lock
+        self.path = lock.path
+        self.held = False
+        self.turns: list[list[str]] = []
+
+    def acquire(self, timeout: float) -> bool:
+        came = self.lock.acquire(timeout)
+        if came:
+            self.held = True
+            self.turns.append([])
+        return came
+
+    def release(self) -> None:
+        self.held = False
+        self.lock.release()
+
+    def close(self) -> None:
+        self.lock.close()
+
+    def trace(self, sql: str) -> None:
+        if self.held:
+            self.turns[-1].append(sql)
+
+
+def _statements_in_turn(store: SQLiteStore) -> list[list[str]]:
+    """Record the statements ``store`` runs while it holds the file's turn."""
+    watched = _Watched(store._connection._queue)
+    store._connection._queue = watched  # type: ignore[assignment]
+    store._connection.conn.set_trace_callback(watched.trace)
+    return watched.turns
+
+
+@pytest.mark.parametrize("through", ["write", "committer"])
+def test_a_turn_holds_only_the_transaction(db: str, through: str) -> None:
+    """While a store holds the file's turn it runs its transaction and nothing else: the
+    connection's settings (SQLite's busy handler turned off for the write, ``synchronous``
+    relaxed for a claim) change before the turn is taken and change back after it is let
+    go, and a write of one session's events with forwarded calls is five statements (each
+    hands the GIL back and takes it again while other processes wait for the turn). The
+    settings are back after each write."""
+    store = SQLiteStore(db)
+    try:
+        # The session's number, known; the table of call records, made (the file's first
+        # forwarded call makes it), and the schema as it is now, seen by a write.
+        assert store.write({"s": [_event(0)]}, calls={"s": [("first", 0, 0)]}) == {}
+        assert store.write({"t": [_event(0)]}) == {}
+        turns = _statements_in_turn(store)
+        events = [_event(k + 1) for k in range(3)]
+        if through == "write":
+            assert store.write({"s": events}, calls={"s": [("call", 1, 3)]}) == {}
+        else:
+            done: queue.SimpleQueue[StoreError | None] = queue.SimpleQueue()
+            committer_for(store).submit("s", events, done.put, call="call")
+            assert done.get(timeout=WAIT) is None
+        store.claim("other")  # a claim: committed with synchronous relaxed
+        conn = store._connection.conn
+        conn.set_trace_callback(None)
+        assert len(turns) == 2
+        # (SQLite traces what a pragma function runs as a comment: not a statement.)
+        write = [sql.split(" (")[0].split(" VALUES")[0] for sql in turns[0] if sql[:2] != "--"]
+        assert write == [
+            "BEGIN IMMEDIATE",
+            "SELECT user_version, schema_version FROM pragma_user_version, pragma_schema_version",
+            "INSERT INTO event_rows",
+            "INSERT OR REPLACE INTO calls",
+            "COMMIT",
+        ]
+        for turn in turns:
+            assert not [sql for sql in turn if sql.startswith("PRAGMA")]
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == store._connection.busy_ms
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert [e.seq for e in store.load("s")] == [0, 1, 2, 3]
+        assert store.applied_call("s", "call") == (1, 3)
+        assert store.applied_call("s", "first") == (0, 0)
+    finally:
+        store.close()
+
+
+def test_a_writer_that_does_not_queue_is_waited_for_and_the_settings_come_back(db: str) -> None:
+    """Another tool writing the file (it takes SQLite's lock, not the turn): the write
+    waits for it (SQLite's handler is off: the store looks again in short steps) and
+    commits once it is done; the store's busy handler is on again afterwards."""
+    store = SQLiteStore(db)
+    tool = sqlite3.connect(db, isolation_level=None)
+    try:
+        tool.execute("BEGIN IMMEDIATE")
+        done: list[dict[str, StoreError]] = []
+        t = threading.Thread(target=lambda: done.append(store.write({"s": [_event(0)]})))
+        t.start()
+        t.join(0.05)
+        assert t.is_alive()  # waits for the tool's lock
+        tool.execute("COMMIT")
+        t.join(WAIT)
+        assert done == [{}]
+        conn = store._connection.conn
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == store._connection.busy_ms
+        assert [e.seq for e in store.load("s")] == [0]
+    finally:
+        tool.close()
+        store.close()
+
+
 class WriteQueueMachine(RuleBasedStateMachine):
     """Three stores' locks on one file against a model of who holds the turn: a turn is
     never had by two at once, and a turn let go (or given up waiting for) is never lost

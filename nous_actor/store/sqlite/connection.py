@@ -72,6 +72,8 @@ class _Connection:
         # The turn taken ahead of a write (`turn`, under ``lock``): ``True`` it came,
         # ``False`` it did not come in time, ``None`` none is taken ahead.
         self._ahead: bool | None = None
+        # SQLite's busy handler is off (``busy_timeout`` 0) for a write (`_no_busy_handler`).
+        self._busy_off = False
         self.closed = False
         self.lost: str | None = None
         self.dropped = 0
@@ -162,10 +164,12 @@ class _Connection:
         is fsynced carries it to disk, since the WAL is written in order)."""
         with self.locked(session_id, doing) as conn:
             relax = not synced and self.durability == "full"
-            with self.queued() as deadline:
-                if relax:
-                    conn.execute("PRAGMA synchronous = NORMAL")
-                try:
+            # The connection's settings change before the turn is taken and change back
+            # after it is given up: other processes wait for the turn, not for them.
+            if relax:
+                conn.execute("PRAGMA synchronous = NORMAL")
+            try:
+                with self._no_busy_handler(conn), self.queued() as deadline:
                     self.begin(conn, deadline)
                     try:
                         self.check_writable(conn)  # before anything is written
@@ -176,9 +180,9 @@ class _Connection:
                             conn.execute("ROLLBACK")
                         raise
                     conn.execute("COMMIT")
-                finally:
-                    if relax:
-                        conn.execute("PRAGMA synchronous = FULL")
+            finally:
+                if relax:
+                    conn.execute("PRAGMA synchronous = FULL")
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[bool]:
@@ -196,13 +200,14 @@ class _Connection:
             if self.closed or self.lost is not None or self._ahead is not None:
                 yield False
                 return
-            came = self._ahead = self._queue.acquire(self._busy_wait)
-            try:
-                yield came
-            finally:
-                self._ahead = None
-                if came:
-                    self._queue.release()
+            with self._no_busy_handler(self.conn, quiet=True):
+                came = self._ahead = self._queue.acquire(self._busy_wait)
+                try:
+                    yield came
+                finally:
+                    self._ahead = None
+                    if came:
+                        self._queue.release()
 
     @contextlib.contextmanager
     def queued(self) -> Iterator[float]:
@@ -228,16 +233,42 @@ class _Connection:
         finally:
             self._queue.release()
 
+    @contextlib.contextmanager
+    def _no_busy_handler(self, conn: sqlite3.Connection, quiet: bool = False) -> Iterator[None]:
+        """(Under ``lock``.) SQLite's busy handler off (``busy_timeout`` 0) in the block,
+        and back on after it; nothing if it is off already (an outer block turned it off).
+
+        A write turns it off before it takes its turn, so the turn holds none of these
+        two statements: each hands the GIL back and waits to take it again, which in a
+        busy process takes longer than the statement, and other processes wait for the
+        turn meanwhile. With ``quiet``, a connection that fails to take the setting
+        (closed meanwhile) is left as it is: the write in the block says what failed."""
+        if self._busy_off:
+            yield
+            return
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+        except sqlite3.Error:
+            if not quiet:
+                raise
+            yield
+            return
+        self._busy_off = True
+        try:
+            yield
+        finally:
+            self._busy_off = False
+            conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
+
     def begin(self, conn: sqlite3.Connection, deadline: float) -> None:
         """``BEGIN IMMEDIATE``, waiting until ``deadline`` (``time.monotonic``) for another
         process's write lock in steps of at most `_BUSY_STEP_S`: SQLite's own busy handler
-        sleeps up to 100 ms a time, long after the lock is free.
+        (off meanwhile) sleeps up to 100 ms a time, long after the lock is free.
 
         Called inside `queued`: the processes of this release queue for the file's
         `WriteLock` first, so this finds the lock taken only by a writer that does not
         queue (another tool, an older release)."""
-        conn.execute("PRAGMA busy_timeout = 0")
-        try:
+        with self._no_busy_handler(conn):
             step = _BUSY_FIRST_S
             while True:
                 try:
@@ -249,8 +280,6 @@ class _Connection:
                         raise
                 time.sleep(step)
                 step = min(step * 2, _BUSY_STEP_S)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
 
     # -- every write transaction: is the file still one this process may write? ----------
 

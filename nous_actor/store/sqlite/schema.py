@@ -39,6 +39,11 @@ _SESSIONS: Final = """CREATE TABLE IF NOT EXISTS sessions (
 """Version 3: each session id that was ever written, numbered in the order sessions were
 first written. A number is never changed nor given to another id (a deleted session
 keeps its row), so a process may remember the numbers it has seen."""
+_VERSIONS: Final = (
+    "SELECT user_version, schema_version FROM pragma_user_version, pragma_schema_version"
+)
+"""The file's schema version (ours) and its schema cookie (SQLite's), read together."""
+
 _EVENT_ROWS: Final = """CREATE TABLE IF NOT EXISTS event_rows (
     session INTEGER NOT NULL,
     seq INTEGER NOT NULL CHECK (seq >= 0),
@@ -488,7 +493,7 @@ class _Opening:
         schema version is still ours and, if its schema changed since the last look (the
         schema cookie, which SQLite changes with any schema change, moved), it holds
         nothing we did not make and is still marked as ours; else why nothing more may
-        be written to it. Two pragmas read from the header (about 2 us); the schema
+        be written to it. Two pragmas read from the header in one statement; the schema
         table is read only when the cookie moved.
 
         A store opened read-only at version 1 or 2 (``opened_at``) that is still at that
@@ -500,8 +505,8 @@ class _Opening:
             StoreError: the store was opened at version 1 or 2 without migrating it, and
                 the file is still at that version.
         """
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+        # One statement (each hands the GIL back and takes it again, under the write lock).
+        version, cookie = conn.execute(_VERSIONS).fetchone()
         if version == SCHEMA_VERSION and cookie == self._cookie:
             return None
         if version == self.opened_at < SCHEMA_VERSION:

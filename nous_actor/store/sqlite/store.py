@@ -64,10 +64,8 @@ from nous_actor.store.sqlite.keys import forwarding_key as _forwarding_key
 from nous_actor.store.sqlite.vacuum import dropped_bytes, due, file_bytes
 from nous_actor.store.sqlite.vacuum import vacuum as _vacuum_file
 from nous_actor.store.sqlite.writes import (
-    _UNBINDABLE,
-    _insert_rows,
     _session_rows,
-    _write_each,
+    insert_batches,
     record_calls,
     session_numbers,
 )
@@ -330,16 +328,7 @@ class SQLiteStore(ClosingStore):
         only = batches[0][0] if len(batches) == 1 else None
         with self._connection.transaction(only, "append events") as conn:
             numbers = session_numbers(conn, [sid for sid, _ in batches], self._numbers)
-            # Every session's rows in one statement (each statement hands the GIL
-            # back and forth); only when a row is refused (a conflict, a value SQLite
-            # cannot bind), session by session, so that it refuses its session alone.
-            conn.execute("SAVEPOINT batch_write")
-            try:
-                _insert_rows(conn, [row for _, rows in batches for row in rows], numbers)
-            except (sqlite3.IntegrityError, *_UNBINDABLE):
-                conn.execute("ROLLBACK TO batch_write")
-                _write_each(conn, batches, refused, numbers)
-            conn.execute("RELEASE batch_write")
+            insert_batches(conn, batches, refused, numbers)
             if calls:
                 now = int(time.time())
                 forget = None

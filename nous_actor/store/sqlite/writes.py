@@ -118,6 +118,34 @@ def session_numbers(
     return numbers
 
 
+def insert_batches(
+    conn: sqlite3.Connection,
+    batches: list[tuple[str, list[tuple[Any, ...]]]],
+    refused: dict[str, StoreError],
+    numbers: Mapping[str, int],
+) -> None:
+    """Store every session's rows, in one statement per `_ROWS_PER_INSERT` rows; only
+    when a row is refused (a conflict, a value SQLite cannot bind), session by session
+    (`_write_each`), so that it refuses its own session alone.
+
+    Rows that fit one statement need no savepoint: SQLite undoes a statement that fails
+    as a whole, and a value that cannot be bound fails before it runs. (Each statement
+    hands the GIL back and waits to take it again, all of it while this process holds
+    the file's write lock.)"""
+    rows = [row for _, session_rows in batches for row in session_rows]
+    one = len(rows) <= _ROWS_PER_INSERT
+    if not one:
+        conn.execute("SAVEPOINT batch_write")
+    try:
+        _insert_rows(conn, rows, numbers)
+    except (sqlite3.IntegrityError, *_UNBINDABLE):
+        if not one:
+            conn.execute("ROLLBACK TO batch_write")
+        _write_each(conn, batches, refused, numbers)
+    if not one:
+        conn.execute("RELEASE batch_write")
+
+
 def _insert_rows(
     conn: sqlite3.Connection, rows: list[tuple[Any, ...]], numbers: Mapping[str, int]
 ) -> None:
@@ -166,9 +194,10 @@ def _write_each(
         conn.execute("RELEASE session_write")
 
 
-_RECORD_CALL: Final = (
-    "INSERT OR REPLACE INTO calls (at, session, call, first, last) VALUES (?, ?, ?, ?, ?)"
-)
+_CALLS_PER_INSERT: Final = 200
+"""Call records per multi-row INSERT (5 parameters each)."""
+
+_record_calls: dict[int, str] = {}
 
 
 def record_calls(
@@ -191,7 +220,25 @@ def record_calls(
     ]
     if not rows:
         return
-    conn.execute(CALLS_TABLE)
-    conn.executemany(_RECORD_CALL, rows)
+    try:
+        _insert_calls(conn, rows)
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+        conn.execute(CALLS_TABLE)  # the file's first forwarded call (see CALLS_TABLE)
+        _insert_calls(conn, rows)
     if forget_before is not None:
         conn.execute("DELETE FROM calls WHERE at < ?", (forget_before,))
+
+
+def _insert_calls(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert (or replace) call records, in one statement per `_CALLS_PER_INSERT`."""
+    for i in range(0, len(rows), _CALLS_PER_INSERT):
+        chunk = rows[i : i + _CALLS_PER_INSERT]
+        sql = _record_calls.get(len(chunk))
+        if sql is None:
+            sql = _record_calls[len(chunk)] = (
+                "INSERT OR REPLACE INTO calls (at, session, call, first, last) VALUES "
+                + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+            )
+        conn.execute(sql, [v for row in chunk for v in row])
