@@ -347,25 +347,26 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
             valid=valid,
         ),
     ]
-    warm = h.ratios([r.p99_warm or r.p99 for r in fleet], [r.p99_warm or r.p99 for r in alone])
+    # After each run's first answers (a cold start's), where a run counted that many.
+    p99_warm = [r.p99_warm or r.p99 for r in fleet], [r.p99_warm or r.p99 for r in alone]
+    rate_warm = [r.per_s_warm or r.per_s for r in fleet], [r.per_s_warm or r.per_s for r in alone]
+    warm = h.ratios(*p99_warm)
     rows.append(
         h.info_row(
             f"{what}: p99 latency after each run's first {COLD} answers (a cold start's)",
-            "p99 " + ", ".join(_ms(r.p99_warm or r.p99) for r in fleet),
-            "1 worker p99 " + ", ".join(_ms(r.p99_warm or r.p99) for r in alone),
+            "p99 " + ", ".join(_ms(x) for x in p99_warm[0]),
+            "1 worker p99 " + ", ".join(_ms(x) for x in p99_warm[1]),
             h.fmt_ratio(warm.median, warm.min, warm.max),
             ratio=warm.as_dict(),
         )
     )
-    warm_rate = h.ratios(
-        [r.per_s_warm or r.per_s for r in fleet], [r.per_s_warm or r.per_s for r in alone]
-    )
+    warm_rate = h.ratios(*rate_warm)
     rows.append(
         h.info_row(
             f"{what}: requests/s after each run's first {COLD} answers (a cold start's: "
             "first opens, claims, links)",
-            ", ".join(f"{r.per_s_warm or r.per_s:.0f}" for r in fleet) + " req/s",
-            "1 worker " + ", ".join(f"{r.per_s_warm or r.per_s:.0f}" for r in alone) + " req/s",
+            ", ".join(f"{x:.0f}" for x in rate_warm[0]) + " req/s",
+            "1 worker " + ", ".join(f"{x:.0f}" for x in rate_warm[1]) + " req/s",
             h.fmt_ratio(warm_rate.median, warm_rate.min, warm_rate.max),
             ratio=warm_rate.as_dict(),
         )
