@@ -24,7 +24,8 @@ from nous_actor.store.sqlite.schema import CALLS_TABLE
 _INSERT = "INSERT INTO event_rows (session, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
 
 _ROWS_PER_INSERT: Final = 200
-"""Rows per multi-row INSERT (5 parameters each, far below SQLite's limit)."""
+"""Rows per multi-row INSERT (5 parameters each, far below SQLite's limit): event rows
+and call records alike."""
 
 _IDS_PER_STATEMENT: Final = 500
 """Session ids per statement that numbers them (one parameter each)."""
@@ -156,15 +157,25 @@ def _insert_rows(
     many session threads waiting for it, a group commit of n rows by
     ``executemany`` pays n hand-offs, this about n / 200.
     """
+    _insert_many(
+        conn,
+        "INSERT INTO event_rows (session, seq, type, time, data)",
+        [(numbers[row[0]], *row[1:]) for row in rows],
+        _inserts,
+    )
+
+
+def _insert_many(
+    conn: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]], made: dict[int, str]
+) -> None:
+    """``head`` with ``rows`` (of 5 values each) as its values: one statement per
+    `_ROWS_PER_INSERT` rows, its text made once per number of rows (kept in ``made``)."""
     for i in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[i : i + _ROWS_PER_INSERT]
-        sql = _inserts.get(len(chunk))
+        sql = made.get(len(chunk))
         if sql is None:
-            sql = _inserts[len(chunk)] = (
-                "INSERT INTO event_rows (session, seq, type, time, data) VALUES "
-                + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-            )
-        conn.execute(sql, [v for row in chunk for v in (numbers[row[0]], *row[1:])])
+            sql = made[len(chunk)] = f"{head} VALUES " + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+        conn.execute(sql, [v for row in chunk for v in row])
 
 
 def _write_each(
@@ -193,9 +204,6 @@ def _write_each(
             refused[sid] = _unstorable(sid, exc)
         conn.execute("RELEASE session_write")
 
-
-_CALLS_PER_INSERT: Final = 200
-"""Call records per multi-row INSERT (5 parameters each)."""
 
 _record_calls: dict[int, str] = {}
 
@@ -232,13 +240,7 @@ def record_calls(
 
 
 def _insert_calls(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """Insert (or replace) call records, in one statement per `_CALLS_PER_INSERT`."""
-    for i in range(0, len(rows), _CALLS_PER_INSERT):
-        chunk = rows[i : i + _CALLS_PER_INSERT]
-        sql = _record_calls.get(len(chunk))
-        if sql is None:
-            sql = _record_calls[len(chunk)] = (
-                "INSERT OR REPLACE INTO calls (at, session, call, first, last) VALUES "
-                + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-            )
-        conn.execute(sql, [v for row in chunk for v in row])
+    """Insert (or replace) call records, many a statement."""
+    _insert_many(
+        conn, "INSERT OR REPLACE INTO calls (at, session, call, first, last)", rows, _record_calls
+    )
