@@ -41,13 +41,12 @@ from nous_actor._log import get_logger
 from nous_actor.errors import NousActorError, SessionStopped
 from nous_actor.sessions.actor import Handler, SessionActor
 from nous_actor.sessions.actor._calls import REMOTE, handlers_with
-from nous_actor.sessions.forwarding.auth import holder_side
+from nous_actor.sessions.forwarding.auth import PROTOCOL, holder_side
 from nous_actor.sessions.forwarding.links import (
     FAILED,
     HOST,
     NOT_HELD,
     OK,
-    PROTOCOL,
     SEQ,
     LocalLink,
     Sender,

@@ -40,7 +40,7 @@ from nous_actor.core.event import Event, EventType
 from nous_actor.errors import CallOutcomeUnknown, NousActorError
 from nous_actor.runtime.exit import at_exit
 from nous_actor.sessions.actor import EventParts, Handler
-from nous_actor.sessions.forwarding.auth import caller_side
+from nous_actor.sessions.forwarding.auth import PROTOCOL, caller_side
 from nous_actor.sessions.forwarding.route import Call, Route
 
 __all__ = ["NOT_HELD", "OK", "FAILED", "SEQ", "LocalLink", "SocketLink", "portable", "socket_path"]
@@ -51,13 +51,6 @@ OK, FAILED, NOT_HELD, SEQ = range(4)
 """What comes back for a call: its value, its error, "this process does not hold the
 session" (not applied: send it where the session is), or the (first) seq of what an
 append appended (the caller rebuilds the events from the parts it sent)."""
-
-PROTOCOL: Final = 5
-"""The version of what two processes say to each other over a socket; both check it. A
-link opens with ``(PROTOCOL, token)``: a call's id is the link's token and the call's
-number on the link (`call_id`), sent with the caller's proof (`auth`). (2: appends are
-answered with their seq; 3: calls have ids; 4: an append's events travel flat, `_flat`;
-5: a one-round-trip handshake, `auth`.)"""
 
 
 def call_id(token: str, number: int) -> str:
