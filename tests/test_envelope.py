@@ -1,5 +1,5 @@
 """The envelope a call travels in to its session's actor is invisible to the cyclic
-collector (`_Envelope`, ``gc=False``: one object fewer per queued call for each
+collector (`CallEnvelope`, ``gc=False``: one object fewer per queued call for each
 collection), and nothing a call refers to leaks because of it: an error stored in the
 call's future keeps the frames of the actor's loop through its traceback, and none of
 them holds the envelope.
@@ -19,7 +19,6 @@ from bounds import BOUND
 from nous_actor import Session
 from nous_actor.errors import SessionCrashed
 from nous_actor.runtime.dispatcher import CallEnvelope, DispatchedActor
-from nous_actor.sessions.actor import _Envelope
 
 
 class Meltdown(BaseException):
@@ -31,7 +30,7 @@ class Marker:
 
 
 def test_an_envelope_is_not_tracked_by_the_cyclic_collector() -> None:
-    envelope = _Envelope(len, (), None)
+    envelope = CallEnvelope(len, (), None)
     assert not gc.is_tracked(envelope)
     assert envelope.message == (len, (), None)  # made as it is read
     assert envelope.reply_to is None

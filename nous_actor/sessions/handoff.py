@@ -30,8 +30,9 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, NousActorError, SessionStopped, StoreError
 from nous_actor.runtime import scheduling
+from nous_actor.runtime.dispatcher import CallEnvelope
 from nous_actor.runtime.tables import Sweep
-from nous_actor.sessions.actor import SessionActor, _Envelope
+from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store import shared
 from nous_actor.store.base import Store
@@ -294,7 +295,7 @@ class HandOver:
         # the asker rather than claim the session back.
         self._given[session_id] = scheduling.monotonic()
         try:
-            ref.actor_inbox.put(_Envelope(SessionActor.h_handoff, (), fut))  # type: ignore[arg-type]
+            ref.actor_inbox.put(CallEnvelope(SessionActor.h_handoff, (), fut))  # type: ignore[arg-type]
             handed = bool(fut.get(timeout=OFFER_WAIT))
         except (NousActorError, SessionStopped):
             self._given.pop(session_id, None)

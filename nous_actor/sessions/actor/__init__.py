@@ -34,7 +34,6 @@ from __future__ import annotations
 from nous_actor.sessions.actor._calls import EventParts as EventParts
 from nous_actor.sessions.actor._calls import Handler as Handler
 from nous_actor.sessions.actor._calls import _crashed as _crashed
-from nous_actor.sessions.actor._calls import _Envelope as _Envelope
 from nous_actor.sessions.actor._calls import _safe_str as _safe_str
 from nous_actor.sessions.actor._compactions import MAX_COMPACTION_RETRIES as MAX_COMPACTION_RETRIES
 from nous_actor.sessions.actor._exit import _flush_at_exit as _flush_at_exit

@@ -21,7 +21,6 @@ from typing import Any, Final, TypeVar
 from nous_actor.core._frozen import safe_str
 from nous_actor.core.event import EventType
 from nous_actor.errors import SessionCrashed
-from nous_actor.runtime.dispatcher import CallEnvelope
 
 Handler = Callable[..., Any]
 
@@ -91,11 +90,6 @@ def call(
 def handlers_with(trait: int) -> frozenset[Handler]:
     """The declared handlers that have ``trait``."""
     return frozenset(h for h, t in TRAITS.items() if t & trait)
-
-
-_Envelope = CallEnvelope
-"""A call on its way to a session's actor: ``(handler, args, future)`` (see
-`CallEnvelope`)."""
 
 
 _safe_str = safe_str

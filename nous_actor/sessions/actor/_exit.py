@@ -12,8 +12,8 @@ from typing import Any, Final
 import pykka
 
 from nous_actor._log import get_logger
+from nous_actor.runtime.dispatcher import CallEnvelope
 from nous_actor.runtime.exit import SLOW_EXIT, at_exit
-from nous_actor.sessions.actor._calls import _Envelope
 from nous_actor.sessions.actor._session_actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
 
@@ -44,8 +44,8 @@ def _flush_at_exit() -> None:
         counted: SessionFuture[Any] = SessionFuture(actor.session_id)
         flushed: SessionFuture[Any] = SessionFuture(actor.session_id)
         try:
-            ref.actor_inbox.put(_Envelope(_uncommitted, (), counted))  # type: ignore[arg-type]
-            ref.actor_inbox.put(_Envelope(SessionActor.h_flush, (), flushed))  # type: ignore[arg-type]
+            ref.actor_inbox.put(CallEnvelope(_uncommitted, (), counted))  # type: ignore[arg-type]
+            ref.actor_inbox.put(CallEnvelope(SessionActor.h_flush, (), flushed))  # type: ignore[arg-type]
         except Exception:
             continue
         waits.append((actor, counted, flushed))

@@ -35,7 +35,7 @@ from nous_actor.core.limits import MAX_SEQ
 from nous_actor.core.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.errors import ConflictError, FencedError, SessionStopped, StoreError
 from nous_actor.runtime import scheduling, telemetry
-from nous_actor.runtime.dispatcher import Dispatcher
+from nous_actor.runtime.dispatcher import CallEnvelope, Dispatcher
 from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.actor._calls import (
     ANSWERS,
@@ -50,7 +50,6 @@ from nous_actor.sessions.actor._calls import (
     EventParts,
     Handler,
     _crashed,
-    _Envelope,
     _safe_str,
     call,
     handlers_with,
@@ -298,7 +297,7 @@ class SessionActor(DispatchedSupervisedActor):
     def deliver_recovery(self, result: Any) -> None:
         """(On the reader that recovered the session.) Its result goes to the inbox, as
         ``h_adopt``."""
-        self.actor_inbox.put(_Envelope(SessionActor.h_adopt, result, None))
+        self.actor_inbox.put(CallEnvelope(SessionActor.h_adopt, result, None))
 
     def _handle_receive(self, message: Any) -> Any:
         # Our calls first, before Pykka's chain of isinstance checks.

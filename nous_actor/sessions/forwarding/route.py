@@ -33,7 +33,8 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.errors import SessionStopped
 from nous_actor.runtime import scheduling
-from nous_actor.sessions.actor import Handler, _Envelope, session_cell
+from nous_actor.runtime.dispatcher import CallEnvelope
+from nous_actor.sessions.actor import Handler, session_cell
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store.subscription import Subscription
 
@@ -158,7 +159,7 @@ class Route:
                 ref = self.ref
                 if ref is not None:
                     if not ref.actor_stopped.is_set():
-                        ref.actor_inbox.put(_Envelope(handler, args, fut))  # type: ignore[arg-type]
+                        ref.actor_inbox.put(CallEnvelope(handler, args, fut))  # type: ignore[arg-type]
                         return
                 elif self.link is not None:
                     link, epoch = self.link, self.epoch
@@ -423,7 +424,7 @@ class Route:
                 if local:
                     # Under the lock: the actor drains its inbox under it too, so a call
                     # put here is either applied or handed back.
-                    found.actor_inbox.put(_Envelope(*call))  # type: ignore[union-attr,arg-type]
+                    found.actor_inbox.put(CallEnvelope(*call))  # type: ignore[union-attr,arg-type]
                     continue
                 self.inflight += 1
             found.send(self, epoch, *call)  # type: ignore[union-attr]

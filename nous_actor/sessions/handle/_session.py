@@ -15,13 +15,12 @@ from nous_actor.errors import (
     SessionStopped,
 )
 from nous_actor.runtime import scheduling, telemetry
-from nous_actor.runtime.dispatcher import Dispatcher
+from nous_actor.runtime.dispatcher import CallEnvelope, Dispatcher
 from nous_actor.sessions.actor import (
     HELD,
     Handler,
     SessionActor,
     _Compaction,
-    _Envelope,
     session_cell,
 )
 from nous_actor.sessions.forwarding.route import LIFE, Route
@@ -281,7 +280,7 @@ class Session(SessionHandle):
         # Pykka's stop race (the actor stopped between the check above and the put)
         # is closed by the dispatcher: a put after the stop runs the actor's
         # teardown, which answers the call with SessionStopped.
-        ref.actor_inbox.put(_Envelope(handler, args, fut))  # type: ignore[arg-type]
+        ref.actor_inbox.put(CallEnvelope(handler, args, fut))  # type: ignore[arg-type]
         return fut
 
     def _compact_in_turn(self, req: _Compaction, turn_id: str) -> SessionFuture[Any]:
