@@ -96,10 +96,12 @@ class SessionFuture(pykka.Future[T]):
 
     # -- answering (the actor thread, or the handle in Pykka's stop race) ------------------
 
-    def _answer(self, state: int, value: Any) -> None:
+    def _resolve(self, value: Any, state: int = _VALUE) -> bool:
+        """Answer with ``value`` unless already answered (with ``state`` `_ERROR`: fail with
+        it, as `_fail`); ``True`` if this call did."""
         with self._lock:
             if self._state != _PENDING:
-                raise queue.Full
+                return False
             self._value = value
             if state == _ERROR:
                 self._tb = value.__traceback__  # re-raised from here each time: no growth
@@ -121,9 +123,11 @@ class SessionFuture(pykka.Future[T]):
                     _run_callback(cb, self._session_id)
             else:
                 _run_callback(callbacks, self._session_id)  # type: ignore[arg-type]
+        return True
 
     def set(self, value: Any | None = None) -> None:
-        self._answer(_VALUE, value)
+        if not self._resolve(value):
+            raise queue.Full
 
     def set_exception(self, exc_info: Any = None) -> None:
         if exc_info is None:
@@ -131,28 +135,17 @@ class SessionFuture(pykka.Future[T]):
 
             exc_info = sys.exc_info()
         exc = exc_info[1] if exc_info[1] is not None else exc_info[0]()
-        self._answer(_ERROR, exc)
+        if not self._resolve(exc, _ERROR):
+            raise queue.Full
 
     def set_get_hook(self, func: Any) -> None:
         if self._state != _PENDING:
             raise queue.Full
         super().set_get_hook(func)
 
-    def _resolve(self, value: Any) -> bool:
-        """Answer with ``value`` unless already answered; ``True`` if this call did."""
-        try:
-            self._answer(_VALUE, value)
-        except queue.Full:
-            return False
-        return True
-
     def _fail(self, exc: BaseException) -> bool:
         """Answer with ``exc`` unless already answered; ``True`` if this call did."""
-        try:
-            self._answer(_ERROR, exc)
-        except queue.Full:
-            return False
-        return True
+        return self._resolve(exc, _ERROR)
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once the future is answered (at once if it already is).

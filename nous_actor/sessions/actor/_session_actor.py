@@ -310,9 +310,26 @@ class SessionActor(DispatchedSupervisedActor):
         self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
     ) -> None:
         # A call: from a `CallEnvelope` (every call of a handle), or a message
-        # ``(handler, args, future)`` put as it is (`_handle_receive`).
+        # ``(handler, args, future)`` put as it is (`_handle_receive`, `on_receive`).
         try:
-            self._on_call(handler, args, fut)
+            if self.ledger.done and not self._absorb():  # died of a store failure
+                if fut is not None:
+                    fut._fail(
+                        SessionStopped(self.session_id, "the session crashed before this call")
+                    )
+                return
+            # Calls run in arrival order. One that must see every earlier append
+            # (a read, snapshot, compact, fork) waits for their commits, and every
+            # call after it waits behind it.
+            traits = TRAITS.get(handler, 0)
+            if not traits & AT_ONCE and (
+                self.parked or self._loading or (self.inflight and traits & SEES_COMMITS)
+            ):
+                self._park().append((handler, args, fut))
+            else:
+                self._run(handler, args, fut, traits)
+            if bool(self.parked or self.feeds) is not self.ledger.want:
+                self._sync_wake()
         except BaseException as exc:  # never let anything reach Pykka's handling
             if not self.actor_stopped.is_set():
                 self._die(exc)
@@ -321,27 +338,7 @@ class SessionActor(DispatchedSupervisedActor):
         if type(message) is not tuple or len(message) != 3:
             return super().on_receive(message)
         handler, args, fut = message
-        return self._on_call(handler, args, fut)
-
-    def _on_call(
-        self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None
-    ) -> None:
-        if self.ledger.done and not self._absorb():  # died of a store failure
-            if fut is not None:
-                fut._fail(SessionStopped(self.session_id, "the session crashed before this call"))
-            return None
-        # Calls run in arrival order. One that must see every earlier append
-        # (a read, snapshot, compact, fork) waits for their commits, and every
-        # call after it waits behind it.
-        traits = TRAITS.get(handler, 0)
-        if not traits & AT_ONCE and (
-            self.parked or self._loading or (self.inflight and traits & SEES_COMMITS)
-        ):
-            self._park().append((handler, args, fut))
-        else:
-            self._run(handler, args, fut, traits)
-        if bool(self.parked or self.feeds) is not self.ledger.want:
-            self._sync_wake()
+        self._receive_call(handler, args, fut)
         return None
 
     def _run(
@@ -470,7 +467,8 @@ class SessionActor(DispatchedSupervisedActor):
     @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN | REMOTE)
     def h_append(self, fut: SessionFuture[Any] | None, parts: EventParts) -> Any:
         """Append an event the caller's thread already checked and froze."""
-        self._check_writable()
+        if self.failed is not None:  # (`_check_writable`'s test, inline: every append)
+            self._check_writable()
         if self.next_seq > MAX_SEQ:
             raise _past_last_seq(self.next_seq)
         ev = Event._trusted(self.next_seq, *parts)

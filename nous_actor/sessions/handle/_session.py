@@ -265,18 +265,16 @@ class Session(SessionHandle):
             route.home.touch(self.session_id)
             route.send(handler, args, fut)
             return fut
-        try:
-            ref = self._actor()
-        except NousActorError as exc:  # the registry could not (re)open it
-            fut._fail(exc)
-            return fut
-        if ref is None:
-            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
-            return fut
-        stopped = ref.actor_stopped
-        if stopped.is_set():
-            fut._fail(SessionStopped(self.session_id, "the session is stopped"))
-            return fut
+        ref = self._ref
+        if ref is None or ref.actor_stopped.is_set():  # `_actor`, inline
+            try:
+                ref = self._ref = self._find()
+            except NousActorError as exc:  # the registry could not (re)open it
+                fut._fail(exc)
+                return fut
+            if ref is None or ref.actor_stopped.is_set():
+                fut._fail(SessionStopped(self.session_id, "the session is stopped"))
+                return fut
         # Pykka's stop race (the actor stopped between the check above and the put)
         # is closed by the dispatcher: a put after the stop runs the actor's
         # teardown, which answers the call with SessionStopped.
