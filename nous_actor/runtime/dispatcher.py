@@ -314,7 +314,7 @@ class Inbox(queue.SimpleQueue):  # type: ignore[type-arg]
 
     def put(self, envelope: Any, /) -> None:  # type: ignore[override]
         _put(self, envelope)
-        if self.take():  # it was not scheduled: the taker schedules it
+        if self._token and self.take():  # it was not scheduled: the taker schedules it
             actor = self._actor
             assert actor is not None
             actor._dispatcher._schedule(actor)
