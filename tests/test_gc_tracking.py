@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gc
 import pickle
+import subprocess
 import sys
+import weakref
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,50 @@ def test_restored_events_add_no_tracked_object_per_event() -> None:
     grown = _tracked_count() - before
     assert log.count() == 2_000
     assert grown < 50, grown
+
+
+class _Tagged(FrozenDict):
+    """A subclass with a ``__dict__``: it can be on a cycle, so it stays tracked."""
+
+
+def test_only_the_registered_types_leave_the_collector() -> None:
+    """`untrack` takes out instances of exactly the registered immutable types; a
+    subclass of one (which can hold a cycle through its ``__dict__``), a plain list or
+    dict, and any other object are left as they are."""
+    tagged = _Tagged({"a": 1})
+    tagged.me = tagged  # type: ignore[attr-defined]  # a cycle through its __dict__
+    plain_list, plain_dict, other = [[1]], {"a": [1]}, _Tagged
+    for value in (tagged, plain_list, plain_dict, other):
+        assert gc.is_tracked(value)
+        _frozen.untrack(value)
+        assert gc.is_tracked(value), value
+    frozen = FrozenDict({"a": 1})
+    assert not gc.is_tracked(frozen)
+    ref = weakref.ref(tagged)
+    del tagged
+    gc.collect()
+    assert ref() is None  # the subclass's cycle was collected
+
+
+def test_objects_the_collector_does_not_know_are_left_alone() -> None:
+    """Handed objects without the collector's header (ints, strings, floats, None, a
+    bytes), the untracker does nothing (CPython's function would write into memory
+    before them); a process that gives it many of them and collects runs on."""
+    code = (
+        "import gc\n"
+        "from nous_actor.core._frozen import untrack\n"
+        "for i in range(100_000):\n"
+        "    for v in (i, 2**70 + i, str(i), float(i), None, bytes(i % 7), (i,)):\n"
+        "        untrack(v)\n"
+        "    if i % 10_000 == 0:\n"
+        "        gc.collect()\n"
+        "print('ran on')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ran on"
 
 
 def test_elsewhere_values_stay_tracked(monkeypatch: pytest.MonkeyPatch) -> None:

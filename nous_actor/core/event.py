@@ -27,6 +27,7 @@ from nous_actor.core._frozen import (
     json_size_bounds,
     short_repr,
     untrack,
+    untrackable,
 )
 from nous_actor.core.limits import MAX_DATA_DEPTH, MAX_SEQ, describe_bytes
 from nous_actor.core.message import Message, Role, trusted_message
@@ -109,6 +110,7 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+@untrackable
 class Replace:
     """A replace of the inclusive position range ``start..stop``.
 
@@ -144,8 +146,7 @@ class Replace:
             _invalid_op(f"stop {stop} < start {start}")
         object.__setattr__(self, "start", start)
         object.__setattr__(self, "stop", stop)
-        if type(self) is Replace:  # a subclass may have a __dict__, so be on a cycle
-            untrack(self)
+        untrack(self)  # (a subclass, which may have a __dict__, stays tracked)
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("Replace is immutable")

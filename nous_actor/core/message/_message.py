@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, SupportsIndex
 
-from nous_actor.core._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze
+from nous_actor.core._frozen import EMPTY_DICT, EMPTY_LIST, NotJSON, freeze, untrackable
 from nous_actor.core.clock import utcnow
 from nous_actor.core.message._openai import (
     _CALL_HELP,
@@ -41,6 +41,7 @@ def _json_field(name: str, value: Any) -> Any:
         raise TypeError(f"Message.{exc}") from None
 
 
+@untrackable  # (a projected message leaves the collector: `core.event.project`)
 @dataclass(frozen=True, slots=True, init=False)
 class Message:
     """One model-visible message; an immutable value compared field by field.
