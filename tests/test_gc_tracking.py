@@ -184,10 +184,10 @@ def test_objects_the_collector_does_not_know_are_left_alone() -> None:
 def test_elsewhere_values_stay_tracked(monkeypatch: pytest.MonkeyPatch) -> None:
     """On another Python implementation the untracker leaves values as they are."""
     monkeypatch.setattr(sys.implementation, "name", "pypy")
-    keep = _frozen._gc_untracker()
-    value = [1]
-    keep(value)
-    assert gc.is_tracked(value)
+    for keep in _frozen._gc_untrackers():  # `untrack` and `_untrack_exact`
+        value = [1]
+        keep(value)
+        assert gc.is_tracked(value)
 
 
 def test_a_session_recovered_from_sqlite_adds_no_tracked_object_per_event(

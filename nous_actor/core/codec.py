@@ -37,9 +37,9 @@ from nous_actor.core._frozen import (
     _fill_dict,
     _list_from,
     _new_dict,
+    _untrack_exact,
     encode_json,
     thaw,
-    untrack,
 )
 from nous_actor.core.event import _LOOKUP as EVENT_TYPES
 from nous_actor.core.event import (
@@ -137,7 +137,7 @@ def _object_hook(untracked: Callable[[object], object]) -> Callable[[dict[str, A
     return frozen_object
 
 
-_frozen_object = _object_hook(untrack)
+_frozen_object = _object_hook(_untrack_exact)
 # A value read to be dropped stays with the cyclic collector (`id`: a C call that
 # leaves it as it is, cheaper than the C call through ctypes that untracks it).
 _passing_object = _object_hook(id)
@@ -180,7 +180,7 @@ def _tree_freezers(
     return frozen_tree, frozen_items
 
 
-_freezers = _tree_freezers(untrack)
+_freezers = _tree_freezers(_untrack_exact)
 _passing_freezers = _tree_freezers(id)
 _frozen_tree, _passing_tree = _freezers[0], _passing_freezers[0]
 
