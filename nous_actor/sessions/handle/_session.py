@@ -265,10 +265,10 @@ class Session(SessionHandle):
             route.home.touch(self.session_id)
             route.send(handler, args, fut)
             return fut
-        ref = self._ref
+        ref = self._own_ref  # (`_ref` of a handle without a route)
         if ref is None or ref.actor_stopped.is_set():  # `_actor`, inline
             try:
-                ref = self._ref = self._find()
+                ref = self._own_ref = self._find()
             except NousActorError as exc:  # the registry could not (re)open it
                 fut._fail(exc)
                 return fut
