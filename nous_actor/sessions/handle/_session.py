@@ -266,9 +266,9 @@ class Session(SessionHandle):
             route.send(handler, args, fut)
             return fut
         ref = self._own_ref  # (`_ref` of a handle without a route)
-        if ref is None or ref.actor_stopped.is_set():  # `_actor`, inline
+        if ref is None or ref.actor_stopped.is_set():  # only then through `_actor`
             try:
-                ref = self._own_ref = self._find()
+                ref = self._actor()
             except NousActorError as exc:  # the registry could not (re)open it
                 fut._fail(exc)
                 return fut

@@ -133,12 +133,17 @@ def insert_batches(
     as a whole, and a value that cannot be bound fails before it runs. (Each statement
     hands the GIL back and waits to take it again, all of it while this process holds
     the file's write lock.)"""
-    rows = [row for _, session_rows in batches for row in session_rows]
+    rows = [  # each row under its session's number (looked up once a session)
+        (number, *row[1:])
+        for sid, session_rows in batches
+        for number in (numbers[sid],)
+        for row in session_rows
+    ]
     one = len(rows) <= _ROWS_PER_INSERT
     if not one:
         conn.execute("SAVEPOINT batch_write")
     try:
-        _insert_rows(conn, rows, numbers)
+        _insert_many(conn, _EVENT_ROWS, rows, _inserts)
     except (sqlite3.IntegrityError, *_UNBINDABLE):
         if not one:
             conn.execute("ROLLBACK TO batch_write")
@@ -147,29 +152,18 @@ def insert_batches(
         conn.execute("RELEASE batch_write")
 
 
-def _insert_rows(
-    conn: sqlite3.Connection, rows: list[tuple[Any, ...]], numbers: Mapping[str, int]
-) -> None:
-    """Insert ``rows`` (each under its session's number in ``numbers``) with one
-    statement per chunk rather than one per row.
-
-    The sqlite3 module hands the GIL back at every step of a statement; with
-    many session threads waiting for it, a group commit of n rows by
-    ``executemany`` pays n hand-offs, this about n / 200.
-    """
-    _insert_many(
-        conn,
-        "INSERT INTO event_rows (session, seq, type, time, data)",
-        [(numbers[row[0]], *row[1:]) for row in rows],
-        _inserts,
-    )
+_EVENT_ROWS: Final = "INSERT INTO event_rows (session, seq, type, time, data)"
 
 
 def _insert_many(
     conn: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]], made: dict[int, str]
 ) -> None:
     """``head`` with ``rows`` (of 5 values each) as its values: one statement per
-    `_ROWS_PER_INSERT` rows, its text made once per number of rows (kept in ``made``)."""
+    `_ROWS_PER_INSERT` rows, its text made once per number of rows (kept in ``made``).
+
+    The sqlite3 module hands the GIL back at every step of a statement; with many
+    session threads waiting for it, n rows by ``executemany`` pay n hand-offs, this
+    about n / 200."""
     for i in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[i : i + _ROWS_PER_INSERT]
         sql = made.get(len(chunk))
