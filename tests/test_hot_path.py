@@ -6,6 +6,7 @@ fails here, naming what runs, and says so by changing the count."""
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 from collections import Counter
@@ -19,6 +20,7 @@ from nous_actor import Session
 from nous_actor.core.clock import utcnow
 from nous_actor.core.event import check_held
 from nous_actor.runtime import telemetry
+from nous_actor.runtime.dispatcher import CallEnvelope
 from nous_actor.sessions.actor._session_actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
 
@@ -89,3 +91,31 @@ def test_an_append_runs_so_many_functions_in_the_sessions_turn(session: Session)
     assert fut.get(timeout=0).seq == 0
     assert sum(calls.values()) <= SESSION_CALLS, ", ".join(calls)
     assert calls["SessionFuture._resolve"] == 1
+
+
+RUN_CALLS_PER_APPEND = 2
+"""In a run of queued appends (`SessionActor._receive_run`): the event, the answer."""
+
+RUN_CALLS = 3
+"""Once per run: `_receive_run`, `_append_run`, the log's extension (the inbox's
+``empty`` and ``get_nowait`` are C methods)."""
+
+
+def test_appends_queued_together_run_so_many_functions_each(session: Session) -> None:
+    """The session's side of a run of appends queued behind one another, run here while
+    the session is idle: two functions an append, and a few for the run."""
+    ref = session._own_ref
+    assert ref is not None
+    actor = ref._actor_weakref()
+    assert isinstance(actor, SessionActor)
+    n = 50
+    futs: list[SessionFuture[Any]] = [SessionFuture("hot-path", 10) for _ in range(n)]
+    calls_in = [(check_held(0, "user_message", utcnow(), {"content": str(k)}),) for k in range(n)]
+    for args, fut in zip(calls_in[1:], futs[1:], strict=True):  # queued, not scheduled
+        queue.SimpleQueue.put(actor.actor_inbox, CallEnvelope(SessionActor.h_append, args, fut))
+    calls = _calls(lambda: actor._receive_run(calls_in[0], futs[0], n))
+    assert [f.get(timeout=0).seq for f in futs] == list(range(n))
+    assert actor.actor_inbox.empty()
+    assert sum(calls.values()) <= RUN_CALLS_PER_APPEND * n + RUN_CALLS, ", ".join(calls)
+    assert calls["SessionFuture._resolve"] == n
+    assert calls["Log._extend_run"] == 1

@@ -366,6 +366,8 @@ class DispatchedActor(pykka.Actor):
     dispatcher: ClassVar[Dispatcher | None] = None
     pinned: ClassVar[bool] = False
     actor_inbox: Inbox
+    # The handler whose calls the actor takes in runs (`_receive_run`), if any.
+    _RUNS: ClassVar[Any] = None
 
     @staticmethod
     def _create_actor_inbox() -> Any:
@@ -425,15 +427,19 @@ class DispatchedActor(pykka.Actor):
         stopped = self.actor_stopped
         q = self.actor_inbox
         empty, get = q.empty, q.get_nowait
-        while quota and not empty() and not stopped.is_set():
-            quota -= 1
+        runs = type(self)._RUNS  # (read off the class: a function, not a bound method)
+        while quota > 0 and not empty() and not stopped.is_set():
             envelope = get()
             if type(envelope) is CallEnvelope:  # `receive_one`'s first case, inline
                 handler, args, future = envelope.handler, envelope.args, envelope.future
                 del envelope  # (not held while the call runs: see `receive_one`)
+                if handler is runs:
+                    quota = self._receive_run(args, future, quota)
+                    continue
                 self._receive_call(handler, args, future)
             else:
                 receive_one(self, envelope)
+            quota -= 1
         if stopped.is_set():
             self._actor_loop_teardown()
             if not self._ended:
@@ -448,6 +454,13 @@ class DispatchedActor(pykka.Actor):
         """Run one call that came in a `CallEnvelope`: here, as Pykka runs a message
         ``(handler, args, future)``; an actor that takes such calls runs them itself."""
         receive_one(self, _Plain((handler, args, future)))
+
+    def _receive_run(self, args: Any, future: Any, quota: int) -> int:
+        """Run a call to the `_RUNS` handler and, if the actor can, the envelopes queued
+        right behind it, at most ``quota`` in all (at least this one), each in order;
+        returns the quota left. (Here: that one call alone.)"""
+        self._receive_call(type(self)._RUNS, args, future)
+        return quota - 1
 
     def _actor_loop_teardown(self) -> None:
         """Pykka's teardown: every queued ask is answered (a stop request with ``None``,

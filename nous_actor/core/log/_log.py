@@ -240,6 +240,32 @@ class Log:
         lg._own = True
         return lg
 
+    def _extend_run(self, run: list[Event]) -> Log:
+        """`_extend` by each of ``run`` in turn (events already checked, in seq order from
+        `count` on), made as one new version: the log a session's run of appends makes."""
+        evs, n = self._events, self._n
+        k = len(run)
+        if self._own and len(evs) == n:
+            evs += run
+            if evs[n] is not run[0]:  # another thread extended this version first
+                evs = evs[:n] + run
+        else:
+            evs = evs[:n] + run
+        fold = self._fold
+        if fold is not None and fold.take():
+            for ev in run:
+                fold.add(ev)
+            fold = _Fold(fold.evs, fold.msgs, fold.lazy)  # handed over, inline
+        else:
+            fold = None
+        lg: Log = _new_log(Log)
+        lg._events = evs
+        lg._n = n + k
+        lg._count = run[-1].seq + 1
+        lg._fold = fold
+        lg._own = True
+        return lg
+
     def append_message(self, message: Message | Mapping[str, Any]) -> Log:
         """A new log with ``message`` as one surface event; the type follows the role.
 

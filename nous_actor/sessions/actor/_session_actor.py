@@ -35,7 +35,7 @@ from nous_actor.core.limits import MAX_SEQ
 from nous_actor.core.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.errors import ConflictError, FencedError, SessionStopped, StoreError
 from nous_actor.runtime import scheduling, telemetry
-from nous_actor.runtime.dispatcher import CallEnvelope, Dispatcher
+from nous_actor.runtime.dispatcher import CallEnvelope, Dispatcher, receive_one
 from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.actor._calls import (
     ANSWERS,
@@ -341,6 +341,144 @@ class SessionActor(DispatchedSupervisedActor):
         self._receive_call(handler, args, fut)
         return None
 
+    def _receive_run(
+        self, args: tuple[Any, ...], fut: SessionFuture[Any] | None, quota: int
+    ) -> int:
+        # An append, and the appends queued right behind it: a caller that pipelines
+        # (or many callers at once) queue them by the thousand. Where each would run
+        # alone exactly as this runs them (nothing parked, no open turn, no failure, no
+        # replace, the log current), they run as one: their events made in seq order, the
+        # log extended once, each future answered in order, the session's checks made
+        # once. Anything else queued goes as it would have, right after them, in order.
+        parts: EventParts = args[0]
+        turns = self.turns
+        if (
+            parts[3] is not None
+            or self.parked
+            or self._loading
+            or self.failed is not None
+            or self.ledger.done
+            or (turns is not None and turns.open is not None)
+            or self.next_seq + quota > MAX_SEQ
+        ):
+            self._receive_call(SessionActor.h_append, args, fut)
+            return quota - 1
+        q = self.actor_inbox
+        empty, get = q.empty, q.get_nowait
+        first = self.next_seq
+        calls: list[tuple[Any, ...]] = [args]
+        futs = [fut]
+        quota -= 1
+        after: Any = None  # the envelope behind the run, if one ended it
+        at = [0, 0]  # the call being applied, and how many calls' events are applied
+        try:
+            trusted = Event._trusted
+            events = [trusted(first, *parts)]
+            while quota > 0 and not empty():
+                envelope = get()
+                quota -= 1
+                if type(envelope) is CallEnvelope and envelope.handler is SessionActor.h_append:
+                    args = envelope.args
+                    if args[0][3] is None:
+                        events.append(trusted(first + len(calls), *args[0]))
+                        calls.append(args)
+                        futs.append(envelope.future)
+                        continue
+                after = envelope
+                break
+            envelope = None  # (not held while the calls run)
+            self._append_run(events, futs, at)
+        except BaseException as exc:  # as `_run`: only this session stops
+            self._run_crashed(exc, at, calls, futs, after)
+            return quota
+        if after is not None:
+            if type(after) is CallEnvelope:
+                handler, args, fut = after.handler, after.args, after.future
+                del after
+                self._receive_call(handler, args, fut)
+            else:
+                receive_one(self, after)
+        elif bool(self.parked or self.feeds) is not self.ledger.want:
+            self._sync_wake()
+        return quota
+
+    def _run_crashed(
+        self,
+        exc: BaseException,
+        at: list[int],
+        calls: list[tuple[Any, ...]],
+        futs: list[SessionFuture[Any] | None],
+        after: Any,
+    ) -> None:
+        """A run of appends raised ``exc`` (a `BaseException`) while applying its call
+        ``at[0]``, its first ``at[1]`` calls' events applied: the session stops, as when
+        one call crashes it. The calls before that one are answered as they would have
+        been (those handed to the committer by their commit); that one, and any other
+        whose event was applied but not answered, is told it crashed the session; those
+        it had not reached, and the envelope behind them, go where the calls still
+        queued go (back to the session's route, else refused as not applied)."""
+        crashing, applied = at
+        reached = max(crashing + 1, applied)
+        waiting: list[Parked] = [
+            (SessionActor.h_append, calls[i], futs[i]) for i in range(reached, len(calls))
+        ]
+        if type(after) is CallEnvelope:
+            waiting.append((after.handler, after.args, after.future))
+            after = None
+        if not self.actor_stopped.is_set():
+            self._park().extend(waiting)  # (empty when the run began)
+            self._die(exc)
+        else:
+            stopped = SessionStopped(self.session_id, "the session stopped before this call")
+            for _, _, f in waiting:
+                if f is not None:
+                    f._fail(stopped)
+        for f in futs[crashing:reached]:
+            if f is not None:
+                f._fail(_crashed(self.session_id, exc))
+        if after is not None:
+            self._answer_stopped(
+                [after], SessionStopped(self.session_id, "the session stopped before this call")
+            )
+
+    def _append_run(
+        self, events: list[Event], futs: list[SessionFuture[Any] | None], at: list[int]
+    ) -> None:
+        """`h_append` of each of ``events`` in turn (made for the calls ``futs`` answer),
+        where nothing parks and no check refuses one (see `_receive_run`): what each
+        call would have done alone, in order. An in-memory session with no subscriber
+        and no compaction extends its log once, all or nothing. ``at``: the call being
+        applied, and how many calls' events are (kept up to date for `_run_crashed`)."""
+        sink = telemetry.sink
+        if sink is not None:
+            sink.appended(len(events))
+        if self.committer is None and self.feeds is None and self.compactions is None:
+            try:
+                self.log = self.log._extend_run(events)
+            except Exception as exc:  # nothing changed: each call fails with it
+                for f in futs:
+                    if f is not None:
+                        f._fail(exc)
+                return
+            self.next_seq = events[-1].seq + 1
+            at[1] = len(events)
+            for i, (f, ev) in enumerate(zip(futs, events, strict=True)):
+                at[0] = i
+                if f is not None:
+                    f._resolve(ev)
+            return
+        for i, (f, ev) in enumerate(zip(futs, events, strict=True)):
+            at[0] = i
+            try:
+                result = self._submit((ev,), ev, f, counted=True)
+            except Exception as exc:  # as `_run`: this call fails, the others go on
+                if f is not None:
+                    f._fail(exc)
+                continue
+            at[1] = i + 1
+            if f is not None and result is not _DEFER:
+                f._resolve(result)
+
     def _run(
         self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None, traits: int
     ) -> None:
@@ -474,6 +612,8 @@ class SessionActor(DispatchedSupervisedActor):
         ev = Event._trusted(self.next_seq, *parts)
         return self._submit((ev,), ev, fut)
 
+    _RUNS = h_append  # appends queued together run together (`_receive_run`)
+
     @call(ANSWERS | HELD_BY_TURN | THROUGH_TURN | REMOTE)
     def h_append_many(self, fut: SessionFuture[Any] | None, batch: tuple[EventParts, ...]) -> Any:
         """Append several checked events under consecutive seqs, as one atomic commit."""
@@ -552,13 +692,18 @@ class SessionActor(DispatchedSupervisedActor):
     # -- commits ---------------------------------------------------------------------------
 
     def _submit(
-        self, events: tuple[Event, ...], result: Any, fut: SessionFuture[Any] | None
+        self,
+        events: tuple[Event, ...],
+        result: Any,
+        fut: SessionFuture[Any] | None,
+        counted: bool = False,
     ) -> Any:
         """Commit ``events`` (one atomic batch); ``fut`` is answered with ``result`` once
-        they are committed (`DEFER`), or at once (``result``) with no store."""
+        they are committed (`DEFER`), or at once (``result``) with no store. (``counted``:
+        the telemetry sink was told of them already.)"""
         self.next_seq = events[-1].seq + 1
         sink = telemetry.sink
-        if sink is not None:
+        if sink is not None and not counted:
             sink.appended(len(events))
         committer = self.committer
         if committer is None:

@@ -1,0 +1,295 @@
+"""Appends queued together run together: a session takes the plain appends waiting in
+its inbox as one run (`SessionActor._receive_run`): their events made in seq order, the
+log extended once, each future answered in order. What a run does must be exactly what
+the same calls one by one would have done, whatever else is queued between them, with
+or without a store or a subscriber; a crash in the middle of one stops only the
+session, answers every call, and under a registry loses nothing acknowledged.
+
+Each test queues its calls while the session is held busy (one call blocks its turn),
+then lets it go: the queued calls reach the session together, as a pipelining caller's
+or many callers' do."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from bounds import BOUND
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nous_actor import MemoryStore, Session, Sessions
+from nous_actor.core.event import Event, InvalidEvent
+from nous_actor.core.log import Log
+from nous_actor.errors import SessionCrashed, SessionStopped
+from nous_actor.sessions.actor import SessionActor
+from nous_actor.sessions.future import SessionFuture
+
+
+class Boom(BaseException):
+    """Raised inside a run (not an `Exception`: it crashes the session)."""
+
+
+@contextmanager
+def held(handle: Any) -> Iterator[None]:
+    """The session runs nothing else until the block ends: what the block sends queues."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(actor: SessionActor) -> None:
+        entered.set()
+        release.wait(BOUND)
+
+    busy = handle._call(hold)
+    assert entered.wait(BOUND)
+    try:
+        yield
+    finally:
+        release.set()
+        busy.get(timeout=BOUND)
+
+
+def _answer(fut: SessionFuture[Any]) -> Any:
+    """What a call came to: its value, or its error's type."""
+    try:
+        return fut.get(timeout=BOUND)
+    except Exception as exc:
+        return type(exc)
+
+
+# -- model against the session: any mix of calls queued at once ---------------------------
+
+Op = tuple[Any, ...]
+
+
+def _expand(ops: list[Op]) -> list[Op]:
+    """``("appends", k)`` is ``k`` plain appends in a row (a pipelining caller's)."""
+    out: list[Op] = []
+    for op in ops:
+        if op[0] == "appends":
+            out += [("append", f"{op[1]}.{k}") for k in range(op[1])]
+        else:
+            out.append(op)
+    return out
+
+
+_OPS = st.one_of(
+    st.tuples(st.just("append"), st.text(max_size=6)),
+    st.tuples(st.just("appends"), st.integers(2, 70)),
+    st.tuples(st.just("replace"), st.integers(0, 12), st.integers(0, 12), st.text(max_size=4)),
+    st.tuples(st.just("append_many"), st.integers(0, 3)),
+    st.tuples(st.just("step_end")),
+    st.tuples(st.just("count")),
+    st.tuples(st.just("derive")),
+)
+
+
+def _send(s: Session, op: Op) -> SessionFuture[Any]:
+    kind = op[0]
+    if kind == "append":
+        return s.append("user_message", {"content": op[1]})
+    if kind == "replace":
+        lo, hi = sorted(op[1:3])
+        return s.append("system_message", {"content": op[3], "surface_op": ("replace", lo, hi)})
+    if kind == "append_many":
+        return s.append_many([("assistant_message", {"content": f"a{k}"}) for k in range(op[1])])
+    if kind == "step_end":
+        return s.append("step_end", {})
+    if kind == "count":
+        return s.count()
+    return s.derive_messages()
+
+
+def _model(ops: list[Op]) -> list[Any]:
+    """What each call answers, made one by one on a `Log` (seqs; counts; contents)."""
+    log, out = Log(), []
+    for op in ops:
+        kind = op[0]
+        try:
+            if kind == "append":
+                log = log.append("user_message", {"content": op[1]})
+                out.append(log.count() - 1)
+            elif kind == "replace":
+                lo, hi = sorted(op[1:3])
+                data = {"content": op[3], "surface_op": ("replace", lo, hi)}
+                log = log.append("system_message", data)
+                out.append(log.count() - 1)
+            elif kind == "append_many":
+                first = log.count()
+                for k in range(op[1]):
+                    log = log.append("assistant_message", {"content": f"a{k}"})
+                out.append(list(range(first, log.count())))
+            elif kind == "step_end":
+                log = log.append("step_end", {})
+                out.append(log.count() - 1)
+            elif kind == "count":
+                out.append(log.count())
+            else:
+                out.append([m.content for m in log.derive_messages()])
+        except InvalidEvent:
+            out.append(InvalidEvent)
+    return out
+
+
+def _seen(op: Op, got: Any) -> Any:
+    """A session's answer in the model's terms."""
+    if isinstance(got, type):
+        return got
+    if op[0] in ("append", "replace", "step_end"):
+        assert isinstance(got, Event)
+        return got.seq
+    if op[0] == "append_many":
+        return [e.seq for e in got]
+    if op[0] == "count":
+        return got
+    return [m.content for m in got]
+
+
+@pytest.mark.parametrize("kind", ["memory", "store", "subscribed"])
+@settings(max_examples=40, deadline=None)
+@given(
+    before=st.lists(_OPS, max_size=4).map(_expand),
+    queued=st.lists(_OPS, min_size=1, max_size=12).map(_expand),
+)
+def test_calls_queued_together_answer_as_one_by_one(
+    kind: str, before: list[Op], queued: list[Op]
+) -> None:
+    store = MemoryStore() if kind == "store" else None
+    s = Session.start("runs", store=store, timeout=BOUND)
+    feed = s.subscribe() if kind == "subscribed" else None
+    try:
+        got = [_answer(_send(s, op)) for op in before]  # one by one
+        with held(s):
+            futs = [_send(s, op) for op in queued]
+        got += [_answer(f) for f in futs]
+        assert [_seen(op, g) for op, g in zip(before + queued, got, strict=True)] == _model(
+            before + queued
+        )
+        events = s.events().get(timeout=BOUND)
+        assert [e.seq for e in events] == list(range(len(events)))
+        if store is not None:
+            assert store.load("runs") == events  # every acknowledged append is stored
+        if feed is not None:
+            fed = [feed.get(timeout=BOUND) for _ in events]
+            assert fed == events  # each once, in order
+    finally:
+        if feed is not None:
+            feed.close()
+        s.stop()
+
+
+def test_a_run_ends_at_a_call_that_must_wait_and_goes_on_after_it(chat: Session) -> None:
+    """A read queued between appends sees exactly the appends before it."""
+    with held(chat):
+        first = [chat.append("user_message", {"content": str(k)}) for k in range(5)]
+        counted = chat.count()
+        later = [chat.append("user_message", {"content": str(k)}) for k in range(5, 9)]
+    assert [f.get(timeout=BOUND).seq for f in first] == list(range(5))
+    assert counted.get(timeout=BOUND) == 5
+    assert [f.get(timeout=BOUND).seq for f in later] == list(range(5, 9))
+
+
+def test_appends_held_by_an_open_turn_wait_for_it(chat: Session) -> None:
+    """With a turn open, appends queued together through the plain handle wait for the
+    turn to end, then run in the order sent: no run goes past the turn."""
+    box: list[SessionFuture[Event]] = []
+
+    def send() -> None:  # (another thread: a plain write inside the turn's block fails)
+        with held(chat):
+            box.extend(chat.append("user_message", {"content": str(k)}) for k in range(4))
+
+    with chat.turn() as turn:
+        turn.append("assistant_message", {"content": "first"}).get(timeout=BOUND)
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(BOUND)
+        assert len(box) == 4
+        last = turn.append("assistant_message", {"content": "last"}).get(timeout=BOUND)
+        assert not any(f.done() for f in box)
+    # turn_start, first, last, turn_end; then the plain appends, in the order sent
+    assert [f.get(timeout=BOUND).seq for f in box] == list(range(last.seq + 2, last.seq + 6))
+
+
+# -- crashes in a run ------------------------------------------------------------------------
+
+
+def _crash_once(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, after: int
+) -> Callable[[], int]:
+    """``owner.name`` raises `Boom` on its call number ``after`` (from 0) made in a run,
+    once; returns how many calls it saw."""
+    real = getattr(owner, name)
+    seen = [0]
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        k = seen[0]
+        seen[0] += 1
+        if k == after:
+            raise Boom("in the middle of a run")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, patched)
+    return lambda: seen[0]
+
+
+def test_a_crash_in_a_run_stops_the_session_and_answers_every_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = Session.start("crashing-run", timeout=BOUND)
+    other = Session.start("bystander", timeout=BOUND)
+    try:
+        s.append("user_message", {"content": "before"}).get(timeout=BOUND)
+        _crash_once(monkeypatch, Log, "_extend_run", 0)
+        with held(s):
+            appends = [s.append("user_message", {"content": str(k)}) for k in range(6)]
+            counted = s.count()
+        answers = [_answer(f) for f in [*appends, counted]]
+        # The run's first call is told it crashed the session; nothing of the run was
+        # applied, and the calls after it hear the session stopped before them.
+        assert answers == [SessionCrashed] + [SessionStopped] * 6, answers
+        assert not s.is_alive()
+        assert other.append("user_message", {"content": "fine"}).get(timeout=BOUND).seq == 0
+    finally:
+        s.stop()
+        other.stop()
+
+
+@pytest.mark.parametrize("at", [0, 3, 6])
+def test_a_crash_mid_run_under_a_registry_loses_nothing_acknowledged(
+    monkeypatch: pytest.MonkeyPatch, at: int
+) -> None:
+    """A run on a store crashes at its append ``at``: the appends before it commit and
+    are answered, that one is told it crashed the session, and those after it go back
+    to the registry's route, which delivers them to the restarted session: every call is
+    answered, none is refused, and what was acknowledged is stored once, in order."""
+    store = MemoryStore()
+    with Sessions(store, timeout=BOUND, backoff=None) as reg:
+        chat = reg.open("routed")
+        chat.append("user_message", {"content": "before"}).get(timeout=BOUND)
+        real = SessionActor._submit
+        seen = [0]
+
+        def submit(actor: SessionActor, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("counted"):  # in a run
+                k = seen[0]
+                seen[0] += 1
+                if k == at:
+                    raise Boom("in the middle of a run")
+            return real(actor, *args, **kwargs)
+
+        monkeypatch.setattr(SessionActor, "_submit", submit)
+        with held(chat):
+            futs = [chat.append("user_message", {"content": str(k)}) for k in range(8)]
+        answers = [_answer(f) for f in futs]
+        assert answers[at] is SessionCrashed
+        acked = [a for a in answers if isinstance(a, Event)]
+        assert len(acked) == 7  # every other call applied: none refused
+        assert [a.data["content"] for a in acked] == [str(k) for k in range(8) if k != at]
+        stored = store.load("routed")
+        assert [e.seq for e in stored] == list(range(len(stored)))
+        assert [e.data["content"] for e in stored] == ["before"] + [
+            a.data["content"] for a in acked
+        ]
+        assert reg.restart_count("routed") == 1
