@@ -45,7 +45,7 @@ typecheck: $(BENCH_STAMP)
 PINNED_SUITE := tests/test_session.py tests/test_session_adversarial.py \
 	tests/test_session_history.py tests/test_session_machine.py tests/test_session_store.py \
 	tests/test_session_fencing.py tests/test_session_runtime.py tests/test_subscription.py \
-	tests/test_compaction_loop.py tests/test_registry.py
+	tests/test_compaction_loop.py tests/test_registry.py tests/test_append_runs.py
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest
