@@ -27,6 +27,7 @@ from nous_actor.core.log import Log
 from nous_actor.errors import SessionCrashed, SessionStopped
 from nous_actor.sessions.actor import SessionActor
 from nous_actor.sessions.future import SessionFuture
+from nous_actor.store.committer import Committer, committer_for
 
 
 class Boom(BaseException):
@@ -256,40 +257,97 @@ def test_a_crash_in_a_run_stops_the_session_and_answers_every_call(
         other.stop()
 
 
-@pytest.mark.parametrize("at", [0, 3, 6])
+def test_a_crash_mid_run_with_a_subscriber_answers_each_call_as_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a subscriber, a run applies its appends one by one: a crash at the fourth
+    leaves the three before it applied and answered, tells the fourth it crashed the
+    session, and the rest that they were not applied."""
+    s = Session.start("crashing-subscribed", timeout=BOUND)
+    feed = s.subscribe()
+    try:
+        _crash_once(monkeypatch, SessionActor, "_apply", 3)
+        with held(s):
+            appends = [s.append("user_message", {"content": str(k)}) for k in range(6)]
+        answers = [_answer(f) for f in appends]
+        assert [a.seq for a in answers[:3]] == [0, 1, 2]
+        assert answers[3:] == [SessionCrashed, SessionStopped, SessionStopped], answers
+        assert [feed.get(timeout=BOUND).seq for _ in range(3)] == [0, 1, 2]
+    finally:
+        feed.close()
+        s.stop()
+
+
+@pytest.mark.parametrize("at", [0, 1, 2])
 def test_a_crash_mid_run_under_a_registry_loses_nothing_acknowledged(
     monkeypatch: pytest.MonkeyPatch, at: int
 ) -> None:
-    """A run on a store crashes at its append ``at``: the appends before it commit and
-    are answered, that one is told it crashed the session, and those after it go back
-    to the registry's route, which delivers them to the restarted session: every call is
-    answered, none is refused, and what was acknowledged is stored once, in order."""
+    """A run of 40 appends on a store goes to the committer a share (16) at a time; the
+    hand-over of share ``at`` fails with a `BaseException`, which crashes the session:
+    the shares before it commit and are answered, the first call of that share is told
+    it crashed the session, and the calls after it (none of them sent) go back to the
+    registry's route, which delivers them to the restarted session: every call is
+    answered, none is refused, what was acknowledged is stored once, in order, and the
+    crashed actor lets go of the store at once (nothing it sent is left in flight)."""
     store = MemoryStore()
     with Sessions(store, timeout=BOUND, backoff=None) as reg:
         chat = reg.open("routed")
         chat.append("user_message", {"content": "before"}).get(timeout=BOUND)
-        real = SessionActor._submit
-        seen = [0]
-
-        def submit(actor: SessionActor, *args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("counted"):  # in a run
-                k = seen[0]
-                seen[0] += 1
-                if k == at:
-                    raise Boom("in the middle of a run")
-            return real(actor, *args, **kwargs)
-
-        monkeypatch.setattr(SessionActor, "_submit", submit)
+        assert committer_for(store).share == 16
+        _crash_once(monkeypatch, Committer, "submit_write", at)
         with held(chat):
-            futs = [chat.append("user_message", {"content": str(k)}) for k in range(8)]
+            futs = [chat.append("user_message", {"content": str(k)}) for k in range(40)]
         answers = [_answer(f) for f in futs]
-        assert answers[at] is SessionCrashed
+        crashed = [16 * at]
+        assert [k for k, a in enumerate(answers) if a is SessionCrashed] == crashed
         acked = [a for a in answers if isinstance(a, Event)]
-        assert len(acked) == 7  # every other call applied: none refused
-        assert [a.data["content"] for a in acked] == [str(k) for k in range(8) if k != at]
+        assert len(acked) == 40 - len(crashed)  # every other call applied: none refused
+        assert [a.data["content"] for a in acked] == [
+            str(k) for k in range(40) if k not in crashed
+        ]
         stored = store.load("routed")
         assert [e.seq for e in stored] == list(range(len(stored)))
         assert [e.data["content"] for e in stored] == ["before"] + [
             a.data["content"] for a in acked
         ]
         assert reg.restart_count("routed") == 1
+
+
+def test_an_append_the_committer_cannot_take_fails_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Handing an append to the committer fails (an `Exception`): that call fails with it
+    and nothing of it is kept; the session goes on with the next seq (in a run, the
+    calls after it are made again one by one), and when it stops it lets go of the store
+    at once (nothing is left in flight)."""
+    store = MemoryStore()
+    reg = Sessions(store, timeout=BOUND)
+    try:
+        chat = reg.open("handed")
+        first = chat.append("user_message", {"content": "before"}).get(timeout=BOUND)
+        real = Committer.submit_write
+        refuse: set[int] = {2}  # the third hand-over
+        seen = [0]
+
+        def submit(committer: Committer, write: Any) -> None:
+            k = seen[0]
+            seen[0] += 1
+            if k in refuse:
+                raise RuntimeError("the committer's queue is broken")
+            real(committer, write)
+
+        monkeypatch.setattr(Committer, "submit_write", submit)
+        one_by_one = [_answer(chat.append("user_message", {"content": f"a{k}"})) for k in range(4)]
+        seen[0], refuse = 0, {0}  # the run's first hand-over (its first share)
+        with held(chat):
+            queued = [chat.append("user_message", {"content": f"b{k}"}) for k in range(20)]
+        answers = [_answer(f) for f in queued]
+        monkeypatch.undo()
+        assert [k for k, a in enumerate(one_by_one) if a is RuntimeError] == [2]
+        assert [k for k, a in enumerate(answers) if a is RuntimeError] == [0]
+        kept = [a for a in one_by_one + answers if isinstance(a, Event)]
+        assert [a.seq for a in kept] == list(range(1, 1 + len(kept)))
+        assert store.load("handed") == [first, *kept]
+    finally:
+        reg.close(timeout=BOUND)
+    assert store.held_by("handed") is None

@@ -88,6 +88,14 @@ class CommitLedger:
         with self.lock:
             self.ops += 1
 
+    def cancel(self) -> bool:
+        """An operation begun never reached the committer (handing it over failed): it is
+        no longer in flight. Whether it was the last in flight of a stopped session
+        (then the claim is let go now)."""
+        with self.lock:
+            self.ops -= 1
+            return self.shutting and self.ops == 0
+
     def take(self) -> Sequence[Done]:
         """The batches recorded since the last take (the next one wakes the actor again)."""
         with self.lock:

@@ -16,7 +16,7 @@ import inspect
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pykka
@@ -186,6 +186,28 @@ class _Committed(Write):
 
     def done(self, err: StoreError | None) -> None:
         self.actor._on_commit(self.events, self.fut, self.result, err)  # type: ignore[arg-type]
+
+
+class _CommittedRun(Write):
+    """Appends of a run (`SessionActor._receive_run`) on their way to the store as one
+    item: each call's event, and its future, answered with it once stored. No more events
+    than the committer's ``share``, so that the item never goes alone; no forwarded call
+    (each of those is recorded under its own id, in an item of its own)."""
+
+    __slots__ = ("actor", "futs")
+
+    def __init__(
+        self,
+        actor: SessionActor,
+        events: tuple[Event, ...],
+        futs: list[SessionFuture[Any] | None],
+    ) -> None:
+        super().__init__(actor.session_id, events)
+        self.actor = actor
+        self.futs = futs
+
+    def done(self, err: StoreError | None) -> None:
+        self.actor._on_commit_run(self.events, self.futs, err)  # type: ignore[arg-type]
 
 
 class SessionActor(DispatchedSupervisedActor):
@@ -387,7 +409,7 @@ class SessionActor(DispatchedSupervisedActor):
                 after = envelope
                 break
             envelope = None  # (not held while the calls run)
-            self._append_run(events, futs, at)
+            self._append_run(events, calls, futs, at)
         except BaseException as exc:  # as `_run`: only this session stops
             self._run_crashed(exc, at, calls, futs, after)
             return quota
@@ -442,7 +464,11 @@ class SessionActor(DispatchedSupervisedActor):
             )
 
     def _append_run(
-        self, events: list[Event], futs: list[SessionFuture[Any] | None], at: list[int]
+        self,
+        events: list[Event],
+        calls: list[tuple[Any, ...]],
+        futs: list[SessionFuture[Any] | None],
+        at: list[int],
     ) -> None:
         """`h_append` of each of ``events`` in turn (made for the calls ``futs`` answer),
         where nothing parks and no check refuses one (see `_receive_run`): what each
@@ -452,7 +478,13 @@ class SessionActor(DispatchedSupervisedActor):
         sink = telemetry.sink
         if sink is not None:
             sink.appended(len(events))
-        if self.committer is None and self.feeds is None and self.compactions is None:
+        alone = len(events) == 1  # (a run of one goes as one call: `_submit`)
+        if (
+            self.committer is None
+            and self.feeds is None
+            and self.compactions is None
+            and not alone
+        ):
             try:
                 self.log = self.log._extend_run(events)
             except Exception as exc:  # nothing changed: each call fails with it
@@ -467,6 +499,42 @@ class SessionActor(DispatchedSupervisedActor):
                 if f is not None:
                     f._resolve(ev)
             return
+        committer = self.committer
+        if (
+            committer is not None
+            and not alone
+            and not any(type(f) is ForwardedFuture for f in futs)
+        ):
+            # Handed to the committer a share at a time, one item each: every call of an
+            # item counts as reached before it goes (should this stop half way, they are
+            # told it crashed the session, never applied twice).
+            self.next_seq = events[-1].seq + 1
+            inflight = self.inflight
+            if inflight is _NONE:
+                inflight = self.inflight = deque()
+            inflight.extend(events)
+            ledger, submit, share = self.ledger, committer.submit_write, max(committer.share, 1)
+            for lo in range(0, len(events), share):
+                hi = min(lo + share, len(events))
+                at[0], at[1] = lo, hi
+                ledger.begin()
+                try:
+                    submit(_CommittedRun(self, tuple(events[lo:hi]), futs[lo:hi]))
+                except Exception as exc:  # not sent (this share and those after it)
+                    # As one by one: its first call fails with it, the rest go again.
+                    self._unsent(events[lo:])
+                    at[1] = len(events)
+                    failed = futs[lo]
+                    if failed is not None:
+                        failed._fail(exc)
+                    for j in range(lo + 1, len(events)):
+                        self._receive_call(SessionActor.h_append, calls[j], futs[j])
+                    return
+                except BaseException:  # not sent: its first call crashed the session
+                    self._unsent(events[lo:])
+                    at[1] = lo  # (the rest go where queued calls go)
+                    raise
+            return
         for i, (f, ev) in enumerate(zip(futs, events, strict=True)):
             at[0] = i
             try:
@@ -474,6 +542,11 @@ class SessionActor(DispatchedSupervisedActor):
             except Exception as exc:  # as `_run`: this call fails, the others go on
                 if f is not None:
                     f._fail(exc)
+                if self.next_seq != ev.seq + 1:  # its seq is free again: the rest anew
+                    at[1] = len(events)
+                    for j in range(i + 1, len(events)):
+                        self._receive_call(SessionActor.h_append, calls[j], futs[j])
+                    return
                 continue
             at[1] = i + 1
             if f is not None and result is not _DEFER:
@@ -718,8 +791,22 @@ class SessionActor(DispatchedSupervisedActor):
         # A call another process sent: its id is recorded with its events (its caller
         # can ask whether it was applied if the answer never reaches it).
         call = fut.call_id if type(fut) is ForwardedFuture else None
-        committer.submit_write(_Committed(self, events, fut, result, call))
+        try:
+            committer.submit_write(_Committed(self, events, fut, result, call))
+        except BaseException:
+            self._unsent(events)
+            raise
         return _DEFER
+
+    def _unsent(self, events: Sequence[Event]) -> None:
+        """``events`` (the last ones made) never reached the committer: as if they had
+        never been made (out of flight, their seqs free again), their operation ended."""
+        inflight = self.inflight
+        for _ in events:
+            inflight.pop()
+        self.next_seq = events[0].seq
+        if self.ledger.cancel():
+            self._last_op_done()
 
     def _on_commit(
         self,
@@ -744,6 +831,32 @@ class SessionActor(DispatchedSupervisedActor):
                     fut._resolve(result)
                 else:
                     fut._fail(err)
+        finally:
+            if wake:
+                try:
+                    self.actor_ref.tell((SessionActor.h_committed, (), None))
+                except pykka.ActorDeadError:
+                    pass
+
+    def _on_commit_run(
+        self,
+        events: tuple[Event, ...],
+        futs: list[SessionFuture[Any] | None],
+        err: StoreError | None,
+    ) -> None:
+        """`_on_commit` of a run's item: each future answered with its event, in order."""
+        last, wake = self.ledger.committed(events, err)
+        try:
+            if last:
+                self._last_op_done()
+            if err is None:
+                for f, ev in zip(futs, events, strict=True):
+                    if f is not None:
+                        f._resolve(ev)
+            else:
+                for f in futs:
+                    if f is not None:
+                        f._fail(err)
         finally:
             if wake:
                 try:

@@ -23,8 +23,10 @@ and the virtual clock. `Simulation.trace` lists what ran at every step and
 
 Steps are taken by:
 
-* an actor on a dispatcher: one turn of at most ``throughput`` messages (a
-  turn that wakes a subscriber may be switched away from before it answers);
+* an actor on a dispatcher: one turn of at most ``throughput`` messages, or up
+  to four times that when more wait, as the schedule chooses (a real turn takes
+  many in a row: appends queued together run as one); a turn that wakes a
+  subscriber may be switched away from before it answers;
 * an actor with a thread of its own (a registry, a supervisor): one message;
 * the store's committer: one batch (its size is a choice of the schedule);
 * a reader, a summariser, a timer: the whole function;
