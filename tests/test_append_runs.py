@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from nous_actor import MemoryStore, Session, Sessions
 from nous_actor.core.event import Event, InvalidEvent
 from nous_actor.core.log import Log
-from nous_actor.errors import SessionCrashed, SessionStopped
+from nous_actor.errors import SessionCrashed, SessionStopped, StoreError
 from nous_actor.sessions.actor import SessionActor
+from nous_actor.sessions.actor._session_actor import _CommittedRun
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.store.committer import Committer, committer_for
 
@@ -351,3 +352,50 @@ def test_an_append_the_committer_cannot_take_fails_alone(
     finally:
         reg.close(timeout=BOUND)
     assert store.held_by("handed") is None
+
+
+class _FailingOnce(MemoryStore):
+    """A store whose next write, once armed, fails as a whole."""
+
+    armed = False
+
+    def write(self, appends: Any, calls: Any = None) -> dict[str, StoreError]:
+        if self.armed:
+            self.armed = False
+            raise StoreError("the disk is full (once)")
+        return super().write(appends, calls)
+
+
+def test_a_write_that_fails_mid_run_stops_the_run_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first share of a run is written and fails before the run hands over the next:
+    its calls fail with the store's error, and the rest of the run goes on as single
+    calls would have, behind the failure: the session stops (a failed write), and they
+    go back to the registry's route, which delivers them to the restarted session. None
+    is refused, and what was acknowledged is stored once, in order."""
+    store = _FailingOnce()
+    with Sessions(store, timeout=BOUND, backoff=None) as reg:
+        chat = reg.open("failing")
+        chat.append("user_message", {"content": "before"}).get(timeout=BOUND)
+        real = Committer.submit_write
+        waited: list[Any] = []
+
+        def submit(committer: Committer, write: Any) -> None:
+            real(committer, write)
+            if isinstance(write, _CommittedRun) and not waited:
+                waited.append(write)  # the first share: wait until its write is answered
+                write.futs[0]._acquire(BOUND)
+
+        monkeypatch.setattr(Committer, "submit_write", submit)
+        with held(chat):
+            store.armed = True
+            futs = [chat.append("user_message", {"content": str(k)}) for k in range(40)]
+        answers = [_answer(f) for f in futs]
+        assert waited, "no run was handed over"
+        assert answers[:16] == [StoreError] * 16
+        assert all(isinstance(a, Event) for a in answers[16:]), answers[16:]
+        stored = store.load("failing")
+        assert [e.data["content"] for e in stored] == ["before"] + [str(k) for k in range(16, 40)]
+        assert [e.seq for e in stored] == list(range(len(stored)))
+        assert reg.restart_count("failing") == 1

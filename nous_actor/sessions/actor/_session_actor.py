@@ -508,30 +508,37 @@ class SessionActor(DispatchedSupervisedActor):
             # Handed to the committer a share at a time, one item each: every call of an
             # item counts as reached before it goes (should this stop half way, they are
             # told it crashed the session, never applied twice).
-            self.next_seq = events[-1].seq + 1
             inflight = self.inflight
             if inflight is _NONE:
                 inflight = self.inflight = deque()
-            inflight.extend(events)
             ledger, submit, share = self.ledger, committer.submit_write, max(committer.share, 1)
             for lo in range(0, len(events), share):
+                if lo and _failed_commit(ledger):
+                    # A write of this session failed meanwhile: the rest one by one, as
+                    # they would have gone (the failure is met first: the session stops,
+                    # and they go where its queued calls go).
+                    at[0] = at[1] = len(events)
+                    self._one_by_one(calls[lo:], futs[lo:])
+                    return
                 hi = min(lo + share, len(events))
+                chunk = tuple(events[lo:hi])
+                self.next_seq = chunk[-1].seq + 1
+                inflight.extend(chunk)
                 at[0], at[1] = lo, hi
                 ledger.begin()
                 try:
-                    submit(_CommittedRun(self, tuple(events[lo:hi]), futs[lo:hi]))
-                except Exception as exc:  # not sent (this share and those after it)
+                    submit(_CommittedRun(self, chunk, futs[lo:hi]))
+                except Exception as exc:  # not sent
                     # As one by one: its first call fails with it, the rest go again.
-                    self._unsent(events[lo:])
+                    self._unsent(chunk)
                     at[1] = len(events)
                     failed = futs[lo]
                     if failed is not None:
                         failed._fail(exc)
-                    for j in range(lo + 1, len(events)):
-                        self._receive_call(SessionActor.h_append, calls[j], futs[j])
+                    self._one_by_one(calls[lo + 1 :], futs[lo + 1 :])
                     return
                 except BaseException:  # not sent: its first call crashed the session
-                    self._unsent(events[lo:])
+                    self._unsent(chunk)
                     at[1] = lo  # (the rest go where queued calls go)
                     raise
             return
@@ -544,13 +551,27 @@ class SessionActor(DispatchedSupervisedActor):
                     f._fail(exc)
                 if self.next_seq != ev.seq + 1:  # its seq is free again: the rest anew
                     at[1] = len(events)
-                    for j in range(i + 1, len(events)):
-                        self._receive_call(SessionActor.h_append, calls[j], futs[j])
+                    self._one_by_one(calls[i + 1 :], futs[i + 1 :])
                     return
                 continue
             at[1] = i + 1
             if f is not None and result is not _DEFER:
                 f._resolve(result)
+
+    def _one_by_one(
+        self, calls: list[tuple[Any, ...]], futs: list[SessionFuture[Any] | None]
+    ) -> None:
+        """The rest of a run, as single calls: parked (before whatever is queued, which
+        parks behind them), then run in order as parked calls are (`h_committed`, asked
+        for now), which first meets a failed commit, if one came back, as any call would
+        (the session stops; they go where its queued calls go)."""
+        self._park().extend(
+            (SessionActor.h_append, args, f) for args, f in zip(calls, futs, strict=True)
+        )
+        try:
+            self.actor_ref.tell((SessionActor.h_committed, (), None))
+        except pykka.ActorDeadError:  # (stopped: its teardown answers what is parked)
+            pass
 
     def _run(
         self, handler: Handler, args: tuple[Any, ...], fut: SessionFuture[Any] | None, traits: int
@@ -1452,6 +1473,14 @@ class SessionActor(DispatchedSupervisedActor):
                     )
                 except Exception:  # already answered
                     pass
+
+
+def _failed_commit(ledger: CommitLedger) -> bool:
+    """Whether a failed write of the session is among the commits its actor has not
+    taken yet (read without the ledger's lock: a commit recorded just after is met by
+    the session's next call)."""
+    done = ledger.done
+    return bool(done) and any(err is not None for _, err in tuple(done))
 
 
 def _past_last_seq(seq: int) -> InvalidEvent:
