@@ -374,8 +374,10 @@ class SessionActor(DispatchedSupervisedActor):
         # once. Anything else queued goes as it would have, right after them, in order.
         parts: EventParts = args[0]
         turns = self.turns
+        q = self.actor_inbox
         if (
-            parts[3] is not None
+            q.empty()  # (alone: as a single call)
+            or parts[3] is not None
             or self.parked
             or self._loading
             or self.failed is not None
@@ -385,7 +387,6 @@ class SessionActor(DispatchedSupervisedActor):
         ):
             self._receive_call(SessionActor.h_append, args, fut)
             return quota - 1
-        q = self.actor_inbox
         empty, get = q.empty, q.get_nowait
         first = self.next_seq
         calls: list[tuple[Any, ...]] = [args]
