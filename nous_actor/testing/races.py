@@ -335,10 +335,13 @@ def subscription_scenario(appends: int = 5, store: str = "memory") -> Scenario:
             acked: list[int] = []
 
             subscribed = h._ref  # the actor that feeds ``sub``
-            # (Held: what it applied is read at the end. A stop of the schedule queued
-            # before the appends sends them on to the session's next actor, whose
-            # events this subscription, ended by the stop, rightly never gets.)
-            feeding = None if subscribed is None else subscribed._actor_weakref()
+            # Its actor, held: what it applied is read at the end. (A stop of the
+            # schedule queued before the writer's appends sends them on to the session's
+            # next actor, whose events this subscription, ended by the stop, rightly
+            # never gets.)
+            feeding = _retry(env, lambda: h._call(lambda actor: actor).get())
+            if feeding.actor_ref is not subscribed:  # a fault came between: count none
+                feeding = None
 
             def writer() -> Caller:
                 # The appends go to one actor at once; the stop races their commits.
