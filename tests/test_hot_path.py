@@ -96,8 +96,8 @@ def test_an_append_runs_so_many_functions_in_the_sessions_turn(session: Session)
 RUN_CALLS_PER_APPEND = 2
 """In a run of queued appends (`SessionActor._receive_run`): the event, the answer."""
 
-RUN_CALLS = 3
-"""Once per run: `_receive_run`, `_append_run`, the log's extension (the inbox's
+RUN_CALLS = 4
+"""Once per run: `_receive_run`, `_append_run`, the log's extension (2) (the inbox's
 ``empty`` and ``get_nowait`` are C methods)."""
 
 

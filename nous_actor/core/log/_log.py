@@ -255,16 +255,10 @@ class Log:
         if fold is not None and fold.take():
             for ev in run:
                 fold.add(ev)
-            fold = _Fold(fold.evs, fold.msgs, fold.lazy)  # handed over, inline
+            fold = fold.handed_over()
         else:
             fold = None
-        lg: Log = _new_log(Log)
-        lg._events = evs
-        lg._n = n + k
-        lg._count = run[-1].seq + 1
-        lg._fold = fold
-        lg._own = True
-        return lg
+        return Log._make(evs, n + k, run[-1].seq + 1, fold)
 
     def append_message(self, message: Message | Mapping[str, Any]) -> Log:
         """A new log with ``message`` as one surface event; the type follows the role.

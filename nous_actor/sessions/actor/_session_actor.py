@@ -185,7 +185,7 @@ class _Committed(Write):
         self.result = result
 
     def done(self, err: StoreError | None) -> None:
-        self.actor._on_commit(self.events, self.fut, self.result, err)  # type: ignore[arg-type]
+        self.actor._on_commit(self.events, ((self.fut, self.result),), err)  # type: ignore[arg-type]
 
 
 class _CommittedRun(Write):
@@ -207,7 +207,8 @@ class _CommittedRun(Write):
         self.futs = futs
 
     def done(self, err: StoreError | None) -> None:
-        self.actor._on_commit_run(self.events, self.futs, err)  # type: ignore[arg-type]
+        answers = zip(self.futs, self.events, strict=True)
+        self.actor._on_commit(self.events, answers, err)  # type: ignore[arg-type]
 
 
 class SessionActor(DispatchedSupervisedActor):
@@ -833,10 +834,11 @@ class SessionActor(DispatchedSupervisedActor):
     def _on_commit(
         self,
         events: tuple[Event, ...],
-        fut: SessionFuture[Any] | None,
-        result: Any,
+        answers: Iterable[tuple[SessionFuture[Any] | None, Any]],
         err: StoreError | None,
     ) -> None:
+        """An item came back from the committer: ``events`` stored (``err``: or not), each
+        ``(future, result)`` of ``answers`` to be answered, in order."""
         # In the committer's thread. Order matters:
         # 1. record the commit for the actor, which applies it when it next runs;
         # 2. if the session stopped meanwhile and this was its last append in
@@ -848,37 +850,12 @@ class SessionActor(DispatchedSupervisedActor):
         try:
             if last:
                 self._last_op_done()
-            if fut is not None:
-                if err is None:
-                    fut._resolve(result)
-                else:
-                    fut._fail(err)
-        finally:
-            if wake:
-                try:
-                    self.actor_ref.tell((SessionActor.h_committed, (), None))
-                except pykka.ActorDeadError:
-                    pass
-
-    def _on_commit_run(
-        self,
-        events: tuple[Event, ...],
-        futs: list[SessionFuture[Any] | None],
-        err: StoreError | None,
-    ) -> None:
-        """`_on_commit` of a run's item: each future answered with its event, in order."""
-        last, wake = self.ledger.committed(events, err)
-        try:
-            if last:
-                self._last_op_done()
-            if err is None:
-                for f, ev in zip(futs, events, strict=True):
-                    if f is not None:
-                        f._resolve(ev)
-            else:
-                for f in futs:
-                    if f is not None:
-                        f._fail(err)
+            for fut, result in answers:
+                if fut is not None:
+                    if err is None:
+                        fut._resolve(result)
+                    else:
+                        fut._fail(err)
         finally:
             if wake:
                 try:
