@@ -12,7 +12,7 @@ or many callers' do."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -217,23 +217,26 @@ def test_appends_held_by_an_open_turn_wait_for_it(chat: Session) -> None:
 # -- crashes in a run ------------------------------------------------------------------------
 
 
-def _crash_once(
-    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, after: int
-) -> Callable[[], int]:
-    """``owner.name`` raises `Boom` on its call number ``after`` (from 0) made in a run,
-    once; returns how many calls it saw."""
+def _raise_at(
+    monkeypatch: pytest.MonkeyPatch,
+    owner: Any,
+    name: str,
+    at: int,
+    exc: BaseException | None = None,
+) -> None:
+    """``owner.name`` raises ``exc`` (default: `Boom`, which crashes a session) on its
+    call number ``at`` (from 0), once."""
     real = getattr(owner, name)
     seen = [0]
 
     def patched(*args: Any, **kwargs: Any) -> Any:
         k = seen[0]
         seen[0] += 1
-        if k == after:
-            raise Boom("in the middle of a run")
+        if k == at:
+            raise exc if exc is not None else Boom("in the middle of a run")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, patched)
-    return lambda: seen[0]
 
 
 def test_a_crash_in_a_run_stops_the_session_and_answers_every_call(
@@ -243,7 +246,7 @@ def test_a_crash_in_a_run_stops_the_session_and_answers_every_call(
     other = Session.start("bystander", timeout=BOUND)
     try:
         s.append("user_message", {"content": "before"}).get(timeout=BOUND)
-        _crash_once(monkeypatch, Log, "_extend_run", 0)
+        _raise_at(monkeypatch, Log, "_extend_run", 0)
         with held(s):
             appends = [s.append("user_message", {"content": str(k)}) for k in range(6)]
             counted = s.count()
@@ -267,7 +270,7 @@ def test_a_crash_mid_run_with_a_subscriber_answers_each_call_as_one_by_one(
     s = Session.start("crashing-subscribed", timeout=BOUND)
     feed = s.subscribe()
     try:
-        _crash_once(monkeypatch, SessionActor, "_apply", 3)
+        _raise_at(monkeypatch, SessionActor, "_apply", 3)
         with held(s):
             appends = [s.append("user_message", {"content": str(k)}) for k in range(6)]
         answers = [_answer(f) for f in appends]
@@ -295,7 +298,7 @@ def test_a_crash_mid_run_under_a_registry_loses_nothing_acknowledged(
         chat = reg.open("routed")
         chat.append("user_message", {"content": "before"}).get(timeout=BOUND)
         assert committer_for(store).share == 16
-        _crash_once(monkeypatch, Committer, "submit_write", at)
+        _raise_at(monkeypatch, Committer, "submit_write", at)
         with held(chat):
             futs = [chat.append("user_message", {"content": str(k)}) for k in range(40)]
         answers = [_answer(f) for f in futs]
@@ -326,20 +329,11 @@ def test_an_append_the_committer_cannot_take_fails_alone(
     try:
         chat = reg.open("handed")
         first = chat.append("user_message", {"content": "before"}).get(timeout=BOUND)
-        real = Committer.submit_write
-        refuse: set[int] = {2}  # the third hand-over
-        seen = [0]
-
-        def submit(committer: Committer, write: Any) -> None:
-            k = seen[0]
-            seen[0] += 1
-            if k in refuse:
-                raise RuntimeError("the committer's queue is broken")
-            real(committer, write)
-
-        monkeypatch.setattr(Committer, "submit_write", submit)
+        broken = RuntimeError("the committer's queue is broken")
+        _raise_at(monkeypatch, Committer, "submit_write", 2, broken)  # the third hand-over
         one_by_one = [_answer(chat.append("user_message", {"content": f"a{k}"})) for k in range(4)]
-        seen[0], refuse = 0, {0}  # the run's first hand-over (its first share)
+        monkeypatch.undo()
+        _raise_at(monkeypatch, Committer, "submit_write", 0, broken)  # the run's first share
         with held(chat):
             queued = [chat.append("user_message", {"content": f"b{k}"}) for k in range(20)]
         answers = [_answer(f) for f in queued]

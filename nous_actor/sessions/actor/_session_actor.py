@@ -478,15 +478,9 @@ class SessionActor(DispatchedSupervisedActor):
         and no compaction extends its log once, all or nothing. ``at``: the call being
         applied, and how many calls' events are (kept up to date for `_run_crashed`)."""
         sink = telemetry.sink
-        if sink is not None:
-            sink.appended(len(events))
-        alone = len(events) == 1  # (a run of one goes as one call: `_submit`)
-        if (
-            self.committer is None
-            and self.feeds is None
-            and self.compactions is None
-            and not alone
-        ):
+        if self.committer is None and self.feeds is None and self.compactions is None:
+            if sink is not None:
+                sink.appended(len(events))
             try:
                 self.log = self.log._extend_run(events)
             except Exception as exc:  # nothing changed: each call fails with it
@@ -502,17 +496,11 @@ class SessionActor(DispatchedSupervisedActor):
                     f._resolve(ev)
             return
         committer = self.committer
-        if (
-            committer is not None
-            and not alone
-            and not any(type(f) is ForwardedFuture for f in futs)
-        ):
+        if committer is not None and not any(type(f) is ForwardedFuture for f in futs):
             # Handed to the committer a share at a time, one item each: every call of an
             # item counts as reached before it goes (should this stop half way, they are
             # told it crashed the session, never applied twice).
-            inflight = self.inflight
-            if inflight is _NONE:
-                inflight = self.inflight = deque()
+            inflight = self._in_flight()
             ledger, submit, share = self.ledger, committer.submit_write, max(committer.share, 1)
             for lo in range(0, len(events), share):
                 if lo and _failed_commit(ledger):
@@ -543,11 +531,13 @@ class SessionActor(DispatchedSupervisedActor):
                     self._unsent(chunk)
                     at[1] = lo  # (the rest go where queued calls go)
                     raise
+                if sink is not None:
+                    sink.appended(len(chunk))
             return
         for i, (f, ev) in enumerate(zip(futs, events, strict=True)):
             at[0] = i
             try:
-                result = self._submit((ev,), ev, f, counted=True)
+                result = self._submit((ev,), ev, f)
             except Exception as exc:  # as `_run`: this call fails, the others go on
                 if f is not None:
                     f._fail(exc)
@@ -788,28 +778,20 @@ class SessionActor(DispatchedSupervisedActor):
     # -- commits ---------------------------------------------------------------------------
 
     def _submit(
-        self,
-        events: tuple[Event, ...],
-        result: Any,
-        fut: SessionFuture[Any] | None,
-        counted: bool = False,
+        self, events: tuple[Event, ...], result: Any, fut: SessionFuture[Any] | None
     ) -> Any:
         """Commit ``events`` (one atomic batch); ``fut`` is answered with ``result`` once
-        they are committed (`DEFER`), or at once (``result``) with no store. (``counted``:
-        the telemetry sink was told of them already.)"""
+        they are committed (`DEFER`), or at once (``result``) with no store."""
         self.next_seq = events[-1].seq + 1
         sink = telemetry.sink
-        if sink is not None and not counted:
+        if sink is not None:
             sink.appended(len(events))
         committer = self.committer
         if committer is None:
             for ev in events:
                 self._apply(ev)
             return result
-        inflight = self.inflight
-        if inflight is _NONE:
-            inflight = self.inflight = deque()
-        inflight.extend(events)
+        self._in_flight().extend(events)
         self.ledger.begin()
         # A call another process sent: its id is recorded with its events (its caller
         # can ask whether it was applied if the answer never reaches it).
@@ -820,6 +802,13 @@ class SessionActor(DispatchedSupervisedActor):
             self._unsent(events)
             raise
         return _DEFER
+
+    def _in_flight(self) -> deque[Event]:
+        """The events handed to the committer and not yet back (made with the first)."""
+        inflight = self.inflight
+        if inflight is _NONE:
+            inflight = self.inflight = deque()
+        return inflight
 
     def _unsent(self, events: Sequence[Event]) -> None:
         """``events`` (the last ones made) never reached the committer: as if they had
