@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -353,12 +354,15 @@ def test_what_comes_while_another_process_writes_goes_in_the_same_commit(db: str
 
 def test_stores_writing_one_file_take_turns_without_polling(db: str) -> None:
     """Two stores (two processes' worth) write from 4 threads each: every write lands,
-    and each transaction begins at its first try (no BEGIN refused and tried again)."""
+    each transaction begins at its first try (no BEGIN refused and tried again), and
+    every write of a session already numbered is one statement that found the file free
+    (none went the transaction's way instead)."""
     stores = [SQLiteStore(db), SQLiteStore(db)]
     begins: list[int] = [0, 0]
     busy: list[int] = [0, 0]
+    at_once: list[int] = [0, 0]
     for i, store in enumerate(stores):
-        conn = store._connection.conn
+        conn = store._connection.writer()
 
         def trace(sql: str, i: int = i) -> None:
             if sql.startswith("BEGIN IMMEDIATE"):
@@ -374,8 +378,19 @@ def test_stores_writing_one_file_take_turns_without_polling(db: str) -> None:
 
         return begin
 
+    real_at_once = [s._connection.write_at_once for s in stores]
+
+    def counting_at_once(i: int):  # type: ignore[no-untyped-def]
+        def write_at_once(*args: Any) -> bool:
+            wrote = real_at_once[i](*args)
+            at_once[i] += wrote
+            return wrote
+
+        return write_at_once
+
     for i, store in enumerate(stores):
         store._connection.begin = counting(i)  # type: ignore[method-assign]
+        store._connection.write_at_once = counting_at_once(i)  # type: ignore[method-assign]
     errors: list[BaseException] = []
 
     def writer(k: int) -> None:
@@ -396,7 +411,9 @@ def test_stores_writing_one_file_take_turns_without_polling(db: str) -> None:
         assert errors == []
         for k in range(8):
             assert [e.seq for e in stores[0].load(f"s{k}")] == list(range(25))
-        assert busy == [100, 100]  # one transaction per write
+        # A session's first write numbers it (a transaction); the rest are one statement.
+        assert busy == [4, 4]
+        assert at_once == [96, 96]
         assert begins == busy  # each BEGIN IMMEDIATE went through at its first try
     finally:
         for store in stores:
@@ -437,17 +454,19 @@ def _statements_in_turn(store: SQLiteStore) -> list[list[str]]:
     watched = _Watched(store._connection._queue)
     store._connection._queue = watched  # type: ignore[assignment]
     store._connection.conn.set_trace_callback(watched.trace)
+    store._connection.writer().set_trace_callback(watched.trace)
     return watched.turns
 
 
 @pytest.mark.parametrize("through", ["write", "committer"])
 def test_a_turn_holds_only_the_transaction(db: str, through: str) -> None:
-    """While a store holds the file's turn it runs its transaction and nothing else: the
-    connection's settings (SQLite's busy handler turned off for the write, ``synchronous``
-    relaxed for a claim) change before the turn is taken and change back after it is let
-    go, and a write of one session's events with forwarded calls is five statements (each
-    hands the GIL back and takes it again while other processes wait for the turn). The
-    settings are back after each write."""
+    """While a store holds the file's turn it runs its write and nothing else (each
+    statement hands the GIL back and takes it again while other processes wait for the
+    turn): a write of one session's events with forwarded calls is five statements; a
+    write of known sessions without calls is one, which is its own transaction and looks
+    at the file's schema itself; no statement switches SQLite's busy handler (the
+    connection that writes has it off, the one that reads on), and ``synchronous``,
+    relaxed for a claim, changes before the turn is taken and back after it is let go."""
     store = SQLiteStore(db)
     try:
         # The session's number, known; the table of call records, made (the file's first
@@ -463,11 +482,19 @@ def test_a_turn_holds_only_the_transaction(db: str, through: str) -> None:
             committer_for(store).submit("s", events, done.put, call="call")
             assert done.get(timeout=WAIT) is None
         store.claim("other")  # a claim: committed with synchronous relaxed
-        conn = store._connection.conn
+        if through == "write":
+            assert store.write({"t": [_event(1), _event(2)]}) == {}
+        else:
+            committer_for(store).submit("t", [_event(1), _event(2)], done.put)
+            assert done.get(timeout=WAIT) is None
+        conn = store._connection.writer()
         conn.set_trace_callback(None)
-        assert len(turns) == 2
+        assert len(turns) == 3
         # (SQLite traces what a pragma function runs as a comment: not a statement.)
-        write = [sql.split(" (")[0].split(" VALUES")[0] for sql in turns[0] if sql[:2] != "--"]
+        write, _, alone = (
+            [sql.split(" (")[0].split(" VALUES")[0] for sql in turn if sql[:2] != "--"]
+            for turn in turns
+        )
         assert write == [
             "BEGIN IMMEDIATE",
             "SELECT user_version, schema_version FROM pragma_user_version, pragma_schema_version",
@@ -475,11 +502,16 @@ def test_a_turn_holds_only_the_transaction(db: str, through: str) -> None:
             "INSERT OR REPLACE INTO calls",
             "COMMIT",
         ]
+        assert alone == ["INSERT INTO event_rows"]
+        assert "WHERE (SELECT user_version = 3 AND schema_version = " in turns[2][0]
         for turn in turns:
             assert not [sql for sql in turn if sql.startswith("PRAGMA")]
-        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == store._connection.busy_ms
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        reader = store._connection.conn
+        assert reader.execute("PRAGMA busy_timeout").fetchone()[0] == store._connection.busy_ms
         assert [e.seq for e in store.load("s")] == [0, 1, 2, 3]
+        assert [e.seq for e in store.load("t")] == [0, 1, 2]
         assert store.applied_call("s", "call") == (1, 3)
         assert store.applied_call("s", "first") == (0, 0)
     finally:
@@ -488,14 +520,17 @@ def test_a_turn_holds_only_the_transaction(db: str, through: str) -> None:
 
 def test_a_writer_that_does_not_queue_is_waited_for_and_the_settings_come_back(db: str) -> None:
     """Another tool writing the file (it takes SQLite's lock, not the turn): the write
-    waits for it (SQLite's handler is off: the store looks again in short steps) and
-    commits once it is done; the store's busy handler is on again afterwards."""
+    waits for it (SQLite's handler is off on the connection that writes: the one
+    statement of a write of known sessions finds the lock taken and writes nothing, then
+    the write's transaction looks again in short steps) and commits once it is done; the
+    connection that reads keeps its busy handler."""
     store = SQLiteStore(db)
     tool = sqlite3.connect(db, isolation_level=None)
     try:
+        assert store.write({"s": [_event(0)]}) == {}  # numbered: the next goes at once
         tool.execute("BEGIN IMMEDIATE")
         done: list[dict[str, StoreError]] = []
-        t = threading.Thread(target=lambda: done.append(store.write({"s": [_event(0)]})))
+        t = threading.Thread(target=lambda: done.append(store.write({"s": [_event(1)]})))
         t.start()
         t.join(0.05)
         assert t.is_alive()  # waits for the tool's lock
@@ -504,7 +539,7 @@ def test_a_writer_that_does_not_queue_is_waited_for_and_the_settings_come_back(d
         assert done == [{}]
         conn = store._connection.conn
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == store._connection.busy_ms
-        assert [e.seq for e in store.load("s")] == [0]
+        assert [e.seq for e in store.load("s")] == [0, 1]
     finally:
         tool.close()
         store.close()

@@ -61,8 +61,13 @@ def raw(path: Path) -> Iterator[sqlite3.Connection]:
 
 
 def pragma(store: SQLiteStore, name: str) -> object:
-    # The store's own connection: synchronous is a per-connection setting.
-    return store._connection.conn.execute(f"PRAGMA {name}").fetchone()[0]
+    """A setting of the store's own connections (synchronous is a per-connection
+    setting): the one that reads and the one that writes agree on it."""
+    with store._connection.lock:
+        wconn = store._connection.writer()
+    read = store._connection.conn.execute(f"PRAGMA {name}").fetchone()[0]
+    assert wconn.execute(f"PRAGMA {name}").fetchone()[0] == read
+    return read
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -635,13 +640,63 @@ def test_the_schema_version_check_reads_no_schema_while_the_schema_is_unchanged(
     with SQLiteStore(path) as store:
         store.write({"s": [ev(0)]})
         seen: list[str] = []
-        store._connection.conn.set_trace_callback(seen.append)
+        writer = store._connection.writer()
+        writer.set_trace_callback(seen.append)
         try:
             for i in range(1, 20):
                 store.write({"s": [ev(i)]})
         finally:
-            store._connection.conn.set_trace_callback(None)
+            writer.set_trace_callback(None)
         assert not [s for s in seen if "sqlite_master" in s]
+        # Each write one statement, which looks at the version and the cookie itself.
+        # (SQLite traces what a pragma function runs as a comment: not a statement.)
+        statements = [s for s in seen if s[:2] != "--"]
+        assert len(statements) == 19
+        assert all("WHERE (SELECT user_version = 3" in s for s in statements)
+
+
+def test_a_write_after_another_process_made_a_table_of_ours_goes_on(path: Path) -> None:
+    """The schema cookie moves when another process makes a table the store makes on
+    first use (the forwarded calls' records): the next write of a known session (one
+    statement that holds the cookie it expects) writes nothing and goes through a
+    transaction, which looks at the schema, finds it ours and writes; the write after
+    is one statement again."""
+    with SQLiteStore(path) as store, SQLiteStore(path) as other:
+        assert store.write({"s": [ev(0)]}) == {}
+        assert other.write({"t": [ev(0)]}, calls={"t": [("call-1", 0, 0)]}) == {}
+        seen: list[str] = []
+        writer = store._connection.writer()
+        writer.set_trace_callback(seen.append)
+        try:
+            assert store.write({"s": [ev(1)]}) == {}
+            first = [s for s in seen if s[:2] != "--"]
+            seen.clear()
+            assert store.write({"s": [ev(2)]}) == {}
+            second = [s for s in seen if s[:2] != "--"]
+        finally:
+            writer.set_trace_callback(None)
+        assert "BEGIN IMMEDIATE" in first
+        assert "COMMIT" in first
+        assert len(second) == 1
+        assert second[0].startswith("INSERT INTO event_rows")
+        assert store.load("s") == [ev(0), ev(1), ev(2)]
+        assert other.applied_call("t", "call-1") == (0, 0)
+
+
+def test_a_conflict_met_by_a_write_of_known_sessions_refuses_that_session_alone(
+    path: Path,
+) -> None:
+    """Two store objects on one file, each session already numbered: a write whose one
+    statement meets a seq the other stored writes nothing of itself; its transaction
+    then refuses the conflicting session alone and stores the other."""
+    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+        assert first.write({"s": [ev(0)], "t": [ev(0)]}) == {}
+        assert second.write({"s": [ev(1, "second")]}) == {}
+        refused = first.write({"s": [ev(1, "first")], "t": [ev(1)]})
+        assert set(refused) == {"s"}
+        assert isinstance(refused["s"], ConflictError)
+        assert first.load("s") == [ev(0), ev(1, "second")]
+        assert first.load("t") == [ev(0), ev(1)]
 
 
 # -- snapshots give the file's space back (issue 30, item 9) ------------------------------------

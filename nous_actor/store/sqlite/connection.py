@@ -1,12 +1,21 @@
 """A SQLite store's connection: `_Connection`, the object that owns it.
 
-It holds the store's one ``sqlite3`` connection, the lock every call takes, whether
-the store is closed or has failed (and why), the identity of the file it opened
-and the bytes snapshots dropped since the last vacuum; it is the one place
-sqlite3's errors are translated, and it runs write transactions (with how long
-one waits for another process's write lock, and how many ids one statement
-binds). Its `_Opening` (`schema`) opens the file and, at each write, says
-whether the file is still one this process may write.
+It holds the store's ``sqlite3`` connections (one that reads, and for a file one
+that writes, made at the first write), the lock every call takes, whether the
+store is closed or has failed (and why), the identity of the file it opened and
+the bytes snapshots dropped since the last vacuum; it is the one place sqlite3's
+errors are translated, and it runs writes (with how long one waits for another
+process's write lock, and how many ids one statement binds). Its `_Opening`
+(`schema`) opens the file and, at each write, says whether the file is still one
+this process may write.
+
+Why two connections: SQLite's busy handler must be on for reads (a reader may meet
+a lock for a moment, e.g. while another process checkpoints) and off for writes
+(the processes of this release queue for the file's turn first, `WriteLock`; a
+write then polls in short steps for a writer that does not queue, where SQLite's
+handler sleeps up to 100 ms a time). One connection switched between the two
+paid two statements a write, each handing the GIL back and waiting to take it
+again, which in a process with many busy threads took longer than the write.
 
 ``connect`` is the one method that opens a connection (the store's own and its
 follower's), so a subclass may override it (the viewer's read-only store does).
@@ -20,13 +29,24 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from typing import Final, Literal
+from pathlib import Path
+from typing import Any, Final, Literal
 
 from nous_actor.core.codec import CodecError
 from nous_actor.errors import StoreError
 from nous_actor.store.sqlite.schema import _Opening
 from nous_actor.store.sqlite.writelock import NO_QUEUE as _NO_QUEUE
 from nous_actor.store.sqlite.writelock import WriteLock
+
+UNBINDABLE: Final = (
+    sqlite3.InterfaceError,  # a value of a type sqlite3 cannot bind
+    sqlite3.DataError,  # a string or blob over SQLite's length limit
+    OverflowError,  # an int past 64 bits
+    UnicodeEncodeError,  # a str holding a lone surrogate
+    ValueError,
+    TypeError,
+)
+"""What binding a row can raise without the store itself being at fault."""
 
 _IN_CHUNK: Final = 500
 """Ids bound in one ``IN (...)`` (far below SQLite's bound on parameters)."""
@@ -51,9 +71,11 @@ class _Connection:
     Attributes:
         path: the database file, or ``":memory:"``.
         durability: ``"full"`` or ``"normal"`` (see `nous_actor.store.sqlite`).
-        busy_ms: how long SQLite itself waits for another process's lock, in ms.
-        lock: held by every call on ``conn``.
-        conn: the ``sqlite3`` connection (use it under ``lock``, through `locked`).
+        busy_ms: how long SQLite itself waits for another process's lock on a read, in ms.
+        lock: held by every call on either connection.
+        conn: the ``sqlite3`` connection that reads (use it under ``lock``, through
+            `locked`); for ``":memory:"`` it writes too (no other connection sees
+            that database).
         closed: the store was closed.
         lost: why nothing more is written (the store failed closed), or ``None``.
         dropped: bytes dropped by snapshots since the last vacuum (`vacuum`).
@@ -72,8 +94,9 @@ class _Connection:
         # The turn taken ahead of a write (`turn`, under ``lock``): ``True`` it came,
         # ``False`` it did not come in time, ``None`` none is taken ahead.
         self._ahead: bool | None = None
-        # SQLite's busy handler is off (``busy_timeout`` 0) for a write (`_no_busy_handler`).
-        self._busy_off = False
+        # The connection that writes a file, its busy handler off (made at the first
+        # write: `writer`); ``conn`` itself for ``":memory:"``.
+        self._wconn: sqlite3.Connection | None = None
         self.closed = False
         self.lost: str | None = None
         self.dropped = 0
@@ -83,13 +106,16 @@ class _Connection:
             self.conn = self._opening.open(timeout, create)
         self._file = self._opening.file  # (absolute path, st_dev, st_ino), or None
         self._queue = _NO_QUEUE if self._file is None else WriteLock(self._file[0])
+        if self._file is None:
+            self._wconn = self.conn
 
     def connect(self, target: str, timeout: float, uri: bool) -> sqlite3.Connection:
         """A new connection to ``target`` with the store's settings."""
         conn = sqlite3.connect(
             target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri
         )
-        try:  # connection settings only: nothing here writes to the file
+        try:  # connection settings only: nothing here writes to the file (a timeout of 0:
+            # no busy handler, as the connection that writes has it)
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             conn.execute(f"PRAGMA synchronous = {self.durability.upper()}")
         except BaseException:
@@ -98,12 +124,26 @@ class _Connection:
         return conn
 
     def close(self) -> None:
-        """Close the connection (once; later calls raise `StoreError`)."""
+        """Close the connections (once; later calls raise `StoreError`)."""
         with self.lock:
             if not self.closed:
                 self.closed = True
+                wconn, self._wconn = self._wconn, None
+                if wconn is not None and wconn is not self.conn:
+                    wconn.close()
                 self.conn.close()
                 self._queue.close()
+
+    def writer(self) -> sqlite3.Connection:
+        """(Under ``lock``.) The connection that writes: for a file, a connection of its
+        own whose busy handler is off (made now if this is the first write), which never
+        creates the file; for ``":memory:"``, `conn`."""
+        wconn = self._wconn
+        if wconn is None:
+            assert self._file is not None
+            wconn = self.connect(f"{Path(self._file[0]).as_uri()}?mode=rw", 0.0, uri=True)
+            self._wconn = wconn
+        return wconn
 
     def release_file(self) -> None:
         """Every connection to the file is closed (the store's and its follower's): an
@@ -162,14 +202,15 @@ class _Connection:
         even under ``durability="full"`` (for claims and releases: a claim lost with
         the machine's power is lost with its holder too; the next transaction that
         is fsynced carries it to disk, since the WAL is written in order)."""
-        with self.locked(session_id, doing) as conn:
+        with self.locked(session_id, doing):
+            conn = self.writer()
             relax = not synced and self.durability == "full"
             # The connection's settings change before the turn is taken and change back
             # after it is given up: other processes wait for the turn, not for them.
             if relax:
                 conn.execute("PRAGMA synchronous = NORMAL")
             try:
-                with self._no_busy_handler(conn), self.queued() as deadline:
+                with self.queued() as deadline:
                     self.begin(conn, deadline)
                     try:
                         self.check_writable(conn)  # before anything is written
@@ -183,6 +224,43 @@ class _Connection:
             finally:
                 if relax:
                     conn.execute("PRAGMA synchronous = FULL")
+
+    def write_at_once(
+        self, session_id: str | None, doing: str, sql: str, params: list[Any], rows: int
+    ) -> bool:
+        """Write ``rows`` rows in one statement that is its own transaction (SQLite
+        commits it as it ends: no ``BEGIN``, no ``COMMIT``, no statement that looks at
+        the file's schema first), in this store's turn, on the connection that writes;
+        ``sql`` ends with `STILL_OURS`, bound here after ``params``. Whether it wrote
+        them: ``False`` if it wrote nothing, and a write transaction must (and says
+        why): another writer's lock, a row refused, a value not bound, the file's schema
+        changed or not yet looked at.
+
+        The common write of a busy process is this one statement, where a transaction
+        is five (two of them to switch SQLite's busy handler): each hands the GIL back
+        and waits to take it again, which with many threads busy took longer than the
+        write, the file's turn held meanwhile.
+
+        Raises:
+            StoreError: the store is closed or failed; its file was removed or replaced;
+                SQLite failed otherwise.
+        """
+        with self.lock, self.translate(session_id, doing):
+            if self.closed:
+                raise StoreError(f"the store {self.path} is closed; open a new one")
+            if self.lost is not None:
+                raise StoreError(self.lost)
+            expected = self._opening.expected()
+            if expected is None:
+                return False
+            conn = self.writer()
+            with self.queued():
+                self.check_file()  # the file still the one opened, before anything is written
+                try:
+                    done = conn.execute(sql, [*params, *expected]).rowcount
+                except (sqlite3.IntegrityError, sqlite3.OperationalError, *UNBINDABLE):
+                    return False  # (a statement that fails writes nothing)
+            return done == rows
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[bool]:
@@ -200,14 +278,13 @@ class _Connection:
             if self.closed or self.lost is not None or self._ahead is not None:
                 yield False
                 return
-            with self._no_busy_handler(self.conn, quiet=True):
-                came = self._ahead = self._queue.acquire(self._busy_wait)
-                try:
-                    yield came
-                finally:
-                    self._ahead = None
-                    if came:
-                        self._queue.release()
+            came = self._ahead = self._queue.acquire(self._busy_wait)
+            try:
+                yield came
+            finally:
+                self._ahead = None
+                if came:
+                    self._queue.release()
 
     @contextlib.contextmanager
     def queued(self) -> Iterator[float]:
@@ -233,53 +310,26 @@ class _Connection:
         finally:
             self._queue.release()
 
-    @contextlib.contextmanager
-    def _no_busy_handler(self, conn: sqlite3.Connection, quiet: bool = False) -> Iterator[None]:
-        """(Under ``lock``.) SQLite's busy handler off (``busy_timeout`` 0) in the block,
-        and back on after it; nothing if it is off already (an outer block turned it off).
-
-        A write turns it off before it takes its turn, so the turn holds none of these
-        two statements: each hands the GIL back and waits to take it again, which in a
-        busy process takes longer than the statement, and other processes wait for the
-        turn meanwhile. With ``quiet``, a connection that fails to take the setting
-        (closed meanwhile) is left as it is: the write in the block says what failed."""
-        if self._busy_off:
-            yield
-            return
-        try:
-            conn.execute("PRAGMA busy_timeout = 0")
-        except sqlite3.Error:
-            if not quiet:
-                raise
-            yield
-            return
-        self._busy_off = True
-        try:
-            yield
-        finally:
-            self._busy_off = False
-            conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
-
     def begin(self, conn: sqlite3.Connection, deadline: float) -> None:
-        """``BEGIN IMMEDIATE``, waiting until ``deadline`` (``time.monotonic``) for another
-        process's write lock in steps of at most `_BUSY_STEP_S`: SQLite's own busy handler
-        (off meanwhile) sleeps up to 100 ms a time, long after the lock is free.
+        """``BEGIN IMMEDIATE`` on the connection that writes (`writer`), waiting until
+        ``deadline`` (``time.monotonic``) for another process's write lock in steps of at
+        most `_BUSY_STEP_S`: SQLite's own busy handler (off on that connection) sleeps up
+        to 100 ms a time, long after the lock is free.
 
         Called inside `queued`: the processes of this release queue for the file's
         `WriteLock` first, so this finds the lock taken only by a writer that does not
         queue (another tool, an older release)."""
-        with self._no_busy_handler(conn):
-            step = _BUSY_FIRST_S
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as exc:
-                    locked = "locked" in str(exc) or "busy" in str(exc)
-                    if not locked or time.monotonic() >= deadline:
-                        raise
-                time.sleep(step)
-                step = min(step * 2, _BUSY_STEP_S)
+        step = _BUSY_FIRST_S
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                locked = "locked" in str(exc) or "busy" in str(exc)
+                if not locked or time.monotonic() >= deadline:
+                    raise
+            time.sleep(step)
+            step = min(step * 2, _BUSY_STEP_S)
 
     # -- every write transaction: is the file still one this process may write? ----------
 

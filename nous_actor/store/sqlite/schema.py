@@ -43,6 +43,13 @@ _VERSIONS: Final = (
     "SELECT user_version, schema_version FROM pragma_user_version, pragma_schema_version"
 )
 """The file's schema version (ours) and its schema cookie (SQLite's), read together."""
+STILL_OURS: Final = (
+    "(SELECT user_version = ? AND schema_version = ? "
+    "FROM pragma_user_version, pragma_schema_version)"
+)
+"""`_VERSIONS` as a condition, the version and cookie a write expects bound to it: a
+write that holds it in its own statement (`_Opening.expected`) needs no statement of
+its own to look first."""
 
 _EVENT_ROWS: Final = """CREATE TABLE IF NOT EXISTS event_rows (
     session INTEGER NOT NULL,
@@ -533,6 +540,15 @@ class _Opening:
             )
         self._cookie = cookie
         return None
+
+    def expected(self) -> tuple[int, int] | None:
+        """What `STILL_OURS` is bound to in a write that looks no other way: this
+        release's version and the schema cookie the last `still_ours` saw, while nothing
+        has changed since; ``None`` before the first look, or for a file opened read-only
+        at an older version (a write then looks with `still_ours`, which says why)."""
+        if self._cookie < 0 or self.opened_at != SCHEMA_VERSION:
+            return None
+        return SCHEMA_VERSION, self._cookie
 
     def _create(self, conn: sqlite3.Connection) -> None:
         """Make the store, or bring one of version 1 or 2 (or one an older release left

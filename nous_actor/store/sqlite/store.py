@@ -67,6 +67,7 @@ from nous_actor.store.sqlite.writes import (
     _session_rows,
     insert_batches,
     record_calls,
+    rows_at_once,
     session_numbers,
 )
 from nous_actor.store.subscription import Subscription
@@ -326,6 +327,12 @@ class SQLiteStore(ClosingStore):
         if not batches:
             return refused
         only = batches[0][0] if len(batches) == 1 else None
+        if not calls:  # the common write: one statement, if it can be its own transaction
+            at_once = rows_at_once(batches, known)
+            if at_once is not None and self._connection.write_at_once(
+                only, "append events", *at_once
+            ):
+                return refused
         with self._connection.transaction(only, "append events") as conn:
             numbers = session_numbers(conn, [sid for sid, _ in batches], self._numbers)
             insert_batches(conn, batches, refused, numbers)

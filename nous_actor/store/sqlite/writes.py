@@ -19,7 +19,8 @@ from nous_actor.core.codec import encode_data, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import CallRecords
-from nous_actor.store.sqlite.schema import CALLS_TABLE
+from nous_actor.store.sqlite.connection import UNBINDABLE as _UNBINDABLE
+from nous_actor.store.sqlite.schema import CALLS_TABLE, STILL_OURS
 
 _INSERT = "INSERT INTO event_rows (session, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
 
@@ -34,16 +35,6 @@ _inserts: dict[int, str] = {}
 
 _SEQ_END: Final = 2**63
 """Seqs are below this: SQLite's integers are 64-bit."""
-
-_UNBINDABLE: Final = (
-    sqlite3.InterfaceError,  # a value of a type sqlite3 cannot bind
-    sqlite3.DataError,  # a string or blob over SQLite's length limit
-    OverflowError,  # an int past 64 bits
-    UnicodeEncodeError,  # a str holding a lone surrogate
-    ValueError,
-    TypeError,
-)
-"""What binding one session's row can raise without the store itself being at fault."""
 
 
 def _unstorable(sid: str, exc: BaseException) -> StoreError:
@@ -153,6 +144,33 @@ def insert_batches(
 
 
 _EVENT_ROWS: Final = "INSERT INTO event_rows (session, seq, type, time, data)"
+
+_checked: dict[int, str] = {}
+
+
+def rows_at_once(
+    batches: list[tuple[str, list[tuple[Any, ...]]]], numbers: Mapping[str, int]
+) -> tuple[str, list[Any], int] | None:
+    """The one statement that writes every row of ``batches`` when it can be its own
+    transaction (`_Connection.write_at_once`): ``(sql, params, rows)``; ``None`` when a
+    transaction must write them (a session not yet numbered, more rows than one statement
+    takes). The statement inserts them only if the file is still ours (`STILL_OURS`)."""
+    params: list[Any] = []
+    rows = 0
+    for sid, session_rows in batches:
+        number = numbers.get(sid)
+        if number is None:
+            return None
+        rows += len(session_rows)
+        if rows > _ROWS_PER_INSERT:
+            return None
+        for row in session_rows:
+            params += (number, *row[1:])
+    sql = _checked.get(rows)
+    if sql is None:
+        values = ",".join(["(?, ?, ?, ?, ?)"] * rows)
+        sql = _checked[rows] = f"{_EVENT_ROWS} SELECT * FROM (VALUES {values}) WHERE {STILL_OURS}"
+    return sql, params, rows
 
 
 def _insert_many(
