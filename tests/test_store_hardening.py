@@ -440,6 +440,23 @@ def test_a_write_after_the_folder_is_removed_raises_store_error(tmp_path: Path) 
         store.close()
 
 
+def test_a_first_write_after_the_folder_is_removed_raises_store_error(tmp_path: Path) -> None:
+    """The folder removed before the store's first write (its connection that writes is
+    made then): that write says the file was removed, and every call after it too."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    store = SQLiteStore(folder / "events.sqlite")
+    try:
+        shutil.rmtree(folder)
+        with pytest.raises(StoreError, match="was removed or replaced"):
+            store.write({"s": [ev(0)]})
+        with pytest.raises(StoreError, match="was removed or replaced"):
+            store.load("s")
+        assert not folder.exists()  # nothing made again at the path
+    finally:
+        store.close()
+
+
 def test_an_append_after_the_folder_is_removed_is_not_acknowledged(tmp_path: Path) -> None:
     """Through a session: the append's future fails with StoreError, and the next is refused."""
     folder = tmp_path / "data"

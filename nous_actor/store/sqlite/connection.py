@@ -137,10 +137,17 @@ class _Connection:
     def writer(self) -> sqlite3.Connection:
         """(Under ``lock``.) The connection that writes: for a file, a connection of its
         own whose busy handler is off (made now if this is the first write), which never
-        creates the file; for ``":memory:"``, `conn`."""
+        creates the file; for ``":memory:"``, `conn`.
+
+        Raises:
+            StoreError: the file was removed or replaced before the first write (the
+                store fails closed, as a write finds it at any other time).
+            sqlite3.Error: SQLite could not open it (the caller translates it).
+        """
         wconn = self._wconn
         if wconn is None:
             assert self._file is not None
+            self.check_file()  # a file gone since the store opened it: said so, not "cannot open"
             wconn = self.connect(f"{Path(self._file[0]).as_uri()}?mode=rw", 0.0, uri=True)
             self._wconn = wconn
         return wconn
