@@ -57,7 +57,8 @@ class SessionCrashed(SessionStopped):
 class CallOutcomeUnknown(SessionCrashed):
     """A call sent to the process that holds the session got no answer: that process
     died (or its connection broke) after taking the call, so the call may or may not
-    have been applied.
+    have been applied. (A call that only reads is never answered so: it is sent again
+    where the session is next.)
 
     The one ambiguous case of a forwarded call, and a checkable one: the holder records
     ``call_id`` with what the call appended, in the same transaction. Once the session

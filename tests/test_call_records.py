@@ -297,6 +297,59 @@ def _start_holder(kind: str, where: str, when: str, held: str = "chat") -> subpr
     return proc
 
 
+def _reads_behind_a_killed_call(make_store: Callable[[], Any], kind: str, where: str) -> None:
+    """Reads sent behind a write whose holder dies committing it were taken by the
+    holder and never answered: each goes where the session is next (here, once the dead
+    holder's claim is taken over) and is answered there, never with
+    `CallOutcomeUnknown` (a read changed nothing); the write alone is ambiguous."""
+    proc = _start_holder(kind, where, "after")
+    try:
+        with Sessions(make_store()) as sessions:
+            chat = sessions.open("chat")
+            assert sessions.live() == []  # held by the other process: forwarded
+            assert chat.append("user_message", {"content": "one"}).get(timeout=BOUND).seq == 1
+            call = chat.append("user_message", {"content": "fatal", "fatal": True})
+            count, events = chat.count(), chat.events()
+            asked = chat.applied("nobody-0")
+            with pytest.raises(CallOutcomeUnknown) as info:
+                call.get(timeout=BOUND)
+            assert proc.wait(BOUND) == -9
+            assert count.get(timeout=BOUND) == 3  # the write was committed, then the death
+            assert [e.data["content"] for e in events.get(timeout=BOUND)] == [
+                "held here",
+                "one",
+                "fatal",
+            ]
+            assert asked.get(timeout=BOUND) is None
+            assert chat.applied(info.value.call_id).get(timeout=BOUND) == (2,)
+            assert sessions.live() == ["chat"]
+    finally:
+        _end(proc)
+
+
+def test_sqlite_reads_behind_a_call_whose_holder_died_are_answered_by_the_next(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "app.db")
+    _reads_behind_a_killed_call(lambda: SQLiteStore(path), "sqlite", path)
+
+
+def test_postgres_reads_behind_a_call_whose_holder_died_are_answered_by_the_next(
+    pg_server: Any,
+) -> None:
+    from nous_actor.store.postgres import PostgresStore
+
+    schema = pg_server.fresh_schema()
+    try:
+        _reads_behind_a_killed_call(
+            lambda: PostgresStore(pg_server.dsn, schema=schema, lease=2.0),
+            "postgres",
+            f"{pg_server.dsn}|{schema}",
+        )
+    finally:
+        pg_server.drop_schema(schema)
+
+
 def _kill_mid_call(
     make_store: Callable[[], Any], kind: str, where: str, when: str, batch: bool
 ) -> None:

@@ -15,6 +15,8 @@ A call sent over a socket whose answer never comes back because the holder
 died or the connection broke fails with `CallOutcomeUnknown` (a `SessionCrashed`):
 it may or may not have been applied. The holder records each call's id with what
 it appends, in the same transaction, so ``session.applied(err.call_id)`` tells which.
+A read is the exception: it changed nothing, so it goes back to its route like a call
+never written (`RESENT_IF_LOST`).
 A call that was not yet written to the socket was not applied: it goes back to its
 route, which delivers it where the session is next.
 """
@@ -51,6 +53,12 @@ OK, FAILED, NOT_HELD, SEQ = range(4)
 """What comes back for a call: its value, its error, "this process does not hold the
 session" (not applied: send it where the session is), or the (first) seq of what an
 append appended (the caller rebuilds the events from the parts it sent)."""
+
+
+RESENT_IF_LOST: Final = frozenset({"h_read", "h_log", "h_applied"})
+"""The calls that only read (the log's reads, the log, a call's record): one whose holder
+went away before answering is sent where the session is next, never answered with
+`CallOutcomeUnknown` (nothing it could have done needs checking)."""
 
 
 def call_id(token: str, number: int) -> str:
@@ -368,8 +376,11 @@ class SocketLink:
             self._lost(exc)
 
     def _lost(self, exc: BaseException) -> None:
-        """The connection broke: every call still waiting may or may not have been
-        applied by the holder; say so."""
+        """The connection broke: every write still waiting may or may not have been
+        applied by the holder; say so. A read still waiting (`RESENT_IF_LOST`) changed
+        nothing wherever it got to: it goes back to its route, which delivers it where
+        the session is next (`session.applied(call_id)`, asked right after a holder
+        died, is answered there instead of failing the same way)."""
         with self._lock:
             self.closed = True
             calls, self._calls = self._calls, {}
@@ -380,7 +391,12 @@ class SocketLink:
             self._conn.close()
         except OSError:
             pass
-        for number, (route, _, (_, _, fut)) in calls.items():
+        for number, (route, epoch, call) in calls.items():
+            if call[0].__name__ in RESENT_IF_LOST:
+                route.refused(epoch, call)
+                route.answered()
+                continue
+            fut = call[2]
             cid = call_id(self._token, number)
             fut._fail(
                 CallOutcomeUnknown(
