@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,11 +365,14 @@ def run_clients(
     seed: int = 0,
     on_progress: Callable[[int], None] | None = None,
     retry_refused: bool = False,
+    sticky: bool = False,
 ) -> Outcome:
     """Send ``requests`` ((session id, request id) pairs) from ``clients`` threads, each to
-    a random live worker; a request whose worker died is sent again to another, and with
-    ``retry_refused`` one answered with a `ConflictError` too (noted in ``refused``).
-    Each answered request's latency goes to ``latencies`` (see `Outcome.p50`, ``p99``)."""
+    a random live worker (``sticky``: each conversation's to one worker, picked by its id,
+    as a load balancer hashing on the conversation does); a request whose worker died is
+    sent again to another, and with ``retry_refused`` one answered with a `ConflictError`
+    too (noted in ``refused``). Each answered request's latency goes to ``latencies``
+    (see `Outcome.p50`, ``p99``)."""
     out = Outcome()
     todo: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
     for r in requests:
@@ -388,7 +392,8 @@ def run_clients(
                 live = fleet.live()
                 if not live:
                     continue
-                reply = ask(rng.choice(live), sid, rid, retry=sent)
+                pick = live[zlib.crc32(sid.encode()) % len(live)] if sticky else rng.choice(live)
+                reply = ask(pick, sid, rid, retry=sent)
                 sent = True
                 if reply is not None and not (
                     retry_refused and str(reply.get("error", "")).startswith("ConflictError")

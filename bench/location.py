@@ -175,9 +175,11 @@ def _server_cpu(postmaster: int | None) -> float | None:
 def _fleet_run(
     spec: str, folder: Path, kind: str, workers: int, wait: float,
     sent: list[tuple[str, str]], kills: int = 0, seed: int = 32, postmaster: int | None = None,
+    sticky: bool = False,
 ) -> Run:  # fmt: skip
     """``sent`` from `CLIENTS` clients to ``workers`` fresh workers on ``spec``; with
-    ``kills``, that many workers SIGKILLed (and replaced) at even marks of the traffic."""
+    ``kills``, that many workers SIGKILLed (and replaced) at even marks of the traffic;
+    ``sticky``: each conversation's requests to one worker (see `run_clients`)."""
     open_store(spec).close()  # the store exists before the workers race to make it
     fleet = Fleet(spec, folder, wait=wait)
     fleet.start(workers)
@@ -199,7 +201,7 @@ def _fleet_run(
     pids = [w.pid for w in fleet.live()]
     cpu0, mine0, db0 = _cpu_seconds(pids), time.process_time(), _server_cpu(postmaster)
     try:
-        out = run_clients(fleet, sent, CLIENTS, seed=seed, on_progress=on_progress)
+        out = run_clients(fleet, sent, CLIENTS, seed=seed, on_progress=on_progress, sticky=sticky)
         mine = (time.process_time() - mine0) * 1000 / len(sent)
         for t in killers:
             t.join(h.JOIN_TIMEOUT)
@@ -273,11 +275,12 @@ class Shape:
 def _compare(
     base: str | None, store: str, shape: Shape, repeats: int, handoff: bool
 ) -> dict[str, list[Run]]:
-    """The 4-worker fleet and one worker alone (and the hand-off fleet, as context), run
-    alternately ``repeats`` times, each on a fresh store."""
+    """The 4-worker fleet and one worker alone (and, as context, the same fleet with each
+    conversation's requests sent to one worker, and the hand-off fleet), run alternately
+    ``repeats`` times, each on a fresh store."""
     kinds: list[tuple[str, int, float]] = [("fleet", WORKERS, 0.0), ("alone", 1, 0.0)]
     if handoff:
-        kinds.append(("handoff", WORKERS, HANDOFF_WAIT))
+        kinds += [("sticky", WORKERS, 0.0), ("handoff", WORKERS, HANDOFF_WAIT)]
     runs: dict[str, list[Run]] = {k: [] for k, _, _ in kinds}
     postmaster = _postmaster(base)
     for k in range(repeats):
@@ -288,7 +291,15 @@ def _compare(
             with _fresh(base, f"loc-{kind}") as (spec, folder):
                 runs[kind].append(
                     _fleet_run(
-                        spec, folder, kind, workers, wait, sent, seed=k, postmaster=postmaster
+                        spec,
+                        folder,
+                        kind,
+                        workers,
+                        wait,
+                        sent,
+                        seed=k,
+                        postmaster=postmaster,
+                        sticky=kind == "sticky",
                     )
                 )
             h.settle()
@@ -371,6 +382,24 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
             ratio=warm_rate.as_dict(),
         )
     )
+    sticky = runs.get("sticky")
+    if sticky:
+        st = h.Stats.of([r.per_s for r in sticky])
+        st_ratio = h.ratios([r.per_s for r in sticky], [r.per_s for r in alone])
+        bad = [p for r in sticky for p in r.problems]
+        rows.append(
+            h.info_row(
+                f"the same {WORKERS} workers, each conversation's requests sent to one "
+                f"worker (sticky routing: none forwarded once held), {store}, {shape.label}",
+                f"{st.median:.0f} [{st.min:.0f}-{st.max:.0f}] req/s{_cpu_text(sticky)}"
+                + (" (INVALID)" if bad else ""),
+                f"refused {sum(r.refused for r in sticky)}; forwarding's fleet "
+                f"{per_s.median:.0f} req/s{cpu[0]}",
+                h.fmt_ratio(st_ratio.median, st_ratio.min, st_ratio.max) + " one worker",
+                runs=[r.numbers() for r in sticky],
+                ratio=st_ratio.as_dict(),
+            )
+        )
     handoff = runs.get("handoff")
     if handoff:
         ho = h.Stats.of([r.per_s for r in handoff])
@@ -461,7 +490,7 @@ def _store_rows(cfg: h.Config, base: str | None, store: str, sec: h.Section) -> 
     for shape in shapes:
         runs = _compare(base, store, shape, repeats, handoff=not cfg.quick)
         sec.rows.extend(_fleet_rows(store, shape, runs))
-        forwarded += runs["fleet"] + runs["alone"]
+        forwarded += runs["fleet"] + runs["alone"] + runs.get("sticky", [])
     sec.rows.append(
         _refusal_row(
             f"calls refused by a live worker, forwarding, {store}, every run above",
