@@ -384,43 +384,47 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
     )
     sticky = runs.get("sticky")
     if sticky:
-        st = h.Stats.of([r.per_s for r in sticky])
-        st_ratio = h.ratios([r.per_s for r in sticky], [r.per_s for r in alone])
-        bad = [p for r in sticky for p in r.problems]
         rows.append(
-            h.info_row(
+            _context_row(
                 f"the same {WORKERS} workers, each conversation's requests sent to one "
                 f"worker (sticky routing: none forwarded once held), {store}, {shape.label}",
-                f"{st.median:.0f} [{st.min:.0f}-{st.max:.0f}] req/s{_cpu_text(sticky)}"
-                + (" (INVALID)" if bad else ""),
-                f"refused {sum(r.refused for r in sticky)}; forwarding's fleet "
-                f"{per_s.median:.0f} req/s{cpu[0]}",
-                h.fmt_ratio(st_ratio.median, st_ratio.min, st_ratio.max) + " one worker",
-                runs=[r.numbers() for r in sticky],
-                ratio=st_ratio.as_dict(),
+                sticky,
+                alone,
+                f"forwarding's fleet {per_s.median:.0f} req/s{cpu[0]}",
             )
         )
     handoff = runs.get("handoff")
     if handoff:
-        ho = h.Stats.of([r.per_s for r in handoff])
-        ho_ratio = h.ratios([r.per_s for r in handoff], [r.per_s for r in alone])
         ho_p99 = h.ratios([r.p99 for r in handoff], [r.p99 for r in alone])
-        bad = [p for r in handoff for p in r.problems]
         rows.append(
-            h.info_row(
+            _context_row(
                 f"the same {WORKERS} workers moving each session to the worker asked "
                 f"(hand-off, wait={HANDOFF_WAIT:g}), {store}, {shape.label}",
-                f"{ho.median:.0f} [{ho.min:.0f}-{ho.max:.0f}] req/s{_cpu_text(handoff)}"
-                + (" (INVALID)" if bad else ""),
-                f"refused {sum(r.refused for r in handoff)}; p99 ratio "
-                + h.fmt_ratio(ho_p99.median, ho_p99.min, ho_p99.max),
-                h.fmt_ratio(ho_ratio.median, ho_ratio.min, ho_ratio.max) + " one worker",
-                runs=[r.numbers() for r in handoff],
-                ratio=ho_ratio.as_dict(),
+                handoff,
+                alone,
+                "p99 ratio " + h.fmt_ratio(ho_p99.median, ho_p99.min, ho_p99.max),
                 p99_ratio=ho_p99.as_dict(),
             )
         )
     return rows
+
+
+def _context_row(what: str, runs: list[Run], alone: list[Run], also: str, **numbers: Any) -> h.Row:
+    """A context row of another fleet's ``runs`` beside one worker ``alone``: its
+    requests/s (and CPU), the requests refused with ``also``, the ratio to one worker."""
+    stats = h.Stats.of([r.per_s for r in runs])
+    ratio = h.ratios([r.per_s for r in runs], [r.per_s for r in alone])
+    bad = [p for r in runs for p in r.problems]
+    return h.info_row(
+        what,
+        f"{stats.median:.0f} [{stats.min:.0f}-{stats.max:.0f}] req/s{_cpu_text(runs)}"
+        + (" (INVALID)" if bad else ""),
+        f"refused {sum(r.refused for r in runs)}; {also}",
+        h.fmt_ratio(ratio.median, ratio.min, ratio.max) + " one worker",
+        runs=[r.numbers() for r in runs],
+        ratio=ratio.as_dict(),
+        **numbers,
+    )
 
 
 def _cpu_text(runs: list[Run]) -> str:

@@ -240,6 +240,36 @@ def test_the_fleets_cpu_bound_is_the_machine_busy_at_the_measured_cost() -> None
     assert cpu_bound(fleet, [], 2) is None
 
 
+def test_the_fleet_rows_set_sticky_routing_and_the_hand_off_beside_one_worker() -> None:
+    """The context rows of a full run: the fleet with each conversation sent to one
+    worker, and the hand-off fleet, each as its requests/s over one worker alone's (per
+    repeat, median [min-max]); a run with a problem is marked invalid."""
+    from bench.location import Run, Shape, _fleet_rows
+
+    def run(kind: str, per_s: float, problems: tuple[str, ...] = ()) -> Run:
+        return Run(
+            kind, 4, 1000, per_s, 0.01, 0.05, 0, 0, 0, 0, 0, 0.7,
+            problems=list(problems), client_cpu_ms=0.1,
+        )  # fmt: skip
+
+    runs = {
+        "fleet": [run("fleet", 1500), run("fleet", 1600)],
+        "alone": [run("alone", 1000), run("alone", 1000)],
+        "sticky": [run("sticky", 1800), run("sticky", 2000, ("lost r1",))],
+        "handoff": [run("handoff", 200), run("handoff", 300)],
+    }
+    made = _fleet_rows("SQLite", Shape("20 at random", 20, 2), runs)
+    rows = {row.benchmark: row for row in made}
+    sticky = next(r for w, r in rows.items() if "sticky routing" in w)
+    assert sticky.ratio == "1.9x [1.8-2] one worker"
+    assert "(INVALID)" in sticky.ours
+    assert "forwarding's fleet 1550 req/s" in sticky.baseline
+    handoff = next(r for w, r in rows.items() if "hand-off" in w)
+    assert handoff.ratio == "0.25x [0.2-0.3] one worker"
+    assert "(INVALID)" not in handoff.ours
+    assert handoff.baseline.startswith("refused 0; p99 ratio 1x")
+
+
 def test_the_fleets_cpu_bound_counts_the_database_servers_cpu() -> None:
     """On PostgreSQL, the server's CPU per request shares the machine's CPUs: the bound
     counts it beside the workers' and the clients'."""

@@ -337,14 +337,22 @@ def test_sqlite_reads_behind_a_call_whose_holder_died_are_answered_by_the_next(
 def test_postgres_reads_behind_a_call_whose_holder_died_are_answered_by_the_next(
     pg_server: Any,
 ) -> None:
+    _on_postgres(pg_server, _reads_behind_a_killed_call)
+
+
+def _on_postgres(pg_server: Any, run: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """``run(make_store, "postgres", where, *args, **kwargs)`` on a fresh schema of the
+    server (a holder's stores lease their claims for 2 s), dropped afterwards."""
     from nous_actor.store.postgres import PostgresStore
 
     schema = pg_server.fresh_schema()
     try:
-        _reads_behind_a_killed_call(
+        run(
             lambda: PostgresStore(pg_server.dsn, schema=schema, lease=2.0),
             "postgres",
             f"{pg_server.dsn}|{schema}",
+            *args,
+            **kwargs,
         )
     finally:
         pg_server.drop_schema(schema)
@@ -401,19 +409,7 @@ def test_sqlite_a_holder_killed_mid_call_leaves_a_checkable_call(
 def test_postgres_a_holder_killed_mid_call_leaves_a_checkable_call(
     pg_server: Any, when: str
 ) -> None:
-    from nous_actor.store.postgres import PostgresStore
-
-    schema = pg_server.fresh_schema()
-    try:
-        _kill_mid_call(
-            lambda: PostgresStore(pg_server.dsn, schema=schema, lease=2.0),
-            "postgres",
-            f"{pg_server.dsn}|{schema}",
-            when,
-            batch=True,
-        )
-    finally:
-        pg_server.drop_schema(schema)
+    _on_postgres(pg_server, _kill_mid_call, when, batch=True)
 
 
 # -- the adapters never show the ambiguity --------------------------------------------------
