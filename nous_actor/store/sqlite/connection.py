@@ -244,9 +244,9 @@ class _Connection:
         changed or not yet looked at.
 
         The common write of a busy process is this one statement, where a transaction
-        is five (two of them to switch SQLite's busy handler): each hands the GIL back
-        and waits to take it again, which with many threads busy took longer than the
-        write, the file's turn held meanwhile.
+        is four (``BEGIN``, the schema's check, the insert, ``COMMIT``): each hands the
+        GIL back and waits to take it again, which with many threads busy takes longer
+        than the write, the file's turn held meanwhile.
 
         Raises:
             StoreError: the store is closed or failed; its file was removed or replaced;

@@ -155,22 +155,23 @@ def rows_at_once(
     transaction (`_Connection.write_at_once`): ``(sql, params, rows)``; ``None`` when a
     transaction must write them (a session not yet numbered, more rows than one statement
     takes). The statement inserts them only if the file is still ours (`STILL_OURS`)."""
+    rows = sum(len(session_rows) for _, session_rows in batches)
+    if rows > _ROWS_PER_INSERT or any(sid not in numbers for sid, _ in batches):
+        return None  # (decided before any row is copied)
     params: list[Any] = []
-    rows = 0
     for sid, session_rows in batches:
-        number = numbers.get(sid)
-        if number is None:
-            return None
-        rows += len(session_rows)
-        if rows > _ROWS_PER_INSERT:
-            return None
+        number = numbers[sid]
         for row in session_rows:
             params += (number, *row[1:])
     sql = _checked.get(rows)
     if sql is None:
-        values = ",".join(["(?, ?, ?, ?, ?)"] * rows)
-        sql = _checked[rows] = f"{_EVENT_ROWS} SELECT * FROM (VALUES {values}) WHERE {STILL_OURS}"
+        sql = _checked[rows] = f"{_EVENT_ROWS} SELECT * FROM ({_values(rows)}) WHERE {STILL_OURS}"
     return sql, params, rows
+
+
+def _values(rows: int) -> str:
+    """``VALUES`` with ``rows`` rows of 5 parameters each."""
+    return "VALUES " + ",".join(["(?, ?, ?, ?, ?)"] * rows)
 
 
 def _insert_many(
@@ -186,7 +187,7 @@ def _insert_many(
         chunk = rows[i : i + _ROWS_PER_INSERT]
         sql = made.get(len(chunk))
         if sql is None:
-            sql = made[len(chunk)] = f"{head} VALUES " + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+            sql = made[len(chunk)] = f"{head} {_values(len(chunk))}"
         conn.execute(sql, [v for row in chunk for v in row])
 
 
