@@ -2,20 +2,23 @@
 
 Used by tests/test_processes.py (with workers SIGKILLed in the middle) and by
 `bench.processes` (the requests per second). Each worker is a process running
-``python -m bench.fleet worker STORE SOCKET WAIT``: a `nous_actor.Sessions` on
-the store, serving requests on a Unix socket, one thread per connection, as a
-threaded web server would. A request names a session and a request id; the
-worker reads the session without taking it, then opens it (``wait=``: asking
-the worker that holds it for it) and writes one turn: a ``turn_start``, a user
-and an assistant message and a ``turn_end``, through one ``append_many``. A
-request already in the history (a client's retry after its worker died) is
-answered without writing it again.
+``python -m bench.fleet worker STORE SOCKET WAIT [SERVER]``: a `nous_actor.Sessions`
+on the store, serving requests on a Unix socket, one thread per connection, as a
+threaded web server would (SERVER ``threads``, the default), or every connection
+from one asyncio loop, as an ASGI server (``uvicorn --workers N``) would
+(``asyncio``). A request names a session and a request id; the worker reads the
+session without taking it, then opens it (``wait=``: asking the worker that holds
+it for it) and writes one turn: a ``turn_start``, a user and an assistant message
+and a ``turn_end``, through one ``append_many``. A request already in the history
+(a client's retry after its worker died) is answered without writing it again; the
+request's steps are written once (`_request`) and driven by either server.
 
 STORE is ``sqlite:PATH`` or ``postgres:SCHEMA:DSN``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -29,7 +32,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -67,107 +70,133 @@ def open_store(spec: str) -> Any:
 # -- the worker process ---------------------------------------------------------------------
 
 
-def _serve(store_spec: str, path: str, wait: float) -> None:
-    from nous_actor import Sessions
+SERVERS: Final = ("threads", "asyncio")
+"""How a worker serves its connections: a thread per connection (a threaded web server's
+way: every wait on a session blocks its thread), or one asyncio loop for all of them (an
+ASGI server's way, as ``uvicorn --workers N`` runs: every wait is awaited)."""
+
+
+@dataclass(frozen=True)
+class _Open:
+    """A request's step: open the session (``sessions.open``, or ``aopen`` in a loop)."""
+
+    sid: str
+
+
+def _request(req: dict[str, Any], sessions: Any) -> Generator[Any, Any, dict[str, Any]]:
+    """One request's steps, written once for both servers: yields what it waits for (a
+    session's future, or `_Open`), is sent its value (or thrown its error), and returns
+    the reply."""
     from nous_actor.errors import CallOutcomeUnknown, SessionCrashed, SessionStopped
+
+    sid, rid = req["sid"], req["rid"]
+    seen = yield sessions.read(sid).count()  # read without taking the session
+    counts = {"seen": seen, "refused": 0, "ambiguous": 0, "found": 0}
+    # A request sent again (its first worker died before answering), or whose holder died
+    # before answering: it may be stored already; look first.
+    check = bool(req.get("retry"))
+    for _attempt in range(20):
+        chat = yield _Open(sid)
+        try:
+            events = (yield chat.events()) if check else []
+            done = [e.seq for e in events if e.type == "turn_start" and e.data.get("rid") == rid]
+            if done:
+                return {"ok": True, "seq": done[0], "dup": True, **counts}
+            turn = yield chat.append_many(
+                [
+                    ("turn_start", {"rid": rid}),
+                    ("user_message", {"content": f"question {rid}", "rid": rid}),
+                    ("assistant_message", {"content": f"answer {rid}", "rid": rid}),
+                    ("turn_end", {"rid": rid}),
+                ]
+            )
+        except CallOutcomeUnknown as exc:
+            # The worker holding it died between taking the call and answering: its
+            # record tells whether it was applied (asked of the session's next holder).
+            counts["ambiguous"] += 1
+            seqs = yield (yield _Open(sid)).applied(exc.call_id)
+            if seqs is not None:
+                counts["found"] += 1
+                return {"ok": True, "seq": seqs[0], "dup": True, **counts}
+            continue  # not applied: make it again
+        except SessionCrashed:
+            # The session crashed here before answering: maybe applied. The store is the
+            # truth: look again (the loop's first read) before writing.
+            counts["ambiguous"] += 1
+            check = True
+            continue
+        except SessionStopped:  # handed over between two calls: not applied, again
+            counts["refused"] += 1
+            continue
+        return {"ok": True, "seq": turn[0].seq, "dup": False, **counts}
+    raise RuntimeError("the session kept moving away")
+
+
+def _advance(
+    steps: Generator[Any, Any, dict[str, Any]], value: Any, error: BaseException | None
+) -> tuple[bool, Any]:
+    """Send ``value`` (or throw ``error``) into a request's steps: ``(True, reply)`` once it
+    returned, else ``(False, what it waits for next)``."""
+    try:
+        return False, (steps.send(value) if error is None else steps.throw(error))
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def _reply_line(reply: dict[str, Any] | Exception) -> bytes:
+    """The line that answers a request: its reply, or the error it raised."""
+    if isinstance(reply, Exception):
+        reply = {"ok": False, "error": f"{type(reply).__name__}: {reply}"}
+    return json.dumps({**reply, "pid": os.getpid()}).encode() + b"\n"
+
+
+def _serve(store_spec: str, path: str, wait: float, server: str = "threads") -> None:
+    from nous_actor import Sessions
 
     # wait > 0: a session held by another worker is asked for (moved here, the hand-off);
     # wait == 0: the call goes to the worker that holds it (forwarding).
     sessions = Sessions(
         open_store(store_spec), handoff_wait=wait or None, timeout=max(wait, 10.0) + 30
     )
+    if server == "asyncio":
+        asyncio.run(_serve_loop(sessions, path, wait))
+    else:
+        _serve_threads(sessions, path, wait)
+    sessions.close()
+
+
+def _serve_threads(sessions: Any, path: str, wait: float) -> None:
+    """Serve on a thread per connection until stdin closes."""
 
     def handle(req: dict[str, Any]) -> dict[str, Any]:
-        sid, rid = req["sid"], req["rid"]
-        t0 = time.perf_counter()
-        seen = sessions.read(sid).count().get()  # read without taking the session
-        refused = ambiguous = found = 0
-        # A request sent again (its first worker died before answering), or whose
-        # holder died before answering: it may be stored already; look first.
-        check = bool(req.get("retry"))
-        for _attempt in range(20):
-            t1 = time.perf_counter()
-            chat = sessions.open(sid, wait=wait or None)
-            t2 = time.perf_counter()
-            if TRACE:
-                print(f"read {t1 - t0:.4f} open {t2 - t1:.4f}", file=sys.stderr, flush=True)
+        steps = _request(req, sessions)
+        done, step = _advance(steps, None, None)
+        while not done:
+            value: Any = None
+            error: Exception | None = None
             try:
-                done = (
-                    [
-                        e.seq
-                        for e in chat.events().get()
-                        if e.type == "turn_start" and e.data.get("rid") == rid
-                    ]
-                    if check
-                    else []
-                )
-                if done:
-                    return {
-                        "ok": True,
-                        "seq": done[0],
-                        "dup": True,
-                        "seen": seen,
-                        "refused": refused,
-                        "ambiguous": ambiguous,
-                        "found": found,
-                    }
-                turn = chat.append_many(
-                    [
-                        ("turn_start", {"rid": rid}),
-                        ("user_message", {"content": f"question {rid}", "rid": rid}),
-                        ("assistant_message", {"content": f"answer {rid}", "rid": rid}),
-                        ("turn_end", {"rid": rid}),
-                    ]
-                ).get()
-            except CallOutcomeUnknown as exc:
-                # The worker holding it died between taking the call and answering: its
-                # record tells whether it was applied (asked of the session's next holder).
-                ambiguous += 1
-                seqs = sessions.open(sid, wait=wait or None).applied(exc.call_id).get()
-                if seqs is not None:
-                    found += 1
-                    return {
-                        "ok": True,
-                        "seq": seqs[0],
-                        "dup": True,
-                        "seen": seen,
-                        "refused": refused,
-                        "ambiguous": ambiguous,
-                        "found": found,
-                    }
-                continue  # not applied: make it again
-            except SessionCrashed:
-                # The session crashed here before answering: maybe applied. The store
-                # is the truth: look again (the loop's first read) before writing.
-                ambiguous += 1
-                check = True
-                continue
-            except SessionStopped:  # handed over between two calls: not applied, again
-                refused += 1
-                continue
-            return {
-                "ok": True,
-                "seq": turn[0].seq,
-                "dup": False,
-                "seen": seen,
-                "refused": refused,
-                "ambiguous": ambiguous,
-                "found": found,
-            }
-        raise RuntimeError("the session kept moving away")
+                if isinstance(step, _Open):
+                    t0 = time.perf_counter()
+                    value = sessions.open(step.sid, wait=wait or None)
+                    if TRACE:
+                        print(f"open {time.perf_counter() - t0:.4f}", file=sys.stderr, flush=True)
+                else:
+                    value = step.get()
+            except Exception as exc:
+                error = exc
+            done, step = _advance(steps, value, error)
+        return step  # type: ignore[no-any-return]
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
             line = self.rfile.readline()
             if not line:
                 return
-            req = json.loads(line)
             try:
-                reply = handle(req)
+                reply: dict[str, Any] | Exception = handle(json.loads(line))
             except Exception as exc:
-                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            reply["pid"] = os.getpid()
-            self.wfile.write(json.dumps(reply).encode() + b"\n")
+                reply = exc
+            self.wfile.write(_reply_line(reply))
 
     class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         daemon_threads = True
@@ -178,7 +207,46 @@ def _serve(store_spec: str, path: str, wait: float) -> None:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         sys.stdin.readline()  # the parent closes stdin (or kills us) to end the worker
         server.shutdown()
-    sessions.close()
+
+
+async def _serve_loop(sessions: Any, path: str, wait: float) -> None:
+    """Serve every connection from one asyncio loop until stdin closes."""
+
+    async def handle(req: dict[str, Any]) -> dict[str, Any]:
+        steps = _request(req, sessions)
+        done, step = _advance(steps, None, None)
+        while not done:
+            value: Any = None
+            error: Exception | None = None
+            try:
+                if isinstance(step, _Open):
+                    value = await sessions.aopen(step.sid, wait=wait or None)
+                else:
+                    value = await step
+            except Exception as exc:
+                error = exc
+            done, step = _advance(steps, value, error)
+        return step  # type: ignore[no-any-return]
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await reader.readline()
+            if line:
+                try:
+                    reply: dict[str, Any] | Exception = await handle(json.loads(line))
+                except Exception as exc:
+                    reply = exc
+                writer.write(_reply_line(reply))
+                await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(connection, path, backlog=128)
+    print("ready", flush=True)
+    # The parent closes stdin (or kills us) to end the worker.
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    server.close()
+    await server.wait_closed()
 
 
 # -- the parent's side ----------------------------------------------------------------------
@@ -201,6 +269,7 @@ class Fleet:
     store_spec: str
     folder: Path
     wait: float = 10.0
+    server: str = "threads"  # one of SERVERS
     workers: list[Worker] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     started: int = 0
@@ -217,7 +286,16 @@ class Fleet:
         path = str(self.folder / f"w{self.started}.sock")
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet", "worker", self.store_spec, path, str(self.wait)],
+            [
+                sys.executable,
+                "-m",
+                "bench.fleet",
+                "worker",
+                self.store_spec,
+                path,
+                str(self.wait),
+                self.server,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -470,7 +548,8 @@ def check_histories(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "worker":
-        _serve(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    args = sys.argv[1:]
+    if len(args) in (4, 5) and args[0] == "worker" and set(args[4:]) <= set(SERVERS):
+        _serve(args[1], args[2], float(args[3]), *args[4:])
     else:
-        sys.exit("usage: python -m bench.fleet worker STORE SOCKET WAIT")
+        sys.exit(f"usage: python -m bench.fleet worker STORE SOCKET WAIT [{'|'.join(SERVERS)}]")

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import harness as h
-from bench.fleet import COLD, ROOT, Fleet, check_histories, open_store, run_clients
+from bench.fleet import COLD, ROOT, SERVERS, Fleet, check_histories, open_store, run_clients
 from bench.postgres import _schema, _sql, server
 
 __all__ = ["BENCHMARKS", "main"]
@@ -175,13 +175,14 @@ def _server_cpu(postmaster: int | None) -> float | None:
 def _fleet_run(
     spec: str, folder: Path, kind: str, workers: int, wait: float,
     sent: list[tuple[str, str]], kills: int = 0, seed: int = 32, postmaster: int | None = None,
-    sticky: bool = False,
+    sticky: bool = False, server: str = "threads",
 ) -> Run:  # fmt: skip
-    """``sent`` from `CLIENTS` clients to ``workers`` fresh workers on ``spec``; with
-    ``kills``, that many workers SIGKILLed (and replaced) at even marks of the traffic;
-    ``sticky``: each conversation's requests to one worker (see `run_clients`)."""
+    """``sent`` from `CLIENTS` clients to ``workers`` fresh workers on ``spec``, each
+    serving as ``server`` says (`bench.fleet.SERVERS`); with ``kills``, that many workers
+    SIGKILLed (and replaced) at even marks of the traffic; ``sticky``: each
+    conversation's requests to one worker (see `run_clients`)."""
     open_store(spec).close()  # the store exists before the workers race to make it
-    fleet = Fleet(spec, folder, wait=wait)
+    fleet = Fleet(spec, folder, wait=wait, server=server)
     fleet.start(workers)
     rng = random.Random(seed)
     marks = [len(sent) * (k + 1) // (kills + 1) for k in range(kills)]
@@ -270,24 +271,35 @@ class Shape:
     label: str  # "20 conversations at random" / "hot: 4 conversations"
     conversations: int
     requests: int
+    server: str = "threads"  # how each worker serves its connections (`SERVERS`)
+
+    @property
+    def workers(self) -> str:
+        """The workers' kind, as the rows name them."""
+        return "asyncio workers" if self.server == "asyncio" else "threaded workers"
 
 
 def _compare(
-    base: str | None, store: str, shape: Shape, repeats: int, handoff: bool
+    base: str | None, store: str, shape: Shape, repeats: int, context: bool
 ) -> dict[str, list[Run]]:
-    """The 4-worker fleet and one worker alone (and, as context, the same fleet with each
-    conversation's requests sent to one worker, and the hand-off fleet), run alternately
-    ``repeats`` times, each on a fresh store."""
+    """The 4-worker fleet and one worker alone (and, as ``context``, the same fleet with
+    each conversation's requests sent to one worker, and for threaded workers the
+    hand-off fleet), run alternately ``repeats`` times, each on a fresh store."""
     kinds: list[tuple[str, int, float]] = [("fleet", WORKERS, 0.0), ("alone", 1, 0.0)]
-    if handoff:
-        kinds += [("sticky", WORKERS, 0.0), ("handoff", WORKERS, HANDOFF_WAIT)]
+    if context:
+        kinds.append(("sticky", WORKERS, 0.0))
+        if shape.server == "threads":
+            kinds.append(("handoff", WORKERS, HANDOFF_WAIT))
     runs: dict[str, list[Run]] = {k: [] for k, _, _ in kinds}
     postmaster = _postmaster(base)
     for k in range(repeats):
         order = kinds if k % 2 == 0 else list(reversed(kinds))
         sent = _requests(shape.requests, shape.conversations, seed=32 + k)
         for kind, workers, wait in order:
-            h.progress(f"location.fleet: {store}, {shape.label}, {kind}, {k + 1}/{repeats}")
+            h.progress(
+                f"location.fleet: {store}, {shape.workers}, {shape.label}, {kind}, "
+                f"{k + 1}/{repeats}"
+            )
             with _fresh(base, f"loc-{kind}") as (spec, folder):
                 runs[kind].append(
                     _fleet_run(
@@ -300,6 +312,7 @@ def _compare(
                         seed=k,
                         postmaster=postmaster,
                         sticky=kind == "sticky",
+                        server=shape.server,
                     )
                 )
             h.settle()
@@ -319,10 +332,14 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
     numbers = {
         "store": store,
         "shape": shape.label,
+        "server": shape.server,
         "fleet": [r.numbers() for r in fleet],
         "alone": [r.numbers() for r in alone],
     }
-    what = f"{WORKERS} workers forwarding vs 1 alone, {store}, {shape.label}, {CLIENTS} clients"
+    what = (
+        f"{WORKERS} {shape.workers} forwarding vs 1 alone, {store}, {shape.label}, "
+        f"{CLIENTS} clients"
+    )
     rows = [
         h.goal_row(
             THROUGHPUT_ID,
@@ -386,8 +403,9 @@ def _fleet_rows(store: str, shape: Shape, runs: dict[str, list[Run]]) -> list[h.
     if sticky:
         rows.append(
             _context_row(
-                f"the same {WORKERS} workers, each conversation's requests sent to one "
-                f"worker (sticky routing: none forwarded once held), {store}, {shape.label}",
+                f"the same {WORKERS} {shape.workers}, each conversation's requests sent to "
+                f"one worker (sticky routing: none forwarded once held), {store}, "
+                f"{shape.label}",
                 sticky,
                 alone,
                 f"forwarding's fleet {per_s.median:.0f} req/s{cpu[0]}",
@@ -485,14 +503,18 @@ def _refusal_row(what: str, runs: list[Run], goal_note: str) -> h.Row:
 def _store_rows(cfg: h.Config, base: str | None, store: str, sec: h.Section) -> None:
     repeats = cfg.pick(3, 1)
     shapes = [
-        Shape(f"{CONVERSATIONS} conversations at random", CONVERSATIONS, cfg.pick(1000, 160)),
-        Shape(f"hot: {HOT_CONVERSATIONS} conversations", HOT_CONVERSATIONS, cfg.pick(1500, 160)),
+        Shape(label, conversations, cfg.pick(requests, 160), server)
+        for label, conversations, requests in (
+            (f"{CONVERSATIONS} conversations at random", CONVERSATIONS, 1000),
+            (f"hot: {HOT_CONVERSATIONS} conversations", HOT_CONVERSATIONS, 1500),
+        )
+        for server in SERVERS
     ]
-    if cfg.quick and base is not None:
-        shapes = shapes[:1]  # a smoke run: the random shape alone on PostgreSQL
+    if cfg.quick:  # a smoke run: the random shape, threaded (and on SQLite asyncio) workers
+        shapes = shapes[: 1 if base is not None else 2]
     forwarded: list[Run] = []
     for shape in shapes:
-        runs = _compare(base, store, shape, repeats, handoff=not cfg.quick)
+        runs = _compare(base, store, shape, repeats, context=not cfg.quick)
         sec.rows.extend(_fleet_rows(store, shape, runs))
         forwarded += runs["fleet"] + runs["alone"] + runs.get("sticky", [])
     sec.rows.append(
@@ -502,18 +524,22 @@ def _store_rows(cfg: h.Config, base: str | None, store: str, sec: h.Section) -> 
             "0 refused",
         )
     )
-    h.progress(f"location.fleet: {store}, two workers SIGKILLed midway")
     sent = _requests(cfg.pick(1000, 160), CONVERSATIONS, seed=99)
-    with _fresh(base, "loc-kills") as (spec, folder):
-        killed = _fleet_run(spec, folder, "kills", WORKERS, 0.0, sent, kills=2, seed=99)
-    sec.rows.append(
-        _refusal_row(
-            f"calls refused by a live worker, forwarding, {store}, {WORKERS} workers, "
-            f"two SIGKILLed midway",
-            [killed],
-            "0 refused",
+    for kind in SERVERS:
+        workers = Shape("", 0, 0, kind).workers
+        h.progress(f"location.fleet: {store}, {workers}, two SIGKILLed midway")
+        with _fresh(base, "loc-kills") as (spec, folder):
+            killed = _fleet_run(
+                spec, folder, "kills", WORKERS, 0.0, sent, kills=2, seed=99, server=kind
+            )
+        sec.rows.append(
+            _refusal_row(
+                f"calls refused by a live worker, forwarding, {store}, {WORKERS} {workers}, "
+                f"two SIGKILLed midway",
+                [killed],
+                "0 refused",
+            )
         )
-    )
 
 
 def bench_fleet(cfg: h.Config) -> h.Section:
@@ -531,7 +557,10 @@ def bench_fleet(cfg: h.Config) -> h.Section:
             _store_rows(cfg, dsn, "PostgreSQL", sec)
     sec.notes += [
         f"fleet: worker processes of bench.fleet on one host (a Sessions each, a Unix "
-        f"socket server with a thread per connection); {CLIENTS} client threads each send "
+        f"socket server: threaded workers serve a thread per connection, as a threaded web "
+        f"server does, and wait on each call's future; asyncio workers serve every "
+        f"connection from one event loop, as uvicorn's workers do, and await each call); "
+        f"{CLIENTS} client threads each send "
         "a request to a live worker picked at random; a request reads the session without "
         "taking it, opens it, reads its events and writes one turn (turn_start, a user and "
         "an assistant message, turn_end) in one append_many. Forwarding (WAIT=0): a "

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench.fleet import Fleet, Worker, ask, check_histories, open_store, run_clients
+from bench.fleet import SERVERS, Fleet, Worker, ask, check_histories, open_store, run_clients
 from nous_actor import ConflictError, Sessions, SQLiteStore
 from nous_actor.core.compaction import Compactor
 from nous_actor.store import MemoryStore, shared
@@ -31,9 +31,9 @@ def fleet_on(tmp_path: Path) -> Iterator[Any]:
     """``fleet_on(store_spec, n)`` -> a started `Fleet` of ``n`` workers, stopped after."""
     made: list[Fleet] = []
 
-    def make(spec: str, n: int, wait: float = 10.0) -> Fleet:
+    def make(spec: str, n: int, wait: float = 10.0, server: str = "threads") -> Fleet:
         open_store(spec).close()  # the store exists before the workers race to make it
-        fleet = Fleet(spec, tmp_path, wait=wait)
+        fleet = Fleet(spec, tmp_path, wait=wait, server=server)
         made.append(fleet)
         fleet.start(n)
         return fleet
@@ -221,25 +221,29 @@ def _forwarded_traffic_with_kills(fleet: Fleet, spec: str) -> None:
     assert check_histories(histories, out.acked, sent) == []
 
 
+@pytest.mark.parametrize("server", SERVERS)
 def test_four_sqlite_workers_forward_every_request_while_two_are_killed(
-    fleet_on: Any, tmp_path: Path
+    fleet_on: Any, tmp_path: Path, server: str
 ) -> None:
     """4 workers on one SQLite file that forward calls to a session's holder (no
     ``wait``): 1,000 requests from 32 clients routed at random, two workers SIGKILLed
     mid-traffic: every request answered, none refused by a live worker, every history
-    whole turns in order, each acknowledged request stored once."""
+    whole turns in order, each acknowledged request stored once. Workers that serve a
+    thread per connection (blocking ``get``), and workers that serve every connection
+    from one asyncio loop (``aopen``, every call awaited)."""
     spec = f"sqlite:{tmp_path / 'app.db'}"
-    _forwarded_traffic_with_kills(fleet_on(spec, 4, wait=0.0), spec)
+    _forwarded_traffic_with_kills(fleet_on(spec, 4, wait=0.0, server=server), spec)
 
 
+@pytest.mark.parametrize("server", SERVERS)
 def test_four_postgres_workers_forward_every_request_while_two_are_killed(
-    fleet_on: Any, pg_server: Any
+    fleet_on: Any, pg_server: Any, server: str
 ) -> None:
-    """The same forwarded traffic and kills on PostgreSQL."""
+    """The same forwarded traffic and kills on PostgreSQL, from either server."""
     schema = pg_server.fresh_schema()
     spec = f"postgres:{schema}:{pg_server.dsn}"
     try:
-        _forwarded_traffic_with_kills(fleet_on(spec, 4, wait=0.0), spec)
+        _forwarded_traffic_with_kills(fleet_on(spec, 4, wait=0.0, server=server), spec)
     finally:
         pg_server.drop_schema(schema)
 
