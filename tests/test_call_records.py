@@ -162,6 +162,79 @@ def test_local_appends_record_no_call(tmp_path: Path) -> None:
     assert "calls" not in tables
 
 
+def _sqlite_statements(store: SQLiteStore) -> list[str]:
+    """The statements ``store``'s writing connection runs from now on, each named by its
+    text up to its first parenthesis (SQLite traces a statement again at each step of a
+    trigger it fires: one statement, however many times it is traced in a row)."""
+    ran: list[str] = []
+
+    def trace(sql: str) -> None:
+        name = sql.split(" (")[0]
+        if not name.startswith("--") and ran[-1:] != [name]:  # (a pragma function: not one)
+            ran.append(name)
+
+    store._connection.writer().set_trace_callback(trace)
+    return ran
+
+
+@pytest.mark.parametrize("view_made", [True, False])
+def test_sqlite_a_write_of_forwarded_calls_is_one_statement_with_their_records(
+    tmp_path: Path, view_made: bool
+) -> None:
+    """Once the calls' table is made (by the file's first forwarded call, a transaction),
+    a write of known sessions' events with their calls' records is one statement (into
+    the view whose trigger records each call with its events): the events and the
+    records stored together, and a conflict in it stores neither (the transaction's way
+    then refuses that session alone). A file whose calls' table came without the view (an
+    earlier release's) gets it from the next write that forgets old records (and the
+    write after it finds the schema changed, and looks again: a transaction)."""
+    import sqlite3
+
+    path = tmp_path / "calls.db"
+    store = SQLiteStore(path)
+    try:
+        first = {"a": _events(0, 1), "b": _events(0, 1)}
+        assert store.write(first, calls={"a": [("k0", 0, 0)]}) == {}
+        if not view_made:
+            conn = sqlite3.connect(path, isolation_level=None)
+            conn.execute("DROP VIEW call_events")  # (its trigger goes with it)
+            conn.close()
+        store._forget_calls_at = 0  # the next write forgets old records: a transaction
+        ran = _sqlite_statements(store)
+        assert store.write({"a": _events(1, 1)}, calls={"a": [("k1", 1, 1)]}) == {}
+        assert "INSERT INTO call_events" not in ran
+        assert "BEGIN IMMEDIATE" in ran
+        if not view_made:  # the schema changed since this store looked: it looks again
+            ran = _sqlite_statements(store)
+            assert store.write({"b": _events(1, 1)}, calls={"b": [("k1b", 1, 1)]}) == {}
+            assert ran[0] == "INSERT INTO call_events"  # (stale: it wrote nothing)
+            assert "BEGIN IMMEDIATE" in ran
+        else:
+            assert store.write({"b": _events(1, 1)}) == {}
+        ran = _sqlite_statements(store)
+        more = {"a": _events(2, 3), "b": _events(2, 1)}
+        calls = {"a": [("k2", 2, 3), ("k3", 4, 4)], "b": [("k4", 2, 2)]}
+        assert store.write(more, calls=calls) == {}
+        assert ran == ["INSERT INTO call_events"]
+        assert [store.applied_call("a", k) for k in ("k1", "k2", "k3")] == [(1, 1), (2, 3), (4, 4)]
+        assert store.applied_call("b", "k4") == (2, 2)
+        # b's seq 2 is stored: the one statement stores nothing, the transaction refuses b
+        ran = _sqlite_statements(store)
+        refused = store.write(
+            {"a": _events(5, 1), "b": _events(2, 1)},
+            calls={"a": [("k5", 5, 5)], "b": [("k6", 2, 2)]},
+        )
+        assert set(refused) == {"b"}
+        assert ran[0] == "INSERT INTO call_events"
+        assert "BEGIN IMMEDIATE" in ran
+        assert store.applied_call("a", "k5") == (5, 5)
+        assert store.applied_call("b", "k6") is None
+        assert [e.seq for e in store.load("a")] == [0, 1, 2, 3, 4, 5]
+        assert [e.seq for e in store.load("b")] == [0, 1, 2]
+    finally:
+        store.close()
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=12))
 def test_an_actor_records_each_forwarded_calls_seqs_as_it_appended_them(sizes: list[int]) -> None:

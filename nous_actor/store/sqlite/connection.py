@@ -235,7 +235,7 @@ class _Connection:
     def write_at_once(
         self, session_id: str | None, doing: str, sql: str, params: list[Any], rows: int
     ) -> bool:
-        """Write ``rows`` rows in one statement that is its own transaction (SQLite
+        """Make ``rows`` rows in one statement that is its own transaction (SQLite
         commits it as it ends: no ``BEGIN``, no ``COMMIT``, no statement that looks at
         the file's schema first), in this store's turn, on the connection that writes;
         ``sql`` ends with `STILL_OURS`, bound here after ``params``. Whether it wrote
@@ -263,10 +263,16 @@ class _Connection:
             conn = self.writer()
             with self.queued():
                 self.check_file()  # the file still the one opened, before anything is written
+                # Counted as the connection's changes, the rows its triggers make too (a
+                # view's trigger makes every row of a statement into it: `CALL_EVENTS`).
+                before = conn.total_changes
                 try:
-                    done = conn.execute(sql, [*params, *expected]).rowcount
+                    conn.execute(sql, [*params, *expected])
                 except (sqlite3.IntegrityError, sqlite3.OperationalError, *UNBINDABLE):
                     return False  # (a statement that fails writes nothing)
+                done = conn.total_changes - before
+            if done and done != rows:  # (a statement is all or nothing: never seen)
+                raise StoreError(f"{doing}: one statement made {done} rows of {rows}")
             return done == rows
 
     @contextlib.contextmanager

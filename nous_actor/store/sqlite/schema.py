@@ -156,22 +156,45 @@ it appended (`SQLiteStore.applied_call`), written in the transaction of those ev
 kept `CALL_RECORD_SECONDS` at least (``at``: the write's Unix time, in whole seconds,
 the key that forgetting them walks). Made on the first forwarded call's write: a table
 releases without forwarding ignore."""
+CALL_EVENTS: Final = (
+    """CREATE VIEW IF NOT EXISTS call_events
+    (session, seq, type, time, data, at, call, first, last)
+AS SELECT session, seq, type, time, data, NULL, NULL, NULL, NULL FROM event_rows WHERE 0""",
+    """CREATE TRIGGER IF NOT EXISTS call_events_insert INSTEAD OF INSERT ON call_events BEGIN
+    INSERT INTO event_rows (session, seq, type, time, data)
+        VALUES (new.session, new.seq, new.type, new.time, new.data);
+    INSERT OR REPLACE INTO calls (at, session, call, first, last)
+        SELECT new.at, new.session, new.call, new.first, new.last WHERE new.call IS NOT NULL;
+END""",
+)
+"""Where a write of forwarded calls' events puts its rows when it is one statement (see
+`nous_actor.store.sqlite.writes.rows_at_once`): each row an event, the first of each
+call's events carrying the call's record too, which the trigger puts into ``calls``:
+the events and their records in one statement that is its own transaction, as a write of
+this process's own calls is, instead of a transaction of four. Made with ``calls``
+(`CALLS`); nothing reads the view."""
+CALLS: Final = (CALLS_TABLE, *CALL_EVENTS)
+"""What the first forwarded call's write makes (and a later one makes again if missing)."""
 _MADE_LATER: Final = (
-    CALLS_TABLE,
+    CALLS,
     # The hand-off requests (`SQLiteStore.ask_handoff`), made on the first request; and
     # their first layout, of development builds before requests stood per asker.
-    """CREATE TABLE IF NOT EXISTS handoffs (
+    (
+        """CREATE TABLE IF NOT EXISTS handoffs (
     session_id TEXT NOT NULL,
     pid INTEGER NOT NULL,
     until TEXT NOT NULL,
     PRIMARY KEY (session_id, pid)
 )""",
-    """CREATE TABLE IF NOT EXISTS handoffs (
+    ),
+    (
+        """CREATE TABLE IF NOT EXISTS handoffs (
     session_id TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,
     asked_at TEXT NOT NULL,
     until TEXT NOT NULL
 )""",
+    ),
 )
 _DEMO_MARK: Final = (
     # The mark `nous-actor demo` leaves in a store it made (cli.agents_demo: DEMO_TABLE).
@@ -219,7 +242,7 @@ def _our_objects(version: int) -> frozenset[tuple[str, str, str | None]]:
         for later in _MADE_LATER:
             conn = sqlite3.connect(":memory:", isolation_level=None)
             try:
-                for statement in (*layout, later, _DEMO_MARK):
+                for statement in (*layout, *later, _DEMO_MARK):
                     conn.execute(statement)
                 found.update(conn.execute("SELECT type, name, sql FROM sqlite_master"))
             finally:

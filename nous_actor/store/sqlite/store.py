@@ -327,8 +327,11 @@ class SQLiteStore(ClosingStore):
         if not batches:
             return refused
         only = batches[0][0] if len(batches) == 1 else None
-        if not calls:  # the common write: one statement, if it can be its own transaction
-            at_once = rows_at_once(batches, known)
+        now = int(time.time()) if calls else 0
+        # The common write: one statement, if it can be its own transaction (a forwarded
+        # call's record in it too, unless it is time to forget the old records).
+        if not calls or now < self._forget_calls_at:
+            at_once = rows_at_once(batches, known, calls, now)
             if at_once is not None and self._connection.write_at_once(
                 only, "append events", *at_once
             ):
@@ -337,7 +340,6 @@ class SQLiteStore(ClosingStore):
             numbers = session_numbers(conn, [sid for sid, _ in batches], self._numbers)
             insert_batches(conn, batches, refused, numbers)
             if calls:
-                now = int(time.time())
                 forget = None
                 if now >= self._forget_calls_at:
                     forget = now - CALL_RECORD_SECONDS

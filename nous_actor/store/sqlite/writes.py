@@ -20,7 +20,7 @@ from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import CallRecords
 from nous_actor.store.sqlite.connection import UNBINDABLE as _UNBINDABLE
-from nous_actor.store.sqlite.schema import CALLS_TABLE, STILL_OURS
+from nous_actor.store.sqlite.schema import CALL_EVENTS, CALLS, STILL_OURS
 
 _INSERT = "INSERT INTO event_rows (session, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
 
@@ -144,34 +144,62 @@ def insert_batches(
 
 
 _EVENT_ROWS: Final = "INSERT INTO event_rows (session, seq, type, time, data)"
+_CALL_EVENTS: Final = (
+    "INSERT INTO call_events (session, seq, type, time, data, at, call, first, last)"
+)
+_NO_RECORD: Final = (None, None, None, None)
 
-_checked: dict[int, str] = {}
+_checked: dict[tuple[int, bool], str] = {}
 
 
 def rows_at_once(
-    batches: list[tuple[str, list[tuple[Any, ...]]]], numbers: Mapping[str, int]
+    batches: list[tuple[str, list[tuple[Any, ...]]]],
+    numbers: Mapping[str, int],
+    calls: CallRecords | None = None,
+    now: int = 0,
 ) -> tuple[str, list[Any], int] | None:
     """The one statement that writes every row of ``batches`` when it can be its own
-    transaction (`_Connection.write_at_once`): ``(sql, params, rows)``; ``None`` when a
-    transaction must write them (a session not yet numbered, more rows than one statement
-    takes). The statement inserts them only if the file is still ours (`STILL_OURS`)."""
+    transaction (`_Connection.write_at_once`): ``(sql, params, changes)``, ``changes``
+    being the rows it makes (events, and records of forwarded ``calls`` made at Unix time
+    ``now``); ``None`` when a transaction must write them (a session not yet numbered,
+    more rows than one statement takes). The statement inserts them only if the file is
+    still ours (`STILL_OURS`).
+
+    With ``calls``, the rows go into the ``call_events`` view (`CALL_EVENTS`), the first
+    event of each call carrying its record, which the view's trigger puts into ``calls``.
+    """
     rows = sum(len(session_rows) for _, session_rows in batches)
     if rows > _ROWS_PER_INSERT or any(sid not in numbers for sid, _ in batches):
         return None  # (decided before any row is copied)
     params: list[Any] = []
+    changes = rows
     for sid, session_rows in batches:
         number = numbers[sid]
+        if calls is None:
+            for row in session_rows:
+                params += (number, *row[1:])
+            continue
+        # Each call's record, by its first seq (a session's calls append apart: no two
+        # begin at one seq).
+        records = {first: (now, call, first, last) for call, first, last in calls.get(sid, ())}
         for row in session_rows:
-            params += (number, *row[1:])
-    sql = _checked.get(rows)
+            record = records.pop(row[1], _NO_RECORD)
+            params += (number, *row[1:], *record)
+        if records:
+            return None  # a record of no event here: the transaction's way records it
+        changes += len(calls.get(sid, ()))
+    key = rows, calls is not None
+    sql = _checked.get(key)
     if sql is None:
-        sql = _checked[rows] = f"{_EVENT_ROWS} SELECT * FROM ({_values(rows)}) WHERE {STILL_OURS}"
-    return sql, params, rows
+        head, width = (_EVENT_ROWS, 5) if calls is None else (_CALL_EVENTS, 9)
+        sql = _checked[key] = f"{head} SELECT * FROM ({_values(rows, width)}) WHERE {STILL_OURS}"
+    return sql, params, changes
 
 
-def _values(rows: int) -> str:
-    """``VALUES`` with ``rows`` rows of 5 parameters each."""
-    return "VALUES " + ",".join(["(?, ?, ?, ?, ?)"] * rows)
+def _values(rows: int, width: int = 5) -> str:
+    """``VALUES`` with ``rows`` rows of ``width`` parameters each."""
+    row = "(" + ", ".join(["?"] * width) + ")"
+    return "VALUES " + ",".join([row] * rows)
 
 
 def _insert_many(
@@ -246,10 +274,14 @@ def record_calls(
     except sqlite3.OperationalError as exc:
         if "no such table" not in str(exc):
             raise
-        conn.execute(CALLS_TABLE)  # the file's first forwarded call (see CALLS_TABLE)
+        for statement in CALLS:  # the file's first forwarded call (see CALLS_TABLE)
+            conn.execute(statement)
         _insert_calls(conn, rows)
     if forget_before is not None:
         conn.execute("DELETE FROM calls WHERE at < ?", (forget_before,))
+        # (and the view of one-statement writes, made if a file's calls table came first)
+        for statement in CALL_EVENTS:
+            conn.execute(statement)
 
 
 def _insert_calls(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
