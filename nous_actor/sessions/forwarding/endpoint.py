@@ -48,6 +48,7 @@ from nous_actor.sessions.forwarding.links import (
     NOT_HELD,
     OK,
     SEQ,
+    FrameReader,
     LocalLink,
     Sender,
     arrived,
@@ -270,9 +271,11 @@ class Endpoint:
         try:
             # Until the peer goes: after this endpoint closed, its calls are answered
             # as not held (and those taken before are answered as they complete).
+            frames = FrameReader(conn)
             while True:
-                for cid, blob in pickle.loads(conn.recv_bytes()):
-                    self._take(sender, refused, token, cid, blob)
+                for frame in frames.frames():
+                    for cid, blob in pickle.loads(frame):
+                        self._take(sender, refused, token, cid, blob)
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             pass
         finally:

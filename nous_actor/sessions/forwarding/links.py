@@ -45,7 +45,17 @@ from nous_actor.sessions.actor import EventParts, Handler
 from nous_actor.sessions.forwarding.auth import PROTOCOL, caller_side
 from nous_actor.sessions.forwarding.route import Call, Route
 
-__all__ = ["NOT_HELD", "OK", "FAILED", "SEQ", "LocalLink", "SocketLink", "portable", "socket_path"]
+__all__ = [
+    "NOT_HELD",
+    "OK",
+    "FAILED",
+    "SEQ",
+    "FrameReader",
+    "LocalLink",
+    "SocketLink",
+    "portable",
+    "socket_path",
+]
 
 logger = get_logger("nous_actor.sessions.forwarding")
 
@@ -241,6 +251,82 @@ class Sender:
                 self._writing = False
 
 
+_CHUNK: Final = 1 << 16
+"""Bytes a `FrameReader` asks the socket for at least, in one read."""
+
+
+class FrameReader:
+    """Reads the frames of one connection (`multiprocessing.connection`'s: a 4-byte
+    big-endian length, or -1 and an 8-byte one, then the bytes) as they come: every whole
+    frame the socket holds, in one read of up to `_CHUNK` bytes (a frame's rest in as
+    many as it takes), where ``recv_bytes`` reads twice a frame. Under load calls and
+    answers come several at a time: each read costs a system call and a hand-back of the
+    GIL, taken again after it."""
+
+    __slots__ = ("_buf", "_end", "_fd", "_start")
+
+    def __init__(self, conn: Connection) -> None:
+        self._fd = conn.fileno()
+        self._buf = bytearray(_CHUNK)
+        self._start = 0  # the first byte not yet handed out
+        self._end = 0  # the end of the bytes read
+
+    def frames(self) -> list[bytes]:
+        """The frames received whole, at least one (waiting for it).
+
+        Raises:
+            EOFError: the peer closed the connection.
+            OSError: reading failed.
+            ValueError: a frame's length is not one.
+        """
+        while True:
+            out = self._whole()
+            if out:
+                return out
+            self._fill()
+
+    def _head(self) -> tuple[int, int] | None:
+        """The length of the frame at the start and of its head, if read that far."""
+        buf, at, have = self._buf, self._start, self._end - self._start
+        if have < 4:
+            return None
+        size = int.from_bytes(buf[at : at + 4], "big", signed=True)
+        if size >= 0:
+            return size, 4
+        if size != -1:
+            raise ValueError(f"a frame's length is {size}")
+        return (int.from_bytes(buf[at + 4 : at + 12], "big"), 12) if have >= 12 else None
+
+    def _whole(self) -> list[bytes]:
+        out: list[bytes] = []
+        buf = self._buf
+        while (found := self._head()) is not None:
+            size, head = found
+            at = self._start + head
+            if self._end - at < size:
+                break
+            out.append(bytes(buf[at : at + size]))
+            self._start = at + size
+        return out
+
+    def _fill(self) -> None:
+        """Read once more: at least what the frame begun needs, at least `_CHUNK`."""
+        found = self._head()
+        want = _CHUNK if found is None else max(_CHUNK, sum(found) - (self._end - self._start))
+        buf, start, end = self._buf, self._start, self._end
+        if len(buf) - end < want:  # the bytes not handed out to the front, room after them
+            kept = buf[start:end]
+            if len(buf) < len(kept) + want:
+                buf.extend(bytes(len(kept) + want - len(buf)))
+            buf[: len(kept)] = kept
+            self._start, self._end = start, end = 0, len(kept)
+        with memoryview(buf) as view, view[end:] as room:
+            n = os.readv(self._fd, [room])
+        if not n:
+            raise EOFError("the peer closed the connection")
+        self._end = end + n
+
+
 def _frame(payload: bytes) -> bytes:
     """``payload`` framed as `multiprocessing.connection` frames a message (a 4-byte
     big-endian length, then the bytes), for a reader that calls ``recv_bytes``."""
@@ -337,10 +423,10 @@ class SocketLink:
                 route.answered()
 
     def _read(self) -> None:
-        conn = self._conn
+        frames = FrameReader(self._conn)
         try:
             while True:
-                batch = pickle.loads(conn.recv_bytes())
+                batch = [item for frame in frames.frames() for item in pickle.loads(frame)]
                 for cid, state, blob in batch:
                     with self._lock:
                         entry = self._calls.pop(cid, None)
