@@ -133,7 +133,9 @@ def _request(req: dict[str, Any], sessions: Any) -> Generator[Any, Any, dict[str
 
 
 def _advance(
-    steps: Generator[Any, Any, dict[str, Any]], value: Any, error: BaseException | None
+    steps: Generator[Any, Any, dict[str, Any]],
+    value: Any = None,
+    error: BaseException | None = None,
 ) -> tuple[bool, Any]:
     """Send ``value`` (or throw ``error``) into a request's steps: ``(True, reply)`` once it
     returned, else ``(False, what it waits for next)``."""
@@ -168,23 +170,25 @@ def _serve(store_spec: str, path: str, wait: float, server: str = "threads") -> 
 def _serve_threads(sessions: Any, path: str, wait: float) -> None:
     """Serve on a thread per connection until stdin closes."""
 
+    def take(step: Any) -> Any:
+        if not isinstance(step, _Open):
+            return step.get()
+        t0 = time.perf_counter()
+        chat = sessions.open(step.sid, wait=wait or None)
+        if TRACE:
+            print(f"open {time.perf_counter() - t0:.4f}", file=sys.stderr, flush=True)
+        return chat
+
     def handle(req: dict[str, Any]) -> dict[str, Any]:
         steps = _request(req, sessions)
-        done, step = _advance(steps, None, None)
+        done, step = _advance(steps)
         while not done:
-            value: Any = None
-            error: Exception | None = None
             try:
-                if isinstance(step, _Open):
-                    t0 = time.perf_counter()
-                    value = sessions.open(step.sid, wait=wait or None)
-                    if TRACE:
-                        print(f"open {time.perf_counter() - t0:.4f}", file=sys.stderr, flush=True)
-                else:
-                    value = step.get()
+                value = take(step)
             except Exception as exc:
-                error = exc
-            done, step = _advance(steps, value, error)
+                done, step = _advance(steps, error=exc)
+            else:
+                done, step = _advance(steps, value)
         return step  # type: ignore[no-any-return]
 
     class Handler(socketserver.StreamRequestHandler):
@@ -214,18 +218,15 @@ async def _serve_loop(sessions: Any, path: str, wait: float) -> None:
 
     async def handle(req: dict[str, Any]) -> dict[str, Any]:
         steps = _request(req, sessions)
-        done, step = _advance(steps, None, None)
+        done, step = _advance(steps)
         while not done:
-            value: Any = None
-            error: Exception | None = None
+            opening = isinstance(step, _Open)
             try:
-                if isinstance(step, _Open):
-                    value = await sessions.aopen(step.sid, wait=wait or None)
-                else:
-                    value = await step
+                value = await (sessions.aopen(step.sid, wait=wait or None) if opening else step)
             except Exception as exc:
-                error = exc
-            done, step = _advance(steps, value, error)
+                done, step = _advance(steps, error=exc)
+            else:
+                done, step = _advance(steps, value)
         return step  # type: ignore[no-any-return]
 
     async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

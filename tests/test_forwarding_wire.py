@@ -79,7 +79,7 @@ def test_a_frame_reader_reads_every_frame_as_sent(
     """Frames of any size (past the reader's chunk, empty, long-headed as
     `multiprocessing.connection` writes past 2 GiB), written in pieces cut anywhere and
     some by ``send_bytes``, are read back whole, in order, each once; the peer's close
-    ends the reading with `EOFError`."""
+    ends the reading with `EOFError`, and the reader keeps no big frame's room."""
     import socket
     import threading
     from multiprocessing.connection import Connection
@@ -121,6 +121,7 @@ def test_a_frame_reader_reads_every_frame_as_sent(
         t.join(BOUND)
         reader.close()
     assert got == [*payloads, b"last"]
+    assert len(frames._buf) == 1 << 16  # all read: a big frame's room is let go
 
 
 def test_a_frame_reader_refuses_a_length_that_is_none() -> None:

@@ -299,14 +299,18 @@ class FrameReader:
 
     def _whole(self) -> list[bytes]:
         out: list[bytes] = []
-        buf = self._buf
-        while (found := self._head()) is not None:
-            size, head = found
-            at = self._start + head
-            if self._end - at < size:
-                break
-            out.append(bytes(buf[at : at + size]))
-            self._start = at + size
+        with memoryview(self._buf) as view:
+            while (found := self._head()) is not None:
+                size, head = found
+                at = self._start + head
+                if self._end - at < size:
+                    break
+                out.append(view[at : at + size].tobytes())
+                self._start = at + size
+        if self._start == self._end:  # all handed out: read from the front again
+            self._start = self._end = 0
+            if len(self._buf) > _CHUNK:  # (a big frame's room is not kept)
+                self._buf = bytearray(_CHUNK)
         return out
 
     def _fill(self) -> None:
