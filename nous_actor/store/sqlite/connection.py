@@ -252,11 +252,7 @@ class _Connection:
             StoreError: the store is closed or failed; its file was removed or replaced;
                 SQLite failed otherwise.
         """
-        with self.lock, self.translate(session_id, doing):
-            if self.closed:
-                raise StoreError(f"the store {self.path} is closed; open a new one")
-            if self.lost is not None:
-                raise StoreError(self.lost)
+        with self.locked(session_id, doing):
             expected = self._opening.expected()
             if expected is None:
                 return False

@@ -182,12 +182,12 @@ def rows_at_once(
         # Each call's record, by its first seq (a session's calls append apart: no two
         # begin at one seq).
         records = {first: (now, call, first, last) for call, first, last in calls.get(sid, ())}
+        changes += len(records)
         for row in session_rows:
             record = records.pop(row[1], _NO_RECORD)
             params += (number, *row[1:], *record)
         if records:
             return None  # a record of no event here: the transaction's way records it
-        changes += len(calls.get(sid, ()))
     key = rows, calls is not None
     sql = _checked.get(key)
     if sql is None:
