@@ -435,6 +435,51 @@ def test_an_overlapping_replace_appended_meanwhile_makes_the_compaction_plan_aga
     s.stop()
 
 
+def test_a_compaction_looks_only_at_the_replaces_appended_while_its_summary_was_written(
+    store: Store | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends made while the summary is written stand past the plan's ranges; only a
+    replace can overlap them. The commit checks those replaces, not every event a busy
+    session appended meanwhile (it did, holding up the session's other calls)."""
+    from nous_actor.core.compaction import Plan
+
+    looked_at: list[list[int]] = []
+    overlaps = Plan.overlaps
+
+    def counting(plan: Plan, appended: Sequence[Any]) -> Any:
+        looked_at.append([ev.seq for ev in appended])
+        return overlaps(plan, appended)
+
+    monkeypatch.setattr(Plan, "overlaps", counting)
+    s = Session.start("busy-while-summarised", store=store, timeout=BOUND)
+    for i in range(10):
+        turn(s, i)
+    first = threading.Event()
+    go = threading.Event()
+
+    def slow(ms: Sequence[Message]) -> str:
+        first.set()
+        assert go.wait(BOUND)
+        return summary(ms)
+
+    pending = s.compact(Compactor(budget=10, keep_recent=2, summarise=slow))
+    assert first.wait(BOUND)
+    futs = [s.append("user_message", {"content": f"busy {i}"}, T0) for i in range(300)]
+    # A replace past the plan's ranges (at the newest position): seen, no overlap.
+    late = s.append("user_message", {"content": "fixed", "surface_op": Replace(300, 300)}, T0)
+    last = s.append("user_message", {"content": "after"}, T0)
+    for f in [*futs, late, last]:
+        f.get()
+    go.set()
+    out = pending.get()
+    assert looked_at == [[late.get().seq]]
+    assert out.summary_seq is not None
+    assert out.summary_seq > last.get().seq
+    events = s.events().get()
+    assert s.derive_indexed().get() == reference_derive_indexed(events)
+    s.stop()
+
+
 def test_an_overlap_that_persists_fails_with_compaction_error() -> None:
     """When every try finds a new overlapping replace, the compaction fails cleanly."""
     s = Session.start("overlap-again", timeout=BOUND)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Final
 
 from nous_actor.core.compaction import CompactionResult
@@ -27,20 +28,52 @@ class Compactions:
     id in the log to its record's seq, so a compaction id already applied is never
     applied again. ``times`` holds the timing of each compaction being made while
     telemetry is on (``[start, summariser start, summariser end, caller's context]``).
+    ``replaced`` holds every replace applied to the log since ``watched_from`` (the
+    log's count when the oldest compaction running began) while one was running:
+    the only events that can make its plan wrong (see `appended_since`); a
+    compaction is committed in the call that saw it land, so none is applied
+    between the last one landing and its commit.
     """
 
-    __slots__ = ("ids", "running", "times")
+    __slots__ = ("ids", "replaced", "running", "times", "watched_from")
 
     def __init__(self) -> None:
         self.running: dict[str, SessionFuture[Any] | None] = {}
         self.ids: dict[str, int] | None = None
         self.times: dict[str, list[Any]] | None = None
+        self.replaced: list[Event] = []
+        self.watched_from: int | None = None
 
     # -- in flight -------------------------------------------------------------------------
 
-    def begin(self, cid: str, fut: SessionFuture[Any] | None) -> None:
-        """The summary of compaction ``cid`` is being written; ``fut`` waits for it."""
+    def begin(self, cid: str, fut: SessionFuture[Any] | None, count: int) -> None:
+        """The summary of compaction ``cid``, planned on a log of ``count`` events, is
+        being written; ``fut`` waits for it."""
+        if not self.running:  # the first one running: the replaces are watched from here
+            self.replaced = []
+            self.watched_from = count
         self.running[cid] = fut
+
+    def saw(self, ev: Event) -> None:
+        """``ev`` was applied to the log: kept if a compaction is running and it is a
+        replace (`appended_since`)."""
+        if ev.surface_op is not None and self.running:
+            self.replaced.append(ev)
+
+    def appended_since(self, log: Log, count: int) -> Sequence[Event]:
+        """What may make a plan made on ``count`` events wrong, for `Plan.overlaps`.
+
+        An event appended after the plan stands at its seq (``>= count``), past
+        every range the plan replaces, unless it is a replace: so the replaces
+        applied since are all it needs to look at, when this watched every event
+        applied since ``count`` — not every event appended while a summary was
+        written, which a busy session makes thousands of. Otherwise (a plan
+        committed in the call that made it) the log's events since ``count``.
+        """
+        since = self.watched_from
+        if since is not None and since <= count:
+            return [ev for ev in self.replaced if ev.seq >= count]
+        return log.since(count)
 
     def landed(self, cid: str) -> None:
         """The summary of compaction ``cid`` came back (or was never sent)."""

@@ -857,8 +857,12 @@ class SessionActor(DispatchedSupervisedActor):
         feeds = self.feeds
         if feeds is not None and not feeds.push(ev):
             self.feeds = None
-        if ev.type is EventType.STEP_END and self.compactions is not None:
-            self.compactions.applied(ev)
+        compactions = self.compactions
+        if compactions is not None:
+            if ev.type is EventType.STEP_END:
+                compactions.applied(ev)
+            else:
+                compactions.saw(ev)
 
     def _absorb(self) -> bool:
         """Apply the commits that landed; ``False`` if a failed one stopped the session."""
@@ -1023,7 +1027,7 @@ class SessionActor(DispatchedSupervisedActor):
         if not plan.needs_summary:
             return self._commit_compaction(fut, req, plan, None)
         running = self._compactions()
-        running.begin(req.cid, fut)
+        running.begin(req.cid, fut, plan.count)
         try:
             self._summarise(req, plan, fut)
         except BaseException:
@@ -1110,7 +1114,7 @@ class SessionActor(DispatchedSupervisedActor):
         known = self._known_compaction(req)
         if known is not None:  # applied already: at most once
             return known
-        clash = plan.overlaps(self.log.since(plan.count))
+        clash = plan.overlaps(self._compactions().appended_since(self.log, plan.count))
         if clash is not None:
             if req.attempt < MAX_COMPACTION_RETRIES:
                 logger.info(
