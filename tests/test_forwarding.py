@@ -37,6 +37,8 @@ from nous_actor.sessions.registry import _sessions as registry_module
 from nous_actor.store import MemoryStore, shared
 from nous_actor.store.base import Store
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 class Boom(BaseException):
     pass
@@ -641,3 +643,101 @@ def _open_or_error(registry: Sessions, session_id: str) -> Any:
         return registry.open(session_id)
     except BaseException as exc:
         return exc
+
+
+# -- telling the holder ----------------------------------------------------------------------
+
+
+class _Looks:
+    """Counts a SQLite store's looks at its hand-off requests."""
+
+    def __init__(self, store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.several = threading.Event()
+        real = store.handoff_requests
+
+        def counting() -> list[str]:
+            self.count += 1
+            if self.count >= 3:
+                self.several.set()
+            return real()
+
+        monkeypatch.setattr(store, "handoff_requests", counting)
+
+
+def test_an_idle_sqlite_holder_does_not_poll_for_hand_off_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that holds sessions on a SQLite file and is asked for none does no
+    work: askers tell it (at the address of its claims), so it does not read the
+    requests every ``handoff_poll`` (10 ms: about 90 looks in the time waited here)."""
+    store = SQLiteStore(tmp_path / "app.db")
+    looks = _Looks(store, monkeypatch)
+    with Sessions(store) as holder:
+        holder.open("chat").append("user_message", {"content": "x"}).get(timeout=BOUND)
+        assert not looks.several.wait(handoff.TOLD_REST * 0.9)
+        assert holder.live() == ["chat"]
+    store.close()
+
+
+_HOLDER = """
+import sys
+from nous_actor import Sessions, SQLiteStore
+from nous_actor.sessions import handoff
+handoff.TOLD_REST = 3600.0  # untold, it never looks: only the asker's word moves it
+sessions = Sessions(SQLiteStore(sys.argv[1]))
+sessions.open("chat").append("user_message", {"content": "one"}).get()
+print("ready", flush=True)
+sys.stdin.read()  # holds the session until the test lets it end
+sessions.close()
+"""
+
+
+def test_an_asker_tells_the_holder_process_which_hands_over_at_once(tmp_path: Path) -> None:
+    """``open(id, wait=...)`` on a session another process holds on a SQLite file: the
+    asker leaves its request in the file and tells the holder over the holder's socket;
+    the holder looks at the requests when told (here it never looks otherwise) and
+    hands the idle session over."""
+    path = tmp_path / "app.db"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        ready = threading.Event()
+
+        def read_ready() -> None:
+            assert holder.stdout is not None
+            if holder.stdout.readline() == "ready\n":
+                ready.set()
+
+        threading.Thread(target=read_ready, daemon=True).start()
+        assert ready.wait(BOUND)
+        store = SQLiteStore(path)
+        try:
+            with Sessions(store) as asker:
+                moved = asker.open("chat", wait=BOUND)
+                moved.append("user_message", {"content": "two"}).get(timeout=BOUND)
+                assert asker.live() == ["chat"]
+                assert shared.held_by(store, "chat") == "this process"
+                contents = [m.content for m in moved.derive_messages().get(timeout=BOUND)]
+                assert contents == ["one", "two"]
+        finally:
+            store.close()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        try:
+            holder.wait(BOUND)
+        finally:
+            holder.kill()
+            holder.wait(BOUND)
+            assert holder.stdout is not None
+            holder.stdout.close()

@@ -14,7 +14,11 @@ Both sides work through the store's optional methods (`nous_actor.store.shared`)
   others asked for (``handoff_requests``) and ask each of them to stop if it is
   idle: nothing in flight, nothing waiting (`SessionActor.h_handoff`). A busy
   session is asked again at the store's next change, so it goes as soon as its
-  last commit lands.
+  last commit lands. On a store whose changes are only seen by polling (SQLite:
+  ``handoff_poll``), an asker also **tells** the holder, at the address it
+  advertises with its claim (`HandOver.tell`): a holder others can tell looks at
+  the requests when told (and every `TOLD_REST` seconds, for a word lost on the
+  way), so an idle process that holds sessions does no work at all.
 """
 
 from __future__ import annotations
@@ -82,6 +86,9 @@ def _given_long_ago(session_id: str, at: float) -> bool:
     return scheduling.monotonic() - at > GIVEN_FOR
 
 
+TOLD_REST: Final = 1.0
+"""How often a holder that askers tell (`HandOver.told`) looks at the requests untold."""
+
 IDLE_PAUSE: Final = 0.005
 """The least time between two looks at the requests by a holder (caps how often a busy
 store wakes the hand-over thread)."""
@@ -93,11 +100,13 @@ def acquire(
     wait: float,
     open_now: Callable[[], T],
     refused: ConflictError | None = None,
+    tell: Callable[[str], None] | None = None,
 ) -> T:
     """Open ``session_id`` with ``open_now``, asking its live holder for it (through
     ``store``) and waiting at most ``wait`` seconds for it to let go. ``refused``:
     the `ConflictError` of an attempt the caller just made (then the first step is
-    to ask).
+    to ask). ``tell``: tells the holder of a session that it was asked for (best
+    effort), after each request.
 
     Raises:
         ConflictError: the holder kept the session for ``wait`` seconds (the message
@@ -145,6 +154,8 @@ def acquire(
             if asked is None or asked[0] != who or now - asked[1] >= REASK:
                 shared.ask_handoff(store, session_id, max(deadline - now, 0.001))
                 asked = (who, now)
+                if tell is not None:
+                    tell(session_id)
             version = shared.wait_changed(store, version, min(deadline - now, RETRY_OPEN, REASK))
 
 
@@ -199,6 +210,10 @@ class HandOver:
         self._opened = threading.Event()  # a session opened since the thread last looked
         self._taking: dict[str, int] = {}  # sessions this registry is asking for (`taking`)
         self.resting = False  # the thread rests: this registry holds no session
+        # Askers tell this registry when they ask (its process advertises where it
+        # answers): on a polled store it looks at the requests when told (`tell`).
+        self.told = False
+        self._told = threading.Event()
 
     def start(self) -> None:
         """Start the thread unless it runs (or the store carries no requests); called
@@ -231,6 +246,18 @@ class HandOver:
     def stop(self) -> None:
         """End the thread (the registry closes: it hands nothing over any more)."""
         self._stop.set()
+        self._told.set()
+
+    def tell(self) -> None:
+        """A process asked for a session in the store: look at the requests now (any
+        thread)."""
+        self._told.set()
+
+    def _rest(self, seconds: float) -> bool:
+        """Wait until told, or for ``seconds``; whether the registry closed meanwhile."""
+        self._told.wait(seconds)
+        self._told.clear()  # (before the look: a request told of from now on is seen next)
+        return self._stop.is_set()
 
     def _run(self) -> None:
         store = self._store
@@ -249,11 +276,11 @@ class HandOver:
                     if self._opened.wait(REST) or self._stop.is_set():
                         break
                 self.resting = False
-                next_look = time.monotonic() + REST
+                next_look = time.monotonic() + (TOLD_REST if self.told else REST)
             try:
                 if poll is None:
                     version = shared.wait_changed(store, version, GRACE if waiting else 0.25)
-                elif self._stop.wait(GRACE if waiting else poll):
+                elif self._rest(GRACE if waiting else TOLD_REST if self.told else poll):
                     return
                 asked = shared.handoff_requests(store)
             except StoreError:

@@ -43,6 +43,7 @@ from nous_actor.sessions.actor import Handler, SessionActor
 from nous_actor.sessions.actor._calls import REMOTE, handlers_with
 from nous_actor.sessions.forwarding.auth import PROTOCOL, holder_side
 from nous_actor.sessions.forwarding.links import (
+    ASKED,
     FAILED,
     HOST,
     NOT_HELD,
@@ -203,7 +204,13 @@ class Endpoint:
 
     def link(self) -> LocalLink:
         """A link to this endpoint from this process."""
-        return LocalLink(self.address, self.dispatch)
+        return LocalLink(self.address, self.dispatch, self.asked)
+
+    def asked(self, session_id: str) -> None:
+        """A process asked for ``session_id`` in the store: the hand-over of each registry
+        here looks at the requests now (those that hold it offer it)."""
+        for registry in list(self.registries):
+            registry._handover.tell()
 
     def join(self, registry: Registry) -> None:
         with self._lock:
@@ -287,6 +294,9 @@ class Endpoint:
     ) -> None:
         try:
             session_id, epoch, name, args = pickle.loads(blob)
+            if name == ASKED:
+                self.asked(session_id)
+                return
             args = arrived(name, args)
         except Exception as exc:
             sender.put((cid, FAILED, _dump(NousActorError(f"the call could not be read: {exc}"))))

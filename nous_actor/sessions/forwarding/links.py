@@ -46,6 +46,7 @@ from nous_actor.sessions.forwarding.auth import PROTOCOL, caller_side
 from nous_actor.sessions.forwarding.route import Call, Route
 
 __all__ = [
+    "ASKED",
     "NOT_HELD",
     "OK",
     "FAILED",
@@ -63,6 +64,15 @@ OK, FAILED, NOT_HELD, SEQ = range(4)
 """What comes back for a call: its value, its error, "this process does not hold the
 session" (not applied: send it where the session is), or the (first) seq of what an
 append appended (the caller rebuilds the events from the parts it sent)."""
+
+
+ASKED: Final = "__asked__"
+"""What a process sends the holder of a session it asked for in the store (`ask_handoff`):
+the holder's hand-over looks at the requests now (a holder others can tell so waits
+for this, not polling the store). Sent with no call id: nothing comes back."""
+
+_NO_ANSWER: Final = -1
+"""The call id of what the endpoint answers nothing to (`ASKED`)."""
 
 
 RESENT_IF_LOST: Final = frozenset({"h_read", "h_log", "h_applied"})
@@ -105,15 +115,22 @@ class LocalLink:
     """The holder is another registry of this process: ``dispatch`` hands a call to it
     (``False``: it does not hold the session)."""
 
-    __slots__ = ("address", "dispatch")
+    __slots__ = ("address", "asked", "dispatch")
 
     closed: Final = False  # a registry of this process is never out of reach
 
     def __init__(
-        self, address: str, dispatch: Callable[[str, Handler, tuple[Any, ...], Any], bool]
+        self,
+        address: str,
+        dispatch: Callable[[str, Handler, tuple[Any, ...], Any], bool],
+        asked: Callable[[str], None],
     ):
         self.address = address
         self.dispatch = dispatch
+        self.asked = asked
+
+    def tell_asked(self, session_id: str) -> None:
+        self.asked(session_id)
 
     def send(
         self, route: Route, epoch: int, handler: Handler, args: tuple[Any, ...], fut: Any
@@ -415,6 +432,10 @@ class SocketLink:
             route.answered()
             return
         self.sent += 1
+
+    def tell_asked(self, session_id: str) -> None:
+        blob = pickle.dumps((session_id, 0, ASKED, ()), pickle.HIGHEST_PROTOCOL)
+        self._sender.put((_NO_ANSWER, blob))  # (a broken link: the holder looks anyway)
 
     def _unsent(self, items: list[Any]) -> None:
         """Items never written (the connection broke first): not applied."""

@@ -75,6 +75,10 @@ class Link(Protocol):
         ``route.refused(epoch, call)``; the link calls ``route.answered()`` once per
         call sent, whatever its outcome."""
 
+    def tell_asked(self, session_id: str) -> None:
+        """Tell the holder that this process asked for ``session_id`` in the store (its
+        hand-over looks at the requests now); best effort, nothing comes back."""
+
 
 class Home(Protocol):
     """The registry a route belongs to: what a route and its session's handles ask of it,

@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar
 
 import pykka
 
+from nous_actor._log import get_logger
 from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, SessionStopped
@@ -69,6 +70,8 @@ from nous_actor.supervision import (
     Scheduler,
     _timer,
 )
+
+logger = get_logger("nous_actor.sessions")
 
 T = TypeVar("T")
 
@@ -345,6 +348,7 @@ class Sessions:
                 self._endpoint = endpoint_for(self.store)
                 if self._endpoint is not None:
                     self._endpoint.join(self)
+                    self._handover.told = True  # its claims say where askers tell it
 
     def _settled(
         self, session_id: str, route: Route, found: pykka.ActorRef[Any] | Link
@@ -708,7 +712,18 @@ class Sessions:
         """`acquire` ``session_id`` from its holder (see there), this registry's hand-over
         meanwhile leaving it alone (`HandOver.taking`)."""
         with self._handover.taking(session_id):
-            return acquire(self.store, session_id, wait, open_now, refused)
+            return acquire(self.store, session_id, wait, open_now, refused, self._tell_holder)
+
+    def _tell_holder(self, session_id: str) -> None:
+        """Tell the live holder of ``session_id`` that this process asked for it (best
+        effort: a holder not told looks at the requests on its own, less often)."""
+        try:
+            found = shared.holder_address(self.store, session_id)
+            reached = None if found is None else self._reach(session_id, found)
+            if reached is not None and not isinstance(reached, str):
+                reached.tell_asked(session_id)
+        except Exception as exc:
+            logger.debug("registry.holder_not_told", session_id=session_id, error=str(exc))
 
     def _resolve_now(self, session_id: str) -> pykka.ActorRef[Any]:
         ref, ready = self._ask(("resolve", session_id, telemetry.context()), session_id)
