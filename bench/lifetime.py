@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -335,6 +336,46 @@ def _slow_asyncio(seconds: float) -> dict[str, Any]:
         return asyncio.run(main(s))
 
 
+class _NoOp(pykka.ThreadingActor):
+    def on_receive(self, message: Any) -> Any:
+        return None
+
+
+@contextmanager
+def _gc_pauses() -> Iterator[list[int]]:
+    """The collector's pauses (ns) while the block runs."""
+    pauses: list[int] = []
+    began = [0]
+
+    def collector(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter_ns()
+        else:
+            pauses.append(time.perf_counter_ns() - began[0])
+
+    gc.callbacks.append(collector)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(collector)
+
+
+def _floor(seconds: float) -> list[int]:
+    """The machine's own floor for the same window: a thread asking a no-op Pykka actor
+    in a loop (no session, no summariser); each ask's latency."""
+    ref = _NoOp.start()
+    lat: list[int] = []
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            c0 = time.perf_counter_ns()
+            ref.ask(None, timeout=h.JOIN_TIMEOUT)
+            lat.append(time.perf_counter_ns() - c0)
+    finally:
+        ref.stop(timeout=h.JOIN_TIMEOUT)
+    return lat
+
+
 def bench_slow_summary(cfg: h.Config) -> h.Section:
     """Latency of other calls on a session while a 2 s summariser runs (G9)."""
     seconds = cfg.pick(2.0, 0.5)
@@ -345,7 +386,8 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
     }
     for what, run in runs.items():
         h.progress(f"lifetime.slow_summary: {what}, summariser takes {seconds:g} s")
-        with structlog.testing.capture_logs():
+        h.settle()
+        with structlog.testing.capture_logs(), _gc_pauses() as pauses:
             got = run(seconds)
         pykka.ActorRegistry.stop_all(timeout=h.JOIN_TIMEOUT)
         h.settle()
@@ -363,7 +405,8 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
                 "G9",
                 f"slow summariser ({seconds:g} s), {what}",
                 ours=f"max {h.fmt_time(s.max)}, p99 {h.fmt_time(s.p99)} ({s.n} calls)",
-                baseline=f"compact {h.fmt_time(got['compact_ns'])}",
+                baseline=f"compact {h.fmt_time(got['compact_ns'])}; GC: {len(pauses)} "
+                f"collections, longest {h.fmt_time(max(pauses, default=0))}",
                 ratio=f"{s.max / 1e6 / LATENCY_GOAL_MS:.3g} of 10 ms"
                 + (" INVALID" if why else ""),
                 value=s.max / 1e6,
@@ -375,6 +418,7 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
                     "summariser_s": seconds,
                     "latency_ns": s.as_dict(),
                     "compact_ns": got["compact_ns"],
+                    "gc_pauses_ns": sorted(pauses)[-5:],
                     "compaction_changed": got["changed"],
                     "error": got["error"],
                     "invalid_because": why,
@@ -384,6 +428,23 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
         )
         if why:
             sec.notes.append(f"{what}: FAIL whatever the latency: {why}.")
+    h.progress(
+        f"lifetime.slow_summary: the machine's floor, a bare Pykka ask loop for {seconds:g} s"
+    )
+    with _gc_pauses() as pauses:
+        floor = _floor(seconds)
+    h.settle()
+    f = h.Stats.of(floor or [0])
+    sec.rows.append(
+        h.info_row(
+            f"the machine's floor for the same {seconds:g} s: a thread asking a no-op Pykka "
+            "actor in a loop (no session), and the collector's longest pause meanwhile",
+            f"max {h.fmt_time(f.max)}, p99 {h.fmt_time(f.p99)} ({f.n} asks)",
+            f"GC: {len(pauses)} collections, longest {h.fmt_time(max(pauses, default=0))}",
+            latency_ns=f.as_dict(),
+            gc_pauses_ns=sorted(pauses)[-5:],
+        )
+    )
     sec.notes[:0] = [
         "a session in memory preloaded with 200 messages; session.compact(Compactor(budget=200, "
         f"keep_recent=20, summarise=<takes {seconds:g} s>)) is sent, then until it answers the "
