@@ -353,6 +353,7 @@ class GcWatch:
     def __init__(self) -> None:
         self.ns = [0, 0, 0]
         self.count = [0, 0, 0]
+        self.longest = 0  # the longest single collection
         self._t0 = 0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
@@ -360,8 +361,14 @@ class GcWatch:
             self._t0 = time.perf_counter_ns()
         else:
             gen = info.get("generation", 0)
-            self.ns[gen] += time.perf_counter_ns() - self._t0
+            took = time.perf_counter_ns() - self._t0
+            self.ns[gen] += took
             self.count[gen] += 1
+            self.longest = max(self.longest, took)
+
+    def summary(self) -> str:
+        """``"GC: <n> collections, longest <time>"``."""
+        return f"GC: {sum(self.count)} collections, longest {fmt_time(self.longest)}"
 
     def total_ns(self) -> int:
         """GC time so far, every generation."""

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -341,25 +340,6 @@ class _NoOp(pykka.ThreadingActor):
         return None
 
 
-@contextmanager
-def _gc_pauses() -> Iterator[list[int]]:
-    """The collector's pauses (ns) while the block runs."""
-    pauses: list[int] = []
-    began = [0]
-
-    def collector(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            began[0] = time.perf_counter_ns()
-        else:
-            pauses.append(time.perf_counter_ns() - began[0])
-
-    gc.callbacks.append(collector)
-    try:
-        yield pauses
-    finally:
-        gc.callbacks.remove(collector)
-
-
 def _floor(seconds: float) -> list[int]:
     """The machine's own floor for the same window: a thread asking a no-op Pykka actor
     in a loop (no session, no summariser); each ask's latency."""
@@ -387,7 +367,7 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
     for what, run in runs.items():
         h.progress(f"lifetime.slow_summary: {what}, summariser takes {seconds:g} s")
         h.settle()
-        with structlog.testing.capture_logs(), _gc_pauses() as pauses:
+        with structlog.testing.capture_logs(), h.gc_watch() as collector:
             got = run(seconds)
         pykka.ActorRegistry.stop_all(timeout=h.JOIN_TIMEOUT)
         h.settle()
@@ -405,8 +385,7 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
                 "G9",
                 f"slow summariser ({seconds:g} s), {what}",
                 ours=f"max {h.fmt_time(s.max)}, p99 {h.fmt_time(s.p99)} ({s.n} calls)",
-                baseline=f"compact {h.fmt_time(got['compact_ns'])}; GC: {len(pauses)} "
-                f"collections, longest {h.fmt_time(max(pauses, default=0))}",
+                baseline=f"compact {h.fmt_time(got['compact_ns'])}; {collector.summary()}",
                 ratio=f"{s.max / 1e6 / LATENCY_GOAL_MS:.3g} of 10 ms"
                 + (" INVALID" if why else ""),
                 value=s.max / 1e6,
@@ -418,7 +397,8 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
                     "summariser_s": seconds,
                     "latency_ns": s.as_dict(),
                     "compact_ns": got["compact_ns"],
-                    "gc_pauses_ns": sorted(pauses)[-5:],
+                    "gc_collections": collector.count,
+                    "gc_longest_ns": collector.longest,
                     "compaction_changed": got["changed"],
                     "error": got["error"],
                     "invalid_because": why,
@@ -431,7 +411,7 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
     h.progress(
         f"lifetime.slow_summary: the machine's floor, a bare Pykka ask loop for {seconds:g} s"
     )
-    with _gc_pauses() as pauses:
+    with h.gc_watch() as collector:
         floor = _floor(seconds)
     h.settle()
     f = h.Stats.of(floor or [0])
@@ -440,9 +420,10 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
             f"the machine's floor for the same {seconds:g} s: a thread asking a no-op Pykka "
             "actor in a loop (no session), and the collector's longest pause meanwhile",
             f"max {h.fmt_time(f.max)}, p99 {h.fmt_time(f.p99)} ({f.n} asks)",
-            f"GC: {len(pauses)} collections, longest {h.fmt_time(max(pauses, default=0))}",
+            collector.summary(),
             latency_ns=f.as_dict(),
-            gc_pauses_ns=sorted(pauses)[-5:],
+            gc_collections=collector.count,
+            gc_longest_ns=collector.longest,
         )
     )
     sec.notes[:0] = [

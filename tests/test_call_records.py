@@ -229,7 +229,11 @@ def test_sqlite_a_write_of_forwarded_calls_is_one_statement_with_their_records(
         assert "BEGIN IMMEDIATE" in ran
         assert store.applied_call("a", "k5") == (5, 5)
         assert store.applied_call("b", "k6") is None
-        assert [e.seq for e in store.load("a")] == [0, 1, 2, 3, 4, 5]
+        # No records given (an empty mapping): the plain statement, into the events' table
+        ran = _sqlite_statements(store)
+        assert store.write({"a": _events(6, 1)}, calls={}) == {}
+        assert ran == ["INSERT INTO event_rows"]
+        assert [e.seq for e in store.load("a")] == [0, 1, 2, 3, 4, 5, 6]
         assert [e.seq for e in store.load("b")] == [0, 1, 2]
     finally:
         store.close()

@@ -699,10 +699,7 @@ def test_an_asker_tells_the_holder_process_which_hands_over_at_once(tmp_path: Pa
     the holder looks at the requests when told (here it never looks otherwise) and
     hands the idle session over."""
     path = tmp_path / "app.db"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(path)],
         stdin=subprocess.PIPE,

@@ -480,6 +480,42 @@ def test_a_compaction_looks_only_at_the_replaces_appended_while_its_summary_was_
     s.stop()
 
 
+def test_a_compaction_with_no_summary_leaves_a_session_no_compaction_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compaction that only prunes is planned and committed in one call: the session
+    keeps no record of compactions in flight for it (a session that keeps one applies
+    its runs of appends one event at a time)."""
+    from test_compaction import tool_log
+
+    import nous_actor.sessions.actor._session_actor as actor_module
+    from nous_actor.runtime import telemetry
+
+    made: list[object] = []
+
+    class Counted(actor_module.Compactions):
+        def __init__(self) -> None:
+            made.append(self)
+            super().__init__()
+
+    def never(ms: Sequence[Message]) -> str:
+        raise AssertionError("no summary was asked for")
+
+    monkeypatch.setattr(actor_module, "Compactions", Counted)
+    old = telemetry.install(None)  # (a sink times each compaction: it keeps that state)
+    try:
+        s = Session.start("prune-only", timeout=BOUND)
+        for ev in tool_log().events():
+            s.append(ev.type, dict(ev.data), T0)
+        compactor = Compactor(budget=200, keep_recent=2, prune_over=100, summarise=never)
+        out = s.compact(compactor).get()
+        assert out.pruned == (3,)
+        assert made == []
+        s.stop()
+    finally:
+        telemetry.install(old)
+
+
 def test_an_overlap_that_persists_fails_with_compaction_error() -> None:
     """When every try finds a new overlapping replace, the compaction fails cleanly."""
     s = Session.start("overlap-again", timeout=BOUND)

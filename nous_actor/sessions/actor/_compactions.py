@@ -55,9 +55,9 @@ class Compactions:
         self.running[cid] = fut
 
     def saw(self, ev: Event) -> None:
-        """``ev`` was applied to the log: kept if a compaction is running and it is a
-        replace (`appended_since`)."""
-        if ev.surface_op is not None and self.running:
+        """``ev`` was applied to the log while a compaction runs: kept if it is a replace
+        (`appended_since`)."""
+        if ev.surface_op is not None:
             self.replaced.append(ev)
 
     def appended_since(self, log: Log, count: int) -> Sequence[Event]:

@@ -861,7 +861,7 @@ class SessionActor(DispatchedSupervisedActor):
         if compactions is not None:
             if ev.type is EventType.STEP_END:
                 compactions.applied(ev)
-            else:
+            elif compactions.running:  # (a replace is kept while a summary is written)
                 compactions.saw(ev)
 
     def _absorb(self) -> bool:
@@ -1114,7 +1114,10 @@ class SessionActor(DispatchedSupervisedActor):
         known = self._known_compaction(req)
         if known is not None:  # applied already: at most once
             return known
-        clash = plan.overlaps(self._compactions().appended_since(self.log, plan.count))
+        c = self.compactions  # (none made here: a session that never compacted keeps none)
+        clash = plan.overlaps(
+            self.log.since(plan.count) if c is None else c.appended_since(self.log, plan.count)
+        )
         if clash is not None:
             if req.attempt < MAX_COMPACTION_RETRIES:
                 logger.info(

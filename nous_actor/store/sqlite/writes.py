@@ -168,6 +168,7 @@ def rows_at_once(
     With ``calls``, the rows go into the ``call_events`` view (`CALL_EVENTS`), the first
     event of each call carrying its record, which the view's trigger puts into ``calls``.
     """
+    calls = calls or None  # (no records: the plain statement)
     rows = sum(len(session_rows) for _, session_rows in batches)
     if rows > _ROWS_PER_INSERT or any(sid not in numbers for sid, _ in batches):
         return None  # (decided before any row is copied)
