@@ -36,8 +36,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import structlog.testing
-
 from bench import harness as h
 from bench import peers, schema
 from bench.workload import build, realistic_specs
@@ -298,7 +296,7 @@ def bench_appends(cfg: h.Config) -> h.Section:
             )
     times: dict[str, list[int]] = {k: [] for k in runs}
     extra: dict[str, list[dict[str, Any]]] = {k: [] for k in runs}
-    with structlog.testing.capture_logs() as logs:
+    with h.problems_logged() as logs:
         pragmas = peers.pragmas()
         for k in range(repeats):
             order = list(runs) if k % 2 == 0 else list(reversed(runs))
@@ -508,7 +506,7 @@ def bench_sweep(cfg: h.Config) -> h.Section:
     per: dict[int, int] = {s: max(1, total // s) for s in counts}
     prefill = cfg.pick(PREFILL_EVENTS, 20_000)
     filled: dict[int, list[int]] = {s: [] for s in counts}
-    with structlog.testing.capture_logs() as logs, h.scratch("sweep-base") as base_folder:
+    with h.problems_logged() as logs, h.scratch("sweep-base") as base_folder:
         base = base_folder / "filled.db"
         _prefill(base, prefill, cfg.pick(PREFILL_SESSIONS, 200))
         for k in range(repeats):
@@ -763,7 +761,7 @@ def bench_recovery(cfg: h.Config) -> h.Section:
     times: dict[str, list[int]] = {"ours": [], "floor": [], "stdlib": [], "derive": []}
     gc_off_ns = 0
     phases: list[dict[str, int]] = []
-    with h.scratch("recovery") as folder, structlog.testing.capture_logs() as logs:
+    with h.scratch("recovery") as folder, h.problems_logged() as logs:
         path = folder / "recovery.db"
         store = SQLiteStore(path)
         try:

@@ -26,8 +26,6 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import structlog.testing
-
 from bench import harness as h
 from nous_actor import Session, SQLiteStore
 
@@ -173,7 +171,7 @@ def bench_neighbours(cfg: h.Config) -> h.Section:
     ]
     results: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _, _ in kinds}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    with structlog.testing.capture_logs() as logs:
+    with h.problems_logged() as logs:
         for k in range(repeats):
             order = kinds if k % 2 == 0 else list(reversed(kinds))
             for name, durability, flood, window in order:

@@ -26,7 +26,6 @@ from itertools import cycle
 from typing import Any, Final
 
 import pykka
-import structlog.testing
 
 from bench import harness as h
 from nous_actor import Compactor, Log, Message, Session, SQLiteStore, Store
@@ -133,7 +132,7 @@ def bench_long(cfg: h.Config) -> h.Section:
     for where in ("memory", "SQLite"):
         label = f"lifetime.long {where}"
         h.progress(f"{label}: {h.fmt_count(n)} events, a compaction every {CYCLE}")
-        with h.scratch("long") as folder, structlog.testing.capture_logs():
+        with h.scratch("long") as folder, h.problems_logged():
             store = (
                 SQLiteStore(folder / "long.db", durability="full") if where == "SQLite" else None
             )
@@ -367,7 +366,7 @@ def bench_slow_summary(cfg: h.Config) -> h.Section:
     for what, run in runs.items():
         h.progress(f"lifetime.slow_summary: {what}, summariser takes {seconds:g} s")
         h.settle()
-        with structlog.testing.capture_logs(), h.gc_watch() as collector:
+        with h.problems_logged(), h.gc_watch() as collector:
             got = run(seconds)
         pykka.ActorRegistry.stop_all(timeout=h.JOIN_TIMEOUT)
         h.settle()
@@ -468,7 +467,7 @@ def bench_memory(cfg: h.Config) -> h.Section:
         del records
 
         h.progress(f"lifetime.memory: {h.fmt_count(n)} appends through a live session")
-        with structlog.testing.capture_logs(), _session("memory", None) as s:
+        with h.problems_logged(), _session("memory", None) as s:
             before = _traced_now()
             for k in range(0, n, 1000):
                 futs = [s.append("user_message", d) for d in datas[k : k + 1000]]

@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import structlog.testing
-
 from bench import harness as h
 
 __all__ = ["BENCHMARKS"]
@@ -187,7 +185,7 @@ def probe_memory(kind: str, count: int, trace: bool) -> dict[str, Any]:
 def probe(argv: list[str]) -> int:
     """``python -m bench.runtime probe KIND JSON``: one probe, its result as a JSON line."""
     kind, args = argv[0], json.loads(argv[1])
-    with structlog.testing.capture_logs():
+    with h.problems_logged():
         if kind == "threads":
             out = probe_threads(**args)
         elif kind == "memory":
@@ -439,7 +437,7 @@ def bench_open_many(cfg: h.Config) -> h.Section:
     closes: list[int] = []
     threads: list[int] = []
     collectors: list[_Collector] = []
-    with h.scratch("open") as folder, structlog.testing.capture_logs() as logs:
+    with h.scratch("open") as folder, h.problems_logged() as logs:
         path = folder / "stored.db"
         _prepare(path, count, events)
         for k in range(repeats):

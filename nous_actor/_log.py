@@ -32,15 +32,36 @@ _LEVELS: Final = {
 class _Logger:
     """The subset of a structlog logger the library uses: one method per level."""
 
-    __slots__ = ("_name", "_std")
+    __slots__ = ("_bound", "_name", "_std")
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._std = logging.getLogger(name)
+        # structlog's logger for this module, bound under the configuration it was
+        # bound for (that configuration's parts, kept to compare by identity).
+        self._bound: tuple[tuple[object, ...], Any] | None = None
+
+    def _structlog(self) -> Any:
+        """This module's structlog logger under the current configuration: bound once
+        per configuration, where binding one per line (`structlog.get_logger` and its
+        lazy proxy) was most of the cost of a line the configuration filters out."""
+        config = structlog.get_config()
+        key = (
+            config["processors"],
+            config["wrapper_class"],
+            config["logger_factory"],
+            config["context_class"],
+        )
+        cached = self._bound
+        if cached is not None and all(a is b for a, b in zip(cached[0], key, strict=True)):
+            return cached[1]
+        bound = structlog.get_logger(self._name).bind()
+        self._bound = (key, bound)
+        return bound
 
     def _emit(self, level: str, event: str, context: dict[str, Any]) -> None:
         if structlog.is_configured():
-            getattr(structlog.get_logger(self._name), level)(event, **context)
+            getattr(self._structlog(), level)(event, **context)
             return
         number = _LEVELS[level]
         if self._std.isEnabledFor(number):

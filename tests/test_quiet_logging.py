@@ -67,3 +67,36 @@ def test_configured_structlog_gets_the_events_through_its_own_pipeline(tmp_path:
     assert '"event": "session.recovered"' in done.stdout
     assert '"event": "log.event_dropped"' in done.stdout
     assert done.stdout.endswith("done\n")
+
+
+def test_each_configuration_of_structlog_gets_the_events_logged_under_it() -> None:
+    """A module's logger is bound once per structlog configuration: events logged after
+    `structlog.configure` (a capture, a level filter, the previous configuration back)
+    go through that configuration's pipeline, never an earlier one's."""
+    import logging
+
+    import structlog
+    from structlog.testing import LogCapture
+
+    from nous_actor._log import get_logger
+
+    log = get_logger("nous_actor.test")
+    before = structlog.get_config()
+    first, second = LogCapture(), LogCapture()
+    try:
+        structlog.configure(processors=[first])
+        log.info("one", n=1)
+        structlog.configure(
+            processors=[second],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        )
+        log.info("filtered out", n=2)
+        log.warning("two", n=3)
+        structlog.configure(
+            processors=[first], wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET)
+        )
+        log.debug("three", n=4)
+    finally:
+        structlog.configure(**before)
+    assert [(e["event"], e["n"]) for e in first.entries] == [("one", 1), ("three", 4)]
+    assert [(e["event"], e["n"]) for e in second.entries] == [("two", 3)]

@@ -73,6 +73,9 @@ class Exit:
     reason: BaseException | None
     # The actor's ``finished``, for a monitor that returns `HANDLED_LATER` to set.
     finished: Flag | None = field(default=None, compare=False, repr=False)
+    # What the actor stands for to its monitor (its `_Supervised.exit_key`): one monitor
+    # can then watch many actors (a registry's sessions), where each needed its own.
+    key: str | None = field(default=None, compare=False)
 
     @property
     def normal(self) -> bool:
@@ -256,6 +259,10 @@ class _Supervised(pykka.Actor):
     cell_type: ClassVar[type[Cell]] = Cell
     """What the actor's cell is (a subclass may keep more of its own in it)."""
 
+    exit_key: str | None = None
+    """What the actor's `Exit` says it stands for (``Exit.key``): a subclass sets it
+    (say, to a session's id) so that one monitor can tell its actors apart."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.exit_reason: BaseException | None = None
@@ -304,7 +311,7 @@ class _Supervised(pykka.Actor):
         try:
             self._cleanup()
         finally:
-            self.cell.exited(Exit(self.actor_urn, self.exit_reason, self.finished))
+            self.cell.exited(Exit(self.actor_urn, self.exit_reason, self.finished, self.exit_key))
 
 
 class SupervisedActor(_Supervised, pykka.ThreadingActor):

@@ -282,6 +282,7 @@ class SessionActor(DispatchedSupervisedActor):
         self.crash_on_store_failure = crash_on_store_failure
         self.dangling_turns = dangling_turns  # a gone holder's turn (sessions.turns)
         self.session_id = session_id
+        self.exit_key = session_id  # its exit says which session ended (one monitor for all)
         # A stored session's log is the one its recovery reads: until then, one shared
         # empty log that is never appended to (a view) stands in.
         self.log = (_RECOVERING if store is not None else Log()) if log is None else log

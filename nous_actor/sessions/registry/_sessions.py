@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from functools import partial
 from multiprocessing import AuthenticationError
@@ -31,6 +30,7 @@ from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, SessionStopped
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
+from nous_actor.runtime.tables import WeakValues
 from nous_actor.sessions.forwarding import (
     ENDING,
     REGISTRY_CLOSED,
@@ -218,7 +218,7 @@ class Sessions:
         # call in flight over its link) or its session's actor here runs (the actor's
         # cell refers to it); a process that opens millions of sessions over its life
         # keeps only those. Routes are made under ``_routes_lock`` (one per session).
-        self._routes: weakref.WeakValueDictionary[str, Route] = weakref.WeakValueDictionary()
+        self._routes: WeakValues[str, Route] = WeakValues()
         self._routes_lock = threading.Lock()
         # The last `LINKED_KEPT` routes that found their session in another process,
         # kept alive: a web worker opens a handle per request, and a route forgotten
@@ -574,7 +574,7 @@ class Sessions:
             return
         self._passivation.stop()
         self._handover.stop()
-        for route in list(self._routes.values()):
+        for route in self._routes.values():
             route.close(REGISTRY_CLOSED)
         with self._routes_lock:
             self._linked.clear()

@@ -113,20 +113,19 @@ class _Starting:
 
 
 class _ExitTo:
-    """A session's monitor: its exit goes to the registry (the session's last act; never
-    blocks). The registry sets the session's ``finished`` once it handled the exit:
-    whoever saw the session end sees the registry's answer to it. (One small object per
-    session, where a closure was four.)"""
+    """Where the sessions' exits go: to the registry, as a message naming the session
+    (``Exit.key``): a session's last act, which never blocks. The registry sets the
+    session's ``finished`` once it handled the exit: whoever saw the session end sees
+    the registry's answer to it. (One per registry, where each session had one.)"""
 
-    __slots__ = ("registry", "session_id")
+    __slots__ = ("registry",)
 
-    def __init__(self, registry: pykka.ActorRef[Any], session_id: str) -> None:
+    def __init__(self, registry: pykka.ActorRef[Any]) -> None:
         self.registry = registry
-        self.session_id = session_id
 
     def __call__(self, exit: Exit) -> Any:
         try:
-            self.registry.tell(("exit", self.session_id, exit))
+            self.registry.tell(("exit", exit.key, exit))
         except pykka.ActorDeadError:
             return None  # nobody to answer: finished now
         return HANDLED_LATER
@@ -208,6 +207,7 @@ class RegistryActor(SupervisedActor):
         # themselves, never in this actor: many sessions recover at once.
         self.starting: dict[str, _Starting] = {}
         self.recovered = _Started(self.actor_ref)  # their news, taken by `m_started`
+        self.exit_to = _ExitTo(self.actor_ref)  # every session's monitor
         self.closed = False
 
     # -- life --------------------------------------------------------------------------------
@@ -474,8 +474,6 @@ class RegistryActor(SupervisedActor):
         if ready is None:
             ready = SessionFuture(session_id, settings.timeout)
         starting = None if restarted else _Starting(self.recovered, session_id, ready, context)
-        me = self.actor_ref
-        monitor = _ExitTo(me, session_id)
         ref = start_monitored(
             lambda: SessionActor.start(
                 session_id,
@@ -487,7 +485,7 @@ class RegistryActor(SupervisedActor):
                 dangling_turns=settings.dangling_turns,
                 trace_links=starting,
             ),
-            monitor,
+            self.exit_to,
         )
         self.live[session_id] = ref
         self.passivation.touch(session_id)
