@@ -32,6 +32,7 @@ from __future__ import annotations
 import gc
 import random
 import statistics
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -237,6 +238,52 @@ def _cold_reads(store: Any, repeats: int) -> tuple[list[float], set[int]]:
     return took, counts
 
 
+BUSY_READS: Final = 10
+"""Cold reads made while another thread keeps the GIL busy (each way)."""
+
+
+def _cold_reads_busy(store: Any, path: Path) -> tuple[list[float], set[int], list[float]]:
+    """`_cold_reads` while another thread of this process runs Python without pause (an
+    event loop under load), and the seconds of as many row-by-row ``SELECT``s of the
+    same rows (``fetchall``, every row a step of SQLite) under the same load, alternating.
+    """
+    import sqlite3
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            for _ in range(1_000):
+                n += 1
+
+    busy = threading.Thread(target=spin, name="bench-busy", daemon=True)
+    conn = sqlite3.connect(path, check_same_thread=False)
+    took: list[float] = []
+    counts: set[int] = set()
+    rowwise: list[float] = []
+    busy.start()
+    try:
+        for k in range(BUSY_READS):
+            h.progress(f"processes.cold_read: under load, {k + 1}/{BUSY_READS}")
+            t, c = _cold_reads(store, 1)
+            took += t
+            counts |= c
+            t0 = time.perf_counter()
+            rows = conn.execute(
+                "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
+                ("cold",),
+            ).fetchall()
+            rowwise.append(time.perf_counter() - t0)
+            if len(rows) != 1_000:
+                raise AssertionError(f"processes.cold_read: {len(rows)} rows, not 1,000")
+    finally:
+        stop.set()
+        busy.join(h.JOIN_TIMEOUT)
+        conn.close()
+    return took, counts, rowwise
+
+
 def bench_cold_read(cfg: h.Config) -> h.Section:
     from nous_actor import SessionReader
     from nous_actor.core.event import Event
@@ -278,6 +325,8 @@ def bench_cold_read(cfg: h.Config) -> h.Section:
             if len(heap) != heap_size:
                 raise AssertionError("processes.cold_read: the heap went away")
             del heap
+            h.settle()
+            busy_took, busy_counts, rowwise_took = _cold_reads_busy(store, folder / "cold.db")
             holder = SessionReader("cold", store).held_by().get()
         finally:
             fleet.stop()
@@ -321,6 +370,21 @@ def bench_cold_read(cfg: h.Config) -> h.Section:
                 "gc_collections_by_generation": watch.count,
             },
             valid=valid and heap_counts == {998},
+        )
+    )
+    if busy_counts != {998}:
+        raise AssertionError(f"processes.cold_read: read {busy_counts} messages under load")
+    busy_median = statistics.median(busy_took)
+    rowwise_median = statistics.median(rowwise_took)
+    sec.rows.append(
+        h.info_row(
+            "the same cold read while another thread of the reader's process keeps the GIL "
+            "busy (an event loop under load), vs a row-by-row SELECT of the same rows then",
+            f"median {_ms(busy_median)}, max {_ms(max(busy_took))}",
+            f"row by row: median {_ms(rowwise_median)}",
+            h.fmt_ratio(busy_median / rowwise_median),
+            seconds=busy_took,
+            rowwise_seconds=rowwise_took,
         )
     )
     sec.notes.append(

@@ -33,7 +33,6 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -375,33 +374,16 @@ def _prepare(path: Path, count: int, events: int) -> None:
         store.close()
 
 
-@dataclass
-class _Collector:
-    """What the cyclic collector did during a timed part: collections by generation and
-    the time spent in them (``gc.callbacks``), and the objects it tracked at the start."""
-
-    tracked: int = 0
-    collections: list[int] = field(default_factory=lambda: [0, 0, 0])
-    ns: int = 0
-    _began: int = 0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._began = time.perf_counter_ns()
-        else:
-            self.collections[info["generation"]] += 1
-            self.ns += time.perf_counter_ns() - self._began
-
-
-def _open_all(path: Path, count: int, events: int) -> tuple[int, int, int, _Collector]:
+def _open_all(path: Path, count: int, events: int) -> tuple[int, int, int, h.GcWatch, int]:
     """Open every stored session at once from one loop: (open ns, close ns, threads seen,
-    what the collector did meanwhile)."""
+    what the collector did meanwhile, the objects it tracked at the start)."""
     from nous_actor import Sessions, SQLiteStore
 
     store = SQLiteStore(path)
     sessions = Sessions(store, max_sessions=count + 10)
     # (With the objects a smoke run froze out of the collector's sight: tracked all the same.)
-    collector = _Collector(tracked=len(gc.get_objects()) + gc.get_freeze_count())
+    tracked = len(gc.get_objects()) + gc.get_freeze_count()
+    collector = h.GcWatch()
     try:
 
         async def main() -> tuple[int, int]:
@@ -425,7 +407,7 @@ def _open_all(path: Path, count: int, events: int) -> tuple[int, int, int, _Coll
     finally:
         close_ns = h.time_ns(lambda: sessions.close(timeout=60))
         store.close()
-    return ns, close_ns, threads, collector
+    return ns, close_ns, threads, collector, tracked
 
 
 def bench_open_many(cfg: h.Config) -> h.Section:
@@ -436,15 +418,15 @@ def bench_open_many(cfg: h.Config) -> h.Section:
     opens: list[int] = []
     closes: list[int] = []
     threads: list[int] = []
-    collectors: list[_Collector] = []
+    collectors: list[tuple[h.GcWatch, int]] = []
     with h.scratch("open") as folder, h.problems_logged() as logs:
         path = folder / "stored.db"
         _prepare(path, count, events)
         for k in range(repeats):
             h.progress(f"runtime.open_many: opening {count} sessions at once, {k + 1}/{repeats}")
             h.settle()
-            ns, cns, th, coll = _open_all(path, count, events)
-            collectors.append(coll)
+            ns, cns, th, coll, tracked = _open_all(path, count, events)
+            collectors.append((coll, tracked))
             opens.append(ns)
             closes.append(cns)
             threads.append(th)
@@ -485,11 +467,11 @@ def bench_open_many(cfg: h.Config) -> h.Section:
         h.info_row(
             "the cyclic collector during each open: time in it, full collections, "
             "objects it tracked at the start",
-            ", ".join(f"{h.fmt_time(k.ns)} ({k.collections[2]} full)" for k in collectors),
-            ", ".join(f"{k.tracked:,} objects" for k in collectors),
+            ", ".join(f"{h.fmt_time(k.total_ns())} ({k.count[2]} full)" for k, _ in collectors),
+            ", ".join(f"{tracked:,} objects" for _, tracked in collectors),
             collectors=[
-                {"gc_ns": k.ns, "collections": k.collections, "tracked": k.tracked}
-                for k in collectors
+                {"gc_ns": k.total_ns(), "collections": k.count, "tracked": tracked}
+                for k, tracked in collectors
             ],
         )
     )

@@ -22,6 +22,7 @@ from nous_actor.core.codec import CodecError, events_from_rows
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store.feed import FollowedWatch, _fill
+from nous_actor.store.sqlite.bulk import session_rows
 from nous_actor.store.sqlite.connection import _Connection, malformed
 from nous_actor.store.subscription import Subscription
 
@@ -29,11 +30,6 @@ FOLLOW_INTERVAL: Final = 0.004
 """How often a SQLite file is looked at (``PRAGMA data_version``) while someone
 watches it or waits for it to change: a commit of another process is seen within
 this, plus the time to read it."""
-
-_ROWS: Final = (
-    "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? "
-    "ORDER BY seq LIMIT ?"
-)
 
 
 class SQLiteFollower:
@@ -192,7 +188,7 @@ class SQLiteFollower:
         return more
 
     def _read(self, session_id: str, from_seq: int, limit: int) -> list[Event]:
-        rows = self.query(_ROWS, (session_id, from_seq, limit))
+        rows = session_rows(self.query, session_id, from_seq, limit)
         try:
             return events_from_rows(rows)
         except CodecError as exc:

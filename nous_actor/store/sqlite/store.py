@@ -49,6 +49,7 @@ from nous_actor.store.base import (
     valid_store_ids,
 )
 from nous_actor.store.feed import DEFAULT_WATCH_BUFFER, _check_buffer, _check_from_seq
+from nous_actor.store.sqlite.bulk import Query, session_rows
 from nous_actor.store.sqlite.claims import (
     _claim_all,
     _claim_row,
@@ -90,10 +91,11 @@ _MAX_TIMEOUT_S: Final = 2_147_483
 _FORGET_EVERY: Final = 60
 """Seconds between two forgettings of expired call records by one store object."""
 
-_SELECT_EVENTS: Final = (
-    "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq"
-)
-"""A session's stored events, in seq order."""
+
+def _query(conn: sqlite3.Connection) -> Query:
+    """``conn``'s reads as `session_rows` makes them."""
+    return lambda sql, params: conn.execute(sql, params).fetchall()
+
 
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
     session_id TEXT NOT NULL,
@@ -295,9 +297,7 @@ class SQLiteStore(ClosingStore):
 
     def load(self, session_id: str) -> list[Event]:
         with self._connection.locked(session_id, "load the session") as conn:
-            # Row by row off the cursor: no list of every row's tuple lives (or is
-            # visited by the cyclic collector) while they are decoded.
-            return events_from_rows(conn.execute(_SELECT_EVENTS, (session_id,)))
+            return events_from_rows(session_rows(_query(conn), session_id))
 
     def write(
         self, appends: Mapping[str, Sequence[Event]], calls: CallRecords | None = None
@@ -499,7 +499,7 @@ class SQLiteStore(ClosingStore):
     def _load_one(self, session_id: str) -> list[Event] | StoreError:
         """`load_many` of one session: its events, or why they could not be read."""
         with self._connection.locked(session_id, "load the session") as conn:
-            rows = conn.execute(_SELECT_EVENTS, (session_id,)).fetchall()
+            rows = session_rows(_query(conn), session_id)
         try:  # decoded off the lock, as load_many's rows are
             return events_from_rows(rows)
         except CodecError as exc:
@@ -580,11 +580,7 @@ class SQLiteStore(ClosingStore):
         from_seq = _check_from_seq(from_seq)
         # On the follower's connection: a read never waits behind this process's writes
         # (which may be waiting for another process's write lock).
-        rows = follower_of(self._connection).query(
-            "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? "
-            "ORDER BY seq",
-            (session_id, min(from_seq, 2**63 - 1)),
-        )
+        rows = session_rows(follower_of(self._connection).query, session_id, from_seq)
         with self._connection.translate(session_id, "load the session"):  # read to be looked at
             return passing_events_from_rows(rows)
 
@@ -599,7 +595,7 @@ class SQLiteStore(ClosingStore):
                 row is malformed.
         """
         session_id = valid_store_id(session_id)
-        rows = follower_of(self._connection).query(_SELECT_EVENTS, (session_id,))
+        rows = session_rows(follower_of(self._connection).query, session_id)
         with self._connection.translate(session_id, "load the session"):
             return surface_from_rows(rows)
 

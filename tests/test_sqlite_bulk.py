@@ -1,0 +1,119 @@
+"""Whole-session reads of a SQLite store in a few steps (`store.sqlite.bulk`): the same
+rows as the row-by-row read, whatever the rows hold, in a number of steps that does
+not grow with the rows (each step lets go of the GIL and waits to take it back)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nous_actor import Session, SQLiteStore
+from nous_actor.store.sqlite import bulk
+
+_EXACT = (
+    "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ? "
+    "ORDER BY seq LIMIT ?"
+)
+
+# Values as a store writes them, and as another program might have: the separator
+# bulk joins with, its neighbour, other control characters, the empty text.
+_text = st.text(alphabet=st.sampled_from(["a", "{", '"', "\x1e", "\x1f", "\x00", "é", " "]))
+_row = st.tuples(
+    st.integers(0, 60),
+    st.sampled_from(["user_message", "assistant_message", "", "\x1f"]) | _text,
+    st.sampled_from(["2026-01-01T00:00:00.000000+00:00"]) | _text,
+    st.sampled_from(['{"content":"hi"}', "{}"]) | _text,
+)
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    path = tmp_path / "bulk.db"
+    SQLiteStore(path).close()  # the store's schema
+    c = sqlite3.connect(path, isolation_level=None)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _query(c: sqlite3.Connection, calls: list[int] | None = None) -> bulk.Query:
+    def query(sql: str, params: Sequence[Any]) -> list[Any]:
+        rows = c.execute(sql, params).fetchall()
+        if calls is not None:
+            calls.append(len(rows))
+        return rows
+
+    return query
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(_row, max_size=40, unique_by=lambda r: r[0]),
+    from_seq=st.integers(0, 70),
+    limit=st.none() | st.integers(0, 50),
+    chunk=st.integers(1, 8),
+    other=st.booleans(),
+)
+def test_the_rows_are_the_ones_a_row_by_row_read_answers(
+    conn: sqlite3.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+    rows: list[tuple[int, str, str, str]],
+    from_seq: int,
+    limit: int | None,
+    chunk: int,
+    other: bool,
+) -> None:
+    """Whatever the session's rows hold (a separator inside a value, gaps between seqs,
+    another session's rows beside them), from any seq, up to any limit, in ranges of any
+    size: the rows, their values and their types are those of the row-by-row read."""
+    monkeypatch.setattr(bulk, "CHUNK", chunk)
+    conn.execute("DELETE FROM event_rows")
+    conn.executemany(
+        "INSERT INTO events (session_id, seq, type, time, data) VALUES ('s', ?, ?, ?, ?)", rows
+    )
+    if other:
+        conn.executemany(
+            "INSERT INTO events (session_id, seq, type, time, data) VALUES ('t', ?, ?, ?, ?)",
+            [(seq, "user_message", "x", "\x1f") for seq, *_ in rows],
+        )
+    exact = conn.execute(_EXACT, ("s", from_seq, -1 if limit is None else limit)).fetchall()
+    got = bulk.session_rows(_query(conn), "s", from_seq, limit)
+    assert got == exact
+    assert [tuple(map(type, r)) for r in got] == [tuple(map(type, r)) for r in exact]
+
+
+def test_a_session_is_read_in_a_step_a_chunk_each_answering_one_row(tmp_path: Path) -> None:
+    """5,000 events in ranges of 2,048 seqs: the bounds, then three ranges, each one row
+    (one step of SQLite); a gap a snapshot left costs one step more, never a step a seq."""
+    path = tmp_path / "s.db"
+    with SQLiteStore(path) as store:
+        chat = Session.start("chat", store=store)
+        try:
+            for lo in range(0, 5_000, 500):
+                chat.append_many(
+                    [("user_message", {"content": f"m{n}"}) for n in range(lo, lo + 500)]
+                ).get(timeout=30)
+        finally:
+            chat.stop()
+    c = sqlite3.connect(path)
+    try:
+        calls: list[int] = []
+        rows = bulk.session_rows(_query(c, calls), "chat")
+        assert [r[0] for r in rows] == list(range(5_000))
+        assert calls == [1, 1, 1, 1]
+        # A gap of 100,000 seqs (as a snapshot's drop leaves): one step to cross it.
+        c.execute("UPDATE event_rows SET seq = seq + 100000 WHERE seq >= 4000")
+        calls.clear()
+        rows = bulk.session_rows(_query(c, calls), "chat")
+        assert [r[0] for r in rows] == [*range(4_000), *range(104_000, 105_000)]
+        assert len(calls) <= 6
+        assert set(calls) == {1}
+    finally:
+        c.close()
