@@ -145,3 +145,35 @@ def test_a_session_read_from_its_first_seq_is_read_exactly(
     got = bulk.session_rows(_query(conn), "s")
     assert got == exact
     assert [tuple(map(type, r)) for r in got] == [tuple(map(type, r)) for r in exact]
+
+
+def test_a_few_sessions_opened_together_are_each_read_in_a_few_steps(tmp_path: Path) -> None:
+    """A batch of a few sessions (opens made together in a busy web worker) reads each
+    session a range at a time: three sessions of 3,000 events, six statements that answer
+    a row each, where one statement answered 9,000 rows, a step each."""
+    from datetime import UTC, datetime
+
+    from nous_actor import Event
+
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    with SQLiteStore(tmp_path / "few.db") as store:
+        store.write(
+            {
+                sid: [Event(n, "user_message", t, {"content": f"{sid}{n}"}) for n in range(3_000)]
+                for sid in ("a", "b", "c")
+            }
+        )
+        statements: list[str] = []
+        conn = store._connection.conn
+        conn.set_trace_callback(statements.append)
+        try:
+            loaded = store.load_many(["a", "b", "c"])
+        finally:
+            conn.set_trace_callback(None)
+    assert {sid: [e.seq for e in evs] for sid, evs in loaded.items()} == {
+        sid: list(range(3_000)) for sid in ("a", "b", "c")
+    }
+    assert loaded["b"][1].data == {"content": "b1"}
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(reads) == 6
+    assert all("group_concat" in s for s in reads)
