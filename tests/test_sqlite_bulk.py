@@ -177,3 +177,33 @@ def test_a_few_sessions_opened_together_are_each_read_in_a_few_steps(tmp_path: P
     reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
     assert len(reads) == 6
     assert all("group_concat" in s for s in reads)
+
+
+def test_claims_are_taken_and_given_up_many_a_statement(tmp_path: Path) -> None:
+    """A batch of 300 claims writes its rows in two statements, and giving them up takes
+    two more, where each row was a statement's step; a claim another process took since
+    (another token under the same id) is not given up by the release of the old one."""
+    ids = [f"s{n}" for n in range(300)]
+    with SQLiteStore(tmp_path / "claims.db") as store:
+        with store._connection.lock:
+            conn = store._connection.writer()  # (the connection that writes, made now)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        try:
+            tokens = store.claim_many(ids)
+            assert all(isinstance(t, str) for t in tokens)
+            claims = [(sid, str(t)) for sid, t in zip(ids, tokens, strict=True)]
+            inserts = [s for s in statements if "INSERT" in s.upper() and "writers" in s]
+            assert len(inserts) == 2
+            # s0's claim passes to another holder (its row now holds another token).
+            conn.set_trace_callback(None)
+            conn.execute("UPDATE writers SET token = 'theirs', pid = 1 WHERE session_id = 's0'")
+            conn.set_trace_callback(statements.append)
+            statements.clear()
+            store.release_many(claims)
+            deletes = [s for s in statements if s.lstrip().upper().startswith("DELETE")]
+            assert len(deletes) == 2
+        finally:
+            conn.set_trace_callback(None)
+        left = conn.execute("SELECT session_id, token FROM writers").fetchall()
+    assert left == [("s0", "theirs")]

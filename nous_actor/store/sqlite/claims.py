@@ -25,6 +25,7 @@ from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.runtime.unique import unique_hex
 from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
+from nous_actor.store.sqlite.writes import insert_rows
 
 logger = get_logger("nous_actor.store.sqlite")
 
@@ -131,6 +132,10 @@ def rolled_back(exc: StoreError) -> bool:
     return isinstance(cause, sqlite3.OperationalError) and "no transaction is active" in str(cause)
 
 
+_claim_inserts: dict[int, str] = {}
+"""The claims' multi-row ``INSERT`` statements, by number of rows."""
+
+
 def _claim_once(
     connection: _Connection, asked: set[str], holdings: _Holdings, ids: list[str]
 ) -> list[str | ConflictError]:
@@ -181,10 +186,12 @@ def _claim_once(
                 held[sid] = (pid, token)
                 rows.append((sid, pid, token, since, address))
                 out.append(token)
-            conn.executemany(
-                "INSERT OR REPLACE INTO writers (session_id, pid, token, since, address) "
-                "VALUES (?, ?, ?, ?, ?)",
+            # Many rows a statement: each step hands the GIL back (see `insert_rows`).
+            insert_rows(
+                conn,
+                "INSERT OR REPLACE INTO writers (session_id, pid, token, since, address)",
                 rows,
+                _claim_inserts,
             )
             taken_asked = asked & {row[0] for row in rows}
             if taken_asked:  # a claim withdraws this process's own hand-off requests

@@ -92,6 +92,9 @@ _FORGET_EVERY: Final = 60
 """Seconds between two forgettings of expired call records by one store object."""
 
 
+_RELEASES_PER_DELETE: Final = 250
+"""Claims given up by one ``DELETE`` (two parameters each)."""
+
 _READ_APART: Final = 16
 """A batch of at most this many sessions reads each apart, a few steps of SQLite each
 (`session_rows`); a bigger one (many sessions opened at once, with as many reads queued
@@ -532,7 +535,17 @@ class SQLiteStore(ClosingStore):
         if self._connection.closed or self._connection.lost is not None:
             return
         with self._connection.transaction(session_id, doing, synced=False) as conn:
-            conn.executemany("DELETE FROM writers WHERE session_id = ? AND token = ?", claims)
+            # Many claims a statement: each step hands the GIL back (a registry closing
+            # 10,000 sessions made 10,000 steps). A row whose session id and token are
+            # both among the chunk's is one of its claims: a token is written with its
+            # own session's id only.
+            for lo in range(0, len(claims), _RELEASES_PER_DELETE):
+                chunk = claims[lo : lo + _RELEASES_PER_DELETE]
+                marks = ",".join("?" * len(chunk))
+                conn.execute(
+                    f"DELETE FROM writers WHERE session_id IN ({marks}) AND token IN ({marks})",
+                    [sid for sid, _ in chunk] + [token for _, token in chunk],
+                )
 
     # -- extras --------------------------------------------------------------------------
 

@@ -134,7 +134,7 @@ def insert_batches(
     if not one:
         conn.execute("SAVEPOINT batch_write")
     try:
-        _insert_many(conn, _EVENT_ROWS, rows, _inserts)
+        insert_rows(conn, _EVENT_ROWS, rows, _inserts)
     except (sqlite3.IntegrityError, *_UNBINDABLE):
         if not one:
             conn.execute("ROLLBACK TO batch_write")
@@ -203,8 +203,8 @@ def _values(rows: int, width: int = 5) -> str:
     return "VALUES " + ",".join([row] * rows)
 
 
-def _insert_many(
-    conn: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]], made: dict[int, str]
+def insert_rows(
+    conn: sqlite3.Connection, head: str, rows: Sequence[tuple[Any, ...]], made: dict[int, str]
 ) -> None:
     """``head`` with ``rows`` (of 5 values each) as its values: one statement per
     `_ROWS_PER_INSERT` rows, its text made once per number of rows (kept in ``made``).
@@ -287,6 +287,6 @@ def record_calls(
 
 def _insert_calls(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     """Insert (or replace) call records, many a statement."""
-    _insert_many(
+    insert_rows(
         conn, "INSERT OR REPLACE INTO calls (at, session, call, first, last)", rows, _record_calls
     )
