@@ -132,10 +132,6 @@ def rolled_back(exc: StoreError) -> bool:
     return isinstance(cause, sqlite3.OperationalError) and "no transaction is active" in str(cause)
 
 
-_claim_inserts: dict[int, str] = {}
-"""The claims' multi-row ``INSERT`` statements, by number of rows."""
-
-
 def _claim_once(
     connection: _Connection, asked: set[str], holdings: _Holdings, ids: list[str]
 ) -> list[str | ConflictError]:
@@ -191,7 +187,6 @@ def _claim_once(
                 conn,
                 "INSERT OR REPLACE INTO writers (session_id, pid, token, since, address)",
                 rows,
-                _claim_inserts,
             )
             taken_asked = asked & {row[0] for row in rows}
             if taken_asked:  # a claim withdraws this process's own hand-off requests

@@ -31,7 +31,8 @@ and call records alike."""
 _IDS_PER_STATEMENT: Final = 500
 """Session ids per statement that numbers them (one parameter each)."""
 
-_inserts: dict[int, str] = {}
+_made: dict[tuple[str, int], str] = {}
+"""`insert_rows`'s statements, by head and number of rows (each made once)."""
 
 _SEQ_END: Final = 2**63
 """Seqs are below this: SQLite's integers are 64-bit."""
@@ -134,7 +135,7 @@ def insert_batches(
     if not one:
         conn.execute("SAVEPOINT batch_write")
     try:
-        insert_rows(conn, _EVENT_ROWS, rows, _inserts)
+        insert_rows(conn, _EVENT_ROWS, rows)
     except (sqlite3.IntegrityError, *_UNBINDABLE):
         if not one:
             conn.execute("ROLLBACK TO batch_write")
@@ -203,20 +204,19 @@ def _values(rows: int, width: int = 5) -> str:
     return "VALUES " + ",".join([row] * rows)
 
 
-def insert_rows(
-    conn: sqlite3.Connection, head: str, rows: Sequence[tuple[Any, ...]], made: dict[int, str]
-) -> None:
+def insert_rows(conn: sqlite3.Connection, head: str, rows: Sequence[tuple[Any, ...]]) -> None:
     """``head`` with ``rows`` (of 5 values each) as its values: one statement per
-    `_ROWS_PER_INSERT` rows, its text made once per number of rows (kept in ``made``).
+    `_ROWS_PER_INSERT` rows, its text made once per head and number of rows.
 
     The sqlite3 module hands the GIL back at every step of a statement; with many
     session threads waiting for it, n rows by ``executemany`` pay n hand-offs, this
     about n / 200."""
     for i in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[i : i + _ROWS_PER_INSERT]
-        sql = made.get(len(chunk))
+        key = head, len(chunk)
+        sql = _made.get(key)
         if sql is None:
-            sql = made[len(chunk)] = f"{head} {_values(len(chunk))}"
+            sql = _made[key] = f"{head} {_values(len(chunk))}"
         conn.execute(sql, [v for row in chunk for v in row])
 
 
@@ -245,9 +245,6 @@ def _write_each(
             conn.execute("ROLLBACK TO session_write")
             refused[sid] = _unstorable(sid, exc)
         conn.execute("RELEASE session_write")
-
-
-_record_calls: dict[int, str] = {}
 
 
 def record_calls(
@@ -287,6 +284,4 @@ def record_calls(
 
 def _insert_calls(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     """Insert (or replace) call records, many a statement."""
-    insert_rows(
-        conn, "INSERT OR REPLACE INTO calls (at, session, call, first, last)", rows, _record_calls
-    )
+    insert_rows(conn, "INSERT OR REPLACE INTO calls (at, session, call, first, last)", rows)
