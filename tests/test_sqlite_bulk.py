@@ -207,3 +207,59 @@ def test_claims_are_taken_and_given_up_many_a_statement(tmp_path: Path) -> None:
             conn.set_trace_callback(None)
         left = conn.execute("SELECT session_id, token FROM writers").fetchall()
     assert left == [("s0", "theirs")]
+
+
+@pytest.mark.parametrize("when", ["after its first range", "after its snapshot began"])
+@pytest.mark.parametrize("change", ["a snapshot's drop", "a delete, then new events"])
+def test_a_reader_reads_a_session_as_it_was_at_one_moment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str, when: str
+) -> None:
+    """A process that does not hold a session reads it a range at a time; its holder's
+    drop of shadowed rows (or a delete and new events) committed between two of the
+    reader's statements never leaves the reader with rows from before it beside rows
+    from after it: the read answers the rows as they were at one moment (after the
+    change if it came before the read's snapshot began, before it otherwise)."""
+    from datetime import UTC, datetime
+
+    from nous_actor import Event
+    from nous_actor.store.sqlite import follower
+
+    monkeypatch.setattr(bulk, "CHUNK", 4)
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    path = tmp_path / "moment.db"
+    with SQLiteStore(path) as reader, SQLiteStore(path) as holder:
+        holder.write(
+            {"s": [Event(n, "user_message", t, {"content": f"old {n}"}) for n in range(12)]}
+        )
+
+        def apply() -> None:
+            if change == "a snapshot's drop":
+                holder.drop("s", list(range(6)))
+            else:
+                holder.delete("s")
+                new = [Event(n, "user_message", t, {"content": f"new {n}"}) for n in range(10)]
+                holder.write({"s": new})
+
+        before = [(e.seq, e.data["content"]) for e in holder.load("s")]
+        ranges = 0
+        real = follower.query_on
+
+        def query_on(conn: sqlite3.Connection) -> bulk.Query:
+            query = real(conn)
+
+            def counted(sql: str, params: Sequence[Any]) -> list[Any]:
+                nonlocal ranges
+                rows = query(sql, params)
+                if sql.startswith("SELECT count(*)"):
+                    ranges += 1
+                    if ranges == (1 if when == "after its first range" else 2):
+                        apply()  # by the holder, on its own connection, committed
+                return rows
+
+            return counted
+
+        monkeypatch.setattr(follower, "query_on", query_on)
+        got = [(e.seq, e.data["content"]) for e in reader.load_since("s", 0)]
+        after = [(e.seq, e.data["content"]) for e in holder.load("s")]
+    assert before != after
+    assert got == (after if when == "after its first range" else before)

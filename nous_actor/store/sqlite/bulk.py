@@ -26,17 +26,25 @@ seq stored as text that spells an integer as that integer.)
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any, Final
 
-__all__ = ["CHUNK", "Query", "session_rows"]
+__all__ = ["CHUNK", "Query", "query_on", "session_rows"]
 
 CHUNK: Final = 2048
 """Seqs a step reads (at most as many rows): about 1 MB of text for events of 500 bytes."""
 
 Query = Callable[[str, Sequence[Any]], list[Any]]
 """Runs one statement and answers its rows (``conn.execute(sql, params).fetchall()``)."""
+
+
+def query_on(conn: sqlite3.Connection) -> Query:
+    """``conn``'s reads as `session_rows` makes them."""
+    return lambda sql, params: conn.execute(sql, params).fetchall()
+
 
 _US: Final = "\x1f"
 
@@ -69,22 +77,63 @@ _ZERO_ENDS: Final = (0, *accumulate(len(str(n)) + (n > 0) for n in range(_FROM_Z
 
 
 def session_rows(
-    query: Query, session_id: str, from_seq: int = 0, limit: int | None = None
+    query: Query,
+    session_id: str,
+    from_seq: int = 0,
+    limit: int | None = None,
+    *,
+    isolated: bool = False,
 ) -> list[tuple[Any, ...]]:
     """The rows ``(seq, type, time, data)`` of ``session_id`` with ``seq >= from_seq``,
     in seq order (at most ``limit`` of them), read a range of `CHUNK` seqs a step (see
     the module), and a step more after each gap a snapshot left.
 
     The ranges end at the last seq stored when the first was read: a read made while
-    the session's holder appends answers the rows up to then. (Rows are never changed
-    in place: a snapshot only drops rows that a replace shadows, which no fold shows.)
+    the session's holder appends answers the rows up to then. Rows are never changed in
+    place, but a snapshot drops rows (those a replace shadows) and a delete drops a
+    session: a read by a process that does not hold the session (``isolated``) that
+    needs more than one range reads them all again inside one read transaction (a
+    savepoint: SQLite's snapshot of the file at its first read), so that it answers the
+    rows as they were at one moment, never a range from before such a drop beside one
+    from after it. (A read of one range is one statement: one moment already. The
+    holder's own reads need none: nobody else drops its rows while it holds them.)
+    ``query`` must run on one connection that nobody else uses meanwhile.
 
     Raises whatever ``query`` raises (`sqlite3.Error`)."""
+    first = _rows(query, session_id, from_seq, limit, whole=not isolated)
+    if first is not None:
+        return first
+    # More than one range, isolated: all of them again, from one snapshot of the file.
+    query(f"SAVEPOINT {_SNAPSHOT}", ())
+    try:
+        rows = _rows(query, session_id, from_seq, limit, whole=True)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            query(f"ROLLBACK TO {_SNAPSHOT}", ())
+            query(f"RELEASE {_SNAPSHOT}", ())
+        raise
+    query(f"RELEASE {_SNAPSHOT}", ())
+    assert rows is not None  # (whole: never stops after a range)
+    return rows
+
+
+_SNAPSHOT: Final = "nous_actor_read"
+"""The savepoint an isolated read of several ranges is made in."""
+
+
+def _rows(
+    query: Query, session_id: str, from_seq: int, limit: int | None, *, whole: bool
+) -> list[tuple[Any, ...]] | None:
+    """`session_rows`' ranges; ``None`` (unless ``whole``) where rows of a second
+    statement would join those of a first: the read is to be made again from one
+    snapshot."""
     left = -1 if limit is None else limit
     out: list[tuple[Any, ...]] = []
     start = min(from_seq, _LAST_SEQ)
     top: int | None = None
     while left:
+        if out and not whole:  # (so every read below adds to rows of its own statement)
+            return None
         end = min(_LAST_SEQ, start + (CHUNK if left < 0 else min(CHUNK, left)) - 1)
         if top is not None:
             end = min(end, top)

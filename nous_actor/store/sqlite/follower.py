@@ -22,7 +22,7 @@ from nous_actor.core.codec import CodecError, events_from_rows
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store.feed import FollowedWatch, _fill
-from nous_actor.store.sqlite.bulk import session_rows
+from nous_actor.store.sqlite.bulk import query_on, session_rows
 from nous_actor.store.sqlite.connection import _Connection, malformed
 from nous_actor.store.subscription import Subscription
 
@@ -73,6 +73,21 @@ class SQLiteFollower:
             if self._conn is None:
                 self._conn = store.connect(self.path, 5.0, uri=False)
             return self._conn.execute(sql, params).fetchall()
+
+    def rows(
+        self, session_id: str, from_seq: int = 0, limit: int | None = None
+    ) -> list[tuple[Any, ...]]:
+        """A session's rows as `session_rows` reads them for a process that does not hold
+        the session (``isolated``: as they were at one moment), on the follower's own
+        connection, held for the whole read."""
+        store = self._store_or_fail()
+        if self.path == ":memory:":
+            with store.locked(session_id, "read the session") as conn:
+                return session_rows(query_on(conn), session_id, from_seq, limit, isolated=True)
+        with self._conn_lock, store.translate(session_id, "read the session"):
+            if self._conn is None:
+                self._conn = store.connect(self.path, 5.0, uri=False)
+            return session_rows(query_on(self._conn), session_id, from_seq, limit, isolated=True)
 
     def _mark(self) -> int:
         """What changes whenever anything is committed to the file."""
@@ -188,7 +203,7 @@ class SQLiteFollower:
         return more
 
     def _read(self, session_id: str, from_seq: int, limit: int) -> list[Event]:
-        rows = session_rows(self.query, session_id, from_seq, limit)
+        rows = self.rows(session_id, from_seq, limit)
         try:
             return events_from_rows(rows)
         except CodecError as exc:

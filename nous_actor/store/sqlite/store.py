@@ -49,7 +49,7 @@ from nous_actor.store.base import (
     valid_store_ids,
 )
 from nous_actor.store.feed import DEFAULT_WATCH_BUFFER, _check_buffer, _check_from_seq
-from nous_actor.store.sqlite.bulk import Query, session_rows
+from nous_actor.store.sqlite.bulk import query_on, session_rows
 from nous_actor.store.sqlite.claims import (
     _claim_all,
     _claim_row,
@@ -101,11 +101,6 @@ _READ_APART: Final = 16
 behind) reads every row of the batch in one statement, a step a row, which costs a
 quarter less CPU alone, and a switch interval a row in a process whose other threads
 keep the GIL busy."""
-
-
-def _query(conn: sqlite3.Connection) -> Query:
-    """``conn``'s reads as `session_rows` makes them."""
-    return lambda sql, params: conn.execute(sql, params).fetchall()
 
 
 _HANDOFFS_TABLE: Final = """CREATE TABLE IF NOT EXISTS handoffs (
@@ -308,7 +303,7 @@ class SQLiteStore(ClosingStore):
 
     def load(self, session_id: str) -> list[Event]:
         with self._connection.locked(session_id, "load the session") as conn:
-            return events_from_rows(session_rows(_query(conn), session_id))
+            return events_from_rows(session_rows(query_on(conn), session_id))
 
     def write(
         self, appends: Mapping[str, Sequence[Event]], calls: CallRecords | None = None
@@ -510,7 +505,7 @@ class SQLiteStore(ClosingStore):
     def _load_one(self, session_id: str) -> list[Event] | StoreError:
         """`load_many` of one session: its events, or why they could not be read."""
         with self._connection.locked(session_id, "load the session") as conn:
-            rows = session_rows(_query(conn), session_id)
+            rows = session_rows(query_on(conn), session_id)
         try:  # decoded off the lock, as load_many's rows are
             return events_from_rows(rows)
         except CodecError as exc:
@@ -601,7 +596,7 @@ class SQLiteStore(ClosingStore):
         from_seq = _check_from_seq(from_seq)
         # On the follower's connection: a read never waits behind this process's writes
         # (which may be waiting for another process's write lock).
-        rows = session_rows(follower_of(self._connection).query, session_id, from_seq)
+        rows = follower_of(self._connection).rows(session_id, from_seq)
         with self._connection.translate(session_id, "load the session"):  # read to be looked at
             return passing_events_from_rows(rows)
 
@@ -616,7 +611,7 @@ class SQLiteStore(ClosingStore):
                 row is malformed.
         """
         session_id = valid_store_id(session_id)
-        rows = session_rows(follower_of(self._connection).query, session_id)
+        rows = follower_of(self._connection).rows(session_id)
         with self._connection.translate(session_id, "load the session"):
             return surface_from_rows(rows)
 
