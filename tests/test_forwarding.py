@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -591,6 +592,93 @@ def test_the_socket_folder_a_killed_process_left_is_removed_by_the_next_endpoint
         assert (left.exists(), alive.exists(), unnamed.exists()) == (False, True, True)
         (mine,) = tmp_path.glob(f"nous-actor-{os.getpid()}-*/calls")
         assert mine.is_socket()
+
+
+def _long_folder(tmp_path: Path) -> Path:
+    """A folder whose path leaves no room for a socket's in it (a Unix socket's path
+    has at most 107 bytes)."""
+    folder = tmp_path / ("t" * (120 - len(str(tmp_path))))
+    folder.mkdir()
+    return folder
+
+
+def test_a_temp_folder_too_long_for_a_socket_gives_way_to_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A temp folder whose path is too long for a socket's (a nested one, as CI runners
+    and sandboxes make): the endpoint listens in ``/tmp`` instead, and answers there."""
+    from nous_actor.sessions.forwarding import links
+
+    monkeypatch.setattr(tempfile, "tempdir", str(_long_folder(tmp_path)))
+    with Sessions(SQLiteStore(tmp_path / "s.db"), timeout=BOUND) as reg:
+        reg.open("chat").append("user_message", {"content": "x"}).get(timeout=BOUND)
+        assert reg._endpoint is not None
+        path = links.socket_path(reg._endpoint.address)
+        assert path is not None
+        assert path.startswith(f"/tmp/nous-actor-{os.getpid()}-")
+        assert Path(path).is_socket()
+        key = shared.forwarding_key(reg.store)
+        assert key is not None
+        hello = pickle.dumps((links.PROTOCOL, "t"))
+        conn = links._connect(path, key, BOUND, hello)  # as another process connects
+        try:
+            conn.send_bytes(pickle.dumps([(7, pickle.dumps(("chat", 0, "__alive__", ())))]))
+            assert conn.poll(BOUND)
+            [(cid, status, answer)] = pickle.loads(conn.recv_bytes())
+            assert (cid, status, pickle.loads(answer)) == (7, links.OK, True)
+        finally:
+            conn.close()
+    assert not Path(path).exists()  # its folder went with the registry
+
+
+def test_a_process_that_cannot_listen_runs_its_sessions_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No folder where a socket can be made: the sessions of this process still work
+    (its own registries reach each other), ``forwarding.unavailable`` says why and what to
+    do, and another process that opens one of them is refused with the holder named
+    (``ConflictError``, as by a holder of an older release), never sent elsewhere."""
+    from structlog.testing import capture_logs
+
+    long = str(_long_folder(tmp_path))
+    monkeypatch.setattr(endpoint_module, "_roots", lambda: [long])
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        with capture_logs() as logs, Sessions(store, timeout=BOUND) as reg:
+            chat = reg.open("chat")
+            chat.append("user_message", {"content": "x"}).get(timeout=BOUND)
+            assert reg._endpoint is not None
+            assert reg._endpoint.address.startswith(endpoint_module.LOCAL)
+            with Sessions(store, timeout=BOUND) as beside:  # this process: it is called
+                assert beside.open("chat").count().get(timeout=BOUND) == 1
+            other = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys\n"
+                    "from nous_actor import Sessions, SQLiteStore, ConflictError\n"
+                    "with Sessions(SQLiteStore(sys.argv[1]), timeout=5) as reg:\n"
+                    "    try:\n"
+                    "        reg.open('chat')\n"
+                    "    except ConflictError as exc:\n"
+                    "        print('refused:', exc)\n",
+                    str(tmp_path / "s.db"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=BOUND,
+            )
+            assert chat.count().get(timeout=BOUND) == 1
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.startswith("refused:"), other.stdout
+        assert f"process {os.getpid()}" in other.stdout
+        assert "not a process of this host" not in other.stdout
+        (said,) = [e for e in logs if e["event"] == "forwarding.unavailable"]
+        assert said["log_level"] == "warning"
+        assert "too long" in said["error"]
+        assert "TMPDIR" in said["fix"]
+    finally:
+        store.close()
 
 
 def test_a_holder_letting_its_claims_go_is_waited_for_not_refused(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ process answers calls for the sessions it holds on a store at its `Endpoint`
 
 from nous_actor.sessions.forwarding.endpoint import (
     ENDING,
+    LOCAL,
     Endpoint,
     endpoint_for,
     let_go,
@@ -18,6 +19,7 @@ from nous_actor.sessions.forwarding.route import REGISTRY_CLOSED, Call, Link, Ro
 
 __all__ = [
     "ENDING",
+    "LOCAL",
     "REGISTRY_CLOSED",
     "Call",
     "Endpoint",

@@ -61,7 +61,7 @@ from nous_actor.sessions.future import ForwardedFuture, SessionFuture
 from nous_actor.store import shared
 from nous_actor.store.base import Store
 
-__all__ = ["CALLS", "Endpoint", "endpoint_for", "local_endpoint"]
+__all__ = ["CALLS", "LOCAL", "Endpoint", "endpoint_for", "local_endpoint"]
 
 logger = get_logger("nous_actor.sessions.forwarding")
 
@@ -97,6 +97,57 @@ _FOLDER: Final = "nous-actor-"
 _swept = False
 
 
+LOCAL: Final = "local:"
+"""How the address of an endpoint without a socket begins: reachable from its own process
+only (a store without a secret, or a socket that could not be made)."""
+
+_PATH_MAX: Final = 107
+"""Bytes a Unix-domain socket's path may have on Linux (``sun_path`` holds 108, its
+last a NUL); fewer elsewhere (104 on macOS), which ``bind`` refuses as too long."""
+
+
+def _roots() -> list[str]:
+    """Where this process may make its socket folder, in order: the temp folder, then
+    ``/tmp`` if that is another (a temp folder whose path is too long for a socket's, as
+    a nested one can be)."""
+    first = tempfile.gettempdir()
+    return [first] if first == "/tmp" or not os.path.isdir("/tmp") else [first, "/tmp"]
+
+
+def _listen() -> tuple[str, socket.socket, str]:
+    """A socket listening in a new folder of this process's (mode 0700), in the first of
+    `_roots` where one can be made: the folder, the socket, its path.
+
+    Raises:
+        OSError: no root would do (the last root's error).
+    """
+    failed: OSError = OSError("no folder to make the socket in")
+    for root in _roots():
+        folder = ""
+        try:
+            # mode 0700: this user's; named for this process, so that once it is gone
+            # (SIGKILLed: no exit hook ran) a later process can tell and remove it
+            folder = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}-", dir=root)
+            path = os.path.join(folder, "calls")
+            if len(os.fsencode(path)) > _PATH_MAX:
+                raise OSError(f"the socket's path {path!r} is too long for a Unix socket")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(path)
+                os.chmod(path, 0o600)
+                sock.listen(64)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as exc:
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
+            failed = exc
+            continue
+        return folder, sock, path
+    raise failed
+
+
 def _sweep_once() -> None:
     """Remove the socket folders this user's dead processes left (once per process).
 
@@ -107,7 +158,11 @@ def _sweep_once() -> None:
     if _swept:
         return
     _swept = True
-    root = tempfile.gettempdir()
+    for root in _roots():
+        _sweep(root)
+
+
+def _sweep(root: str) -> None:
     try:
         names = os.listdir(root)
     except OSError:
@@ -144,27 +199,26 @@ class Endpoint:
         self.closed = False
         self.served = 0  # calls taken from other processes (for tests and the benchmark)
         key = shared.forwarding_key(store)
-        if key is None:
-            self.address = f"local:{uuid.uuid4().hex}"
-        else:
-            self._key = key
+        self.address = f"{LOCAL}{uuid.uuid4().hex}"  # (this process's registries only)
+        if key is not None:
             _sweep_once()
-            # mode 0700: this user's; named for this process, so that once it is gone
-            # (SIGKILLed: no exit hook ran) a later process can tell and remove it
-            self._dir = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}-")
-            path = os.path.join(self._dir, "calls")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.bind(path)
-                os.chmod(path, 0o600)
-                sock.listen(64)
-            except BaseException:
-                sock.close()
-                shutil.rmtree(self._dir, ignore_errors=True)
-                raise
-            self._sock = sock
-            self.address = f"unix:{HOST}:{path}"
-            _io_thread(self._accept, "nous-endpoint")
+                self._dir, self._sock, path = _listen()
+            except OSError as exc:
+                # The sessions here still work; other processes cannot call them (an
+                # open of one there is refused, as a holder of an older release's is).
+                logger.warning(
+                    "forwarding.unavailable",
+                    reason=type(exc).__name__,
+                    error=str(exc),
+                    effect="other processes cannot call this process's sessions: an "
+                    "open of one there raises ConflictError (or, with wait=, moves it)",
+                    fix="set TMPDIR to a short folder this user can write",
+                )
+            else:
+                self._key = key
+                self.address = f"unix:{HOST}:{path}"
+                _io_thread(self._accept, "nous-endpoint")
         _local[self.address] = self
         shared.advertise(store, self.address)
 

@@ -33,6 +33,7 @@ from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.runtime.tables import WeakValues
 from nous_actor.sessions.forwarding import (
     ENDING,
+    LOCAL,
     REGISTRY_CLOSED,
     Endpoint,
     Link,
@@ -467,6 +468,8 @@ class Sessions:
         local = local_endpoint(address)
         if local is not None:
             return local.link()
+        if address.startswith(LOCAL):
+            return ""  # a holder that could not listen (its log says why): refused
         if socket_path(address) is None:
             return (
                 f"is held by {holder}, which answers at {address}: not a process of this "
