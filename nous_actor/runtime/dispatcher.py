@@ -40,6 +40,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from _thread import LockType, allocate_lock
 from collections import deque
 from collections.abc import Callable
@@ -51,7 +52,7 @@ import pykka
 from pykka import ActorRegistry
 
 from nous_actor._log import get_logger
-from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime import forks, scheduling, telemetry
 from nous_actor.runtime.flag import Flag
 from nous_actor.runtime.unique import unique_hex
 
@@ -246,6 +247,17 @@ class Dispatcher:
 
 _default: list[Dispatcher] = []
 _default_lock = allocate_lock()
+
+
+def _forget_default() -> None:
+    """(In a forked child.) The parent's dispatcher has no threads here, and its run
+    queue holds the parent's actors: the child's actors get a dispatcher of their own."""
+    global _default_lock
+    _default_lock = allocate_lock()
+    _default.clear()
+
+
+forks.after_fork(_forget_default)
 
 
 def default_dispatcher() -> Dispatcher:
@@ -500,6 +512,12 @@ class Workers:
         self.size = _check_size("size", size)
         self.name = name
         self.idle = idle
+        self._empty()
+        _pools.add(self)
+
+    def _empty(self) -> None:
+        """No threads, no tasks (at the start; in a forked child, whose threads are gone
+        and whose queued tasks are its parent's)."""
         self._q: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = allocate_lock()
         self._threads = 0
@@ -536,6 +554,17 @@ class Workers:
                 self._waiting -= 1
             _run_logged(fn)
             del fn  # a waiting thread keeps nothing of its last task alive
+
+
+_pools: weakref.WeakSet[Workers] = weakref.WeakSet()
+
+
+def _empty_pools() -> None:
+    for pool in list(_pools):
+        pool._empty()
+
+
+forks.after_fork(_empty_pools)
 
 
 def _run_logged(fn: Callable[[], None]) -> None:

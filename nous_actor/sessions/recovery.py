@@ -29,6 +29,7 @@ from nous_actor.core._frozen import safe_str
 from nous_actor.core.event import Event
 from nous_actor.core.log import Log
 from nous_actor.errors import StoreError
+from nous_actor.runtime import forks
 from nous_actor.runtime.dispatcher import Workers
 from nous_actor.store.base import Store
 
@@ -157,6 +158,16 @@ class _Queue:
 
 _lock = threading.Lock()
 _queues: dict[int, _Queue] = {}  # by id(store); an entry holds its store while it has work
+
+
+def _forget_queues() -> None:
+    """(In a forked child.) The recoveries queued are the parent's sessions'."""
+    global _lock
+    _lock = threading.Lock()
+    _queues.clear()
+
+
+forks.after_fork(_forget_queues)
 
 
 def _drain(key: int, queue: _Queue) -> None:

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from nous_actor.runtime import forks
 from nous_actor.sessions.registry import Sessions
 from nous_actor.store.sqlite import SQLiteStore
 
@@ -21,6 +22,17 @@ class _Owned:
 
 _OWNED_LOCK = threading.Lock()
 _OWNED: dict[str, _Owned] = {}
+
+
+def _forget_owned() -> None:
+    """(In a forked child.) The registries are the parent's: a `NousSession.sqlite` made
+    in the child opens one of its own."""
+    global _OWNED_LOCK
+    _OWNED_LOCK = threading.Lock()
+    _OWNED.clear()
+
+
+forks.after_fork(_forget_owned)
 
 
 def _acquire_registry(path: str | Path) -> _Owned:

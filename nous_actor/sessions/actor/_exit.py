@@ -12,6 +12,7 @@ from typing import Any, Final
 import pykka
 
 from nous_actor._log import get_logger
+from nous_actor.runtime import forks
 from nous_actor.runtime.dispatcher import CallEnvelope
 from nous_actor.runtime.exit import SLOW_EXIT, at_exit
 from nous_actor.sessions.actor._session_actor import SessionActor
@@ -41,6 +42,8 @@ def _flush_at_exit() -> None:
             actor.committer is None and not actor.ledger.in_flight()
         ):
             continue  # no store (nor its first read under way): nothing to make durable
+        if forks.forked_since(actor.born):
+            continue  # a copy in a forked child: it runs (and commits) in its parent
         counted: SessionFuture[Any] = SessionFuture(actor.session_id)
         flushed: SessionFuture[Any] = SessionFuture(actor.session_id)
         try:

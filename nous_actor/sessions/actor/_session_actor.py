@@ -34,7 +34,7 @@ from nous_actor.core.event import Event, EventType, InvalidEvent
 from nous_actor.core.limits import MAX_SEQ
 from nous_actor.core.log import Log, _behind_head, _utcnow, new_event
 from nous_actor.errors import ConflictError, FencedError, SessionStopped, StoreError
-from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime import forks, scheduling, telemetry
 from nous_actor.runtime.dispatcher import CallEnvelope, Dispatcher, receive_one
 from nous_actor.runtime.flag import Flag
 from nous_actor.sessions.actor._calls import (
@@ -243,6 +243,7 @@ class SessionActor(DispatchedSupervisedActor):
         "_loading",
         "_ready",
         "_trace_links",
+        "born",
         "claim_token",
         "committer",
         "compactions",
@@ -283,6 +284,7 @@ class SessionActor(DispatchedSupervisedActor):
         self.dangling_turns = dangling_turns  # a gone holder's turn (sessions.turns)
         self.session_id = session_id
         self.exit_key = session_id  # its exit says which session ended (one monitor for all)
+        self.born = forks.born()  # a forked child's copy runs in its parent (exit skips it)
         # A stored session's log is the one its recovery reads: until then, one shared
         # empty log that is never appended to (a view) stands in.
         self.log = (_RECOVERING if store is not None else Log()) if log is None else log

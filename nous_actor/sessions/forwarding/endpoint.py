@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from nous_actor._log import get_logger
 from nous_actor.errors import NousActorError, SessionStopped
+from nous_actor.runtime import forks
 from nous_actor.sessions.actor import Handler, SessionActor
 from nous_actor.sessions.actor._calls import REMOTE, handlers_with
 from nous_actor.sessions.forwarding.auth import PROTOCOL, holder_side
@@ -197,6 +198,7 @@ class Endpoint:
         self._sock: socket.socket | None = None
         self._key: bytes | None = None
         self.closed = False
+        self.born = forks.born()  # a forked child's copy is its parent's (`close`)
         self.served = 0  # calls taken from other processes (for tests and the benchmark)
         key = shared.forwarding_key(store)
         self.address = f"{LOCAL}{uuid.uuid4().hex}"  # (this process's registries only)
@@ -284,6 +286,8 @@ class Endpoint:
         if self.closed:
             return
         self.closed = True
+        if forks.forked_since(self.born):
+            return  # a forked child's copy: the socket and its folder are the parent's
         _local.pop(self.address, None)
         _endpoints.pop(id(self.store), None)
         try:
@@ -441,6 +445,18 @@ def let_go(store: Store) -> None:
             shared.advertise(store, None)
         except Exception:  # the store closed: nothing more is claimed through it
             pass
+
+
+def _forget_endpoints() -> None:
+    """(In a forked child.) The parent's endpoints answer in the parent: a registry the
+    child makes gets an endpoint (and a socket) of its own."""
+    global _endpoints_lock
+    _endpoints_lock = threading.Lock()
+    _local.clear()
+    _endpoints.clear()
+
+
+forks.after_fork(_forget_endpoints)
 
 
 def endpoint_for(store: Store) -> Endpoint | None:

@@ -40,6 +40,7 @@ from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.event import Event, EventType
 from nous_actor.errors import CallOutcomeUnknown, NousActorError
+from nous_actor.runtime import forks
 from nous_actor.runtime.exit import at_exit
 from nous_actor.sessions.actor import EventParts, Handler
 from nous_actor.sessions.forwarding.auth import PROTOCOL, caller_side
@@ -379,6 +380,7 @@ class SocketLink:
         "_sender",
         "_token",
         "address",
+        "born",
         "closed",
         "sent",
     )
@@ -395,6 +397,7 @@ class SocketLink:
         self._calls: dict[int, tuple[Route, int, Call]] = {}
         self._ids = itertools.count()
         self.closed = False
+        self.born = forks.born()  # a forked child's copy is its parent's (`_answers_at_exit`)
         self.sent = 0
         self._answered = threading.Event()  # set at every batch of answers (exit waits)
         # A plain daemon thread (it waits on a socket; never a simulation's task).
@@ -681,6 +684,18 @@ def link_to(address: str, key: bytes, timeout: float) -> SocketLink:
     return made
 
 
+def _forget_links() -> None:
+    """(In a forked child.) The parent's links are its own (their threads stayed there,
+    and a frame written here would go out on its connection): the child connects anew."""
+    global _links_lock
+    _links_lock = threading.Lock()
+    _links.clear()
+    _connecting.clear()
+
+
+forks.after_fork(_forget_links)
+
+
 def _made(address: str, made: SocketLink) -> SocketLink:
     """Keep ``made`` as the link to ``address``, unless one is kept already (then that
     one, and ``made`` is closed)."""
@@ -709,8 +724,8 @@ def _answers_at_exit() -> None:
     before the program goes, as a local one is; bounded by `EXIT_BOUND`."""
     deadline = time.monotonic() + EXIT_BOUND
     with _links_lock:
-        links = list(_links.values())
-    for link in links:
+        links = [link for link in _links.values() if not forks.forked_since(link.born)]
+    for link in links:  # (a forked child's copies wait for nothing: their calls are the parent's)
         while time.monotonic() < deadline:
             with link._lock:
                 if not link._calls or link.closed:

@@ -14,7 +14,7 @@ from nous_actor.errors import (
     NousActorError,
     SessionStopped,
 )
-from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime import forks, scheduling, telemetry
 from nous_actor.runtime.dispatcher import CallEnvelope, Dispatcher
 from nous_actor.sessions.actor import (
     HELD,
@@ -69,7 +69,7 @@ class Session(SessionHandle):
         timeout: the default bound, in seconds, of every wait on a result.
     """
 
-    __slots__ = ("_own_ref", "_resolve", "_route")
+    __slots__ = ("_born", "_own_ref", "_resolve", "_route")
 
     def __init__(
         self,
@@ -90,6 +90,12 @@ class Session(SessionHandle):
         # ``home``): the actor, the passivation's clock, a subscription that follows
         # the store where the session is held elsewhere.
         self._route = route
+        self._born = forks.born()  # a forked child refuses it (`_here`)
+
+    def _forked(self) -> SessionStopped:
+        """Why this handle cannot be used in a process forked from the one that made it
+        (its session runs there: `nous_actor.runtime.forks`)."""
+        return SessionStopped(self.session_id, forks.refusal("this session's handle", self._born))
 
     @classmethod
     def start(
@@ -254,6 +260,10 @@ class Session(SessionHandle):
 
     def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
         fut: SessionFuture[Any] | None = None
+        if self._born != forks.generation:  # this process forked since it was made
+            fut = SessionFuture(self.session_id, self.timeout)
+            fut._fail(self._forked())
+            return fut
         if _ENTERED.get() and getattr(handler, "__name__", "") in HELD:
             # A write from inside a turn's block: the session fails it at once if
             # that turn is the open one (it would wait for its own turn to end).
@@ -302,6 +312,8 @@ class Session(SessionHandle):
     def subscribe(
         self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
     ) -> Subscription:
+        if forks.forked_since(self._born):
+            raise self._forked()
         route = self._route
         if route is not None and not route.here():
             # Held by another process: follow what it commits, through the store (the
@@ -327,6 +339,8 @@ class Session(SessionHandle):
         report ``False`` for a passivated or crashed session: its next call
         reopens it.
         """
+        if forks.forked_since(self._born):
+            return False  # (it runs in the process this one forked from)
         route = self._route
         if route is not None:
             target = route.target()
@@ -353,7 +367,11 @@ class Session(SessionHandle):
 
         Raises:
             CallTimeout: not stopped within ``timeout``.
+            SessionStopped: this process forked from the one that made the handle
+                (the session runs there).
         """
+        if forks.forked_since(self._born):
+            raise self._forked()
         bound = self.timeout if timeout is None else timeout
         route = self._route
         if route is not None:

@@ -28,7 +28,7 @@ from nous_actor._log import get_logger
 from nous_actor.core.args import check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, SessionStopped
-from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime import forks, scheduling, telemetry
 from nous_actor.runtime.dispatcher import Dispatcher
 from nous_actor.runtime.tables import WeakValues
 from nous_actor.sessions.forwarding import (
@@ -234,6 +234,7 @@ class Sessions:
         self._supervised = not start
         self._spec_made = False
         self._closed = False
+        self._born = forks.born()  # a forked child refuses it (`_here`)
         if start:
             self._start_actor()
         self._passivation.start(self.passivate_idle)
@@ -330,6 +331,7 @@ class Sessions:
 
     def _route(self, session_id: str) -> Route:
         """The route of ``session_id`` in this registry (made on first use)."""
+        self._here(session_id)
         route = self._routes.get(session_id)
         if route is None:
             if self._closed:
@@ -341,6 +343,12 @@ class Sessions:
                 if route is None:
                     route = self._routes[session_id] = Route(session_id, self._home, self.timeout)
         return route
+
+    def _here(self, session_id: str) -> None:
+        """`SessionStopped` if this process forked from the one that made the registry:
+        its sessions, threads and claims are that process's (`nous_actor.runtime.forks`)."""
+        if forks.forked_since(self._born):
+            raise SessionStopped(session_id, forks.refusal("this Sessions registry", self._born))
 
     def _join_endpoint(self) -> None:
         """Make (or find) this process's endpoint for the store, and join it."""
@@ -497,6 +505,7 @@ class Sessions:
             SessionStopped: the registry is closed.
         """
         session_id = check_session_id(session_id)
+        self._here(session_id)
         if self._closed:
             raise SessionStopped(session_id, "the registry is closed")
         return SessionReader(session_id, self.store, timeout=self.timeout)
@@ -574,6 +583,11 @@ class Sessions:
         refusing every call (the parent stops it with the rest of its tree).
         """
         if self._closed:
+            return
+        if forks.forked_since(self._born):
+            # A copy in a forked child: its sessions, threads, socket and claims are the
+            # parent's, which goes on using them. Nothing to stop here.
+            self._closed = True
             return
         self._passivation.stop()
         self._handover.stop()
@@ -665,6 +679,7 @@ class Sessions:
         """The registry actor. Under a parent that has not started it yet, its first
         start is waited for, at most the handles' bound (a stopped one is not: the
         call fails at once, and one made after the parent restarted it reaches it)."""
+        self._here(session_id)
         if self._supervised and self._ref is None:
             scheduling.current().wait(self._started, self.timeout, self._wait_started)
         with self._ref_changed:

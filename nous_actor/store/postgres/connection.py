@@ -22,6 +22,7 @@ from psycopg.types.string import TextLoader
 
 from nous_actor.core.codec import CodecError
 from nous_actor.errors import StoreError
+from nous_actor.runtime import forks
 from nous_actor.store.postgres.failures import (
     _PERMANENT_CONNECT_SQLSTATES,
     _connection_lost,
@@ -145,6 +146,14 @@ class _Context:
         self.timeout = timeout
         self.idle_tx_ms = idle_tx_ms
         self.location = f"{_describe(dsn)}, schema {schema}"
+        self.born = forks.born()  # a forked child refuses the store (`here`)
+
+    def here(self, session_id: str | None = None) -> None:
+        """`StoreError` if this process forked from the one that opened the store (its
+        connections are that process's: see `nous_actor.runtime.forks`)."""
+        if forks.forked_since(self.born):
+            refused = forks.refusal(f"the store on {self.location}", self.born)
+            raise StoreError(refused, session_id=session_id)
 
     def connect(self) -> psycopg.Connection[Any]:
         """A new connection (see `reconnect`), failing at once.
@@ -240,6 +249,7 @@ class _Context:
         a transaction whose effect is the same when applied twice). Every
         error leaves as a `StoreError`.
         """
+        self.here(session_id)  # (before its lock: a parent's thread may hold it)
         deadline = time.monotonic() + self.timeout
         delay = 0.0
         while True:

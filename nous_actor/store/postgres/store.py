@@ -28,6 +28,7 @@ from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.message import Message
 from nous_actor.errors import StoreError
+from nous_actor.runtime import forks
 from nous_actor.store.base import (
     CALL_RECORD_SECONDS,
     CallRecords,
@@ -261,7 +262,13 @@ class PostgresStore(ClosingStore):
         # A store nobody uses any more stops its threads and closes its connections
         # (its claims then lapse, and dead-holder detection frees them at once).
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._closing, self._main, self._leases, self._listeners
+            self,
+            _shutdown,
+            self._closing,
+            self._main,
+            self._leases,
+            self._listeners,
+            self._ctx.born,
         )
         # Never at interpreter exit: `weakref.finalize`'s exit hook runs before the
         # runtime's (atexit is last in, first out) and would close the store under the
@@ -879,10 +886,18 @@ class PostgresStore(ClosingStore):
 
 
 def _shutdown(
-    closing: threading.Event, main: _Link, leases: _Leases, listeners: list[_Listener]
+    closing: threading.Event,
+    main: _Link,
+    leases: _Leases,
+    listeners: list[_Listener],
+    born: int,
 ) -> None:
-    """Stop a store's threads and close its connections (on close, or when collected)."""
+    """Stop a store's threads and close its connections (on close, or when collected).
+    In a process forked from the one that opened them, only marks the store closed: the
+    connections are that process's (closing one would end it for that process too)."""
     closing.set()
+    if forks.forked_since(born):
+        return
     leases.stop()
     for listener in listeners:
         listener.stop()

@@ -277,6 +277,7 @@ class _Write:
         return {**refused, **self.unstorable}
 
     def _run(self) -> dict[str, StoreError]:
+        self.ctx.here()
         deadline = time.monotonic() + self.ctx.timeout
         delay = 0.0
         sid = self.sids[0] if len(self.sids) == 1 else None

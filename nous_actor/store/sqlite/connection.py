@@ -34,6 +34,7 @@ from typing import Any, Final, Literal
 
 from nous_actor.core.codec import CodecError
 from nous_actor.errors import StoreError
+from nous_actor.runtime import forks
 from nous_actor.store.sqlite.schema import _Opening
 from nous_actor.store.sqlite.writelock import NO_QUEUE as _NO_QUEUE
 from nous_actor.store.sqlite.writelock import WriteLock
@@ -91,6 +92,7 @@ class _Connection:
         self.busy_ms = int(timeout * 1000)
         # Re-entrant: the committer holds it through a `turn`, then writes in it.
         self.lock = threading.RLock()
+        self._born = forks.born()  # a forked child refuses it (`locked`)
         # The turn taken ahead of a write (`turn`, under ``lock``): ``True`` it came,
         # ``False`` it did not come in time, ``None`` none is taken ahead.
         self._ahead: bool | None = None
@@ -124,7 +126,12 @@ class _Connection:
         return conn
 
     def close(self) -> None:
-        """Close the connections (once; later calls raise `StoreError`)."""
+        """Close the connections (once; later calls raise `StoreError`). In a process
+        forked from the one that opened them they are only forgotten: they are that
+        process's (closing a SQLite connection may checkpoint the file)."""
+        if forks.forked_since(self._born):
+            self.closed = True
+            return
         with self.lock:
             if not self.closed:
                 self.closed = True
@@ -190,10 +197,18 @@ class _Connection:
                 session_id=session_id,
             ) from exc
 
+    def here(self, session_id: str | None = None) -> None:
+        """`StoreError` if this process forked from the one that opened the store."""
+        if forks.forked_since(self._born):
+            refused = forks.refusal(f"the store {self.path}", self._born)
+            raise StoreError(refused, session_id=session_id)
+
     @contextlib.contextmanager
     def locked(self, session_id: str | None, doing: str) -> Iterator[sqlite3.Connection]:
         """The connection, under the lock, with its errors translated; `StoreError` if
-        the store is closed or has failed."""
+        the store is closed or has failed (or this process forked from the one that
+        opened it: see `nous_actor.runtime.forks`)."""
+        self.here(session_id)  # (before its lock: a parent's thread may hold it)
         with self.lock, self.translate(session_id, doing):
             if self.closed:
                 raise StoreError(f"the store {self.path} is closed; open a new one")

@@ -60,6 +60,7 @@ class SQLiteFollower:
         store = self._store()
         if store is None or store.closed:
             raise StoreError(f"the store {self.path} is closed; open a new one")
+        store.here()
         return store
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
