@@ -91,6 +91,22 @@ def test_sqlite_store_takes_a_str_path_and_memory(tmp_path: Path) -> None:
         assert a.sessions() == b.sessions() == []
 
 
+@pytest.mark.parametrize("where", ["missing/s.db", "~/s.db"])
+def test_a_file_that_cannot_be_opened_says_what_to_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A file in a folder that does not exist (or under a '~' that is not expanded) is
+    refused with what to fix, and nothing is made."""
+    from nous_actor.errors import StoreError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(StoreError, match="folder must exist") as refused:
+        SQLiteStore(where)
+    assert ("expanduser()" in str(refused.value)) == where.startswith("~")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_memory_store_takes_no_arguments() -> None:
     """MemoryStore has no settings: any argument is a TypeError."""
     with pytest.raises(TypeError):

@@ -185,6 +185,12 @@ class _Connection:
                 hint = "; the disk is full: free space, then restart the session"
             elif "not a database" in text or "malformed" in text:
                 hint = "; the file is not a (healthy) SQLite database"
+            elif "unable to open" in text:
+                hint = "; its folder must exist and be writable by this user" + (
+                    "; '~' is not expanded: pass Path(path).expanduser()"
+                    if "~" in self.path
+                    else ""
+                )
             raise StoreError(
                 f"could not {doing} in {self.path}: {kind}: {text}{hint}", session_id=session_id
             ) from exc
