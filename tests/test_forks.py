@@ -82,8 +82,8 @@ print(json.dumps({{
 """
 
 
-def _run(imports: str, store: str) -> dict[str, Any]:
-    program = _PROGRAM.format(imports=imports, store=store, timeout=TIMEOUT)
+def _run(program: str) -> dict[str, Any]:
+    """Run ``program``; what its last line printed (JSON)."""
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(program)],
         capture_output=True,
@@ -92,6 +92,7 @@ def _run(imports: str, store: str) -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["child"] is not None, proc.stderr  # (the child wrote what it saw)
     return result
 
 
@@ -113,9 +114,8 @@ def test_a_forked_child_refuses_what_it_inherited_and_uses_what_it_makes(
         pg = request.getfixturevalue("pg_stores")
         imports = "from nous_actor.store.postgres import PostgresStore"
         store = f"PostgresStore({pg.dsn!r}, schema={pg.schema!r})"
-    result = _run(imports, store)
+    result = _run(_PROGRAM.format(imports=imports, store=store, timeout=TIMEOUT))
     child = result["child"]
-    assert child is not None
     for name, kind_of in (
         ("open", "SessionStopped"),
         ("read", "SessionStopped"),
@@ -179,17 +179,8 @@ def test_the_agents_sessions_registry_is_made_again_in_a_forked_child(tmp_path: 
     made in the child gets a registry of the child's own (its call to the parent's
     session goes to the parent)."""
     pytest.importorskip("agents")
-    program = _AGENTS_PROGRAM.format(path=str(tmp_path / "agents.db"))
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(program)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = _run(_AGENTS_PROGRAM.format(path=str(tmp_path / "agents.db")))
     child = result["child"]
-    assert child is not None, proc.stderr
     assert child["inherited"].startswith("SessionStopped: "), child["inherited"]
     assert "was forked from it" in child["inherited"]
     assert child["mine"] == [{"role": "user", "content": "child"}]
