@@ -380,7 +380,6 @@ class SocketLink:
         "_sender",
         "_token",
         "address",
-        "born",
         "closed",
         "sent",
     )
@@ -397,7 +396,6 @@ class SocketLink:
         self._calls: dict[int, tuple[Route, int, Call]] = {}
         self._ids = itertools.count()
         self.closed = False
-        self.born = forks.born()  # a forked child's copy is its parent's (`_answers_at_exit`)
         self.sent = 0
         self._answered = threading.Event()  # set at every batch of answers (exit waits)
         # A plain daemon thread (it waits on a socket; never a simulation's task).
@@ -724,8 +722,8 @@ def _answers_at_exit() -> None:
     before the program goes, as a local one is; bounded by `EXIT_BOUND`."""
     deadline = time.monotonic() + EXIT_BOUND
     with _links_lock:
-        links = [link for link in _links.values() if not forks.forked_since(link.born)]
-    for link in links:  # (a forked child's copies wait for nothing: their calls are the parent's)
+        links = list(_links.values())  # (a forked child's are its own: `_forget_links`)
+    for link in links:
         while time.monotonic() < deadline:
             with link._lock:
                 if not link._calls or link.closed:

@@ -90,7 +90,7 @@ class Session(SessionHandle):
         # ``home``): the actor, the passivation's clock, a subscription that follows
         # the store where the session is held elsewhere.
         self._route = route
-        self._born = forks.born()  # a forked child refuses it (`_here`)
+        self._born = forks.born()  # a forked child refuses it (`_call`, `_forked`)
 
     def _forked(self) -> SessionStopped:
         """Why this handle cannot be used in a process forked from the one that made it

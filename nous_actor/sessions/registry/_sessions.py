@@ -282,7 +282,8 @@ class Sessions:
                 on another host; ``holder`` names it where the store knows), or it
                 kept the session for ``wait`` seconds when asked for it.
             StoreError: the store failed while recovering the session.
-            SessionStopped: the registry is closed (or not running).
+            SessionStopped: the registry is closed (or not running), or this process
+                was forked from the one that made it (make one after the fork).
         """
         session_id = check_session_id(session_id)
         wait = self._wait(wait)
@@ -502,7 +503,8 @@ class Sessions:
 
         Raises:
             ValueError, TypeError: ``session_id`` is not a valid id.
-            SessionStopped: the registry is closed.
+            SessionStopped: the registry is closed, or this process was forked from
+                the one that made it.
         """
         session_id = check_session_id(session_id)
         self._here(session_id)
