@@ -278,6 +278,31 @@ def test_conflict_is_exactly_one_line(tmp_path: Path) -> None:
             held.stop()
 
 
+def test_a_session_a_running_app_holds_is_snapshotted_and_forked_through_it(
+    tmp_path: Path,
+) -> None:
+    """A session a running app's registry holds (here, this process's): ``snapshot`` and
+    ``fork`` from the command line go to that process, as any worker's calls do, where
+    they were refused; the session stays where it was."""
+    from nous_actor import Replace, Sessions
+
+    db = tmp_path / "live.db"
+    with Sessions(SQLiteStore(db), timeout=TIMEOUT) as app:
+        chat = app.open("s")
+        for n in range(4):
+            chat.append("user_message", {"content": f"m{n}"}).get()
+        summary = {"content": "summary", "surface_op": Replace(0, 2)}
+        chat.append("system_message", summary).get()
+        out = run("snapshot", str(db), "s")
+        assert out.returncode == 0, out.stderr
+        assert "dropped 3 shadowed events, 2 retained" in out.stdout
+        assert [e.seq for e in chat.events().get()] == [3, 4]  # dropped by the holder
+        out = run("fork", str(db), "s", "t", "--through", "4")
+        assert out.returncode == 0, out.stderr
+        assert app.live() == ["s"]  # never moved
+        assert [m.content for m in app.read("t").derive_messages().get()] == ["summary", "m3"]
+
+
 def test_unknown_session_says_how_many_more_exist(tmp_path: Path) -> None:
     """Of 25 sessions the message names 10 and says 15 more exist."""
     db = tmp_path / "many.db"

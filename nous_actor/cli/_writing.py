@@ -1,5 +1,5 @@
 """The commands that write a session: ``import`` (from standard input), ``fork`` and
-``snapshot`` (each runs the stored session, started and stopped here)."""
+``snapshot`` (each runs in the process that holds the session, or here if none does)."""
 
 from __future__ import annotations
 
@@ -65,19 +65,21 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def _with_session(args: argparse.Namespace, work: Callable[[Session], T]) -> tuple[Log, T]:
-    """Run ``work`` on the stored session ``args.session_id``, started and stopped here.
+    """Run ``work`` on the stored session ``args.session_id``: in the process that holds
+    it (a running app's worker: the call goes there, as any worker's does), or started
+    and stopped here if no process holds it.
 
     Returns the session's log as it was stored before, and what ``work`` returned.
     """
-    from nous_actor.sessions.handle import Session
+    from nous_actor.sessions.registry import Sessions
 
     store = _open_existing(args.db, args.schema)
     log = _load(store, args.session_id)
-    session = Session.start(args.session_id, store=store)
+    sessions = Sessions(store)
     try:
-        return log, work(session)
+        return log, work(sessions.open(args.session_id))
     finally:
-        session.stop()
+        sessions.close()
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
