@@ -174,6 +174,25 @@ def test_a_forgotten_lock_closes_its_file(db: str) -> None:
     assert not closer.alive
 
 
+def test_a_forgotten_store_closes_its_connections(db: str) -> None:
+    """A store collected without `close` (a registry's, dropped with it) closes every
+    connection it made, its follower's too: one freed open warns (`ResourceWarning`,
+    Python 3.13 on), an error under ``-W error``."""
+    from nous_actor import Sessions
+
+    store = SQLiteStore(db)
+    with Sessions(store) as sessions:
+        sessions.open("s").append("user_message", {"content": "x"}).get(timeout=WAIT)
+        assert sessions.read("s").count().get(timeout=WAIT) == 1  # (the follower's)
+    made = list(store._connection._made)
+    assert len(made) == 3  # read, write, follow
+    del store, sessions
+    gc.collect()
+    for conn in made:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            conn.execute("SELECT 1")
+
+
 _HOLDER = """
 import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)

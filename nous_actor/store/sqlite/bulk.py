@@ -51,11 +51,14 @@ _US: Final = "\x1f"
 _RANGE: Final = (
     "SELECT count(*), group_concat(seq, char(31)), group_concat(type, char(31)), "
     "group_concat(time, char(31)), group_concat(data, char(31)), "
-    "(SELECT max(seq) FROM events WHERE session_id = ?1) "
-    "FROM events WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3"
+    "(SELECT max(seq) FROM events WHERE session_id = ?) "
+    "FROM events WHERE session_id = ? AND seq BETWEEN ? AND ?"
 )
 """The rows of a range of seqs: how many, and each column's values joined, in seq order
-(the primary key's); and the session's last stored seq (an index lookup)."""
+(the primary key's); and the session's last stored seq (an index lookup). Its parameters
+are plain ``?`` (the session's id given twice): Python 3.12.1's `sqlite3` takes a
+numbered ``?1`` for a named one, warns when it is given a sequence (an error under
+``-W error``), and says 3.14 will refuse it."""
 
 _NEXT: Final = "SELECT min(seq) FROM events WHERE session_id = ? AND seq > ?"
 """The first stored seq after a seq (past a gap that a snapshot left)."""
@@ -137,7 +140,9 @@ def _rows(
         end = min(_LAST_SEQ, start + (CHUNK if left < 0 else min(CHUNK, left)) - 1)
         if top is not None:
             end = min(end, top)
-        ((count, seqs, types, times, datas, last),) = query(_RANGE, (session_id, start, end))
+        ((count, seqs, types, times, datas, last),) = query(
+            _RANGE, (session_id, session_id, start, end)
+        )
         if top is None:
             if last is None:  # no rows
                 return out

@@ -28,6 +28,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -63,6 +64,23 @@ def malformed(path: object, session_id: str | None, exc: CodecError) -> StoreErr
     return StoreError(f"stored event is malformed in {path}: {exc}", session_id=session_id)
 
 
+_KEPT: list[sqlite3.Connection] = []
+"""The connections of stores a forked child dropped: its parent's, never closed here."""
+
+
+def _forget_connections(made: list[sqlite3.Connection], born: int) -> None:
+    """A store collected without being closed: its connections are closed (one freed
+    open warns, `ResourceWarning`, since Python 3.13). A forked child keeps its parent's
+    as they are (closing one may checkpoint the parent's file)."""
+    if forks.forked_since(born):
+        _KEPT.extend(made)
+    else:
+        for conn in made:
+            with contextlib.suppress(Exception):
+                conn.close()
+    made.clear()
+
+
 class _Connection:
     """The connection of a `SQLiteStore` and the calls made on it (see the module).
 
@@ -93,6 +111,10 @@ class _Connection:
         # Re-entrant: the committer holds it through a `turn`, then writes in it.
         self.lock = threading.RLock()
         self._born = forks.born()  # a forked child refuses it (`locked`)
+        # Every connection made for the store (its follower's too): closed if the store is
+        # collected without being closed (never at exit: appends may still be in flight).
+        self._made: list[sqlite3.Connection] = []
+        weakref.finalize(self, _forget_connections, self._made, self._born).atexit = False
         # The turn taken ahead of a write (`turn`, under ``lock``): ``True`` it came,
         # ``False`` it did not come in time, ``None`` none is taken ahead.
         self._ahead: bool | None = None
@@ -116,6 +138,7 @@ class _Connection:
         conn = sqlite3.connect(
             target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri
         )
+        self._made.append(conn)
         try:  # connection settings only: nothing here writes to the file (a timeout of 0:
             # no busy handler, as the connection that writes has it)
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
