@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from nous_actor.core.codec import CodecError, events_from_rows
@@ -63,17 +63,25 @@ class SQLiteFollower:
         store.here()
         return store
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        """Rows of one read, on the follower's own connection (the store's own for
-        ``":memory:"``, which no other connection can see)."""
+    @contextlib.contextmanager
+    def _held(self, session_id: str | None, doing: str) -> Iterator[sqlite3.Connection]:
+        """The follower's own connection (made on first use), no other thread's while the
+        block runs, its errors translated; the store's own for ``":memory:"``, which no
+        other connection can see."""
         store = self._store_or_fail()
         if self.path == ":memory:":
-            with store.locked(None, "read the store") as conn:
-                return conn.execute(sql, params).fetchall()
-        with self._conn_lock, store.translate(None, "read the store"):
+            with store.locked(session_id, doing) as conn:
+                yield conn
+            return
+        with self._conn_lock, store.translate(session_id, doing):
             if self._conn is None:
                 self._conn = store.connect(self.path, 5.0, uri=False)
-            return self._conn.execute(sql, params).fetchall()
+            yield self._conn
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Rows of one read, on the follower's own connection."""
+        with self._held(None, "read the store") as conn:
+            return conn.execute(sql, params).fetchall()
 
     def rows(
         self, session_id: str, from_seq: int = 0, limit: int | None = None
@@ -81,14 +89,8 @@ class SQLiteFollower:
         """A session's rows as `session_rows` reads them for a process that does not hold
         the session (``isolated``: as they were at one moment), on the follower's own
         connection, held for the whole read."""
-        store = self._store_or_fail()
-        if self.path == ":memory:":
-            with store.locked(session_id, "read the session") as conn:
-                return session_rows(query_on(conn), session_id, from_seq, limit, isolated=True)
-        with self._conn_lock, store.translate(session_id, "read the session"):
-            if self._conn is None:
-                self._conn = store.connect(self.path, 5.0, uri=False)
-            return session_rows(query_on(self._conn), session_id, from_seq, limit, isolated=True)
+        with self._held(session_id, "read the session") as conn:
+            return session_rows(query_on(conn), session_id, from_seq, limit, isolated=True)
 
     def _mark(self) -> int:
         """What changes whenever anything is committed to the file."""
