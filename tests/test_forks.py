@@ -189,3 +189,89 @@ def test_the_agents_sessions_registry_is_made_again_in_a_forked_child(tmp_path: 
         {"role": "user", "content": "before the fork"},
         {"role": "assistant", "content": "from the child"},
     ]
+
+
+_REGISTRY_PROGRAM = """
+import json, os, sys, threading, time
+import pykka
+from nous_actor import Sessions, SQLiteStore
+from nous_actor.runtime import flag
+
+sessions = Sessions(SQLiteStore({path!r}))
+chat = sessions.open("held-by-parent")
+chat.append("user_message", {{"content": "before the fork"}}).get()
+ours = [ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all()]
+class Plain(pykka.ThreadingActor):  # an actor of the user's own, on Pykka's thread
+    def on_receive(self, message):
+        return message
+plain = Plain.start()
+session_ref = next(
+    r for r in pykka.ActorRegistry.get_all() if r.actor_class.__name__ == "SessionActor"
+)
+# A thread of the parent holds Pykka's registry lock and the flags' lock as it forks.
+held, release = threading.Event(), threading.Event()
+def hold():
+    with pykka.ActorRegistry._actor_refs_lock, flag._guard:
+        held.set()
+        release.wait(30)
+holder = threading.Thread(target=hold, daemon=True)
+holder.start()
+held.wait(30)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    out = {{}}
+    t = time.monotonic()
+    out["listed"] = sorted(ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all())
+    try:
+        session_ref.tell("anything")
+        out["tell"] = "accepted"
+    except pykka.ActorDeadError:
+        out["tell"] = "ActorDeadError"
+    pykka.ActorRegistry.unregister(plain)  # (the user's own: theirs to deal with)
+    pykka.ActorRegistry.stop_all(timeout=5)
+    own = Sessions(SQLiteStore({path!r}))
+    mine = own.open("child-chat")
+    out["own"] = mine.append("user_message", {{"content": "child"}}).get(timeout=10).seq
+    out["listed_own"] = sorted(ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all())
+    own.close()
+    out["took"] = time.monotonic() - t
+    os.write(w, json.dumps(out).encode())
+    os.close(w)
+    os._exit(0)
+os.close(w)
+release.set()
+chunks = []
+while chunk := os.read(r, 65536):
+    chunks.append(chunk)
+_, status = os.waitpid(pid, 0)
+after = chat.append("user_message", {{"content": "after the fork"}}).get(timeout=10).seq
+listed = sorted(ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all())
+plain.stop()
+sessions.close()
+print(json.dumps({{"child": json.loads(b"".join(chunks) or b"null"), "status": status,
+                  "after": after, "ours": sorted(ours), "listed": listed}}))
+"""
+
+
+def test_a_forked_child_sees_none_of_its_parents_actors_in_pykkas_registry(
+    tmp_path: Any,
+) -> None:
+    """In a child forked while its parent ran a registry (a thread of the parent holding
+    Pykka's registry lock and the flags' lock at that moment), Pykka's registry lists
+    none of the parent's actors of this library (they have no thread in the child):
+    ``stop_all`` returns at once where it waited for ever on them, a message to the
+    parent's session actor fails with `pykka.ActorDeadError` at once, and the child's own
+    registry and session work and are listed; the parent's actors are untouched."""
+    result = _run(_REGISTRY_PROGRAM.format(path=str(tmp_path / "f.db")))
+    child = result["child"]
+    assert result["ours"] == ["RegistryActor", "SessionActor"]
+    assert child["listed"] == ["Plain"]  # the user's own thread actor stays Pykka's
+    assert child["tell"] == "ActorDeadError"
+    assert child["own"] == 0
+    assert child["listed_own"] == ["RegistryActor", "SessionActor"]
+    assert child["took"] < TIMEOUT / 3
+    assert result["status"] == 0
+    assert result["after"] == 1
+    assert result["listed"] == ["Plain", "RegistryActor", "SessionActor"]

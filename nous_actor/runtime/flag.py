@@ -14,11 +14,20 @@ from typing import Any
 
 import msgspec
 
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import forks, scheduling
 
 __all__ = ["Flag"]
 
 _guard = allocate_lock()  # one for every flag: held only to add, remove or wake waiters
+
+
+def _fresh_guard() -> None:
+    """(In a forked child.) A parent's thread may have held the guard as it forked."""
+    global _guard
+    _guard = allocate_lock()
+
+
+forks.after_fork(_fresh_guard)
 
 
 class Flag(msgspec.Struct, gc=False, eq=False):

@@ -79,6 +79,12 @@ PRIVATE: Final[Mapping[str, str]] = {
         "a dispatched turn stops the actor as Pykka's loop does; SessionActor stops "
         "itself at once (a hand-off, a fatal store error) without a trip through its inbox"
     ),
+    # -- a forked child -------------------------------------------------------------------
+    "_actor_refs_lock": (
+        "nous_actor.supervision.actor: in a forked child, the registry's lock is made "
+        "afresh before the parent's actors (no thread of theirs is here) are unregistered "
+        "(a parent's thread may have held it as it forked; Pykka registers no fork hook)"
+    ),
     # -- futures --------------------------------------------------------------------------
     "_get_hook": (
         "SessionFuture and the simulation's future: a future made by map/filter/join "

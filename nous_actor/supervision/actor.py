@@ -22,6 +22,7 @@ Where the library reaches into Pykka's private names (here: `_actor_loop`,
 
 from __future__ import annotations
 
+import threading
 import weakref
 from _thread import allocate_lock
 from collections.abc import Callable
@@ -33,7 +34,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import NousActorError
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import forks, scheduling
 from nous_actor.runtime.dispatcher import DispatchedActor, Inbox
 from nous_actor.runtime.flag import Flag
 
@@ -351,3 +352,23 @@ class DispatchedSupervisedActor(_Supervised, DispatchedActor):
 
     def _actor_ended(self) -> None:
         self._report_exit()
+
+
+def _orphan_parents_actors() -> None:
+    """(In a forked child.) The parent's actors of this library have no thread here (a
+    dispatcher's, or their own): they leave Pykka's registry, so that the child's
+    ``ActorRegistry.stop_all()`` or ``get_all()`` never waits on, nor lists, an actor
+    of its parent; a dispatched one is stopped here too (a message to it fails with
+    `pykka.ActorDeadError` at once: no thread here would ever run it). Pykka's own
+    thread actors of the parent are Pykka's to deal with, and stay."""
+    # A parent's thread may have held the registry's lock as it forked.
+    pykka.ActorRegistry._actor_refs_lock = threading.RLock()
+    for ref in pykka.ActorRegistry.get_all():
+        actor_class = ref.actor_class
+        if issubclass(actor_class, (DispatchedActor, _Supervised)):
+            pykka.ActorRegistry.unregister(ref)
+            if issubclass(actor_class, DispatchedActor):
+                ref.actor_stopped.set()  # (a Flag: its lock was made afresh)
+
+
+forks.after_fork(_orphan_parents_actors)
