@@ -195,7 +195,7 @@ _REGISTRY_PROGRAM = """
 import json, os, sys, threading, time
 import pykka
 from nous_actor import Sessions, SQLiteStore
-from nous_actor.runtime import flag
+from nous_actor.runtime import forks
 
 sessions = Sessions(SQLiteStore({path!r}))
 chat = sessions.open("held-by-parent")
@@ -208,12 +208,17 @@ plain = Plain.start()
 session_ref = next(
     r for r in pykka.ActorRegistry.get_all() if r.actor_class.__name__ == "SessionActor"
 )
-# A thread of the parent holds Pykka's registry lock and the flags' lock as it forks.
+# A thread of the parent holds Pykka's registry lock and every lock of the library's
+# modules (its futures', its flags', its stores' tables...) as the process forks.
 held, release = threading.Event(), threading.Event()
 def hold():
-    with pykka.ActorRegistry._actor_refs_lock, flag._guard:
+    with pykka.ActorRegistry._actor_refs_lock:
+        for lock in forks._locks:
+            lock.acquire()
         held.set()
         release.wait(30)
+        for lock in forks._locks:
+            lock.release()
 holder = threading.Thread(target=hold, daemon=True)
 holder.start()
 held.wait(30)
@@ -234,6 +239,8 @@ if pid == 0:
     own = Sessions(SQLiteStore({path!r}))
     mine = own.open("child-chat")
     out["own"] = mine.append("user_message", {{"content": "child"}}).get(timeout=10).seq
+    theirs = own.open("held-by-parent")  # forwarded to the parent
+    out["forwarded"] = theirs.append("user_message", {{"content": "child"}}).get(timeout=10).seq
     out["listed_own"] = sorted(ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all())
     own.close()
     out["took"] = time.monotonic() - t
@@ -259,19 +266,21 @@ def test_a_forked_child_sees_none_of_its_parents_actors_in_pykkas_registry(
     tmp_path: Any,
 ) -> None:
     """In a child forked while its parent ran a registry (a thread of the parent holding
-    Pykka's registry lock and the flags' lock at that moment), Pykka's registry lists
-    none of the parent's actors of this library (they have no thread in the child):
-    ``stop_all`` returns at once where it waited for ever on them, a message to the
-    parent's session actor fails with `pykka.ActorDeadError` at once, and the child's own
-    registry and session work and are listed; the parent's actors are untouched."""
+    Pykka's registry lock and every module lock of the library at that moment: the child
+    hung at its first use of one), Pykka's registry lists none of the parent's actors of
+    this library (they have no thread in the child): ``stop_all`` returns at once where
+    it waited for ever on them, a message to the parent's session actor fails with
+    `pykka.ActorDeadError` at once, and the child's own registry and session work (a call
+    to the parent's session is forwarded there) and are listed; the parent's actors are
+    untouched."""
     result = _run(_REGISTRY_PROGRAM.format(path=str(tmp_path / "f.db")))
     child = result["child"]
     assert result["ours"] == ["RegistryActor", "SessionActor"]
     assert child["listed"] == ["Plain"]  # the user's own thread actor stays Pykka's
     assert child["tell"] == "ActorDeadError"
-    assert child["own"] == 0
+    assert (child["own"], child["forwarded"]) == (0, 1)
     assert child["listed_own"] == ["RegistryActor", "SessionActor"]
     assert child["took"] < TIMEOUT / 3
     assert result["status"] == 0
-    assert result["after"] == 1
+    assert result["after"] == 2
     assert result["listed"] == ["Plain", "RegistryActor", "SessionActor"]

@@ -18,16 +18,7 @@ from nous_actor.runtime import forks, scheduling
 
 __all__ = ["Flag"]
 
-_guard = allocate_lock()  # one for every flag: held only to add, remove or wake waiters
-
-
-def _fresh_guard() -> None:
-    """(In a forked child.) A parent's thread may have held the guard as it forked."""
-    global _guard
-    _guard = allocate_lock()
-
-
-forks.after_fork(_fresh_guard)
+_guard = forks.lock()  # one for every flag: held only to add, remove or wake waiters
 
 
 class Flag(msgspec.Struct, gc=False, eq=False):

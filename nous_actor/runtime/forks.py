@@ -18,10 +18,11 @@ work (`forked_since`), which costs one comparison.
 from __future__ import annotations
 
 import os
+from _thread import LockType, allocate_lock
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["after_fork", "born", "forked_since", "refusal"]
+__all__ = ["after_fork", "born", "forked_since", "lock", "refusal"]
 
 generation = 0
 """How many forks separate this process from the one that imported the library."""
@@ -42,10 +43,27 @@ def after_fork(reset: Callable[[], None]) -> None:
     _resets.append(reset)
 
 
+_locks: Final[list[LockType]] = []
+"""The module-level locks made by `lock`."""
+
+
+def lock() -> LockType:
+    """A new lock for state a module shares between threads (made at import), freed in
+    every forked child: a thread of the parent may have held it as the process forked,
+    and that thread is not in the child to let it go (its first use there would wait for
+    ever). Freed in place: a module that imported the lock by name holds the same one."""
+    made = allocate_lock()
+    _locks.append(made)
+    return made
+
+
 def _forked() -> None:  # (in the child, right after the fork)
     global generation
     generation += 1
     _pids.append(os.getpid())
+    for held in _locks:  # (the child has one thread yet: the one that forked)
+        if held.locked():
+            held.release()
     for reset in _resets:
         reset()
 

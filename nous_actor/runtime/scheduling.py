@@ -33,6 +33,8 @@ from typing import Any, Final, Protocol
 
 import pykka
 
+from nous_actor.runtime import forks
+
 __all__ = [
     "REAL",
     "Host",
@@ -247,7 +249,7 @@ REAL: Final = RealHost()
 """The real host (threads, ``time.monotonic``)."""
 
 _host: Host = REAL
-_install_lock = threading.Lock()
+_install_lock = forks.lock()
 
 
 def current() -> Host:

@@ -17,7 +17,7 @@ import pykka
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import CallTimeout
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import forks, scheduling
 
 __all__ = ["DEFAULT_TIMEOUT", "ForwardedFuture", "SessionFuture"]
 
@@ -34,7 +34,7 @@ _UNSET: Final = pykka.Future()._get_hook_result
 """Pykka's marker of a get hook's result not computed yet, one for every future (Pykka
 makes one per future, an object the cyclic collector tracks for each call in flight)."""
 
-_ANSWER_LOCKS: Final = tuple(allocate_lock() for _ in range(64))
+_ANSWER_LOCKS: Final = tuple(forks.lock() for _ in range(64))
 """The locks that make a future's answer and its callbacks one step, shared by futures
 in stripes (a lock of its own would be one more object per call in flight for the
 cyclic collector); each is held for a few attribute reads and writes."""

@@ -34,7 +34,7 @@ from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.runtime import scheduling, telemetry
+from nous_actor.runtime import forks, scheduling, telemetry
 from nous_actor.store.base import Store
 from nous_actor.store.shared import NO_TURN, write_turn
 
@@ -544,7 +544,7 @@ def _notify(item: _Item, err: StoreError | None) -> None:
 
 
 _committers: weakref.WeakKeyDictionary[object, Committer] = weakref.WeakKeyDictionary()
-_committers_lock = threading.Lock()
+_committers_lock = forks.lock()
 
 
 def committer_for(store: Store) -> Committer:

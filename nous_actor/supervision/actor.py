@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from _thread import allocate_lock
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
@@ -91,7 +90,7 @@ sees the supervisor's answer to it, and no thread ever blocks for that)."""
 Monitor = Callable[[Exit], Any]
 
 
-_CELLS_LOCK: Final = allocate_lock()
+_CELLS_LOCK: Final = forks.lock()
 """Guards every cell's monitor and exit: each is taken once or twice in an actor's life,
 so one lock serves them all rather than one per actor (an idle session's memory)."""
 

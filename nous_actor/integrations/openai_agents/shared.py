@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nous_actor.errors import CallTimeout
+from nous_actor.runtime import forks
 from nous_actor.sessions.registry import Sessions
 from nous_actor.sessions.turn_handle import Turn
 
@@ -112,7 +113,7 @@ def _turn_of(shared: _Shared) -> Turn | None:
     return None
 
 
-_SHARED_LOCK = threading.Lock()
+_SHARED_LOCK = forks.lock()
 _SHARED: weakref.WeakKeyDictionary[Sessions, weakref.WeakValueDictionary[str, _Shared]] = (
     weakref.WeakKeyDictionary()
 )

@@ -8,12 +8,12 @@ and applies them. All of it under one lock, in this one object.
 
 from __future__ import annotations
 
-from _thread import allocate_lock
 from collections.abc import Sequence
 from typing import Any, Final
 
 from nous_actor.core.event import Event
 from nous_actor.errors import SessionStopped, StoreError
+from nous_actor.runtime import forks
 from nous_actor.runtime.flag import Flag
 from nous_actor.store.subscription import Subscription
 
@@ -23,7 +23,7 @@ _NOTHING: tuple[Any, ...] = ()
 """``done`` and ``closing`` while empty: a list is made only when something goes in (an
 idle session holds none)."""
 
-_LEDGER_LOCKS: Final = tuple(allocate_lock() for _ in range(64))
+_LEDGER_LOCKS: Final = tuple(forks.lock() for _ in range(64))
 """The locks of all ledgers, in stripes (see `CommitLedger.__init__`)."""
 
 

@@ -8,10 +8,9 @@ sessions' turn tables, read at a restart.
 
 from __future__ import annotations
 
-import threading
 import time
 
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import forks, scheduling
 from nous_actor.sessions.turns._rules import TurnRequest
 
 
@@ -28,7 +27,7 @@ class _Open:
 
 
 _GRANTED: dict[str, _Open] = {}
-_GRANTED_LOCK = threading.Lock()
+_GRANTED_LOCK = forks.lock()
 _prune_at = 1024
 
 

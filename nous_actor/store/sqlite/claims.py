@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from nous_actor._log import get_logger
 from nous_actor.errors import ConflictError, StoreError
+from nous_actor.runtime import forks
 from nous_actor.runtime.unique import unique_hex
 from nous_actor.store.sqlite.connection import _IN_CHUNK, _Connection
 from nous_actor.store.sqlite.writes import insert_rows
@@ -31,7 +31,7 @@ logger = get_logger("nous_actor.store.sqlite")
 
 # Claim tokens held by live writers of this process, whatever store object made them.
 _live_tokens: set[str] = set()
-_live_lock = threading.Lock()
+_live_lock = forks.lock()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Final
 from nous_actor.core.codec import CodecError, events_from_rows
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
+from nous_actor.runtime import forks
 from nous_actor.store.feed import FollowedWatch, _fill
 from nous_actor.store.sqlite.bulk import query_on, session_rows
 from nous_actor.store.sqlite.connection import _Connection, malformed
@@ -224,7 +225,7 @@ class SQLiteFollower:
 
 
 _followers: weakref.WeakKeyDictionary[_Connection, SQLiteFollower] = weakref.WeakKeyDictionary()
-_followers_lock = threading.Lock()
+_followers_lock = forks.lock()
 
 
 def follower_of(connection: _Connection) -> SQLiteFollower:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import threading
 from functools import cache
 from pathlib import Path
 from typing import Final, Protocol
 
 from nous_actor.errors import StoreError
+from nous_actor.runtime import forks
 
 SCHEMA_VERSION: Final = 3
 APPLICATION_ID: Final = 0x6E6F7573  # "nous": marks the file as a nous_actor store
@@ -202,7 +202,7 @@ _DEMO_MARK: Final = (
     "(made TEXT NOT NULL, agents INTEGER, turns INTEGER, seed INTEGER)"
 )
 _held: dict[tuple[int, int], int] = {}
-_held_lock = threading.Lock()
+_held_lock = forks.lock()
 """The files (``st_dev``, ``st_ino``) the stores of this process hold open, with how many
 hold each: module state, one for the process. Their header is never read with plain file
 I/O (`_Opening._probe`): closing any descriptor of a file drops every POSIX lock the
