@@ -605,7 +605,7 @@ def test_an_open_turn_is_abandoned_when_its_opener_gives_up() -> None:
         fut = late._send_open()
         with pytest.raises(CallTimeout):
             fut.get(timeout=0.05)
-        late._not_opened(CallTimeout("abandon", "gave up"))
+        late._not_opened(fut)
         blocker.close()
         assert [t["owner"] for t in turns(s.log().get())] == ["run-1"]
         assert s.append("user_message", {"content": "x"}).get().seq == 2
@@ -618,8 +618,9 @@ def test_a_granted_turn_whose_opener_gave_up_ends_as_abandoned() -> None:
     s = Session.start("abandon-granted", timeout=BOUND)
     try:
         late = s.turn(owner="run-1")
-        late._send_open().get()  # granted, but its opener is about to give up
-        late._not_opened(CallTimeout("abandon-granted", "gave up"))
+        granted = late._send_open()
+        granted.get()  # granted, but its opener is about to give up
+        late._not_opened(granted)
         with s.turn(policy="reject"):  # nothing is open any more
             pass
         assert [t["how"] for t in turns(s.log().get())] == ["abandoned", "closed"]

@@ -7,16 +7,33 @@ starts or claims anything, so a bad argument never leaves a half-made object.
 from __future__ import annotations
 
 import math
-from typing import Any
+import threading
+from typing import Any, Final
 
-__all__ = ["check_callable", "check_count", "check_flag", "check_seconds"]
+__all__ = [
+    "MAX_SECONDS",
+    "check_callable",
+    "check_count",
+    "check_flag",
+    "check_seconds",
+    "check_timeout",
+]
+
+MAX_SECONDS: Final = threading.TIMEOUT_MAX
+"""The longest bound a wait takes (about 292 years on Linux): a thread's wait refuses a
+longer one (``OverflowError``), and a deadline past it overflows a float's arithmetic."""
 
 
 def check_seconds(
-    value: object, what: str, low: float = 0.0, high: float = math.inf, *, low_open: bool = True
+    value: object,
+    what: str,
+    low: float = 0.0,
+    high: float = MAX_SECONDS,
+    *,
+    low_open: bool = True,
 ) -> float:
     """``value`` as a float, if it is a finite number of seconds above ``low`` (or from it,
-    with ``low_open=False``) and at most ``high``.
+    with ``low_open=False``) and at most ``high`` (by default `MAX_SECONDS`).
 
     Raises:
         TypeError: ``value`` is not an int or a float (a bool is refused too).
@@ -28,13 +45,27 @@ def check_seconds(
         )
     above = value > low if low_open else value >= low
     if not (above and value <= high and math.isfinite(value)):
-        if low_open or high == math.inf:
+        if low_open or high == MAX_SECONDS:
             bound = f"> {low:g}" if low_open else f">= {low:g}"
-            top = "" if high == math.inf else f" and <= {high:g}"
+            top = (
+                " and at most threading.TIMEOUT_MAX (about 292 years)"
+                if high == MAX_SECONDS
+                else f" and <= {high:g}"
+            )
         else:  # a closed range
             bound, top = f"from {low}", f" to {high}"
         raise ValueError(f"{what} must be a finite number of seconds {bound}{top}, got {value!r}")
     return float(value)
+
+
+def check_timeout(value: object, what: str) -> float | None:
+    """A call's own bound: ``None`` (the default bound), or seconds from 0 up to
+    `MAX_SECONDS`, checked as `check_seconds` does (before anything is sent or changed).
+
+    Raises:
+        TypeError, ValueError: as `check_seconds`.
+    """
+    return None if value is None else check_seconds(value, what, low_open=False)
 
 
 def check_count(value: object, what: str, low: int = 0) -> int:

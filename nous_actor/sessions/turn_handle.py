@@ -12,14 +12,13 @@ the turn's lease. A turn is no handle: it opens no turn and stops no session
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import socket
 import threading
 from typing import Any, NoReturn, Protocol
 
+from nous_actor.core.args import MAX_SECONDS
 from nous_actor.core.event import Event
-from nous_actor.errors import CallTimeout
 from nous_actor.runtime import telemetry
 from nous_actor.runtime.unique import unique_hex
 from nous_actor.sessions.actor import (
@@ -62,10 +61,13 @@ def _seconds(value: object, what: str) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or not 0 < value < math.inf
+        or not 0 < value <= MAX_SECONDS
         or value != value
     ):
-        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+        raise ValueError(
+            f"{what} must be a finite number of seconds > 0 and at most "
+            f"threading.TIMEOUT_MAX (about 292 years), got {value!r}"
+        )
     return float(value)
 
 
@@ -201,7 +203,8 @@ class Turn(SessionCalls):
             telemetry.context(),  # the caller's, for the turn's span
         )
         fut: SessionFuture[Event] = self._handle._call(SessionActor.h_turn_open, req)
-        fut._timeout = self.wait + self.timeout  # the wait for the turn, then a call's bound
+        # The wait for the turn, then a call's bound (together, never past a wait's limit).
+        fut._timeout = min(self.wait + self.timeout, MAX_SECONDS)
         return fut
 
     def _opened(self, ev: Event) -> Turn:
@@ -209,10 +212,13 @@ class Turn(SessionCalls):
         self._state = _OPEN
         return self
 
-    def _not_opened(self, exc: BaseException) -> None:
+    def _not_opened(self, fut: SessionFuture[Event]) -> None:
         self._state = _ENDED
-        if isinstance(exc, (CallTimeout, asyncio.CancelledError)):
-            # The session may still open it: have it let go at once, not at lease end.
+        if not fut.failed():
+            # The caller stopped waiting before the session answered (a timeout, a
+            # cancel, Ctrl-C, any error of the wait itself), or as it answered: the
+            # session may open it still, or did. Have it let go at once, not at the
+            # end of the lease (nobody would hold the turn meanwhile).
             self._handle._call(SessionActor.h_turn_end, self.turn_id, "abandoned", None)
 
     def open(self) -> Turn:
@@ -228,8 +234,8 @@ class Turn(SessionCalls):
         fut = self._send_open()
         try:
             ev = fut.get()
-        except BaseException as exc:
-            self._not_opened(exc)
+        except BaseException:
+            self._not_opened(fut)
             raise
         return self._opened(ev)
 
@@ -239,8 +245,8 @@ class Turn(SessionCalls):
         fut = self._send_open()
         try:
             ev = await fut
-        except BaseException as exc:
-            self._not_opened(exc)
+        except BaseException:
+            self._not_opened(fut)
             raise
         return self._opened(ev)
 

@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Final
 
+from nous_actor.core.args import check_seconds
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout, SessionStopped, SubscriptionLagged
 from nous_actor.runtime import scheduling, telemetry
@@ -154,8 +155,14 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             CallTimeout: nothing arrived in time (the subscription stays usable).
             SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
             SessionStopped: the feed ended (session stopped or subscription closed).
+            TypeError, ValueError: ``timeout`` is not ``None`` or a number of seconds
+                from 0.
         """
-        bound = self.timeout if timeout is None else timeout
+        bound = (
+            self.timeout
+            if timeout is None
+            else check_seconds(timeout, "get(timeout)", low_open=False)
+        )
         host = scheduling.current()
         deadline = host.now() + bound
         while True:
@@ -231,7 +238,15 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
                 return got
             if got is not None:
                 return await got.__anext__()
-            await fut
+            try:
+                await fut
+            except BaseException:
+                # Cancelled (an `aget` whose bound ran out): no longer waiting. (Left
+                # in the list, each poll of an idle feed would add one for good.)
+                with self._cond:
+                    if (loop, fut) in self._waiters:
+                        self._waiters.remove((loop, fut))
+                raise
 
     async def aget(self, timeout: float | None = None) -> Event:
         """`get` for asyncio code: the next event, awaited without blocking the loop, at
@@ -241,8 +256,17 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             CallTimeout: nothing arrived in time (the subscription stays usable).
             SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
             SessionStopped: the feed ended (session stopped or subscription closed).
+            TypeError, ValueError: ``timeout`` is not ``None`` or a number of seconds
+                from 0.
         """
-        bound = self.timeout if timeout is None else timeout
+        bound = (
+            self.timeout
+            if timeout is None
+            else check_seconds(timeout, "aget(timeout)", low_open=False)
+        )
+        ready = self.get_nowait()  # (what is pending is answered, whatever the bound)
+        if ready is not None:
+            return ready
         try:
             return await asyncio.wait_for(self.__anext__(), bound)
         except StopAsyncIteration:

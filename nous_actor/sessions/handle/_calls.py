@@ -7,12 +7,14 @@ returns its `SessionFuture`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import partial
 from typing import Any
 
 from nous_actor._log import get_logger
+from nous_actor.core.args import check_timeout
 from nous_actor.core.compaction import (
     CompactionResult,
     Compactor,
@@ -38,7 +40,7 @@ from nous_actor.sessions.actor import (
     summary_slot,
 )
 from nous_actor.sessions.future import SessionFuture
-from nous_actor.sessions.handle._checks import _check_seq, _off_loop
+from nous_actor.sessions.handle._checks import _check_seq
 from nous_actor.store.subscription import DEFAULT_BUFFER, Subscription
 
 logger = get_logger("nous_actor.sessions.handle")
@@ -341,9 +343,10 @@ class SessionCalls:
             CallTimeout: not registered in time.
         """
         _check_seq(from_seq, "subscribe(from_seq)")
+        bound = check_timeout(timeout, "subscribe(timeout)")
         sub = self._subscription(from_seq, buffer)
         try:
-            self._register(sub, self.timeout if timeout is None else timeout)
+            self._register(sub, self.timeout if bound is None else bound)
         except BaseException:
             sub.close()  # a late registration must not leave a subscriber nobody reads
             raise
@@ -363,8 +366,24 @@ class SessionCalls:
         self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
     ) -> Subscription:
         """`subscribe` for asyncio code: the registration is awaited without blocking the
-        loop. Use the result with ``async with`` and ``async for`` (or ``aget``)."""
-        return await _off_loop(partial(self.subscribe, from_seq, buffer=buffer, timeout=timeout))
+        loop. Use the result with ``async with`` and ``async for`` (or ``aget``). A
+        caller that stops waiting (cancelled, its deadline passed) leaves no
+        subscription behind: one registered after it left is closed."""
+        made = asyncio.get_running_loop().run_in_executor(
+            None, partial(self.subscribe, from_seq, buffer=buffer, timeout=timeout)
+        )
+        try:
+            return await asyncio.shield(made)
+        except BaseException:
+            made.add_done_callback(_close_unclaimed)
+            raise
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.session_id!r}>"
+
+
+def _close_unclaimed(made: asyncio.Future[Subscription]) -> None:
+    """(`asubscribe`, whose caller stopped waiting.) Close the subscription, if one was
+    made: nobody will read it, and it would keep every event up to its buffer."""
+    if not made.cancelled() and made.exception() is None:
+        made.result().close()

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
+from nous_actor.core.args import MAX_SECONDS
 from nous_actor.core.ids import check_session_id
 from nous_actor.runtime.dispatcher import Dispatcher
 
@@ -45,7 +46,10 @@ def _check_handle_args(session_id: object, timeout: object) -> str:
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
-        or not 0 < timeout < float("inf")
+        or not 0 < timeout <= MAX_SECONDS
     ):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        raise ValueError(
+            "timeout must be a finite number of seconds > 0 and at most "
+            f"threading.TIMEOUT_MAX (about 292 years), got {timeout!r}"
+        )
     return plain

@@ -8,6 +8,7 @@ from typing import Any
 
 import pykka
 
+from nous_actor.core.args import check_seconds
 from nous_actor.core.log import Log
 from nous_actor.errors import (
     CallTimeout,
@@ -369,10 +370,16 @@ class Session(SessionHandle):
             CallTimeout: not stopped within ``timeout``.
             SessionStopped: this process forked from the one that made the handle
                 (the session runs there).
+            TypeError, ValueError: ``timeout`` is not ``None`` or a number of seconds
+                from 0 (checked before the session is asked to stop).
         """
+        bound = (
+            self.timeout
+            if timeout is None
+            else check_seconds(timeout, "stop(timeout)", low_open=False)
+        )
         if forks.forked_since(self._born):
             raise self._forked()
-        bound = self.timeout if timeout is None else timeout
         route = self._route
         if route is not None:
             target = route.target()

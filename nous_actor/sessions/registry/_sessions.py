@@ -583,7 +583,12 @@ class Sessions:
 
         A registry running on its own stops too. One under a parent stays up,
         refusing every call (the parent stops it with the rest of its tree).
+
+        Raises:
+            TypeError, ValueError: ``timeout`` is not a number of seconds from 0
+                (checked before anything is stopped).
         """
+        timeout = check_seconds(timeout, "close(timeout)", low_open=False)
         if self._closed:
             return
         if forks.forked_since(self._born):
@@ -617,6 +622,7 @@ class Sessions:
 
     async def aclose(self, timeout: float = 10.0) -> None:
         """`close` for asyncio code: awaited without blocking the loop."""
+        timeout = check_seconds(timeout, "aclose(timeout)", low_open=False)
         await _off_loop(partial(self.close, timeout))
 
     def child_spec(
