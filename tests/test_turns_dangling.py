@@ -331,3 +331,108 @@ def _step(log: Log, kind: str, arg: Any) -> Log:
     if kind == "result":
         return log.append("tool_result", {"content": "r", "tool_call_id": arg})
     return log.append("user_message", {"content": "u"})
+
+
+# -- the turn was opened through another process's session (forwarded there) ---------------
+
+_FORWARDING_RUNNER = """
+import json, sys
+from nous_actor import Sessions, SQLiteStore, TurnInterrupted
+reg = Sessions(SQLiteStore(sys.argv[1]))
+s = reg.open("run")  # held by the test's process: every call is forwarded there
+turn = s.turn(owner="runner", lease=120).open()
+turn.append("user_message", {"content": "weather and time in Oslo?"}).get()
+turn.append("assistant_message", json.loads(sys.argv[2])).get()
+turn.append("tool_result", {"content": "-3 C", "tool_call_id": "c1", "name": "weather"}).get()
+print("mid-turn", flush=True)
+sys.stdin.readline()  # killed here, or told that the holder let the session go
+try:
+    turn.append("tool_result", {"content": "12:00", "tool_call_id": "c2", "name": "time"}).get()
+    print(json.dumps({"late_result": "stored"}), flush=True)
+except TurnInterrupted:
+    print(json.dumps({"late_result": "TurnInterrupted"}), flush=True)
+reg.close()
+"""
+
+
+def _forwarding_runner(path: Path) -> subprocess.Popen[str]:
+    """A child process that runs half a run through a turn of session ``run``, which this
+    process holds (its calls are forwarded here), and waits in the middle of it."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _FORWARDING_RUNNER, str(path), json.dumps(CALLS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "mid-turn\n"
+    return child
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
+@pytest.mark.parametrize("dangling", DANGLING_TURNS)
+def test_a_forwarded_turn_whose_process_was_killed_ends_at_once(
+    tmp_path: Path, dangling: str
+) -> None:
+    """A web worker killed inside a turn it opened on a session another, live worker
+    holds: the holder hears its connection close and ends the turn at once (reason
+    ``holder_gone``), its half run as ``dangling_turns`` says, so the next run goes on
+    now (the turn stayed open for its whole lease, 120 s here: every run waited)."""
+    path = tmp_path / "app.db"
+    with Sessions(SQLiteStore(path), timeout=BOUND, dangling_turns=dangling) as reg:  # type: ignore[arg-type]
+        handle = reg.open("run")
+        handle.append("user_message", {"content": "before the run"}).get(timeout=BOUND)
+        child = _forwarding_runner(path)
+        try:
+            child.send_signal(signal.SIGKILL)
+            assert child.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            end_child(child, 60)
+        with handle.turn(policy="enqueue", owner="next", timeout=BOUND):
+            pass  # opened once the killed worker's turn ended (well within its lease)
+        end = turns(handle.log().get(timeout=BOUND))[0]
+        assert (end["owner"], end["how"], end["reason"]) == (
+            "runner",
+            "interrupted",
+            "holder_gone",
+        )
+        check_after(handle, dangling, "holder_gone")
+
+
+def test_a_forwarded_turn_whose_session_moves_to_its_runner_leaves_the_half_run(
+    tmp_path: Path,
+) -> None:
+    """The holder lets the session go (its registry closes: a worker recycled) while
+    another process runs a turn of it through forwarded calls; the session moves to that
+    process, whose own caller still holds the turn: the turn ends as interrupted (reason
+    ``restart``), its half run left as it is, and the runner hears `TurnInterrupted`
+    (the half run was taken for a dead holder's: a made-up result closed its open tool
+    call, and the runner's real one was refused after it)."""
+    path = tmp_path / "app.db"
+    reg = Sessions(SQLiteStore(path), timeout=BOUND)
+    try:
+        handle = reg.open("run")
+        handle.append("user_message", {"content": "before the run"}).get(timeout=BOUND)
+        child = _forwarding_runner(path)
+    finally:
+        reg.close()
+    try:
+        assert child.stdin is not None
+        assert child.stdout is not None
+        child.stdin.write("go on\n")
+        child.stdin.flush()
+        assert json.loads(child.stdout.readline()) == {"late_result": "TurnInterrupted"}
+        assert child.wait(timeout=60) == 0
+    finally:
+        end_child(child, 60)
+    with Sessions(SQLiteStore(path), timeout=BOUND) as after:
+        log = after.read("run").log().get(timeout=BOUND)
+    end = turns(log)[0]
+    assert (end["owner"], end["how"], end["reason"]) == ("runner", "interrupted", "restart")
+    assert end["dangling"] is None
+    assert [m.content for m in log.derive_messages()] == [
+        "before the run",
+        "weather and time in Oslo?",
+        None,
+        "-3 C",
+    ]

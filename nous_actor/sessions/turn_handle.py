@@ -19,7 +19,7 @@ from typing import Any, NoReturn, Protocol
 
 from nous_actor.core.args import MAX_SECONDS
 from nous_actor.core.event import Event
-from nous_actor.runtime import telemetry
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime.unique import unique_hex
 from nous_actor.sessions.actor import (
     _WAIT_FOR_COMMITS,
@@ -37,6 +37,7 @@ from nous_actor.sessions.turns import (
     TurnRequest,
 )
 from nous_actor.sessions.turns._blocks import entered, left
+from nous_actor.sessions.turns._granted import not_running, running
 from nous_actor.store.subscription import Subscription
 
 __all__ = ["Turn", "TurnSender", "check_turn_args", "default_owner"]
@@ -144,8 +145,10 @@ class Turn(SessionCalls):
     """
 
     __slots__ = (
+        "__weakref__",  # (the turns this process runs: `_granted.running`)
         "_handle",
         "_state",
+        "_until",
         "lease",
         "note",
         "owner",
@@ -183,6 +186,7 @@ class Turn(SessionCalls):
         self.turn_id = unique_hex()
         self.start_seq: int | None = None
         self._state = _NEW
+        self._until = 0.0  # while open: when its lease runs out, unless renewed
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -210,6 +214,8 @@ class Turn(SessionCalls):
     def _opened(self, ev: Event) -> Turn:
         self.start_seq = ev.seq
         self._state = _OPEN
+        self._until = scheduling.monotonic() + self.lease  # (renewed by each call)
+        running(self.turn_id, self)  # (this process runs it, wherever it was granted)
         return self
 
     def _not_opened(self, fut: SessionFuture[Event]) -> None:
@@ -254,6 +260,7 @@ class Turn(SessionCalls):
         if self._state != _OPEN:
             return None
         self._state = _ENDED
+        not_running(self.turn_id)
         fut: SessionFuture[Event] = self._handle._call(
             SessionActor.h_turn_end, self.turn_id, how, error
         )
@@ -339,6 +346,7 @@ class Turn(SessionCalls):
         if name == "h_compact":  # the handle knows where the compactor runs
             return self._handle._compact_in_turn(args[0], self.turn_id)
         via = SessionActor.h_turn_read if name in _READ_LIKE else SessionActor.h_turn_call
+        self._until = scheduling.monotonic() + self.lease  # (the session renews it too)
         return self._handle._call(via, self.turn_id, name, args)
 
     def _register(self, sub: Subscription, timeout: float) -> None:

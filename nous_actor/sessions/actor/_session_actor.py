@@ -1237,6 +1237,14 @@ class SessionActor(DispatchedSupervisedActor):
                 return result
         raise not_open(self.session_id, self.log, turn_id, self.inflight)
 
+    def h_turn_gone(self, turn_id: str) -> None:
+        """The process that opened turn ``turn_id`` through forwarded calls is gone (its
+        connection here closed): end the turn as a gone holder's (`TurnTable.gone`)."""
+        now = scheduling.monotonic()
+        table = self._turns_now(now)
+        if table is not None:
+            table.gone(turn_id, now)
+
     def h_turn_tick(self) -> None:
         """The alarm: a lease or a waiter's bound may have run out."""
         if self.turns is not None:

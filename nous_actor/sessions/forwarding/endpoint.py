@@ -333,6 +333,10 @@ class Endpoint:
         token = str(hello[1])
         sender = Sender(conn, "nous-endpoint-writer")
         refused: dict[str, int] = {}  # the last epoch refused, per session
+        # The turns the peer opened here, by id: its session's. When the peer goes, a
+        # turn it still holds has no holder any more (its process died, or let go of
+        # everything it held here): it ends at once, not when its lease runs out.
+        turns: dict[str, str] = {}
         try:
             # Until the peer goes: after this endpoint closed, its calls are answered
             # as not held (and those taken before are answered as they complete).
@@ -340,15 +344,29 @@ class Endpoint:
             while True:
                 for frame in frames.frames():
                     for cid, blob in pickle.loads(frame):
-                        self._take(sender, refused, token, cid, blob)
+                        self._take(sender, refused, turns, token, cid, blob)
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             pass
         finally:
             sender.close()
             conn.close()
+            self._peer_gone(turns)
+
+    def _peer_gone(self, turns: dict[str, str]) -> None:
+        """End the turns a peer that is gone opened here and may still hold (one that
+        ended already is passed over by its session)."""
+        for turn_id, session_id in turns.items():
+            fut: SessionFuture[Any] = SessionFuture(session_id, ANSWER_BOUND)
+            self.dispatch(session_id, SessionActor.h_turn_gone, (turn_id,), fut)
 
     def _take(
-        self, sender: Sender, refused: dict[str, int], token: str, cid: int, blob: bytes
+        self,
+        sender: Sender,
+        refused: dict[str, int],
+        turns: dict[str, str],
+        token: str,
+        cid: int,
+        blob: bytes,
     ) -> None:
         try:
             session_id, epoch, name, args = pickle.loads(blob)
@@ -356,6 +374,10 @@ class Endpoint:
                 self.asked(session_id)
                 return
             args = arrived(name, args)
+            if name == "h_turn_open":
+                turns[args[0].turn_id] = session_id
+            elif name == "h_turn_end":
+                turns.pop(args[0], None)
         except Exception as exc:
             sender.put((cid, FAILED, _dump(NousActorError(f"the call could not be read: {exc}"))))
             return

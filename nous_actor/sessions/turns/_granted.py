@@ -1,14 +1,18 @@
 """The turns a session of this process granted and that have not ended, by id.
 
 A session restarted in this process (its actor crashed, the process did not) finds
-its open turn here while the turn's lease runs, so its holder is alive; a turn not
-found here was held in a process that is gone (or its lease ran out). Kept by the
-sessions' turn tables, read at a restart.
+its open turn here while the turn's lease runs, so its holder is alive; so does a
+session that moved here while a caller of this process runs a turn of it (`running`:
+the turn was granted where the session was held then). A turn found in neither was
+held in a process that is gone (or its lease ran out). Kept by the sessions' turn
+tables and the turns' handles, read at a restart.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
+from typing import Any
 
 from nous_actor.runtime import forks, scheduling
 from nous_actor.sessions.turns._rules import TurnRequest
@@ -49,9 +53,32 @@ def ended(turn_id: str) -> None:
         _GRANTED.pop(turn_id, None)
 
 
+_RUNNING: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+"""The turns a caller of this process holds open, by id (the `Turn` objects), wherever
+they were granted: a turn opened through another process's session (forwarded there)
+is run here, and a session that moves here finds its holder alive."""
+
+
+def running(turn_id: str, turn: Any) -> None:
+    """A caller of this process opened turn ``turn_id`` (``turn``: its `Turn`)."""
+    with _GRANTED_LOCK:
+        _RUNNING[turn_id] = turn
+
+
+def not_running(turn_id: str) -> None:
+    """The caller's turn ``turn_id`` ended (or was given up)."""
+    with _GRANTED_LOCK:
+        _RUNNING.pop(turn_id, None)
+
+
 def holder_alive(turn_id: str, now: float) -> bool:
     """Whether the holder of turn ``turn_id``, left open in a session's log, may still
-    be running: this process granted it and its lease has not run out."""
+    be running, its lease not run out: this process granted it, or a caller of this
+    process holds it open (it opened it through the process that held the session
+    then; ``_until``: its lease's end as the caller renews it)."""
     with _GRANTED_LOCK:
         turn = _GRANTED.get(turn_id)
+        runner = _RUNNING.get(turn_id)
+    if runner is not None and now < runner._until:
+        return True
     return turn is not None and now < turn.deadline

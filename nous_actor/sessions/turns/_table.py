@@ -91,6 +91,10 @@ class _Waiter:
 
 _NOT_HERE: Final[Any] = object()  # `TurnTable.end`: no such turn open or waiting
 
+HOLDER_GONE: Final = "holder_gone"
+"""The ``reason`` of a turn ended because the process that opened it through another's
+calls is gone (its connection to the holding process closed: `TurnTable.gone`)."""
+
 
 class TurnTable:
     """A session's turns: made by its first turn, dropped when none is open or waiting.
@@ -281,6 +285,36 @@ class TurnTable:
         }
         return ((EventType.TURN_END, data), (EventType.SYSTEM_MESSAGE, note))
 
+    def gone(self, turn_id: str, now: float) -> None:
+        """The process that opened turn ``turn_id`` through another process's call (it
+        forwarded its calls here) is gone: its connection closed. An open turn ends as
+        a gone holder's does (``reason: "holder_gone"``, then ``dangling_turns``); a
+        waiting one stops waiting. (Nothing if it is neither: it ended already.)"""
+        cur = self.open
+        if cur is None or cur.req.turn_id != turn_id:
+            for w in self.waiting:
+                if w.req is not None and w.req.turn_id == turn_id:
+                    self.waiting.remove(w)
+                    if w.fut is not None:
+                        w.fut._fail(self.busy(cur, now, "its opener's process is gone"))
+                    self.drop_if_idle()
+                    return
+            return
+        s = self.session
+        self.open = None
+        logger.info(
+            "session.turn_ended",
+            session_id=s.session_id,
+            turn_id=turn_id,
+            owner=cur.req.owner,
+            how="interrupted",
+            reason=HOLDER_GONE,
+        )
+        data = self._end_data(cur, "interrupted")
+        data["reason"] = HOLDER_GONE
+        record(s, gone_events(s, cur.start_seq, data, HOLDER_GONE))
+        self.next(now)
+
     def expire(self, now: float) -> bool:
         """End the open turn if its lease ran out; ``True`` if it did."""
         cur = self.open
@@ -390,7 +424,8 @@ def gone_events(
     s: TurnSession, start_seq: int, data: dict[str, Any], reason: str
 ) -> tuple[Event, ...]:
     """The events that end a turn whose holder is gone (``reason``: ``"restart"``, its
-    process died; ``"lease"``, its lease ran out), begun at ``start_seq``, with
+    process died; ``"lease"``, its lease ran out; ``"holder_gone"``, the process that
+    opened it through forwarded calls closed its connection), begun at ``start_seq``, with
     ``turn_end`` data ``data``: the session's ``dangling_turns`` says what becomes of
     its half run (``keep``: nothing; ``rollback``: a note replaces it;
     ``close_tool_calls``: a ``tool_result`` answers each call it left open)."""
