@@ -35,10 +35,14 @@ ExitHook = Callable[[], None]
 _hooks: list[ExitHook] = []
 
 
-def at_exit(hook: ExitHook) -> None:
-    """Run ``hook()`` when the interpreter exits (once per hook object, in this order)."""
+def at_exit(hook: ExitHook, *, first: bool = False) -> None:
+    """Run ``hook()`` when the interpreter exits (once per hook object, in the order
+    registered; ``first``: before the hooks registered so far)."""
     if hook not in _hooks:
-        _hooks.append(hook)
+        if first:
+            _hooks.insert(0, hook)
+        else:
+            _hooks.append(hook)
 
 
 def run_exit_hooks() -> None:

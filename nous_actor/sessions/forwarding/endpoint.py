@@ -31,6 +31,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -40,12 +41,14 @@ from typing import Any, Final
 from nous_actor._log import get_logger
 from nous_actor.errors import NousActorError, SessionStopped
 from nous_actor.runtime import forks
+from nous_actor.runtime.exit import at_exit
 from nous_actor.sessions.actor import Handler, SessionActor
 from nous_actor.sessions.actor._calls import REMOTE, handlers_with
 from nous_actor.sessions.forwarding.auth import PROTOCOL, holder_side
 from nous_actor.sessions.forwarding.links import (
     ASKED,
     FAILED,
+    GOODBYE,
     HOST,
     NOT_HELD,
     OK,
@@ -200,6 +203,7 @@ class Endpoint:
         self.closed = False
         self.born = forks.born()  # a forked child's copy is its parent's (`close`)
         self.served = 0  # calls taken from other processes (for tests and the benchmark)
+        self._peers: set[_Peer] = set()  # the processes connected now
         key = shared.forwarding_key(store)
         self.address = f"{LOCAL}{uuid.uuid4().hex}"  # (this process's registries only)
         if key is not None:
@@ -303,6 +307,15 @@ class Endpoint:
             sock.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
+        # Each connected process hears which of its calls were taken here: those after
+        # them were not (they go where the session is next), and the connection stays
+        # for the answers of those taken, which come as the sessions here stop. (Without
+        # it, a call in flight as this process exited was for its caller one whose
+        # holder died before answering: `CallOutcomeUnknown`, though never taken.)
+        with self._lock:
+            peers = list(self._peers)
+        for peer in peers:
+            peer.goodbye()
 
     # -- other processes -------------------------------------------------------------------------
 
@@ -332,6 +345,9 @@ class Endpoint:
             return
         token = str(hello[1])
         sender = Sender(conn, "nous-endpoint-writer")
+        peer = _Peer(sender)
+        with self._lock:
+            self._peers.add(peer)
         refused: dict[str, int] = {}  # the last epoch refused, per session
         # The turns the peer opened here, by id: its session's. When the peer goes, a
         # turn it still holds has no holder any more (its process died, or let go of
@@ -344,10 +360,17 @@ class Endpoint:
             while True:
                 for frame in frames.frames():
                     for cid, blob in pickle.loads(frame):
+                        with peer.lock:
+                            if peer.closing:
+                                continue  # after the goodbye: the peer sends it elsewhere
+                            if cid >= 0:
+                                peer.last = cid
                         self._take(sender, refused, turns, token, cid, blob)
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             pass
         finally:
+            with self._lock:
+                self._peers.discard(peer)
             sender.close()
             conn.close()
             self._peer_gone(turns)
@@ -395,6 +418,59 @@ class Endpoint:
             sender.put((cid, NOT_HELD, b""))
             return
         self.served += 1
+
+
+class _Peer:
+    """A process connected to an endpoint: the writer of its answers, and the number of
+    the last call taken from it (until the goodbye: then none is taken)."""
+
+    __slots__ = ("closing", "last", "lock", "sender")
+
+    def __init__(self, sender: Sender) -> None:
+        self.sender = sender
+        self.lock = threading.Lock()
+        self.closing = False
+        self.last = -1
+
+    def goodbye(self) -> None:
+        """Take no call from it any more, and tell it so (`GOODBYE`)."""
+        with self.lock:
+            if self.closing:
+                return
+            self.closing = True
+            last = self.last
+        self.sender.put((GOODBYE, NOT_HELD, last))
+
+
+def _peers_now() -> list[_Peer]:
+    return [peer for endpoint in list(_local.values()) for peer in list(endpoint._peers)]
+
+
+def _goodbyes_at_exit() -> None:
+    """At exit, first: an endpoint left open takes no call any more, and tells each
+    connected process which it took (the rest go where their sessions are next); those
+    it took are committed by the exit's flush of the sessions, which comes after."""
+    for peer in _peers_now():
+        peer.goodbye()
+
+
+def _answers_sent_at_exit() -> None:
+    """At exit, last: let every connected process's answers still queued go out (bounded
+    by `EXIT_FLUSH`): a call taken and answered here is not left for its caller to take
+    as one whose holder died before answering."""
+    deadline = time.monotonic() + EXIT_FLUSH
+    for peer in _peers_now():
+        if not peer.sender.flushed(max(deadline - time.monotonic(), 0.0)):
+            return
+
+
+at_exit(_goodbyes_at_exit, first=True)
+at_exit(_answers_sent_at_exit)
+
+
+EXIT_FLUSH: Final = 1.0
+"""Seconds a program that ends waits, at most, for its answers to other processes to go
+out (written to their sockets, which hold them for the peer after this process ends)."""
 
 
 def _io_thread(fn: Callable[[], None], name: str) -> None:

@@ -48,6 +48,7 @@ from nous_actor.sessions.forwarding.route import Call, Route
 
 __all__ = [
     "ASKED",
+    "GOODBYE",
     "NOT_HELD",
     "OK",
     "FAILED",
@@ -74,6 +75,12 @@ for this, not polling the store). Sent with no call id: nothing comes back."""
 
 _NO_ANSWER: Final = -1
 """The call id of what the endpoint answers nothing to (`ASKED`)."""
+
+GOODBYE: Final = -2
+"""The call id of a holder's last word on a link, ``(GOODBYE, NOT_HELD, last)``: its
+endpoint closed (its last registry is closing), so it took no call after the one
+numbered ``last`` (-1: none), and takes none any more: every later call was not applied
+and goes back to its route. The calls up to ``last`` are answered as they complete."""
 
 
 RESENT_IF_LOST: Final = frozenset({"h_read", "h_log", "h_applied"})
@@ -219,6 +226,20 @@ class Sender:
                 self._pending.insert(0, item)  # first: everything else was put after it
             if self._cut is not None or self._pending or self._closed or self.broken:
                 self._cond.notify()  # (only then: the writer thread sleeps on)
+        return True
+
+    def flushed(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until everything put is written (or the
+        connection broke, or it closed); whether it was."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._writing or self._pending or self._cut is not None:
+                if self.broken is not None or self._closed:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.005))  # (the writer notifies nobody: it polls)
         return True
 
     def close(self) -> None:
@@ -454,6 +475,9 @@ class SocketLink:
             while True:
                 batch = [item for frame in frames.frames() for item in pickle.loads(frame)]
                 for cid, state, blob in batch:
+                    if cid == GOODBYE:
+                        self._goodbye(blob)
+                        continue
                     with self._lock:
                         entry = self._calls.pop(cid, None)
                     if entry is None:
@@ -487,6 +511,22 @@ class SocketLink:
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError) as exc:
             self._lost(exc)
 
+    def _goodbye(self, last: int) -> None:
+        """The holder took no call after number ``last``, and takes none any more: those
+        go back to their routes (not applied), and no call goes out on this link again
+        (the routes find where their sessions are next); the answers of the calls it took
+        still come in on it."""
+        with self._lock:
+            self.closed = True
+            later = sorted(n for n in self._calls if n > last)
+            handed = [self._calls.pop(n) for n in later]
+        with _links_lock:  # (the exit still waits for the answers to come: `_closing`)
+            _closing.add(self)
+        _forget(self)
+        for route, epoch, call in handed:  # (in the order sent)
+            route.refused(epoch, call)
+            route.answered()
+
     def _lost(self, exc: BaseException) -> None:
         """The connection broke: every write still waiting may or may not have been
         applied by the holder; say so. A read still waiting (`RESENT_IF_LOST`) changed
@@ -499,6 +539,8 @@ class SocketLink:
         self._answered.set()
         self._sender.close()
         _forget(self)
+        with _links_lock:
+            _closing.discard(self)
         try:
             self._conn.close()
         except OSError:
@@ -640,6 +682,10 @@ class _Connecting:
 
 _connecting: dict[str, _Connecting] = {}  # under _links_lock
 
+_closing: set[SocketLink] = set()  # under _links_lock
+"""Links whose holder said goodbye (`GOODBYE`) with calls still to answer: no longer this
+process's link to their address, still waited for at exit."""
+
 
 def link_to(address: str, key: bytes, timeout: float) -> SocketLink:
     """This process's link to ``address`` (made on first use, shared by its routes).
@@ -689,6 +735,7 @@ def _forget_links() -> None:
     _links_lock = threading.Lock()
     _links.clear()
     _connecting.clear()
+    _closing.clear()
 
 
 forks.after_fork(_forget_links)
@@ -721,12 +768,12 @@ def _answers_at_exit() -> None:
     committed it, refused it, or died), so an append whose call returned is stored
     before the program goes, as a local one is; bounded by `EXIT_BOUND`."""
     deadline = time.monotonic() + EXIT_BOUND
-    with _links_lock:
-        links = list(_links.values())  # (a forked child's are its own: `_forget_links`)
+    with _links_lock:  # (a forked child's are its own: `_forget_links`)
+        links = [*_links.values(), *_closing]
     for link in links:
         while time.monotonic() < deadline:
             with link._lock:
-                if not link._calls or link.closed:
+                if not link._calls:  # (a lost link has none left)
                     break
             link._answered.wait(min(0.05, max(deadline - time.monotonic(), 0.0)))
             link._answered.clear()
