@@ -274,3 +274,40 @@ def test_a_stopped_registry_refuses_after_a_bad_close_was_refused() -> None:
     assert registry.live() == []
     with pytest.raises(SessionStopped):
         chat.append("user_message", {"content": "2"}, T0).get(timeout=BOUND)
+
+
+def test_bad_arguments_of_reads_and_upkeep_are_refused_saying_what_to_pass(
+    tmp_path: Any,
+) -> None:
+    """Arguments a read or the registry's upkeep took without looking: refused with a
+    typed error that says what to pass, and nothing changes (``since(-1)`` on a handle
+    answered every event where the registry's reader refused it; ``list_sessions`` of a
+    path failed inside with ``index() takes at least 1 argument``; ``restart_count(5)``
+    and ``passivate_idle("x")`` answered as if asked rightly; ``compact(force="no")``
+    forced the compaction)."""
+    from nous_actor import Compactor, SQLiteStore, list_sessions
+
+    store = SQLiteStore(tmp_path / "x.db")
+    registry = Sessions(store, timeout=BOUND)
+    try:
+        chat = registry.open("a")
+        chat.append("user_message", {"content": "hi"}, T0).get(timeout=BOUND)
+        with pytest.raises(ValueError, match="seq >= 0"):
+            chat.since(-1)
+        with pytest.raises(ValueError, match="seq >= 0"):
+            registry.read("a").since(-1)
+        with pytest.raises(TypeError, match=r"takes a store .* open it first"):
+            list_sessions(str(tmp_path / "x.db"))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="takes a store"):
+            list_sessions(None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="session_id must be a str"):
+            registry.restart_count(5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="passivate_idle"):
+            registry.passivate_idle("x")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="force"):
+            chat.compact(Compactor(budget=10**6), force="no")  # type: ignore[arg-type]
+        assert [e.seq for e in chat.since(0).get(timeout=BOUND)] == [0]
+        assert [i.session_id for i in list_sessions(store)] == ["a"]
+    finally:
+        registry.close()
+        store.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -174,10 +175,22 @@ def list_sessions(
     then cut here); it is not part of the `Store` protocol.
 
     Raises:
-        TypeError, ValueError: ``prefix`` is not a str, ``after`` not ``None`` or a
-            str, ``limit`` not ``None`` or an int >= 0.
+        TypeError, ValueError: ``store`` is not a store, ``prefix`` not a str,
+            ``after`` not ``None`` or a str, ``limit`` not ``None`` or an int >= 0.
         StoreError: the store failed as a whole (e.g. it is closed).
     """
+    if not callable(getattr(store, "sessions", None)) or not callable(
+        getattr(store, "load", None)
+    ):
+        hint = (
+            f"; open it first: list_sessions(SQLiteStore({store!r}))"
+            if isinstance(store, str | os.PathLike)
+            else ""
+        )
+        raise TypeError(
+            "list_sessions takes a store (a SQLiteStore, PostgresStore, MemoryStore or "
+            f"one of your own), got {type(store).__name__}{hint}"
+        )
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
     if after is not None and not isinstance(after, str):

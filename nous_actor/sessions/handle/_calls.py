@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from nous_actor._log import get_logger
-from nous_actor.core.args import check_timeout
+from nous_actor.core.args import check_flag, check_timeout
 from nous_actor.core.compaction import (
     CompactionResult,
     Compactor,
@@ -134,9 +134,10 @@ class SessionCalls:
         resolves to the event.
 
         Raises (through the future):
-            ValueError: a dict that is not an OpenAI message (naming the field).
+            ValueError: a dict that is not an OpenAI message, or holds what JSON
+                cannot carry (naming the field), as `Message.from_openai` says.
             TypeError: neither a `Message` nor a mapping.
-            InvalidEvent: the message holds what JSON cannot carry.
+            InvalidEvent: the event is refused (e.g. it is over the size limit).
         """
         try:
             etype, data, time = message_event(message)
@@ -222,6 +223,7 @@ class SessionCalls:
             raise TypeError(
                 f"compact() takes a nous_actor.Compactor, got {type(compactor).__name__}"
             )
+        check_flag(force, "compact(force)")
         explicit = compaction_id is not None
         if explicit and (not isinstance(compaction_id, str) or not compaction_id.strip()):
             raise ValueError(f"compaction_id must be a non-empty str, got {compaction_id!r}")
@@ -291,10 +293,10 @@ class SessionCalls:
         """Retained events with ``seq >= seq``.
 
         Raises:
-            TypeError: ``seq`` is not an int (raised here, before anything is sent).
+            TypeError, ValueError: ``seq`` is not an int >= 0 (raised here, before
+                anything is sent).
         """
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            raise TypeError(f"since(seq) takes an int, got {type(seq).__name__}")
+        _check_seq(seq, "since(seq)")
         return self._call(SessionActor.h_read, "since", seq)
 
     def count(self) -> SessionFuture[int]:

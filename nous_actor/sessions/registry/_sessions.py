@@ -565,11 +565,25 @@ class Sessions:
         return self._ask(("holds_any",))  # type: ignore[no-any-return]
 
     def restart_count(self, session_id: str) -> int:
-        """How many times ``session_id`` was restarted after a crash."""
+        """How many times ``session_id`` was restarted after a crash.
+
+        Raises:
+            TypeError, ValueError: ``session_id`` is not a valid session id.
+        """
+        session_id = check_session_id(session_id)
         return self._ask(("restart_count", session_id), session_id)  # type: ignore[no-any-return]
 
     def passivate_idle(self, now: float | None = None) -> list[str]:
-        """Stop the sessions idle for ``idle_timeout`` or longer; returns their ids."""
+        """Stop the sessions idle for ``idle_timeout`` or longer; returns their ids.
+
+        Raises:
+            TypeError: ``now`` is not ``None`` or a number (the registry's clock's time).
+        """
+        if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)):
+            raise TypeError(
+                f"passivate_idle(now) takes None or the registry clock's time (a number), "
+                f"got {type(now).__name__}"
+            )
         if self.idle_timeout is None:
             return []
         return self._ask(("passivate", self.clock() if now is None else now))  # type: ignore[no-any-return]
