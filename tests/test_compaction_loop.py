@@ -125,3 +125,27 @@ def test_a_session_refuses_a_summary_that_is_no_str_or_too_large(
         long_chat.compact(Compactor(budget=1, keep_recent=2, summarise=lambda ms: summary)).get()
     assert long_chat.log().get().events() == before.events()
     assert long_chat.append("user_message", {"content": "still here"}).get().seq == before.count()
+
+
+def test_a_summariser_that_raises_cancelled_error_itself_is_a_failed_summariser(
+    long_chat: Session,
+) -> None:
+    """A coroutine summariser whose own call was cancelled (it raises ``CancelledError``
+    while its loop runs on): the compaction fails as for any summariser's error, naming
+    it (it said the loop had ended, which it had not), and the session goes on."""
+
+    async def cancelled(messages: object) -> str:
+        raise asyncio.CancelledError("the model call was cancelled")
+
+    async def main() -> str:
+        with pytest.raises(CompactionError) as caught:
+            await long_chat.compact(Compactor(budget=1, keep_recent=2, summarise=cancelled))
+        assert asyncio.get_running_loop().is_running()
+        return str(caught.value)
+
+    before = long_chat.count().get(timeout=BOUND)
+    said = asyncio.run(main())
+    assert "CancelledError: the model call was cancelled" in said
+    assert "event loop" not in said
+    assert long_chat.count().get(timeout=BOUND) == before  # log unchanged
+    assert long_chat.compact(_compactor()).get(timeout=BOUND) is not None  # and it goes on

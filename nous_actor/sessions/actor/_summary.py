@@ -45,7 +45,11 @@ class SummarySlot:
     A task on that loop waits for the summary's input from the session. If the
     loop ends first (``asyncio.run`` returning cancels its tasks; a closed loop
     refuses new work), the compaction fails at once with `CompactionError`
-    instead of waiting out its bound for a summary that can never run.
+    instead of waiting out its bound for a summary that can never run. (A loop
+    merely stopped may run again, so work handed to it waits for that: one stopped
+    and then closed by hand, ``loop.close()`` without ``asyncio.run``, tells
+    nobody, and the compaction stays pending until the session stops; await the
+    compaction before the loop ends.)
     """
 
     __slots__ = ("_job", "_lock", "_lost", "_pending", "_used", "loop", "task")
@@ -76,8 +80,12 @@ class SummarySlot:
         compactor, summary_input, deliver = job
         try:
             summary = await run_summariser(compactor, summary_input)
-        except asyncio.CancelledError:  # the loop ends while the summary is written
-            deliver(None, CompactionError(_LOOP_ENDED))
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # the loop ends while the summary is written
+                deliver(None, CompactionError(_LOOP_ENDED))
+            else:  # raised by the summariser itself (a call of its own was cancelled)
+                deliver(None, exc)
         except BaseException as exc:
             deliver(None, exc)
         else:
