@@ -12,16 +12,26 @@ a fifth.
 A channel value that *extends* the one its parent checkpoint held (a list whose
 prefix is the parent's list: the ``messages`` channel under ``add_messages``)
 is kept as its tail alone (`delta`); `apply` folds a delta back onto the
-parent's value. Anything else is kept whole.
+parent's value. A list that keeps some of the parent's elements otherwise (a
+message removed, or replaced by id) is kept as an edit of the parent's list
+(`edit`: the runs of the parent's elements it keeps, and its new elements).
+Anything else is kept whole.
+
+Whether a value is the one its parent held is decided by what would be stored
+(`stored_same`): the same object, or an equal value of the same type whose
+stored form is the same (an equal datetime in another time zone, ``Decimal("1.1")``
+for ``Decimal("1.10")``, a dict in another key order, ``0.0`` for ``-0.0`` are
+changes).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from nous_actor.core._frozen import thaw
 from nous_actor.integrations.langgraph.framework import (
@@ -34,13 +44,17 @@ __all__ = [
     "JSON_TAG",
     "TAIL",
     "WHOLE",
+    "EDIT",
     "WRITTEN",
     "apply",
     "decode",
     "delta",
+    "edit",
     "encode",
     "flatten",
+    "reads_back_as_is",
     "same",
+    "stored_same",
 ]
 
 JSON_TAG: Final = "j"
@@ -67,6 +81,11 @@ COMPRESS_FROM: Final = 1024
 WRITTEN: Final = "r"
 """A channel entry whose tail is what the parent checkpoint's pending writes to the channel
 hold, in LangGraph's order: ``["r", [[task id, idx], ...]]`` (the tail is not kept twice)."""
+
+EDIT: Final = "e"
+"""A channel entry holding a list as an edit of the parent's list: ``["e", [run, ...]]``,
+each run ``["k", start, stop]`` (the parent's elements ``start:stop``, kept) or ``["n",
+encoded list]`` (new elements), in order."""
 
 _INT_LIMIT: Final = 2**53
 _MAX_DEPTH: Final = 32
@@ -179,18 +198,115 @@ def same(a: object, b: object) -> bool:
         return False
 
 
-def delta(parent: object, value: object) -> list[Any] | None:
+def reads_back_as_is(kept: Sequence[Any]) -> bool:
+    """Whether the value `encode` kept as ``kept`` reads back as an equal value of the same
+    types (plain JSON, LangChain messages), so that the value put may stand for it."""
+    return bool(kept[0] == JSON_TAG or kept[0] == MESSAGES_TAG)
+
+
+def _text(kept: Sequence[Any]) -> str:
+    return json.dumps(kept, ensure_ascii=False, separators=(",", ":"))
+
+
+def stored_same(serde: SerializerProtocol, a: object, b: object, depth: int = 0) -> bool:
+    """Whether ``a`` may stand for ``b`` in what is stored: the same object, or equal values
+    of one type stored alike: lists and dicts element by element (a dict's keys in the
+    same order), floats with the same sign (``-0.0`` is not ``0.0``), any other value
+    whose stored form is the same (a datetime in another time zone, ``Decimal("1.1")``
+    for ``Decimal("1.10")`` are not)."""
+    if a is b:
+        return True
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t is str or t is int or t is bool:
+        return bool(a == b)
+    if t is float:
+        return repr(a) == repr(b)
+    if depth < _MAX_DEPTH:
+        if t is list:
+            x, y = cast(list[Any], a), cast(list[Any], b)
+            return len(x) == len(y) and all(
+                stored_same(serde, i, j, depth + 1) for i, j in zip(x, y, strict=True)
+            )
+        if t is dict:
+            p, q = cast(dict[Any, Any], a), cast(dict[Any, Any], b)
+            return (
+                len(p) == len(q)
+                and all(stored_same(serde, k, m, depth + 1) for k, m in zip(p, q, strict=True))
+                and all(stored_same(serde, p[k], q[k], depth + 1) for k in p)
+            )
+    if not same(a, b):
+        return False
+    try:
+        return _text(encode(serde, a)) == _text(encode(serde, b))
+    except Exception:  # a value the serializer refuses: not known to be the same
+        return False
+
+
+def delta(
+    parent: object, value: object, serde: SerializerProtocol | None = None
+) -> list[Any] | None:
     """The tail ``value`` adds to ``parent`` when ``value`` is a list that extends the
-    list ``parent`` (every element of ``parent`` in its place, `same`); else ``None``."""
+    list ``parent`` (every element of ``parent`` in its place: `stored_same` given
+    ``serde``, else `same`); else ``None``."""
     if type(value) is not list or type(parent) is not list:
         return None
     n = len(parent)
     if len(value) < n:
         return None
     for a, b in zip(value, parent, strict=False):
-        if a is not b and not same(a, b):
+        if a is b:
+            continue
+        if not (same(a, b) if serde is None else stored_same(serde, a, b)):
             return None
     return value[n:]
+
+
+def edit(serde: SerializerProtocol, parent: object, value: object) -> list[list[Any]] | None:
+    """``value`` as an edit of ``parent`` when both are lists and ``value`` keeps some of
+    ``parent``'s elements in their order: runs ``["k", start, stop]`` (``parent[start:
+    stop]`` kept) and ``["n", [new elements]]`` (not yet encoded); else None.
+
+    An element of ``value`` is the parent's element it is (the same object, at or after
+    the last kept one: the elements between are removed), else the parent's next
+    element when `stored_same`, else new (a message replaced by id is new; the one it
+    replaces is not kept)."""
+    if type(value) is not list or type(parent) is not list or not parent:
+        return None
+    where: dict[int, int] = {}
+    for at, e in enumerate(parent):
+        where.setdefault(id(e), at)
+    runs: list[list[Any]] = []
+    fresh: list[Any] = []
+    i = 0  # the parent's next element
+    kept = 0
+    n = len(parent)
+    for x in value:
+        found = where.get(id(x))
+        j: int | None
+        if found is not None and found >= i and parent[found] is x:
+            j = found
+        elif i < n and stored_same(serde, x, parent[i]):
+            j = i
+        else:
+            j = None
+        if j is None:
+            fresh.append(x)
+            continue
+        if fresh:
+            runs.append(["n", fresh])
+            fresh = []
+        last = runs[-1] if runs else None
+        if last is not None and last[0] == "k" and last[2] == j:
+            last[2] = j + 1
+        else:
+            runs.append(["k", j, j + 1])
+        i = j + 1
+        kept += 1
+    if fresh:
+        runs.append(["n", fresh])
+    return runs if kept else None
 
 
 def flatten(values: list[Any]) -> list[Any]:

@@ -28,6 +28,8 @@ __all__ = [
     "Open",
     "OpenTurn",
     "Stored",
+    "aclose_quietly",
+    "close_quietly",
     "run_async",
     "run_sync",
 ]
@@ -76,7 +78,8 @@ Effect: TypeAlias = SessionFuture[Any] | Open | Stored | Listing | OpenTurn | Cl
 Op: TypeAlias = Generator[Effect, Any, R]
 
 
-def _close(turn: Turn, failed: bool) -> None:
+def close_quietly(turn: Turn, failed: bool = False) -> None:
+    """Close ``turn`` (as failed when ``failed``); one that ended already closes quietly."""
     if failed:
         turn.__exit__(RuntimeError, None, None)
         return
@@ -86,7 +89,8 @@ def _close(turn: Turn, failed: bool) -> None:
         pass  # ended already (taken by another run, expired, a restart, its holder gone)
 
 
-async def _aclose(turn: Turn, failed: bool) -> None:
+async def aclose_quietly(turn: Turn, failed: bool = False) -> None:
+    """`close_quietly` for asyncio code."""
     if failed:
         await turn.__aexit__(RuntimeError, None, None)
         return
@@ -107,7 +111,7 @@ def _do(journal: Journal, effect: Effect) -> Any:
         return journal.listing(effect.prefix)
     if isinstance(effect, OpenTurn):
         return effect.turn.open()
-    return _close(effect.turn, effect.failed)
+    return close_quietly(effect.turn, effect.failed)
 
 
 async def _ado(journal: Journal, effect: Effect) -> Any:
@@ -121,7 +125,7 @@ async def _ado(journal: Journal, effect: Effect) -> Any:
         return await asyncio.to_thread(journal.listing, effect.prefix)
     if isinstance(effect, OpenTurn):
         return await effect.turn.aopen()
-    return await _aclose(effect.turn, effect.failed)
+    return await aclose_quietly(effect.turn, effect.failed)
 
 
 def run_sync(journal: Journal, op: Op[R]) -> R:

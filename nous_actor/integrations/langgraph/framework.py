@@ -19,6 +19,7 @@ def _installed(name: str) -> bool:
 
 
 try:
+    from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
     from langchain_core.messages import BaseMessage, messages_from_dict
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.base import (
@@ -36,6 +37,7 @@ try:
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
     from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+    from langgraph.pregel import Pregel
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     _pip = "pip install 'nous-actor[langgraph]'"
     _where = "nous_actor.integrations.langgraph"
@@ -55,6 +57,8 @@ __all__ = [
     "ERROR",
     "INTERRUPT",
     "WRITES_IDX_MAP",
+    "AsyncCallbackHandler",
+    "BaseCallbackHandler",
     "BaseCheckpointSaver",
     "BaseMessage",
     "ChannelVersions",
@@ -63,6 +67,7 @@ __all__ = [
     "CheckpointTuple",
     "DeltaChannelHistory",
     "PendingWrite",
+    "Pregel",
     "RunnableConfig",
     "SerializerProtocol",
     "get_checkpoint_id",

@@ -9,7 +9,9 @@ its data a mapping under the key `RECORD_KEY` naming the record's kind.
   ``parent`` (of the same namespace): ``vals`` the channels whose value changed
   (``["w", value]`` whole, ``["t", tail]`` a list extended, ``["r", [[task,
   idx], ...]]`` a list extended by what the parent's pending writes to the
-  channel hold, so that it is not kept twice), ``drop`` the
+  channel hold, so that it is not kept twice, ``["e", runs]`` a list that keeps
+  some of the parent's elements: ``["k", start, stop]`` runs of them and
+  ``["n", elements]`` new ones, in order), ``drop`` the
   channels it no longer has, ``vers``/``vers_drop`` and ``seen``/``seen_drop``
   the same for ``channel_versions`` and ``versions_seen`` (a node's versions
   are kept whole when they changed). With ``full`` it holds everything.
@@ -23,8 +25,12 @@ its data a mapping under the key `RECORD_KEY` naming the record's kind.
   it but those kept is gone.
 * ``{"lg": "runs", "runs": [run id, ...]}``: `delete_for_runs`; the checkpoints of
   those runs before it are gone.
-* ``{"lg": "run", "run", "how"}``: a run's turn ended (``how``: ``done``,
-  ``interrupt``, ``error``), written by the saver when it closes the turn.
+* ``{"lg": "part", "of", "i", "n", "s"}``: part ``i`` of ``n`` of a record too large
+  for one event (over `nous_actor.core.limits.max_event_bytes`, 16 MiB by
+  default: a channel value that large): ``s`` is a piece of the record's JSON
+  text; the ``n`` parts of one record (``of``, a random id) are appended in one
+  batch, and the record counts, once its last part is read, as if it were
+  the last part's event.
 
 A rollback of a run by another (``multitask_strategy="rollback"``) is the
 session's own replace over the run's turn: the checkpoints inside it are gone
@@ -33,11 +39,26 @@ for LangGraph, and kept in the log.
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
-from nous_actor.integrations.langgraph.codec import TAIL, WHOLE, WRITTEN, delta, encode, same
+from nous_actor.integrations.langgraph.codec import (
+    EDIT,
+    TAIL,
+    WHOLE,
+    WRITTEN,
+    decode,
+    delta,
+    edit,
+    encode,
+    reads_back_as_is,
+    same,
+    stored_same,
+)
 from nous_actor.integrations.langgraph.framework import Checkpoint, SerializerProtocol
 
 __all__ = [
@@ -46,6 +67,7 @@ __all__ = [
     "RECORD_KEY",
     "State",
     "checkpoint_record",
+    "split_record",
     "time_of",
     "writes_record",
 ]
@@ -63,12 +85,18 @@ KNOWN_KEYS: Final = frozenset(
 """The checkpoint keys kept in fields of their own; any other key is kept in ``x``."""
 
 
+_NONE: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
 class State(NamedTuple):
-    """A checkpoint's channel values, channel versions and versions seen, resolved."""
+    """A checkpoint's channel values, channel versions and versions seen, resolved; and, in
+    the process that put it, the values put where they differ from those read back
+    (``put``: a later checkpoint holding the same object did not change it)."""
 
     values: dict[str, Any]
     versions: dict[str, Any]
     seen: dict[str, dict[str, Any]]
+    put: Mapping[str, Any] = _NONE
 
 
 def _own(value: Any) -> Any:
@@ -77,16 +105,6 @@ def _own(value: Any) -> Any:
     if t is list or t is dict:
         return t(value)
     return value
-
-
-def state_of(checkpoint: Checkpoint) -> State:
-    """The state a put checkpoint holds, in objects of the saver's own (lists and dicts
-    copied, so that a reducer that changes its input in place never changes them)."""
-    return State(
-        {k: _own(v) for k, v in checkpoint["channel_values"].items()},
-        dict(checkpoint["channel_versions"]),
-        {n: dict(vs) for n, vs in checkpoint["versions_seen"].items()},
-    )
 
 
 def checkpoint_record(
@@ -98,9 +116,15 @@ def checkpoint_record(
     base: State | None,
     run: str | None,
     written: Callable[[str], tuple[list[Any], Sequence[Any]] | None] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], State]:
     """The record of ``checkpoint`` (namespace ``ns``, parent ``parent``): what changed
-    since ``base``, the parent's state, or everything when ``base`` is None.
+    since ``base``, the parent's state, or everything when ``base`` is None; and the
+    state a read of the record gives.
+
+    That state is what any process reads back: the values put where they read back as
+    they are (plain JSON, LangChain messages) or are the parent's, the stored form
+    decoded where they do not (a tuple a list, say); so the process that put a
+    checkpoint returns what every other returns.
 
     ``written(channel)`` gives the parent's one pending write to a channel (its
     ``[task, idx]`` and its value as kept), or None: a tail kept exactly as that
@@ -129,18 +153,23 @@ def checkpoint_record(
     extra = {k: v for k, v in checkpoint.items() if k not in KNOWN_KEYS}
     if extra:
         rec["x"] = encode(serde, extra)
-    if base is None:
-        rec["vals"] = {ch: [WHOLE, encode(serde, v)] for ch, v in values.items()}
-        rec["vers"] = dict(versions)
-        rec["seen"] = {n: dict(vs) for n, vs in seen.items()}
-        return rec
+    state = State(
+        {},
+        dict(versions),
+        {n: dict(vs) for n, vs in seen.items()},
+    )
+    got = state.values
+    put: dict[str, Any] = {}
     vals: dict[str, Any] = {}
     for ch, v in values.items():
-        if ch in base.values:
+        if base is not None and ch in base.values:
             pv = base.values[ch]
-            if v is pv or same(v, pv):
+            if v is base.put.get(ch, pv) or stored_same(serde, v, pv):
+                got[ch] = pv
+                if ch in base.put:
+                    put[ch] = base.put[ch]
                 continue
-            tail = delta(pv, v)
+            tail = delta(pv, v, serde)
             if tail is not None:
                 kept = encode(serde, tail)
                 found = None if written is None or not tail else written(ch)
@@ -148,9 +177,37 @@ def checkpoint_record(
                     vals[ch] = [WRITTEN, [found[0]]]
                 else:
                     vals[ch] = [TAIL, kept]
+                got[ch] = [*pv, *_read(serde, kept, tail)]
                 continue
-        vals[ch] = [WHOLE, encode(serde, v)]
+            runs = edit(serde, pv, v)
+            if runs is not None:
+                stored: list[Any] = []
+                now: list[Any] = []
+                for r in runs:
+                    if r[0] == "k":
+                        stored.append(r)
+                        now.extend(pv[r[1] : r[2]])
+                    else:
+                        kept = encode(serde, r[1])
+                        stored.append(["n", kept])
+                        now.extend(_read(serde, kept, r[1]))
+                vals[ch] = [EDIT, stored]
+                got[ch] = now
+                continue
+        kept = encode(serde, v)
+        vals[ch] = [WHOLE, kept]
+        if reads_back_as_is(kept):
+            got[ch] = _own(v)
+        else:
+            got[ch] = decode(serde, kept)
+            put[ch] = v
+    if put:
+        state = state._replace(put=put)
     rec["vals"] = vals
+    if base is None:
+        rec["vers"] = dict(versions)
+        rec["seen"] = {n: dict(vs) for n, vs in seen.items()}
+        return rec, state
     rec["vers"] = {
         k: v
         for k, v in versions.items()
@@ -166,7 +223,16 @@ def checkpoint_record(
     ):
         if gone:
             rec[name] = gone
-    return rec
+    return rec, state
+
+
+def _read(serde: SerializerProtocol, kept: Sequence[Any], put: list[Any]) -> list[Any]:
+    """New list elements as a read of ``kept`` gives them: ``put``, the elements put, when
+    they read back as they are; else ``kept`` decoded."""
+    if reads_back_as_is(kept):
+        return put
+    got = decode(serde, kept)
+    return got if isinstance(got, list) else list(got)
 
 
 def time_of(ts: object) -> datetime | None:
@@ -200,6 +266,33 @@ def writes_record(
         "path": task_path,
         "w": [[idx, ch, encode(serde, v)] for idx, ch, v in writes],
     }
+
+
+PART_ROOM: Final = 256
+"""Bytes of a part record's event left for its keys, besides its piece of text."""
+
+
+def split_record(record: Mapping[str, Any], limit: int) -> list[dict[str, Any]] | None:
+    """``record`` as ``part`` records of events of at most ``limit`` bytes each, when its
+    compact JSON is larger than ``limit``; else None (it fits: it was refused for
+    another reason)."""
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    if len(text.encode("utf-8")) <= limit:
+        return None
+    # A character costs at most 6 bytes in a JSON string (an escaped control character).
+    step = max(1, (limit - PART_ROOM) // 6)
+    pieces = [text[i : i + step] for i in range(0, len(text), step)]
+    of = uuid.uuid4().hex
+    return [
+        {RECORD_KEY: "part", "of": of, "i": i, "n": len(pieces), "s": piece}
+        for i, piece in enumerate(pieces)
+    ]
+
+
+def joined(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The record the ``part`` records ``parts`` (all of one record, in order) hold."""
+    record: dict[str, Any] = json.loads("".join(str(p["s"]) for p in parts))
+    return record
 
 
 def kind_of(data: Mapping[str, Any]) -> str | None:

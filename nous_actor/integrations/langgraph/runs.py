@@ -15,12 +15,25 @@ session (DESIGN.md §11):
   with `nous_actor.TurnInterrupted`, its checkpoints stay; this run reads
   from them) or ``rollback`` (as ``interrupt``, and the stopped run's
   checkpoints are hidden: the thread is back where it was before it);
-* **ends** when the run has stored a root checkpoint with no task left to run
-  (it is done), or stored the checkpoint a root interrupt or error write
-  belongs to (``interrupt()`` paused it; a node failed), once none of its
-  calls is in flight; a ``Command(resume=...)`` is a new run. A run that stops
-  otherwise (``interrupt_before``, cancelled, a recursion limit) holds the
-  thread until its lease runs out: use `RunTurn` (``saver.run``) for those.
+* **ends** when the invocation does, however it ends: it returns (done, paused
+  by ``interrupt()``, ``interrupt_before``/``interrupt_after``, nothing to
+  run), raises (a node's error, input a reducer refuses, the recursion limit,
+  an unknown ``checkpoint_id``), is cancelled (``asyncio`` cancellation, a
+  timeout), or its ``stream()`` is closed (a ``for`` loop left with ``break``
+  closes it) -- and sooner, when it has stored a root checkpoint with no task
+  left to run, or the checkpoint a root interrupt or error write belongs to,
+  once none of its calls is in flight. A ``Command(resume=...)`` is a new run.
+
+How the saver learns that an invocation ended: at the run's first read it
+finds the invocation's own callback manager (the ``run_manager`` of the
+``Pregel.stream`` / ``Pregel.astream`` frame that is running it, the one whose
+config carries the run's runtime) and adds a handler of its own there
+(`RunEnd`): LangGraph calls ``on_chain_end`` or ``on_chain_error`` on it once
+the invocation is over, after every write it made is stored (its background
+writes are waited for when its loop exits), on every path out. Should it not
+be found (a caller other than LangGraph's ``Pregel``), the run's turn ends as
+before: at a final, interrupt or error checkpoint, else when its lease runs
+out (`RunTurn`, ``saver.run``, holds a thread explicitly in any case).
 
 Every write of a run goes through its turn; a write of a run whose turn ended
 (a late write of a task, kept for the checkpoint it belongs to) goes through
@@ -30,21 +43,37 @@ the turn of this saver's run that holds the thread, if any.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Final, Literal
 
 from nous_actor.errors import TurnInterrupted
+from nous_actor.integrations.langgraph.effects import aclose_quietly, close_quietly
+from nous_actor.integrations.langgraph.framework import (
+    AsyncCallbackHandler,
+    BaseCallbackHandler,
+    Pregel,
+)
 from nous_actor.integrations.langgraph.registries import Registry
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.turn_handle import Turn
 
-__all__ = ["STRATEGIES", "Run", "RunTurn", "Runs", "Strategy", "has_next", "strategy_of"]
+__all__ = [
+    "STRATEGIES",
+    "Run",
+    "RunEnd",
+    "RunTurn",
+    "Runs",
+    "Strategy",
+    "has_next",
+    "strategy_of",
+]
 
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 
@@ -62,6 +91,13 @@ LangGraph release of the ``langgraph`` extra."""
 
 RUNS_KEPT: Final = 4096
 """How many ended runs a saver remembers (so that their late writes find a turn)."""
+
+_FRAMES: Final = 64
+"""How many frames up from the saver a run's first read looks for the ``Pregel.stream`` /
+``Pregel.astream`` frame running it (a few dozen: LangGraph's loop, the saver's own)."""
+
+_SYNC_STREAM: Final = Pregel.stream.__code__
+_ASYNC_STREAM: Final = Pregel.astream.__code__
 
 _NAMES: Final = itertools.count(1)
 _PROCESS: Final = uuid.uuid4().hex[:8]
@@ -150,6 +186,77 @@ class Run:
     end_at: str | None = None  # the root checkpoint whose storing ends the run
     stored: set[str] = field(default_factory=set)  # root checkpoints it stored
     reopening: SessionFuture[None] | None = None  # its turn being opened again, if it is
+    finished: bool = False  # its invocation is over (LangGraph said so: `RunEnd`)
+    watched: bool = False  # a `RunEnd` of it was added to its invocation's callbacks
+
+
+def invocation_of(control: object, skip: int = 1) -> tuple[Any, bool] | None:
+    """The callback manager of the LangGraph invocation running this call, whose runtime's
+    control is ``control``, and whether it is async: the ``run_manager`` of the innermost
+    ``Pregel.stream`` / ``Pregel.astream`` frame on this call's stack whose config
+    carries ``control`` (None if there is none: a caller other than ``Pregel``)."""
+    frame: FrameType | None = sys._getframe(skip)
+    for _ in range(_FRAMES):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code is _SYNC_STREAM or code is _ASYNC_STREAM:
+            local = frame.f_locals
+            manager = local.get("run_manager")
+            conf = local.get("config")
+            if (
+                manager is not None
+                and isinstance(getattr(manager, "handlers", None), list)
+                and isinstance(conf, Mapping)
+                and control_of(conf) is control
+            ):
+                return manager, code is _ASYNC_STREAM
+        frame = frame.f_back
+    return None
+
+
+class RunEnd(BaseCallbackHandler):
+    """Added to one LangGraph invocation's callback manager: its end (``on_chain_end``,
+    ``on_chain_error``, on every path out of the invocation) ends the run's turn."""
+
+    run_inline = True
+    raise_error = False
+
+    def __init__(self, runs: Runs, run: Run) -> None:
+        self._runs = runs
+        self._run = run
+
+    def on_chain_end(self, outputs: Any, **kwargs: Any) -> None:
+        turn = self._runs.finish(self._run)
+        if turn is not None:
+            close_quietly(turn)
+
+    def on_chain_error(self, error: BaseException, **kwargs: Any) -> None:
+        turn = self._runs.finish(self._run)
+        if turn is not None:
+            close_quietly(turn)
+
+
+class AsyncRunEnd(AsyncCallbackHandler):
+    """`RunEnd` of an async invocation (``ainvoke``, ``astream``): the turn is closed
+    without blocking the loop."""
+
+    run_inline = True
+    raise_error = False
+
+    def __init__(self, runs: Runs, run: Run) -> None:
+        self._runs = runs
+        self._run = run
+
+    async def on_chain_end(self, outputs: Any, **kwargs: Any) -> None:
+        turn = self._runs.finish(self._run)
+        if turn is not None:
+            await aclose_quietly(turn)
+
+    async def on_chain_error(self, error: BaseException, **kwargs: Any) -> None:
+        turn = self._runs.finish(self._run)
+        if turn is not None:
+            await aclose_quietly(turn)
 
 
 class Runs:
@@ -195,6 +302,32 @@ class Runs:
                 return False
             run.opening = True
             return True
+
+    def watch(self, run: Run) -> bool:
+        """Have ``run``'s invocation tell this saver when it ends (`RunEnd`, added to its
+        callback manager, found on this call's stack); whether it was found. Called by
+        the run's first read, in the thread (or task) running the invocation."""
+        found = invocation_of(run.control, 2)
+        if found is None:
+            return False
+        manager, is_async = found
+        handler = AsyncRunEnd(self, run) if is_async else RunEnd(self, run)
+        # A list of the manager's own (its list may be shared with the manager it came from).
+        manager.handlers = [*manager.handlers, handler]
+        with self._lock:
+            run.watched = True
+        return True
+
+    def finish(self, run: Run) -> Turn | None:
+        """``run``'s invocation is over: the turn to close now (None: none is open, or a
+        call of the run is in flight, whose `leave` closes it)."""
+        with self._lock:
+            run.finished = True
+            if run.turn is None or run.closed or run.inflight > 0:
+                return None
+            turn = run.turn
+            self._release(run)
+            return turn
 
     def opened(self, run: Run, turn: Turn | None) -> None:
         """``run``'s turn is open (``turn``), or was refused (None: the run is over)."""
@@ -279,12 +412,10 @@ class Runs:
             return None
         with self._lock:
             run.inflight -= 1
-            if (
-                run.turn is None
-                or run.closed
-                or run.end_at is None
-                or run.inflight > 0
-                or not (known or run.end_at in run.stored)
+            if run.turn is None or run.closed or run.inflight > 0:
+                return None
+            if not run.finished and (
+                run.end_at is None or not (known or run.end_at in run.stored)
             ):
                 return None
             turn = run.turn

@@ -12,11 +12,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, cast
 
-from nous_actor.core.event import EventType
+from nous_actor.core.event import EventType, InvalidEvent
+from nous_actor.core.limits import max_event_bytes
 from nous_actor.errors import (
     CallOutcomeUnknown,
     ConflictError,
     SessionCrashed,
+    TurnBusy,
     TurnInterrupted,
 )
 from nous_actor.integrations.langgraph.codec import decode, encode
@@ -51,7 +53,8 @@ from nous_actor.integrations.langgraph.records import (
     CHECKPOINT_V,
     RECORD_KEY,
     checkpoint_record,
-    state_of,
+    joined,
+    split_record,
     time_of,
     writes_record,
 )
@@ -119,6 +122,34 @@ def _own(value: Any) -> Any:
     return t(value) if t is list or t is dict else value
 
 
+def _busy(exc: TurnBusy, key: str, what: str) -> TurnBusy:
+    """``exc`` (a turn of thread ``key`` held ``what`` off) told in LangGraph's terms: what
+    holds the thread, and what a LangGraph user can do about it."""
+    holder = exc.holder or "another run"
+    if exc.lease_until is not None:
+        until = (
+            f" (its lease, renewed by each of its calls, runs out at "
+            f"{exc.lease_until:%H:%M:%S} UTC)"
+        )
+    else:
+        until = ""
+    busy = TurnBusy(
+        f"thread {thread_of(key)!r} is held by {holder!r}{until}: a run of it that is still "
+        f"going (in this process or another) or a saver.run(config) block; {what} could "
+        "not have it, and nothing was applied. Try again once that run has ended; to run "
+        "and update a thread with nothing in between, hold it yourself around both "
+        "(with saver.run(config): graph.invoke(...); graph.update_state(...)); for a run "
+        "that may take the thread over, pass configurable.multitask_strategy "
+        "'interrupt' or 'rollback' (or 'enqueue' to wait for it, at most the saver's "
+        f"wait). (Turn {exc.turn_id!r} of session {key!r}.)",
+        session_id=exc.session_id,
+        holder=exc.holder,
+        lease_until=exc.lease_until,
+        turn_id=exc.turn_id,
+    )
+    return busy
+
+
 class NousCheckpointSaver(BaseCheckpointSaver[str]):
     """LangGraph's checkpointer (`BaseCheckpointSaver`, sync and async), over the sessions
     of a `nous_actor.Sessions` registry on any store, or of a ``RaySessions`` (of
@@ -136,8 +167,11 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
     before `put` / `put_writes` returns. A checkpoint keeps only what changed
     since its parent: a channel whose value is the parent's is not kept again,
     a list that extends the parent's (the ``messages`` channel) keeps its new
-    tail, anything else is kept whole; so a thread's storage grows with what
-    was said, not with its square. Reads fold the records back (memoised per
+    tail, a list that keeps some of the parent's elements otherwise (a message
+    removed or replaced by id) an edit of the parent's list, anything else is
+    kept whole; so a thread's storage grows with what was said, not with its
+    square. A record larger than one event (a channel value over 16 MiB) is
+    kept in parts, appended in one batch. Reads fold the records back (memoised per
     thread: the latest checkpoint of a long thread is read in what a short
     one costs).
 
@@ -152,18 +186,22 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
     Checkpoints are never lost to a race between writers; runs that must not
     interleave take turns (see `run`).
 
-    Values are compared, for the delta, by identity and then by equality (of
-    one type): a value changed in place after it was checkpointed is not seen
-    as changed (LangGraph's reducers return new values; so must yours).
-    Returned values are shared with the saver's memo down to the elements of
-    lists and dicts: read them, do not change them in place.
+    Values are compared, for the delta, by identity and then by what would be
+    stored (equal values of one type whose stored forms are the same): a
+    value changed in place after it was checkpointed is not seen as changed
+    (LangGraph's reducers return new values; so must yours). A read returns
+    what the stored form reads back as, in every process (a tuple stored
+    through the serializer reads back as a list, in the process that put it
+    too). Returned values are shared with the saver's memo down to the
+    elements of lists and dicts: read them, do not change them in place.
 
     **Double texting.** Concurrent runs of one thread take turns of its
     session, per their ``multitask_strategy`` (``reject``, ``enqueue``,
     ``interrupt``, ``rollback``, as LangGraph's server defines them), chosen
     per saver and per run (``configurable.multitask_strategy`` of the run's
     config): see `nous_actor.integrations.langgraph.runs` for when a run's turn
-    opens and ends, and `run` to hold one explicitly.
+    opens and ends (when its invocation ends, however it ends: a run that has
+    stopped holds nothing), and `run` to hold one explicitly.
 
     **Over Ray.** Given a ``RaySessions``, each thread's session runs in its shard
     and every call of the saver goes there; which threads are stored is read from
@@ -180,7 +218,8 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         multitask_strategy: what a run does when another run holds its thread,
             unless its config says otherwise (default ``enqueue``).
         lease: seconds a run may go without a call to the saver before its turn
-            expires (a run that vanished frees its thread then).
+            expires (a run whose process died frees its thread then; a run that
+            ended frees it at once).
         wait: seconds an ``enqueue`` run waits for its thread before
             `nous_actor.TurnBusy`.
 
@@ -324,7 +363,8 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """The checkpoints of ``config``'s thread (of every thread when None), newest
-        first: of its ``checkpoint_ns`` when given (else of every namespace), only
+        first (by checkpoint id, across threads too, as LangGraph's SqliteSaver
+        orders them): of its ``checkpoint_ns`` when given (else of every namespace), only
         ``checkpoint_id`` when given, only those whose metadata has every item of
         ``filter``, only those older than ``before``'s checkpoint, at most ``limit``."""
         return iter(run_sync(self._journal, self._list(config, filter, before, limit)))
@@ -538,16 +578,38 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         meanwhile wins: this one fails with `TurnInterrupted`), and the write is made
         through it."""
         when = times or [None] * len(records)
-        items = [
-            (EventType.REQUEST_HEADER, r) if t is None else (EventType.REQUEST_HEADER, r, t)
-            for r, t in zip(records, when, strict=True)
-        ]
+        items = _items(records, when)
+        split = False
         for attempt in range(REOPENS + 1):
             turn = self._runs.writer(key, run)
             own = run is not None and turn is not None and turn is run.turn
             try:
                 events = yield (handle if turn is None else turn).append_many(items)
                 return cast(builtins.list[Any], events)
+            except InvalidEvent:
+                # A record too large for one event (a channel value over the limit) is
+                # stored as parts, in the same batch; refused for another reason, or
+                # refused as parts, it is the caller's error.
+                if split:
+                    raise
+                split = True
+                limit = max_event_bytes()
+                parted: builtins.list[dict[str, Any]] = []
+                parted_when: builtins.list[datetime | None] = []
+                for r, t in zip(records, when, strict=True):
+                    parts = split_record(r, limit)
+                    parted.extend([r] if parts is None else parts)
+                    parted_when.extend([t] * (1 if parts is None else len(parts)))
+                if len(parted) == len(records):
+                    raise
+                records, when = parted, parted_when
+                items = _items(records, when)
+                continue
+            except TurnBusy as exc:
+                if turn is not None:
+                    raise
+                what = "this write (a put, update_state, delete_thread ...)"
+                raise _busy(exc, key, what) from None
             except CallOutcomeUnknown as lost:
                 # The holder recorded the batch's call with its events: ask whether it
                 # was applied (then it is done), else send it again.
@@ -564,6 +626,11 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 if thread is not None:
                     yield from self._catch_up(thread, handle)
                     cps = [(str(r["ns"]), str(r["id"])) for r in records if r[RECORD_KEY] == "cp"]
+                    cps += [
+                        (str(whole["ns"]), str(whole["id"]))
+                        for whole in _whole(records)
+                        if whole.get(RECORD_KEY) == "cp"
+                    ]
                     with thread.lock:
                         if cps and all(thread.has(ns, cid) for ns, cid in cps):
                             return []
@@ -622,6 +689,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         assert run is not None
         turn: Turn | None = None
         try:
+            self._runs.watch(run)
             handle = yield from self._handle(key)
             turn = handle.turn(
                 strategy_of(config, self._runs.strategy),
@@ -630,6 +698,9 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                 timeout=self._runs.wait,
             )
             yield OpenTurn(turn)
+        except TurnBusy as exc:
+            self._runs.opened(run, None)
+            raise _busy(exc, key, "this run") from None
         except BaseException:
             self._runs.opened(run, None)
             raise
@@ -735,10 +806,15 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         out: builtins.list[CheckpointTuple] = []
         if limit is not None and limit <= 0:
             return out
+        # Each thread's matches, newest first (at most ``limit`` of each); then merged,
+        # newest first across threads (by checkpoint id, as LangGraph's SqliteSaver
+        # orders them: ids grow with time).
+        found: builtins.list[tuple[str, str, Any, ThreadLog, Cp]] = []
         for tid, key in threads:
             thread = yield from self._read(key)
             if thread is None:
                 continue
+            mine = 0
             with thread.lock:
                 for cp in thread.listed(ns):
                     if cid is not None and cp.id != cid:
@@ -749,9 +825,15 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                         meta = thread.metadata(self.serde, cp)
                         if not all(meta.get(k) == v for k, v in filter.items()):
                             continue
-                    out.append(self._tuple(thread, cp, tid))
-                    if limit is not None and len(out) >= limit:
-                        return out
+                    found.append((cp.id, cp.ns, tid, thread, cp))
+                    mine += 1
+                    if limit is not None and mine >= limit:
+                        break
+        if len(threads) > 1:
+            found.sort(key=lambda f: (f[0], f[1]), reverse=True)
+        for _, _, tid, thread, cp in found[:limit]:
+            with thread.lock:
+                out.append(self._tuple(thread, cp, tid))
         return out
 
     def _put(
@@ -791,7 +873,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         with thread.lock:
             base_cp = None if parent is None else thread.cps.get((ns, parent))
             base = None if base_cp is None else thread.state(self.serde, base_cp)
-            record = checkpoint_record(
+            record, state = checkpoint_record(
                 self.serde,
                 ns,
                 checkpoint,
@@ -806,7 +888,7 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         )
         cid = str(checkpoint["id"])
         with thread.lock:
-            thread.remember(ns, cid, state_of(checkpoint))
+            thread.remember(ns, cid, state)
             thread.caught_up_with(events)
         if ns == "":
             self._runs.stored(run, cid, not has_next(checkpoint))
@@ -970,6 +1052,24 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
             for ch in wanted:
                 result[ch]["writes"] = list(reversed(collected[ch]))
         return result
+
+
+def _items(
+    records: list[dict[str, Any]], when: list[datetime | None]
+) -> list[tuple[EventType, dict[str, Any]] | tuple[EventType, dict[str, Any], datetime]]:
+    return [
+        (EventType.REQUEST_HEADER, r) if t is None else (EventType.REQUEST_HEADER, r, t)
+        for r, t in zip(records, when, strict=True)
+    ]
+
+
+def _whole(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that ``part`` records among ``records`` hold."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get(RECORD_KEY) == "part":
+            by.setdefault(str(r["of"]), []).append(r)
+    return [joined(parts) for parts in by.values()]
 
 
 def _many(values: object, what: str) -> list[Any]:

@@ -15,6 +15,7 @@ from typing import Any, Final
 from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event
 from nous_actor.integrations.langgraph.codec import (
+    EDIT,
     TAIL,
     WHOLE,
     WRITTEN,
@@ -23,7 +24,7 @@ from nous_actor.integrations.langgraph.codec import (
     plain_mapping,
 )
 from nous_actor.integrations.langgraph.framework import SerializerProtocol
-from nous_actor.integrations.langgraph.records import RECORD_KEY, State
+from nous_actor.integrations.langgraph.records import RECORD_KEY, State, joined
 
 __all__ = ["Cp", "ThreadLog"]
 
@@ -67,6 +68,7 @@ class ThreadLog:
         self._writes: dict[tuple[str, str], dict[tuple[str, int], _Write]] = {}
         self._runs: dict[str, list[Cp]] = {}
         self._resolved: OrderedDict[tuple[str, str], State] = OrderedDict()
+        self._parts: dict[str, list[Mapping[str, Any]]] = {}  # a large record's parts read
 
     # -- folding ----------------------------------------------------------------------------
 
@@ -76,23 +78,34 @@ class ThreadLog:
             if ev.seq < self.next:
                 continue
             self.next = ev.seq + 1
-            data = ev.data
-            kind = data.get(RECORD_KEY)
-            if kind == "cp":
-                self._add_cp(ev.seq, data, ev.time)
-            elif kind == "w":
-                self._add_writes(data)
-            elif kind == "del":
-                self._hide(c for c in self.cps.values() if c.seq < ev.seq)
-            elif kind == "prune":
-                keep = {(str(ns), str(i)) for ns, i in data.get("keep") or ()}
-                self._hide(c for k, c in self.cps.items() if c.seq < ev.seq and k not in keep)
-            elif kind == "runs":
-                for run in data.get("runs") or ():
-                    self._hide(c for c in self._runs.get(str(run), ()) if c.seq < ev.seq)
-            elif ev.surface_op is not None:  # a rollback's replace over a run's turn
-                op = ev.surface_op
-                self._hide(c for c in self.cps.values() if op.start <= c.seq <= op.stop < ev.seq)
+            data: Mapping[str, Any] = ev.data
+            if data.get(RECORD_KEY) == "part":
+                of = str(data["of"])
+                parts = self._parts.setdefault(of, [])
+                parts.append(data)
+                if len(parts) < int(data["n"]):
+                    continue
+                del self._parts[of]
+                parts.sort(key=lambda p: int(p["i"]))
+                data = joined(parts)
+            self._fold(ev.seq, data, ev.time, ev.surface_op)
+
+    def _fold(self, seq: int, data: Mapping[str, Any], time: datetime, op: Any) -> None:
+        kind = data.get(RECORD_KEY)
+        if kind == "cp":
+            self._add_cp(seq, data, time)
+        elif kind == "w":
+            self._add_writes(data)
+        elif kind == "del":
+            self._hide(c for c in self.cps.values() if c.seq < seq)
+        elif kind == "prune":
+            keep = {(str(ns), str(i)) for ns, i in data.get("keep") or ()}
+            self._hide(c for k, c in self.cps.items() if c.seq < seq and k not in keep)
+        elif kind == "runs":
+            for run in data.get("runs") or ():
+                self._hide(c for c in self._runs.get(str(run), ()) if c.seq < seq)
+        elif op is not None:  # a rollback's replace over a run's turn
+            self._hide(c for c in self.cps.values() if op.start <= c.seq <= op.stop < seq)
 
     def caught_up_with(self, events: Sequence[Event]) -> None:
         """`ingest` the events of one of the saver's own appends, if they come right after
@@ -261,6 +274,17 @@ class ThreadLog:
                     current.extend(decode(serde, kept))
                 elif how == WHOLE:
                     values[ch] = decode(serde, kept)
+                    owned.add(ch)
+                elif how == EDIT:
+                    current = values.get(ch)
+                    parent = current if isinstance(current, list) else []
+                    edited: list[Any] = []
+                    for run in kept:
+                        if run[0] == "k":
+                            edited.extend(parent[run[1] : run[2]])
+                        else:
+                            edited.extend(decode(serde, run[1]))
+                    values[ch] = edited
                     owned.add(ch)
                 elif how == WRITTEN:
                     current = values.get(ch)
