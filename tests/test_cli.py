@@ -456,6 +456,20 @@ def test_demo_refuses_a_store_it_did_not_make_unless_kept(tmp_path: Path) -> Non
     assert again.returncode == 1  # still the user's store, demo sessions and all
 
 
+def test_demo_kept_in_a_store_never_writes_into_a_session_of_its_own_name(
+    tmp_path: Path,
+) -> None:
+    """``--keep`` on a store holding a session the demo would write (``agent-0``, the
+    user's own here): refused, the store unchanged (the demo appended its turn to it)."""
+    db = tmp_path / "mine.db"
+    run("import", str(db), "agent-0", stdin='[{"role": "user", "content": "my private chat"}]')
+    out = run("demo", "--db", str(db), "--agents", "1", "--turns", "1", "--keep")
+    assert out.returncode == 1
+    one_error_line(out.stderr, "already holds session 'agent-0'", "--db")
+    with SQLiteStore(db) as store:
+        assert [e.data["content"] for e in store.load("agent-0")] == ["my private chat"]
+
+
 def test_demo_replaces_its_own_database(tmp_path: Path) -> None:
     """A database an earlier demo made is replaced (with forks of its sessions in it)."""
     db = tmp_path / "demo.db"

@@ -282,20 +282,24 @@ def _run(
         for t in threads:
             t.start()
         finished = threading.Event()
-        while not finished.is_set():
-            alive = [t for t in threads if t.is_alive()]
+        try:
+            while not finished.is_set():
+                alive = [t for t in threads if t.is_alive()]
+                if progress is not None:
+                    done = sum(a.turns_done for a in crew)
+                    crashes = sum(a.crashes for a in crew)
+                    events = sum(a.events for a in crew)
+                    progress.write(
+                        _bar(done, agents * turns, f"{events} events, {crashes} crashes")
+                    )
+                    progress.flush()
+                if not alive:
+                    finished.set()
+                else:
+                    alive[0].join(0.1)
+        finally:  # (Ctrl-C too: what is said next starts on a line of its own)
             if progress is not None:
-                done = sum(a.turns_done for a in crew)
-                crashes = sum(a.crashes for a in crew)
-                events = sum(a.events for a in crew)
-                progress.write(_bar(done, agents * turns, f"{events} events, {crashes} crashes"))
-                progress.flush()
-            if not alive:
-                finished.set()
-            else:
-                alive[0].join(0.1)
-        if progress is not None:
-            progress.write("\n")
+                progress.write("\n")
         seconds = time.perf_counter() - started
         restarts = sum(registry.restart_count(a.session_id) for a in crew)
     missing: list[str] = []

@@ -5,6 +5,8 @@ web page)."""
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 from typing import Any
 
 from nous_actor.cli._console import (
@@ -218,16 +220,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from nous_actor.viewer.server import is_loopback
     except ImportError as exc:  # says which extra to install
         _fail(str(exc))
-    store = _open_existing(args.db, args.schema, read_only=True)
     host = f"[{args.host}]" if ":" in args.host else args.host
+    why = _cannot_listen(args.host, args.port)
+    if why is not None:
+        _fail(f"could not listen on {host}:{args.port}: {why}")
+    store = _open_existing(args.db, args.schema, read_only=True)
     where = getattr(store, "where", None) or _where(store)
     _out(f"nous-actor: serving {where} read-only at http://{host}:{args.port}/ (Ctrl-C stops)\n")
     if not is_loopback(args.host):
         _note(f"bound to {args.host}: whoever reaches this machine can read every session")
     try:
         listened = serve(store, host=args.host, port=args.port)
-    except KeyboardInterrupt:  # Ctrl-C is how it stops (after a clean shutdown)
+    except KeyboardInterrupt:  # Ctrl-C is how it stops (after a clean shutdown): status 0
         return 0
     if not listened:
         _fail(f"could not listen on {host}:{args.port}; pick another --port")
     return 0
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why the viewer could not listen on ``host``:``port`` (tried, then let go), in
+    words that say what to change; ``None`` if it can."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"{exc.strerror or exc}; --host takes an address or name of this machine"
+    family, kind, proto, _, address = found[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "the port is in use; pick another --port"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return "no interface of this machine has that address; pick another --host"
+            if exc.errno == errno.EACCES:
+                return "not allowed to use that port (below 1024?); pick another --port"
+            return f"{exc.strerror or exc}"
+    return None

@@ -42,7 +42,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     why = _not_a_file(args.db)
     if why is not None:
         _fail(why)
-    refusal = check_demo_paths(db, keep=args.keep)
+    refusal = check_demo_paths(db, keep=args.keep, agents=args.agents)
     if refusal is not None:
         _fail(refusal)
     if not args.keep:

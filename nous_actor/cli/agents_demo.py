@@ -93,17 +93,26 @@ def _db_kind(path: Path) -> DbKind:
     return "demo" if marked else "store"
 
 
-def check_demo_paths(db: str | Path, *, keep: bool = False) -> str | None:
+def check_demo_paths(db: str | Path, *, keep: bool = False, agents: int = 0) -> str | None:
     """Why the demo must not use ``db`` (and its log ``DB.log``), or None if it may.
 
     Without ``keep`` the demo replaces ``db``: allowed for a missing or empty
     file and for a database an earlier demo made, nothing else. With
-    ``keep`` it adds to ``db``: any nous_actor store will do. The log is
-    overwritten: allowed if missing, empty, or a log an earlier demo wrote.
-    Nothing is changed by the check.
+    ``keep`` it adds to ``db``: any nous_actor store will do, as long as none
+    of the sessions its ``agents`` agents write (``agent-0`` ...) holds events
+    already (a store the demo did not make: they would be someone else's). The
+    log is overwritten: allowed if missing, empty, or a log an earlier demo
+    wrote. Nothing is changed by the check.
     """
     path = Path(db)
     kind = _db_kind(path)
+    if kind == "store" and keep and agents:
+        taken = _taken_sessions(path, [f"agent-{i}" for i in range(agents)])
+        if taken:
+            return (
+                f"{db} already holds session {taken[0]!r}, which the demo would write its "
+                "turns into; it was left unchanged: pass a new file with --db"
+            )
     if kind == "foreign":
         return (
             f"{db} is not a nous_actor store (another application's file?); it was left "
@@ -115,6 +124,17 @@ def check_demo_paths(db: str | Path, *, keep: bool = False) -> str | None:
             "pass a new file with --db, or add --keep to add the demo's sessions to it"
         )
     return check_demo_log(Path(f"{db}.log"), "pass another file with --db")
+
+
+def _taken_sessions(path: Path, session_ids: list[str]) -> list[str]:
+    """Which of ``session_ids`` have events in the store at ``path`` (read-only)."""
+    uri = path.resolve().as_uri() + "?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as conn:
+        return [
+            sid
+            for sid in session_ids
+            if conn.execute("SELECT 1 FROM events WHERE session_id = ? LIMIT 1", (sid,)).fetchone()
+        ]
 
 
 def check_demo_log(log: Path, instead: str) -> str | None:
