@@ -42,6 +42,7 @@ __all__ = [
     "call_later",
     "current",
     "install",
+    "other_host",
     "monotonic",
     "spawn",
     "uninstall",
@@ -250,6 +251,26 @@ REAL: Final = RealHost()
 
 _host: Host = REAL
 _install_lock = forks.lock()
+
+
+def other_host(what: str, made: Host) -> Exception:
+    """The error for using, under the installed host, ``what``, made under host ``made``
+    (its actors run, or ran, where that host put them: a session started before a
+    simulation runs on the real dispatcher, one started inside it on the simulation's,
+    which ended with it): the installed host's own (``foreign``) if it has one."""
+    host = _host
+    foreign = getattr(host, "foreign", None)
+    if callable(foreign):
+        return foreign(what)  # type: ignore[no-any-return]
+    if host is REAL:
+        return RuntimeError(
+            f"{what} was made inside a simulation, which has ended (its actors ran there): "
+            "make it again outside"
+        )
+    return RuntimeError(
+        f"{what} was made before this simulation began (its actors run on real threads, "
+        "which the simulation does not control): make and start it inside the simulation"
+    )
 
 
 def current() -> Host:

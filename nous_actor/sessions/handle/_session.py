@@ -70,7 +70,7 @@ class Session(SessionHandle):
         timeout: the default bound, in seconds, of every wait on a result.
     """
 
-    __slots__ = ("_born", "_own_ref", "_resolve", "_route")
+    __slots__ = ("_born", "_host", "_own_ref", "_resolve", "_route")
 
     def __init__(
         self,
@@ -92,6 +92,8 @@ class Session(SessionHandle):
         # the store where the session is held elsewhere.
         self._route = route
         self._born = forks.born()  # a forked child refuses it (`_call`, `_forked`)
+        # A simulation refuses it if made outside (`_call`): its actor runs elsewhere.
+        self._host = scheduling._host
 
     def _forked(self) -> SessionStopped:
         """Why this handle cannot be used in a process forked from the one that made it
@@ -264,6 +266,10 @@ class Session(SessionHandle):
         if self._born != forks.generation:  # this process forked since it was made
             fut = SessionFuture(self.session_id, self.timeout)
             fut._fail(self._forked())
+            return fut
+        if self._host is not scheduling._host:  # made outside the simulation running now
+            fut = SessionFuture(self.session_id, self.timeout)
+            fut._fail(scheduling.other_host("this session's handle", self._host))
             return fut
         if _ENTERED.get() and getattr(handler, "__name__", "") in HELD:
             # A write from inside a turn's block: the session fails it at once if

@@ -235,6 +235,7 @@ class Sessions:
         self._spec_made = False
         self._closed = False
         self._born = forks.born()  # a forked child refuses it (`_here`)
+        self._host = scheduling._host  # a simulation begun since refuses it (`_here`)
         if start:
             self._start_actor()
         self._passivation.start(self.passivate_idle)
@@ -350,6 +351,8 @@ class Sessions:
         its sessions, threads and claims are that process's (`nous_actor.runtime.forks`)."""
         if forks.forked_since(self._born):
             raise SessionStopped(session_id, forks.refusal("this Sessions registry", self._born))
+        if self._host is not scheduling._host:
+            raise scheduling.other_host("this Sessions registry", self._host)
 
     def _join_endpoint(self) -> None:
         """Make (or find) this process's endpoint for the store, and join it."""
