@@ -10,6 +10,11 @@ and used after the simulation ended, likewise (its actors ran there).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from typing import Any
+
 import pytest
 from bounds import BOUND
 
@@ -48,3 +53,41 @@ def test_a_handle_made_inside_a_simulation_is_refused_after_it() -> None:
         kept = made
     with pytest.raises(RuntimeError, match="made inside a simulation, which has ended"):
         kept.count().get(timeout=BOUND)
+
+
+_TWO_STORES = """
+import json, sys
+from nous_actor import Sessions, SQLiteStore, StoreError
+from nous_actor.testing.simulation import Simulation
+
+with Simulation(5):
+    a, b = SQLiteStore(sys.argv[1]), SQLiteStore(sys.argv[1])  # two "processes"
+    ra, rb = Sessions(a), Sessions(b)
+    ra.open("c").append("user_message", {"content": "x"}).get()
+    try:
+        rb.open("c", wait=10)
+        said = "opened"
+    except StoreError as exc:
+        said = str(exc)
+    ra.close(); rb.close(); a.close(); b.close()
+print(json.dumps(said))
+"""
+
+
+def test_a_hand_off_between_two_sqlite_store_objects_is_refused_under_a_simulation(
+    tmp_path: Any,
+) -> None:
+    """Two `SQLiteStore` objects on one file stand for two processes, which a simulation
+    does not simulate (each follows the file on a thread of its own, in real time): a
+    hand-off between them is refused at once, saying what to use instead (the wait for
+    the holder's change ran on the real clock and the run hung for ever)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _TWO_STORES, str(tmp_path / "two.db")],
+        capture_output=True,
+        text=True,
+        timeout=BOUND * 6,
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "under a simulation" in said
+    assert "several registries on one MemoryStore" in said
