@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from bounds import wait_until
 from hypothesis import HealthCheck, settings
 
 from nous_actor.core.event import Event
@@ -901,10 +902,13 @@ def test_a_forgotten_store_stops_its_threads(pg_stores: Stores) -> None:
     thread = store._leases.thread
     assert thread is not None
     assert thread.is_alive()
+    watchdog = store._ctx.watchdog
+    assert watchdog.running
     del store
     gc.collect()
     thread.join(10)
     assert not thread.is_alive()
+    wait_until(lambda: not watchdog.running, 10, "the store's watchdog thread ended")
     pg_stores(detect_dead_holders=True).claim("s")  # its lock went with its connection
 
 
@@ -970,7 +974,7 @@ def test_an_unreachable_server_is_retried_then_a_store_error_within_the_timeout(
     store = pg_stores(timeout=0.6)
     attempts = []
 
-    def refuse() -> Any:
+    def refuse(deadline: float) -> Any:
         attempts.append(time.monotonic())
         raise psycopg.OperationalError("connection refused (test)")
 

@@ -37,6 +37,13 @@ What it guarantees, beyond the `Store` protocol:
   ``pg_terminate_backend``) is reopened with backoff; reads and writes known
   not to have committed are retried within ``timeout``, and anything else
   is a `StoreError`, never a psycopg exception.
+* **A server that stops answering is cut off.** Every call ends within
+  ``timeout`` (plus ``min(timeout, 0.5)`` s), whatever the server or the
+  network does: a watchdog cuts a connection whose call has no answer by
+  then (a partition, a stopped server), and a commit cut that way is read
+  back, never acknowledged unless it committed. Connections are made within
+  the call's deadline too; on TCP they have keepalives and a
+  ``tcp_user_timeout``.
 * **Someone else's schema is left alone.** Every table lives in ``schema``,
   created (in one transaction) if missing or empty; a schema holding
   another application's tables is refused without changing anything.
@@ -60,8 +67,9 @@ see docs/persistence.md). Times are ``timestamptz`` (microseconds, UTC).
 The package keeps its parts in modules whose names say what they hold,
 imported one way, from the bottom up: `failures` (how what went wrong is
 worded: a server named without its password, a lost connection, a claim held
-elsewhere or fenced), `connection` (a connection reopened with backoff,
-transactions, the one place psycopg's errors are translated), `schema` (the
+elsewhere or fenced), `connection` (a connection reopened with backoff, the
+watchdog bounding every call, transactions, the one place psycopg's errors are
+translated), `schema` (the
 tables, their statements, and opening a schema), `leases` (claims, takeovers
 and the renewer), `writes` (fencing, one write transaction and its
 settlement), `watch` (`PostgresWatch` and the listener), and `store`

@@ -125,7 +125,7 @@ class _Leases:
         self.claims: dict[str, _Claim] = {}
         self.pending: dict[str, str] = {}  # the sessions being claimed: their new tokens
         self.address: str | None = None  # written with every claim (see `advertise`)
-        self.link = _Link("lease", self.ctx.reconnect, self.where, self.closing, self._relock)
+        self.link = _Link("lease", self.ctx, self.closing, self._relock)
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
         self.renewals = 0
@@ -196,7 +196,9 @@ class _Leases:
         with contextlib.suppress(StoreError, psycopg.Error), self.link.lock:
             conn = self.link.conn
             if conn is not None and not conn.broken and not conn.closed:
-                self._unlock_on(conn, session_id, token)
+                deadline = time.monotonic() + self.timeout
+                with self.ctx.bounded(conn, deadline, self.link.name, "release a claim's lock"):
+                    self._unlock_on(conn, session_id, token)
 
     def _unlock_on(self, conn: psycopg.Connection[Any], sid: str, token: str) -> None:
         """Give a claim's advisory lock up (session-level: taken by `_try_lock`)."""
@@ -612,15 +614,26 @@ class _Leases:
         if not claims:
             return
         table = self.claims_table
-        with contextlib.suppress(Exception), self.link.lock:
+        deadline = time.monotonic() + self.timeout
+        # Within the store's timeout, all told: a renewal holding the connection ends
+        # within its own bound (see _Watchdog), and the release is bounded as a call.
+        if not self.link.lock.acquire(timeout=self.timeout + self.ctx.margin):
+            return
+        try:
             conn = self.link.conn
             if conn is not None and not conn.broken and not conn.closed:
-                conn.execute(
-                    f"{_in_order(table, 'UPDATE')}DELETE FROM {table} AS c "
-                    "USING unnest(%b::text[], %b::text[]) AS u(s, t) "
-                    f"WHERE c.session_id = u.s AND c.token = u.t AND {_AFTER_O}",
-                    (list(claims), list(claims), [c.token for c in claims.values()]),
-                )
+                with (
+                    contextlib.suppress(Exception),
+                    self.ctx.bounded(conn, deadline, self.link.name, "release the claims"),
+                ):
+                    conn.execute(
+                        f"{_in_order(table, 'UPDATE')}DELETE FROM {table} AS c "
+                        "USING unnest(%b::text[], %b::text[]) AS u(s, t) "
+                        f"WHERE c.session_id = u.s AND c.token = u.t AND {_AFTER_O}",
+                        (list(claims), list(claims), [c.token for c in claims.values()]),
+                    )
+        finally:
+            self.link.lock.release()
 
     # -- renewing ---------------------------------------------------------------------------
 

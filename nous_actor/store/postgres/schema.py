@@ -12,6 +12,7 @@ application's objects, a newer store or a damaged one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -209,13 +210,20 @@ def open_schema(ctx: _Context, create: bool) -> tuple[psycopg.Connection[Any], _
     """A first connection to ``ctx``'s server, failing at once (no retry), with the store
     opened in its schema (see `prepare_schema`); and the schema's statements.
 
+    The connection is made within ``ctx.timeout``, and the schema opened within
+    ``ctx.timeout`` more (on the client too: see `connection._Watchdog`).
+
     Raises:
         StoreError: the server cannot be reached or refuses, is older than PostgreSQL
             13, or refuses the schema (see `prepare_schema`). Nothing is changed.
     """
     conn = ctx.connect()  # the first connection fails fast: no retry
+    deadline = time.monotonic() + ctx.timeout
     try:
-        with ctx.translate(None, "open the store"):
+        with (
+            ctx.translate(None, "open the store", conn),
+            ctx.bounded(conn, deadline, "main", "open the store"),
+        ):
             if conn.info.server_version < MIN_SERVER_VERSION:
                 raise StoreError(
                     f"{ctx.location}: PostgreSQL {conn.info.server_version // 10000} "

@@ -38,7 +38,7 @@ from nous_actor.store.base import (
     valid_store_id,
     valid_store_ids,
 )
-from nous_actor.store.postgres.connection import T, _Context, _Link, _transaction
+from nous_actor.store.postgres.connection import T, _Context, _Link, _transaction, _Watchdog
 from nous_actor.store.postgres.failures import _describe, _parse_time
 from nous_actor.store.postgres.leases import _RENEW_FRACTION, _Leases
 from nous_actor.store.postgres.schema import open_schema
@@ -184,8 +184,12 @@ class PostgresStore(ClosingStore):
             ``lease / 3`` s. A writer whose process dies is taken over at once;
             one that stops answering (paused, partitioned) after at most
             ``lease`` s.
-        timeout: seconds a call may spend reconnecting and retrying before
-            it fails with `StoreError` (0.001 to 2147483); also bounds lock waits.
+        timeout: seconds a call may take, reconnecting, retrying and waiting
+            for locks included, before it fails with `StoreError` (0.001 to
+            2147483). Each statement is bounded by it on the server
+            (``statement_timeout``, ``lock_timeout``), and on the client: a
+            connection still without an answer ``min(timeout, 0.5)`` s after
+            the call's deadline (a network partition, a stopped server) is cut.
         create: make the schema and tables if missing. With ``create=False``
             a schema without a store is refused with `StoreError` (nothing made).
         holder: how this process is named to others in a `ConflictError`
@@ -242,9 +246,12 @@ class PostgresStore(ClosingStore):
         self.location = self._ctx.location
         self._closing = threading.Event()
         self._closed = False
-        conn, self._sql = open_schema(self._ctx, create)
-        self._main = _Link("main", self._ctx.reconnect, self.location, self._closing)
-        self._main.conn = conn
+        try:
+            conn, self._sql = open_schema(self._ctx, create)
+        except BaseException:
+            self._ctx.watchdog.stop()  # (its thread ends: nothing is bounded any more)
+            raise
+        self._main = _Link("main", self._ctx, self._closing, conn=conn)
         self._leases = _Leases(
             self._ctx,
             self._sql,
@@ -269,6 +276,7 @@ class PostgresStore(ClosingStore):
             self._leases,
             self._listeners,
             self._ctx.born,
+            self._ctx.watchdog,
         )
         # Never at interpreter exit: `weakref.finalize`'s exit hook runs before the
         # runtime's (atexit is last in, first out) and would close the store under the
@@ -891,6 +899,7 @@ def _shutdown(
     leases: _Leases,
     listeners: list[_Listener],
     born: int,
+    watchdog: _Watchdog,
 ) -> None:
     """Stop a store's threads and close its connections (on close, or when collected).
     In a process forked from the one that opened them, only marks the store closed: the
@@ -901,5 +910,6 @@ def _shutdown(
     leases.stop()
     for listener in listeners:
         listener.stop()
-    with main.lock:
+    with main.lock:  # (its holder's call ends within its bound: see _Watchdog)
         main.drop()
+    watchdog.stop()

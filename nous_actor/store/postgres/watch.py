@@ -70,7 +70,8 @@ class _Listener:
         self.closing = closing
         self.mutex = threading.Lock()
         self.watches: dict[str, list[PostgresWatch]] = {}
-        self.link = _Link("listen", ctx.reconnect, ctx.location, closing)
+        self.ctx = ctx
+        self.link = _Link("listen", ctx, closing)
         self.fresh = True
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
@@ -124,7 +125,8 @@ class _Listener:
                 continue
             try:
                 if self.fresh:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    with self._bounded(conn):
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self.fresh = False
                     self.hearing = False
                     for w in self._all():  # notifications may have been missed: read again
@@ -149,25 +151,8 @@ class _Listener:
             "WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
         )
         while not self.closing.is_set():
-            self._hear_commits(conn)
-            for n in conn.notifies(timeout=0):
-                self._note(n.payload)
-            more = False
-            for w in self._all():
-                if not w.dirty:
-                    continue
-                room = w.room()
-                if room <= 0:
-                    continue
-                rows = conn.execute(query, (w.session_id, w.next_fetch, room)).fetchall()
-                events = [event_from_row(*r) for r in rows]
-                if events:
-                    w.next_fetch = events[-1].seq + 1
-                    w.deliver(events)
-                if len(rows) < room:
-                    w.dirty = False
-                else:
-                    more = True
+            with self._bounded(conn):
+                more = self._read(conn, query)
             if more:
                 continue
             ready, _, _ = select.select(
@@ -177,7 +162,38 @@ class _Listener:
                 while self.wake_r.recv(4096):
                     pass
             if not ready:
-                conn.execute("SELECT 1")  # an idle connection may be dead: find out
+                with self._bounded(conn):
+                    conn.execute("SELECT 1")  # an idle connection may be dead: find out
+
+    def _bounded(self, conn: psycopg.Connection[Any]) -> contextlib.AbstractContextManager[None]:
+        """The ``with`` body's statements end within the store's timeout, or the
+        connection is cut (see `connection._Watchdog`) and reopened."""
+        deadline = time.monotonic() + self.ctx.timeout
+        return self.ctx.bounded(conn, deadline, self.link.name, "watch sessions")
+
+    def _read(self, conn: psycopg.Connection[Any], query: str) -> bool:
+        """Hear what was notified, and read the new rows of every watch that may have
+        some, as far as its room goes; whether a watch has more to read at once."""
+        self._hear_commits(conn)
+        for n in conn.notifies(timeout=0):
+            self._note(n.payload)
+        more = False
+        for w in self._all():
+            if not w.dirty:
+                continue
+            room = w.room()
+            if room <= 0:
+                continue
+            rows = conn.execute(query, (w.session_id, w.next_fetch, room)).fetchall()
+            events = [event_from_row(*r) for r in rows]
+            if events:
+                w.next_fetch = events[-1].seq + 1
+                w.deliver(events)
+            if len(rows) < room:
+                w.dirty = False
+            else:
+                more = True
+        return more
 
     def _hear_commits(self, conn: psycopg.Connection[Any]) -> None:
         """LISTEN on the commit channel while there is a watch, UNLISTEN once there is

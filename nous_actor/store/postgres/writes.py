@@ -25,7 +25,7 @@ from nous_actor.core.codec import CodecError, encode_data, format_time
 from nous_actor.core.event import Event
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store.base import CallRecords, valid_store_id
-from nous_actor.store.postgres.connection import _Context, _Link, _rollback
+from nous_actor.store.postgres.connection import _Context, _Link, _rollback, _was_cut
 from nous_actor.store.postgres.failures import (
     _again,
     _connection_lost,
@@ -235,6 +235,7 @@ class _Unknown(Exception):
         super().__init__(xid)
         self.xid = xid
         self.cause = cause
+        self.reason = _first_line(cause)  # as logged and told
 
 
 class _Write:
@@ -286,8 +287,18 @@ class _Write:
                 self.check_open()
                 conn = self.main.get(deadline)
                 try:
-                    return self._in_transaction(conn, self._at_once)
+                    # Bounded on the client too (see _Watchdog): a connection that does not
+                    # answer is cut, which ends here as a lost connection (during COMMIT:
+                    # `_Unknown`, and the outcome is read back).
+                    with self.ctx.bounded(conn, deadline, self.main.name, "append events"):
+                        return self._in_transaction(conn, self._at_once)
                 except _Unknown as unknown:
+                    waited = _was_cut(conn)
+                    if waited is not None:
+                        unknown.reason = (
+                            f"the server did not answer in {waited:.3g} s, so the connection "
+                            "was cut"
+                        )
                     self.main.drop()
                     if self._resolve(unknown, deadline):
                         return self.refused
@@ -297,7 +308,7 @@ class _Write:
                     if lost:
                         self.main.drop()  # nothing was committed: try again
                     if not lost or time.monotonic() + delay >= deadline:
-                        raise self.ctx.error(exc, sid, "append events") from exc
+                        raise self.ctx.error(exc, sid, "append events", conn) from exc
                     _connection_lost(self.ctx.location, "main", "append events", exc)
             self.closing.wait(delay)
             delay = min(max(delay * 2, 0.02), 1.0)
@@ -515,7 +526,7 @@ class _Write:
             "store.commit_outcome_unknown",
             store=self.ctx.location,
             xid=unknown.xid,
-            reason=_first_line(unknown.cause),
+            reason=unknown.reason,
         )
         cols = self._rows(list(self.epochs))
         want = len(cols[0])
@@ -524,20 +535,21 @@ class _Write:
         while time.monotonic() < deadline and not self.closing.is_set():
             try:
                 conn = self.main.get(deadline)
-                status_row = conn.execute(
-                    "SELECT pg_xact_status(%s::xid8)", (unknown.xid,)
-                ).fetchone()
-                status = None if status_row is None else status_row[0]
-                if status == "in progress":  # the old backend has not finished yet
-                    self.closing.wait(delay)
-                    delay = min(delay * 2, 0.5)
-                    continue
-                found_row = conn.execute(
-                    f"SELECT count(*) FROM {q.events} AS e JOIN unnest(%b::text[], "
-                    "%b::bigint[], %b::bigint[]) AS u(sid, seq, epoch) "
-                    "ON e.session_id = u.sid AND e.seq = u.seq AND e.epoch = u.epoch",
-                    (cols[0], cols[1], cols[2]),
-                ).fetchone()
+                with self.ctx.bounded(conn, deadline, self.main.name, "read a commit back"):
+                    status_row = conn.execute(
+                        "SELECT pg_xact_status(%s::xid8)", (unknown.xid,)
+                    ).fetchone()
+                    status = None if status_row is None else status_row[0]
+                    if status == "in progress":  # the old backend has not finished yet
+                        self.closing.wait(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                    found_row = conn.execute(
+                        f"SELECT count(*) FROM {q.events} AS e JOIN unnest(%b::text[], "
+                        "%b::bigint[], %b::bigint[]) AS u(sid, seq, epoch) "
+                        "ON e.session_id = u.sid AND e.seq = u.seq AND e.epoch = u.epoch",
+                        (cols[0], cols[1], cols[2]),
+                    ).fetchone()
                 found = 0 if found_row is None else int(found_row[0])
             except psycopg.Error as exc:
                 last = exc
@@ -559,8 +571,9 @@ class _Write:
                 "are stored (dropped or deleted since?)"
             )
             break
+        reason = unknown.reason if last is unknown.cause else _first_line(last)
         raise StoreError(
             f"the connection to {self.ctx.location} was lost while committing, and the outcome "
-            f"could not be read back ({_first_line(last)}): the events are wholly stored or "
+            f"could not be read back in time ({reason}): the events are wholly stored or "
             "wholly absent; restart the sessions to reload them from the store"
         ) from unknown.cause
