@@ -62,6 +62,14 @@ class Store(Protocol):
       shared, another one).
     * Errors are `StoreError` (or its subclass ``ConflictError``),
       never a backend's own exception type.
+    * An error that refuses one session names it: each ``StoreError`` (a
+      ``ConflictError`` too) that ``write`` returns for a session, and the
+      ``ConflictError`` that ``claim`` raises, has ``session_id`` set to that
+      session's id (make it with ``session_id=``); a registry hands a refused
+      claim to its caller as it is.
+    * A seq of 2**63 or more refuses its session's events with a ``StoreError``
+      that is not a ``ConflictError`` (no other writer stored it), in any
+      wording; the other sessions of the write are stored.
     """
 
     def load(self, session_id: str) -> list[Event]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Generator
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -128,11 +129,7 @@ class SimulationMachine(RuleBasedStateMachine):
     @initialize(schedule=schedules(max_faults=3))
     def start(self, schedule: Schedule) -> None:
         kinds = set(self.fault_kinds)
-        schedule = Schedule(
-            schedule.seed,
-            schedule.choices,
-            tuple(f for f in schedule.faults if f.kind in kinds),
-        )
+        schedule = replace(schedule, faults=tuple(f for f in schedule.faults if f.kind in kinds))
         self.sim = Simulation(schedule)
         self.sim.__enter__()
         self.store = self.make_store()

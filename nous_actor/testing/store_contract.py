@@ -1,8 +1,12 @@
 """The `nous_actor.store.Store` contract, as tests to run against a store of your own.
 
-Every rule in the ``Store`` protocol's docstring is checked here; this
-library runs the same suite against `nous_actor.store.MemoryStore`
-and `nous_actor.store.SQLiteStore`. Subclass `StoreContract`
+Every rule in the ``Store`` protocol's docstring is checked here, and two
+rules of what a store's errors carry (`StoreContract` lists them): an error
+that refuses one session, returned by ``write`` or raised by ``claim``, has
+``session_id`` set to it; a seq of 2**63 or more is refused for its session
+with a `StoreError` that is not a `ConflictError`, in any wording. A failed
+check says which rule the store broke. This library runs the same suite
+against `nous_actor.store.MemoryStore` and `nous_actor.store.SQLiteStore`. Subclass `StoreContract`
 in a test module (the subclass's name must start with ``Test`` so that
 pytest collects it) and say how to make a fresh, empty store::
 

@@ -42,7 +42,12 @@ Steps are taken by:
 A blocking wait (``future.get()``, ``handle.stop()``, a registry's ask, a
 turn's queue) suspends the simulated thread that waits until what it waits
 for is done, or its bound passes on the virtual clock; the others run
-meanwhile. A caller never runs inside another's wait.
+meanwhile. A caller never runs inside another's wait. A wait the simulation
+does not run (a ``queue.Queue``, a real lock or ``threading.Event``, I/O)
+blocks the whole run, since nothing else runs meanwhile: a step that holds
+the simulation for ``step_timeout`` real seconds (30 by default) fails the
+run with `SimulationStalled`, naming its task. ``time.time()`` and
+``time.monotonic()`` stay real: the virtual clock is `Simulation.now`.
 
 The modules, each importing only those before it: `schedule` (schedules and
 faults), `tasks` (the runtime's pieces as simulated: dispatcher, futures,
@@ -66,6 +71,7 @@ from nous_actor.testing.simulation.exploring import (
     shrink,
 )
 from nous_actor.testing.simulation.schedule import (
+    DEFAULT_STEP_TIMEOUT,
     DEFAULT_WAIT,
     EPOCH,
     FAULT_KINDS,
@@ -75,10 +81,12 @@ from nous_actor.testing.simulation.schedule import (
     Schedule,
     SimulatedCrash,
     SimulationError,
+    SimulationStalled,
 )
 from nous_actor.testing.simulation.scheduler import Simulation
 
 __all__ = [
+    "DEFAULT_STEP_TIMEOUT",
     "DEFAULT_WAIT",
     "EPOCH",
     "FAULT_KINDS",
@@ -92,6 +100,7 @@ __all__ = [
     "Simulation",
     "SimulationError",
     "SimulationFailure",
+    "SimulationStalled",
     "SimulatedCrash",
     "explore",
     "find",

@@ -11,7 +11,11 @@ raises goes to that step, which traces it); a timer
 (``asyncio.sleep``, ``asyncio.wait_for``, a bound on an awaited call) comes
 due when the virtual clock reaches it, and the clock moves on to it when
 nothing else can run. ``run_in_executor`` runs its function as a task of the
-simulation (a simulated thread of its own).
+simulation (a simulated thread of its own), not on a thread of the executor: it
+runs alone between the waits of its that the simulation runs, so a function that
+waits for the loop through a real primitive (a ``queue.Queue`` a coroutine fills)
+is never answered, and the run fails with `SimulationStalled` after the
+simulation's ``step_timeout``.
 """
 
 from __future__ import annotations
@@ -105,7 +109,12 @@ class SimEventLoop(asyncio.BaseEventLoop):
         self, executor: Any, func: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:
         """Run ``func(*args)`` as a task of the simulation (in place of a thread of
-        ``executor``); the future is answered on this loop."""
+        ``executor``); the future is answered on this loop.
+
+        The function runs alone between its waits that the simulation runs (a
+        session's future, a registry's ask): one that blocks on something else (a
+        ``queue.Queue``, a real lock or event, I/O) holds the whole run, which fails
+        with `SimulationStalled` after the simulation's ``step_timeout``."""
         self._check_closed()
         fut: asyncio.Future[T] = self.create_future()
 

@@ -7,7 +7,14 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from nous_actor.testing.simulation.schedule import Fault, FaultRates, Schedule, SimulationError
+from nous_actor.testing.simulation.schedule import (
+    DEFAULT_STEP_TIMEOUT,
+    Fault,
+    FaultRates,
+    Schedule,
+    SimulationError,
+    SimulationStalled,
+)
 from nous_actor.testing.simulation.scheduler import Simulation
 
 __all__ = ["Outcome", "Scenario", "SimulationFailure", "explore", "find", "replay", "shrink"]
@@ -29,6 +36,10 @@ class Outcome:
     replay: Schedule = field(repr=False)
     handoffs: int = 0
     """How often the baton passed between real threads (`Simulation.handoffs`)."""
+    max_steps: int = 50_000
+    """The step limit of the run (`shrink` replays with it)."""
+    step_timeout: float | None = DEFAULT_STEP_TIMEOUT
+    """The real seconds a step of the run could take (`Simulation`'s ``step_timeout``)."""
 
 
 def replay(
@@ -37,10 +48,12 @@ def replay(
     *,
     max_steps: int = 50_000,
     quiet: bool = True,
+    step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
 ) -> Outcome:
     """Run ``scenario`` once under ``schedule``: the same schedule, the same outcome
-    (``quiet=False``: the runtime's log events are printed as on threads)."""
-    sim = Simulation(schedule, max_steps=max_steps, quiet=quiet)
+    (``quiet=False``: the runtime's log events are printed as on threads;
+    ``max_steps`` and ``step_timeout`` as `Simulation` takes them)."""
+    sim = Simulation(schedule, max_steps=max_steps, quiet=quiet, step_timeout=step_timeout)
     error: BaseException | None = None
     try:
         with sim:
@@ -56,6 +69,8 @@ def replay(
         sim.steps,
         sim.replay_schedule(),
         sim.handoffs,
+        max_steps,
+        step_timeout,
     )
 
 
@@ -75,8 +90,20 @@ class SimulationFailure(AssertionError):
             f"{_where(outcome.error)}"
             f"shortest failing schedule ({len(shrunk.schedule.choices or ())} choices, "
             f"{len(shrunk.schedule.faults)} faults, {shrunk.steps} steps): {shrunk.schedule}\n"
-            f"replay it with nous_actor.testing.simulation.replay(scenario, {shrunk.schedule!r})"
+            f"replay it with nous_actor.testing.simulation.replay(scenario, "
+            f"{shrunk.schedule!r}{_settings(shrunk)})"
         )
+
+
+def _settings(outcome: Outcome) -> str:
+    """The arguments of `replay` besides the schedule that the run was made with (those
+    that are not the defaults)."""
+    out = ""
+    if outcome.max_steps != 50_000:
+        out += f", max_steps={outcome.max_steps}"
+    if outcome.step_timeout != DEFAULT_STEP_TIMEOUT:
+        out += f", step_timeout={outcome.step_timeout!r}"
+    return out
 
 
 def _where(error: BaseException | None) -> str:
@@ -97,21 +124,27 @@ def explore(
     max_steps: int = 50_000,
     shrink_runs: int = 200,
     quiet: bool = True,
+    step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
 ) -> int:
     """Run ``scenario`` under each seed; the number of schedules run if none failed.
 
     Each schedule injects ``faults`` (explicit) and those drawn from ``rates``;
-    ``quiet=False`` prints the runtime's log events as on threads.
+    ``quiet=False`` prints the runtime's log events as on threads; ``max_steps``
+    and ``step_timeout`` are each run's (and each shrinking run's), as `Simulation`
+    takes them.
 
     Raises:
         SimulationFailure: a schedule failed (with its seed and the shortest
             failing schedule found from it, pinned, to replay).
+        TypeError: ``seeds`` is not an iterable of ints.
     """
     n = 0
     planned = tuple(faults)
-    for n, seed in enumerate(seeds, 1):
+    for n, seed in enumerate(_seeds(seeds), 1):
         schedule = Schedule(seed, faults=planned, rates=rates)
-        out = replay(scenario, schedule, max_steps=max_steps, quiet=quiet)
+        out = replay(
+            scenario, schedule, max_steps=max_steps, quiet=quiet, step_timeout=step_timeout
+        )
         if out.error is not None:
             raise SimulationFailure(out, shrink(scenario, out, runs=shrink_runs), n)
     return n
@@ -125,30 +158,48 @@ def find(
     faults: Sequence[Fault] = (),
     max_steps: int = 50_000,
     quiet: bool = True,
+    step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
 ) -> tuple[int, Outcome] | None:
     """The first failing schedule among ``seeds`` (each with ``faults`` and those drawn
-    from ``rates``): (how many were run, its outcome)."""
+    from ``rates``): (how many were run, its outcome).
+
+    Raises:
+        TypeError: ``seeds`` is not an iterable of ints.
+    """
     planned = tuple(faults)
-    for n, seed in enumerate(seeds, 1):
+    for n, seed in enumerate(_seeds(seeds), 1):
         schedule = Schedule(seed, faults=planned, rates=rates)
-        out = replay(scenario, schedule, max_steps=max_steps, quiet=quiet)
+        out = replay(
+            scenario, schedule, max_steps=max_steps, quiet=quiet, step_timeout=step_timeout
+        )
         if out.error is not None:
             return n, out
     return None
 
 
+def _seeds(seeds: Iterable[int]) -> Iterable[int]:
+    if isinstance(seeds, int | str | bytes) or not hasattr(seeds, "__iter__"):
+        raise TypeError(f"seeds is an iterable of int seeds (range(200), [3, 7]), got {seeds!r}")
+    return seeds
+
+
 def shrink(scenario: Scenario, failing: Outcome, *, runs: int = 200) -> Outcome:
     """A shorter pinned schedule that still fails the same way (same exception type), by
-    dropping faults and cutting and zeroing choices, within ``runs`` runs."""
+    dropping faults and cutting and zeroing choices, within ``runs`` runs, each with the
+    failing run's ``max_steps`` and ``step_timeout``. A run failed by a step that never
+    ended (`SimulationStalled`) is not shrunk: each try would wait out the bound, and
+    leave one more thread blocked."""
     best = failing
     kind = type(failing.error)
     budget = [runs]
+    if isinstance(failing.error, SimulationStalled):
+        return failing
 
     def fails(s: Schedule) -> Outcome | None:
         if budget[0] <= 0:
             return None
         budget[0] -= 1
-        out = replay(scenario, s)
+        out = replay(scenario, s, max_steps=failing.max_steps, step_timeout=failing.step_timeout)
         return out if isinstance(out.error, kind) else None
 
     first = fails(failing.replay)

@@ -85,7 +85,8 @@ class FailingStore:
 
 def targets_of(fault: Fault, actors: Iterable[Task], busy: Sequence[Task]) -> list[Task]:
     """The actors that can take ``fault`` now (none whose step is under way, ``busy``):
-    the registry for ``restart_registry``, else the sessions that have begun."""
+    for ``restart_registry`` a registry a supervisor watches (`supervised`), else the
+    sessions that have begun."""
     if fault.kind == "restart_registry":
         return [
             t
@@ -94,6 +95,7 @@ def targets_of(fault: Fault, actors: Iterable[Task], busy: Sequence[Task]) -> li
             and type(t.obj).__name__ == "RegistryActor"
             and not t.obj.actor_stopped.is_set()
             and t.began
+            and supervised(t.obj)
             and t not in busy
         ]
     return [
@@ -106,6 +108,15 @@ def targets_of(fault: Fault, actors: Iterable[Task], busy: Sequence[Task]) -> li
         and t.obj._began
         and t not in busy
     ]
+
+
+def supervised(actor: Any) -> bool:
+    """Whether a supervisor watches ``actor`` (its exit goes to a monitor: a registry run
+    through its ``child_spec`` by a `Supervisor`, which restarts it). A registry that runs
+    on its own is never crashed by a fault: on real threads nothing would restart it, and
+    every later call would fail, which no real run of a correct program shows."""
+    cell = getattr(actor, "cell", None)
+    return getattr(cell, "_monitor", None) is not None
 
 
 def strike(fault: Fault, task: Task, step: int) -> bool:

@@ -10,8 +10,12 @@ import contextvars
 import hashlib
 import heapq
 import inspect
+import math
+import os
 import random
+import sys
 import threading
+import time
 import uuid
 from _thread import allocate_lock
 from collections import deque
@@ -31,11 +35,13 @@ from nous_actor.store import committer as committer_module
 from nous_actor.testing.simulation.aio import SimEventLoop, describe
 from nous_actor.testing.simulation.faults import FailingStore, Faults, strike, targets_of
 from nous_actor.testing.simulation.schedule import (
+    DEFAULT_STEP_TIMEOUT,
     DEFAULT_WAIT,
     EPOCH,
     Fault,
     Schedule,
     SimulationError,
+    SimulationStalled,
 )
 from nous_actor.testing.simulation.tasks import (
     ACTOR,
@@ -76,13 +82,21 @@ class Simulation:
         quiet: keep the runtime's log events in `logged` instead of printing them.
         restarts: the least restart intensity (restarts per window) supervisors and
             registries get (``0``: what they ask for).
+        step_timeout: real seconds one step may hold the simulation (a turn, a
+            commit, a caller's resumption, an executor function) before the run fails
+            with `SimulationStalled` naming its task: such a step blocks on something
+            the simulation does not run (a ``queue.Queue``, a real lock or event, I/O),
+            which nothing could answer, since nothing else runs meanwhile. ``None``:
+            wait for ever.
 
     Use it as ``with Simulation(seed) as sim:``; create the registry, sessions
     and stores inside, start callers with `go` (generators, or coroutines: those
     run on `loop`), then `run`. Leaving the block cancels the coroutines still
     running, stops every actor the simulation ran and puts the runtime back on
     real threads and time. Simulations do not nest, and other threads of the
-    process must not use the runtime meanwhile (they would run on it too).
+    process must not use the runtime meanwhile: a wait on one raises
+    `SimulationError`, and a send from one that wakes a task fails the run (it
+    lands at a real time, which no seed replays).
     """
 
     def __init__(
@@ -93,10 +107,22 @@ class Simulation:
         throughput: int = 1,
         quiet: bool = True,
         restarts: int = 1_000,
+        step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
     ) -> None:
-        if isinstance(schedule, int):
+        if isinstance(schedule, int) and not isinstance(schedule, bool):
             schedule = Schedule(seed=schedule)
+        if not isinstance(schedule, Schedule):
+            raise TypeError(f"a simulation runs a Schedule or an int seed, got {schedule!r}")
+        if step_timeout is not None and (
+            isinstance(step_timeout, bool)
+            or not isinstance(step_timeout, int | float)
+            or not 0 < step_timeout < math.inf
+        ):
+            raise ValueError(
+                f"step_timeout is None or a finite number of seconds > 0, got {step_timeout!r}"
+            )
         self.schedule = schedule
+        self.step_timeout = step_timeout
         self.max_steps = max_steps
         self.throughput = throughput
         self.quiet = quiet
@@ -147,6 +173,9 @@ class Simulation:
         self._closed = False
         self._saved: list[Any] = []
         self._committers: list[tuple[Any, Any]] = []
+        self._baton = self._main  # the simulated thread handed the baton last
+        self._stalled: _Thread | None = None  # the thread of a step that never ended
+        self._callback = ""  # the loop's callback run last (its task's name)
 
     # -- entering and leaving ------------------------------------------------------------------
 
@@ -187,8 +216,9 @@ class Simulation:
             return
         try:
             try:
-                self._end_coroutines()
-                self._stop_actors()
+                if self._stalled is None:  # else nothing may run: a step still holds it
+                    self._end_coroutines()
+                    self._stop_actors()
             except Exception:
                 if self._failure is None:
                     raise
@@ -197,8 +227,11 @@ class Simulation:
         finally:
             self._open = False
             self._closed = True
-            if self._loop is not None:
-                self._loop.close()
+            loop = self._loop
+            if loop is not None:
+                if self._stalled is not None:  # its stalled callback never returns
+                    loop._thread_id = None
+                loop.close()
             uuid4, unique, clock, state, emit = self._saved
             uuid.uuid4 = uuid4
             unique_ids._restore(unique)
@@ -376,9 +409,27 @@ class Simulation:
             while not task.ended and not task.obj.actor_inbox.empty():
                 self._threaded_step(task)
             return
+        if threading.get_ident() not in self._me and self._open and not self._closed:
+            self._foreign(task)
         if not task.queued and not task.ended:
             task.queued = True
             self._ready.append(task)
+
+    def _foreign(self, task: Task) -> None:
+        """A thread the simulation does not run woke ``task`` (a send to a session, a
+        registry or the committer): its sends land at real times, between any two
+        steps, so the run is no longer the schedule's. The run fails (once)."""
+        if self._failure is not None or self._unwinding:
+            return
+        name = threading.current_thread().name
+        self.trace.append(f"{self.steps} foreign thread woke {task.label}")
+        self._failure = SimulationError(
+            f"thread {name!r}, which the simulation does not run, sent to {task.label} "
+            "while the simulation ran: what it sends lands at real times, between any two "
+            "steps, so a seed would not replay this run. Start that work with sim.go() (a "
+            "caller) instead of a thread of your own, or make and use the runtime's objects "
+            "outside the simulation"
+        )
 
     # -- waiting: a simulated thread suspends; the scheduler hands the baton on ---------------
 
@@ -401,6 +452,8 @@ class Simulation:
                 "a wait on a thread the simulation does not run (other threads of the "
                 "process must not use the runtime while a simulation runs)"
             )
+        if me.abandoned:  # its step outlived its bound: the run failed without it
+            raise _Unwound
         me.done = done
         me.deadline = float("inf") if timeout is None else self.now_seconds + max(timeout, 0.0)
         self._suspended.append(me)
@@ -423,8 +476,8 @@ class Simulation:
         me = self._me.get(threading.get_ident())
         if me is None or me is self._main or me.task is None or me.task.kind != ACTOR:
             return
-        if me.own is not None:  # a turn lent a caller's thread, made when none could switch
-            return
+        if me.own is not None or me.abandoned:  # a turn lent a caller's thread (made when
+            return  # none could switch), or a step that outlived its bound
         actor = me.task.obj
         # The lock the committer's thread shares with the actor (its commit ledger's): a
         # switch while it is held could hand the baton to a thread that blocks on it.
@@ -598,14 +651,57 @@ class Simulation:
     def _hand_on(self, me: _Thread) -> None:
         """``me`` gives up the baton: choose what runs next and hand it over; return when
         ``me`` is chosen again (with a step to take, or its wait over)."""
-        while True:
-            runner = self._pick(me)
-            if runner is me:
-                return
-            self.handoffs += 1
-            runner.lock.release()
-            me.lock.acquire()
+        runner = self._pick(me)
+        if runner is me:
             return
+        self.handoffs += 1
+        runner.lock.release()
+        if me is self._main and self.step_timeout is not None:
+            self._await_baton(me, self.step_timeout)
+        else:
+            me.lock.acquire()
+
+    def _await_baton(self, main: _Thread, limit: float) -> None:
+        """The test's thread waits for the baton, watching the steps: one that holds it
+        for ``limit`` real seconds fails the run (`_stall`), and the test's thread goes
+        on without it."""
+        poll = limit / 8
+        seen = self.steps
+        since = time.monotonic()
+        while not main.lock.acquire(True, poll):
+            now = time.monotonic()
+            if self.steps != seen or self._baton is main:
+                seen, since = self.steps, now
+            elif now - since >= limit:
+                self._stall(limit)
+                return
+
+    def _stall(self, limit: float) -> None:
+        """The step of the thread holding the baton has not ended in ``limit`` real
+        seconds: it is abandoned (if it ever ends, it ends alone), nothing runs any more,
+        and the run fails with `SimulationStalled`."""
+        th = self._baton
+        th.abandoned = True
+        self._stalled = th
+        task = th.task
+        label = th.label if task is None else task.label
+        if task is not None and task.kind == LOOP:  # a callback blocks the loop: whose
+            label = f"{label} running {self._callback}"
+        self.trace.append(f"{self.steps} STALLED {label}")
+        where = _blocked_in(th.ident)
+        self._halt = SimulationStalled(
+            f"{label} held the simulation for {limit:g} s of real time without handing it "
+            f"on (step {self.steps}{where}): it waits on something the simulation does not "
+            "run (a queue.Queue, a real lock or threading.Event, I/O, a busy loop), and "
+            "nothing else runs meanwhile, so nothing in the run can answer it. Wait on what "
+            "the simulation runs instead (await an asyncio future, queue or event; a "
+            "session's future; yield from a generator caller); in a run_in_executor "
+            "function, hand what it waits for over before it starts, or keep the waiting "
+            "in the coroutine. A step that is only slow needs a larger "
+            "Simulation(step_timeout=...)",
+            label,
+        )
+        self._wake_main()
 
     def _pick(self, me: _Thread) -> _Thread:
         """The thread to run next, with its step assigned (the test's thread once nothing
@@ -635,17 +731,20 @@ class Simulation:
             self._suspended.remove(chosen)
             if chosen is not main:
                 self.trace.append(f"{self.steps} {chosen.label} goes on")
+            self._baton = chosen
             return chosen
         runner = self._runner_for(chosen, me)
         runner.task = chosen
         chosen.running = True
         self._stack.append(chosen)
+        self._baton = runner
         return runner
 
     def _wake_main(self) -> _Thread:
         main = self._main
         if main in self._suspended:
             self._suspended.remove(main)
+        self._baton = main
         return main
 
     def _runner_for(self, task: Task, me: _Thread) -> _Thread:
@@ -709,6 +808,8 @@ class Simulation:
                 if task in self._stack:
                     self._stack.remove(task)
                 th.task = None
+            if th.abandoned:  # its step outlived its bound: the run went on without it
+                return
             if th.unwind:
                 break
             if own and task.ended:  # its task is over: so is this thread
@@ -735,7 +836,7 @@ class Simulation:
         self._unwinding = True
         main = self._main
         for th, real in self._threads:
-            if th.finished:
+            if th.finished or th.abandoned:  # (an abandoned one never gives the baton back)
                 continue
             th.unwind = True
             th.lock.release()
@@ -809,9 +910,12 @@ class Simulation:
             self._run_once(task)
 
     def _unqueue(self, task: Task) -> None:
-        """Take ``task`` off the run list (it has nothing to do until made ready again)."""
-        self._ready.remove(task)
-        task.queued = False
+        """Take ``task`` off the run list (it has nothing to do until made ready again), if
+        it is on it: a caller whose step was suspended in a wait when the simulation's
+        close ended the callers (and took it off) ends that step later."""
+        if task.queued:
+            self._ready.remove(task)
+            task.queued = False
 
     def _run_once(self, task: Task) -> None:
         """A function (a thread of the runtime) or a timer: runs whole, once."""
@@ -915,22 +1019,24 @@ class Simulation:
             # plain iterator (``yield from [f1, f2]``), which takes none.
             sub = getattr(gen, "gi_yieldfrom", None)
             yielded = gen.send(value_of(waited) if sub is None or hasattr(sub, "send") else None)
+            while (wrong := _wrong_yield(yielded, task.label)) is not None:
+                yielded = gen.throw(wrong)  # raised at the caller's yield
         except StopIteration:
             task.ended = True
             self._unqueue(task)
             return
         except BaseException as exc:
-            task.ended = True
+            ended, task.ended = task.ended, True
             self._unqueue(task)
-            if self._unwinding:
-                return
+            if self._unwinding or ended:  # (ended: the simulation's close ended the callers
+                return  # while this step waited; what it raises then is not the run's)
             self.trace.append(f"{self.steps} {task.label} failed {type(exc).__name__}")
             if self._failure is None:
                 self._failure = exc
             return
         if yielded is None:
             return
-        if isinstance(yielded, int | float) and not isinstance(yielded, bool):
+        if isinstance(yielded, int | float):  # (checked: >= 0, not a bool)
             task.until = self.now_seconds + float(yielded)
             return
         # Wait for the future, at most its bound: then the caller goes on (its get()
@@ -943,7 +1049,8 @@ class Simulation:
         """The event loop: one ready callback."""
         loop: SimEventLoop = task.obj
         handle = loop.next_handle()
-        self.trace.append(f"{self.steps} {task.label} {describe(handle)}")
+        self._callback = what = describe(handle)
+        self.trace.append(f"{self.steps} {task.label} {what}")
         for exc in loop.run_handle(handle):
             self.trace.append(f"{self.steps} loop error {type(exc).__name__}")
 
@@ -980,6 +1087,7 @@ class _Thread:
     """A simulated thread: a real thread that runs only while it holds the baton."""
 
     __slots__ = (
+        "abandoned",
         "deadline",
         "done",
         "finished",
@@ -1006,6 +1114,7 @@ class _Thread:
         self.in_run = False
         self.unwind = False
         self.finished = False
+        self.abandoned = False  # its step outlived the simulation's step_timeout
 
     def __repr__(self) -> str:
         return f"<simulated thread {self.label}>"
@@ -1013,6 +1122,40 @@ class _Thread:
 
 def _always() -> bool:
     return True
+
+
+def _wrong_yield(yielded: Any, label: str) -> Exception | None:
+    """The error for what a generator caller yielded, if it is not ``None``, a number of
+    virtual seconds >= 0 or a future (something with ``done()``, or a Pykka future)."""
+    if yielded is None:
+        return None
+    if isinstance(yielded, int | float) and not isinstance(yielded, bool):
+        if yielded >= 0:  # (inf: for ever; nan fails the comparison)
+            return None
+        return ValueError(
+            f"caller {label} yielded {yielded!r}: a caller sleeps a number of virtual seconds "
+            ">= 0 (yield 1.5), or yields a future or nothing"
+        )
+    if isinstance(yielded, pykka.Future) or callable(getattr(yielded, "done", None)):
+        return None
+    return TypeError(
+        f"caller {label} yielded {yielded!r}: a caller yields a future to wait for it "
+        "(x = yield chat.append(...)), a number of virtual seconds to sleep (yield 0.5), "
+        "or nothing to let the others run (yield)"
+    )
+
+
+def _blocked_in(ident: int) -> str:
+    """Where the real thread ``ident`` is (its innermost frames), for a stalled step."""
+    frame = sys._current_frames().get(ident)
+    if frame is None:
+        return ""
+    frames: list[str] = []
+    while frame is not None and len(frames) < 4:
+        code = frame.f_code
+        frames.append(f"{os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return "; blocked in " + " < ".join(frames)
 
 
 def _never() -> bool:

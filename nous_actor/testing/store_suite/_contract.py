@@ -42,12 +42,36 @@ from nous_actor.testing.store_suite._helpers import (
 __all__ = ["StoreContract"]
 
 
+def _names_its_session(err: BaseException, session_id: str, what: str) -> None:
+    """The rule that an error refusing one session names it: ``err.session_id`` (made
+    with ``session_id=``), which the registry passes on to its callers as is."""
+    got = getattr(err, "session_id", None)
+    assert got == session_id, (
+        f"{what} must name its session: make it with session_id={session_id!r} "
+        f"(its .session_id is {got!r}: {err!r})"
+    )
+
+
 class StoreContract(abc.ABC):
     """Every rule of the ``Store`` protocol, as pytest tests; subclass it per store.
 
     Implement `make_store`; override `close_store` if closing
     needs more than ``store.close()``, and `machine_settings` to run the
     stateful test longer or shorter.
+
+    Besides the rules in the protocol's docstring, two rules of what a store's
+    errors carry are checked (each failure says which rule it is):
+
+    * An error that refuses one session names it: every `StoreError` (a
+      `ConflictError` too) that ``write`` returns for a session, and the
+      `ConflictError` that ``claim`` raises, has ``session_id`` set to that
+      session's id (make it with ``session_id=``). The registry hands a
+      refused claim to its caller as it is (``Sessions.open`` raises it).
+    * A seq of 2**63 or more (past SQL's 64-bit integers) refuses its
+      session's events with a `StoreError` that is not a `ConflictError`
+      (no other writer stored it; a conflict would make the session reload
+      and try again), worded as the store likes; the other sessions of the
+      same write are stored.
     """
 
     tmp_path: Path
@@ -218,11 +242,13 @@ class StoreContract(abc.ABC):
         assert store.load("s") == []
 
     def test_a_conflict_names_its_session(self, store: Store) -> None:
-        """The ConflictError a write returns carries the session's id."""
+        """The ConflictError a write returns carries the session's id (``session_id=``)."""
         store.write({"s": [_ev(0)]})
         refused = store.write({"s": [_ev(0)]})
-        assert refused["s"].session_id == "s"
-        assert "s" in str(refused["s"])
+        assert isinstance(refused.get("s"), ConflictError), (
+            f"a seq already stored must refuse its session with ConflictError, got {refused!r}"
+        )
+        _names_its_session(refused["s"], "s", "the ConflictError write() returned")
 
     def test_a_conflict_leaves_other_sessions_in_the_same_write_stored(self, store: Store) -> None:
         """Only the conflicting session is refused; the others in that write commit."""
@@ -261,22 +287,36 @@ class StoreContract(abc.ABC):
         assert [e.seq for e in store.load("a")] == [0, 1]
         assert [e.seq for e in store.load("b")] == [0, 1]
         if "bad" in refused:
-            assert isinstance(refused["bad"], StoreError)
-            assert refused["bad"].session_id == "bad"
+            assert isinstance(refused["bad"], StoreError), (
+                f"write() returns a StoreError for each session it refuses, got {refused!r}"
+            )
+            _names_its_session(refused["bad"], "bad", "the StoreError write() returned")
             assert store.load("bad") == []  # none of its events: a session's write is atomic
         assert store.write({"bad": [_ev(5)], "a": [_ev(2)]}) == {}
         assert [e.seq for e in store.load("a")] == [0, 1, 2]
 
     def test_a_seq_of_2_to_the_63_is_refused_for_its_session(self, store: Store) -> None:
         """Seqs are below 2**63 in every store (SQL's integers are 64-bit): a larger one
-        refuses its session's write with StoreError, beside a conflict of another one."""
+        refuses its session's write with a StoreError that is not a ConflictError (which
+        would say another writer stored that seq: the session would reload and try
+        again), naming the session, beside a conflict of another one. Its wording is the
+        store's own."""
         store.write({"c": [_ev(0)]})
         refused = store.write({"big": [_poisoned(0, "seq")], "c": [_ev(0)], "ok": [_ev(0)]})
-        assert set(refused) == {"big", "c"}
-        assert isinstance(refused["c"], ConflictError)
-        assert type(refused["big"]) is StoreError
-        assert "2**63" in str(refused["big"])
-        assert store.load("big") == []
+        assert set(refused) == {"big", "c"}, (
+            "a seq of 2**63 refuses its own session alone, and a seq already stored its "
+            f"own: write() returned {refused!r}"
+        )
+        assert isinstance(refused["c"], ConflictError), refused
+        big = refused["big"]
+        rule = (
+            "a seq of 2**63 or more is refused with a StoreError that is not a ConflictError "
+            f"(no other writer stored it), got {big!r}"
+        )
+        assert isinstance(big, StoreError), rule
+        assert not isinstance(big, ConflictError), rule
+        _names_its_session(big, "big", "the StoreError refusing a seq of 2**63")
+        assert store.load("big") == [], "a refused session's events are not stored"
         assert [e.seq for e in store.load("ok")] == [0]
 
     # == Sessions: drop, the list of sessions, delete, the writer claim, a closed store ======
@@ -363,7 +403,7 @@ class StoreContract(abc.ABC):
         store.claim("s")
         with pytest.raises(ConflictError) as info:
             store.claim("s")
-        assert info.value.session_id == "s"
+        _names_its_session(info.value, "s", "the ConflictError claim() raised")
 
     def test_claim_after_release_succeeds(self, store: Store) -> None:
         """Releasing with the claim's token frees the session for the next claim."""
