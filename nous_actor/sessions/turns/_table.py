@@ -157,14 +157,21 @@ class TurnTable:
             result = s._submit((ev,), ev, fut) if s.failed is None else ev
             self.next(now)
             return result
+        if self._stop_waiting(turn_id, now, "its opener gave up waiting"):
+            return None
+        return _NOT_HERE
+
+    def _stop_waiting(self, turn_id: str, now: float, why: str) -> bool:
+        """Take turn ``turn_id`` out of the queue (its opener hears `TurnBusy`: ``why``);
+        whether it was waiting."""
         for w in self.waiting:
             if w.req is not None and w.req.turn_id == turn_id:
                 self.waiting.remove(w)
                 if w.fut is not None:
-                    w.fut._fail(self.busy(cur, now, "its opener gave up waiting"))
+                    w.fut._fail(self.busy(self.open, now, why))
                 self.drop_if_idle()
-                return None
-        return _NOT_HERE
+                return True
+        return False
 
     def renew(self, turn_id: str, now: float) -> bool:
         """A call through turn ``turn_id``: renew its lease; ``False`` if it is not open."""
@@ -292,13 +299,7 @@ class TurnTable:
         waiting one stops waiting. (Nothing if it is neither: it ended already.)"""
         cur = self.open
         if cur is None or cur.req.turn_id != turn_id:
-            for w in self.waiting:
-                if w.req is not None and w.req.turn_id == turn_id:
-                    self.waiting.remove(w)
-                    if w.fut is not None:
-                        w.fut._fail(self.busy(cur, now, "its opener's process is gone"))
-                    self.drop_if_idle()
-                    return
+            self._stop_waiting(turn_id, now, "its opener's process is gone")
             return
         s = self.session
         self.open = None
