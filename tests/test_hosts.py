@@ -56,31 +56,34 @@ def test_a_handle_made_inside_a_simulation_is_refused_after_it() -> None:
 
 
 _TWO_STORES = """
-import json, sys
-from nous_actor import Sessions, SQLiteStore, StoreError
+import json, sys, time
+from nous_actor import ConflictError, Sessions, SQLiteStore
 from nous_actor.testing.simulation import Simulation
 
-with Simulation(5):
+with Simulation(5) as sim:
     a, b = SQLiteStore(sys.argv[1]), SQLiteStore(sys.argv[1])  # two "processes"
     ra, rb = Sessions(a), Sessions(b)
     ra.open("c").append("user_message", {"content": "x"}).get()
+    began = sim.now()
     try:
         rb.open("c", wait=10)
         said = "opened"
-    except StoreError as exc:
+    except ConflictError as exc:
         said = str(exc)
+    waited = sim.now() - began
     ra.close(); rb.close(); a.close(); b.close()
-print(json.dumps(said))
+print(json.dumps([said, waited]))
 """
 
 
-def test_a_hand_off_between_two_sqlite_store_objects_is_refused_under_a_simulation(
+def test_a_hand_off_between_two_sqlite_store_objects_ends_under_a_simulation(
     tmp_path: Any,
 ) -> None:
     """Two `SQLiteStore` objects on one file stand for two processes, which a simulation
-    does not simulate (each follows the file on a thread of its own, in real time): a
-    hand-off between them is refused at once, saying what to use instead (the wait for
-    the holder's change ran on the real clock and the run hung for ever)."""
+    does not simulate (each follows the file on a thread of its own, in real time); a
+    hand-off between them still ends, as on real threads: refused once its wait (on the
+    simulation's clock) is over (the wait for the holder's change ran on the real clock,
+    past every virtual deadline: the run hung for ever)."""
     proc = subprocess.run(
         [sys.executable, "-c", _TWO_STORES, str(tmp_path / "two.db")],
         capture_output=True,
@@ -88,6 +91,6 @@ def test_a_hand_off_between_two_sqlite_store_objects_is_refused_under_a_simulati
         timeout=BOUND * 6,
     )
     assert proc.returncode == 0, proc.stderr
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "under a simulation" in said
-    assert "several registries on one MemoryStore" in said
+    said, waited = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "after waiting 10 s for a hand-off" in said
+    assert 10 <= waited < 11  # virtual seconds

@@ -202,10 +202,8 @@ BAD_BOUNDS = [
     ([1], TypeError),
     (True, TypeError),
     (math.nan, ValueError),
-    (math.inf, ValueError),
-    (-1, ValueError),
-    (threading.TIMEOUT_MAX * 2, ValueError),
 ]
+"""(A call's own bound may be 0 or less, at once, or infinite, no bound: not bad.)"""
 
 
 @pytest.mark.parametrize(("bad", "error"), BAD_BOUNDS)

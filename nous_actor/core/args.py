@@ -15,6 +15,7 @@ __all__ = [
     "check_callable",
     "check_count",
     "check_flag",
+    "check_bound",
     "check_seconds",
     "check_timeout",
 ]
@@ -58,14 +59,27 @@ def check_seconds(
     return float(value)
 
 
-def check_timeout(value: object, what: str) -> float | None:
-    """A call's own bound: ``None`` (the default bound), or seconds from 0 up to
-    `MAX_SECONDS`, checked as `check_seconds` does (before anything is sent or changed).
+def check_bound(value: object, what: str) -> float:
+    """A call's own bound, in seconds: any number but NaN, checked before anything is sent
+    or changed. 0 or less: do not wait (what is there already is answered); infinite, or
+    past `MAX_SECONDS`: no practical bound (`MAX_SECONDS`, about 292 years).
 
     Raises:
-        TypeError, ValueError: as `check_seconds`.
+        TypeError: ``value`` is not an int or a float (a bool is refused too).
+        ValueError: ``value`` is NaN.
     """
-    return None if value is None else check_seconds(value, what, low_open=False)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"{what} must be a number of seconds (an int or a float), got {type(value).__name__}"
+        )
+    if value != value:
+        raise ValueError(f"{what} must be a number of seconds, got NaN")
+    return min(float(value), MAX_SECONDS)
+
+
+def check_timeout(value: object, what: str) -> float | None:
+    """`check_bound`, where ``None`` (the default bound) is taken too."""
+    return None if value is None else check_bound(value, what)
 
 
 def check_count(value: object, what: str, low: int = 0) -> int:

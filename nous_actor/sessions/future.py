@@ -16,7 +16,7 @@ import pykka
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
-from nous_actor.core.args import check_timeout
+from nous_actor.core.args import check_bound
 from nous_actor.errors import CallTimeout
 from nous_actor.runtime import forks, scheduling
 
@@ -189,10 +189,10 @@ class SessionFuture(pykka.Future[T]):
                 future's coroutine summariser (``await`` it instead).
             Exception: whatever the call raised (e.g. ``InvalidEvent``, ``SessionStopped``).
             TypeError, ValueError: ``timeout`` is not ``None`` or a number of seconds
-                from 0 (checked before waiting).
+                (NaN is refused; 0 or less: at once; infinite: no bound).
         """
         if timeout is not None:
-            check_timeout(timeout, "get(timeout)")
+            timeout = check_bound(timeout, "get(timeout)")
         if self._get_hook is not None:
             return super().get(timeout=timeout)
         if self._state == _PENDING:

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Final
 
-from nous_actor.core.args import check_seconds
+from nous_actor.core.args import check_bound
 from nous_actor.core.event import Event
 from nous_actor.errors import CallTimeout, SessionStopped, SubscriptionLagged
 from nous_actor.runtime import scheduling, telemetry
@@ -156,13 +156,9 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
             SessionStopped: the feed ended (session stopped or subscription closed).
             TypeError, ValueError: ``timeout`` is not ``None`` or a number of seconds
-                from 0.
+                (NaN is refused; 0 or less: what is pending only; infinite: no bound).
         """
-        bound = (
-            self.timeout
-            if timeout is None
-            else check_seconds(timeout, "get(timeout)", low_open=False)
-        )
+        bound = self.timeout if timeout is None else check_bound(timeout, "get(timeout)")
         host = scheduling.current()
         deadline = host.now() + bound
         while True:
@@ -257,13 +253,9 @@ class Subscription(Iterator[Event], AsyncIterator[Event]):
             SubscriptionLagged: the subscriber was cut off; resume from ``next_seq``.
             SessionStopped: the feed ended (session stopped or subscription closed).
             TypeError, ValueError: ``timeout`` is not ``None`` or a number of seconds
-                from 0.
+                (NaN is refused; 0 or less: what is pending only; infinite: no bound).
         """
-        bound = (
-            self.timeout
-            if timeout is None
-            else check_seconds(timeout, "aget(timeout)", low_open=False)
-        )
+        bound = self.timeout if timeout is None else check_bound(timeout, "aget(timeout)")
         ready = self.get_nowait()  # (what is pending is answered, whatever the bound)
         if ready is not None:
             return ready

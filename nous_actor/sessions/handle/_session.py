@@ -8,7 +8,7 @@ from typing import Any
 
 import pykka
 
-from nous_actor.core.args import check_seconds
+from nous_actor.core.args import check_bound
 from nous_actor.core.log import Log
 from nous_actor.errors import (
     CallTimeout,
@@ -93,7 +93,7 @@ class Session(SessionHandle):
         self._route = route
         self._born = forks.born()  # a forked child refuses it (`_call`, `_forked`)
         # A simulation refuses it if made outside (`_call`): its actor runs elsewhere.
-        self._host = scheduling._host
+        self._host = scheduling.current()
 
     def _forked(self) -> SessionStopped:
         """Why this handle cannot be used in a process forked from the one that made it
@@ -267,7 +267,7 @@ class Session(SessionHandle):
             fut = SessionFuture(self.session_id, self.timeout)
             fut._fail(self._forked())
             return fut
-        if self._host is not scheduling._host:  # made outside the simulation running now
+        if self._host is not scheduling.current():  # made under another host (a simulation)
             fut = SessionFuture(self.session_id, self.timeout)
             fut._fail(scheduling.other_host("this session's handle", self._host))
             return fut
@@ -377,13 +377,9 @@ class Session(SessionHandle):
             SessionStopped: this process forked from the one that made the handle
                 (the session runs there).
             TypeError, ValueError: ``timeout`` is not ``None`` or a number of seconds
-                from 0 (checked before the session is asked to stop).
+                (NaN is refused), checked before the session is asked to stop.
         """
-        bound = (
-            self.timeout
-            if timeout is None
-            else check_seconds(timeout, "stop(timeout)", low_open=False)
-        )
+        bound = self.timeout if timeout is None else check_bound(timeout, "stop(timeout)")
         if forks.forked_since(self._born):
             raise self._forked()
         route = self._route

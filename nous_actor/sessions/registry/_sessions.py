@@ -25,7 +25,7 @@ from typing import Any, Final, TypeVar
 import pykka
 
 from nous_actor._log import get_logger
-from nous_actor.core.args import check_flag, check_seconds
+from nous_actor.core.args import check_bound, check_flag, check_seconds
 from nous_actor.core.ids import check_session_id
 from nous_actor.errors import ConflictError, SessionStopped
 from nous_actor.runtime import forks, scheduling, telemetry
@@ -235,7 +235,7 @@ class Sessions:
         self._spec_made = False
         self._closed = False
         self._born = forks.born()  # a forked child refuses it (`_here`)
-        self._host = scheduling._host  # a simulation begun since refuses it (`_here`)
+        self._host = scheduling.current()  # a simulation begun since refuses it (`_here`)
         if start:
             self._start_actor()
         self._passivation.start(self.passivate_idle)
@@ -351,7 +351,7 @@ class Sessions:
         its sessions, threads and claims are that process's (`nous_actor.runtime.forks`)."""
         if forks.forked_since(self._born):
             raise SessionStopped(session_id, forks.refusal("this Sessions registry", self._born))
-        if self._host is not scheduling._host:
+        if self._host is not scheduling.current():
             raise scheduling.other_host("this Sessions registry", self._host)
 
     def _join_endpoint(self) -> None:
@@ -602,10 +602,10 @@ class Sessions:
         refusing every call (the parent stops it with the rest of its tree).
 
         Raises:
-            TypeError, ValueError: ``timeout`` is not a number of seconds from 0
-                (checked before anything is stopped).
+            TypeError, ValueError: ``timeout`` is not a number of seconds (NaN is
+                refused), checked before anything is stopped.
         """
-        timeout = check_seconds(timeout, "close(timeout)", low_open=False)
+        timeout = max(check_bound(timeout, "close(timeout)"), 0.0)
         if self._closed:
             return
         if forks.forked_since(self._born):
@@ -639,7 +639,7 @@ class Sessions:
 
     async def aclose(self, timeout: float = 10.0) -> None:
         """`close` for asyncio code: awaited without blocking the loop."""
-        timeout = check_seconds(timeout, "aclose(timeout)", low_open=False)
+        timeout = max(check_bound(timeout, "aclose(timeout)"), 0.0)
         await _off_loop(partial(self.close, timeout))
 
     def child_spec(

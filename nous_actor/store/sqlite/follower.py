@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
@@ -21,7 +20,7 @@ from typing import Any, Final
 from nous_actor.core.codec import CodecError, events_from_rows
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
-from nous_actor.runtime import forks
+from nous_actor.runtime import forks, scheduling
 from nous_actor.store.feed import FollowedWatch, _fill
 from nous_actor.store.sqlite.bulk import query_on, session_rows
 from nous_actor.store.sqlite.connection import _Connection, malformed
@@ -147,23 +146,29 @@ class SQLiteFollower:
 
     def wait_changed(self, after: int, timeout: float) -> int:
         self._store_or_fail()
-        deadline = time.monotonic() + max(timeout, 0.0)
         with self._cond:
             self._start()
             if not (self._waiting or self._watches or self._poked):
                 self._cond.notify_all()  # the thread may sleep with nothing to follow
             self._waiting += 1
-            try:
-                while self.version <= after and self._ended is None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                if self._ended is not None:
-                    raise self._ended
-                return self.version
-            finally:
+
+        def changed() -> bool:
+            return self.version > after or self._ended is not None
+
+        def block(bound: float | None) -> bool:
+            with self._cond:
+                return self._cond.wait_for(changed, bound)
+
+        try:
+            # Through the host: a simulation's clock bounds it too (the file's changes
+            # come from this follower's thread, in real time, which it does not run).
+            scheduling.current().wait(changed, max(timeout, 0.0), block)
+        finally:
+            with self._cond:
                 self._waiting -= 1
+        if self._ended is not None:
+            raise self._ended
+        return self.version
 
     # -- the thread -------------------------------------------------------------------------
 

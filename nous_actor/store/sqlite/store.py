@@ -39,7 +39,6 @@ from nous_actor.core.codec import (
 from nous_actor.core.event import Event
 from nous_actor.core.message import Message
 from nous_actor.errors import ConflictError, StoreError
-from nous_actor.runtime import scheduling
 from nous_actor.store.base import (
     CALL_RECORD_SECONDS,
     CallRecords,
@@ -194,18 +193,6 @@ def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo
             session_id, count, top + 1, None, f"a stored time is malformed: {last!r}"
         )
     return SessionInfo(session_id, count, top + 1, when.astimezone(UTC), None)
-
-
-def _not_simulated(doing: str) -> None:
-    """Refuse, under a simulation, a wait for another process's change to the file: the
-    follower's thread polls the file and the wait runs on the real clock, so a simulated
-    run would never see its virtual deadline pass (it hung)."""
-    if scheduling._host is not scheduling.REAL:
-        raise StoreError(
-            f"a SQLiteStore cannot {doing} under a simulation: it follows the file on a "
-            "thread of its own, in real time, which the simulation does not control; to "
-            "stand for processes sharing a store, use several registries on one MemoryStore"
-        )
 
 
 class SQLiteStore(ClosingStore):
@@ -810,7 +797,6 @@ class SQLiteStore(ClosingStore):
     def wait_changed(self, after: int, timeout: float) -> int:
         """Wait at most `timeout` s for a commit to the file (by any process) after the
         change counter `after`; returns the counter now."""
-        _not_simulated("wait for another process's change")
         return follower_of(self._connection).wait_changed(after, timeout)
 
     def close(self) -> None:

@@ -359,6 +359,15 @@ class Simulation:
     def actor_inbox(self) -> SimInbox:
         return SimInbox(self._make_ready)
 
+    def foreign(self, what: str) -> SimulationError:
+        """The error for using, inside this simulation, ``what``, made outside it (its
+        actors run on real threads, which the simulation does not control)."""
+        return SimulationError(
+            f"{what} was made before this simulation began (its actors run on real "
+            "threads, which the simulation does not control): make and start it inside "
+            "the simulation"
+        )
+
     def start_actor(self, actor: Any, start: Callable[[], None]) -> None:
         """Run a thread-per-actor actor as a task: its inbox, made by this host through
         Pykka's ``_create_actor_inbox``, is bound to the task (nothing is set on the
