@@ -252,6 +252,10 @@ REAL: Final = RealHost()
 _host: Host = REAL
 _install_lock = forks.lock()
 
+epoch = 0
+"""Grows each time a host is installed or uninstalled: an object that noted it when made
+compares it first (an int) and asks `current` only when it changed."""
+
 
 def other_host(what: str, made: Host) -> Exception:
     """The error for using, under the installed host, ``what``, made under host ``made``
@@ -285,19 +289,21 @@ def install(new: Host) -> None:
     Raises:
         RuntimeError: another simulation's host is installed (simulations do not nest).
     """
-    global _host
+    global _host, epoch
     with _install_lock:
         if _host is not REAL:
             raise RuntimeError("a simulation is running already; simulations do not nest")
         _host = new
+        epoch += 1
 
 
 def uninstall(old: Host) -> None:
     """Put `REAL` back in place of ``old`` (a no-op if ``old`` is not installed)."""
-    global _host
+    global _host, epoch
     with _install_lock:
         if _host is old:
             _host = REAL
+            epoch += 1
 
 
 def monotonic() -> float:

@@ -70,7 +70,7 @@ class Session(SessionHandle):
         timeout: the default bound, in seconds, of every wait on a result.
     """
 
-    __slots__ = ("_born", "_host", "_own_ref", "_resolve", "_route")
+    __slots__ = ("_born", "_epoch", "_host", "_own_ref", "_resolve", "_route")
 
     def __init__(
         self,
@@ -94,6 +94,7 @@ class Session(SessionHandle):
         self._born = forks.born()  # a forked child refuses it (`_call`, `_forked`)
         # A simulation refuses it if made outside (`_call`): its actor runs elsewhere.
         self._host = scheduling.current()
+        self._epoch = scheduling.epoch  # (compared first: `current` is asked if it changed)
 
     def _forked(self) -> SessionStopped:
         """Why this handle cannot be used in a process forked from the one that made it
@@ -261,16 +262,26 @@ class Session(SessionHandle):
             self._ref = ref
         return ref
 
+    def _elsewhere(self) -> Exception | None:
+        """Why a call through this handle cannot be made here (`_call` asks when the
+        process forked, or a host was installed or uninstalled, since it was made):
+        forked, or made under another host (a simulation began or ended); ``None`` when
+        the host is the one it was made under again."""
+        if self._born != forks.generation:  # this process forked since it was made
+            return self._forked()
+        if self._host is not scheduling.current():  # made under another host
+            return scheduling.other_host("this session's handle", self._host)
+        self._epoch = scheduling.epoch
+        return None
+
     def _call(self, handler: Handler, *args: Any) -> SessionFuture[Any]:
         fut: SessionFuture[Any] | None = None
-        if self._born != forks.generation:  # this process forked since it was made
-            fut = SessionFuture(self.session_id, self.timeout)
-            fut._fail(self._forked())
-            return fut
-        if self._host is not scheduling.current():  # made under another host (a simulation)
-            fut = SessionFuture(self.session_id, self.timeout)
-            fut._fail(scheduling.other_host("this session's handle", self._host))
-            return fut
+        if self._born != forks.generation or self._epoch != scheduling.epoch:
+            refused = self._elsewhere()
+            if refused is not None:
+                fut = SessionFuture(self.session_id, self.timeout)
+                fut._fail(refused)
+                return fut
         if _ENTERED.get() and getattr(handler, "__name__", "") in HELD:
             # A write from inside a turn's block: the session fails it at once if
             # that turn is the open one (it would wait for its own turn to end).
