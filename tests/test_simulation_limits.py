@@ -188,6 +188,32 @@ def test_the_step_bound_is_checked() -> None:
     assert Simulation(0, step_timeout=None).step_timeout is None
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"max_steps": 0}, ValueError),  # every run would fail at its first step
+        ({"max_steps": -5}, ValueError),
+        ({"max_steps": 1.5}, TypeError),
+        ({"max_steps": True}, TypeError),
+        ({"restarts": -1}, ValueError),
+        ({"restarts": "3"}, TypeError),
+    ],
+)
+def test_the_step_and_restart_counts_are_checked(kwargs: dict[str, Any], error: type) -> None:
+    name = next(iter(kwargs))
+    with pytest.raises(error, match=f"{name} must be an int"):
+        Simulation(0, **kwargs)
+    assert Simulation(0, max_steps=1, restarts=0).max_steps == 1
+
+
+def test_run_outside_the_with_block_says_to_enter_it() -> None:
+    sim = Simulation(0)
+    with pytest.raises(SimulationError, match="with Simulation"):
+        sim.run()
+    with sim:  # the refusal left it unused: it still runs once
+        sim.run()
+
+
 # -- a thread the simulation does not run -----------------------------------------------------
 
 

@@ -28,6 +28,7 @@ import pykka
 
 from nous_actor import _log
 from nous_actor.core import clock as core_clock
+from nous_actor.core.args import check_count
 from nous_actor.runtime import scheduling
 from nous_actor.runtime import unique as unique_ids
 from nous_actor.runtime.dispatcher import DispatchedActor, _run_logged, receive_one
@@ -121,6 +122,8 @@ class Simulation:
             raise ValueError(
                 f"step_timeout is None or a finite number of seconds > 0, got {step_timeout!r}"
             )
+        max_steps = check_count(max_steps, "max_steps", 1)
+        restarts = check_count(restarts, "restarts")
         self.schedule = schedule
         self.step_timeout = step_timeout
         self.max_steps = max_steps
@@ -579,6 +582,10 @@ class Simulation:
         if self._closed:
             raise SimulationError("the simulation has ended; make a new one")
         main = self._main
+        if not self._open:
+            raise SimulationError(
+                "the simulation was not entered: run it inside `with Simulation(...) as sim:`"
+            )
         if threading.get_ident() != main.ident:
             raise SimulationError("run() is called by the thread that entered the simulation")
         saved = self._callers_ok
