@@ -301,6 +301,54 @@ def test_boundary_moves_back_to_keep_a_tool_call_with_its_results() -> None:
     assert out.summarised == (1, 1)
 
 
+def test_a_message_between_a_tool_call_and_its_result_does_not_split_them() -> None:
+    """A user's message or a system reminder between a call and its result: the tail that
+    keeps the result keeps the call too (it walked back over adjacent results only)."""
+    log = (
+        Log()
+        .append("user_message", {"content": "U1"}, T0)
+        .append("assistant_message", call("o"), T0)
+        .append("user_message", {"content": "typed while the tool ran"}, T0)
+        .append("tool_result", result("o", "-3 C"), T0)
+        .append("assistant_message", {"content": "It is -3 C."}, T0)
+    )
+    out = Compactor(budget=1, keep_recent=3, summarise=lambda ms: "S").compact(log)
+    assert [e.seq for e in out.log.surface()] == [out.summary_seq, 1, 2, 3, 4]
+    parallel = (
+        Log()
+        .append("user_message", {"content": "q"}, T0)
+        .append("assistant_message", call("a", "b"), T0)
+        .append("tool_result", result("a", "ra"), T0)
+        .append("system_message", {"content": "reminder"}, T0)
+        .append("tool_result", result("b", "rb"), T0)
+        .append("assistant_message", {"content": "done"}, T0)
+    )
+    out = Compactor(budget=1, keep_recent=2, summarise=lambda ms: "S").compact(parallel)
+    assert [e.seq for e in out.log.surface()] == [out.summary_seq, 1, 2, 3, 4, 5]
+    assert orphaned_tool_results(out.log.derive_messages()) == []
+
+
+def test_a_kept_message_at_the_position_of_a_summarised_one_stays() -> None:
+    """A replace written before the range it stands for stands at that range's position,
+    with the message later written there (DESIGN.md §3): a summary cannot shadow one and
+    keep the other, so the kept tail takes both."""
+    log = (
+        Log()
+        .append("user_message", {"content": "u0"}, T0)
+        .append("system_message", {"content": "R1", "surface_op": Replace(3, 3)}, T0)
+        .append("assistant_message", {"content": "a2"}, T0)
+        .append("user_message", {"content": "u3"}, T0)
+        .append("assistant_message", {"content": "a4"}, T0)
+    )
+    assert contents(log) == ["u0", "a2", "R1", "u3", "a4"]
+    seen: list[Any] = []
+    out = Compactor(
+        budget=1, keep_recent=2, summarise=lambda ms: seen.extend(m.content for m in ms) or "S"
+    ).compact(log)
+    assert seen == ["u0", "a2"]
+    assert contents(out.log) == ["S", "R1", "u3", "a4"]
+
+
 def test_leading_system_messages_stay_before_the_summary() -> None:
     """Every system message before the range stays, and the summary comes after them."""
     log = chat(("system", "s1"), ("system", "s2"), *SEED[1:])
@@ -529,8 +577,9 @@ _sized = _small | st.integers(0, 2000).map(lambda n: "x" * n)
 @st.composite
 def conversations(draw: st.DrawFn, max_blocks: int = 10) -> list[tuple[str, dict[str, Any]]]:
     """(type, data) steps of a chat with tool calls: leading system messages, then blocks of
-    user text, assistant text, an assistant tool call followed by all its results, system
-    notes and bookkeeping; optionally a final tool call whose results are still pending."""
+    user text, assistant text, an assistant tool call followed by all its results (a user's
+    message or a system note now and then between them), system notes and bookkeeping;
+    optionally a final tool call whose results are still pending."""
     steps: list[tuple[str, dict[str, Any]]] = [
         ("system_message", {"content": draw(_small)}) for _ in range(draw(st.integers(0, 2)))
     ]
@@ -549,7 +598,11 @@ def conversations(draw: st.DrawFn, max_blocks: int = 10) -> list[tuple[str, dict
             ids = [f"call-{calls + k}" for k in range(draw(st.integers(1, 3)))]
             calls += len(ids)
             steps.append(("assistant_message", call(*ids)))
-            steps.extend(("tool_result", result(i, draw(_sized))) for i in ids)
+            for i in ids:  # a user's message or a system note may come between them
+                if draw(st.integers(0, 3)) == 0:
+                    between = draw(st.sampled_from(["user_message", "system_message"]))
+                    steps.append((between, {"content": draw(_small)}))
+                steps.append(("tool_result", result(i, draw(_sized))))
     if draw(st.booleans()):
         steps.append(("assistant_message", call(f"call-{calls}")))
     return steps

@@ -206,7 +206,8 @@ class Compactor:
             network calls). On a session it runs off the session's actor.
         keep_recent: how many of the newest surface messages are never
             pruned or summarised (more, if the boundary would split a tool call
-            from its results).
+            from its results, other messages between them or not, or two messages
+            standing at one position).
         prune_over: a tool result estimated above this many tokens is pruned
             first (``None``: never prune).
         estimate: the token estimator (default `estimate_tokens`).
@@ -320,6 +321,8 @@ class Compactor:
                 and not _is_summary(surface[head])
             ):
                 head += 1
+            while 0 < head < tail_start and surface[head].position == surface[head - 1].position:
+                head += 1  # one position kept and summarised at once cannot be (see _tail_start)
             lone_summary = tail_start - head == 1 and _is_summary(surface[head])
             if head < tail_start and not lone_summary:  # a summary of one summary gains nothing
                 if self.summarise is None:
@@ -614,9 +617,41 @@ def _message(ev: Event) -> Message:
 
 
 def _tail_start(surface: Sequence[Event], messages: Sequence[Message], keep: int) -> int:
-    """Index where the kept recent tail begins, moved earlier so that it never starts
-    with a tool result whose assistant call lies before it."""
-    i = max(0, len(surface) - keep)
-    while 0 < i < len(surface) and messages[i].role is Role.TOOL:
-        i -= 1  # pull the assistant (and its other results) into the tail
-    return i
+    """Index where the kept recent tail begins: the newest ``keep`` messages, and more
+    where the boundary would split what must stay together (DESIGN.md §7):
+
+    * an assistant tool call and its results: a result kept in the tail pulls in the
+      assistant message that made the call, wherever it stands (other messages may
+      come between a call and its results: a user's, a system reminder), with
+      everything after it; and the tail never starts with a tool result;
+    * messages standing at one position (a replace written before the range it
+      stands for, DESIGN.md §3): the summary's replace covers a range of positions,
+      so it cannot shadow one of them and keep the other.
+    """
+    n = len(surface)
+    i = max(0, n - keep)
+    if i == 0:
+        return 0
+    call_at: dict[Any, int] = {}  # tool call id -> index of the first message making it
+    for j in range(i):
+        m = messages[j]
+        if m.role is Role.ASSISTANT:
+            for call in m.tool_calls:
+                call_at.setdefault(call.get("id"), j)
+    scan_from, scan_to = i, n  # the part of the tail not looked at yet
+    while True:
+        start = i
+        for k in range(scan_from, scan_to):
+            m = messages[k]
+            if m.role is Role.TOOL:
+                at = call_at.get(m.tool_call_id)
+                if at is not None and at < start:
+                    start = at
+        while 0 < start < n and (
+            messages[start].role is Role.TOOL
+            or surface[start - 1].position == surface[start].position
+        ):
+            start -= 1
+        if start == i:
+            return i
+        scan_from, scan_to, i = start, i, start
