@@ -340,6 +340,18 @@ def test_v1_openai_shape_decodes_through_seed() -> None:
     ]
 
 
+def test_v1_openai_developer_message_decodes_as_a_system_message_that_keeps_its_role() -> None:
+    """``{"role": "developer", ...}`` has no other key of OpenAI's: it was taken for this
+    library's shape, whose roles have no ``developer``, and refused (DESIGN.md §1: a
+    developer message is a system message that remembers its role)."""
+    transcript = [{"role": "developer", "content": "be terse"}, {"role": "user", "content": "hi"}]
+    log = codec.loads(json.dumps(transcript))
+    assert [e.type.value for e in log.events()] == ["system_message", "user_message"]
+    assert [m.to_openai() for m in log.derive_messages()] == transcript
+    first = log.derive_messages()[0]
+    assert first == Message.from_openai(transcript[0], created_at=first.created_at)
+
+
 def test_v1_openai_shape_keeps_created_at_and_metadata() -> None:
     """An OpenAI-shape v1 message with created_at and metadata keeps both."""
     rec = {

@@ -930,8 +930,10 @@ def message_from_dict(record: Any, *, index: int | None = None) -> Message:
         except (TypeError, ValueError):
             _fail(f"'created_at' is not ISO-8601: {created_raw!r}", line, "created_at")
     # Message takes tool calls in either shape, so only keys outside its own
-    # fields mark an OpenAI record (a record of ours round-trips as it is).
-    openai_shape = not set(record) <= _MESSAGE_FIELDS
+    # fields, or a role only OpenAI's shape has (``developer``: a system message that
+    # remembers its role, DESIGN.md §1), mark an OpenAI record (a record of ours
+    # round-trips as it is).
+    openai_shape = not set(record) <= _MESSAGE_FIELDS or record.get("role") == "developer"
     try:
         if openai_shape:
             plain = {k: v for k, v in record.items() if k not in ("metadata", "created_at")}
