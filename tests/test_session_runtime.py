@@ -558,6 +558,43 @@ def test_a_compaction_id_is_applied_at_most_once(store: Store | None) -> None:
     s.stop()
 
 
+def test_a_compaction_id_stays_applied_once_its_record_is_summarised_and_dropped(
+    store: Store | None,
+) -> None:
+    """A later compaction's summary covers the first one's record and a snapshot drops it:
+    a retry of the first id is still not applied again, after a restart too (its id was
+    indexed from its record alone, so a restart forgot it and applied it once more)."""
+    s = Session.start("absorbed", store=store, timeout=BOUND)
+    for i in range(5):
+        turn(s, i)
+    c = Compactor(budget=10, keep_recent=2, summarise=summary)
+    first = s.compact(c, compaction_id="job-1").get()
+    for i in range(5, 8):
+        turn(s, i)
+    second = s.compact(
+        Compactor(budget=10, keep_recent=2, summarise=summary, snapshot=True),
+        compaction_id="job-2",
+    ).get()
+    assert second.summarised is not None
+    assert second.summarised[0] <= first.record_seq <= second.summarised[1]
+    seqs = [e.seq for e in s.events().get()]
+    assert first.record_seq not in seqs  # the snapshot dropped the first record
+    assert s.events().get()[-1].data["absorbed"] == ["job-1"]
+    turn(s, 8)
+    count = s.count().get()
+    again = s.compact(c, compaction_id="job-1").get()
+    assert (again.record_seq, again.compaction_id) == (second.record_seq, "job-1")
+    assert s.count().get() == count
+    if store is not None:
+        s.stop()
+        s = Session.start("absorbed", store=store, timeout=BOUND)
+        again = s.compact(c, compaction_id="job-1").get()
+        assert (again.record_seq, again.compaction_id) == (second.record_seq, "job-1")
+        assert s.compact(c, compaction_id="job-2").get().record_seq == second.record_seq
+        assert s.count().get() == count
+    s.stop()
+
+
 def test_the_compaction_record_carries_its_settings() -> None:
     """The step_end record holds the budget, keep_recent, prune_over and the id."""
     s = Session.start("settings", timeout=BOUND)

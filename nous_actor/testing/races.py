@@ -634,7 +634,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "compaction applied twice after a retry",
         _COMPACTIONS,
         "applied",
-        "ids[cid] = ev.seq",
+        "_index(ids, ev)",
         "pass",
         compaction_scenario,
     ),

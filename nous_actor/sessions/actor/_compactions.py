@@ -92,26 +92,41 @@ class Compactions:
         """``ev`` (a ``step_end``) was applied: index it if it records a compaction."""
         ids = self.ids
         if ids is not None:
-            cid = compaction_id_of(ev)
-            if cid is not None:
-                ids[cid] = ev.seq
+            _index(ids, ev)
 
-    def known(self, log: Log, cid: str) -> CompactionResult | None:
-        """The result of compaction ``cid`` if ``log`` holds it already."""
+    def _ids(self, log: Log) -> dict[str, int]:
+        """The index of the compaction ids in ``log`` (built from it on first use)."""
         ids = self.ids
-        if ids is None:  # first use: index the compaction records in the log
+        if ids is None:
             ids = {}
             for ev in log.events():
                 if ev.type is EventType.STEP_END:
-                    found = compaction_id_of(ev)
-                    if found is not None:
-                        ids[found] = ev.seq
+                    _index(ids, ev)
             self.ids = ids
-        seq = ids.get(cid)
+        return ids
+
+    def absorbed(self, log: Log, summarised: tuple[int, int] | None) -> list[str]:
+        """The ids of the compactions whose records a summary of the positions
+        ``summarised`` shadows (a later snapshot drops them): the new record carries them
+        (the newest `MAX_ABSORBED`), so that a retried compaction is never applied again,
+        after a restart too."""
+        if summarised is None:
+            return []
+        start, stop = summarised
+        ids = self._ids(log)
+        return [cid for cid, seq in ids.items() if start <= seq <= stop][-MAX_ABSORBED:]
+
+    def known(self, log: Log, cid: str) -> CompactionResult | None:
+        """The result of compaction ``cid`` if ``log`` holds it already (the record of a
+        later compaction that absorbed its record: how many events it pruned or summarised
+        is then not known, only that it was applied)."""
+        seq = self._ids(log).get(cid)
         if seq is None:
             return None
         rec = log.since(seq)[:1]
         data: Any = rec[0].data if rec and rec[0].seq == seq else {}
+        if data.get("compaction_id") != cid:
+            return CompactionResult(log._view(), 0, 0, (), None, None, seq, cid, None)
         summarised = data.get("summarised")
         return CompactionResult(
             log._view(),
@@ -156,6 +171,26 @@ class Compactions:
         start, summary_start, summary_end, context = started
         summary = (summary_start, summary_end) if summary_end else None
         sink.compacted(session_id, start, time.time_ns(), summary, context)
+
+
+MAX_ABSORBED: Final = 64
+"""The most compaction ids a compaction's record carries of those whose records its
+summary shadows (a retry comes within seconds of its first try, not 64 compactions
+later; a record carrying every id ever used would grow with the session)."""
+
+
+def _index(ids: dict[str, int], ev: Event) -> None:
+    """Index the compaction ``ev`` records, if it records one, and those it absorbed."""
+    cid = compaction_id_of(ev)
+    if cid is None:
+        return
+    ids[cid] = ev.seq
+    absorbed = ev.data.get("absorbed")
+    if isinstance(absorbed, Sequence) and not isinstance(absorbed, str):
+        for old in absorbed:
+            if isinstance(old, str):
+                ids.pop(old, None)  # (newest last: the order `absorbed` takes the newest by)
+                ids[old] = ev.seq
 
 
 def compaction_id_of(ev: Event) -> str | None:

@@ -1141,6 +1141,10 @@ class SessionActor(DispatchedSupervisedActor):
             if self.compactions is not None:
                 self.compactions.report(self.session_id, req.cid, report=False)
             raise
+        absorbed = self._compactions().absorbed(self.log, result.summarised)
+        if absorbed:  # the record keeps the ids of the records its summary shadows
+            etype, data = specs[-1]
+            specs[-1] = (etype, {**data, "absorbed": absorbed})
         t = _utcnow() if req.time is None else req.time
         events = tuple(
             new_event(self.next_seq + k, etype, data, t) for k, (etype, data) in enumerate(specs)
