@@ -1141,7 +1141,11 @@ class SessionActor(DispatchedSupervisedActor):
             if self.compactions is not None:
                 self.compactions.report(self.session_id, req.cid, report=False)
             raise
-        absorbed = self._compactions().absorbed(self.log, result.summarised)
+        absorbed = (
+            []
+            if result.summarised is None
+            else self._compactions().absorbed(self.log, result.summarised)
+        )
         if absorbed:  # the record keeps the ids of the records its summary shadows
             etype, data = specs[-1]
             specs[-1] = (etype, {**data, "absorbed": absorbed})
