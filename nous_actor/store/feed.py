@@ -60,11 +60,15 @@ class FollowedWatch(Subscription):
         self.next_fetch = from_seq  # the reader's: the next seq to read from the store
         self.starved = False  # the buffer was full while rows were waiting
 
-    def deliver(self, events: Sequence[Event]) -> bool:
-        """Reader thread: add read events; ``False`` once the feed has ended."""
+    def deliver(self, events: Sequence[Event], full: bool = False) -> bool:
+        """Reader thread: add read events (``full``: they filled the room it had, so more
+        may be waiting in the store: it is marked starved, and the consumer pokes the
+        reader once it has taken half); ``False`` once the feed has ended."""
         with self._cond:
             if self._ended:
                 return False
+            if full:
+                self.starved = True
             self._items.extend(events)
             self._cond.notify_all()
             self._wake_async()
@@ -105,7 +109,8 @@ def _fill(w: FollowedWatch, read: Callable[[str, int, int], list[Event]]) -> boo
     if room <= 0:
         return False
     events = read(w.session_id, w.next_fetch, room)
+    full = len(events) >= room
     if events:
         w.next_fetch = events[-1].seq + 1
-        w.deliver(events)
-    return len(events) >= room
+        w.deliver(events, full)
+    return full
