@@ -21,7 +21,8 @@ escapes, so a value that holds one is no value the store wrote, and the rest of
 the session is then read row by row, as before, for the decoder to say what is
 wrong with it. (A value another program stored with another type than the
 store's is read as SQLite renders it as text: a BLOB as the text of its bytes, a
-seq stored as text that spells an integer as that integer.)
+seq stored as text that spells an integer as that integer; a text value that is
+not UTF-8, which ``sqlite3`` cannot fetch, as its bytes: see `query_on`.)
 """
 
 from __future__ import annotations
@@ -42,8 +43,45 @@ Query = Callable[[str, Sequence[Any]], list[Any]]
 
 
 def query_on(conn: sqlite3.Connection) -> Query:
-    """``conn``'s reads as `session_rows` makes them."""
-    return lambda sql, params: conn.execute(sql, params).fetchall()
+    """``conn``'s reads as `session_rows` makes them (and the store's other reads of
+    stored rows): a read that meets a text value that is not UTF-8 (stored by another
+    program: ``sqlite3`` fails the whole statement as it fetches the row) is made again
+    with that value answered as its bytes, for the codec to refuse as a malformed row
+    of its session alone (see `_lenient`). A read that meets none costs nothing more."""
+
+    def query(sql: str, params: Sequence[Any]) -> list[Any]:
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if _UNDECODABLE not in str(exc):
+                raise
+        return _lenient(conn, sql, params)
+
+    return query
+
+
+_UNDECODABLE: Final = "Could not decode to UTF-8"
+"""How ``sqlite3`` says a text value it fetched is not UTF-8 (an `OperationalError`)."""
+
+
+def _lenient(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    """The rows of one read on ``conn``, each text value that is not UTF-8 answered as
+    its bytes (as a BLOB is), the others as text. Made only once a plain read failed
+    so: a text factory of Python's is one call a value, where ``sqlite3`` decodes in C.
+    ``conn`` must be one nobody else uses meanwhile (its factory is set for the read)."""
+    factory = conn.text_factory
+    conn.text_factory = _text_or_bytes
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.text_factory = factory
+
+
+def _text_or_bytes(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
 
 
 _US: Final = "\x1f"

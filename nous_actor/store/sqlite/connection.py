@@ -176,11 +176,25 @@ class _Connection:
         """
         wconn = self._wconn
         if wconn is None:
-            assert self._file is not None
-            self.check_file()  # a file gone since the store opened it: said so, not "cannot open"
-            wconn = self.connect(f"{Path(self._file[0]).as_uri()}?mode=rw", 0.0, uri=True)
-            self._wconn = wconn
+            wconn = self._wconn = self.open_again(0.0)
         return wconn
+
+    def open_again(self, timeout: float) -> sqlite3.Connection:
+        """Another connection to the file the store opened (not ``":memory:"``), by its
+        absolute path with ``mode=rw``: one that never makes a new file at the path
+        (SQLite's default, ``rwc``, would make an empty one where the store's was
+        removed, which every later read then finds without the store's tables, and
+        which outlives the store).
+
+        Raises:
+            StoreError: the path no longer names the file the store opened (removed or
+                replaced): the store fails closed, as a write finds it at any other time,
+                and says so rather than "cannot open".
+            sqlite3.Error: SQLite could not open it (the caller translates it).
+        """
+        assert self._file is not None
+        self.check_file()
+        return self.connect(f"{Path(self._file[0]).as_uri()}?mode=rw", timeout, uri=True)
 
     def release_file(self) -> None:
         """Every connection to the file is closed (the store's and its follower's): an

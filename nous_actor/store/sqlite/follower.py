@@ -74,8 +74,8 @@ class SQLiteFollower:
                 yield conn
             return
         with self._conn_lock, store.translate(session_id, doing):
-            if self._conn is None:
-                self._conn = store.connect(self.path, 5.0, uri=False)
+            if self._conn is None:  # (never made again at the path if it was removed)
+                self._conn = store.open_again(5.0)
             yield self._conn
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:

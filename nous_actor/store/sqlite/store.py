@@ -180,6 +180,22 @@ def _now_text(delta: float = 0.0) -> str:
     return (datetime.now(UTC) + timedelta(seconds=delta)).isoformat()
 
 
+_MAX_LIMIT: Final = 2**63 - 1
+"""The largest ``LIMIT`` SQLite binds (a 64-bit integer): more lists every session anyway."""
+
+_PAST_SURROGATES: Final = "\ue000"
+"""The first code point after the surrogates (U+D800 to U+DFFF)."""
+
+
+def _surrogate_at(text: str) -> int | None:
+    """Where ``text``'s first lone surrogate is (SQLite cannot bind it as UTF-8), if any."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def _info(session_id: str, count: int, top: object, last: object) -> SessionInfo:
     """One row of `SQLiteStore.index`, with what cannot be read put into `error`."""
     if not isinstance(top, int) or top < 0:
@@ -384,10 +400,21 @@ class SQLiteStore(ClosingStore):
         """Delete the given seqs of one session (see `Store.drop`), then, once what
         snapshots dropped reaches a tenth of the file, give the space back: the
         file is rewritten packed (``VACUUM``), by itself for files up to 128 MiB
-        (see `vacuum`). A vacuum that fails is logged; the drop stands."""
+        (see `vacuum`). A vacuum that fails is logged; the drop stands.
+
+        Only the session's holder drops its events: a session whose claim another live
+        writer holds (another process, or another store object of this one) is refused
+        in the same transaction, nothing dropped; a session nobody holds, or whose
+        holder died, is dropped.
+
+        Raises:
+            ConflictError: another live writer holds the session (nothing is dropped).
+            StoreError: the store failed.
+        """
         if not seqs:
             return
         with self._connection.transaction(session_id, "drop snapshotted events") as conn:
+            self._not_held_elsewhere(conn, session_id, "another writer holds this session's claim")
             dropped = dropped_bytes(conn, session_id, seqs)
             conn.executemany(
                 "DELETE FROM event_rows WHERE session = "
@@ -441,13 +468,51 @@ class SQLiteStore(ClosingStore):
             return [r[0] for r in rows]
 
     def delete(self, session_id: str) -> None:
+        """Delete every event of `session_id` and its claim (this store object's, or one
+        `claim` would take over: its holder died), in one transaction.
+
+        A holder is found live exactly as `claim` finds it: a claim of another process
+        while that process runs, one of another store object of this process until it
+        is released.
+
+        Raises:
+            ConflictError: another live writer holds the session (nothing is deleted).
+            StoreError: the store failed.
+        """
         with self._connection.transaction(session_id, "delete the session") as conn:
+            self._not_held_elsewhere(
+                conn, session_id, "cannot delete a session another writer holds"
+            )
             conn.execute(  # (its number stays: a number is never given to another id)
                 "DELETE FROM event_rows WHERE session = "
                 "(SELECT id FROM sessions WHERE session_id = ?)",
                 (session_id,),
             )
             conn.execute("DELETE FROM writers WHERE session_id = ?", (session_id,))
+
+    def _not_held_elsewhere(self, conn: sqlite3.Connection, session_id: str, refusal: str) -> None:
+        """Inside a write transaction on ``conn`` (so no claim can come between the look
+        and the caller's change): nothing if `session_id` has no claim, has one of this
+        store object, or one whose holder is dead (as `claim` judges it, and would take
+        it over). Otherwise the caller's change would fork the session under its live
+        writer: `ConflictError`, its message starting with ``refusal`` and naming the
+        holder (the caller's transaction rolls back: nothing is changed)."""
+        row = conn.execute(
+            "SELECT pid, token FROM writers WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        if row is None:
+            return
+        pid, token = row
+        with _live_lock:
+            if token in self._holdings.tokens:  # a claim this object took (and holds)
+                return
+            where = _holder_name(pid, token, os.getpid())
+        if where is not None:
+            raise ConflictError(
+                f"{refusal}: it has a live writer in {where}; use that session's handle, "
+                "or stop it first",
+                session_id=session_id,
+            )
 
     def claim(self, session_id: str) -> str:
         """Become the one writer of `session_id` (see `Store.claim`).
@@ -493,13 +558,14 @@ class SQLiteStore(ClosingStore):
             return {sid: self._load_one(sid) for sid in ids}
         rows: list[tuple[str, int, str, str, str | bytes]] = []
         with self._connection.locked(None, "load the sessions") as conn:
+            query = query_on(conn)  # (a text that is not UTF-8 fails its session alone)
             for lo in range(0, len(ids), _IN_CHUNK):
                 chunk = ids[lo : lo + _IN_CHUNK]
-                rows += conn.execute(
+                rows += query(
                     "SELECT session_id, seq, type, time, data FROM events WHERE session_id IN "
                     f"({','.join('?' * len(chunk))}) ORDER BY session_id, seq",
                     chunk,
-                ).fetchall()
+                )
         return events_by_session(ids, rows, partial(malformed, self.path))
 
     def _load_one(self, session_id: str) -> list[Event] | StoreError:
@@ -554,26 +620,42 @@ class SQLiteStore(ClosingStore):
         (a damaged time or seq is reported in its `error`). Used by
         `nous_actor.store.list_sessions` (which checks the arguments).
 
+        The page is the one `MemoryStore` answers, for any arguments `list_sessions`
+        lets through: a limit past SQLite's integers lists every session, and a
+        ``prefix`` or ``after`` holding a lone surrogate (which SQLite cannot bind, and
+        no stored id holds) is answered without binding it.
+
         Raises:
             StoreError: the store failed as a whole (closed, file gone, SQLite error).
         """
-        where, params = [], []
+        where: list[str] = []
+        params: list[object] = []
+        if _surrogate_at(prefix) is not None:  # no stored id starts so
+            with self._connection.locked(None, "list sessions"):  # (closed: still raises)
+                return []
         if prefix:
             where.append("substr(session_id, 1, ?) = ?")
             params += [len(prefix), prefix]
         if after is not None:
-            where.append("session_id > ?")
-            params.append(after)
-        params.append(-1 if limit is None else limit)
+            cut = _surrogate_at(after)
+            if cut is None:
+                where.append("session_id > ?")
+                params.append(after)
+            else:  # the ids after it are those from its text before the surrogate, followed
+                # by the first code point past the surrogates (no stored id holds one)
+                where.append("session_id >= ?")
+                params.append(after[:cut] + _PAST_SURROGATES)
+        params.append(-1 if limit is None else min(limit, _MAX_LIMIT))
         with self._connection.locked(None, "list sessions") as conn:
-            rows = conn.execute(
+            # A time that is not UTF-8 is read as its bytes: listed as malformed (`_info`).
+            rows = query_on(conn)(
                 "SELECT g.session_id, g.n, g.top, g.last, w.pid, w.token FROM "
                 "(SELECT session_id, COUNT(*) AS n, MAX(seq) AS top, MAX(time) AS last "
                 f"FROM events {'WHERE ' + ' AND '.join(where) if where else ''} "
                 "GROUP BY session_id ORDER BY session_id LIMIT ?) AS g "
                 "LEFT JOIN writers AS w ON w.session_id = g.session_id ORDER BY g.session_id",
                 params,
-            ).fetchall()
+            )
         me = os.getpid()
         with _live_lock:
             return [
