@@ -171,6 +171,24 @@ def test_a_password_never_appears_in_messages(pg_stores: Stores) -> None:
         other.close()
 
 
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://agent:hunter2SECRET@[::1:5432/agents",  # libpq quotes the whole URI
+        "postgresql://agent:hunter2%zzSECRET@db.internal/agents",  # ... or the bad token
+        "postgresql://agent:hunter2%41SECRET@[::1/agents",  # percent-encoded in the quote
+        "host=x password='hunter2 SECRET' port",
+    ],
+)
+def test_a_password_never_appears_in_the_refusal_of_a_malformed_dsn(dsn: str) -> None:
+    """libpq's words about a string it cannot parse may quote it: the password is
+    redacted (no server is asked)."""
+    with pytest.raises(StoreError, match="not a valid PostgreSQL connection string") as err:
+        PostgresStore(dsn, timeout=1.0)
+    assert "hunter2" not in str(err.value)
+    assert "SECRET" not in str(err.value)
+
+
 def test_a_role_without_schema_rights_is_refused_unchanged(pg_stores: Stores) -> None:
     """A role that may not create the schema gets a StoreError saying what to grant."""
     server = pg_stores.server

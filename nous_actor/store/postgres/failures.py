@@ -5,6 +5,8 @@ held elsewhere or fenced.
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -36,8 +38,9 @@ def _describe(dsn: str) -> str:
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error as exc:
+        why = _redacted(_first_line(exc), dsn)  # (libpq may quote the string, password too)
         raise StoreError(
-            f"not a valid PostgreSQL connection string ({_first_line(exc)}); give a URI "
+            f"not a valid PostgreSQL connection string ({why}); give a URI "
             "such as postgresql://user@host/dbname or key=value pairs such as "
             "'host=/run/postgresql dbname=agents'"
         ) from None
@@ -47,6 +50,22 @@ def _describe(dsn: str) -> str:
     db = params.get("dbname") or params.get("user") or "the default database"
     user = params.get("user")
     return f"database {db!s} on {where}" + (f" as {user}" if user else "")
+
+
+_URI_PASSWORD: Final = re.compile(r"://[^:/@?#\s]*:([^@\s]*)@")
+_KEY_PASSWORD: Final = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)", re.IGNORECASE)
+
+
+def _redacted(text: str, dsn: str) -> str:
+    """``text`` (libpq's words about ``dsn``, which may quote it) without the password
+    ``dsn`` holds, as written or percent-decoded: each is shown as ``***``."""
+    secrets = {m.group(1) for m in _URI_PASSWORD.finditer(dsn)}
+    secrets |= {m.group(1).strip("'") for m in _KEY_PASSWORD.finditer(dsn)}
+    secrets |= {urllib.parse.unquote(x) for x in secrets}
+    for secret in sorted((x for x in secrets if x), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    text = _URI_PASSWORD.sub(lambda m: m.group(0).replace(m.group(1), "***"), text)
+    return _KEY_PASSWORD.sub("password=***", text)
 
 
 def _connection_lost(where: str, connection: str, doing: str, exc: BaseException) -> None:
