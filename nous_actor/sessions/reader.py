@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+from nous_actor.core.args import check_timeout
 from nous_actor.core.ids import check_session_id
 from nous_actor.core.log import Log
 from nous_actor.core.message import Message
@@ -162,19 +163,22 @@ class SessionReader:
         """Follow the session's commits from any process: every committed event with
         ``seq >= from_seq``, exactly once, in seq order (those stored already, then
         each as it commits; on SQLite a commit is seen within milliseconds). Close it
-        when done (``with`` works).
+        when done (``with`` works). ``timeout`` is its gets' default bound (default: the
+        reader's); checked as a handle's ``subscribe(timeout=)`` is (any number but NaN:
+        0 or less, a get answers what is there, without waiting).
 
         Raises:
-            TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
+            TypeError, ValueError: ``from_seq``, ``buffer`` or ``timeout`` is not valid.
             StoreError: the store is closed.
         """
         _check_seq(from_seq, "subscribe(from_seq)")
+        bound = check_timeout(timeout, "subscribe(timeout)")
         return shared.watch(
             self.store,
             self.session_id,
             from_seq,
             buffer=buffer,
-            timeout=self.timeout if timeout is None else timeout,
+            timeout=self.timeout if bound is None else bound,
         )
 
     def __repr__(self) -> str:

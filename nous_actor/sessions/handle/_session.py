@@ -8,7 +8,7 @@ from typing import Any
 
 import pykka
 
-from nous_actor.core.args import check_bound
+from nous_actor.core.args import check_bound, check_timeout
 from nous_actor.core.log import Log
 from nous_actor.errors import (
     CallTimeout,
@@ -47,6 +47,48 @@ class _Same:
 
     def __call__(self) -> pykka.ActorRef[SessionActor]:
         return self.ref
+
+
+def _subscribe_here(actor: SessionActor, sub: Subscription, from_seq: int) -> Any:
+    """(Run by the session's actor.) Feed ``sub`` (`SessionActor.h_subscribe`), and answer
+    the actor that feeds it: closing the subscription tells that actor alone."""
+    actor.h_subscribe(sub, from_seq)
+    return actor.actor_ref
+
+
+class _Unsubscribe:
+    """Closing a subscription of a handle (its ``on_close``): the actor that registered it
+    (the answer of ``registered``, `_subscribe_here`) is told to drop it, if it still
+    runs; once the registration is answered, when it is still in flight.
+
+    Closing a feed is not a call: sent through the handle, it would reopen a session
+    stopped meanwhile (a registry's route locates it again: a new actor, recovered
+    from the store, that takes the writer claim back), or move it back here. An actor
+    that stopped has ended its feeds already; one that stops as it is told drops the
+    message unanswered (it has no future: no route takes it back to deliver elsewhere).
+    """
+
+    __slots__ = ("registered", "sub")
+
+    def __init__(self, registered: SessionFuture[Any]) -> None:
+        self.registered = registered
+        self.sub: Subscription | None = None
+
+    def __call__(self, sub: Subscription) -> None:
+        self.sub = sub
+        self.registered.add_done_callback(self._tell)
+
+    def _tell(self) -> None:
+        registered, sub = self.registered, self.sub
+        if sub is None or registered.failed():
+            return
+        ref = registered.get(timeout=0)
+        if not isinstance(ref, pykka.ActorRef) or ref.actor_stopped.is_set():
+            return
+        try:
+            ref.tell((SessionActor.h_unsubscribe, (sub,), None))
+        except pykka.ActorDeadError:
+            pass  # stopped meanwhile: its feeds are ended
 
 
 class Session(SessionHandle):
@@ -324,29 +366,37 @@ class Session(SessionHandle):
         )
 
     def _register(self, sub: Subscription, timeout: float) -> None:
-        sub._on_close = self._unsubscribe
-        self._call(SessionActor.h_subscribe, sub, sub.from_seq).get(timeout=timeout)
+        # Closed before it is registered (its caller stopped waiting), it is dropped by
+        # the actor that registers it, once that is done.
+        registered = self._call(_subscribe_here, sub, sub.from_seq)
+        sub._on_close = _Unsubscribe(registered)
+        registered.get(timeout=timeout)
 
     def subscribe(
         self, from_seq: int = 0, *, buffer: int = DEFAULT_BUFFER, timeout: float | None = None
     ) -> Subscription:
         if forks.forked_since(self._born):
             raise self._forked()
+        # Checked before the session's whereabouts decide the path: the same checks and
+        # messages wherever it runs (`SessionCalls.subscribe`).
+        _check_seq(from_seq, "subscribe(from_seq)")
+        check_timeout(timeout, "subscribe(timeout)")
         route = self._route
-        if route is not None and not route.here():
-            # Held by another process: follow what it commits, through the store (the
-            # same events, exactly once, in seq order).
-            _check_seq(from_seq, "subscribe(from_seq)")
-            bound = self.timeout if timeout is None else timeout
-            return Following.of_store(
-                self.session_id, route, from_seq=from_seq, buffer=buffer, timeout=bound
-            )
+        if route is not None:
+            closed = route.closed
+            if closed is not None:  # as every call through the route is refused
+                raise SessionStopped(self.session_id, closed)
+            if not route.here():
+                # Held by another process: follow what it commits, through the store
+                # (the same events, exactly once, in seq order). Made at once, in this
+                # thread: ``timeout`` has nothing to bound; the feed's gets wait the
+                # handle's bound, as a feed registered here does.
+                return Following.of_store(
+                    self.session_id, route, from_seq=from_seq, buffer=buffer, timeout=self.timeout
+                )
         return super().subscribe(from_seq, buffer=buffer, timeout=timeout)
 
     subscribe.__doc__ = SessionHandle.subscribe.__doc__
-
-    def _unsubscribe(self, sub: Subscription) -> None:
-        self._call(SessionActor.h_unsubscribe, sub)
 
     # -- life ----------------------------------------------------------------------------
 

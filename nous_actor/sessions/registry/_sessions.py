@@ -204,7 +204,7 @@ class Sessions:
             dispatcher,
             dangling_turns,
         )
-        self._passivation = Passivation(idle_timeout, clock)
+        self._passivation = Passivation(idle_timeout, clock, self._held)
         self._handover = HandOver(
             self.store,
             timeout=timeout,
@@ -773,6 +773,13 @@ class Sessions:
         if ready is not None:  # (re)starting: its calls would wait for the log anyway
             ready.get()
         return ref  # type: ignore[no-any-return]
+
+    def _held(self, session_id: str) -> bool:
+        """Whether calls of ``session_id`` wait, held by its route here while it moves (a
+        reopen under way): its passivation waits for them. (Asked by the registry's
+        actor: one table look-up and one attribute read, without the route's lock.)"""
+        route = self._routes.get(session_id)
+        return route is not None and route.held is not None
 
     def _live_ref(self, session_id: str, timeout: float) -> pykka.ActorRef[Any] | None:
         """The running actor of ``session_id`` in this registry, or ``None`` (also when

@@ -206,6 +206,9 @@ class RegistryActor(SupervisedActor):
         # Sessions recovering from the store, by urn. Opens wait for their ``ready``
         # themselves, never in this actor: many sessions recover at once.
         self.starting: dict[str, _Starting] = {}
+        # The crash (its reason) each of them recovers from, by urn, where a caller
+        # reopened the session before its restart ran: logged once it is ready.
+        self.reopened_after: dict[str, str] = {}
         self.recovered = _Started(self.actor_ref)  # their news, taken by `m_started`
         self.exit_to = _ExitTo(self.actor_ref)  # every session's monitor
         self.closed = False
@@ -276,13 +279,20 @@ class RegistryActor(SupervisedActor):
             ready._relay(answer, ref)
 
     def m_started(self) -> None:
-        """Sessions' recoveries finished (their ``ready`` is answered)."""
+        """Sessions' recoveries finished (their ``ready`` is answered): a session that
+        recovered is used now (its idle time counts from here); one that a caller
+        reopened during a restart's backoff is logged as recovered (`m_restart`)."""
         for session_id, urn in self.recovered.take():
             entry = self.starting.pop(urn, None)
+            crash = self.reopened_after.pop(urn, None)
             if entry is None or self.closed:
                 continue
             if entry.ready.failed():
                 self._failed_start(session_id, urn)
+                continue
+            self.passivation.touch(session_id)
+            if crash is not None:
+                self._recovered(session_id, crash)
 
     def _failed_start(self, session_id: str, urn: str) -> None:
         """The actor ``urn`` of ``session_id`` failed to start: it is not live, and its
@@ -338,7 +348,7 @@ class RegistryActor(SupervisedActor):
         return self.restarts.count(session_id)
 
     def m_passivate(self, now: float) -> list[str]:
-        idle = self.passivation.idle(now, self.live)
+        idle = self.passivation.idle(now, self.live, self.starting)
         for sid in idle:
             self._stop_session(sid, "idle")
         return idle
@@ -374,6 +384,7 @@ class RegistryActor(SupervisedActor):
         if exit.urn in self.expected:
             self.expected.discard(exit.urn)
             return  # stopped on purpose
+        self.reopened_after.pop(exit.urn, None)  # (it ended before it was ready)
         if not exit.normal and self.starting.pop(exit.urn, None) is not None:
             # It died recovering (e.g. another process holds it), and this exit came
             # before the news of its failed start: its openers are told, it is no crash.
@@ -403,7 +414,13 @@ class RegistryActor(SupervisedActor):
             return
         ref = self.live.get(session_id)
         if ref is not None and ref.is_alive():
-            return  # a caller reopened it meanwhile
+            # A caller reopened it meanwhile: nothing to restart; its recovery is this
+            # restart's (logged now, or once it is ready: `m_started`).
+            if ref.actor_urn in self.starting:
+                self.reopened_after[ref.actor_urn] = reason
+            else:
+                self._recovered(session_id, reason)
+            return
         # A restart (rare) waits for its recovery here, on the registry's own thread
         # (the reading is done by the reader pool): its outcome decides what is next.
         try:
@@ -429,6 +446,12 @@ class RegistryActor(SupervisedActor):
             self._failed_start(session_id, ref.actor_urn)
             self._crashed(session_id, f"restart failed: {type(exc).__name__}: {_safe_str(exc)}")
             return
+        self.passivation.touch(session_id)  # its idle time counts from its recovery
+        self._recovered(session_id, reason)
+
+    def _recovered(self, session_id: str, reason: str) -> None:
+        """``session_id`` runs again after the crash ``reason``, recovered from the store
+        (restarted, or reopened by a caller before its restart ran)."""
         logger.info(
             "session.recovered_after_crash",
             session_id=session_id,

@@ -71,6 +71,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from nous_actor.core.args import check_bound as _check_bound
 from nous_actor.core.args import check_seconds as _check_seconds
 from nous_actor.core.event import Event
 from nous_actor.core.log import Log
@@ -217,12 +218,17 @@ def watch(
     A store without a ``watch`` of its own is read again every `FALLBACK_INTERVAL`
     seconds by a thread of the feed's own.
 
+    ``timeout`` is the feed's gets' default bound: any number of seconds but NaN (0
+    or less: a get answers what is there, without waiting), checked here for every
+    store, before its own ``watch`` is asked.
+
     Raises:
-        TypeError, ValueError: ``from_seq`` or ``buffer`` is not valid.
+        TypeError, ValueError: ``from_seq``, ``buffer`` or ``timeout`` is not valid.
         StoreError: the session id is not valid, or the store is closed.
     """
     from_seq = _check_from_seq(from_seq)
     buffer = _check_buffer(buffer)
+    timeout = _check_bound(timeout, "watch(timeout)")
     own: Callable[..., Subscription] | None = _own(store, "watch")
     if own is not None:
         return own(session_id, from_seq, buffer=buffer, timeout=timeout)
