@@ -8,10 +8,11 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import structlog
 
@@ -102,8 +103,31 @@ def _note(text: str) -> None:
 # -- formatting ------------------------------------------------------------------------
 
 
+_CONTROLS: Final = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""The C0 controls, DEL and the C1 controls: a terminal acts on them (clears the screen,
+sets its title, moves the cursor, overwrites a row), so content never prints them raw."""
+
+_C1_AND_DEL: Final = re.compile("[\x7f-\x9f]")
+"""What JSON may hold raw (only C0 must be escaped there) that a terminal acts on."""
+
+_NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(text: str) -> str:
+    """``text`` with every control character (C0, the newline included, DEL and C1) as a
+    visible escape (``\\n``, ``\\r``, ``\\t``, else ``\\x1b``): content printed to a
+    terminal says what it holds and cannot drive the terminal."""
+    return _CONTROLS.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+
+
+def _json_safe(text: str) -> str:
+    """JSON text with DEL and the C1 controls as ``\\u`` escapes (the same JSON), so that
+    ``--json`` on a terminal cannot drive it either (C0 is escaped by `json.dumps`)."""
+    return _C1_AND_DEL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
+    cells = [[_visible(str(c)) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     lines = [headers, ["-" * w for w in widths], *cells]
     return "\n".join(
@@ -116,7 +140,8 @@ def _json_text(value: Any) -> str:
 
 
 def _short(value: Any, width: int = 60) -> str:
-    text = _json_text(value).replace("\n", "\\n")
+    """``value`` on one line, its control characters visible (`_visible`), cut to ``width``."""
+    text = _visible(_json_text(value))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -161,10 +186,12 @@ def _event_rows(events: Sequence[Event]) -> list[list[Any]]:
 
 
 def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
+    """Write a command's result: ``payload`` as JSON with ``--json``, else ``text``, its
+    lines' control characters visible (whatever part of it came from the store)."""
     if args.json:
-        _out(json.dumps(payload, ensure_ascii=False, indent=2) + "\n")
+        _out(_json_safe(json.dumps(payload, ensure_ascii=False, indent=2)) + "\n")
     else:
-        _out(text + "\n")
+        _out("\n".join(_visible(line) for line in text.split("\n")) + "\n")
 
 
 # -- where the library's log records go ----------------------------------------------------

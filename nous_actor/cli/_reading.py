@@ -14,6 +14,7 @@ from nous_actor.cli._console import (
     _emit,
     _event_rows,
     _fail,
+    _json_safe,
     _json_text,
     _note,
     _out,
@@ -87,7 +88,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     store = _open_existing(args.db, args.schema)
     _load(store, args.session_id)
-    _out(export_session(store, args.session_id))
+    _out(_json_safe(export_session(store, args.session_id)))  # the same JSON, C1 escaped
     return 0
 
 
@@ -102,13 +103,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
     info["compactions"] = history.compactions(log)
     lines = [f"{k:24} {v}" for k, v in info.items() if k != "compactions"]
     lines.append(f"{'compactions in session':24} {len(info['compactions'])}")
-    for c in info["compactions"]:
-        lines.append(
-            f"  seq {c['seq']}: estimate {c['estimate_before']} -> {c['estimate_after']}, "
-            f"pruned {c['pruned']}, summarised {c['summarised']}"
-        )
+    lines.extend(f"  seq {c['seq']}: {_compaction_text(c)}" for c in info["compactions"])
     _emit(args, info, "\n".join(lines))
     return 0
+
+
+def _compaction_text(record: dict[str, Any]) -> str:
+    """What a compaction record says, field by field as far as it has them: a record
+    written by other code (or an older version) may lack any of them."""
+    parts = []
+    before, after = record.get("estimate_before"), record.get("estimate_after")
+    if before is not None or after is not None:
+        parts.append(
+            f"estimate {'?' if before is None else before} -> {'?' if after is None else after}"
+        )
+    for key in ("pruned", "summarised"):
+        if key in record:
+            parts.append(f"{key} {record[key]}")
+    return ", ".join(parts) or "(no estimate, pruned or summarised recorded)"
 
 
 def _marks(row: dict[str, Any]) -> str:
@@ -217,45 +229,63 @@ def cmd_langgraph(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from nous_actor.viewer import serve
-        from nous_actor.viewer.server import is_loopback
+        from nous_actor.viewer.server import bind_host, is_loopback
     except ImportError as exc:  # says which extra to install
         _fail(str(exc))
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    why = _cannot_listen(args.host, args.port)
+    address = bind_host(args.host)  # no brackets; an IPv4-mapped address as IPv4
+    shown = f"[{address}]" if ":" in address else address
+    why = _cannot_listen(address, args.port)
     if why is not None:
-        _fail(f"could not listen on {host}:{args.port}: {why}")
+        _fail(f"could not listen on {shown}:{args.port}: {why}")
     store = _open_existing(args.db, args.schema, read_only=True)
     where = getattr(store, "where", None) or _where(store)
-    _out(f"nous-actor: serving {where} read-only at http://{host}:{args.port}/ (Ctrl-C stops)\n")
-    if not is_loopback(args.host):
-        _note(f"bound to {args.host}: whoever reaches this machine can read every session")
+
+    def listening() -> None:  # said once the server listens, not before
+        _out(
+            f"nous-actor: serving {where} read-only at http://{shown}:{args.port}/ "
+            "(Ctrl-C stops)\n"
+        )
+        if not is_loopback(args.host):
+            _note(f"bound to {args.host}: whoever reaches this machine can read every session")
+
     try:
-        listened = serve(store, host=args.host, port=args.port)
+        listened = serve(store, host=address, port=args.port, on_listening=listening)
     except KeyboardInterrupt:  # Ctrl-C is how it stops (after a clean shutdown): status 0
         return 0
-    if not listened:
-        _fail(f"could not listen on {host}:{args.port}; pick another --port")
+    if not listened:  # the address or the port: uvicorn's error above says which
+        _fail(f"could not listen on {shown}:{args.port} (the error above says why)")
     return 0
 
 
 def _cannot_listen(host: str, port: int) -> str | None:
     """Why the viewer could not listen on ``host``:``port`` (tried, then let go), in
-    words that say what to change; ``None`` if it can."""
+    words that say what to change; ``None`` if it can.
+
+    Every address ``host`` names is tried, with the socket options uvicorn's listening
+    sockets (asyncio's) have: ``SO_REUSEADDR``, and IPv6 only on an IPv6 socket.
+    """
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         return f"{exc.strerror or exc}; --host takes an address or name of this machine"
-    family, kind, proto, _, address = found[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return "the port is in use; pick another --port"
-            if exc.errno == errno.EADDRNOTAVAIL:
-                return "no interface of this machine has that address; pick another --host"
-            if exc.errno == errno.EACCES:
-                return "not allowed to use that port (below 1024?); pick another --port"
-            return f"{exc.strerror or exc}"
+    for family, kind, proto, _, address in dict.fromkeys(found):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return _bind_failure(exc)
     return None
+
+
+def _bind_failure(exc: OSError) -> str:
+    """What a failed bind says to change: the port (in use, privileged) or the address."""
+    if exc.errno == errno.EADDRINUSE:
+        return "the port is in use; pick another --port"
+    if exc.errno == errno.EACCES:
+        return "not allowed to use that port (below 1024?); pick another --port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "no interface of this machine has that address; pick another --host"
+    return f"{exc.strerror or exc}; pick another --host"

@@ -22,6 +22,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Final
 
 from nous_actor._version import __version__
 from nous_actor.cli._console import _closed_standard_fds as _closed_standard_fds
@@ -90,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--agents", type=_positive, default=8, help="concurrent agents (default 8)")
     d.add_argument("--turns", type=_positive, default=12, help="turns per agent (default 12)")
     d.add_argument("--crash-rate", type=_rate, default=0.02, help="crash chance per append (0.02)")
-    d.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    d.add_argument("--seed", type=_seed, default=7, help="random seed (default 7)")
     d.add_argument(
         "--keep",
         action="store_true",
@@ -190,6 +191,24 @@ def _db_argument(sp: argparse.ArgumentParser) -> None:
     )
 
 
+_STORABLE: Final = 2**63 - 1
+"""The largest whole number SQLite stores (a 64-bit signed INTEGER): a count, a seq or a
+seed past it cannot be stored or compared there, so it is bad usage, not a failure."""
+
+
+def _storable(n: int) -> int:
+    """``n``, if SQLite can store it (`_STORABLE`, either sign)."""
+    if n > _STORABLE:
+        raise argparse.ArgumentTypeError(
+            f"expected a number SQLite can store (at most {_STORABLE}), got {n}"
+        )
+    if n < -_STORABLE - 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number SQLite can store (at least {-_STORABLE - 1}), got {n}"
+        )
+    return n
+
+
 def _positive(text: str) -> int:
     try:
         n = int(text)
@@ -197,7 +216,15 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
-    return n
+    return _storable(n)
+
+
+def _seed(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    return _storable(n)
 
 
 def _port(text: str) -> int:
@@ -219,7 +246,7 @@ def _seq(text: str) -> int:
         ) from None
     if n < 0:
         raise argparse.ArgumentTypeError(f"a seq is >= 0, got {n}")
-    return n
+    return _storable(n)
 
 
 def _rate(text: str) -> float:

@@ -9,7 +9,8 @@ timeline); their script and style are served from the package
 JSON error saying what was wrong, never a traceback: an unknown or invalid
 session id (404), a malformed parameter (400), a store that fails (503).
 
-API (JSON): ``/api/sessions`` (a page of the session list), ``/api/session``
+API (JSON): ``/api/sessions`` (a page of the session list; ``fresh=1`` reads the
+store's index for it, as the list's Reload does), ``/api/session``
 (one session at a glance), ``/api/tail`` (its newest rows, drawn first: they
 do not wait for the whole timeline), ``/api/rows`` (a window of its timeline),
 ``/api/spans`` (the replaces over a window), ``/api/event`` (one event and its
@@ -36,6 +37,7 @@ from __future__ import annotations
 import bisect
 import html
 import json
+import re
 import threading
 import urllib.parse
 import weakref
@@ -94,6 +96,9 @@ TICK: Final = 0.25
 
 _STATIC = resources.files("nous_actor.viewer") / "static"
 
+_PLACEHOLDER: Final = re.compile(r"\{\{(\w+)\}\}")
+"""A placeholder of the page template (``{{name}}``), filled by `_shell`."""
+
 
 class _BadRequest(Exception):
     """A parameter of the request is malformed (400)."""
@@ -116,7 +121,9 @@ class Timelines:
         self._loading: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
     def get(self, session_id: str) -> Timeline:
-        """The timeline of ``session_id``, current as of this call.
+        """The timeline of ``session_id``, current as of this call: the events committed
+        since are read; if the store now holds fewer of the events read before (another
+        process's snapshot dropped some, or the session was deleted), it is read anew.
 
         Raises:
             _NoSession: the id is not valid, or the session has no stored event.
@@ -132,18 +139,31 @@ class Timelines:
                 tl = self._cache.get(session_id)
                 if tl is not None:
                     self._cache.move_to_end(session_id)
-            if tl is None:
-                events = self.store.load_since(session_id, 0)
-                if not events:
-                    raise self._missing(session_id)
-                tl = Timeline(session_id, events)
-                with self._lock:
-                    self._cache[session_id] = tl
-                    while len(self._cache) > self.keep:
-                        self._cache.popitem(last=False)
-            else:
+            if tl is not None:
                 tl.extend(self.store.load_since(session_id, tl.next_seq))
+                if not self._shrank(tl):
+                    return tl
+            events = self.store.load_since(session_id, 0)
+            if not events:
+                with self._lock:
+                    self._cache.pop(session_id, None)
+                raise self._missing(session_id)
+            tl = Timeline(session_id, events)
+            with self._lock:
+                self._cache[session_id] = tl
+                self._cache.move_to_end(session_id)
+                while len(self._cache) > self.keep:
+                    self._cache.popitem(last=False)
             return tl
+
+    def _shrank(self, tl: Timeline) -> bool:
+        """Whether the store holds fewer of ``tl``'s seqs than ``tl`` does (one count: a
+        snapshot drops shadowed events, never the newest, so ``next_seq`` alone cannot
+        tell; a store that cannot count them cheaply is trusted until it can)."""
+        with tl._lock:
+            top, held = tl.next_seq, len(tl.events)
+        stored = self.store.retained_before(tl.session_id, top)
+        return stored is not None and stored < held
 
     def built(self, session_id: str) -> Timeline | None:
         """The timeline of ``session_id`` if one is kept (not brought up to date)."""
@@ -227,7 +247,8 @@ class Threads:
         self.timelines = timelines
         self.keep = keep
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, Thread] = OrderedDict()
+        # Each thread with the timeline it is folded from.
+        self._cache: OrderedDict[str, tuple[Timeline, Thread]] = OrderedDict()
 
     def get(self, session_id: str) -> Thread:
         """The thread ``session_id`` holds, current as of this call.
@@ -246,9 +267,10 @@ class Threads:
                     + urllib.parse.quote(session_id, safe="")
                 )
             with self._lock:
-                th = self._cache.get(session_id)
-                if th is None:
-                    th = self._cache[session_id] = Thread(session_id)
+                kept = self._cache.get(session_id)
+                if kept is None or kept[0] is not tl:  # new, or its timeline was read anew
+                    kept = self._cache[session_id] = (tl, Thread(session_id))
+                th = kept[1]
                 self._cache.move_to_end(session_id)
                 while len(self._cache) > self.keep:
                     self._cache.popitem(last=False)
@@ -362,12 +384,16 @@ def _shell(view: str, title: str, session_id: str = "") -> HTMLResponse:
             f'<link id="tail" rel="preload" as="fetch" crossorigin="anonymous" '
             f'href="{html.escape(tail, quote=True)}">'
         )
-    page = (
-        template.replace("{{view}}", view)
-        .replace("{{title}}", html.escape(title))
-        .replace("{{session}}", html.escape(session_id, quote=True))
-        .replace("{{preload}}", preload)
-    )
+    # Each value escaped for its place (text, or an attribute's quoted value), and every
+    # placeholder filled in one pass over the template: a value that holds a placeholder
+    # (a session id may: "{{preload}}") is never filled in again.
+    values = {
+        "view": html.escape(view, quote=True),
+        "title": html.escape(title, quote=True),
+        "session": html.escape(session_id, quote=True),
+        "preload": preload,
+    }
+    page = _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group()), template)
     return HTMLResponse(page)
 
 
@@ -438,6 +464,7 @@ def create_app(
                 sort=sort,
                 descending=order == "desc",
                 query=request.query_params.get("q", ""),
+                fresh=request.query_params.get("fresh", "") not in ("", "0"),
             )
             return {
                 "store": label,

@@ -22,14 +22,26 @@ from typing import Any, Final, Literal
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.store import SessionInfo, Store, list_sessions, shared
+from nous_actor.store.base import valid_store_id
 from nous_actor.store.sqlite import SQLiteStore
 from nous_actor.store.sqlite.connection import _Connection
+from nous_actor.store.sqlite.follower import follower_of
 from nous_actor.store.subscription import Subscription
 
-__all__ = ["INDEX_TTL", "IndexPage", "ReadOnlyStore", "SessionIndex", "read_only_sqlite"]
+__all__ = [
+    "FRESH_WAIT",
+    "INDEX_TTL",
+    "IndexPage",
+    "ReadOnlyStore",
+    "SessionIndex",
+    "read_only_sqlite",
+]
 
 INDEX_TTL: Final = 5.0
 """Seconds after which a page asks for a fresh read of the session index (in the background)."""
+
+FRESH_WAIT: Final = 10.0
+"""Seconds a fresh page (the list's Reload) waits for a read of the index under way."""
 
 SortKey = Literal["id", "events", "next_seq", "last_write"]
 SORT_KEYS: Final[tuple[str, ...]] = ("id", "events", "next_seq", "last_write")
@@ -54,6 +66,20 @@ class _ReadOnlySQLiteStore(SQLiteStore):
     """A `SQLiteStore` on a `_ReadOnlyConnection`."""
 
     _connection_type = _ReadOnlyConnection
+
+    def retained_before(self, session_id: str, seq: int) -> int:
+        """How many of ``session_id``'s events with a seq below ``seq`` are stored: one
+        count over the primary key's index, nothing decoded, on the follower's
+        connection (never behind a write).
+
+        Raises:
+            StoreError: the id is not valid, or the store is closed.
+        """
+        session_id = valid_store_id(session_id)
+        rows = follower_of(self._connection).query(
+            "SELECT count(*) FROM events WHERE session_id = ? AND seq < ?", (session_id, seq)
+        )
+        return int(rows[0][0]) if rows else 0
 
 
 def read_only_sqlite(path: str | os.PathLike[str]) -> ReadOnlyStore:
@@ -112,6 +138,27 @@ class ReadOnlyStore:
         decoding an event (one indexed query on SQLite and PostgreSQL)."""
         found = list_sessions(self.inner, prefix=session_id, limit=1)
         return found[0] if found and found[0].session_id == session_id else None
+
+    def retained_before(self, session_id: str, seq: int) -> int | None:
+        """How many of ``session_id``'s events with a seq below ``seq`` the store holds
+        (fewer than were read: a snapshot dropped some, or the session was deleted), or
+        ``None`` when that cannot be told without reading the events.
+
+        A read-only SQLite file counts them (one indexed count); another store is asked
+        for its index entry, which says it when no event from ``seq`` on is stored.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        own = getattr(self.inner, "retained_before", None)
+        if own is not None:
+            return int(own(session_id, seq))
+        info = self.info(session_id)
+        if info is None:
+            return 0
+        if info.error is not None or info.next_seq > seq:
+            return None
+        return info.events
 
     def load_since(self, session_id: str, from_seq: int) -> list[Event]:
         return shared.load_since(self.inner, session_id, from_seq)
@@ -214,10 +261,29 @@ class SessionIndex:
         finally:
             self._reading.release()
 
-    def _current(self) -> tuple[dict[str, list[SessionInfo]], list[SessionInfo], float]:
+    def _fresh(self) -> None:
+        """Read the index now, unless a read that started after this call ends first
+        (one under way when it is called is waited for, then read after: it may have
+        begun before what the caller wants to see). Waits at most `FRESH_WAIT` seconds
+        for a read under way; past that the pages keep using the last one."""
+        asked = time.monotonic()
+        if not self._reading.acquire(timeout=FRESH_WAIT):
+            return
+        try:
+            if self._read_mono is None or self._read_mono < asked:
+                self._read()
+        finally:
+            self._reading.release()
+
+    def _current(
+        self, fresh: bool = False
+    ) -> tuple[dict[str, list[SessionInfo]], list[SessionInfo], float]:
         """The index as last read. The first call reads it; later, once it is older than
-        `ttl`, a thread reads it again while the pages keep using the last one."""
-        if self._read_mono is None:
+        `ttl`, a thread reads it again while the pages keep using the last one. With
+        ``fresh`` (the list's Reload) it is read again before it is used."""
+        if fresh:
+            self._fresh()
+        elif self._read_mono is None:
             with self._reading:
                 if self._read_mono is None:
                     self._read()
@@ -236,9 +302,11 @@ class SessionIndex:
         sort: str = "last_write",
         descending: bool = True,
         query: str = "",
+        fresh: bool = False,
     ) -> IndexPage:
         """The sessions ``offset`` to ``offset + limit`` of those whose id holds ``query``
-        (case-insensitive), in ``sort`` order.
+        (case-insensitive), in ``sort`` order; with ``fresh``, from an index read for this
+        call (however young the last read), not the one last read.
 
         Raises:
             ValueError: ``sort`` is not one of `SORT_KEYS`.
@@ -246,7 +314,7 @@ class SessionIndex:
         """
         if sort not in SORT_KEYS:
             raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
-        cache, infos, read_at = self._current()
+        cache, infos, read_at = self._current(fresh)
         with self._lock:
             ordered = cache.get(sort)
             if ordered is None:

@@ -38,12 +38,13 @@ function setStatus(text, live) {
 
 const list = { offset: 0, limit: 100, sort: "last_write", order: "desc", q: "", total: 0 };
 
-async function loadList() {
+// fresh: the store's index is read for this page (Reload), not the one the server read last.
+async function loadList(fresh) {
+  const params = { offset: list.offset, limit: list.limit, sort: list.sort, order: list.order, q: list.q };
+  if (fresh === true) params.fresh = 1;
   let page;
   try {
-    page = await getJSON("/api/sessions", {
-      offset: list.offset, limit: list.limit, sort: list.sort, order: list.order, q: list.q,
-    });
+    page = await getJSON("/api/sessions", params);
   } catch (err) {
     setStatus("error: " + err.message);
     return;
@@ -102,7 +103,7 @@ function startList() {
   });
   $("prev").addEventListener("click", () => { list.offset = Math.max(0, list.offset - list.limit); loadList(); });
   $("next").addEventListener("click", () => { list.offset += list.limit; loadList(); });
-  $("reload").addEventListener("click", loadList);
+  $("reload").addEventListener("click", () => loadList(true));
   loadList();
 }
 
@@ -391,23 +392,126 @@ async function loadMeta() {
   return meta;
 }
 
+// Following the session. A live feed (/api/live) holds a connection open, and a browser
+// keeps at most six HTTP/1.1 connections to one host (Chromium, Firefox): six pages
+// following sessions would leave none for a seventh page to load. So the pages of one
+// viewer share LIVE_FEEDS feeds (Web Locks, one lock a feed, held while a page's feed is
+// open), leaving connections for the pages and their reads; a page that gets none reads
+// the session's next seq every POLL_MS meanwhile, and takes the first feed let go. A
+// hidden page (another tab in front, a minimized window) lets its feed go; shown again, it
+// takes one and catches up from the last seq it saw (the feed starts there). Without Web
+// Locks (a page not served from loopback or HTTPS) a page holds its own feed while shown.
+const LIVE_FEEDS = 4;
+const POLL_MS = 3000;
+// round: counts the starts and stops, so that a start overtaken by a stop (the page was
+// hidden, then shown, while it looked for a free feed) lets go of what it took.
+const live = { on: false, round: 0, es: null, release: null, abort: null, poll: 0 };
+
+async function caughtUp(next) {
+  // The session's next seq is `next`: read what was committed since the page last did.
+  if (next <= view.meta.next_seq) return;
+  await loadMeta();
+  view.generation += 1;  // a new replace may grey old rows: read the rows again
+  view.chunks.clear();
+  if ($("follow").checked) scrollToRow(view.meta.rows - 1, true);
+  renderNow();
+  if (view.asOf === null) loadSurface();
+  if (lg.open) loadThread();
+}
+
+function openFeed() {
+  // The live feed from the last seq seen: what was committed since comes first.
+  return new Promise((closed) => {
+    const es = new EventSource("/api/live?" + q({ id: view.id, from: view.meta.next_seq }));
+    live.es = es;
+    live.release = () => { es.close(); closed(); };
+    es.onopen = () => setStatus("live", true);
+    es.onerror = () => setStatus("reconnecting…");
+    es.addEventListener("end", (e) => {
+      setStatus("ended: " + JSON.parse(e.data).error);
+      live.on = false;
+      stopFollowing();
+    });
+    es.onmessage = async (e) => {
+      const next = JSON.parse(e.data).next_seq;
+      if (next <= view.meta.next_seq) return;
+      await caughtUp(next);
+      setStatus(`live: seq ${next - 1}`, true);
+    };
+  });
+}
+
+function startPolling() {
+  if (live.poll) return;
+  setStatus(`live, read every ${POLL_MS / 1000} s (other pages of this viewer hold the live feeds)`, true);
+  live.poll = setInterval(async () => {
+    try {
+      await caughtUp((await getJSON("/api/session", { id: view.id })).next_seq);
+    } catch (err) {
+      setStatus("error: " + err.message);
+    }
+  }, POLL_MS);
+}
+
+function stopPolling() {
+  clearInterval(live.poll);
+  live.poll = 0;
+}
+
+function takeFeed(n) {
+  // Feed n if no page holds it, opened: what closes it (and lets its lock go), or null.
+  return new Promise((taken) => {
+    navigator.locks.request(`nous-viewer-live-${n}`, { ifAvailable: true }, (lock) => {
+      if (lock === null) { taken(null); return undefined; }
+      const open = openFeed();
+      taken(live.release);
+      return open;
+    }).catch(() => taken(null));
+  });
+}
+
+async function startFollowing() {
+  if (live.on) return;
+  live.on = true;
+  const round = ++live.round;
+  if (!navigator.locks) { openFeed(); return; }
+  for (let n = 0; n < LIVE_FEEDS; n++) {
+    const release = await takeFeed(n);
+    if (release) {
+      if (round !== live.round) release();  // stopped meanwhile: not this start's to keep
+      return;
+    }
+    if (round !== live.round) return;
+  }
+  // None free: follow by reading, and take the first feed let go.
+  startPolling();
+  const abort = new AbortController();
+  live.abort = abort;
+  const n = Math.floor(Math.random() * LIVE_FEEDS);
+  navigator.locks.request(`nous-viewer-live-${n}`, { signal: abort.signal }, () => {
+    live.abort = null;
+    stopPolling();
+    return openFeed();
+  }).catch(() => {});  // aborted: the page was hidden
+}
+
+function stopFollowing() {
+  live.on = false;
+  live.round += 1;
+  stopPolling();
+  if (live.abort) { live.abort.abort(); live.abort = null; }
+  if (live.release) { live.release(); live.release = null; }
+  if (live.es) { live.es.close(); live.es = null; }
+}
+
 function follow() {
-  const es = new EventSource("/api/live?" + q({ id: view.id, from: view.meta.next_seq }));
-  es.onopen = () => setStatus("live", true);
-  es.onerror = () => setStatus("reconnecting…");
-  es.addEventListener("end", (e) => { setStatus("ended: " + JSON.parse(e.data).error); es.close(); });
-  es.onmessage = async (e) => {
-    const next = JSON.parse(e.data).next_seq;
-    if (next <= view.meta.next_seq) return;
-    await loadMeta();
-    view.generation += 1;  // a new replace may grey old rows: read the rows again
-    view.chunks.clear();
-    if ($("follow").checked) scrollToRow(view.meta.rows - 1, true);
-    renderNow();
-    if (view.asOf === null) loadSurface();
-    if (lg.open) loadThread();
-    setStatus(`live: seq ${next - 1}`, true);
-  };
+  document.addEventListener("visibilitychange", () => {
+    if (document.hidden) stopFollowing();
+    else startFollowing();
+  });
+  window.addEventListener("pagehide", stopFollowing);
+  window.addEventListener("pageshow", (e) => { if (e.persisted && !document.hidden) startFollowing(); });
+  if (!document.hidden) startFollowing();
 }
 
 async function showTail() {
