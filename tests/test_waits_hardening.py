@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from nous_actor import (
     Session,
     Sessions,
     SessionStopped,
+    SQLiteStore,
     Subscription,
     TurnBusy,
 )
@@ -239,6 +241,25 @@ def test_a_bad_bound_is_refused_before_anything_is_changed(
         assert registry.open("other").count().get(timeout=BOUND) == 0
     finally:
         registry.close()
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_BOUNDS)
+def test_a_stores_own_watch_refuses_a_bad_bound(
+    bad: object, error: type[Exception], tmp_path: Path
+) -> None:
+    """``store.watch(timeout=)`` called directly: its gets failed later, or timed out
+    at once, instead of the call saying what to pass."""
+    for store in (MemoryStore(), SQLiteStore(tmp_path / "w.db")):
+        try:
+            with pytest.raises(error, match="timeout"):
+                store.watch("s", timeout=bad)  # type: ignore[arg-type]
+            s = Session.start("s", store=store, timeout=BOUND)
+            s.append("user_message", {"content": "x"}, T0).get(timeout=BOUND)
+            s.stop()
+            with store.watch("s", timeout=math.inf) as w:  # (no bound: a valid one)
+                assert w.get(timeout=BOUND).seq == 0
+        finally:
+            store.close()
 
 
 @pytest.mark.parametrize("where", ["Session.start", "Sessions", "turn"])

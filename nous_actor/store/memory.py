@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 
-from nous_actor.core.args import check_seconds
+from nous_actor.core.args import check_bound, check_seconds
 from nous_actor.core.event import Event
 from nous_actor.core.ids import plain_id
 from nous_actor.errors import ConflictError, StoreError
@@ -223,8 +223,11 @@ class MemoryStore:
 
         Raises:
             StoreError: the id is not valid, or the store is closed.
+            TypeError, ValueError: `timeout` (the gets' default bound) is not a number
+                of seconds, or NaN.
         """
         session_id = self._valid_id(session_id)
+        timeout = check_bound(timeout, "watch(timeout)")
         w = _MemoryWatch(self, session_id, from_seq, buffer, timeout)
         with self._lock:
             self._check_open()

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import psycopg
 
-from nous_actor.core.args import check_flag, check_seconds
+from nous_actor.core.args import check_bound, check_flag, check_seconds
 from nous_actor.core.codec import CodecError, event_from_row, surface_from_rows
 from nous_actor.core.event import Event
 from nous_actor.core.ids import check_session_id
@@ -712,11 +712,14 @@ class PostgresStore(ClosingStore):
         Raises:
             StoreError: the store is closed or `session_id` is not valid.
             ValueError: `from_seq` is not an int >= 0 or `buffer` not >= 1.
+            TypeError, ValueError: `timeout` (the gets' default bound) is not a number
+                of seconds, or NaN.
         """
         self._check_open()
         session_id = self._valid_id(session_id)
         if not isinstance(from_seq, int) or isinstance(from_seq, bool) or from_seq < 0:
             raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
+        timeout = check_bound(timeout, "watch(timeout)")
         return self._listener().add(session_id, from_seq, buffer, timeout)
 
     def _listener(self) -> _Listener:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from nous_actor._log import get_logger
-from nous_actor.core.args import check_flag, check_seconds
+from nous_actor.core.args import check_bound, check_flag, check_seconds
 from nous_actor.core.codec import (
     CodecError,
     events_from_rows,
@@ -711,11 +711,13 @@ class SQLiteStore(ClosingStore):
 
         Raises:
             StoreError: the id is not valid, or the store is closed.
-            TypeError, ValueError: `from_seq` or `buffer` is not valid.
+            TypeError, ValueError: `from_seq`, `buffer` or `timeout` (the gets' default
+                bound: a number of seconds, not NaN) is not valid.
         """
         session_id = valid_store_id(session_id)
         from_seq = _check_from_seq(from_seq)
         buffer = _check_buffer(buffer)
+        timeout = check_bound(timeout, "watch(timeout)")
         return follower_of(self._connection).add(session_id, from_seq, buffer, timeout)
 
     def next_seq(self, session_id: str) -> int:
