@@ -5,6 +5,7 @@ anything that answers `count` and `since` as one does (`_Readable`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +43,8 @@ class _View:
     checkpoint: int = -1  # seq of the latest checkpoint (or create) record
     log: _Readable | None = None
     writes: dict[str, int] = field(default_factory=dict)  # state key -> seq of its last write
+    ids: dict[str, list[int]] = field(default_factory=dict)  # ADK event id -> seqs with it
+    last: int = -1  # seq of the last create or delete record or ADK event
 
     def catch_up(self, log: _Readable) -> None:
         if log.count() <= self.seen:  # nothing new (or an older snapshot of the log)
@@ -54,19 +57,23 @@ class _View:
                     self.checkpoint = max(self.checkpoint, ev.seq)
                     continue
                 if op == "create":
-                    self.created = self.checkpoint = ev.seq
+                    self.created = self.checkpoint = self.last = ev.seq
                     self.state = thaw(rec.get("state") or {})
                     self.writes = dict.fromkeys(self.state, ev.seq)
                     self.seqs, self.times, self.positions, self.decoded = [], [], [], {}
+                    self.ids = {}
                     self.last_update = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
                     continue
                 if op == "delete":
-                    self.created = None
+                    self.created, self.last = None, ev.seq
                     self.state, self.seqs, self.times, self.decoded = {}, [], [], {}
-                    self.positions, self.writes = [], {}
+                    self.positions, self.writes, self.ids = [], {}, {}
                     continue
-            if self.created is None or _adk_payload(ev) is None:
+            payload = _adk_payload(ev)
+            if self.created is None or payload is None:
                 continue
+            self.ids.setdefault(str(payload.get("id")), []).append(ev.seq)
+            self.last = ev.seq
             ts = float(ev.data.get(TIME_KEY, ev.time.timestamp()))
             self.seqs.append(ev.seq)
             self.times.append(ts)
@@ -79,6 +86,14 @@ class _View:
             self.last_update = ts
         self.seen = log.count()
         self.log = log
+
+    def stored(self, seq: int) -> Mapping[str, Any] | None:
+        """The ADK event at ``seq`` as stored (its dump, as `_adk_payload` reads it)."""
+        if self.log is None:
+            return None
+        for ev in self.log.since(seq):
+            return _adk_payload(ev) if ev.seq == seq else None
+        return None
 
     def events(self, first: int) -> list[AdkEvent]:
         """The decoded ADK events from index ``first`` of ``seqs`` on."""
@@ -174,6 +189,15 @@ class _StateView:
     writes: dict[str, int] = field(default_factory=dict)  # state key -> seq of its last write
     directory: dict[str, _Listed] = field(default_factory=dict)
     deleted: dict[str, int] = field(default_factory=dict)  # session id -> seq of its deletion
+    # (session key, seq) of the session-log event a state record completes -> its seq here
+    sources: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def done(self, sid: str) -> int:
+        """The seq of the latest event of session ``sid`` its directory entry is written
+        for (its deletion's included); -1 if none."""
+        known = self.directory.get(sid)
+        listed = max(known.state_seq, known.ts_seq) if known is not None else -1
+        return max(listed, self.deleted.get(sid, -1))
 
     def catch_up(self, log: _Readable) -> None:
         if log.count() <= self.seen:
@@ -188,6 +212,9 @@ class _StateView:
                 self.state.update(thaw(delta))
                 for key in delta:
                     self.writes[key] = ev.seq
+                source = rec.get("source")
+                if isinstance(source, (list, tuple)) and len(source) == 2:
+                    self.sources[str(source[0]), int(source[1])] = ev.seq
             elif op == "session":
                 self._listed(rec)
             elif op == "session_deleted":

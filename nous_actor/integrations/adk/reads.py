@@ -51,6 +51,10 @@ class _Reads:
             and config.num_recent_events is not None
             and config.after_timestamp is None
         ):  # a first read of the latest events: from the tail, not the whole history
+            # (Not settled here: that reads the user's directory, a log as long as all
+            # of the user's appends, which this read of a few events must not pay; a
+            # call killed part-way is completed by the next whole read, append, create,
+            # delete or listing.)
             log = await self._logs.log(key)
             tail = _tail(log, config.num_recent_events)
             if tail is None:
@@ -68,6 +72,7 @@ class _Reads:
             self._loads.remember(session, _Load({"session": log.count(), **seen}, first))
             return session
         view = await self._logs.view(key)
+        await self._state.settle(app_name, user_id, sid, view.log)
         if view.created is None:
             return None
         own, seen_here, last_update = dict(view.state), view.seen, view.last_update
@@ -133,6 +138,15 @@ class _Reads:
                     self._state.merged(app_name, user, {}),
                 )
             directory, merged = known[user]
+            settled = [
+                await self._state.settle_listed(app_name, user, sid, info.next_seq, directory)
+                for sid, info in groups[user]
+            ]
+            if any(settled):  # a call killed after its session's log: completed, read again
+                directory, merged = known[user] = await asyncio.gather(
+                    self._logs.state(directory_key(app_name, user)),
+                    self._state.merged(app_name, user, {}),
+                )
             for sid, info in groups[user]:
                 entry = directory.directory.get(sid)
                 if entry is None or entry.state_seq < 0:

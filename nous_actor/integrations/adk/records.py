@@ -15,7 +15,18 @@ RECORD_KEY: Final = "adk"
 "delta": {...}}``, ``{"op": "checkpoint", "upto": seq, "state": {...}}`` and, in a
 user's directory, ``{"op": "session", "id": ..., "seq": ..., "ts": ..., "state": {...}}``
 (what `list_sessions` reads: ``ts`` the session's last update time as of the event at
-``seq``, ``state`` present when it is written whole)."""
+``seq``, ``state`` present when it is written whole). A ``state`` record written for an
+event of a session's log (a create record, an ADK event) has ``"source": [session key,
+seq]``, the event it completes."""
+
+SCOPED_KEY: Final = "adk_scoped"
+"""Top-level ``data`` key of a create record or an ADK event whose state (delta) has
+``app:`` or ``user:`` keys: ``{"app": {...}, "user": {...}, "seen": {"app": n, "user":
+m}}``, those parts (prefixes stripped) and the counts of the app's and user's logs read
+before the event was written. The session's log is written first and is the source of
+truth: a call whose process died before it wrote these parts (or the directory entry) is
+completed from it by the next read of the session, a key only where nothing wrote it
+since those counts (see `_ScopedState.settle`)."""
 
 STATE_KEY: Final = "adk_state"
 """Top-level ``data`` key holding the session-scoped part of an event's state delta."""

@@ -14,9 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from nous_actor.core._frozen import thaw
 from nous_actor.core.event import EventType, InvalidEvent
 from nous_actor.integrations._once import append_one_once
-from nous_actor.integrations.adk.events import _text_of, _utc, event_data
+from nous_actor.integrations.adk.events import _dumped, _text_of, _utc, event_data
 from nous_actor.integrations.adk.folds import _View
 from nous_actor.integrations.adk.framework import (
     AdkEvent,
@@ -34,7 +35,13 @@ from nous_actor.integrations.adk.loads import _Load, _Loads
 from nous_actor.integrations.adk.locks import _NamedLocks
 from nous_actor.integrations.adk.logs import _Logs
 from nous_actor.integrations.adk.reads import _Reads
-from nous_actor.integrations.adk.records import CHECKPOINT_EVERY, RECORD_KEY, STATE_KEY, TIME_KEY
+from nous_actor.integrations.adk.records import (
+    CHECKPOINT_EVERY,
+    RECORD_KEY,
+    SCOPED_KEY,
+    STATE_KEY,
+    TIME_KEY,
+)
 from nous_actor.integrations.adk.runs import NousRunPlugin
 from nous_actor.integrations.adk.state import _json_state, _ScopedState, _split
 from nous_actor.integrations.adk.turns import _RunTurns
@@ -76,6 +83,12 @@ class NousSessionService(BaseSessionService):
       store, and the calls it had not applied are delivered to the restarted
       session in order (nothing is sent again by the service); a run's turn
       that the restart ended is opened again.
+    * A call killed part-way is completed: each call writes the session's
+      log first, then the ``app:``/``user:`` state and the user's directory;
+      the next read of that session (`get_session`, `append_event`,
+      `create_session` or `delete_session` of its id, `list_sessions` of its
+      user) writes what a dead call left out, from the session's log, never
+      over a newer value and never twice (`_ScopedState.settle`).
     * Nothing is deleted: compaction and deletion append records; the log
       keeps every event for audit, fork and rewind.
 
@@ -172,7 +185,7 @@ class NousSessionService(BaseSessionService):
         Raises:
             AlreadyExistsError: the session exists (and was not deleted).
             TypeError: a name or id is not a str, or ``state`` is not a dict of
-                JSON-storable values.
+                JSON-storable values (a NaN or an infinity is not); nothing stored.
             ValueError: the encoded id is too long (see `session_key`).
         """
         if state is not None and not isinstance(state, Mapping):
@@ -184,9 +197,13 @@ class NousSessionService(BaseSessionService):
         app, user, own = _split(_json_state(state or {}, "state"))
         now = time.time()
         view = await self._logs.view(key)
+        await self._state.settle(app_name, user_id, sid, view.log)
         if view.created is not None:
             raise AlreadyExistsError(f"Session with id {sid} already exists.")
-        record = {RECORD_KEY: {"op": "create", "state": own}, TIME_KEY: now}
+        record: dict[str, Any] = {RECORD_KEY: {"op": "create", "state": own}, TIME_KEY: now}
+        if app or user:
+            seen_before = await self._state.seen(app_name, user_id, app, user)
+            record[SCOPED_KEY] = {"app": app, "user": user, "seen": seen_before}
         handle = await self._logs.handle(key)
         try:  # at the seq after the log seen: a create that raced this one wins alone
             ev = await append_one_once(
@@ -197,8 +214,9 @@ class NousSessionService(BaseSessionService):
             if exc.reason == "seq_behind_head":
                 raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
             raise
-        await self._state.write_scoped(app_name, user_id, app, user)
+        await self._state.write_scoped(app_name, user_id, app, user, (key, ev.seq))
         await self._state.write_directory(app_name, user_id, sid, ev.seq, own, now)
+        self._state.completed(key, ev.seq)
         merged, seen = await self._state.merged_seen(app_name, user_id, own)
         session = AdkSession(
             id=sid, app_name=app_name, user_id=user_id, state=merged, last_update_time=now
@@ -267,6 +285,7 @@ class NousSessionService(BaseSessionService):
             return
         key = session_key(app_name, user_id, sid)
         view = await self._logs.view(key)
+        await self._state.settle(app_name, user_id, sid, view.log)  # a killed delete's too
         if view.created is None:
             return
         record = {RECORD_KEY: {"op": "delete"}}
@@ -274,10 +293,13 @@ class NousSessionService(BaseSessionService):
             key, [(EventType.REQUEST_HEADER, record, datetime.now(UTC))]
         )
         await self._state.write_directory(app_name, user_id, sid, ev.seq, None, deleted=True)
+        self._state.completed(key, ev.seq)
 
     async def append_event(self, session: AdkSession, event: AdkEvent) -> AdkEvent:
         """Append ``event`` to ``session`` (the stored one and the object), applying its
-        state delta; a partial event is returned untouched and not stored.
+        state delta; a partial event is returned untouched and not stored, and so is
+        an event the stored session holds already (same id, equal once its ``temp:``
+        keys are dropped: a retried append), which an object lacking it gains.
 
         ``temp:`` keys of the delta go to the object's state only and are
         removed from the event; ``app:`` and ``user:`` keys go to the app's
@@ -288,7 +310,9 @@ class NousSessionService(BaseSessionService):
         run's turn.
 
         Raises:
-            TypeError: ``session`` or ``event`` is not ADK's `Session` / `Event`.
+            TypeError: ``session`` or ``event`` is not ADK's `Session` / `Event`, or
+                the state delta holds a value JSON cannot store (a NaN, an
+                infinity); nothing was stored.
             SessionNotFoundError: the session does not exist (or was deleted).
             TurnInterrupted: the run's turn was taken by another run (policy
                 ``interrupt`` or ``rollback``); nothing was stored.
@@ -309,8 +333,11 @@ class NousSessionService(BaseSessionService):
             return event
         key = session_key(session.app_name, session.user_id, session.id)
         view = await self._logs.view(key)
+        await self._state.settle(session.app_name, session.user_id, session.id, view.log)
         if view.created is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
+        if _stored_already(view, event):
+            return self._redelivered(session, event)
         delta = dict(event.actions.state_delta) if event.actions else {}
         stored = {k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)}
         app, user, own = _split(_json_state(stored, "the event's state delta"))
@@ -329,6 +356,8 @@ class NousSessionService(BaseSessionService):
             view = await self._logs.view(key)
             if view.created is None:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
+            if _stored_already(view, event):
+                return self._redelivered(session, event)
             stale = [k for k in own if view.writes.get(k, -1) >= load.since("session", k)]
             if view.created >= load.seen["session"] and own:
                 stale = sorted(own)  # deleted and created again since it was loaded
@@ -386,6 +415,9 @@ class NousSessionService(BaseSessionService):
         etype, data = event_data(event)
         if own:
             data[STATE_KEY] = own
+        if app or user:  # what completes this call if its process dies after the event
+            seen = await self._state.seen(session.app_name, session.user_id, app, user)
+            data[SCOPED_KEY] = {"app": app, "user": user, "seen": seen}
         compaction = event.actions.compaction if event.actions else None
         if compaction is not None:
             etype, data = self._as_replace(view, compaction, data)
@@ -398,11 +430,14 @@ class NousSessionService(BaseSessionService):
         if ev.seq - view.checkpoint >= CHECKPOINT_EVERY:
             view.checkpoint = ev.seq  # (one checkpoint, whoever else appends meanwhile)
             await self._checkpoint(key, event.invocation_id)
-        seqs = await self._state.write_scoped(session.app_name, session.user_id, app, user)
+        seqs = await self._state.write_scoped(
+            session.app_name, session.user_id, app, user, (key, ev.seq)
+        )
         state = (await self._logs.view(key)).state if own else None
         await self._state.write_directory(
             session.app_name, session.user_id, session.id, ev.seq, state, event.timestamp
         )
+        self._state.completed(key, ev.seq)
         if load is not None:
             for k in own:
                 load.own["session", k] = ev.seq + 1
@@ -412,6 +447,18 @@ class NousSessionService(BaseSessionService):
         self._update_session_state(session, event)
         session.events.append(event)
         session.last_update_time = event.timestamp
+        return event
+
+    def _redelivered(self, session: AdkSession, event: AdkEvent) -> AdkEvent:
+        """``event``, stored already (an equal event with its id), returned unchanged and
+        not stored again; an object that lacks it (its first append timed out after the
+        store committed it) gains it, as that append would have given it."""
+        if not any(e.id == event.id and e == event for e in session.events):
+            self._apply_temp_state(session, event)
+            event = self._trim_temp_delta_state(event)
+            self._update_session_state(session, event)
+            session.events.append(event)
+            session.last_update_time = event.timestamp
         return event
 
     async def _checkpoint(self, key: str, invocation_id: str | None) -> None:
@@ -440,3 +487,20 @@ class NousSessionService(BaseSessionService):
             "name": "adk_compaction",
             "surface_op": ["replace", min(covered), max(covered)],
         }
+
+
+def _stored_already(view: _View, event: AdkEvent) -> bool:
+    """Whether the session of ``view`` holds an event with ``event``'s id equal to it as
+    it would be stored (its ``temp:`` keys dropped): an append of it again is a retry,
+    which ADK's in-memory service answers without storing or applying it twice. An event
+    that only shares the id is another event (kept, as that service keeps it)."""
+    seqs = view.ids.get(event.id)
+    if not seqs:
+        return False
+    dumped = _dumped(event)
+    delta = dumped.get("actions", {}).get("state_delta")
+    if delta:
+        dumped["actions"]["state_delta"] = {
+            k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)
+        }
+    return any(thaw(view.stored(seq)) == dumped for seq in seqs)

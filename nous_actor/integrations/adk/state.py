@@ -1,32 +1,77 @@
 """ADK's state: a state (or delta) split by scope and checked as JSON, and `_ScopedState`,
 which reads the ``app:`` and ``user:`` state merged into a session's and writes app and
-user state and a user's directory of sessions, each in a session of its own."""
+user state and a user's directory of sessions, each in a session of its own; and, as
+those writes follow the session's own in separate logs, completes the calls whose
+process died between them (`_ScopedState.settle`)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, cast
+from functools import partial
+from typing import Any, Final, cast
 
 from nous_actor.core._frozen import thaw
-from nous_actor.core.event import EventType
+from nous_actor.core.event import Event, EventType, InvalidEvent
+from nous_actor.integrations._once import append_one_once
+from nous_actor.integrations.adk.events import _adk_payload, _record
+from nous_actor.integrations.adk.folds import _Readable, _StateView
 from nous_actor.integrations.adk.framework import State, to_jsonable_python
-from nous_actor.integrations.adk.ids import app_key, directory_key, user_key
+from nous_actor.integrations.adk.ids import app_key, directory_key, session_key, user_key
 from nous_actor.integrations.adk.loads import Scope, _Load
-from nous_actor.integrations.adk.logs import _Logs
-from nous_actor.integrations.adk.records import RECORD_KEY
-from nous_actor.integrations.adk.turns import _RunTurns
+from nous_actor.integrations.adk.logs import CACHE_SIZE, _Logs
+from nous_actor.integrations.adk.records import RECORD_KEY, SCOPED_KEY
+from nous_actor.integrations.adk.turns import MAX_ATTEMPTS, _RunTurns
+
+SETTLED_KEPT: Final = 4 * CACHE_SIZE
+"""How many sessions a service remembers as complete up to a count of their log (past
+it, the memory starts again: a read then looks once more)."""
 
 
 def _json_state(state: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``state`` as JSON values, checked before anything of a call is written: a value JSON
+    cannot store (an object pydantic cannot serialise, a NaN or an infinity, which the log
+    would refuse only after a part of the call was written) is a TypeError."""
     try:
-        return cast(dict[str, Any], to_jsonable_python(dict(state)))
+        jsonable = cast(dict[str, Any], to_jsonable_python(dict(state)))
+        bad = _non_finite(jsonable, "")
+        if bad is not None:
+            raise ValueError(f"{bad} is not a JSON number; use a finite float or None")
     except Exception as exc:
         raise TypeError(
             f"{what} holds a value that cannot be stored as JSON ({exc}); store plain "
             "JSON values (str, numbers, bools, None, lists, dicts) or pydantic models"
         ) from None
+    return jsonable
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """Where in ``value`` (JSON values) a NaN or infinite float is (``[key]...``, then its
+    value), or ``None`` if there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where or 'the value'} = {value}"
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _completes(ev: Event) -> bool:
+    """Whether ``ev`` of a session's log is one a call completes with state and directory
+    writes: a create or delete record, or an ADK event."""
+    rec = _record(ev)
+    if rec is not None:
+        return rec.get("op") in ("create", "delete")
+    return _adk_payload(ev) is not None
 
 
 def _split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -53,6 +98,7 @@ class _ScopedState:
     def __init__(self, logs: _Logs, turns: _RunTurns) -> None:
         self._logs = logs
         self._turns = turns
+        self._settled: dict[str, int] = {}  # session key -> count of its log known complete
 
     async def merged(self, app_name: str, user_id: str, own: Mapping[str, Any]) -> dict[str, Any]:
         merged, _ = await self.merged_seen(app_name, user_id, own)
@@ -90,25 +136,182 @@ class _ScopedState:
             stale += [prefix + k for k in keys if view.writes.get(k, -1) >= load.since(scope, k)]
         return stale
 
-    async def write_scoped(
+    async def seen(
         self, app_name: str, user_id: str, app: dict[str, Any], user: dict[str, Any]
     ) -> dict[Scope, int]:
-        """Write the app and user parts of a delta; the seq of each write, by scope."""
+        """The counts of the app's and user's logs, of those ``app`` and ``user`` (parts of a
+        delta) write: what a roll-forward of the delta may not overwrite (`settle`)."""
+        seen: dict[Scope, int] = {}
+        if app:
+            seen["app"] = (await self._logs.state(app_key(app_name))).seen
+        if user:
+            seen["user"] = (await self._logs.state(user_key(app_name, user_id))).seen
+        return seen
+
+    async def write_scoped(
+        self,
+        app_name: str,
+        user_id: str,
+        app: dict[str, Any],
+        user: dict[str, Any],
+        source: tuple[str, int] | None = None,
+    ) -> dict[Scope, int]:
+        """Write the app and user parts of a delta, of the session-log event ``source``
+        (session key, seq); the seq of each write, by scope. A part a roll-forward wrote
+        already (`settle`, the same source) is not written again: its seq is given."""
         now = datetime.now(UTC)
         seqs: dict[Scope, int] = {}
-        if app:
-            record = {RECORD_KEY: {"op": "state", "delta": app}}
+        for scope, delta, key in (
+            ("app", app, app_key(app_name)),
+            ("user", user, user_key(app_name, user_id)),
+        ):
+            if not delta:
+                continue
+            if source is not None:
+                done = (await self._logs.state(key)).sources.get(source)
+                if done is not None:
+                    seqs[scope] = done  # type: ignore[index]
+                    continue
+            op: dict[str, Any] = {"op": "state", "delta": delta}
+            if source is not None:
+                op["source"] = list(source)
             [ev] = await self._turns.write(
-                app_key(app_name), [(EventType.REQUEST_HEADER, record, now)]
+                key, [(EventType.REQUEST_HEADER, {RECORD_KEY: op}, now)]
             )
-            seqs["app"] = ev.seq
-        if user:
-            record = {RECORD_KEY: {"op": "state", "delta": user}}
-            [ev] = await self._turns.write(
-                user_key(app_name, user_id), [(EventType.REQUEST_HEADER, record, now)]
-            )
-            seqs["user"] = ev.seq
+            seqs[scope] = ev.seq  # type: ignore[index]
         return seqs
+
+    def completed(self, key: str, seq: int) -> None:
+        """Note that this process completed the call that wrote session ``key``'s event at
+        ``seq`` (its state and directory writes too): if every event before it was
+        complete, a read need not look for missing writes up to it."""
+        if self._settled.get(key, -1) >= seq:
+            self._settled[key] = seq + 1
+
+    async def settle(
+        self,
+        app_name: str,
+        user_id: str,
+        sid: str,
+        log: _Readable | None,
+        events: list[Event] | None = None,
+        count: int | None = None,
+    ) -> None:
+        """Complete the calls on session ``sid`` whose process died after writing the
+        session's log and before its app and user state or its directory entry (ADK's
+        database service writes a call in one transaction; here the session's log,
+        written first, is the source of truth).
+
+        The session's events after the latest its directory entry is written for (from
+        ``log``, its log as read now, or ``events``, those read from the store when its
+        log counted ``count``; neither: a log with no events) are the
+        calls not known complete: each one's ``app:`` and ``user:`` parts (`SCOPED_KEY`)
+        are written unless a state record of that event exists (`write_scoped` marks
+        them), each key only if its log has not written it since the event was written
+        (never over a newer value); then the directory entry of the latest (a deletion
+        for a delete record). A call still under way in a live process is completed
+        alike: its own writes then find the marks and write nothing twice.
+        """
+        key = session_key(app_name, user_id, sid)
+        if log is not None:
+            count = log.count()
+        elif events is None:
+            count = 0
+        if count is not None and self._settled.get(key, -1) >= count:
+            return
+        if count == 0:
+            self._settle(key, 0)
+            return
+        directory = await self._logs.state(directory_key(app_name, user_id))
+        done = directory.done(sid)
+        if events is None:
+            events = log.since(done + 1) if log is not None else []
+        pending = [ev for ev in events if ev.seq > done and _completes(ev)]
+        for ev in pending:
+            scoped = ev.data.get(SCOPED_KEY)
+            source = (key, ev.seq)
+            if isinstance(scoped, Mapping) and not await self._roll_forward(
+                app_name, user_id, source, scoped
+            ):
+                return  # outpaced by other writes: the next read tries again
+        if pending:
+            last = pending[-1]
+            rec = _record(last)
+            if rec is not None and rec.get("op") == "delete":
+                await self.write_directory(app_name, user_id, sid, last.seq, None, deleted=True)
+            else:
+                view = await self._logs.view(key)
+                if view.created is not None and view.last >= last.seq:
+                    await self.write_directory(
+                        app_name, user_id, sid, last.seq, view.state, view.last_update
+                    )
+        if count is not None:
+            self._settle(key, count)
+
+    async def settle_listed(
+        self, app_name: str, user_id: str, sid: str, count: int, directory: _StateView
+    ) -> bool:
+        """`settle` session ``sid`` for a listing, its log counting ``count`` in the store's
+        index and its user's directory as ``directory`` (caught up): its events after
+        the latest its entry is written for are read from the store (the session is not
+        opened), if any; whether anything was missing (then written)."""
+        key = session_key(app_name, user_id, sid)
+        if self._settled.get(key, -1) >= count:
+            return False
+        done = directory.done(sid)
+        events = []
+        if count - 1 > done:
+            events = await self._logs.sessions.read(key).since(done + 1)
+        if not any(_completes(ev) for ev in events):
+            self._settle(key, count)
+            return False
+        await self.settle(app_name, user_id, sid, None, events, count)
+        return True
+
+    def _settle(self, key: str, count: int) -> None:
+        """Remember that session ``key``'s log is complete up to ``count``."""
+        if len(self._settled) > SETTLED_KEPT:
+            self._settled.clear()
+        self._settled[key] = max(count, self._settled.get(key, -1))
+
+    async def _roll_forward(
+        self, app_name: str, user_id: str, source: tuple[str, int], scoped: Mapping[str, Any]
+    ) -> bool:
+        """Write the app and user parts ``scoped`` of the session-log event ``source``
+        unless a state record of it exists; a key written in its log since the event's
+        ``seen`` count is left as it is. Each write is at the log's next seq as read (a
+        write meanwhile, another roll-forward's too, makes it read and decide again, at
+        most `MAX_ATTEMPTS` times); whether both parts are written now."""
+        seen = scoped.get("seen")
+        seen = seen if isinstance(seen, Mapping) else {}
+        for scope, key in (("app", app_key(app_name)), ("user", user_key(app_name, user_id))):
+            delta = scoped.get(scope)
+            if not isinstance(delta, Mapping) or not delta:
+                continue
+            after = int(seen.get(scope, 0))
+            handle = await self._logs.handle(key)
+            for _ in range(MAX_ATTEMPTS):
+                view = await self._logs.state(key)
+                if source in view.sources:
+                    break
+                fresh = {k: thaw(v) for k, v in delta.items() if view.writes.get(k, -1) < after}
+                op = {"op": "state", "delta": fresh, "source": list(source)}
+                write = partial(
+                    handle.append_at,
+                    view.seen,
+                    EventType.REQUEST_HEADER,
+                    {RECORD_KEY: op},
+                    datetime.now(UTC),
+                )
+                try:
+                    await append_one_once(handle, write)
+                    break
+                except InvalidEvent as exc:
+                    if exc.reason != "seq_behind_head":
+                        raise
+            else:
+                return False
+        return True
 
     async def write_directory(
         self,
