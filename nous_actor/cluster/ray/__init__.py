@@ -78,6 +78,7 @@ from nous_actor.cluster.ray._protocol import FAILED as FAILED
 from nous_actor.cluster.ray._protocol import LATER as LATER
 from nous_actor.cluster.ray._protocol import MAX_BATCH as MAX_BATCH
 from nous_actor.cluster.ray._protocol import MAX_POLL as MAX_POLL
+from nous_actor.cluster.ray._protocol import MAX_SHARDS as MAX_SHARDS
 from nous_actor.cluster.ray._protocol import NOW as NOW
 from nous_actor.cluster.ray._protocol import OPEN as OPEN
 from nous_actor.cluster.ray._protocol import POLL_WAIT as POLL_WAIT

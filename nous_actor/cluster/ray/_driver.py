@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import pickle
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from nous_actor.cluster.ray._link import _Link
 from nous_actor.cluster.ray._placement import _kill, _shard_options
 from nous_actor.cluster.ray._protocol import (
     DEFAULT_IN_FLIGHT,
+    MAX_SHARDS,
     OPEN,
     PROTOCOL,
     RESTARTS,
@@ -45,7 +47,7 @@ class RaySessions:
             e.g. ``functools.partial(PostgresStore, dsn)``. Every shard must
             reach the same journal: a `nous_actor.PostgresStore` for more than
             one machine.
-        shards: how many shard actors host the sessions.
+        shards: how many shard actors host the sessions, at most `MAX_SHARDS`.
         name: name the shard actors ``"{name}.{i}"`` (in ``namespace``), so
             that another driver with the same name reaches the same shards: a
             shard of that name that runs already is reached, not started again
@@ -56,7 +58,8 @@ class RaySessions:
         address: where the cluster is, when this process is not connected to Ray
             yet (passed to ``ray.init``; ``None``: Ray's default).
         timeout: the handles' default bound on every wait.
-        start_timeout: how long the shards may take to start.
+        start_timeout: how long the shards may take to start: to be created (or
+            reached by name), then to answer.
         max_sessions, idle_timeout, dangling_turns: for each shard's
             `nous_actor.Sessions` (``dangling_turns``: what a session does, when
             it starts, with the half run of a turn whose holder is gone).
@@ -118,7 +121,12 @@ class RaySessions:
                 f"e.g. functools.partial(PostgresStore, dsn); got {type(store_factory).__name__}"
             )
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ValueError(f"shards must be an int >= 1, got {shards!r}")
+            raise ValueError(f"shards must be an int >= 1, got {short_repr(shards)}")
+        if shards > MAX_SHARDS:
+            raise ValueError(
+                f"shards must be an int >= 1, at most {MAX_SHARDS} (MAX_SHARDS), got "
+                f"{short_repr(shards)}"
+            )
         for arg, value in (("name", name), ("namespace", namespace)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{arg} must be a str or None, got {type(value).__name__}")
@@ -199,10 +207,22 @@ class RaySessions:
         start_timeout: float,
     ) -> tuple[list[Any], list[bool]]:
         """Create the shards, or reach those of ``name`` that run already, and wait until
-        each answers: each shard, and whether this object created it. If start-up fails,
-        the shards created here are killed, and only those."""
+        each answers, all within ``start_timeout``: each shard, and whether this object
+        created it. If start-up fails, the shards created here are killed, and only those.
+
+        The deadline bounds the creation too, not only the wait for the answers: creating
+        an actor costs Ray a round trip to its control store, so many shards on a slow or
+        loaded cluster would otherwise take unbounded time before the wait even began."""
+        deadline = time.monotonic() + start_timeout
         actors: list[Any] = []
         created: list[bool] = []
+
+        def late(started: int) -> ClusterError:
+            return ClusterError(
+                f"only {started} of {self.shards} shards were created within "
+                f"{start_timeout:g} s: check `ray status` for the cluster's health and load, "
+                "or give a larger start_timeout"
+            )
 
         def fail(error: Exception) -> Exception:
             _kill([a for a, new in zip(actors, created, strict=True) if new])
@@ -210,6 +230,8 @@ class RaySessions:
 
         try:
             for i in range(self.shards):
+                if time.monotonic() >= deadline:
+                    raise fail(late(i))
                 opts = dict(base)
                 if self.name is not None:
                     opts["name"] = f"{self.name}.{i}"
@@ -222,6 +244,8 @@ class RaySessions:
                 )
                 actors.append(actor)
                 created.append(new)
+        except ClusterError:
+            raise
         except Exception as exc:
             if isinstance(exc, (TypeError, pickle.PicklingError)):
                 raise fail(
@@ -229,7 +253,8 @@ class RaySessions:
                 ) from None
             raise fail(ClusterError(f"could not start the shards on Ray: {exc}")) from None
         refs = [a.ready.remote() for a in actors]
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=start_timeout)
+        left = max(deadline - time.monotonic(), 0.0)
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=left)
         if pending:
             raise fail(
                 ClusterError(
@@ -389,8 +414,10 @@ class RaySessions:
         await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
 
     def _unlink(self, why: str) -> None:
+        """Fail this registry's later calls with `SessionStopped` (``why``) and end its
+        subscriptions."""
         for link in self._links:
-            link.closed = why
+            link.close(why)
 
     def _stop_shards(self, timeout: float, actors: list[Any]) -> None:
         if not actors:

@@ -28,13 +28,15 @@ class _Feed:
         if self.closed:
             return
         try:
-            ref = self.link.actor.poll.remote(self.token, POLL_WAIT)
+            ref = self.link.actor.poll.remote(self.token, POLL_WAIT, self.session_id)
         except Exception as exc:
             self._end(exc)
             return
         ref.future().add_done_callback(self._polled)
 
     def _polled(self, answer: Future[Any]) -> None:
+        if self.closed:  # ended meanwhile (closed, or its registry was): nothing more
+            return
         try:
             events, ended, error = answer.result()
         except Exception as exc:
@@ -46,21 +48,32 @@ class _Feed:
                 return
         if ended:
             self.closed = True
+            self.link.detach(self)
             self.sub._finish(error)
             return
         self.poll()
 
     def _end(self, exc: BaseException) -> None:
         self.closed = True
+        self.link.detach(self)
         if self.link.closed is not None:
             self.sub._finish(None)
         else:
             self.sub._finish(_lost(self.session_id, self.link.index, exc))
 
+    def unlinked(self) -> None:
+        """The registry was closed (`_Link.close`): the subscription ends as a local
+        registry's close ends it, normally, after the events already delivered (its
+        ``get`` then raises `nous_actor.SessionStopped`), and the shard drops its
+        subscriber (the shards may keep serving other drivers)."""
+        self.close(self.sub)
+        self.sub._finish(None)
+
     def close(self, sub: Subscription) -> None:
         if self.closed:
             return
         self.closed = True
+        self.link.detach(self)
         try:
             self.link.actor.unsubscribe.remote(self.token)
         except Exception:  # the shard is gone: so is its subscriber

@@ -8,7 +8,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nous_actor.cluster.ray._protocol import (
     DEFAULT_IN_FLIGHT,
@@ -26,6 +26,9 @@ from nous_actor.core.event import trusted_event
 from nous_actor.errors import SessionStopped
 from nous_actor.runtime import telemetry
 from nous_actor.sessions.future import SessionFuture
+
+if TYPE_CHECKING:
+    from nous_actor.cluster.ray._feed import _Feed
 
 # A batch ready to go: its calls, their futures, its number, whether it resets the count,
 # its callers' trace contexts (telemetry; empty while no sink is installed).
@@ -53,6 +56,7 @@ class _Link:
         "actor",
         "calls",
         "closed",
+        "feeds",
         "id",
         "index",
         "max_in_flight",
@@ -75,8 +79,33 @@ class _Link:
         self._next = 0  # the number of the next batch
         self._reset = True  # the next batch starts the shard's count for this link
         self.closed: str | None = None
+        # The subscriptions fed from this shard, to be ended when the registry closes
+        # (the shards may keep serving: detached, or another driver's).
+        self.feeds: set[_Feed] = set()
         self.calls = 0  # Ray calls made
         self.sent = 0  # session calls they carried
+
+    def attach(self, feed: _Feed) -> bool:
+        """Follow ``feed`` until it ends or `close`; ``False`` if this link is closed."""
+        with self._lock:
+            if self.closed is not None:
+                return False
+            self.feeds.add(feed)
+            return True
+
+    def detach(self, feed: _Feed) -> None:
+        """``feed`` ended: no longer followed."""
+        with self._lock:
+            self.feeds.discard(feed)
+
+    def close(self, why: str) -> None:
+        """The registry is closed: later calls fail with `SessionStopped` (``why``), and
+        every subscription fed from this shard ends."""
+        with self._lock:
+            self.closed = why
+            feeds, self.feeds = list(self.feeds), set()
+        for feed in feeds:
+            feed.unlinked()
 
     def submit(self, op: Op, fut: SessionFuture[Any]) -> None:
         if self.closed is not None:
@@ -186,7 +215,7 @@ class _Link:
     def _follow(self, session_id: str, fut: SessionFuture[Any], token: int) -> None:
         """Ask for the outcome of a call the shard answers later."""
         try:
-            ref = self.actor.result.remote(token)
+            ref = self.actor.result.remote(token, session_id)
         except Exception as exc:
             fut._fail(_lost(session_id, self.index, exc))
             return

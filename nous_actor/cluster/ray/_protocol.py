@@ -9,6 +9,7 @@ caller when a whole Ray call failed (`_lost`). Imports nothing of the package.
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle
 from typing import Any, Final
 
@@ -23,6 +24,11 @@ from nous_actor.sessions.actor._calls import REMOTE, TURN_READS, handlers_with
 
 PROTOCOL: Final = 3  # 2: a compaction may travel through a turn; 3: batches cross as bytes
 """The version of what drivers and shards say to each other; both sides check it."""
+
+MAX_SHARDS: Final = 1024
+"""Shards one `RaySessions` may have, at most: each is an actor (a worker process) that
+every driver reaches, and more than a cluster's nodes can host by far only slows the
+start-up (a round trip to Ray's control store per shard) and every `RaySessions.live`."""
 
 MAX_BATCH: Final = 1000
 """Calls carried by one Ray call to a shard, at most."""
@@ -128,6 +134,53 @@ def _pack_batch(link: str, number: int, reset: bool, ops: list[Op]) -> bytes:
 def _unpack(blob: bytes) -> Any:
     """What `_pack` packed."""
     return pickle.loads(blob)
+
+
+class _Unloadable:
+    """Stands in a shard for a class it cannot import (`_unpack_each`): made from any
+    arguments, keeps no state, and refuses to be pickled again, naming the class."""
+
+    origin = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Unloadable:
+        return object.__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __reduce__(self) -> Any:
+        raise pickle.PicklingError(f"{self.origin} cannot be imported here")
+
+
+class _Lenient(pickle.Unpickler):
+    """Loads what it can: a class it cannot import becomes an `_Unloadable` of its name."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            return type(name, (_Unloadable,), {"origin": f"{module}.{name}"})
+
+
+def _unpack_each(blob: bytes) -> tuple[list[Any], dict[int, str]]:
+    """The calls packed in ``blob``, which `_unpack` could not read, read leniently: the
+    calls, and those that hold something this process cannot import (by index: what),
+    so that they fail alone and the batch's other calls still run.
+
+    Raises whatever the lenient load raises when the blob cannot be read even so."""
+    ops = _Lenient(io.BytesIO(blob)).load()
+    if not isinstance(ops, list):
+        raise TypeError(f"the calls are a {type(ops).__name__}, not a list")
+    unread: dict[int, str] = {}
+    for i, op in enumerate(ops):
+        try:
+            pickle.dumps(op, protocol=5)
+        except Exception as exc:
+            unread[i] = f"{type(exc).__name__}: {short_repr(exc)}"
+    return ops, unread
 
 
 def _mismatch(index: int, protocol: object) -> ClusterError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from functools import partial
 from typing import Any
 
@@ -18,6 +19,33 @@ from nous_actor.sessions.actor import Handler, SessionActor, _Compaction
 from nous_actor.sessions.future import DEFAULT_TIMEOUT, SessionFuture
 from nous_actor.sessions.handle import SessionHandle, _check_handle_args
 from nous_actor.store.subscription import Subscription
+
+_EXACT: frozenset[type] = frozenset({int, str, bool})
+
+
+def _exact(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with each instance of a subclass of int or str replaced by the exact int
+    or str it stands for (``args`` itself when there is none, the usual case).
+
+    The handle's checks accept such an argument (a user's ``MyStr`` call id, a
+    ``MyInt`` seq), but it would be pickled by reference to its class, which the shard
+    may not be able to import (a class of ``__main__``): its batch would be unreadable
+    there. The session uses the value alone, so the value goes.
+    """
+    if all(type(a) in _EXACT or not isinstance(a, (int, str)) for a in args):
+        return args
+    return tuple(_plain(a) for a in args)
+
+
+def _plain(a: Any) -> Any:
+    """``a`` as the exact int or str it stands for, if it is of a subclass of either."""
+    if type(a) in _EXACT:
+        return a
+    if isinstance(a, int):
+        return operator.index(a)  # the exact int (Python 3.10 and later)
+    if isinstance(a, str):
+        return str.__str__(a)  # the exact str, whatever the subclass's __str__ says
+    return a
 
 
 class RaySession(SessionHandle):
@@ -62,7 +90,7 @@ class RaySession(SessionHandle):
         name = getattr(handler, "__name__", "")
         if name not in _CALLS:
             return self._failed(NousActorError(f"a RaySession cannot send {name!r}"))
-        return self._send(CALL, name, args)
+        return self._send(CALL, name, _exact(args))
 
     def _compact(self, req: _Compaction, turn_id: str | None) -> SessionFuture[Any]:
         """Send compaction ``req`` to the shard (through open turn ``turn_id``, if one):
@@ -101,6 +129,9 @@ class RaySession(SessionHandle):
         sub._catch_up(events)
         feed = _Feed(self._link, self.session_id, sub, token)
         sub._on_close = feed.close
+        if not self._link.attach(feed):  # the registry was closed meanwhile
+            feed.close(sub)
+            raise SessionStopped(self.session_id, str(self._link.closed))
         feed.poll()
 
     def is_alive(self) -> bool:

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import os
 import pickle
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ from nous_actor.cluster.ray._protocol import (
     _pack_outcomes,
     _portable,
     _unpack,
+    _unpack_each,
 )
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.compaction import CompactionError
@@ -48,6 +50,7 @@ from nous_actor.core.event import Event
 from nous_actor.errors import (
     CallTimeout,
     NousActorError,
+    SessionCrashed,
     SessionStopped,
     StoreError,
     SubscriptionLagged,
@@ -108,7 +111,12 @@ class _Shard:
         self._handles_sweep: Sweep[str, Session] = Sweep(_stopped, _HANDLES_SWEEP)
         self.later: dict[int, Any] = {}
         self.subs: dict[int, Subscription] = {}
-        self.tokens = itertools.count()
+        # Tokens of calls answered later and of subscriptions: unique across the shard's
+        # incarnations (a random 63-bit prefix each), so that a driver's poll or result
+        # meant for an earlier incarnation, reaching this one after a restart, is told
+        # that the shard does not know it, and never takes another call's token.
+        self.tokens = itertools.count(secrets.randbits(63) << 64)
+        self.closed = False  # `close` was called: subscriptions ended normally
         self.turns: dict[str, int] = {}  # each link's next batch number
         self.turned: asyncio.Condition | None = None  # made on the actor's loop, if needed
         self.waiting = 0  # batches waiting for an earlier batch of their link
@@ -267,7 +275,8 @@ class _Shard:
 
         The batch is one blob of bytes (`_pack`): ``(protocol, link, number, reset,
         count, calls)``, the calls packed again, so that calls this shard cannot read
-        still leave the link's count right and fail each, one by one."""
+        still leave the link's count right and fail each, one by one: only those that
+        hold a value of a class it cannot import, when the others can be read."""
         if len(batch) != 1 or not isinstance(batch[0], bytes):
             # A driver of protocol 2 or older, refused in the form it reads.
             calls = len(batch[-1]) if batch and isinstance(batch[-1], list) else 0
@@ -286,18 +295,29 @@ class _Shard:
             return _pack([(FAILED, self.error)] * count)
         await self._turn(link, number, reset)
         try:
+            unread: dict[int, str] = {}
             try:
                 ops: list[Op] = _unpack(blob)
             except Exception as exc:
-                unread = NousActorError(
-                    f"shard {self.index} could not read the calls it was sent "
-                    f"({type(exc).__name__}: {short_repr(exc)}): run one version of "
-                    "nous_actor, with the same modules, on every node"
-                )
-                return _pack([(FAILED, unread)] * count)
-            handles, refused = await self._open(ops)
+                try:  # fail only the calls that hold what cannot be loaded here
+                    ops, unread = _unpack_each(blob)
+                except Exception:
+                    ops = []
+                if len(ops) != count or not unread:
+                    error = NousActorError(
+                        f"shard {self.index} could not read the calls it was sent "
+                        f"({type(exc).__name__}: {short_repr(exc)}): run one version of "
+                        "nous_actor, with the same modules, on every node"
+                    )
+                    return _pack([(FAILED, error)] * count)
+            handles, refused = await self._open(
+                [op for i, op in enumerate(ops) if i not in unread]
+            )
             started: list[tuple[int, Any]] = []
-            for op in ops:
+            for i, op in enumerate(ops):
+                if i in unread:
+                    started.append((FAILED, self._unreadable(unread[i])))
+                    continue
                 why = refused.get(op[1])
                 if why is not None:
                     started.append((FAILED, why))
@@ -314,12 +334,23 @@ class _Shard:
                 outcomes[i] = (SEQ, value.seq)  # the driver has the rest: see SEQ
         return _pack_outcomes(outcomes)
 
-    async def result(self, token: int) -> bytes:
+    def _unreadable(self, why: str) -> NousActorError:
+        """What a call gets whose arguments this shard cannot load."""
+        return NousActorError(
+            f"shard {self.index} could not read this call, whose arguments hold a value "
+            f"of a class it cannot import ({why}): pass plain values, or define the class "
+            "in a module installed (or shipped with Ray's runtime_env) wherever the shards "
+            "run"
+        )
+
+    async def result(self, token: int, session_id: str = "*") -> bytes:
         """The outcome of a call answered later (a compaction, a stop), packed as a
-        batch's (one outcome)."""
+        batch's (one outcome); ``session_id``: the call's session, for the error if this
+        shard holds no such call (it was restarted since it answered: the call may or
+        may not have been applied)."""
         waiting = self.later.pop(token, None)
         if waiting is None:
-            return _pack([(FAILED, NousActorError(f"shard {self.index} holds no call {token}"))])
+            return _pack([(FAILED, self._unknown(session_id, "call"))])
         return _pack_outcomes([await _outcome(waiting)])
 
     async def subscribe(
@@ -347,12 +378,30 @@ class _Shard:
             events.append(ev)
         return events
 
-    async def poll(self, token: int, wait: float) -> tuple[list[Any], bool, Exception | None]:
+    def _unknown(self, session_id: str, what: str) -> SessionCrashed:
+        """A token this shard does not know: it was given by an earlier incarnation of the
+        shard (tokens are never reused), whose calls and subscribers died with it."""
+        return SessionCrashed(
+            session_id,
+            f"its shard {self.index} was restarted and no longer holds this {what} (it "
+            f"died with the shard's previous worker); "
+            + (
+                "the call may or may not have been applied"
+                if what == "call"
+                else "subscribe again from the next seq you need"
+            ),
+        )
+
+    async def poll(
+        self, token: int, wait: float, session_id: str = "*"
+    ) -> tuple[list[Any], bool, Exception | None]:
         """The next events of a subscription (waiting at most ``wait`` for the first);
-        whether it ended, and with which error."""
+        whether it ended, and with which error. A token this shard does not know ends the
+        subscription with `SessionCrashed` (its subscriber died with an earlier incarnation
+        of the shard), unless the shard was closed, which ends every subscription."""
         sub = self.subs.get(token)
         if sub is None:
-            return [], True, None
+            return [], True, None if self.closed else self._unknown(session_id, "subscription")
         events: list[Any] = []
         try:
             if not sub.pending():
@@ -375,6 +424,7 @@ class _Shard:
         return [] if self.sessions is None else self.sessions.live()
 
     async def close(self, timeout: float) -> None:
+        self.closed = True
         for sub in list(self.subs.values()):
             sub.close()
         self.subs.clear()
