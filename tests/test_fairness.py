@@ -311,3 +311,41 @@ def test_a_light_session_beside_others_is_found_as_by_counting_all(
         pending[sid] = pending.get(sid, 0) + 1
     expected = len(pending) > 1 and min(pending.values()) == 1
     assert _light_beside_others(waiting, fresh) == expected
+
+
+def test_big_events_are_split_over_transactions_by_their_bytes() -> None:
+    """Twelve pipelined appends of 6 MiB each and a small one of another session: no
+    transaction holds more than `MAX_BATCH_BYTES` of event data (one bigger item goes
+    alone), so a slow store's bound is never outlasted by one giant commit that would
+    fail every write in it, the small one too (20 appends of 15 MiB made one of 300 MB
+    on PostgreSQL); every item is written, in order."""
+    from nous_actor.core.event import EventType, trusted_event
+    from nous_actor.store.committer import MAX_BATCH_BYTES
+
+    text = '{"content": "' + "x" * (6 * 1024 * 1024) + '"}'
+    store = Recording(MemoryStore())
+    committer = Committer(store)
+    try:
+        committer.submit("gate", [ev(0)], lambda err: None)
+        assert store.entered.wait(BOUND)
+        answers: list[StoreError | None] = []
+        all_answered = threading.Event()
+
+        def answer(err: StoreError | None) -> None:
+            answers.append(err)
+            if len(answers) == 13:
+                all_answered.set()
+
+        for seq in range(12):
+            big = trusted_event(seq, EventType.USER_MESSAGE, T0, text, None)
+            committer.submit("big", [big], answer)
+        committer.submit("small", [ev(0)], answer)
+        store.opened.set()
+        assert all_answered.wait(BOUND)
+        assert answers == [None] * 13
+        per_write = [len(w.get("big", [])) * len(text) for w in store.writes[1:]]
+        assert max(per_write) <= MAX_BATCH_BYTES
+        assert [seq for w in store.writes for seq in w.get("big", [])] == list(range(12))
+        assert store.first_write_with("small") == 1
+    finally:
+        committer.close(BOUND)

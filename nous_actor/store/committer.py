@@ -47,6 +47,11 @@ Notify = Callable[[StoreError | None], None]
 
 MAX_BATCH: Final = 2000
 """Events a transaction holds at most (one larger item goes alone)."""
+MAX_BATCH_BYTES: Final = 32 * 1024 * 1024
+"""Bytes of event data a transaction holds at most (one larger item goes alone): 20
+pipelined appends of 15 MiB each made one transaction of 300 MB, which outlasted a
+PostgreSQL store's bound and failed every write in it, other sessions' small ones
+too."""
 SHARE: Final = 16
 """Events of one session a transaction holds at most while other sessions wait too (one
 larger item goes alone): their appends wait for short commits. With 50 threads flooding
@@ -427,36 +432,53 @@ def _drain(intake: Any, fresh: list[_Item]) -> bool:
 
 def _fill(waiting: dict[str, deque[_Item]], budget: int, share: int) -> list[_Item]:
     """The next transaction: the oldest item of every waiting session (while they fit in
-    ``budget`` events), then more of each, up to ``share`` events a session. Sessions
-    that keep items move behind the others; an item larger than the budget or the
-    share is taken alone (an item counts its events, a drop one). Takes the items out
-    of ``waiting``."""
+    ``budget`` events and `MAX_BATCH_BYTES`), then more of each, up to ``share`` events
+    a session. Sessions that keep items move behind the others; an item larger than the
+    budget, the bytes or the share is taken alone (an item counts its events, a drop
+    one). Takes the items out of ``waiting``."""
     batch: list[_Item] = []
     taken: dict[str, int] = {}
     size = 0
+    nbytes = 0
     for sid, mine in waiting.items():
-        if size >= budget:
+        if size >= budget or nbytes >= MAX_BATCH_BYTES:
             break
         n = len(mine[0].events) or 1
-        if batch and size + n > budget:
+        b = _bytes(mine[0])
+        if batch and (size + n > budget or nbytes + b > MAX_BATCH_BYTES):
             continue
         batch.append(mine.popleft())
         taken[sid] = n
         size += n
+        nbytes += b
     for sid, n in taken.items():
         mine = waiting[sid]
         while mine and size < budget:
             more = len(mine[0].events) or 1
-            if n + more > share or size + more > budget:
+            b = _bytes(mine[0])
+            if n + more > share or size + more > budget or nbytes + b > MAX_BATCH_BYTES:
                 break
             batch.append(mine.popleft())
             n += more
             size += more
+            nbytes += b
         # Served: to the back of the round (or out, once it has nothing waiting).
         del waiting[sid]
         if mine:
             waiting[sid] = mine
     return batch
+
+
+def _bytes(item: _Item) -> int:
+    """The bytes of event data ``item`` writes, as far as they are known without encoding
+    (an event appended through a session holds its JSON text; one made of a mapping
+    counts nothing: its size is found when it is encoded)."""
+    total = 0
+    for ev in item.events:
+        d = ev._data
+        if type(d) is str:
+            total += len(d)
+    return total
 
 
 def _expect(
@@ -503,6 +525,8 @@ def _fits(items: list[_Item], budget: int, share: int) -> bool:
         total += n
         per[item.session_id] = per.get(item.session_id, 0) + n
     if total > budget and len(items) > 1:
+        return False
+    if len(items) > 1 and sum(_bytes(item) for item in items) > MAX_BATCH_BYTES:
         return False
     # Each session's first item is taken whatever its size; more only within the share.
     firsts: dict[str, int] = {}
