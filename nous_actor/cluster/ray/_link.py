@@ -8,7 +8,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nous_actor.cluster.ray._protocol import (
     DEFAULT_IN_FLIGHT,
@@ -27,8 +27,14 @@ from nous_actor.errors import SessionStopped
 from nous_actor.runtime import telemetry
 from nous_actor.sessions.future import SessionFuture
 
-if TYPE_CHECKING:
-    from nous_actor.cluster.ray._feed import _Feed
+
+class _Followed(Protocol):
+    """What a link asks of a subscription's feed it follows (a `_Feed`, named by role:
+    the feed's module imports this one)."""
+
+    def unlinked(self) -> None:
+        """The registry was closed: the subscription ends."""
+
 
 # A batch ready to go: its calls, their futures, its number, whether it resets the count,
 # its callers' trace contexts (telemetry; empty while no sink is installed).
@@ -81,11 +87,11 @@ class _Link:
         self.closed: str | None = None
         # The subscriptions fed from this shard, to be ended when the registry closes
         # (the shards may keep serving: detached, or another driver's).
-        self.feeds: set[_Feed] = set()
+        self.feeds: set[_Followed] = set()
         self.calls = 0  # Ray calls made
         self.sent = 0  # session calls they carried
 
-    def attach(self, feed: _Feed) -> bool:
+    def attach(self, feed: _Followed) -> bool:
         """Follow ``feed`` until it ends or `close`; ``False`` if this link is closed."""
         with self._lock:
             if self.closed is not None:
@@ -93,7 +99,7 @@ class _Link:
             self.feeds.add(feed)
             return True
 
-    def detach(self, feed: _Feed) -> None:
+    def detach(self, feed: _Followed) -> None:
         """``feed`` ended: no longer followed."""
         with self._lock:
             self.feeds.discard(feed)
