@@ -672,3 +672,36 @@ def test_a_session_in_a_turn_is_not_passivated_as_idle() -> None:
         turn.close()
         assert reg.passivate_idle(now=reg.clock() + 3600) == ["c"]
         assert [e["how"] for e in turns(reg.open("c").log().get(timeout=BOUND))] == ["closed"]
+
+
+@pytest.mark.parametrize("policy", ["interrupt", "rollback"])
+def test_a_compaction_through_a_turn_that_ended_meanwhile_applies_nothing(policy: str) -> None:
+    """A compaction made through run A's turn, whose summary (a model call) comes back
+    after another run took the session: it fails with `TurnInterrupted` and writes
+    nothing (its summary landed inside run B's turn, the two runs' messages interleaved)."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow_summary(messages: Sequence[Message]) -> str:
+        started.set()
+        assert release.wait(BOUND)
+        return "SUMMARY OF RUN A"
+
+    with Sessions(MemoryStore(), timeout=BOUND) as registry:
+        s = registry.open("S")
+        for i in range(6):
+            s.append("user_message", {"content": f"old {i} " * 30}).get(timeout=BOUND)
+        a = s.turn(owner="run-A").open()
+        a.append("user_message", {"content": "A asks"}).get(timeout=BOUND)
+        fut = a.compact(Compactor(budget=50, summarise=slow_summary, keep_recent=1))
+        assert started.wait(BOUND)
+        b = s.turn(owner="run-B", policy=policy).open()
+        b.append("user_message", {"content": "B asks"}).get(timeout=BOUND)
+        release.set()
+        with pytest.raises(TurnInterrupted) as err:
+            fut.get(timeout=BOUND)
+        assert err.value.turn_id == a.turn_id
+        b.close()
+        contents = [e.data.get("content") for e in s.events().get(timeout=BOUND)]
+        assert "SUMMARY OF RUN A" not in contents
+        assert not [e for e in s.events().get(timeout=BOUND) if e.data.get("step") == "compaction"]

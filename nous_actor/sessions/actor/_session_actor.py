@@ -1114,6 +1114,10 @@ class SessionActor(DispatchedSupervisedActor):
         self, fut: SessionFuture[Any] | None, req: _Compaction, plan: Plan, summary: Any
     ) -> Any:
         self._check_writable()
+        if req.turn_id is not None:  # made through a turn: that turn must still be open
+            table = self._turns_now(scheduling.monotonic())
+            if table is None or table.open is None or table.open.req.turn_id != req.turn_id:
+                raise not_open(self.session_id, self.log, req.turn_id, self.inflight)
         known = self._known_compaction(req)
         if known is not None:  # applied already: at most once
             return known

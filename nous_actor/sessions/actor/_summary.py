@@ -31,6 +31,7 @@ class _Compaction:
     attempt: int = 0
     slot: SummarySlot | None = None  # its place on that loop, taken at the call
     context: object = None  # the caller's trace context, for the compaction's span
+    turn_id: str | None = None  # made through this turn: committed only while it is open
 
 
 _LOOP_ENDED = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -353,6 +354,9 @@ class Session(SessionHandle):
 
     def _compact_in_turn(self, req: _Compaction, turn_id: str) -> SessionFuture[Any]:
         # Here the session runs the compaction itself, as any call through the turn.
+        # (The turn goes with it: its summary, written off the actor, is committed only
+        # if that turn is still open then.)
+        req = dataclasses.replace(req, turn_id=turn_id)
         return self._call(SessionActor.h_turn_call, turn_id, "h_compact", (req,))
 
     def _subscription(self, from_seq: int, buffer: int) -> Subscription:
