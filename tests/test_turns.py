@@ -705,3 +705,25 @@ def test_a_compaction_through_a_turn_that_ended_meanwhile_applies_nothing(policy
         contents = [e.data.get("content") for e in s.events().get(timeout=BOUND)]
         assert "SUMMARY OF RUN A" not in contents
         assert not [e for e in s.events().get(timeout=BOUND) if e.data.get("step") == "compaction"]
+
+
+def test_a_raw_turn_start_with_a_turn_id_of_its_own_opens_no_managed_turn() -> None:
+    """The application's own ``turn_start`` bookkeeping (a ``turn_id`` of its own, no
+    policy) is not a managed turn (DESIGN.md §11): a restart after it ends nothing and
+    answers no tool call for the app (it made up an interrupted result for ``t1``, and
+    the app's real one made two)."""
+    with Sessions(MemoryStore(), timeout=BOUND, backoff=None) as registry:
+        s = registry.open("raw")
+        s.append("turn_start", {"turn_id": "my-app-turn-1"}).get(timeout=BOUND)
+        call = {"tool_calls": [{"id": "t1", "name": "f", "arguments": "{}"}]}
+        s.append("assistant_message", call).get(timeout=BOUND)
+        with pytest.raises(SessionCrashed):
+            crash(s).get(timeout=BOUND)
+        s.append("tool_result", {"tool_call_id": "t1", "content": "real"}).get(timeout=BOUND)
+        assert [e.type.value for e in s.events().get(timeout=BOUND)] == [
+            "turn_start",
+            "assistant_message",
+            "tool_result",
+        ]
+        results = [m.content for m in s.derive_messages().get(timeout=BOUND) if m.tool_call_id]
+        assert results == ["real"]

@@ -111,12 +111,15 @@ def open_turn(log: Log) -> Event | None:
     """The ``turn_start`` of the managed turn left open in ``log``, or ``None``.
 
     Managed turns never overlap, so the last managed turn event (one whose data
-    has a ``turn_id``) says it: a ``turn_start`` there is still open. (An event read
-    from a store whose text has no ``turn_id`` is passed over undecoded: a recovered
-    history of unmanaged turns is not decoded to find none.)
+    has a ``turn_id`` and a ``policy``, as every managed turn's ``turn_start`` and
+    ``turn_end`` have) says it: a ``turn_start`` there is still open. A raw turn event
+    of the application's own (a ``turn_id`` of its bookkeeping, no ``policy``) opens
+    and ends no managed turn (DESIGN.md §11). (An event read from a store whose text
+    has no ``turn_id`` is passed over undecoded: a recovered history of unmanaged
+    turns is not decoded to find none.)
     """
     for ev in reversed(log.events()):
-        if ev.type in _TURN_TYPES and has_key(ev, "turn_id"):
+        if ev.type in _TURN_TYPES and has_key(ev, "turn_id") and has_key(ev, "policy"):
             return ev if ev.type is EventType.TURN_START else None
     return None
 
