@@ -53,7 +53,7 @@ def test_the_open_turn_walk_decodes_no_unmanaged_turn_event(tmp_path: Path) -> N
     assert open_turn(recovered) is None
     held = [ev for ev in recovered.events() if isinstance(ev._data, str)]
     assert len(held) == len(recovered.events())  # none was decoded
-    managed = recovered.append("turn_start", {"turn_id": "t1"}, T0)
+    managed = recovered.append("turn_start", {"turn_id": "t1", "policy": "reject"}, T0)
     found = open_turn(managed)
     assert found is not None
     assert found.data["turn_id"] == "t1"
