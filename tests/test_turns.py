@@ -727,3 +727,41 @@ def test_a_raw_turn_start_with_a_turn_id_of_its_own_opens_no_managed_turn() -> N
         ]
         results = [m.content for m in s.derive_messages().get(timeout=BOUND) if m.tool_call_id]
         assert results == ["real"]
+
+
+def test_calls_waiting_for_a_turn_at_a_crash_reach_the_restarted_session() -> None:
+    """Under a registry, a queued turn and a plain write held behind the open turn when
+    the session crashes are delivered to the restarted session in the order they came,
+    as the calls of its inbox are (they failed with `SessionStopped`): the crashed
+    turn ends as interrupted by the restart, the queued one opens, and the held write
+    is applied once that one closes."""
+    from bounds import wait_until
+
+    with Sessions(MemoryStore(), timeout=BOUND, backoff=None) as registry:
+        s = registry.open("cw")
+        a = s.turn(owner="A").open()
+        a.append("user_message", {"content": "a1"}).get(timeout=BOUND)
+        ref = registry._live_ref("cw", BOUND)
+        assert ref is not None
+        actor = ref.actor_inbox._actor  # type: ignore[attr-defined]
+
+        def waiting() -> int:
+            return 0 if actor.turns is None else len(actor.turns.waiting)
+
+        with ThreadPoolExecutor(1) as pool:
+            opening = pool.submit(lambda: s.turn(owner="B").open())
+            wait_until(lambda: waiting() == 1, BOUND, "turn B queued behind A")
+            write = _in_another_thread(lambda: s.append("user_message", {"content": "w"}))
+            wait_until(lambda: waiting() == 2, BOUND, "the plain write held behind A")
+            with pytest.raises(SessionCrashed):
+                crash(s).get(timeout=BOUND)
+            b = opening.result(timeout=BOUND)
+        assert not write.done()  # held behind B's turn now
+        b.append("user_message", {"content": "b1"}).get(timeout=BOUND)
+        b.close()
+        assert write.get(timeout=BOUND).data["content"] == "w"
+        assert [(t["owner"], t["how"]) for t in turns(s.log().get(timeout=BOUND))] == [
+            ("A", "interrupted"),
+            ("B", "closed"),
+        ]
+        assert contents(s) == ["a1", "b1", "w"]

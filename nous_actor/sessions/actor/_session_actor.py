@@ -1340,11 +1340,17 @@ class SessionActor(DispatchedSupervisedActor):
     def _shut(self, err: SessionStopped, feed_error: SessionStopped | None) -> None:
         """Answer everything still waiting and let go of the store (after ``actor_stopped``).
 
-        Under a registry's route (``cell.reroute``), the calls not applied — parked,
-        then queued in the inbox, in the order they came — go back to the route, which
-        delivers them where the session is next; otherwise they fail with ``err``."""
-        self._drain(err)
+        Under a registry's route (``cell.reroute``), the calls not applied — waiting
+        for a turn (queued turns, held writes), parked, then queued in the inbox, in the
+        order they came — go back to the route, which delivers them where the session is
+        next; otherwise they fail with ``err``."""
         table = self.turns
+        waiting: list[Parked] = (
+            table.take_waiting(SessionActor.h_turn_open)
+            if table is not None and self.cell.reroute is not None and not self._loading
+            else []
+        )  # (under a route, the calls waiting for a turn go back to it before the inbox's)
+        self._drain(err, waiting)
         if table is not None:
             self._keep_turns(None)
             table.stop(err)
@@ -1406,16 +1412,17 @@ class SessionActor(DispatchedSupervisedActor):
         finally:
             self.ledger.released.set()
 
-    def _reroute(self, route: Any) -> list[Any]:
-        """Hand the calls not applied (parked, then queued) back to ``route`` (under its
-        lock: a call is put under it, so it is queued before this or held after); the
-        envelopes left in the inbox that are not such calls (the actor's own news,
-        Pykka's asks)."""
+    def _reroute(self, route: Any, first: list[Parked]) -> list[Any]:
+        """Hand the calls not applied (``first``, emptied once handed, then parked, then
+        queued) back to ``route`` (under its lock: a call is put under it, so it is
+        queued before this or held after); the envelopes left in the inbox that are not
+        such calls (the actor's own news, Pykka's asks)."""
         left: list[Any] = []
         with route.lock:
             if self.cell.reroute is not route:  # let go of meanwhile: fail them as usual
                 return self._take_inbox()
-            calls: list[Parked] = []
+            calls: list[Parked] = list(first)
+            first.clear()
             if not self._loading:  # while recovering, its openers hear of the failure
                 while self.parked:
                     item = self.parked.popleft()
@@ -1444,12 +1451,19 @@ class SessionActor(DispatchedSupervisedActor):
             taken.append(inbox.get())
         return taken
 
-    def _drain(self, err: SessionStopped) -> None:
+    def _drain(self, err: SessionStopped, first: list[Parked] | None = None) -> None:
         """Answer every call still in the inbox (run only after ``actor_stopped`` is set);
-        under a route, the calls not applied go back to it instead (`_reroute`)."""
+        under a route, the calls not applied go back to it instead (`_reroute`), after
+        ``first`` (calls taken from the turn table, which came before them); those not
+        handed back fail with ``err``."""
+        first = [] if first is None else first
         while True:
             route = self.cell.reroute
-            left = self._reroute(route) if route is not None else self._take_inbox()
+            left = self._reroute(route, first) if route is not None else self._take_inbox()
+            for _, _, waiting_fut in first:  # not handed back: no route, or let go of
+                if waiting_fut is not None:  # meanwhile
+                    waiting_fut._fail(err)
+            first = []
             if not left:
                 return
             self._answer_stopped(left, err)

@@ -230,6 +230,22 @@ class TurnTable:
         self.arm(now)
         return True
 
+    def take_waiting(self, open_handler: Callable[..., Any]) -> list[tuple[Any, ...]]:
+        """The calls waiting for a turn, in the order they came, as calls to send again
+        (a queued turn as ``open_handler(req)``, a held write as itself), taken out of
+        the table: the session stops under a registry's route, which delivers them where
+        the session is next (a restart), as the calls of its inbox."""
+        out: list[tuple[Any, ...]] = []
+        for w in self.waiting:
+            if w.fut is None:
+                continue
+            if w.req is not None:
+                out.append((open_handler, (w.req,), w.fut))
+            elif w.handler is not None:
+                out.append((w.handler, w.args, w.fut))
+        self.waiting.clear()
+        return out
+
     def stop(self, err: SessionStopped) -> None:
         """The session stops: every call waiting for a turn is answered with ``err``."""
         for w in self.waiting:
