@@ -540,3 +540,102 @@ def test_a_caller_waiting_when_the_simulation_closes_ends_quietly() -> None:
     finally:
         machine.teardown()
     assert scheduling.current() is scheduling.REAL
+
+
+_FIRST_RUN = """
+import uuid
+from nous_actor import MemoryStore, Sessions
+from nous_actor.testing.simulation import replay
+
+seen = []
+def scenario(sim):
+    sessions = Sessions(MemoryStore())
+    def agent():
+        chat = sessions.open("c")
+        yield chat.append("user_message", {"content": "x"})
+        seen.append(uuid.uuid4().hex)
+    sim.go(agent(), "agent")
+    sim.run()
+    sessions.close()
+
+for _ in range(2):
+    replay(scenario, 4)
+print(seen[0] == seen[1], seen[0])
+"""
+
+
+def test_the_first_run_in_a_process_draws_the_ids_of_every_later_run() -> None:
+    """In a fresh process, the first run's seeded ids equal a replay's: the runtime's
+    set-up on its first registry (the OpenTelemetry sink's import draws uuid4s) took
+    ids from the seeded stream, so the run that failed and its replay differed."""
+    import subprocess
+    import sys
+
+    from bounds import INTERPRETER_BOUND
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_RUN],
+        capture_output=True,
+        text=True,
+        timeout=INTERPRETER_BOUND,
+        check=True,
+    )
+    same, _ = done.stdout.split()
+    assert same == "True", done.stdout
+
+
+def _lottery(sim: Simulation) -> None:
+    """Two agents each append their name if the session is empty (a check-then-act race
+    with two outcomes a test asserts against, one assertion each)."""
+    sessions = Sessions(MemoryStore())
+
+    def agent(name: str) -> Generator[Any, Any, None]:
+        chat = sessions.open("lottery")
+        n = yield chat.count()
+        if n == 0:
+            yield chat.append("user_message", {"content": name})
+
+    sim.go(agent("alice"), "alice")
+    sim.go(agent("bob"), "bob")
+    sim.run()
+    got = [m.content for m in sessions.open("lottery").derive_messages().get(timeout=BOUND)]
+    sessions.close()
+    assert got != ["bob"], "BUG-1: bob won alone"
+    assert len(got) == 1, f"BUG-2: two winners {got}"
+
+
+def test_the_shrunk_schedule_fails_the_way_the_run_did() -> None:
+    """Shrinking keeps the failure the run had: the same exception type raised at the same
+    line (any AssertionError counted, so the shortest schedule replayed another assertion
+    of the scenario than the one reported)."""
+    for seed in range(40):
+        try:
+            explore(_lottery, [seed])
+        except SimulationFailure as failure:
+            first = failure.outcome.error
+            assert first is not None
+            replayed = replay(_lottery, failure.schedule).error
+            assert type(replayed) is type(first)
+            bug = str(first).split(":")[0]  # BUG-1 or BUG-2: which assertion failed
+            assert str(replayed).split(":")[0] == bug, (seed, first, replayed)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda sim: sim.sleep(math.nan), ValueError),  # waited out the step bound
+        (lambda sim: sim.sleep(-1), ValueError),
+        (lambda sim: sim.sleep("x"), TypeError),
+        (lambda sim: sim.go(42), TypeError),  # failed at run() only
+        (lambda sim: sim.go(iter(()), name=5), TypeError),
+    ],
+)
+def test_bad_arguments_of_sleep_and_go_are_refused_at_the_call(
+    call: Any, error: type[Exception]
+) -> None:
+    with Simulation(0) as sim:
+        with pytest.raises(error):
+            call(sim)
+        sim.run()  # nothing was started: the run has nothing to do
+    with pytest.raises(ValueError, match="shrink_runs"):
+        explore(lambda sim: None, [0], shrink_runs=-1)

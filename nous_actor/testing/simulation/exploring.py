@@ -14,6 +14,7 @@ from nous_actor.testing.simulation.schedule import (
     Schedule,
     SimulationError,
     SimulationStalled,
+    _int_from,
 )
 from nous_actor.testing.simulation.scheduler import Simulation
 
@@ -140,6 +141,7 @@ def explore(
     """
     n = 0
     planned = tuple(faults)
+    _int_from("shrink_runs", shrink_runs)
     for n, seed in enumerate(_seeds(seeds), 1):
         schedule = Schedule(seed, faults=planned, rates=rates)
         out = replay(
@@ -183,14 +185,26 @@ def _seeds(seeds: Iterable[int]) -> Iterable[int]:
     return seeds
 
 
+def _raised_at(error: BaseException | None) -> tuple[str, int] | None:
+    """Where ``error`` was raised: the file and line of its traceback's last frame."""
+    tb = None if error is None else error.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename, tb.tb_lineno
+
+
 def shrink(scenario: Scenario, failing: Outcome, *, runs: int = 200) -> Outcome:
-    """A shorter pinned schedule that still fails the same way (same exception type), by
-    dropping faults and cutting and zeroing choices, within ``runs`` runs, each with the
-    failing run's ``max_steps`` and ``step_timeout``. A run failed by a step that never
-    ended (`SimulationStalled`) is not shrunk: each try would wait out the bound, and
-    leave one more thread blocked."""
+    """A shorter pinned schedule that still fails the same way (the same exception type,
+    raised at the same line of the same file), by dropping faults and cutting and
+    zeroing choices, within ``runs`` runs, each with the failing run's ``max_steps``
+    and ``step_timeout``. A run failed by a step that never ended (`SimulationStalled`)
+    is not shrunk: each try would wait out the bound, and leave one more thread
+    blocked."""
     best = failing
     kind = type(failing.error)
+    where = _raised_at(failing.error)
     budget = [runs]
     if isinstance(failing.error, SimulationStalled):
         return failing
@@ -200,7 +214,9 @@ def shrink(scenario: Scenario, failing: Outcome, *, runs: int = 200) -> Outcome:
             return None
         budget[0] -= 1
         out = replay(scenario, s, max_steps=failing.max_steps, step_timeout=failing.step_timeout)
-        return out if isinstance(out.error, kind) else None
+        if not isinstance(out.error, kind) or _raised_at(out.error) != where:
+            return None  # another failure (another assertion of the scenario, say)
+        return out
 
     first = fails(failing.replay)
     if first is None:

@@ -29,7 +29,7 @@ import pykka
 from nous_actor import _log
 from nous_actor.core import clock as core_clock
 from nous_actor.core.args import check_count
-from nous_actor.runtime import scheduling
+from nous_actor.runtime import scheduling, telemetry
 from nous_actor.runtime import unique as unique_ids
 from nous_actor.runtime.dispatcher import DispatchedActor, _run_logged, receive_one
 from nous_actor.store import committer as committer_module
@@ -43,6 +43,7 @@ from nous_actor.testing.simulation.schedule import (
     Schedule,
     SimulationError,
     SimulationStalled,
+    _number_from,
 )
 from nous_actor.testing.simulation.tasks import (
     ACTOR,
@@ -185,6 +186,11 @@ class Simulation:
     def __enter__(self) -> Simulation:
         if self._open or self._closed:
             raise SimulationError("a Simulation runs once; make a new one")
+        # What the runtime sets up once per process, on its first registry or session, is
+        # set up now, before ids come from the seed: the OpenTelemetry sink's import draws
+        # uuid4s at import time, which would shift the seeded ids of the first run in a
+        # process against every later one (a replay would not see the run it replays).
+        telemetry.probe()
         scheduling.install(self)
         self._open = True
         main = self._main
@@ -508,7 +514,12 @@ class Simulation:
 
     def sleep(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass, running other tasks meanwhile (for a
-        summariser or a callback that stands for slow work)."""
+        summariser or a callback that stands for slow work).
+
+        Raises:
+            TypeError, ValueError: ``seconds`` is not a finite number >= 0.
+        """
+        seconds = _number_from("sleep(seconds)", seconds, 0.0)
         until = self.now_seconds + seconds
         self.call_later(seconds, nothing, "sleep")
         self.wait(lambda: self.now_seconds >= until, None)
@@ -542,7 +553,20 @@ class Simulation:
           ``asyncio.sleep``, ``asyncio.wait_for``), on the virtual clock.
 
         What a caller raises fails the run.
+
+        Raises:
+            TypeError: ``caller`` is none of those, or ``name`` is not a str.
+            SimulationError: the simulation has ended.
         """
+        if self._closed:
+            raise SimulationError("the simulation has ended; start callers in a new one")
+        if not isinstance(name, str):
+            raise TypeError(f"go(name=) is a str, got {type(name).__name__}")
+        if not (callable(caller) or inspect.iscoroutine(caller) or isinstance(caller, Generator)):
+            raise TypeError(
+                "go() takes a generator, a coroutine, or a function returning one (or "
+                f"running in one step), got {type(caller).__name__}"
+            )
         if inspect.iscoroutinefunction(caller):
             caller = caller()
         if inspect.iscoroutine(caller):
