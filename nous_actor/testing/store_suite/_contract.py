@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from nous_actor.core.codec import CodecError, from_v1, loads_event
-from nous_actor.core.event import Replace
+from nous_actor.core.event import Event, Replace
 from nous_actor.core.log import Log
 from nous_actor.errors import ConflictError, StoreError
 from nous_actor.store import shared
@@ -30,6 +30,7 @@ from nous_actor.testing.store_machine import assert_same_events, store_machine
 from nous_actor.testing.store_suite._helpers import (
     _CALLS_ON_A_CLOSED_STORE,
     POISONS,
+    _at_once,
     _ev,
     _jsonl,
     _nested,
@@ -40,6 +41,13 @@ from nous_actor.testing.store_suite._helpers import (
 )
 
 __all__ = ["StoreContract"]
+
+_RACERS = 8
+"""How many threads race for one session in the threads tests: enough to overlap on a
+2-CPU machine, few enough to start in milliseconds."""
+_RACE_ROUNDS = 3
+"""How many races each of those tests runs (a fresh session each): a check-then-act
+window is usually caught at the first, and three keep the test well under a second."""
 
 
 def _names_its_session(err: BaseException, session_id: str, what: str) -> None:
@@ -844,6 +852,93 @@ class StoreContract(abc.ABC):
         assert store.sessions() == ["w0", "w1", "w2", "w3"]
         for n in range(4):
             assert_same_events(store.load(f"w{n}"), [_ev(i) for i in range(25)])
+
+    def test_claims_of_one_session_at_once_give_it_one_writer(self, store: Store) -> None:
+        """One live writer per session holds under contention: of several threads
+        claiming one session at the same moment, exactly one gets a token and every
+        other gets ConflictError naming the session (a claim that checks the session is
+        free, then takes it, in two steps lets two threads both in). The store is left
+        consistent: the winner writes, the session stays held until it releases, then
+        a new claim succeeds."""
+        for rnd in range(_RACE_ROUNDS):
+            sid = f"claim-race-{rnd}"
+
+            def claim(_n: int, sid: str = sid) -> str:
+                return store.claim(sid)
+
+            got = _at_once(_RACERS, "claim()", claim)
+            tokens = [r for r in got if isinstance(r, str)]
+            refused = [r for r in got if isinstance(r, ConflictError)]
+            other = [r for r in got if not isinstance(r, str | ConflictError)]
+            assert not other, (
+                f"claim() of a held session raises ConflictError and returns a str token "
+                f"otherwise; under {_RACERS} claims at once it gave {other!r}"
+            )
+            assert len(tokens) == 1, (
+                f"one live writer per session: {_RACERS} threads claimed {sid!r} at once "
+                f"and {len(tokens)} got a token (exactly one must; every other claim must "
+                "raise ConflictError): claim must check that the session is free and take "
+                "it in one step (under one lock, or in one transaction)"
+            )
+            for exc in refused:
+                _names_its_session(exc, sid, "the ConflictError claim() raised")
+            (token,) = tokens
+            assert store.write({sid: [_ev(0)]}) == {}, "the claim's winner must be able to write"
+            with pytest.raises(ConflictError):
+                store.claim(sid)  # the winner still holds it
+            store.release(sid, token)
+            again = store.claim(sid)
+            assert again != token, "a claim after the winner released takes a new token"
+            store.release(sid, again)
+            assert [e.seq for e in store.load(sid)] == [0]
+
+    def test_writes_of_one_seq_at_once_store_exactly_one(self, store: Store) -> None:
+        """A conflict is refused under contention: of several threads writing the same
+        seqs of one session at the same moment, exactly one write returns ``{}`` and every
+        other returns a ConflictError for that session (a write that checks the seqs are
+        free, then stores them, in two steps lets two writers both in); the stored events
+        are the winner's, all of them, and the session takes its next seq."""
+
+        def mine(n: int) -> list[Event]:
+            return [_ev(seq, data={"content": f"writer {n}, event {seq}"}) for seq in (0, 1)]
+
+        for rnd in range(_RACE_ROUNDS):
+            sid = f"write-race-{rnd}"
+
+            def write(n: int, sid: str = sid) -> dict[str, StoreError]:
+                return store.write({sid: mine(n)})
+
+            got = _at_once(_RACERS, "write()", write)
+            raised = [r for r in got if isinstance(r, BaseException)]
+            assert not raised, (
+                "write() returns a refused session's ConflictError, it does not raise it; "
+                f"under {_RACERS} writes of one seq at once it raised {raised!r}"
+            )
+            answers = [r for r in got if not isinstance(r, BaseException)]
+            won = [n for n, r in enumerate(answers) if r == {}]
+            assert len(won) == 1, (
+                f"{_RACERS} threads wrote seqs 0 and 1 of {sid!r} at once and {len(won)} "
+                "writes returned {} (exactly one must; every other must return a "
+                "ConflictError for the session): write must check that the seqs are free "
+                "and store them in one step (under one lock, or in one transaction)"
+            )
+            for n, answer in enumerate(answers):
+                if n in won:
+                    continue
+                assert set(answer) == {sid}, f"a write of {sid!r} alone returned {answer!r}"
+                assert isinstance(answer[sid], ConflictError), (
+                    f"a write of seqs another writer stored returns ConflictError, got {answer!r}"
+                )
+                _names_its_session(answer[sid], sid, "the ConflictError write() returned")
+            try:
+                assert_same_events(store.load(sid), mine(won[0]))
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"the stored events of {sid!r} must be all those of the one write that "
+                    f"succeeded (writer {won[0]}), and no other's: {exc}"
+                ) from None
+            assert store.write({sid: [_ev(2)]}) == {}
+            assert [e.seq for e in store.load(sid)] == [0, 1, 2]
 
     # -- the stateful test ---------------------------------------------------------------
 

@@ -1,12 +1,15 @@
 """The bottom of the store contract suite: the events, logs and times its tests write,
-the calls a closed store must refuse, and the checks the tests share."""
+the calls a closed store must refuse, the checks the tests share, and `_at_once`, which
+runs one call from several threads released together (the races of the threads tests)."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from nous_actor.core._frozen import FrozenDict
 from nous_actor.core.codec import to_jsonl
@@ -17,6 +20,8 @@ from nous_actor.store.base import Store, export_session, import_session
 from nous_actor.testing.store_machine import assert_same_events
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+_R = TypeVar("_R")
 
 
 # -- comparing events strictly -----------------------------------------------------------
@@ -154,3 +159,51 @@ def _nested(depth: int) -> Any:
     for i in range(depth):
         value = {"level": i, "inner": [value]}
     return value
+
+
+# -- racing threads ---------------------------------------------------------------------
+
+_RACE_WAIT_SECONDS = 30.0
+"""The bound on every wait of `_at_once`: the threads' meeting at the barrier, and the
+whole race. Generous (a loaded CI machine may start threads slowly); a store that keeps
+its rules never comes near it, since the waits end as soon as the threads are done."""
+
+
+def _at_once(threads: int, what: str, call: Callable[[int], _R]) -> list[_R | BaseException]:
+    """What ``call(n)`` returned, or the exception it raised, for each ``n`` below
+    ``threads``, each run in a thread of its own, all released together by a barrier so
+    that the calls overlap as much as the machine allows: a check-then-act race (two
+    claims both seeing the session free) shows where calls made in turn never would.
+
+    No timing is assumed, and every wait is bounded: a thread still running after
+    `_RACE_WAIT_SECONDS` fails the test, saying ``what`` hung, rather than hanging it."""
+    barrier = threading.Barrier(threads)
+    results: dict[int, _R | BaseException] = {}
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait(_RACE_WAIT_SECONDS)
+            results[n] = call(n)
+        except BaseException as exc:  # reported in the test's thread
+            results[n] = exc
+
+    workers = [
+        threading.Thread(target=run, args=(n,), name=f"contract-race-{n}", daemon=True)
+        for n in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 2 * _RACE_WAIT_SECONDS
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+    hung = sum(w.is_alive() for w in workers)
+    assert not hung, (
+        f"{hung} of {threads} threads calling {what} at once were still running after "
+        f"{2 * _RACE_WAIT_SECONDS:.0f} s: the store hangs (a deadlock?) under contention"
+    )
+    late = [r for r in results.values() if isinstance(r, threading.BrokenBarrierError)]
+    assert not late, (
+        f"the {threads} threads of the race did not all start within "
+        f"{_RACE_WAIT_SECONDS:.0f} s (the machine is overloaded?)"
+    )
+    return [results[n] for n in range(threads)]
