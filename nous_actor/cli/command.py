@@ -209,22 +209,21 @@ def _storable(n: int) -> int:
     return n
 
 
-def _positive(text: str) -> int:
+def _seed(text: str) -> int:
+    """A whole number SQLite can store (``--seed``)."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    return _storable(n)
+
+
+def _positive(text: str) -> int:
+    """`_seed`, and at least 1 (counts: ``--turns``, ``--agents``)."""
+    n = _seed(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
-    return _storable(n)
-
-
-def _seed(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    return _storable(n)
+    return n
 
 
 def _port(text: str) -> int:
