@@ -693,6 +693,8 @@ def test_a_compaction_through_a_turn_that_ended_meanwhile_applies_nothing(policy
             s.append("user_message", {"content": f"old {i} " * 30}).get(timeout=BOUND)
         a = s.turn(owner="run-A").open()
         a.append("user_message", {"content": "A asks"}).get(timeout=BOUND)
+        for i in range(3):  # (a compaction in a turn summarises what the turn wrote)
+            a.append("assistant_message", {"content": f"A step {i} " * 30}).get(timeout=BOUND)
         fut = a.compact(Compactor(budget=50, summarise=slow_summary, keep_recent=1))
         assert started.wait(BOUND)
         b = s.turn(owner="run-B", policy=policy).open()

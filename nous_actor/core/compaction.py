@@ -10,7 +10,8 @@ budget it appends, in order:
    summariser) that replaces everything but the last ``keep_recent``
    messages, after the leading system messages (an earlier summary is not
    one of those: it is summarised again with what followed it), without
-   ever separating an assistant message with tool calls from its tool results;
+   ever separating an assistant message with tool calls from its tool results
+   (inside an open turn, only what that turn wrote: see `Compactor.plan`);
 3. a ``step_end`` bookkeeping event recording what it did (kind
    ``"compaction"``, the ranges, the estimates before and after),
 
@@ -262,9 +263,25 @@ class Compactor:
 
     # -- the three steps -------------------------------------------------------------
 
-    def plan(self, surface: Sequence[Event], count: int, *, force: bool = False) -> Plan:
+    def plan(
+        self,
+        surface: Sequence[Event],
+        count: int,
+        *,
+        force: bool = False,
+        turn_start: int | None = None,
+    ) -> Plan:
         """Work out what to prune and what to summarise from ``surface`` (a log's
         ``surface()`` at ``count``); see `Plan.empty` for nothing to do.
+
+        ``turn_start``: the seq of the ``turn_start`` of a turn still open (a
+        session passes its open turn's). Then the plan replaces only what that
+        turn wrote (positions after it): the ``turn_start`` is never shadowed, so
+        a snapshot keeps it and a restart still finds the turn open and ends it;
+        and a rollback of the turn, whose one replace covers the turn's range,
+        hides the summary with the rest of the turn, leaving what came before the
+        turn as it was. A tool call the turn made and has not answered yet is
+        never summarised (its result, still to come, would answer nothing).
 
         Cheap (no summariser call, O(surface)): a session does this on its actor.
 
@@ -275,12 +292,18 @@ class Compactor:
         before = self.estimate(messages)
         if before <= self.budget and not force:
             return Plan(count, before, (), (), None, (), tuple(messages), ())
-        tail_start = _tail_start(surface, messages, self.keep_recent)
+        first = 0  # the first surface entry the plan may replace
+        keep_from = len(surface)  # and the first it must keep, whatever keep_recent says
+        if turn_start is not None:
+            while first < len(surface) and surface[first].position <= turn_start:
+                first += 1
+            keep_from = _first_open_call(messages, first)
+        tail_start = max(first, _tail_start(surface, messages, self.keep_recent, keep_from))
         current = list(messages)
         pruned_at: dict[int, int] = {}  # surface index -> prune number
         prunes: list[tuple[int, int, dict[str, Any], Message]] = []
         if self.prune_over is not None:
-            for i in range(tail_start):
+            for i in range(first, tail_start):
                 ev, m = surface[i], messages[i]
                 if ev.type is not EventType.TOOL_RESULT:
                     continue
@@ -314,7 +337,7 @@ class Compactor:
         if self.estimate(current) > self.budget or force:
             # Leading system messages stay, except earlier summaries: a new
             # summary takes in the previous one with what followed it.
-            head = 0
+            head = first
             while (
                 head < len(surface)
                 and surface[head].type is EventType.SYSTEM_MESSAGE
@@ -334,8 +357,10 @@ class Compactor:
                 # the bookkeeping that opened the summarised turns (turn_start,
                 # step_start) goes with them: no turn is left open by a summary.
                 range_start = surface[head - 1].position + 1 if head else 0
-                first, last = surface[head], surface[tail_start - 1]
-                summary_range = (min(range_start, first.position), last.position)
+                if turn_start is not None:  # the open turn's start stays unshadowed
+                    range_start = max(range_start, turn_start + 1)
+                lo, last = surface[head], surface[tail_start - 1]
+                summary_range = (min(range_start, lo.position), last.position)
                 summary_input = tuple(current[head:tail_start])
                 summary_seqs = tuple(
                     None if i in pruned_at else surface[i].seq for i in range(head, tail_start)
@@ -616,9 +641,27 @@ def _message(ev: Event) -> Message:
     return m
 
 
-def _tail_start(surface: Sequence[Event], messages: Sequence[Message], keep: int) -> int:
-    """Index where the kept recent tail begins: the newest ``keep`` messages, and more
-    where the boundary would split what must stay together (DESIGN.md §7):
+def _first_open_call(messages: Sequence[Message], start: int) -> int:
+    """Index of the first of ``messages[start:]`` making a tool call that no later one
+    answers (``len(messages)`` if none does): an open turn's call still waiting for
+    its result."""
+    answered = {m.tool_call_id for m in messages[start:] if m.role is Role.TOOL}
+    for i in range(start, len(messages)):
+        m = messages[i]
+        if m.role is Role.ASSISTANT:
+            for call in m.tool_calls:
+                cid, _, _ = tool_call_parts(call)
+                if isinstance(cid, str) and cid not in answered:  # (no id: never answered)
+                    return i
+    return len(messages)
+
+
+def _tail_start(
+    surface: Sequence[Event], messages: Sequence[Message], keep: int, at_most: int
+) -> int:
+    """Index where the kept recent tail begins: the newest ``keep`` messages (and every
+    one from index ``at_most`` on), and more where the boundary would split what must
+    stay together (DESIGN.md §7):
 
     * an assistant tool call and its results: a result kept in the tail pulls in the
       assistant message that made the call, wherever it stands (other messages may
@@ -629,7 +672,7 @@ def _tail_start(surface: Sequence[Event], messages: Sequence[Message], keep: int
       so it cannot shadow one of them and keep the other.
     """
     n = len(surface)
-    i = max(0, n - keep)
+    i = min(max(0, n - keep), at_most)
     if i == 0:
         return 0
     call_at: dict[Any, int] = {}  # tool call id -> index of the first message making it

@@ -273,7 +273,13 @@ class Turn(SessionCalls):
         Raises:
             TurnInterrupted: the turn had ended already (interrupted, rolled
                 back, expired, the session restarted): what it wrote after that
-                was refused, and a rollback hid what it wrote before.
+                was refused, and a rollback hid what it wrote before. Its message
+                names the seq of the turn's ``turn_end`` once that is stored, and
+                no seq before (a ``turn_end`` still on its way to the store may
+                never be stored).
+            StoreError: the session refuses appends after a store failure: the
+                turn ends here, no ``turn_end`` could be stored (the session's
+                restart ends the turn it finds open in the store).
         """
         fut = self._send_close("closed", None)
         return None if fut is None else fut.get()

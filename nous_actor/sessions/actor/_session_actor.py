@@ -1022,7 +1022,11 @@ class SessionActor(DispatchedSupervisedActor):
         if known is not None:
             return known
         c = req.compactor
-        plan = c.plan(self.log.surface(), self.log.count(), force=req.force)
+        # Inside an open turn it replaces only what the turn wrote (`Compactor.plan`):
+        # a snapshot keeps the turn's start, and a rollback of the turn undoes it.
+        table = self.turns
+        start = None if table is None or table.open is None else table.open.start_seq
+        plan = c.plan(self.log.surface(), self.log.count(), force=req.force, turn_start=start)
         if plan.empty:
             return CompactionResult(self.log._view(), plan.before, plan.before, budget=c.budget)
         if telemetry.sink is not None:  # timed from its first plan (retries included)

@@ -64,6 +64,7 @@ class TurnSession(Protocol):
     def _submit(
         self, events: tuple[Event, ...], result: Any, fut: SessionFuture[Any] | None
     ) -> Any: ...
+    def _check_writable(self) -> None: ...  # raises the store failure that refuses appends
     def _resume(self, waiter: _Waiter) -> None: ...
     def _keep_turns(self, table: TurnTable | None) -> None: ...
     def h_turn_tick(self) -> None: ...
@@ -153,8 +154,11 @@ class TurnTable:
             if error is not None:
                 data["error"] = error
             self.open = None
+            if s.failed is not None:  # nothing can be stored: no turn_end to resolve to
+                self.next(now)
+                s._check_writable()
             ev = new_event(s.next_seq, EventType.TURN_END, data, None)
-            result = s._submit((ev,), ev, fut) if s.failed is None else ev
+            result = s._submit((ev,), ev, fut)
             self.next(now)
             return result
         if self._stop_waiting(turn_id, now, "its opener gave up waiting"):
@@ -526,8 +530,13 @@ def not_open(
 ) -> TurnInterrupted:
     """`TurnInterrupted` for a call through turn ``turn_id``, which is not open; its
     ``turn_end`` is looked for in ``pending`` (events on their way to the store, not in
-    the log yet: a restart's own end of the turn) first, then in ``log``."""
-    end = _ended(pending, turn_id) or _ended(log.events(), turn_id)
+    the log yet: the end another turn or a restart just made) first, then in ``log``.
+    The message names the ``turn_end``'s seq only once it is stored: a pending one may
+    never be (its commit can fail, and the seq is then given to another event)."""
+    end = _ended(pending, turn_id)
+    stored = end is None
+    if end is None:
+        end = _ended(log.events(), turn_id)
     if end is None:
         return TurnInterrupted(
             session_id,
@@ -539,9 +548,10 @@ def not_open(
     by = end.data.get("by")
     who = f" by turn {by!r} of {end.data.get('by_owner')!r}" if by else ""
     why = f", reason {end.data['reason']!r}" if "reason" in end.data else ""
+    where = f"turn_end at seq {end.seq}" if stored else "its turn_end not stored yet"
     return TurnInterrupted(
         session_id,
-        f"turn {turn_id!r} ended ({how}{who}{why}, turn_end at seq {end.seq}); nothing "
+        f"turn {turn_id!r} ended ({how}{who}{why}, {where}); nothing "
         "was applied; its events stay in the log; open a new turn to go on",
         turn_id=turn_id,
         how=how,
