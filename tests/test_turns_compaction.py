@@ -33,9 +33,11 @@ from nous_actor import (
     Sessions,
     SQLiteStore,
     StoreError,
+    TurnBusy,
     TurnInterrupted,
 )
 from nous_actor.core.history import turns
+from nous_actor.runtime import scheduling
 from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE, INTERRUPTED_TOOL_RESULT
 
 CALL: Final = {"content": None, "tool_calls": [{"id": "c1", "name": "weather", "arguments": "{}"}]}
@@ -334,3 +336,56 @@ def test_turn_interrupted_names_the_stored_turn_end() -> None:
         assert end.type.value == "turn_end"
     finally:
         s.stop()
+
+
+# -- the lease while the turn's summary is written -------------------------------------------
+
+
+def test_a_lease_does_not_run_out_while_the_turns_summary_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compaction through a turn whose summary (a model call) takes longer than the
+    turn's lease: the turn stays open meanwhile (its holder waits for the session's own
+    work), the compaction lands, and the lease runs again from then."""
+    now = [1000.0]
+    monkeypatch.setattr(scheduling, "monotonic", lambda: now[0])
+    started, release = threading.Event(), threading.Event()
+
+    def slow(messages: Sequence[Message]) -> str:
+        started.set()
+        assert release.wait(BOUND)
+        return "SUMMARY"
+
+    with Sessions(MemoryStore(), timeout=BOUND) as reg:
+        s = reg.open("slow")
+        turn = s.turn(owner="run", lease=30).open()
+        for text in ("q1", LONG, "a1"):
+            turn.append("user_message", {"content": text}).get(timeout=BOUND)
+        fut = turn.compact(Compactor(budget=1, keep_recent=1, summarise=slow))
+        assert started.wait(BOUND)
+        now[0] += 100  # far past the lease
+        with pytest.raises(TurnBusy):  # still open: the summary is being written
+            s.turn(policy="reject", owner="other").open()
+        release.set()
+        assert fut.get(timeout=BOUND).changed
+        now[0] += 20  # within the lease renewed when the summary came back
+        assert turn.close() is not None
+        assert [t["how"] for t in turns(s.log().get(timeout=BOUND))] == ["closed"]
+
+
+def test_a_lease_runs_out_once_the_turns_summary_came_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the summary came back, a silent holder's lease runs out as usual."""
+    now = [1000.0]
+    monkeypatch.setattr(scheduling, "monotonic", lambda: now[0])
+    with Sessions(MemoryStore(), timeout=BOUND) as reg:
+        s = reg.open("silent")
+        turn = s.turn(owner="run", lease=30).open()
+        for text in ("q1", LONG, "a1"):
+            turn.append("user_message", {"content": text}).get(timeout=BOUND)
+        assert turn.compact(squeeze()).get(timeout=BOUND).changed
+        now[0] += 31
+        with s.turn(policy="reject", owner="next"):
+            pass
+        assert [t["how"] for t in turns(s.log().get(timeout=BOUND))] == ["expired", "closed"]

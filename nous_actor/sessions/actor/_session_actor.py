@@ -1035,12 +1035,21 @@ class SessionActor(DispatchedSupervisedActor):
             return self._commit_compaction(fut, req, plan, None)
         running = self._compactions()
         running.begin(req.cid, fut, plan.count)
+        self._turn_summarising(req, 1)
         try:
             self._summarise(req, plan, fut)
         except BaseException:
             running.landed(req.cid)
+            self._turn_summarising(req, -1)
             raise
         return _DEFER
+
+    def _turn_summarising(self, req: _Compaction, delta: int) -> None:
+        """The summary of ``req``, made through a turn, is being written (``delta`` 1) or
+        came back (-1): that turn's lease does not run out meanwhile (its holder waits for
+        the summary, which a slow model may take longer than the lease to write)."""
+        if req.turn_id is not None and self.turns is not None:
+            self.turns.summarising(req.turn_id, scheduling.monotonic(), delta)
 
     def _summarise(self, req: _Compaction, plan: Plan, fut: SessionFuture[Any] | None) -> None:
         """Have the summary written off this actor, then sent back to it.
@@ -1104,6 +1113,7 @@ class SessionActor(DispatchedSupervisedActor):
     ) -> Any:
         c = self._compactions()
         c.landed(req.cid)
+        self._turn_summarising(req, -1)
         if c.mark(req.cid, 2) and exc is not None:  # not recorded: not reported
             c.report(self.session_id, req.cid, report=False)
         if exc is not None:

@@ -19,15 +19,18 @@ from nous_actor.sessions.turns._rules import TurnRequest
 
 
 class _Open:
-    """The open turn: its request, where it began, when its lease runs out."""
+    """The open turn: its request, where it began, when its lease runs out, and how
+    many summaries of compactions made through it are being written (its lease does
+    not run out meanwhile: its holder waits for the session's own work)."""
 
-    __slots__ = ("deadline", "req", "start_seq", "started")
+    __slots__ = ("deadline", "req", "start_seq", "started", "summaries")
 
     def __init__(self, req: TurnRequest, start_seq: int, deadline: float) -> None:
         self.req = req
         self.start_seq = start_seq
         self.deadline = deadline
         self.started = time.time_ns()  # for its span (telemetry)
+        self.summaries = 0
 
 
 _GRANTED: dict[str, _Open] = {}

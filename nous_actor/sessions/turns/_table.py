@@ -185,6 +185,16 @@ class TurnTable:
         cur.deadline = now + cur.req.lease
         return True
 
+    def summarising(self, turn_id: str, now: float, delta: int) -> None:
+        """A summary of a compaction made through turn ``turn_id`` is being written
+        (``delta`` 1) or came back (-1, renewing the lease): while one is, the lease
+        does not run out (`expire`). Nothing if that turn is not open."""
+        cur = self.open
+        if cur is None or cur.req.turn_id != turn_id:
+            return
+        cur.summaries = max(cur.summaries + delta, 0)
+        cur.deadline = now + cur.req.lease
+
     def tick(self, now: float) -> None:
         """The alarm: end an expired turn, fail the waiters past their bound."""
         if self.armed is not None and self.armed <= now:
@@ -337,9 +347,15 @@ class TurnTable:
         self.next(now)
 
     def expire(self, now: float) -> bool:
-        """End the open turn if its lease ran out; ``True`` if it did."""
+        """End the open turn if its lease ran out; ``True`` if it did. A lease does not
+        run out while a compaction made through the turn has its summary written (the
+        holder waits for it): it is renewed instead."""
         cur = self.open
         if cur is None or now < cur.deadline:
+            return False
+        if cur.summaries:
+            cur.deadline = now + cur.req.lease
+            self.arm(now)
             return False
         s = self.session
         self.open = None
