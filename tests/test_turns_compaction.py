@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -389,3 +390,59 @@ def test_a_lease_runs_out_once_the_turns_summary_came_back(
         with s.turn(policy="reject", owner="next"):
             pass
         assert [t["how"] for t in turns(s.log().get(timeout=BOUND))] == ["expired", "closed"]
+
+
+# -- a snapshot while a turn is open --------------------------------------------------------
+
+
+def test_a_snapshot_keeps_the_open_turns_start_that_a_replace_of_the_turn_shadows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replace written through the turn over the whole history (the application's own
+    compaction) shadows the turn's ``turn_start``; a snapshot while the turn is open
+    keeps it all the same, so the session reopened after the holder is gone ends the
+    turn and answers its open tool call."""
+    now = [1000.0]
+    monkeypatch.setattr(scheduling, "monotonic", lambda: now[0])
+    store = MemoryStore()
+    with Sessions(store, timeout=BOUND) as reg:
+        s = reg.open("own-replace")
+        before_the_run(s)
+        turn = s.turn(owner="run", lease=30).open()
+        reset = {"content": "context so far", "surface_op": ["replace", 0, 10**6]}
+        turn.append("system_message", reset).get(timeout=BOUND)
+        turn.append("assistant_message", CALL).get(timeout=BOUND)
+        assert turn.snapshot().get(timeout=BOUND) > 0
+        assert turn.start_seq in [e.seq for e in store.load("own-replace")]
+        s.stop()
+        now[0] += 31  # the holder is gone
+        log = reg.open("own-replace").log().get(timeout=BOUND)
+        (end,) = turns(log)
+        assert (end["how"], end["reason"], end["closed_calls"]) == (
+            "interrupted",
+            "restart",
+            ["c1"],
+        )
+        assert unanswered(log.derive_messages()) == []
+
+
+def test_a_snapshot_keeping_a_turn_start_is_the_snapshot_plus_that_event() -> None:
+    """`Log._snapshot_keeping(seq)` keeps the one shadowed bookkeeping event named and
+    is otherwise `snapshot` (surface, count, later replaces); a surface event named is
+    dropped as by `snapshot` (its surface must not change)."""
+    log = Log().append("user_message", {"content": "q0"})
+    log = log.append("turn_start", {"turn_id": "t", "owner": "o", "policy": "enqueue"})
+    log = log.append("user_message", {"content": "q1"})
+    log = log.append("system_message", {"content": "S", "surface_op": ["replace", 0, 2]})
+    plain, kept = log.snapshot(), log._snapshot_keeping(1)
+    assert [e.seq for e in plain.events()] == [3]
+    assert [e.seq for e in kept.events()] == [1, 3]
+    assert kept.count() == plain.count() == 4
+    assert kept.derive_indexed() == plain.derive_indexed()
+    later = {"content": "T", "surface_op": ["replace", 0, 3]}
+    t = datetime.now(UTC)
+    assert (
+        kept.append("system_message", later, t).surface()
+        == plain.append("system_message", later, t).surface()
+    )
+    assert [e.seq for e in log._snapshot_keeping(2).events()] == [3]

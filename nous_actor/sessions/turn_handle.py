@@ -349,10 +349,10 @@ class Turn(SessionCalls):
         name = handler.__name__
         if name not in THROUGH:
             return self._failed(TypeError(f"{name!r} cannot be called through a turn"))
+        self._until = scheduling.monotonic() + self.lease  # (the session renews it too)
         if name == "h_compact":  # the handle knows where the compactor runs
             return self._handle._compact_in_turn(args[0], self.turn_id)
         via = SessionActor.h_turn_read if name in _READ_LIKE else SessionActor.h_turn_call
-        self._until = scheduling.monotonic() + self.lease  # (the session renews it too)
         return self._handle._call(via, self.turn_id, name, args)
 
     def _register(self, sub: Subscription, timeout: float) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Final
 from nous_actor._log import get_logger
 from nous_actor.core.event import (
     EVENT_TYPE_OF,
+    SURFACE_TYPES,
     Event,
     EventType,
     InvalidEvent,
@@ -382,9 +383,22 @@ class Log:
         Everything a dropped event could still influence is shadowed too, so
         every later append, replace and derive behaves as on the original.
         """
+        return self._snapshot_keeping(None)
+
+    def _snapshot_keeping(self, keep: int | None) -> Log:
+        """`snapshot`, except that bookkeeping event ``keep`` (a seq; ``None``: none)
+        stays even if shadowed: a session keeps the ``turn_start`` of its open turn,
+        which its restart must find. A bookkeeping event projects to nothing, so the
+        surface, ``count()`` and every later append, replace and derive are as after
+        `snapshot`."""
         n = self._n
         flags = _shadow_flags(self._events, n)
-        kept = [ev for k, ev in enumerate(self._events[:n]) if not flags[k]]
+        events = self._events[:n]
+        if keep is not None:
+            k = bisect_left(events, keep, key=_seq_of)
+            if k < n and events[k].seq == keep and events[k].type not in SURFACE_TYPES:
+                flags[k] = False
+        kept = [ev for k, ev in enumerate(events) if not flags[k]]
         fold = self._fold
         fold = fold.handed_over() if fold is not None and fold.take() else None
         return Log._make(kept, len(kept), self._count, fold)

@@ -726,7 +726,12 @@ class SessionActor(DispatchedSupervisedActor):
     @call(ANSWERS | SEES_COMMITS | THROUGH_TURN | REMOTE)
     def h_snapshot(self, fut: SessionFuture[Any] | None) -> Any:
         before = self.log.events()
-        self.log = self.log.snapshot()
+        # The open turn's turn_start stays, even if a replace written through the turn
+        # shadows it: a restart finds the turn open by it, and ends it.
+        table = self.turns
+        self.log = self.log._snapshot_keeping(
+            None if table is None or table.open is None else table.open.start_seq
+        )
         kept = {ev.seq for ev in self.log.events()}
         dropped = [ev.seq for ev in before if ev.seq not in kept]
         if self.committer is None or not dropped:
