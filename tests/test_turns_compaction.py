@@ -446,3 +446,27 @@ def test_a_snapshot_keeping_a_turn_start_is_the_snapshot_plus_that_event() -> No
         == plain.append("system_message", later, t).surface()
     )
     assert [e.seq for e in log._snapshot_keeping(2).events()] == [3]
+
+
+def test_a_snapshot_never_leaves_a_closed_turn_open_to_the_next_restart() -> None:
+    """A run whose first message is a system message (kept by a summary as a leading
+    one) has its ``turn_start`` kept and its ``turn_end`` shadowed by a later summary;
+    the snapshot after it keeps the newest turn event, so the restart finds no turn
+    open and appends nothing."""
+    store = MemoryStore()
+    with Sessions(store, timeout=BOUND) as reg:
+        s = reg.open("closed")
+        with s.turn(owner="run-1") as turn:
+            turn.append("system_message", {"content": "you are helpful"}).get(timeout=BOUND)
+            turn.append("user_message", {"content": "q1"}).get(timeout=BOUND)
+            turn.append("assistant_message", {"content": LONG}).get(timeout=BOUND)
+        with s.turn(owner="run-2") as turn:
+            turn.append("user_message", {"content": "q2"}).get(timeout=BOUND)
+        s.append("user_message", {"content": "after the runs"}).get(timeout=BOUND)
+        s.compact(squeeze(keep_recent=0, snapshot=True)).get(timeout=BOUND)
+        s.snapshot().get(timeout=BOUND)  # (after the compaction's own)
+        stored = [e.seq for e in store.load("closed")]
+        s.stop()
+        reopened = reg.open("closed")
+        assert [e.seq for e in reopened.events().get(timeout=BOUND)] == stored
+        assert "interrupted" not in [t["how"] for t in turns(reopened.log().get(timeout=BOUND))]

@@ -61,6 +61,7 @@ from nous_actor.sessions.actor._summary import _Compaction, _is_async, _run_awai
 from nous_actor.sessions.future import ForwardedFuture, SessionFuture
 from nous_actor.sessions.recovery import EAGER_FOLD, recover, release
 from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DEFER, TurnRequest, TurnTable
+from nous_actor.sessions.turns._rules import last_turn_event
 from nous_actor.sessions.turns._table import _NOT_HERE, _Waiter, end_orphan_turn, not_open
 from nous_actor.store import shared
 from nous_actor.store.base import Store
@@ -726,12 +727,12 @@ class SessionActor(DispatchedSupervisedActor):
     @call(ANSWERS | SEES_COMMITS | THROUGH_TURN | REMOTE)
     def h_snapshot(self, fut: SessionFuture[Any] | None) -> Any:
         before = self.log.events()
-        # The open turn's turn_start stays, even if a replace written through the turn
-        # shadows it: a restart finds the turn open by it, and ends it.
-        table = self.turns
-        self.log = self.log._snapshot_keeping(
-            None if table is None or table.open is None else table.open.start_seq
-        )
+        # The newest managed turn event stays, even if shadowed: what the log says of
+        # its open turn is unchanged (an open turn's turn_start, which a restart ends
+        # the turn by; a closed turn's turn_end, without which a restart would take the
+        # turn for open). Bookkeeping: the surface is that of Log.snapshot.
+        last = last_turn_event(self.log)
+        self.log = self.log._snapshot_keeping(None if last is None else last.seq)
         kept = {ev.seq for ev in self.log.events()}
         dropped = [ev.seq for ev in before if ev.seq not in kept]
         if self.committer is None or not dropped:

@@ -107,6 +107,18 @@ def dangling_calls(
     return [(cid, name) for cid, name in calls.items() if cid not in answered]
 
 
+def last_turn_event(log: Log) -> Event | None:
+    """The newest managed turn event of ``log`` (a ``turn_start`` or ``turn_end`` whose
+    data has a ``turn_id`` and a ``policy``), or ``None``: what `open_turn` reads, and
+    what a session's snapshot keeps, so that a snapshot never changes whether a turn
+    is open (a summary that shadows the ``turn_end`` of a closed turn and not its
+    ``turn_start`` would otherwise leave that turn open to the next restart)."""
+    for ev in reversed(log.events()):
+        if ev.type in _TURN_TYPES and has_key(ev, "turn_id") and has_key(ev, "policy"):
+            return ev
+    return None
+
+
 def open_turn(log: Log) -> Event | None:
     """The ``turn_start`` of the managed turn left open in ``log``, or ``None``.
 
@@ -118,10 +130,8 @@ def open_turn(log: Log) -> Event | None:
     has no ``turn_id`` is passed over undecoded: a recovered history of unmanaged
     turns is not decoded to find none.)
     """
-    for ev in reversed(log.events()):
-        if ev.type in _TURN_TYPES and has_key(ev, "turn_id") and has_key(ev, "policy"):
-            return ev if ev.type is EventType.TURN_START else None
-    return None
+    ev = last_turn_event(log)
+    return ev if ev is not None and ev.type is EventType.TURN_START else None
 
 
 def _ended(events: Sequence[Event], turn_id: str) -> Event | None:
