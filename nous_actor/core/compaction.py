@@ -36,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from nous_actor._log import get_logger
@@ -58,6 +60,8 @@ __all__ = [
 ]
 
 logger = get_logger(__name__)
+
+_position = attrgetter("position")
 
 
 class CompactionError(NousActorError):
@@ -294,9 +298,8 @@ class Compactor:
             return Plan(count, before, (), (), None, (), tuple(messages), ())
         first = 0  # the first surface entry the plan may replace
         keep_from = len(surface)  # and the first it must keep, whatever keep_recent says
-        if turn_start is not None:
-            while first < len(surface) and surface[first].position <= turn_start:
-                first += 1
+        if turn_start is not None:  # (the surface is in position order)
+            first = bisect_right(surface, turn_start, key=_position)
             keep_from = _first_open_call(messages, first)
         tail_start = max(first, _tail_start(surface, messages, self.keep_recent, keep_from))
         current = list(messages)
