@@ -259,20 +259,26 @@ def test_a_rollback_hides_the_compactions_of_the_run_it_rolls_back(snapshot: boo
             a.close()
 
 
-def test_a_dangling_turn_rolled_back_hides_its_compactions_too() -> None:
+def test_a_dangling_turn_rolled_back_hides_its_compactions_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``dangling_turns="rollback"``: a turn whose lease ran out after it compacted is
     hidden whole behind the note, its summary included."""
+    now = [1000.0]
+    monkeypatch.setattr(scheduling, "monotonic", lambda: now[0])
     with Sessions(MemoryStore(), timeout=BOUND, dangling_turns="rollback") as reg:
         s = reg.open("gone")
         before_the_run(s)
         surface_before = contents(s)
-        gone = s.turn(owner="silent", lease=0.3).open()
+        gone = s.turn(owner="silent", lease=30).open()
         gone.append("user_message", {"content": "q1"}).get(timeout=BOUND)
         gone.append("assistant_message", {"content": LONG}).get(timeout=BOUND)
         gone.append("assistant_message", {"content": "a1"}).get(timeout=BOUND)
         gone.compact(squeeze()).get(timeout=BOUND)
-        s.append("user_message", {"content": "after"}).get(timeout=BOUND)  # waits for the lease
+        now[0] += 31  # the holder went silent past its lease
+        s.append("user_message", {"content": "after"}).get(timeout=BOUND)
         assert contents(s) == [*surface_before, DEFAULT_ROLLBACK_NOTE, "after"]
+        assert [t["how"] for t in turns(s.log().get(timeout=BOUND))] == ["expired"]
 
 
 # -- what TurnInterrupted names ------------------------------------------------------------
