@@ -1140,3 +1140,29 @@ def test_type_text_shows_any_caller_type_without_running_its_code() -> None:
         assert type_text(HostileKey()) == "<HostileKey>"
     assert type_text(EventType.USER_MESSAGE) == "user_message"
     assert type_text(None) == "None"
+
+
+# -- comparison ---------------------------------------------------------------------
+
+
+@settings(max_examples=50)
+@given(
+    seq=st.integers(0, 2**63 - 1),
+    typed=st.sampled_from(list(EventType)).flatmap(lambda t: st.tuples(st.just(t), event_data(t))),
+    other_seq=st.integers(0, 2**63 - 1),
+)
+def test_not_equal_is_the_negation_of_equal(
+    seq: int, typed: tuple[EventType, dict[str, Any]], other_seq: int
+) -> None:
+    """``!=`` answers as ``==`` does, negated, for equal events made apart and for
+    different ones (it answered by identity: two equal events were both ``==`` and
+    ``!=``)."""
+    etype, data = typed
+    a, b = Event(seq, etype, T0, data), Event(seq, etype, T0, data)
+    assert a == b
+    assert (a != b) is False
+    c = Event(other_seq, etype, T0, data)
+    assert (a == c) is (seq == other_seq)
+    assert (a != c) is (seq != other_seq)
+    assert a != "not an event"
+    assert (a == "not an event") is False

@@ -18,7 +18,7 @@ _files = itertools.count()
 
 
 class TestMemoryStore(StoreContract):
-    """MemoryStore keeps every rule."""
+    """MemoryStore keeps every rule (it has no peers: one object is the whole store)."""
 
     def make_store(self) -> Store:
         return MemoryStore()
@@ -32,10 +32,15 @@ class TestSQLiteStoreInMemory(StoreContract):
 
 
 class TestSQLiteStoreFile(StoreContract):
-    """SQLiteStore on a file (WAL, synchronous=FULL) keeps every rule."""
+    """SQLiteStore on a file (WAL, synchronous=FULL) keeps every rule, and two store
+    objects on one file keep the rules between peers."""
 
     def make_store(self) -> Store:
         return SQLiteStore(self.tmp_path / f"store-{next(_files)}.sqlite")
+
+    def make_peer(self, store: Store) -> Store | None:
+        assert isinstance(store, SQLiteStore)
+        return SQLiteStore(store.path)  # what another process opening the file has
 
 
 # The machine alone, bound the way the docs tell users to bind their own store (each

@@ -282,6 +282,37 @@ def test_a_second_store_object_can_claim_after_release(path: Path) -> None:
         second.claim("s")
 
 
+def test_closing_a_store_object_gives_up_the_claims_it_holds(path: Path) -> None:
+    """A closed store object's sessions can write no more: its claims are given up, so
+    another object on the file claims them at once (they stayed live until the process
+    ended), and what it released is gone from the file's claims."""
+    with SQLiteStore(path) as second:
+        first = SQLiteStore(path)
+        first.claim("a")
+        first.claim("b")
+        released = first.claim("c")
+        first.release("c", released)
+        first.close()
+        assert second.held_by("a") is None
+        assert second.held_by("b") is None
+        second.claim("a")
+        second.claim("b")
+        second.claim("c")
+
+
+def test_a_release_with_another_sessions_token_frees_nothing(path: Path) -> None:
+    """``release(b, token of a)`` leaves ``a`` held (it forgot ``a``'s token as live:
+    another store object then took ``a`` over from its live writer)."""
+    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+        token_a = first.claim("a")
+        first.claim("b")
+        first.release("b", token_a)
+        with pytest.raises(ConflictError, match="live writer in this process"):
+            second.claim("a")
+        with pytest.raises(ConflictError, match="live writer in this process"):
+            second.claim("b")
+
+
 def test_a_second_session_on_another_store_object_is_refused(path: Path) -> None:
     """Session.start on a second store object of the same file raises ConflictError."""
     with SQLiteStore(path) as first, SQLiteStore(path) as second:

@@ -689,6 +689,11 @@ class Event(msgspec.Struct, metaclass=_EventMeta, frozen=True, gc=False, eq=Fals
             and self.data == other.data
         )
 
+    def __ne__(self, other: object) -> bool:
+        # Said outright: the base Struct's own comparison answers ``!=`` by identity.
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     def __hash__(self) -> int:
         return hash((self.seq, self.type, self.time))
 

@@ -29,6 +29,14 @@ from nous_actor.testing.strategies import event_data, times
 
 __all__ = ["SessionMachine"]
 
+
+def _check(ok: bool, message: str) -> None:
+    """Fail the step with ``message`` unless ``ok`` (an ``assert`` would vanish under
+    ``python -O``, and pytest does not rewrite the asserts of an installed module)."""
+    if not ok:
+        raise AssertionError(message)
+
+
 _ids = itertools.count()
 _surface = st.sampled_from(sorted(SURFACE_TYPES))
 _types = st.sampled_from(list(EventType))
@@ -94,7 +102,10 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(a=_append())
     def append(self, a: tuple[EventType, dict[str, Any], datetime]) -> None:
         ev = self.session.append(*a).get()
-        assert ev.seq == self.model.count()
+        _check(
+            ev.seq == self.model.count(),
+            f"append gives the next seq: got seq {ev.seq}, expected {self.model.count()}",
+        )
         self._record([ev])
 
     @rule(a=_replace())
@@ -105,7 +116,7 @@ class SessionMachine(RuleBasedStateMachine):
     def append_at(self, a: tuple[EventType, dict[str, Any], datetime], gap: int) -> None:
         seq = self.model.count() + gap
         ev = self.session.append_at(seq, *a).get()
-        assert ev.seq == seq
+        _check(ev.seq == seq, f"append_at({seq}) gives an event of seq {seq}, got seq {ev.seq}")
         self._record([ev])
 
     @precondition(lambda self: self.model.count() > 0)
@@ -115,14 +126,22 @@ class SessionMachine(RuleBasedStateMachine):
         try:
             self.session.append_at(seq, "user_message", {"content": "x"}).get()
         except InvalidEvent as exc:
-            assert exc.reason == "seq_behind_head"
+            _check(
+                exc.reason == "seq_behind_head",
+                f"append_at behind the head is refused with reason 'seq_behind_head', "
+                f"got {exc.reason!r}",
+            )
         else:
             raise AssertionError("append_at behind the head was accepted")
 
     @rule(bad=st.sampled_from(_BAD_EVENTS), or_log=st.booleans())
     def append_invalid(self, bad: tuple[str, dict[str, Any]], or_log: bool) -> None:
         if or_log:
-            assert self.session.append_or_log(*bad).get() is None
+            got = self.session.append_or_log(*bad).get()
+            _check(
+                got is None,
+                f"append_or_log of an invalid event {bad!r} logs it and gives None, got {got!r}",
+            )
             return
         try:
             self.session.append(*bad).get()
@@ -137,14 +156,23 @@ class SessionMachine(RuleBasedStateMachine):
         before = len(self.model.events())
         self.model = self.model.snapshot()
         if not self.snapshot_raced:
-            assert dropped == before - len(self.model.events())
+            kept = len(self.model.events())
+            _check(
+                dropped == before - kept,
+                f"snapshot drops what the model's snapshot drops: {before - kept} events, "
+                f"but it reported {dropped}",
+            )
         self.snapshot_raced = False
 
     @rule(seq=st.integers(0, 60))
     def since(self, seq: int) -> None:
         got = self.session.since(seq).get()
         if not self.snapshot_raced:
-            assert got == self.model.since(seq)
+            _check(
+                got == self.model.since(seq),
+                f"since({seq}) gives the model's events from seq {seq}: got {got!r}, "
+                f"expected {self.model.since(seq)!r}",
+            )
 
     @rule(ops=st.lists(_op, min_size=1, max_size=12))
     def concurrent_callers(self, ops: list[tuple[str, Any]]) -> None:
@@ -179,12 +207,18 @@ class SessionMachine(RuleBasedStateMachine):
             w.start()
         for w in workers:
             w.join(self.timeout * 2)
-        assert not any(w.is_alive() for w in workers), "a caller thread hung"
+        _check(
+            not any(w.is_alive() for w in workers),
+            f"a caller thread hung: its calls did not answer within {self.timeout * 2:g} s",
+        )
         if errors:
             raise errors[0]
-        assert sorted(e.seq for e in appended) == list(
-            range(self.model.count(), self.model.count() + len(appended))
-        ), "seqs are not exactly the next ones, each once"
+        seqs = sorted(e.seq for e in appended)
+        _check(
+            seqs == list(range(self.model.count(), self.model.count() + len(appended))),
+            f"appends from several threads at once take exactly the next seqs, each once "
+            f"(from {self.model.count()}), got {seqs}",
+        )
         self._record(appended)
         if any(kind == "snapshot" for kind, _ in ops):
             self.snapshot_raced = True
@@ -192,15 +226,29 @@ class SessionMachine(RuleBasedStateMachine):
     @invariant()
     def session_equals_model(self) -> None:
         log = self.session.log().get()
-        assert log.count() == self.model.count()
-        assert log.derive_indexed() == self.model.derive_indexed()
-        assert log.derive_messages() == self.model.derive_messages()
+        _check(
+            log.count() == self.model.count(),
+            f"the session's log counts {log.count()} events, the model {self.model.count()}",
+        )
+        _check(
+            log.derive_indexed() == self.model.derive_indexed(),
+            "the session's surface (derive_indexed) differs from the model's",
+        )
+        _check(
+            log.derive_messages() == self.model.derive_messages(),
+            "the session's messages (derive_messages) differ from the model's",
+        )
         if self.snapshot_raced:
             kept = {e.seq for e in log.events()}
-            assert {e.seq for e in self.model.snapshot().events()} <= kept
-            assert kept <= {e.seq for e in self.model.events()}
+            needed = {e.seq for e in self.model.snapshot().events()}
+            _check(
+                needed <= kept,
+                f"the session dropped events a snapshot keeps: seqs {sorted(needed - kept)}",
+            )
+            extra = kept - {e.seq for e in self.model.events()}
+            _check(not extra, f"the session holds events the model never had: {sorted(extra)}")
         else:
-            assert log == self.model
+            _check(log == self.model, "the session's log differs from the model's")
 
     def teardown(self) -> None:
         self.session.stop()

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import itertools
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -48,17 +48,46 @@ def assert_same_events(got: Sequence[Event], want: Sequence[Event]) -> None:
     Same seq and type, the same instant to the microsecond (in UTC), the same
     ``data`` with the same JSON types (``1`` is not ``1.0`` nor ``True``), the
     same ``surface_op``.
+
+    Raises:
+        AssertionError: they differ; the message says where and how (raised by an
+            explicit check, so it holds under ``python -O`` too).
     """
-    assert [e.seq for e in got] == [e.seq for e in want], "seqs differ"
+    got_seqs, want_seqs = [e.seq for e in got], [e.seq for e in want]
+    if got_seqs != want_seqs:
+        raise AssertionError(
+            f"seqs differ: got {_short(got_seqs)}, expected {_short(want_seqs)} "
+            "(a store loads every event written and not dropped, once, in seq order)"
+        )
     for g, w in zip(got, want, strict=True):
         where = f"seq {w.seq}"
-        assert g.type is w.type, f"{where}: type {g.type!r} != {w.type!r}"
-        assert g.time == w.time, f"{where}: time {g.time.isoformat()} != {w.time.isoformat()}"
-        assert g.time.utcoffset() == timedelta(0), f"{where}: time is not UTC: {g.time!r}"
-        assert g.time.microsecond == w.time.microsecond, f"{where}: microseconds lost"
-        assert _strict(g.data) == _strict(w.data), f"{where}: data {g.data!r} != {w.data!r}"
-        assert g.surface_op == w.surface_op, f"{where}: surface_op differs"
-        assert g == w
+        if g.type is not w.type:
+            raise AssertionError(f"{where}: type {g.type!r} != {w.type!r}")
+        if g.time != w.time:
+            raise AssertionError(f"{where}: time {g.time.isoformat()} != {w.time.isoformat()}")
+        if g.time.utcoffset() != timedelta(0):
+            raise AssertionError(f"{where}: time is not UTC: {g.time!r} (load times in UTC)")
+        if g.time.microsecond != w.time.microsecond:
+            raise AssertionError(f"{where}: microseconds lost (keep times to the microsecond)")
+        if _strict(g.data) != _strict(w.data):
+            raise AssertionError(
+                f"{where}: data {_short(g.data)} != {_short(w.data)} (keep the data with "
+                "its JSON types: 1 is not 1.0 nor True)"
+            )
+        if g.surface_op != w.surface_op:
+            raise AssertionError(f"{where}: surface_op {g.surface_op!r} != {w.surface_op!r}")
+        if not g == w:
+            raise AssertionError(f"{where}: event {_short(g)} != {_short(w)}")
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to a readable length (stored events may hold megabytes)."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 300
+_REPR.maxlist = _REPR.maxdict = 20
 
 
 # -- the stateful test ---------------------------------------------------------------------
@@ -154,9 +183,18 @@ class StoreMachine(RuleBasedStateMachine):
             if conflict:
                 expect_refused.add(sid)
         refused = self.store.write(call)
-        assert set(refused) == expect_refused, (refused, expect_refused)
-        for err in refused.values():
-            assert isinstance(err, ConflictError), err
+        if set(refused) != expect_refused:
+            raise AssertionError(
+                f"write({_short(call)}) must refuse exactly the sessions {expect_refused!r} "
+                "(each with a seq already stored or repeated in the write; every other "
+                f"session commits), but it returned {refused!r}"
+            )
+        for sid, err in refused.items():
+            if not isinstance(err, ConflictError):
+                raise AssertionError(
+                    f"a seq already stored (or twice in one write) refuses its session with "
+                    f"ConflictError: write() returned {err!r} for {sid!r}"
+                )
         for sid, events in call.items():
             if sid not in expect_refused:
                 self.model[sid].update((e.seq, e) for e in events)
@@ -179,8 +217,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(sid=st.sampled_from(_SESSIONS))
     def claim(self, sid: str) -> None:
         if sid in self.claims:
-            with pytest.raises(ConflictError):
-                self.store.claim(sid)
+            self._refused(sid)
         else:
             self.claims[sid] = self.store.claim(sid)
 
@@ -204,16 +241,43 @@ class StoreMachine(RuleBasedStateMachine):
         next_seq = getattr(self.store, "next_seq", None)  # optional (store.shared)
         for sid in _SESSIONS:
             want = [self.model[sid][s] for s in sorted(self.model[sid])]
-            assert_same_events(self.store.load(sid), want)
+            try:
+                assert_same_events(self.store.load(sid), want)
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"load({sid!r}) must give what was written and not dropped or deleted: {exc}"
+                ) from None
             if next_seq is not None:
-                assert next_seq(sid) == (max(self.model[sid]) + 1 if self.model[sid] else 0)
-        assert self.store.sessions() == sorted(s for s in _SESSIONS if self.model[s])
+                expected = max(self.model[sid]) + 1 if self.model[sid] else 0
+                got = next_seq(sid)
+                if got != expected:
+                    raise AssertionError(
+                        f"next_seq({sid!r}) is the last stored seq + 1 (0 with no events): "
+                        f"got {got!r}, expected {expected}"
+                    )
+        listed = self.store.sessions()
+        expected_ids = sorted(s for s in _SESSIONS if self.model[s])
+        if listed != expected_ids:
+            raise AssertionError(
+                "sessions() lists each session with stored events once, sorted: "
+                f"got {listed!r}, expected {expected_ids!r}"
+            )
 
     @invariant()
     def claims_hold(self) -> None:
         for sid in self.claims:
-            with pytest.raises(ConflictError):
-                self.store.claim(sid)
+            self._refused(sid)
+
+    def _refused(self, sid: str) -> None:
+        """A claim of ``sid``, which a claim of this machine holds, must be refused."""
+        try:
+            self.store.claim(sid)
+        except ConflictError:
+            return
+        raise AssertionError(
+            f"one live writer per session: {sid!r} is claimed (and not released, nor "
+            "deleted), and another claim of it returned a token; it must raise ConflictError"
+        )
 
     def teardown(self) -> None:
         self.close_store(self.store)

@@ -29,8 +29,9 @@ from nous_actor.store.sqlite.writes import insert_rows
 
 logger = get_logger("nous_actor.store.sqlite")
 
-# Claim tokens held by live writers of this process, whatever store object made them.
-_live_tokens: set[str] = set()
+# Claim tokens held by live writers of this process, whatever store object made them,
+# each with the session it claims (a release names both: a token frees its own session).
+_live_tokens: dict[str, str] = {}
 _live_lock = forks.lock()
 
 
@@ -176,7 +177,7 @@ def _claim_once(
                 token = unique_hex()
                 # Under _live_lock and before COMMIT: another store object of this
                 # process that reads the row next also finds the token live.
-                _live_tokens.add(token)
+                _live_tokens[token] = sid
                 holdings.tokens[token] = sid
                 taken.append(token)
                 held[sid] = (pid, token)
@@ -199,8 +200,8 @@ def _claim_once(
                 asked.difference_update(taken_asked)
     except BaseException:
         with _live_lock:
-            _live_tokens.difference_update(taken)
             for token in taken:
+                _live_tokens.pop(token, None)
                 holdings.tokens.pop(token, None)
         raise
     return out

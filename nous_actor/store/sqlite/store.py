@@ -590,9 +590,10 @@ class SQLiteStore(ClosingStore):
         self, claims: Sequence[tuple[str, str]], session_id: str | None, doing: str
     ) -> None:
         with _live_lock:
-            for _, token in claims:
-                _live_tokens.discard(token)
-                self._holdings.tokens.pop(token, None)
+            for sid, token in claims:
+                if _live_tokens.get(token) == sid:  # a token frees its own session only
+                    del _live_tokens[token]
+                    self._holdings.tokens.pop(token, None)
         if self._connection.closed or self._connection.lost is not None:
             return
         with self._connection.transaction(session_id, doing, synced=False) as conn:
@@ -884,6 +885,16 @@ class SQLiteStore(ClosingStore):
         return follower_of(self._connection).wait_changed(after, timeout)
 
     def close(self) -> None:
+        """Close the file; the claims this object still holds are given up first (its
+        sessions can write no more), so another store object of this process, or
+        another process, may claim them at once."""
+        with _live_lock:
+            held = self._holdings.live()
+        if held:
+            try:
+                self._release(held, None, "release the sessions")
+            except StoreError:  # the file is gone or failing: the tokens are let go
+                pass
         self._connection.close()
         close_follower(self._connection)
         self._connection.release_file()

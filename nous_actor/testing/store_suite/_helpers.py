@@ -5,6 +5,9 @@ runs one call from several threads released together (the races of the threads t
 from __future__ import annotations
 
 import contextlib
+import inspect
+import reprlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +25,68 @@ from nous_actor.testing.store_machine import assert_same_events
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 _R = TypeVar("_R")
+
+
+# -- checks that stay under python -O -------------------------------------------------------
+
+
+def _rule() -> str:
+    """The rule of the contract test running on this thread: its name and docstring,
+    found by walking up the calling frames (``""`` outside a test, e.g. in a worker
+    thread of one)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_name
+        owner = frame.f_locals.get("self")
+        if name.startswith("test_") and owner is not None:
+            doc = inspect.getdoc(getattr(type(owner), name, None)) or ""
+            text = " ".join(doc.split())
+            return f"the store breaks the rule of {name}" + (f" ({text})" if text else "")
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to a readable length (stored events may hold megabytes)."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 300
+_REPR.maxlist = _REPR.maxdict = 20
+
+
+def _expect(ok: object, check: str) -> None:
+    """Fail the test unless ``ok``, saying the rule of the running test (its
+    docstring) and the ``check`` that failed (an ``assert`` would vanish under
+    ``python -O``, and pytest does not rewrite the asserts of an installed module,
+    so a failing one said nothing)."""
+    if not ok:
+        raise AssertionError(f"{_rule() or 'a contract check failed'}: `{check}` failed")
+
+
+def _expect_equal(got: object, want: object, check: str) -> None:
+    """Fail the test unless ``got == want``, saying the rule of the running test, the
+    ``check`` that failed and both values."""
+    if not got == want:
+        raise AssertionError(
+            f"{_rule() or 'a contract check failed'}: `{check}` failed: got {_short(got)}, "
+            f"expected {_short(want)}"
+        )
+
+
+def _check(ok: object, message: str) -> None:
+    """Fail the test with ``message`` (which says the rule broken and how to keep it)
+    unless ``ok``: an ``assert`` would vanish under ``python -O``, and pytest does not
+    rewrite the asserts of an installed module, so a failing one said nothing."""
+    if not ok:
+        raise AssertionError(message)
+
+
+def _same(got: object, want: object, message: str) -> None:
+    """Fail the test unless ``got == want``, saying ``message`` and both values."""
+    if not got == want:
+        raise AssertionError(f"{message}: got {_short(got)}, expected {_short(want)}")
 
 
 # -- comparing events strictly -----------------------------------------------------------
@@ -132,17 +197,32 @@ def _stored_or_store_error(store: Store, session_id: str, events: list[Event]) -
     try:
         refused = store.write({session_id: events})
         if session_id in refused:
-            assert isinstance(refused[session_id], StoreError), refused
+            _check(
+                isinstance(refused[session_id], StoreError),
+                f"write() returns a StoreError for each session it refuses, got {refused!r}",
+            )
             raise refused[session_id]
         got = store.load(session_id)
     except StoreError:
         # Refusing is fine; leaving the store unusable or half-written is not.
-        assert store.load("contract-ok") == []
+        _same(
+            store.load("contract-ok"),
+            [],
+            "a refused write leaves the store as it was: another session's load",
+        )
         with contextlib.suppress(StoreError):
-            assert store.load(session_id) == []
+            _same(
+                store.load(session_id),
+                [],
+                f"a refused write of {session_id!r} stores none of its events",
+            )
     else:
         assert_same_events(got, events)
-    assert store.write({"contract-ok": [_ev(0)]}) == {}
+    _same(
+        store.write({"contract-ok": [_ev(0)]}),
+        {},
+        f"the store must take more writes after a write of {session_id!r} (stored or refused)",
+    )
     assert_same_events(store.load("contract-ok"), [_ev(0)])
 
 
@@ -197,13 +277,15 @@ def _at_once(threads: int, what: str, call: Callable[[int], _R]) -> list[_R | Ba
     for w in workers:
         w.join(max(0.0, deadline - time.monotonic()))
     hung = sum(w.is_alive() for w in workers)
-    assert not hung, (
+    _check(
+        not hung,
         f"{hung} of {threads} threads calling {what} at once were still running after "
-        f"{2 * _RACE_WAIT_SECONDS:.0f} s: the store hangs (a deadlock?) under contention"
+        f"{2 * _RACE_WAIT_SECONDS:.0f} s: the store hangs (a deadlock?) under contention",
     )
     late = [r for r in results.values() if isinstance(r, threading.BrokenBarrierError)]
-    assert not late, (
+    _check(
+        not late,
         f"the {threads} threads of the race did not all start within "
-        f"{_RACE_WAIT_SECONDS:.0f} s (the machine is overloaded?)"
+        f"{_RACE_WAIT_SECONDS:.0f} s (the machine is overloaded?)",
     )
     return [results[n] for n in range(threads)]
