@@ -1,11 +1,13 @@
 """Turn policies as a stateful test: runs (threads and coroutines) against a plain model.
 
-Each run writes messages tagged with its id through its turn. The machine
-opens turns with every policy, queues turns as coroutines, writes through
-the plain handle while a turn is open, closes, lets a holder vanish (its
-lease runs out) and restarts the session; the model says what the surface
-must show. Invariants: the surface equals the model's, no two runs
-interleave on it, a rollback keeps every event and audit explains it.
+Each run writes messages tagged with its id through its turn, and compacts
+through it (a summary of what it wrote). The machine opens turns with every
+policy, queues turns as coroutines, writes through the plain handle while a
+turn is open, closes, lets a holder vanish (its lease runs out) and restarts
+the session; the model says what the surface must show. Invariants: the
+surface equals the model's, no two runs interleave on it, a rollback keeps
+every event (and hides the run's compactions with the run) and audit
+explains it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from nous_actor import (
+    Compactor,
     MemoryStore,
     Sessions,
     SessionStopped,
@@ -43,6 +46,7 @@ class Run:
     how: str | None = None  # None while open (or queued); then how its turn ended
     by: int | None = None  # the run that interrupted or rolled it back
     written: list[str] = field(default_factory=list)
+    shown: int = 0  # how many surface entries it has (a summary of its own stands for some)
 
 
 class TurnMachine(RuleBasedStateMachine):
@@ -77,7 +81,7 @@ class TurnMachine(RuleBasedStateMachine):
         run = self.runs[rid]
         run.how, run.by = how, by
         if how == "rolled_back":  # its messages are the surface's tail: one note instead
-            del self.surface[len(self.surface) - len(run.written) :]
+            del self.surface[len(self.surface) - run.shown :]
             self.surface.append(DEFAULT_ROLLBACK_NOTE)
 
     def _drain(self) -> None:
@@ -144,7 +148,25 @@ class TurnMachine(RuleBasedStateMachine):
             assert fut.done()
             fut.get(timeout=0)
         run.written += texts
+        run.shown += len(texts)
         self.surface += texts
+
+    @precondition(lambda self: self.open_run is not None)
+    @rule()
+    def compact_through_turn(self) -> None:
+        """A compaction through the open turn summarises what the turn wrote but its newest
+        message; what came before the turn stays as it was."""
+        assert self.open_run is not None
+        run = self.runs[self.open_run]
+        summary = f"r{run.rid}.s"  # (no longer than a message it replaces)
+        squeeze = Compactor(budget=0, keep_recent=1, summarise=lambda ms: summary)
+        result = run.turn.compact(squeeze, force=True).get()
+        mine = self.surface[len(self.surface) - run.shown :]
+        lone_summary = run.shown == 2 and mine[0] == summary
+        assert result.changed == (run.shown >= 2 and not lone_summary)
+        if result.changed:
+            self.surface[len(self.surface) - run.shown :] = [summary, mine[-1]]
+            run.shown = 2
 
     @precondition(
         lambda self: any(
