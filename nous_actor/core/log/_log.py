@@ -387,10 +387,11 @@ class Log:
 
     def _snapshot_keeping(self, keep: int | None) -> Log:
         """`snapshot`, except that bookkeeping event ``keep`` (a seq; ``None``: none)
-        stays even if shadowed: a session keeps the ``turn_start`` of its open turn,
-        which its restart must find. A bookkeeping event projects to nothing, so the
-        surface, ``count()`` and every later append, replace and derive are as after
-        `snapshot`."""
+        stays even if shadowed: a session keeps its newest turn event (an open turn's
+        ``turn_start``, which its restart must find; a closed one's ``turn_end``). A
+        bookkeeping event projects to nothing, so the surface, ``count()`` and every
+        later append, replace and derive are as after `snapshot`; a surface event named
+        is dropped as `snapshot` drops it."""
         n = self._n
         flags = _shadow_flags(self._events, n)
         events = self._events[:n]
