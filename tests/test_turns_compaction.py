@@ -39,7 +39,12 @@ from nous_actor import (
 )
 from nous_actor.core.history import turns
 from nous_actor.runtime import scheduling
-from nous_actor.sessions.turns import DEFAULT_ROLLBACK_NOTE, INTERRUPTED_TOOL_RESULT
+from nous_actor.sessions.turns import (
+    DEFAULT_ROLLBACK_NOTE,
+    INTERRUPTED_TOOL_RESULT,
+    TurnRequest,
+    TurnTable,
+)
 
 CALL: Final = {"content": None, "tool_calls": [{"id": "c1", "name": "weather", "arguments": "{}"}]}
 LONG: Final = "thinking " * 60
@@ -476,3 +481,57 @@ def test_a_snapshot_never_leaves_a_closed_turn_open_to_the_next_restart() -> Non
         reopened = reg.open("closed")
         assert [e.seq for e in reopened.events().get(timeout=BOUND)] == stored
         assert "interrupted" not in [t["how"] for t in turns(reopened.log().get(timeout=BOUND))]
+
+
+class _RefusingSession:
+    """What a turn table needs of its session (`TurnSession`), refusing appends once
+    ``failed`` is set, as a session whose store failed does."""
+
+    session_id = "refusing"
+    dangling_turns = "keep"
+    inflight: tuple[Any, ...] = ()
+
+    def __init__(self) -> None:
+        self.next_seq = 0
+        self.log = Log()
+        self.failed: StoreError | None = None
+        self.turns: TurnTable | None = None
+        self.actor_ref = self
+        self.submitted: list[Any] = []
+
+    def tell(self, message: object) -> None:  # (the alarm's tick: nothing to do here)
+        pass
+
+    def _submit(self, events: tuple[Any, ...], result: Any, fut: Any) -> Any:
+        self.next_seq = events[-1].seq + 1
+        self.submitted += events
+        return result
+
+    def _check_writable(self) -> None:
+        if self.failed is not None:
+            raise StoreError(f"refuses appends after a store failure ({self.failed})")
+
+    def _resume(self, waiter: Any) -> None:
+        pass
+
+    def _keep_turns(self, table: TurnTable | None) -> None:
+        self.turns = table
+
+    def h_turn_tick(self) -> None:
+        pass
+
+
+def test_closing_a_turn_on_a_session_refusing_appends_names_no_unstored_turn_end() -> None:
+    """A session that refuses appends after a store failure cannot store the closing
+    turn's ``turn_end``: the close fails with the store's error instead of resolving to
+    an event that was never stored, and the turn is no longer open."""
+    s = _RefusingSession()
+    table = TurnTable(s)  # type: ignore[arg-type]
+    s._keep_turns(table)
+    req = TurnRequest("t1", "run", "enqueue", 30.0, 1.0, DEFAULT_ROLLBACK_NOTE)
+    table.arrive(req, None, scheduling.monotonic())
+    s.failed = StoreError("the disk is full")
+    with pytest.raises(StoreError, match="refuses appends"):
+        table.end("t1", "closed", None, None, scheduling.monotonic())
+    assert table.open is None
+    assert [e.type.value for e in s.submitted] == ["turn_start"]
