@@ -52,6 +52,7 @@ from nous_actor.integrations.langgraph.ids import PREFIX, thread_key, thread_of
 from nous_actor.integrations.langgraph.records import (
     CHECKPOINT_V,
     RECORD_KEY,
+    State,
     checkpoint_record,
     joined,
     split_record,
@@ -416,13 +417,16 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread to another: the target's session
         is a fork of the source's (every event, the deleted ones too, seqs kept), or, when
-        the target has events already, the source's visible checkpoints (kept whole) and
-        their writes are appended to it. A source with nothing copies nothing."""
+        the target has events already, the source's visible checkpoints (each kept as
+        what changed since its parent when that is copied too, else whole) and their
+        writes are appended to it. A source with nothing copies nothing."""
         run_sync(self._journal, self._copy_thread(source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune the threads for LangGraph: ``keep_latest`` keeps the latest checkpoint of
-        each namespace (with its writes), ``delete`` keeps none. The sessions keep all.
+        each namespace (with its writes, and its state whole: a ``DeltaChannel``'s value
+        is still rebuilt from the writes before it), ``delete`` keeps none. The
+        sessions keep all.
 
         Raises:
             ValueError: ``strategy`` is neither.
@@ -433,9 +437,38 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         """For each channel, the writes of the checkpoints before ``config``'s (on its
-        parent chain, oldest first) back to the nearest holding a value of the channel,
-        that value as ``seed`` (see LangGraph's `BaseCheckpointSaver`)."""
+        parent chain, oldest first, hidden ones too: pruned, or of deleted runs) back
+        to the nearest holding a value of the channel, that value as ``seed`` (see
+        LangGraph's `BaseCheckpointSaver`); read from the records, so it costs what
+        those writes hold, not what the checkpoints do."""
         return run_sync(self._journal, self._delta_history(config, channels))
+
+    def get_next_version(self, current: Any, channel: None = None) -> Any:
+        """The version of a channel after ``current``: an int one more (1 for None); after
+        a str version (LangGraph's own savers number them so, ``"<32 digits>.<hash>"``:
+        a thread copied from one of them) the next such str, so that every version of
+        a thread stays of one type and keeps growing.
+
+        Raises:
+            TypeError: ``current`` is neither None, an int nor a str.
+            ValueError: a str ``current`` does not start with an integer.
+        """
+        if current is None:
+            return 1
+        if isinstance(current, int) and not isinstance(current, bool):
+            return current + 1
+        if isinstance(current, str):
+            head = current.split(".", 1)[0]
+            try:
+                number = int(head)
+            except ValueError:
+                raise ValueError(
+                    f"channel version {current!r} does not start with an integer; versions "
+                    "are ints, or strs such as LangGraph's savers write "
+                    "('00000000000000000000000000000001.0.5')"
+                ) from None
+            return f"{number + 1:032}.{0:016}"
+        raise TypeError(f"a channel version must be an int or a str, got {type(current).__name__}")
 
     # -- LangGraph's API, async -----------------------------------------------------------------
 
@@ -721,11 +754,15 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
 
     # -- the operations ---------------------------------------------------------------------
 
-    def _tuple(self, thread: ThreadLog, cp: Cp, thread_id: Any) -> CheckpointTuple:
-        """The `CheckpointTuple` of ``cp`` (called under the thread's lock)."""
+    def _tuple(
+        self, thread: ThreadLog, cp: Cp, thread_id: Any, state: State | None = None
+    ) -> CheckpointTuple:
+        """The `CheckpointTuple` of ``cp`` (called under the thread's lock), of its
+        ``state`` when resolved already."""
         serde = self.serde
         rec = cp.rec
-        state = thread.state(serde, cp)
+        if state is None:
+            state = thread.state(serde, cp)
         checkpoint: dict[str, Any] = {}
         if "x" in rec:
             checkpoint.update(decode(serde, rec["x"]))
@@ -831,9 +868,16 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                         break
         if len(threads) > 1:
             found.sort(key=lambda f: (f[0], f[1]), reverse=True)
-        for _, _, tid, thread, cp in found[:limit]:
+        found = found[:limit]
+        # Each thread's states resolved together, oldest first, each onto its parent's:
+        # one by one, newest first, each would be folded again from the thread's start.
+        states: dict[Cp, State] = {}
+        for thread in {id(f[3]): f[3] for f in found}.values():
             with thread.lock:
-                out.append(self._tuple(thread, cp, tid))
+                states.update(thread.states(self.serde, [f[4] for f in found if f[3] is thread]))
+        for _, _, tid, thread, cp in found:
+            with thread.lock:
+                out.append(self._tuple(thread, cp, tid, states[cp]))
         return out
 
     def _put(
@@ -989,9 +1033,17 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
         records: builtins.list[dict[str, Any]] = []
         with thread.lock:
             cps = sorted(thread.listed(None), key=lambda c: (c.seq, c.ns))
+            copied = {(c.ns, c.id) for c in cps}
             for cp in cps:
-                state = thread.state(self.serde, cp)
                 rec = dict(cp.rec)
+                rec.setdefault("ts", cp.time.isoformat())
+                if not rec.get("full") and (cp.ns, cp.parent) in copied:
+                    # What changed since its parent, which is copied too (with the
+                    # writes a reference of the record may name): kept as it is.
+                    records.append(rec)
+                    records.extend(self._writes_records(thread, cp))
+                    continue
+                state = thread.state(self.serde, cp)
                 rec.update(
                     full=True,
                     vals={ch: ["w", encode(self.serde, v)] for ch, v in state.values.items()},
@@ -1001,25 +1053,22 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
                     vers_drop=[],
                     seen_drop=[],
                 )
-                rec.setdefault("ts", cp.time.isoformat())
                 records.append(rec)
-                by_task: dict[tuple[str, str], builtins.list[builtins.list[Any]]] = {}
-                for task, idx, ch, kept, path in thread.raw_writes(cp):
-                    by_task.setdefault((task, path), []).append([idx, ch, kept])
-                for (task, path), ws in by_task.items():
-                    records.append(
-                        {
-                            RECORD_KEY: "w",
-                            "ns": cp.ns,
-                            "cp": cp.id,
-                            "task": task,
-                            "path": path,
-                            "w": ws,
-                        }
-                    )
+                records.extend(self._writes_records(thread, cp))
         if records:
             target_handle = yield from self._handle(dst)
             yield from self._append(dst, target_handle, records)
+
+    @staticmethod
+    def _writes_records(thread: ThreadLog, cp: Cp) -> builtins.list[dict[str, Any]]:
+        """The records of ``cp``'s pending writes, one per task, as kept."""
+        by_task: dict[tuple[str, str], builtins.list[builtins.list[Any]]] = {}
+        for task, idx, ch, kept, path in thread.raw_writes(cp):
+            by_task.setdefault((task, path), []).append([idx, ch, kept])
+        return [
+            {RECORD_KEY: "w", "ns": cp.ns, "cp": cp.id, "task": task, "path": path, "w": ws}
+            for (task, path), ws in by_task.items()
+        ]
 
     def _delta_history(
         self, config: RunnableConfig, channels: Sequence[str]
@@ -1034,23 +1083,24 @@ class NousCheckpointSaver(BaseCheckpointSaver[str]):
             return result
         with thread.lock:
             target = thread.find(ns, cid)
-            if target is None:
+            if target is None or target.parent is None:
                 return result
-            collected: dict[str, builtins.list[PendingWrite]] = {ch: [] for ch in wanted}
-            remaining = set(wanted)
-            cur = None if target.parent is None else thread.find(ns, target.parent)
-            while cur is not None and remaining:
-                for write in reversed(thread.writes(self.serde, cur)):
-                    if write[1] in remaining:
-                        collected[write[1]].append(cast(PendingWrite, write))
-                values = thread.state(self.serde, cur).values
-                for ch in list(remaining):
-                    if ch in values:
-                        result[ch]["seed"] = _own(values[ch])
-                        remaining.discard(ch)
-                cur = None if cur.parent is None else thread.find(ns, cur.parent)
+            start = thread.cps.get((ns, target.parent))
+            if start is None:
+                return result
+            # The walk goes through ancestors hidden from LangGraph too (pruned, or of
+            # deleted runs): the fold keeps them, and the checkpoint's values are built
+            # on theirs (a pruned thread's latest checkpoint reads back as it was).
+            chain, found = thread.ancestry(start, set(wanted))
             for ch in wanted:
-                result[ch]["writes"] = list(reversed(collected[ch]))
+                holder = found.get(ch)
+                last = len(chain) - 1 if holder is None else holder[0]
+                writes: builtins.list[PendingWrite] = []
+                for cp in reversed(chain[: last + 1]):
+                    writes.extend(thread.writes(self.serde, cp, ch))
+                result[ch]["writes"] = writes
+                if holder is not None:
+                    result[ch]["seed"] = _own(thread.value_set(self.serde, chain[holder[1]], ch))
         return result
 
 

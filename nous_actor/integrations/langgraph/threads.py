@@ -195,13 +195,20 @@ class ThreadLog:
         """The run ids of the visible checkpoints."""
         return {run for run, cps in self._runs.items() if any(not c.hidden for c in cps)}
 
-    def writes(self, serde: SerializerProtocol, cp: Cp) -> list[tuple[str, str, Any]]:
-        """The pending writes of ``cp``, in LangGraph's order (task path, task id, idx)."""
+    def writes(
+        self, serde: SerializerProtocol, cp: Cp, channel: str | None = None
+    ) -> list[tuple[str, str, Any]]:
+        """The pending writes of ``cp`` (to ``channel`` only, when given), in LangGraph's
+        order (task path, task id, idx)."""
         table = self._writes.get((cp.ns, cp.id))
         if not table:
             return []
         ordered = sorted(table.items(), key=lambda kv: (kv[1][3], kv[0][0], kv[0][1]))
-        return [(task, ch, decode(serde, kept)) for (task, _), (_, ch, kept, _) in ordered]
+        return [
+            (task, ch, decode(serde, kept))
+            for (task, _), (_, ch, kept, _) in ordered
+            if channel is None or ch == channel
+        ]
 
     def written(self, ns: str, cid: str, channel: str) -> tuple[list[Any], Sequence[Any]] | None:
         """The one pending write of checkpoint ``cid`` to ``channel``: its ``[task, idx]``
@@ -228,16 +235,69 @@ class ThreadLog:
         copied: dict[str, Any] = thaw(cp.meta)
         return copied
 
+    def ancestry(
+        self, cp: Cp, channels: Iterable[str]
+    ) -> tuple[list[Cp], dict[str, tuple[int, int]]]:
+        """``cp`` and its ancestors (hidden ones too: their values are the base of
+        ``cp``'s), newest first, as far back as the nearest holding a value of each of
+        ``channels`` (else to the first); and, for each channel one of them holds, the
+        index of the nearest that holds it and of the one whose record set the value
+        it holds (read from the records alone, nothing decoded)."""
+        chain: list[Cp] = []
+        since = dict.fromkeys(channels, 0)  # where each channel's undecided stretch begins
+        found: dict[str, tuple[int, int]] = {}
+        cur: Cp | None = cp
+        while cur is not None and len(found) < len(since):
+            at = len(chain)
+            chain.append(cur)
+            rec = cur.rec
+            vals = rec.get("vals") or {}
+            dropped = rec.get("drop") or ()
+            full = bool(rec.get("full"))
+            for ch, start in since.items():
+                if ch in found:
+                    continue
+                if ch in vals:  # set here: every checkpoint since ``start`` holds it
+                    found[ch] = (start, at)
+                elif full or ch in dropped:
+                    since[ch] = at + 1  # none from ``start`` to here holds it
+            cur = None if cur.parent is None else self.cps.get((cur.ns, cur.parent))
+        return chain, found
+
+    def value_set(self, serde: SerializerProtocol, cp: Cp, channel: str) -> Any:
+        """The value of ``channel`` that ``cp``'s record sets (decoded from the record
+        alone when it is kept whole, else from ``cp``'s state)."""
+        how, kept = cp.rec["vals"][channel]
+        if how == WHOLE:
+            return decode(serde, kept)
+        return self.state(serde, cp).values[channel]
+
     # -- states ------------------------------------------------------------------------------
 
     def remember(self, ns: str, cid: str, state: State) -> None:
         """Keep ``state`` as checkpoint ``cid``'s resolved state (the one it was put with)."""
         self._keep((ns, cid), state)
 
-    def state(self, serde: SerializerProtocol, cp: Cp) -> State:
+    def states(self, serde: SerializerProtocol, cps: Iterable[Cp]) -> dict[Cp, State]:
+        """The state of each of ``cps`` (see `state`), each folded onto the nearest
+        ancestor among them, oldest first: so the states of a thread's whole history cost
+        what its records hold, not what each checkpoint holds again."""
+        known: dict[tuple[str, str], State] = {}
+        out: dict[Cp, State] = {}
+        for cp in sorted(cps, key=lambda c: c.seq):
+            out[cp] = known[(cp.ns, cp.id)] = self.state(serde, cp, known)
+        return out
+
+    def state(
+        self,
+        serde: SerializerProtocol,
+        cp: Cp,
+        known: Mapping[tuple[str, str], State] | None = None,
+    ) -> State:
         """The values, versions and versions seen of ``cp``, folded from its record and
         those of its ancestors back to one kept whole or resolved already (memoised:
-        the latest checkpoint of a thread is resolved when it is put or first read)."""
+        the latest checkpoint of a thread is resolved when it is put or first read; an
+        ancestor's state in ``known`` serves as one resolved)."""
         hit = self._resolved.get((cp.ns, cp.id))
         if hit is not None:
             self._resolved.move_to_end((cp.ns, cp.id))
@@ -247,6 +307,8 @@ class ThreadLog:
         base: State | None = None
         while cur is not None:
             hit = self._resolved.get((cur.ns, cur.id))
+            if hit is None and known is not None:
+                hit = known.get((cur.ns, cur.id))
             if hit is not None:
                 base = hit
                 break
@@ -258,13 +320,24 @@ class ThreadLog:
         versions: dict[str, Any] = dict(base.versions) if base else {}
         seen: dict[str, dict[str, Any]] = dict(base.seen) if base else {}
         owned: set[str] = set()  # channels whose list this fold made (extended in place)
-        for step in reversed(chain):
+        # A channel's value set whole (or dropped) by a later step of the chain makes
+        # whatever earlier steps did to it moot: those are not read back.
+        over: dict[str, int] = {}  # channel -> how many steps of the chain are moot for it
+        for at, step in enumerate(reversed(chain)):
+            for ch in step.rec.get("drop") or ():
+                over[ch] = at
+            for ch, (how, _) in (step.rec.get("vals") or {}).items():
+                if how == WHOLE:
+                    over[ch] = at
+        for at, step in enumerate(reversed(chain)):
             rec = step.rec
             if rec.get("full"):
                 values, versions, seen, owned = {}, {}, {}, set()
             for ch in rec.get("drop") or ():
                 values.pop(ch, None)
             for ch, (how, kept) in (rec.get("vals") or {}).items():
+                if at < over.get(ch, 0):
+                    continue
                 if how == TAIL:
                     current = values.get(ch)
                     if ch not in owned or not isinstance(current, list):
