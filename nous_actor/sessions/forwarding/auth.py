@@ -29,12 +29,13 @@ from typing import Final
 
 __all__ = ["HANDSHAKE_BOUND", "HELLO", "PROTOCOL", "holder_side", "caller_side"]
 
-PROTOCOL: Final = 5
+PROTOCOL: Final = 6
 """The version of what two processes say to each other over a socket; both check it. A
 link opens with ``(PROTOCOL, token)``: a call's id is the link's token and the call's
 number on the link (`call_id`), sent with the caller's proof (`auth`). (2: appends are
 answered with their seq; 3: calls have ids; 4: an append's events travel flat, `_flat`;
-5: a one-round-trip handshake, `auth`.)"""
+5: a one-round-trip handshake, `auth`; 6: a call carries its caller's bound and the
+turn blocks a plain write was made from inside, `links._blocks_of`.)"""
 
 HELLO: Final = f"nous-actor link {PROTOCOL}\n".encode()
 """How a caller's first message begins (the forwarding protocol's version in it: a

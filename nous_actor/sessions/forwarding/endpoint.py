@@ -29,6 +29,7 @@ import os
 import pickle
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -40,10 +41,10 @@ from typing import Any, Final
 
 from nous_actor._log import get_logger
 from nous_actor.errors import NousActorError, SessionStopped
-from nous_actor.runtime import forks
+from nous_actor.runtime import forks, scheduling
 from nous_actor.runtime.exit import at_exit
-from nous_actor.sessions.actor import Handler, SessionActor
-from nous_actor.sessions.actor._calls import REMOTE, handlers_with
+from nous_actor.sessions.actor import HELD, Handler, SessionActor
+from nous_actor.sessions.actor._calls import ANSWERS, REMOTE, TRAITS, call, handlers_with
 from nous_actor.sessions.forwarding.auth import PROTOCOL, holder_side
 from nous_actor.sessions.forwarding.links import (
     ASKED,
@@ -62,6 +63,8 @@ from nous_actor.sessions.forwarding.links import (
 )
 from nous_actor.sessions.forwarding.route import LIFE, REGISTRY_CLOSED, Route
 from nous_actor.sessions.future import ForwardedFuture, SessionFuture
+from nous_actor.sessions.turns import DEFER
+from nous_actor.sessions.turns._blocks import HeldFuture
 from nous_actor.store import shared
 from nous_actor.store.base import Store
 
@@ -72,10 +75,12 @@ logger = get_logger("nous_actor.sessions.forwarding")
 CALLS: Final[dict[str, Handler]] = {
     **{h.__name__: h for h in handlers_with(REMOTE)},
     "h_compact": SessionActor.h_compact,
+    "h_turn_gone": SessionActor.h_turn_gone,
     **LIFE,
 }
 """The calls another process may send, by name: the session actor's handlers declared
-`REMOTE`, and a compaction (its summariser runs here)."""
+`REMOTE`, a compaction (its summariser runs here), and the end of the turns a registry
+that closed opened (`SocketLink.let_go_turns`)."""
 
 _BY_SEQ: Final = frozenset({"h_append", "h_append_at", "h_append_many"})
 """The calls answered with the (first) seq of what they appended."""
@@ -94,6 +99,9 @@ LIVE_REF_WAIT: Final = 5.0
 
 Registry = Any  # a `Sessions` (its ``_routes``: its routes by session id)
 
+
+WATCH_EVERY: Final = 60.0
+"""Seconds between two looks of an endpoint at its socket file (`Endpoint._watch`)."""
 
 _FOLDER: Final = "nous-actor-"
 """How the name of an endpoint's socket folder begins (then its process id and ``-``)."""
@@ -135,14 +143,7 @@ def _listen() -> tuple[str, socket.socket, str]:
             path = os.path.join(folder, "calls")
             if len(os.fsencode(path)) > _PATH_MAX:
                 raise OSError(f"the socket's path {path!r} is too long for a Unix socket")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.bind(path)
-                os.chmod(path, 0o600)
-                sock.listen(64)
-            except BaseException:
-                sock.close()
-                raise
+            sock = _bound_at(path)
         except OSError as exc:
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -150,6 +151,43 @@ def _listen() -> tuple[str, socket.socket, str]:
             continue
         return folder, sock, path
     raise failed
+
+
+def _bound_at(path: str) -> socket.socket:
+    """A socket listening at ``path`` (mode 0600), which waits at most `WATCH_EVERY` for a
+    caller (its endpoint looks at its file that often: `Endpoint._watch`).
+
+    Raises:
+        OSError: it could not be made.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(64)
+        sock.settimeout(WATCH_EVERY)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _our_folder(folder: str) -> None:
+    """Make ``folder`` again (mode 0700) if it is gone; if it is there, check that it is
+    still this user's alone.
+
+    Raises:
+        OSError: it could not be made, or it is not (a link, another user's, or open to
+            others): the endpoint does not listen there.
+    """
+    try:
+        os.mkdir(folder, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{folder!r} is no longer a folder of this user's alone (mode 0700)")
 
 
 def _sweep_once() -> None:
@@ -199,6 +237,8 @@ class Endpoint:
         self._lock = threading.Lock()
         self._dir: str | None = None
         self._sock: socket.socket | None = None
+        self._path = ""  # the socket's path (``_dir``'s ``calls``)
+        self._file: tuple[int, int] | None = None  # the socket file's device and inode
         self._key: bytes | None = None
         self.closed = False
         self.born = forks.born()  # a forked child's copy is its parent's (`close`)
@@ -223,6 +263,8 @@ class Endpoint:
                 )
             else:
                 self._key = key
+                self._path = path
+                self._file = _file_of(path)
                 self.address = f"unix:{HOST}:{path}"
                 _io_thread(self._accept, "nous-endpoint")
         _local[self.address] = self
@@ -264,7 +306,7 @@ class Endpoint:
 
     def link(self) -> LocalLink:
         """A link to this endpoint from this process."""
-        return LocalLink(self.address, self.dispatch, self.asked)
+        return LocalLink(self.address, self.route_here, self.asked)
 
     def asked(self, session_id: str) -> None:
         """A process asked for ``session_id`` in the store: the hand-over of each registry
@@ -298,7 +340,8 @@ class Endpoint:
             shared.advertise(self.store, ENDING)
         except Exception:  # the store closed first: its claims went with it
             pass
-        sock, self._sock = self._sock, None
+        with self._lock:  # (not while `_watch` swaps it)
+            sock, self._sock = self._sock, None
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -321,12 +364,62 @@ class Endpoint:
 
     def _accept(self) -> None:
         sock = self._sock
+        look = time.monotonic() + WATCH_EVERY
         while sock is not None and not self.closed:
             try:
                 client, _ = sock.accept()
+            except TimeoutError:  # (`WATCH_EVERY` seconds without a caller)
+                client = None
             except OSError:
                 return  # closed
-            _io_thread(partial(self._serve, client), "nous-endpoint-peer")
+            if client is not None:
+                client.settimeout(None)
+                _io_thread(partial(self._serve, client), "nous-endpoint-peer")
+            if time.monotonic() >= look:
+                sock = self._watch(sock)
+                look = time.monotonic() + WATCH_EVERY
+
+    def _watch(self, sock: socket.socket) -> socket.socket | None:
+        """(The accepting thread, every `WATCH_EVERY` seconds.) Keep the
+        socket reachable: refresh its file's and its folder's times (a temp-folder
+        cleaner removes what it finds old), and if the file is gone or is another (a
+        cleaner removed it, or its folder), listen again at the same path, so the
+        address the claims carry is this process's still. The socket to accept on next
+        (``None``: the endpoint closed)."""
+        folder, path = self._dir, self._path
+        assert folder is not None
+        if _file_of(path) == self._file:
+            try:
+                os.utime(path)
+                os.utime(folder)
+            except OSError:
+                pass
+            return sock
+        if self.closed:
+            return None
+        try:
+            _our_folder(folder)
+            if os.path.lexists(path):
+                os.unlink(path)  # (in a folder of this user's alone: not another's file)
+            made = _bound_at(path)
+        except OSError as exc:
+            logger.warning(
+                "forwarding.unavailable",
+                reason=type(exc).__name__,
+                error=str(exc),
+                effect="its socket file was removed and could not be made again: other "
+                "processes cannot call this process's sessions until it can",
+                fix="keep temp-folder cleaners away from nous-actor-* folders",
+            )
+            return sock  # (looked at again at the next look)
+        with self._lock:
+            if self.closed or self._sock is not sock:
+                made.close()
+                shutil.rmtree(folder, ignore_errors=True)  # (made again after `close`)
+                return None
+            self._sock, self._file = made, _file_of(path)
+        sock.close()
+        return made
 
     def _serve(self, client: socket.socket) -> None:
         """One peer process: authenticate it, then take its calls in the order sent."""
@@ -392,32 +485,88 @@ class Endpoint:
         blob: bytes,
     ) -> None:
         try:
-            session_id, epoch, name, args = pickle.loads(blob)
+            # (A caller of protocol 5 sent no bound and no turn blocks: its calls wait
+            # as long as their answer is kept here.)
+            session_id, epoch, name, args, *more = pickle.loads(blob)
+            bound, blocks = more if more else (ANSWER_BOUND, None)
             if name == ASKED:
                 self.asked(session_id)
                 return
             args = arrived(name, args)
             if name == "h_turn_open":
                 turns[args[0].turn_id] = session_id
-            elif name == "h_turn_end":
+            elif name in ("h_turn_end", "h_turn_gone"):
                 turns.pop(args[0], None)
+        except (ImportError, AttributeError) as exc:  # (pickle's: a name not found here)
+            sender.put((cid, FAILED, _dump(_not_importable(exc))))
+            return
         except Exception as exc:
             sender.put((cid, FAILED, _dump(NousActorError(f"the call could not be read: {exc}"))))
             return
         if refused.get(session_id, -1) >= epoch:
             sender.put((cid, NOT_HELD, b""))
             return
-        fut: SessionFuture[Any] = ForwardedFuture(session_id, ANSWER_BOUND, call_id(token, cid))
-        fut.add_done_callback(partial(_answer, sender, cid, fut, refused, epoch, name in _BY_SEQ))
+        # The caller's bound, as its own future has it: a write held by an open turn waits
+        # for it a little less than that, then fails with `TurnBusy` (not applied), as a
+        # write made here does, rather than be applied after its caller gave up on it.
+        wait = (
+            float(bound)
+            if type(bound) in (int, float) and 0 < bound < ANSWER_BOUND
+            else ANSWER_BOUND
+        )
+        fut: SessionFuture[Any] = ForwardedFuture(session_id, wait, call_id(token, cid))
         handler = CALLS.get(name)
-        if handler is None:
-            fut._fail(NousActorError(f"a session takes no call {name!r} from another process"))
-            return
-        if not self.dispatch(session_id, handler, args, fut):
+        route = None if handler is None else self.route_here(session_id)
+        if handler is not None and route is None:
             refused[session_id] = epoch
             sender.put((cid, NOT_HELD, b""))
             return
+        answer = partial(_answer, sender, cid, fut, refused, epoch, name in _BY_SEQ, route)
+        fut.add_done_callback(answer)
+        if handler is None or route is None:
+            fut._fail(NousActorError(f"a session takes no call {name!r} from another process"))
+            return
+        if blocks is not None and name in HELD:
+            # A plain write made from inside turn blocks of the caller's: it fails at once
+            # if one of them is the session's open turn (`h_unless_own_turn`).
+            turn_ids, from_task = blocks
+            args = (frozenset(turn_ids), bool(from_task), name, args)
+            handler = h_unless_own_turn
+        route.send(handler, args, fut)
         self.served += 1
+
+
+@call(ANSWERS)
+def h_unless_own_turn(
+    actor: SessionActor,
+    fut: SessionFuture[Any],
+    turn_ids: frozenset[str],
+    from_task: bool,
+    name: str,
+    args: tuple[Any, ...],
+) -> Any:
+    """(Run by the session's actor.) The plain write ``name`` another process sent from
+    inside the blocks of turns ``turn_ids`` (by an asyncio task if ``from_task``): if one
+    of them is the session's open turn, it would wait for its own turn to end, so it
+    fails at once with `TurnBusy` (nothing applied), as the same write made here does;
+    else it runs (or waits for the open turn) as any plain write."""
+    handler = CALLS[name]
+    table = actor.turns
+    if table is not None and table.open is not None:
+        now = scheduling.monotonic()
+        table = actor._turns_now(now)
+        cur = None if table is None else table.open
+        if table is not None and cur is not None and cur.req.turn_id in turn_ids:
+            # The session's own refusal of it (its words), for this call's future.
+            mine: HeldFuture[Any] = HeldFuture(actor.session_id, fut._timeout, turn_ids, from_task)
+            table.hold(handler, args, mine, now)
+            fut._fail(mine._value)
+            return DEFER
+    actor._run(handler, args, fut, TRAITS.get(handler, 0))
+    return DEFER
+
+
+CALLS[h_unless_own_turn.__name__] = h_unless_own_turn  # (it may go on to the next holder)
 
 
 class _Peer:
@@ -473,6 +622,26 @@ EXIT_FLUSH: Final = 1.0
 out (written to their sockets, which hold them for the peer after this process ends)."""
 
 
+def _not_importable(exc: BaseException) -> TypeError:
+    """Why a call whose arguments name what this process cannot import was not taken."""
+    return TypeError(
+        "the call goes to the process that holds the session, which could not read it "
+        f"({type(exc).__name__}: {exc}): what a call carries (a compactor's summariser, "
+        "its estimate) travels pickled, by name; define it in a module both processes "
+        "import, not in the script run as __main__ nor inside a function; nothing was "
+        "applied"
+    )
+
+
+def _file_of(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at ``path`` (``None``: there is none)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _io_thread(fn: Callable[[], None], name: str) -> None:
     """A thread that waits on a socket: a plain daemon thread, never a simulation's task
     (a simulated run has no other process to talk to)."""
@@ -493,12 +662,17 @@ def _answer(
     refused: dict[str, int],
     epoch: int,
     by_seq: bool,
+    route: Route | None,
 ) -> None:
     value = fut._value
     if fut.failed():
-        if type(value) is SessionStopped and value.message == REGISTRY_CLOSED:
+        if type(value) is SessionStopped and (
+            value.message == REGISTRY_CLOSED
+            or (route is not None and route.closed == REGISTRY_CLOSED)
+        ):
             # Not applied: this registry closed before the call ran (a worker shutting
-            # down). The caller sends it, and every later call of this move (the closed
+            # down), or as it waited (for an open turn: the session stopped under it).
+            # The caller sends it, and every later call of this move (the closed
             # registry refuses them all), where the session is next.
             session_id = fut._session_id
             refused[session_id] = max(refused.get(session_id, -1), epoch)

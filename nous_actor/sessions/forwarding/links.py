@@ -4,8 +4,9 @@ Two kinds, one interface (`nous_actor.sessions.forwarding.route.Link`):
 
 * `LocalLink`: the holder is another registry of this process on the same store
   object (two registries on one `MemoryStore` stand for two processes in a
-  simulation). A call is handed to that registry's route at once, with the
-  caller's own future.
+  simulation). A call is handed to that registry's route at once, with a future
+  that relays its answer to the caller's (or, not applied because that registry
+  closed, hands the call back to the caller's route).
 * `SocketLink`: the holder is another process on this host. Calls go over one
   Unix-domain socket per holder (`multiprocessing.connection`, authenticated
   by the store's secret: see `nous_actor.sessions.forwarding.auth`), in
@@ -31,20 +32,24 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
 from nous_actor._log import get_logger
 from nous_actor.core._frozen import short_repr
 from nous_actor.core.event import Event, EventType
-from nous_actor.errors import CallOutcomeUnknown, NousActorError
+from nous_actor.errors import CallOutcomeUnknown, NousActorError, SessionStopped
 from nous_actor.runtime import forks
 from nous_actor.runtime.exit import at_exit
-from nous_actor.sessions.actor import EventParts, Handler
+from nous_actor.sessions.actor import EventParts, Handler, SessionActor
 from nous_actor.sessions.forwarding.auth import PROTOCOL, caller_side
-from nous_actor.sessions.forwarding.route import Call, Route
+from nous_actor.sessions.forwarding.route import REGISTRY_CLOSED, Call, Route
+from nous_actor.sessions.future import ForwardedFuture, SessionFuture
+from nous_actor.sessions.turns._blocks import HeldFuture
 
 __all__ = [
     "ASKED",
@@ -83,6 +88,9 @@ numbered ``last`` (-1: none), and takes none any more: every later call was not 
 and goes back to its route. The calls up to ``last`` are answered as they complete."""
 
 
+_TURN_ENDS: Final = frozenset({"h_turn_end", "h_turn_gone"})
+"""The calls that end a turn (by its id, their first argument)."""
+
 RESENT_IF_LOST: Final = frozenset({"h_read", "h_log", "h_applied"})
 """The calls that only read (the log's reads, the log, a call's record): one whose holder
 went away before answering is sent where the session is next, never answered with
@@ -120,21 +128,24 @@ def portable(exc: BaseException) -> Exception:
 
 
 class LocalLink:
-    """The holder is another registry of this process: ``dispatch`` hands a call to it
-    (``False``: it does not hold the session)."""
+    """The holder is another registry of this process: a call is handed to its route
+    (``route_here``: ``None`` when none here holds the session) with a future of its own
+    that relays the answer to the caller's, or, if the holder's registry closed before
+    the call was applied, hands the call back to the caller's route (not applied), as
+    the holder's endpoint answers another process "not held"."""
 
-    __slots__ = ("address", "asked", "dispatch")
+    __slots__ = ("address", "asked", "route_here")
 
     closed: Final = False  # a registry of this process is never out of reach
 
     def __init__(
         self,
         address: str,
-        dispatch: Callable[[str, Handler, tuple[Any, ...], Any], bool],
+        route_here: Callable[[str], Route | None],
         asked: Callable[[str], None],
     ):
         self.address = address
-        self.dispatch = dispatch
+        self.route_here = route_here
         self.asked = asked
 
     def tell_asked(self, session_id: str) -> None:
@@ -143,11 +154,49 @@ class LocalLink:
     def send(
         self, route: Route, epoch: int, handler: Handler, args: tuple[Any, ...], fut: Any
     ) -> None:
-        try:
-            if not self.dispatch(route.session_id, handler, args, fut):
+        target = self.route_here(route.session_id)
+        if target is None:
+            try:
                 route.refused(epoch, (handler, args, fut))
-        finally:
-            route.answered()
+            finally:
+                route.answered()
+            return
+        relay = _relay_for(fut)
+        relay.add_done_callback(
+            partial(_relayed, route, epoch, (handler, args, fut), relay, target)
+        )
+        target.send(handler, args, relay)
+
+
+def _relay_for(fut: Any) -> SessionFuture[Any]:
+    """The future a call to another registry of this process is answered through: of the
+    kind of the caller's (the turn blocks of a write made inside them, a forwarded call's
+    id), with its bound."""
+    kind = type(fut)
+    if kind is HeldFuture:
+        return HeldFuture(fut._session_id, fut._timeout, fut.turn_ids, fut.from_task)
+    if kind is ForwardedFuture:
+        return ForwardedFuture(fut._session_id, fut._timeout, fut.call_id)
+    return SessionFuture(fut._session_id, fut._timeout)
+
+
+def _relayed(
+    route: Route, epoch: int, call: Call, relay: SessionFuture[Any], target: Route
+) -> None:
+    """``relay`` is answered: answer the caller's future with it, unless the call was not
+    applied because the holder's registry closed (then it goes back to ``route``)."""
+    value = relay._value
+    try:
+        if not relay.failed():
+            call[2]._resolve(value)
+        elif type(value) is SessionStopped and (
+            value.message == REGISTRY_CLOSED or target.closed == REGISTRY_CLOSED
+        ):
+            route.refused(epoch, call)
+        else:
+            call[2]._fail(value)
+    finally:
+        route.answered()
 
 
 class Sender:
@@ -400,6 +449,7 @@ class SocketLink:
         "_lock",
         "_sender",
         "_token",
+        "_turns",
         "address",
         "closed",
         "sent",
@@ -415,6 +465,9 @@ class SocketLink:
         self._sender = Sender(self._conn, "nous-link-writer", self._unsent)
         self._lock = threading.Lock()
         self._calls: dict[int, tuple[Route, int, Call]] = {}
+        # The turns opened over this link and not ended through it, by id: their route's
+        # (`let_go_turns`).
+        self._turns: dict[str, weakref.ref[Route]] = {}
         self._ids = itertools.count()
         self.closed = False
         self.sent = 0
@@ -428,7 +481,14 @@ class SocketLink:
         call: Call = (handler, args, fut)
         try:
             blob = pickle.dumps(
-                (route.session_id, epoch, handler.__name__, _travelling(handler, args)),
+                (
+                    route.session_id,
+                    epoch,
+                    handler.__name__,
+                    _travelling(handler, args),
+                    fut._timeout,
+                    _blocks_of(fut),
+                ),
                 pickle.HIGHEST_PROTOCOL,
             )
         except Exception as exc:
@@ -446,6 +506,8 @@ class SocketLink:
                 cid = -1
             else:
                 self._calls[cid] = (route, epoch, call)
+                if handler.__name__ in _TURN_ENDS:
+                    self._turns.pop(args[0], None)
         if cid < 0 or not self._sender.put((cid, blob)):
             if cid >= 0:
                 with self._lock:
@@ -502,6 +564,8 @@ class SocketLink:
                                 ),
                             )
                         if state == OK:
+                            if call[0].__name__ == "h_turn_open":
+                                self._opened(call[1][0].turn_id, route)
                             fut._resolve(value)
                         else:
                             fut._fail(value)
@@ -510,6 +574,27 @@ class SocketLink:
                 self._answered.set()
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError) as exc:
             self._lost(exc)
+
+    def _opened(self, turn_id: str, route: Route) -> None:
+        """Turn ``turn_id`` was opened over this link, through ``route``."""
+        with self._lock:
+            if not self.closed:
+                self._turns[turn_id] = weakref.ref(route)
+
+    def let_go_turns(self, route: Route) -> None:
+        """``route`` closed (its registry closes): the turns opened through it and still
+        open have no holder any more (nobody can write through them, nor close them),
+        so the holder ends them as a gone holder's, at once, as when this process ends,
+        not when their leases run out. Best effort: nothing comes back."""
+        with self._lock:
+            mine = [t for t, ref in self._turns.items() if ref() is route]
+            for turn_id in mine:
+                del self._turns[turn_id]
+        for turn_id in mine:
+            with route.lock:
+                route.inflight += 1  # (`send` answers it)
+            fut: SessionFuture[Any] = SessionFuture(route.session_id, route.timeout)
+            self.send(route, route.epoch, SessionActor.h_turn_gone, (turn_id,), fut)
 
     def _goodbye(self, last: int) -> None:
         """The holder took no call after number ``last``, and takes none any more: those
@@ -536,6 +621,7 @@ class SocketLink:
         with self._lock:
             self.closed = True
             calls, self._calls = self._calls, {}
+            self._turns.clear()  # (the holder ends them: `Endpoint._peer_gone`)
         self._answered.set()
         self._sender.close()
         _forget(self)
@@ -569,6 +655,16 @@ class SocketLink:
             self._conn.close()
         except OSError:
             pass
+
+
+def _blocks_of(fut: Any) -> tuple[frozenset[str], bool] | None:
+    """The turn blocks a plain write was made from inside (their ids, and whether by an
+    asyncio task), as they travel: the holder fails it at once if one of them is the
+    session's open turn (`HeldFuture`), as where the session is held; ``None`` for a call
+    made from none (the common case)."""
+    if type(fut) is HeldFuture:
+        return fut.turn_ids, fut.from_task
+    return None
 
 
 def _appended(call: Call, first: int) -> Any:

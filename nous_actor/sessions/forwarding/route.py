@@ -436,24 +436,38 @@ class Route:
     def _fail_held(self, exc: BaseException) -> None:
         """Fail every held call with ``exc`` (under the lock): the session could not be
         reached; none of them was applied."""
+        for _, _, fut in self._take_held():
+            fut._fail(exc)
+
+    def _take_held(self) -> list[Call]:
+        """Every held call, in order, taken out of the route (under the lock)."""
         calls = [*(self.bounced or ()), *(self.rerouted or ()), *(self.held or ())]
         self.bounced = self.rerouted = self.held = None
-        for _, _, fut in calls:
-            fut._fail(exc)
+        return calls
 
     def close(self, reason: str) -> None:
         """The registry closes (or the session was stopped on purpose): calls held now
-        or made from now on fail with `SessionStopped` (``reason``)."""
+        or made from now on fail with `SessionStopped` (``reason``); the turns opened
+        through a link to another process end there (`SocketLink.let_go_turns`)."""
         with self.lock:
             self.closed = reason
             self._notify()
             ref, self.ref = self.ref, None  # (its registry stops it; nothing is sent to it)
             if ref is not None:
                 session_cell(ref).reroute = None
-            self._fail_held(SessionStopped(self.session_id, reason))
+            held = self._take_held()
             followers, self.followers = self.followers, None
+            link = self.link
+        # (Failed outside the lock: a held call may be another registry's, relayed here
+        # by a `LocalLink`, whose answer goes back to that registry's route.)
+        stopped = SessionStopped(self.session_id, reason)
+        for _, _, fut in held:
+            fut._fail(stopped)
         for sub in followers or ():
             sub._finish(None)
+        let_go_turns = getattr(link, "let_go_turns", None)
+        if let_go_turns is not None:
+            let_go_turns(self)
 
     def follow(self, sub: Any) -> bool:
         """``sub`` follows the session through the store until this route closes (or
