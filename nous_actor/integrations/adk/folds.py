@@ -13,7 +13,7 @@ from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event
 from nous_actor.integrations.adk.events import _adk_payload, _decode, _record
 from nous_actor.integrations.adk.framework import AdkEvent
-from nous_actor.integrations.adk.records import STATE_KEY, TIME_KEY
+from nous_actor.integrations.adk.records import SCOPED_KEY, STATE_KEY, TIME_KEY
 
 
 class _Readable(Protocol):
@@ -109,11 +109,14 @@ class _View:
 
 @dataclass
 class _Tail:
-    """The latest events of a session and its state, read from the end of its log."""
+    """The latest events of a session and its state, read from the end of its log, and the
+    events read on the way (back to its latest checkpoint or create record and its
+    ``n``-th latest event) that carry ``app:``/``user:`` parts (`SCOPED_KEY`), in order."""
 
     events: list[Event]
     state: dict[str, Any]
     last_update: float
+    scoped: list[Event] = field(default_factory=list)  # those read with app/user parts
 
 
 def _tail(log: _Readable, n: int) -> _Tail | None:
@@ -131,9 +134,12 @@ def _tail(log: _Readable, n: int) -> _Tail | None:
         upto = -1  # with a checkpoint: the deltas of events after this seq still apply
         last: float | None = None
         done = False
+        scoped: list[Event] = []
         for ev in reversed(log.since(start)):
             rec = _record(ev)
             op = rec.get("op") if rec is not None else None
+            if SCOPED_KEY in ev.data and (op == "create" or _adk_payload(ev) is not None):
+                scoped.append(ev)
             if op == "delete" and base is None:
                 return None
             if op == "create":
@@ -162,7 +168,8 @@ def _tail(log: _Readable, n: int) -> _Tail | None:
             for delta in reversed(deltas):
                 base.update(thaw(delta))
             picked.reverse()
-            return _Tail(picked, base, last)
+            scoped.reverse()
+            return _Tail(picked, base, last, scoped)
         if start == 0:
             return None  # no create record: no session
         window *= 4
@@ -191,6 +198,9 @@ class _StateView:
     deleted: dict[str, int] = field(default_factory=dict)  # session id -> seq of its deletion
     # (session key, seq) of the session-log event a state record completes -> its seq here
     sources: dict[tuple[str, int], int] = field(default_factory=dict)
+    # state key -> the session-log event (session key, seq) its last write completes (None:
+    # a write of no such event)
+    writers: dict[str, tuple[str, int] | None] = field(default_factory=dict)
 
     def done(self, sid: str) -> int:
         """The seq of the latest event of session ``sid`` its directory entry is written
@@ -210,11 +220,14 @@ class _StateView:
             if op == "state":
                 delta = rec.get("delta") or {}
                 self.state.update(thaw(delta))
+                source = rec.get("source")
+                origin: tuple[str, int] | None = None
+                if isinstance(source, (list, tuple)) and len(source) == 2:
+                    origin = (str(source[0]), int(source[1]))
+                    self.sources[origin] = ev.seq
                 for key in delta:
                     self.writes[key] = ev.seq
-                source = rec.get("source")
-                if isinstance(source, (list, tuple)) and len(source) == 2:
-                    self.sources[str(source[0]), int(source[1])] = ev.seq
+                    self.writers[key] = origin
             elif op == "session":
                 self._listed(rec)
             elif op == "session_deleted":

@@ -51,14 +51,17 @@ class _Reads:
             and config.num_recent_events is not None
             and config.after_timestamp is None
         ):  # a first read of the latest events: from the tail, not the whole history
-            # (Not settled here: that reads the user's directory, a log as long as all
-            # of the user's appends, which this read of a few events must not pay; a
-            # call killed part-way is completed by the next whole read, append, create,
-            # delete or listing.)
+            # A call killed part-way gets its app and user state from the events read
+            # here (the app's and user's logs are read anyway); its directory entry is
+            # left to the next whole read, append, create, delete or listing (the user's
+            # directory is a log as long as all of the user's appends, which this read of
+            # a few events must not pay).
             log = await self._logs.log(key)
             tail = _tail(log, config.num_recent_events)
             if tail is None:
                 return None
+            if tail.scoped:
+                await self._state.settle_scoped(app_name, user_id, sid, tail.scoped)
             merged, seen = await self._state.merged_seen(app_name, user_id, tail.state)
             session = AdkSession(
                 id=sid,

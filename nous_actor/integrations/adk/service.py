@@ -7,15 +7,17 @@ runs' turns that writes go through (`turns`), the app and user state and directo
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from nous_actor.core._frozen import thaw
-from nous_actor.core.event import EventType, InvalidEvent
+from nous_actor.core.event import Event, EventType, InvalidEvent
 from nous_actor.integrations._once import append_one_once
 from nous_actor.integrations.adk.events import _dumped, _text_of, _utc, event_data
 from nous_actor.integrations.adk.folds import _View
@@ -30,8 +32,8 @@ from nous_actor.integrations.adk.framework import (
     StaleSessionError,
     State,
 )
-from nous_actor.integrations.adk.ids import session_key
-from nous_actor.integrations.adk.loads import _Load, _Loads
+from nous_actor.integrations.adk.ids import app_key, session_key, user_key
+from nous_actor.integrations.adk.loads import Scope, _Load, _Loads
 from nous_actor.integrations.adk.locks import _NamedLocks
 from nous_actor.integrations.adk.logs import _Logs
 from nous_actor.integrations.adk.reads import _Reads
@@ -51,6 +53,11 @@ from nous_actor.sessions.turns import Policy
 from nous_actor.store.sqlite import SQLiteStore
 
 __all__ = ["NousSessionService"]
+
+RACED_WRITES: Final = 64
+"""How many times in a row an append outside a run's turn is written at the seq after the
+log as read, each outpaced by another append (then re-read, and the event looked for),
+before it is written after whatever is there."""
 
 
 class NousSessionService(BaseSessionService):
@@ -87,8 +94,9 @@ class NousSessionService(BaseSessionService):
       log first, then the ``app:``/``user:`` state and the user's directory;
       the next read of that session (`get_session`, `append_event`,
       `create_session` or `delete_session` of its id, `list_sessions` of its
-      user) writes what a dead call left out, from the session's log, never
-      over a newer value and never twice (`_ScopedState.settle`).
+      user) writes what a dead call left out, from the session's log, in its
+      order, never over a newer value and never twice (`_ScopedState.settle`;
+      a read of the latest events writes the state, not the directory entry).
     * Nothing is deleted: compaction and deletion append records; the log
       keeps every event for audit, fork and rewind.
 
@@ -242,12 +250,17 @@ class NousSessionService(BaseSessionService):
         Raises:
             TypeError: a name or id is not a str, or ``config`` is not a
                 `GetSessionConfig`.
-            ValueError: the encoded id is too long.
+            ValueError: the encoded id is too long, or ``config`` asks for what
+                has no answer: a negative ``num_recent_events`` (ADK's config
+                refuses one; a config built without its checks does not) or a
+                NaN ``after_timestamp``.
         """
         if config is not None and not isinstance(config, GetSessionConfig):
             raise TypeError(
                 f"config must be a GetSessionConfig or None, got {type(config).__name__}"
             )
+        if config is not None:
+            _check_config(config)
         if not isinstance(session_id, str):
             raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
         sid = session_id.strip()
@@ -299,7 +312,8 @@ class NousSessionService(BaseSessionService):
         """Append ``event`` to ``session`` (the stored one and the object), applying its
         state delta; a partial event is returned untouched and not stored, and so is
         an event the stored session holds already (same id, equal once its ``temp:``
-        keys are dropped: a retried append), which an object lacking it gains.
+        keys are dropped: a retried append, also one racing its first try), which an
+        object lacking it gains.
 
         ``temp:`` keys of the delta go to the object's state only and are
         removed from the event; ``app:`` and ``user:`` keys go to the app's
@@ -313,7 +327,8 @@ class NousSessionService(BaseSessionService):
             TypeError: ``session`` or ``event`` is not ADK's `Session` / `Event`, or
                 the state delta holds a value JSON cannot store (a NaN, an
                 infinity); nothing was stored.
-            SessionNotFoundError: the session does not exist (or was deleted).
+            SessionNotFoundError: the session does not exist (or was deleted, also
+                by another process while this call was under way); nothing was stored.
             TurnInterrupted: the run's turn was taken by another run (policy
                 ``interrupt`` or ``rollback``); nothing was stored.
             TurnBusy: another run holds the session, and this write (outside
@@ -336,8 +351,9 @@ class NousSessionService(BaseSessionService):
         await self._state.settle(session.app_name, session.user_id, session.id, view.log)
         if view.created is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
-        if _stored_already(view, event):
-            return self._redelivered(session, event)
+        found = _stored_already(view, event)
+        if found is not None:
+            return await self._redelivered(session, event, found)
         delta = dict(event.actions.state_delta) if event.actions else {}
         stored = {k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)}
         app, user, own = _split(_json_state(stored, "the event's state delta"))
@@ -356,8 +372,9 @@ class NousSessionService(BaseSessionService):
             view = await self._logs.view(key)
             if view.created is None:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
-            if _stored_already(view, event):
-                return self._redelivered(session, event)
+            found = _stored_already(view, event)
+            if found is not None:
+                return await self._redelivered(session, event, found)
             stale = [k for k in own if view.writes.get(k, -1) >= load.since("session", k)]
             if view.created >= load.seen["session"] and own:
                 stale = sorted(own)  # deleted and created again since it was loaded
@@ -421,12 +438,19 @@ class NousSessionService(BaseSessionService):
         compaction = event.actions.compaction if event.actions else None
         if compaction is not None:
             etype, data = self._as_replace(view, compaction, data)
-        [ev] = await self._turns.write(
-            key,
-            [(etype, data, _utc(event.timestamp))],
-            event.invocation_id,
-            any_turn=compaction is not None,  # a replace of earlier events: never waits for a run
-        )
+        item = (etype, data, _utc(event.timestamp))
+        if compaction is None and not self._turns.holds(key, event.invocation_id):
+            written = await self._write_new(session.id, key, view, event, item)
+            if isinstance(written, int):  # the same event, stored meanwhile (a racing retry)
+                return await self._redelivered(session, event, written, applied=True)
+            ev, view = written
+        else:
+            [ev] = await self._turns.write(
+                key,
+                [item],
+                event.invocation_id,
+                any_turn=compaction is not None,  # a replace of earlier events: never waits
+            )
         if ev.seq - view.checkpoint >= CHECKPOINT_EVERY:
             view.checkpoint = ev.seq  # (one checkpoint, whoever else appends meanwhile)
             await self._checkpoint(key, event.invocation_id)
@@ -449,16 +473,85 @@ class NousSessionService(BaseSessionService):
         session.last_update_time = event.timestamp
         return event
 
-    def _redelivered(self, session: AdkSession, event: AdkEvent) -> AdkEvent:
-        """``event``, stored already (an equal event with its id), returned unchanged and
-        not stored again; an object that lacks it (its first append timed out after the
-        store committed it) gains it, as that append would have given it."""
-        if not any(e.id == event.id and e == event for e in session.events):
+    async def _write_new(
+        self,
+        sid: str,
+        key: str,
+        view: _View,
+        event: AdkEvent,
+        item: tuple[EventType, dict[str, Any], datetime],
+    ) -> tuple[Event, _View] | int:
+        """Write ``item`` (``event`` as stored) outside any run's turn, unless the session
+        holds the event already: at the seq after the log ``view`` folded, so a write
+        that lands first (the same event's retry racing this call, in this process or in
+        another; a delete) makes this one read the log again and look again. The seq of
+        the event if it is stored meanwhile, else the event written and the view it was
+        written after. Outpaced by other appends `RACED_WRITES` times in a row, it is
+        written after whatever is there (as an append outside the check is).
+
+        Raises:
+            SessionNotFoundError: the session was deleted meanwhile; nothing was stored.
+        """
+        handle = await self._logs.handle(key)
+        created = view.created
+        for _ in range(RACED_WRITES):
+            at = view.seen
+            try:
+                ev = await append_one_once(handle, partial(handle.append_at, at, *item))
+                return ev, view
+            except InvalidEvent as exc:
+                if exc.reason != "seq_behind_head":
+                    raise
+            view = await self._logs.view(key)
+            if view.created != created:  # deleted meanwhile (and maybe created again)
+                raise SessionNotFoundError(
+                    f"Session {sid} not found: it was deleted while this "
+                    "event was being appended; nothing was stored. Create the session "
+                    "again (create_session) and append to the session it returns."
+                )
+            stored = _stored_already(view, event)
+            if stored is not None:
+                return stored
+        [ev] = await self._turns.write(key, [item], event.invocation_id)
+        return ev, view
+
+    async def _redelivered(
+        self, session: AdkSession, event: AdkEvent, seq: int, applied: bool = False
+    ) -> AdkEvent:
+        """``event``, stored already at ``seq`` (an equal event with its id), returned
+        unchanged and not stored again; an object that lacks it (its first append timed
+        out after the store committed it, or another object's raced it) gains it, as
+        that append would have given it (``applied``: its ``temp:`` keys are applied
+        already), with the writes of its state delta: the object has seen them, so its
+        next write of those keys is not stale."""
+        if any(e.id == event.id and e == event for e in session.events):
+            return event
+        if not applied:
             self._apply_temp_state(session, event)
             event = self._trim_temp_delta_state(event)
-            self._update_session_state(session, event)
-            session.events.append(event)
-            session.last_update_time = event.timestamp
+        self._update_session_state(session, event)
+        session.events.append(event)
+        session.last_update_time = event.timestamp
+        load = self._loads.of(session)
+        delta = event.actions.state_delta if event.actions else {}
+        if load is None or not delta:
+            return event
+        app, user, own = _split(delta)
+        key = session_key(session.app_name, session.user_id, session.id)
+        if app or user:  # the first try may still be under way: its state is completed here
+            view = await self._logs.view(key)
+            await self._state.settle(session.app_name, session.user_id, session.id, view.log)
+        seen: list[tuple[Scope, str, int]] = [("session", k, seq + 1) for k in own]
+        for scope, part, log_key in (
+            ("app", app, app_key(session.app_name)),
+            ("user", user, user_key(session.app_name, session.user_id)),
+        ):
+            if part:  # the state record that completes the event (none yet: not seen)
+                done = (await self._logs.state(log_key)).sources.get((key, seq))
+                if done is not None:
+                    seen += [(scope, k, done + 1) for k in part]  # type: ignore[misc]
+        for scope, k, after in seen:
+            load.own[scope, k] = max(after, load.since(scope, k))
         return event
 
     async def _checkpoint(self, key: str, invocation_id: str | None) -> None:
@@ -489,18 +582,34 @@ class NousSessionService(BaseSessionService):
         }
 
 
-def _stored_already(view: _View, event: AdkEvent) -> bool:
-    """Whether the session of ``view`` holds an event with ``event``'s id equal to it as
-    it would be stored (its ``temp:`` keys dropped): an append of it again is a retry,
-    which ADK's in-memory service answers without storing or applying it twice. An event
-    that only shares the id is another event (kept, as that service keeps it)."""
+def _check_config(config: GetSessionConfig) -> None:
+    """Refuse a ``GetSessionConfig`` whose filter has no answer, as a ValueError."""
+    count, after = config.num_recent_events, config.after_timestamp
+    if isinstance(count, int) and count < 0:
+        raise ValueError(
+            f"config.num_recent_events must be at least 0 (or None), got {count!r}; "
+            "give 0 for no events, or None for every event"
+        )
+    if after is not None and math.isnan(after):
+        raise ValueError(
+            "config.after_timestamp is NaN, which no event's timestamp is at or after; "
+            "give a time in seconds since the epoch, or None for every event"
+        )
+
+
+def _stored_already(view: _View, event: AdkEvent) -> int | None:
+    """The seq of the event of the session of ``view`` with ``event``'s id equal to it as
+    it would be stored (its ``temp:`` keys dropped), or ``None``: an append of it again
+    is a retry, which ADK's in-memory service answers without storing or applying it
+    twice. An event that only shares the id is another event (kept, as that service
+    keeps it)."""
     seqs = view.ids.get(event.id)
     if not seqs:
-        return False
+        return None
     dumped = _dumped(event)
     delta = dumped.get("actions", {}).get("state_delta")
     if delta:
         dumped["actions"]["state_delta"] = {
             k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)
         }
-    return any(thaw(view.stored(seq)) == dumped for seq in seqs)
+    return next((seq for seq in seqs if thaw(view.stored(seq)) == dumped), None)

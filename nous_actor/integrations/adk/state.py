@@ -74,6 +74,14 @@ def _completes(ev: Event) -> bool:
     return _adk_payload(ev) is not None
 
 
+def _before(writer: tuple[str, int] | None, source: tuple[str, int]) -> bool:
+    """Whether ``writer`` (the session-log event a key's last write completes) is an event
+    of ``source``'s session before ``source``: a write ``source`` follows in that log, so
+    its completion writes over it (two calls of one session killed half-done are
+    completed in their log's order, the later one's value kept)."""
+    return writer is not None and writer[0] == source[0] and writer[1] < source[1]
+
+
 def _split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """App, user and session parts of a state (or delta), the prefixes stripped from the
     first two; ``temp:`` keys dropped."""
@@ -248,6 +256,33 @@ class _ScopedState:
         if count is not None:
             self._settle(key, count)
 
+    async def settle_scoped(
+        self, app_name: str, user_id: str, sid: str, events: list[Event]
+    ) -> None:
+        """Write the ``app:`` and ``user:`` parts of those of session ``sid``'s ``events``
+        (in log order, each carrying them) that no state record completes yet, as `settle`
+        does, without its directory entry (a read of a session's latest events completes
+        its state from the events it read; the app's and user's logs it reads anyway)."""
+        key = session_key(app_name, user_id, sid)
+        app, user = await asyncio.gather(
+            self._logs.state(app_key(app_name)), self._logs.state(user_key(app_name, user_id))
+        )
+        for ev in events:
+            scoped = ev.data.get(SCOPED_KEY)
+            if not isinstance(scoped, Mapping):
+                continue
+            source = (key, ev.seq)
+            if (not scoped.get("app") or source in app.sources) and (
+                not scoped.get("user") or source in user.sources
+            ):
+                continue
+            if not await self._roll_forward(app_name, user_id, source, scoped):
+                return  # outpaced by other writes: the next read tries again
+            app, user = await asyncio.gather(
+                self._logs.state(app_key(app_name)),
+                self._logs.state(user_key(app_name, user_id)),
+            )
+
     async def settle_listed(
         self, app_name: str, user_id: str, sid: str, count: int, directory: _StateView
     ) -> bool:
@@ -279,9 +314,10 @@ class _ScopedState:
     ) -> bool:
         """Write the app and user parts ``scoped`` of the session-log event ``source``
         unless a state record of it exists; a key written in its log since the event's
-        ``seen`` count is left as it is. Each write is at the log's next seq as read (a
-        write meanwhile, another roll-forward's too, makes it read and decide again, at
-        most `MAX_ATTEMPTS` times); whether both parts are written now."""
+        ``seen`` count is left as it is, unless that write completes an earlier event of
+        the same session (the session's log orders the two). Each write is at the log's
+        next seq as read (a write meanwhile, another roll-forward's too, makes it read and
+        decide again, at most `MAX_ATTEMPTS` times); whether both parts are written now."""
         seen = scoped.get("seen")
         seen = seen if isinstance(seen, Mapping) else {}
         for scope, key in (("app", app_key(app_name)), ("user", user_key(app_name, user_id))):
@@ -294,7 +330,11 @@ class _ScopedState:
                 view = await self._logs.state(key)
                 if source in view.sources:
                     break
-                fresh = {k: thaw(v) for k, v in delta.items() if view.writes.get(k, -1) < after}
+                fresh = {
+                    k: thaw(v)
+                    for k, v in delta.items()
+                    if view.writes.get(k, -1) < after or _before(view.writers.get(k), source)
+                }
                 op = {"op": "state", "delta": fresh, "source": list(source)}
                 write = partial(
                     handle.append_at,

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
-from nous_actor.core.event import EventType, InvalidEvent
+from nous_actor.core.event import Event, EventType, InvalidEvent
 from nous_actor.errors import CallTimeout, SessionStopped
 from nous_actor.integrations._once import append_once, append_one_once
 from nous_actor.integrations.openai_agents.shared import _shared_for, _turn_of
@@ -125,14 +125,18 @@ class _Calls:
     async def read(self, read: Callable[[SessionCalls], SessionFuture[T]]) -> T:
         return await read(await self.live())
 
-    async def append(self, pending: Pending, time: datetime) -> None:
+    async def count(self) -> int:
+        """The session's next seq, as it is now."""
+        return await (await self.live()).count()
+
+    async def append(self, pending: Pending, time: datetime) -> list[Event]:
         """Append `pending` as one batch: stored whole (one transaction) or not at all,
         exactly once (also when the worker process holding the session dies before it
         answers: see `append_once`), and no other call's events come between its items
-        (also a call of another process)."""
+        (also a call of another process); its events, as stored."""
         calls = await self.live()
         batch = [(etype, data, time) for etype, data in pending]
-        await append_once(await self.handle_of(), lambda: calls.append_many(batch))
+        return await append_once(await self.handle_of(), lambda: calls.append_many(batch))
 
     def plans(self) -> Iterator[int]:
         """The attempts of a planned append (`planned`, then `append_at`), for the
@@ -162,19 +166,20 @@ class _Calls:
         seq = await count
         return plan(await surface), seq
 
-    async def append_at(self, seq: int, etype: EventType, data: Any, time: datetime) -> bool:
+    async def append_at(
+        self, seq: int, etype: EventType, data: Any, time: datetime
+    ) -> Event | None:
         """Append one event planned on the log up to ``seq``, if nothing was appended since
-        (a worker process may write the session too); ``False`` if something was: nothing
-        was appended, plan again. Through a turn, nothing else can be appended."""
+        (a worker process may write the session too): the event; ``None`` if something
+        was: nothing was appended, plan again. Through a turn, nothing else can be
+        appended."""
         calls = await self.live()
         handle = await self.handle_of()
         if _turn_of(self.shared) is not None:
-            await append_one_once(handle, lambda: calls.append(etype, data, time))
-            return True
+            return await append_one_once(handle, lambda: calls.append(etype, data, time))
         try:
-            await append_one_once(handle, lambda: calls.append_at(seq, etype, data, time))
+            return await append_one_once(handle, lambda: calls.append_at(seq, etype, data, time))
         except InvalidEvent as exc:
             if exc.reason == "seq_behind_head":
-                return False
+                return None
             raise
-        return True

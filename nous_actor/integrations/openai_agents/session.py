@@ -261,6 +261,8 @@ class NousSession:
 
         async def body() -> None:
             shared = self._calls.shared
+            if shared.marker is False and await self._calls.count() != shared.after:
+                shared.marker = None  # written since by another process (or other code)
             if shared.marker is not False:
                 surface = await self._calls.read(SessionHandle.surface)
                 if surface and _is_marker(surface[-1]):
@@ -274,8 +276,8 @@ class NousSession:
                             OP_KEY: {"op": "add_items", "replaces_seq": last.seq},
                         },
                     )
-            await self._calls.append(pending, datetime.now(UTC))
-            shared.marker = False
+            written = await self._calls.append(pending, datetime.now(UTC))
+            shared.marker, shared.after = False, written[-1].seq + 1
 
         await self._calls.mutate(body)
 
@@ -311,7 +313,9 @@ class NousSession:
                 if plan is None:
                     return None
                 popped, etype, data, time = plan
-                if await self._calls.append_at(seq, etype, data, time):
+                written = await self._calls.append_at(seq, etype, data, time)
+                if written is not None:
+                    self._calls.shared.after = written.seq + 1
                     break
             meta = data.get("metadata")
             if isinstance(meta, Mapping) and CLEARED_KEY in meta:
@@ -345,7 +349,7 @@ class NousSession:
                 now = datetime.now(UTC)
                 if await self._calls.append_at(seq, EventType.SYSTEM_MESSAGE, data, now):
                     break
-            self._calls.shared.marker = True
+            self._calls.shared.marker = True  # (the surface is read at the next add)
 
         await self._calls.mutate(body)
 

@@ -93,8 +93,10 @@ class _Shared:
 
     lock: _Mutex = field(default_factory=_Mutex)
     # Whether the surface may end in a cleared marker that the next add_items
-    # replaces: None unknown (read the surface), False no.
+    # replaces: None unknown (read the surface), False no, as long as the log's next
+    # seq is still ``after`` (another process, or other code, may write it meanwhile).
     marker: bool | None = None
+    after: int | None = None
     # Whether a turn was ever opened on it here: then a call outside any turn first
     # waits for an open turn to end, before it takes the lock.
     turns: bool = False
