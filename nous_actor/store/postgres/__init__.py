@@ -26,7 +26,10 @@ What it guarantees, beyond the `Store` protocol:
   writer's process dies, the server drops its connection and that lock,
   and a new claim takes the session over without waiting for the lease
   (a paused or partitioned writer keeps its lock, so that one is taken
-  over when its lease expires). Pass ``detect_dead_holders=False`` behind a
+  over when its lease expires). A server restart (or reinitialisation after
+  a crash) drops every lock: a lock taken before the server last started
+  tells nothing, and that claim is taken over when its lease expires, until
+  its holder renews it (taking its lock back). Pass ``detect_dead_holders=False`` behind a
   transaction-pooling proxy (PgBouncer in transaction mode), which cannot
   keep session-level locks.
 * **Live subscriptions across processes.** `PostgresStore.watch`

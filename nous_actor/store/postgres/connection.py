@@ -366,6 +366,9 @@ class _Link:
         self._on_connect = on_connect
         self.reconnects = 0
         self.connected = conn is not None  # once connected, a failure to connect is a loss
+        # When (`time.monotonic`) a `get` last found the server unreachable until its
+        # deadline, if no connection was made since (see `unreachable_for`).
+        self.unreachable_at: float | None = None
 
     def get(self, deadline: float) -> psycopg.Connection[Any]:
         """The open connection, reconnecting (with backoff, until ``deadline``) if needed.
@@ -405,6 +408,7 @@ class _Link:
                     ) from failed
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self.unreachable_at = time.monotonic()
                     lost = (
                         f"lost the connection to {self._where} and could not reconnect"
                         if self.connected
@@ -418,9 +422,20 @@ class _Link:
                 delay = min(delay * 2, 1.0)
                 continue
             self.conn = conn
+            self.unreachable_at = None
             self.reconnects += 1
             self.connected = True
             return conn
+
+    def unreachable_for(self, within: float) -> float | None:
+        """How long ago a call found the server unreachable (it could not connect by its
+        deadline), if that was less than ``within`` s ago and no connection was made
+        since; else `None`."""
+        when = self.unreachable_at
+        if when is None or self.conn is not None:
+            return None
+        ago = time.monotonic() - when
+        return ago if ago < within else None
 
     def drop(self) -> None:
         """Forget the connection (closing it quietly): the next `get` opens a new one."""
@@ -469,17 +484,31 @@ class _Context:
         return self.watchdog.bound(conn, deadline + self.margin, name, doing)
 
     def connect(self) -> psycopg.Connection[Any]:
-        """A new connection (see `reconnect`) within ``timeout``, failing at once.
+        """A new connection (see `reconnect`) within ``timeout``, failing at once: a
+        wrong DSN, a server that is not there, is told at once. Unless the server said
+        it is starting up or shutting down (a restart): then it is tried again, with
+        backoff, until ``timeout`` (also while it is down in between).
 
         Raises:
             StoreError: the server cannot be reached or refuses the connection.
         """
-        try:
-            return self.reconnect(time.monotonic() + self.timeout)
-        except psycopg.Error as exc:
-            raise StoreError(
-                f"could not connect to {self.location}: {_first_line(exc)}; {_connect_advice(exc)}"
-            ) from exc
+        deadline = time.monotonic() + self.timeout
+        delay = 0.02
+        restarting: psycopg.Error | None = None  # what the server said of its restart
+        while True:
+            try:
+                return self.reconnect(deadline)
+            except psycopg.Error as exc:
+                if _refusal(exc) == "57P03":
+                    restarting = exc
+                if restarting is None or time.monotonic() + delay >= deadline:
+                    said = restarting if isinstance(exc, _NotInTime) and restarting else exc
+                    raise StoreError(
+                        f"could not connect to {self.location}: {_first_line(said)}; "
+                        f"{_connect_advice(said)}"
+                    ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     def reconnect(
         self, deadline: float, closing: threading.Event | None = None, name: str = "main"
@@ -534,15 +563,19 @@ class _Context:
         statement, and a lock wait, end after ``timeout`` (a role's short
         ``statement_timeout`` would cancel the store's statements at random; a long one
         is cut on the client anyway, see `_Watchdog`); a transaction left idle by a
-        paused process is ended (it would keep a claim row locked); and neither an idle
+        paused process is ended (it would keep a claim row locked); neither an idle
         connection (the lease connection holds the claims' advisory locks) nor a whole
-        transaction is ended by the server's clock."""
+        transaction is ended by the server's clock; and transactions are READ
+        COMMITTED (the store's statements rely on it: under a role's REPEATABLE READ or
+        SERIALIZABLE default, a claim that waited for a renewal of the claim row would
+        fail with a serialization failure instead of naming the holder)."""
         ms = max(1, int(self.timeout * 1000))
         settings = [
             f"SET statement_timeout = {ms}",
             "SET TIME ZONE 'UTC'",
             f"SET idle_in_transaction_session_timeout = {self.idle_tx_ms}",
             f"SET lock_timeout = {ms}",
+            "SET default_transaction_isolation = 'read committed'",
         ]
         if server_version >= 140000:
             settings.append("SET idle_session_timeout = 0")
@@ -596,7 +629,11 @@ class _Context:
                 "its statement_timeout): raise timeout=, or find what slows the server"
             )
         elif isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedObject):
-            hint = f"; a table of the store is gone from schema {self.schema!r}"
+            hint = (
+                f"; a table of the store is gone from schema {self.schema!r} (the schema or "
+                "the database was dropped?): restore it from a backup, or open a new "
+                "PostgresStore, which makes an empty store (create=True)"
+            )
         elif isinstance(exc, psycopg.errors.DiskFull):
             hint = "; the server's disk is full: free space, then restart the sessions"
         elif state == "25006":  # read-only transaction

@@ -32,6 +32,11 @@ logger = get_logger("nous_actor.store.postgres")  # the package's name
 
 _FAIL_CLOSED_FRACTION: Final = 2 / 3  # refuse writes this long after the last renewal began
 
+_UNREACHABLE_S: Final = 1.0
+"""How long after a call found the server unreachable a release fails at once (at most
+the store's timeout): long enough for a registry giving up its sessions one after the
+other during an outage, short enough that releases go through again soon after it."""
+
 
 def _in_order(table: str, mode: str) -> str:
     """The head of a statement that updates or deletes several claim rows of the sessions
@@ -46,6 +51,29 @@ def _in_order(table: str, mode: str) -> str:
         f"WHERE session_id = ANY(%b) ORDER BY session_id FOR {mode}) "
     )
 
+
+_SERVER_STARTED: Final = (
+    "GREATEST(pg_postmaster_start_time(), (SELECT max(backend_start) FROM "
+    "pg_stat_get_activity(NULL) WHERE backend_type = 'checkpointer'))"
+)
+"""When the server last started, for its locks: a restart, or a reinitialisation after a
+server process crashed (a new checkpointer, the same postmaster). A role that may not
+see the server's own processes (neither a superuser nor granted ``pg_read_all_stats``)
+sees only the restarts."""
+
+_LOCK_TELLS: Final = f"locked AND claimed_at > {_SERVER_STARTED}"
+"""Of a claim row: whether its holder's advisory lock, if free, means the holder died. Its
+holder must have taken the lock (``locked``) since the server last started (``claimed_at``:
+when the claim was taken, or its holder last took its lock back after the server
+restarted): a restart drops every lock, also the live holders' (until each takes its own
+back, at its next renewal)."""
+
+_RETOOK: Final = (
+    f"claimed_at = CASE WHEN u.l AND c.claimed_at <= {_SERVER_STARTED} "
+    "THEN clock_timestamp() ELSE c.claimed_at END"
+)
+"""In a renewal: a claim taken before the server last started, whose lock this store holds
+now (taken back on a new connection), says so (see `_LOCK_TELLS`)."""
 
 _AFTER_O: Final = "(SELECT count(*) FROM o) >= 0"
 """The condition of a statement headed by `_in_order`: it holds once ``o`` locked its
@@ -78,7 +106,8 @@ class _ClaimRow:
     holder: str
     until: object  # lease_until, as the server's text
     live: bool  # lease_until > clock_timestamp(), by the database's clock
-    locked: bool  # its holder took the claim's advisory lock (so a free lock means it died)
+    locked: bool  # its holder took the claim's advisory lock since the server started
+    # (so a free lock means it died: see `_LOCK_TELLS`)
 
 
 def _taken_over(session_id: str, reason: str, row: _ClaimRow) -> None:
@@ -302,7 +331,8 @@ class _Leases:
                 ):  # our own claim, committed by an attempt whose answer was lost
                     epoch = row.epoch
                     conn.execute(
-                        f"UPDATE {table} SET locked = %s, address = %s WHERE session_id = %s",
+                        f"UPDATE {table} SET locked = %s, address = %s, "
+                        "claimed_at = clock_timestamp() WHERE session_id = %s",
                         (lock(), self.address, sid),
                     )
                     break
@@ -408,7 +438,7 @@ class _Leases:
                 str(r[0]): _ClaimRow(int(r[1]), str(r[2]), str(r[3]), r[4], bool(r[5]), bool(r[6]))
                 for r in conn.execute(
                     "SELECT session_id, epoch, token, holder, lease_until, "
-                    f"lease_until > clock_timestamp(), locked FROM {table} "
+                    f"lease_until > clock_timestamp(), {_LOCK_TELLS} FROM {table} "
                     "WHERE session_id = ANY(%b::text[]) ORDER BY session_id FOR UPDATE",
                     (sids,),
                 ).fetchall()
@@ -502,7 +532,8 @@ class _Leases:
                     out[str(r[0])] = (int(r[1]), has_lock[str(r[0])])
             if own:
                 conn.execute(
-                    f"UPDATE {table} AS c SET locked = u.l, address = %s "
+                    f"UPDATE {table} AS c SET locked = u.l, address = %s, "
+                    "claimed_at = clock_timestamp() "
                     "FROM unnest(%b::text[], %b::bool[]) AS u(s, l) WHERE c.session_id = u.s",
                     (self.address, own, [has_lock[sid] for sid in own]),
                 )
@@ -547,7 +578,7 @@ class _Leases:
         `None` if nobody claims the session."""
         row = conn.execute(
             "SELECT epoch, token, holder, lease_until, lease_until > clock_timestamp(), "
-            f"locked FROM {self.claims_table} WHERE session_id = %s FOR UPDATE",
+            f"{_LOCK_TELLS} FROM {self.claims_table} WHERE session_id = %s FOR UPDATE",
             (sid,),
         ).fetchone()
         if row is None:
@@ -565,10 +596,13 @@ class _Leases:
         transaction) may be taken over or removed; returns why it may:
         ``"lease_expired"`` (by the database's clock) or ``"holder_connection_gone"``.
 
-        A live lease's holder is dead when its row records that it holds its
-        claim's advisory lock and this connection can take that lock now: the
-        server drops a connection's locks when its process dies, while a paused or
-        partitioned holder keeps its own. Never so with dead-holder detection off.
+        A live lease's holder is dead when its row records that it took its
+        claim's advisory lock since the server last started (`_LOCK_TELLS`) and
+        this connection can take that lock now: the server drops a connection's
+        locks when its process dies, while a paused or partitioned holder keeps its
+        own. A restart drops every lock, also a live holder's, so until the holder
+        takes its lock back (at its next renewal) its lease alone decides. Never so
+        with dead-holder detection off.
         The lock is taken only to look, until the caller's transaction ends.
 
         Raises:
@@ -591,6 +625,13 @@ class _Leases:
                 claim = None
         if claim is None:
             return
+        # Best effort: a process giving its sessions up while the server is down (a
+        # registry closing during an outage) must not wait the whole timeout for each.
+        ago = self.link.unreachable_for(min(self.timeout, _UNREACHABLE_S))
+        if ago is not None:
+            raise self._unreleased(
+                session_id, f"the server could not be reached {ago:.2g} s ago (not tried again)"
+            )
         table = self.claims_table
 
         def work(conn: psycopg.Connection[Any]) -> None:
@@ -605,7 +646,19 @@ class _Leases:
                 claim.locked = False
                 self._unlock_on(conn, session_id, token)
 
-        self._call(session_id, "release the session", work)
+        try:
+            self._call(session_id, "release the session", work)
+        except StoreError as exc:
+            if self.closing.is_set():
+                raise
+            raise self._unreleased(session_id, exc._message) from exc
+
+    def _unreleased(self, session_id: str, why: str) -> StoreError:
+        return StoreError(
+            f"could not release the claim ({why}); nothing to do: its lease lapses by "
+            f"itself within {self.lease:g} s, and the session may be claimed again then",
+            session_id=session_id,
+        )
 
     def release_all(self) -> None:
         """Closing: give every claim up at once (best effort: a lease left lapses by itself)."""
@@ -695,7 +748,8 @@ class _Leases:
             # The rows are locked first, in session id order (`_in_order`).
             rows = conn.execute(
                 f"{_in_order(table, 'NO KEY UPDATE')}UPDATE {table} AS c SET lease_until = "
-                f"clock_timestamp() + make_interval(secs => {self.lease!r}), locked = u.l "
+                f"clock_timestamp() + make_interval(secs => {self.lease!r}), locked = u.l, "
+                f"{_RETOOK} "
                 "FROM unnest(%b::text[], %b::bigint[], %b::bool[]) AS u(s, e, l) "
                 "WHERE c.session_id = u.s AND c.epoch = u.e "
                 f"AND c.lease_until > clock_timestamp() AND {_AFTER_O} "

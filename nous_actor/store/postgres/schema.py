@@ -207,7 +207,8 @@ leaves the schema as it was)."""
 
 
 def open_schema(ctx: _Context, create: bool) -> tuple[psycopg.Connection[Any], _Sql]:
-    """A first connection to ``ctx``'s server, failing at once (no retry), with the store
+    """A first connection to ``ctx``'s server, failing at once (no retry, unless the server
+    says it is restarting: see `_Context.connect`), with the store
     opened in its schema (see `prepare_schema`); and the schema's statements.
 
     The connection is made within ``ctx.timeout``, and the schema opened within
@@ -217,7 +218,7 @@ def open_schema(ctx: _Context, create: bool) -> tuple[psycopg.Connection[Any], _
         StoreError: the server cannot be reached or refuses, is older than PostgreSQL
             13, or refuses the schema (see `prepare_schema`). Nothing is changed.
     """
-    conn = ctx.connect()  # the first connection fails fast: no retry
+    conn = ctx.connect()  # the first connection fails fast (unless the server restarts)
     deadline = time.monotonic() + ctx.timeout
     try:
         with (

@@ -212,8 +212,9 @@ class PostgresStore(ClosingStore):
             86400 s; ``timeout`` is not from 0.001 s (lock waits are counted in
             whole milliseconds; 0 would mean no limit) to 2147483 s (a 32-bit
             count of milliseconds); ``holder`` is empty or holds a NUL character.
-        StoreError: the DSN is invalid, the server cannot be reached, the role
-            lacks the rights to create or read the schema, the schema holds
+        StoreError: the DSN is invalid, the server cannot be reached (at once;
+            a server that says it is restarting is waited for, within
+            ``timeout``), the role lacks the rights to create or read the schema, the schema holds
             another application's tables or a store of a newer version, or
             (with ``create=False``) there is no store in it. Nothing is changed.
     """
@@ -524,6 +525,12 @@ class PostgresStore(ClosingStore):
 
     def release(self, session_id: str, token: str) -> None:
         """Give up a claim (a no-op if `token` no longer holds it, or the store is closed).
+
+        Best effort: the claim is this store's no more, whatever happens. While the
+        server is unreachable (a call of the lease connection could not connect by its
+        deadline less than a second ago, or less than ``timeout`` if shorter), the call
+        fails at once rather than wait ``timeout`` again: a registry closing during an
+        outage gives up each of its sessions without waiting ``timeout`` for each.
 
         Raises:
             StoreError: the server could not be told (the lease then lapses by itself).
