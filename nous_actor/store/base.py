@@ -70,6 +70,8 @@ class Store(Protocol):
     * A seq of 2**63 or more refuses its session's events with a ``StoreError``
       that is not a ``ConflictError`` (no other writer stored it), in any
       wording; the other sessions of the write are stored.
+    * Where the store is shared, ``delete`` and ``drop`` of a session another
+      live writer holds raise `ConflictError` and change nothing.
     """
 
     def load(self, session_id: str) -> list[Event]:
