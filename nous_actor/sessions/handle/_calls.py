@@ -184,7 +184,9 @@ class SessionCalls:
         return self._call(SessionActor.h_append_at, int.__int__(seq), parts)
 
     def snapshot(self) -> SessionFuture[int]:
-        """Drop every shadowed event; resolves to how many were dropped."""
+        """Drop every shadowed event but the newest managed turn event (kept so that
+        whether a turn is open never changes: a restart still ends an open turn, and
+        never reopens a closed one); resolves to how many were dropped."""
         return self._call(SessionActor.h_snapshot)
 
     def compact(
