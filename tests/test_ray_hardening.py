@@ -278,16 +278,98 @@ class _Http:
         self.thread.join(10)
 
 
+class _Grpc:
+    """A gRPC server on loopback (HTTP/2, cleartext) that serves none of Ray's services:
+    it answers the connection preface with its SETTINGS, as Ray's GCS does, then every
+    call with UNIMPLEMENTED; or, ``mute``, never answers a call at all."""
+
+    mute = False
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _read(conn: socket.socket, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = conn.recv(size - len(data))
+            if not chunk:
+                raise OSError("the client closed the connection")
+            data += chunk
+        return data
+
+    @staticmethod
+    def _frame(conn: socket.socket, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        head = len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big")
+        conn.sendall(head + payload)
+
+    def _serve(self, conn: socket.socket) -> None:
+        def header(name: bytes, value: bytes) -> bytes:  # HPACK: a literal, not indexed
+            return bytes([0, len(name)]) + name + bytes([len(value)]) + value
+
+        unimplemented = (
+            b"\x88"  # :status 200 (HPACK static table)
+            + header(b"content-type", b"application/grpc")
+            + header(b"grpc-status", b"12")
+            + header(b"grpc-message", b"unknown service")
+        )
+        try:
+            self._read(conn, 24)  # the client's connection preface
+            self._frame(conn, 4, 0, 0, b"")  # SETTINGS
+            while True:
+                head = self._read(conn, 9)
+                kind, flags = head[3], head[4]
+                stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+                payload = self._read(conn, int.from_bytes(head[:3], "big"))
+                if kind == 4 and not flags & 1:  # SETTINGS: acknowledged
+                    self._frame(conn, 4, 1, 0, b"")
+                elif kind == 6 and not flags & 1:  # PING: answered
+                    self._frame(conn, 6, 1, 0, payload)
+                elif kind == 1 and not self.mute:  # a call: trailers only, END_STREAM
+                    self._frame(conn, 1, 0x5, stream, unimplemented)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        for conn in self.conns:
+            conn.close()
+
+
+class _MuteGrpc(_Grpc):
+    """A gRPC server that takes every call and never answers it."""
+
+    mute = True
+
+
 @pytest.mark.parametrize(
     ("listener", "says"),
     [
         (_Silent, "accepts connections but did not answer within 3 s"),
         (_Http, "like an HTTP/1 server"),
+        (_Grpc, "speaks gRPC but is not a Ray cluster: it does not serve Ray's GCS"),
+        (_MuteGrpc, "speaks gRPC but did not answer Ray's first request within 3 s"),
     ],
-    ids=["silent", "http"],
+    ids=["silent", "http", "grpc", "mute-grpc"],
 )
 def test_an_address_where_something_else_listens_is_a_cluster_error_within_start_timeout(
-    listener: type[_Silent | _Http], says: str
+    listener: type[_Silent | _Http | _Grpc], says: str
 ) -> None:
     """A listener that never answers, or an HTTP server: a ClusterError naming the address,
     what answered and what to pass, within start_timeout, never a hang."""
@@ -302,6 +384,25 @@ def test_an_address_where_something_else_listens_is_a_cluster_error_within_start
     assert server.address in found.group(2), out
     assert says in found.group(2), out
     assert "`ray start --head` printed" in found.group(2), out
+
+
+def test_a_cluster_that_refuses_this_process_is_a_cluster_error_within_start_timeout(
+    ray_cluster: RayCluster, tmp_path: Any
+) -> None:
+    """Token authentication on, and another token: a ClusterError within start_timeout
+    naming the address and the settings that give the token (Ray itself retries for 20 s,
+    then says only that it could not connect)."""
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        pytest.skip("the cluster was not started by .ci/ray.sh: no token authentication")
+    wrong = tmp_path / "token"
+    wrong.write_text("0" * 64)
+    env = {**ray_cluster.driver_env(), "RAY_AUTH_TOKEN_PATH": str(wrong)}
+    out = _connect_from_a_new_process(ray_cluster.address, env=env)
+    found = re.match(r"ClusterError after ([0-9.]+) s: (.*)", out, re.S)
+    assert found, out
+    assert float(found.group(1)) < 6.0, out
+    assert f"the Ray cluster at {ray_cluster.address!r} refused this process" in out, out
+    assert "RAY_AUTH_TOKEN_PATH" in out, out
 
 
 def test_the_address_of_a_running_cluster_still_connects(ray_cluster: RayCluster) -> None:

@@ -23,6 +23,7 @@ from nous_actor.cluster.ray._protocol import (
     OPEN,
     PROTOCOL,
     RESTARTS,
+    _disconnected,
     _gone,
     shard_of,
 )
@@ -51,7 +52,9 @@ class RaySessions:
         name: name the shard actors ``"{name}.{i}"`` (in ``namespace``), so
             that another driver with the same name reaches the same shards: a
             shard of that name that runs already is reached, not started again
-            (and `close` leaves it running).
+            (and `close` leaves it running). Running shards write to the store
+            they were started with, so they are reached only if ``store_factory``
+            makes that store (checked in a shard, which makes one and closes it).
         namespace: the Ray namespace of named shards (default: the driver's).
         detached: keep the shards running when this driver exits (needs
             ``name``); `close` then leaves them serving and `shutdown` stops them.
@@ -84,9 +87,11 @@ class RaySessions:
 
     Raises:
         ClusterError: Ray cannot be reached (within ``start_timeout``, at most 5 s,
-            whatever listens at ``address``), or the address cannot be read; the
-            shards did not start in time, or shards of that ``name`` run with
-            another number of shards. The shards this call created are stopped.
+            whatever listens at ``address``), the address cannot be read, or the
+            cluster this process is connected to no longer answers; the shards did
+            not start in time, or shards of that ``name`` run with another number
+            of shards or on another store than ``store_factory`` makes. The shards
+            this call created are stopped.
         StoreError: a shard could not open its store (the shards this call created
             are stopped).
         TypeError: ``store_factory``, ``name``, ``namespace``, ``detached``,
@@ -290,7 +295,58 @@ class RaySessions:
         for info in infos:
             if info["error"] is not None:
                 raise fail(info["error"])
+        reached = [a for a, new in zip(actors, created, strict=True) if not new]
+        if reached:
+            self._check_store(reached[0], store_factory, deadline, start_timeout, fail)
         return actors, created
+
+    def _check_store(
+        self,
+        actor: Any,
+        store_factory: Callable[[], Store],
+        deadline: float,
+        start_timeout: float,
+        fail: Callable[[Exception], Exception],
+    ) -> None:
+        """Check that ``store_factory`` makes the store that the running shard ``actor``
+        (reached by name) writes to, by the deadline of the start-up: its sessions would
+        go to the shard's store whatever this driver's factory says.
+
+        Raises (through ``fail``, which stops the shards this object created):
+            ClusterError: it makes another store (both named), or the check failed.
+        """
+        try:
+            ref = actor.same_store.remote(store_factory)
+        except (TypeError, pickle.PicklingError) as exc:
+            raise fail(
+                TypeError(f"store_factory must be picklable (it runs in each shard): {exc}")
+            ) from None
+        try:
+            theirs, mine = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001))
+        except ray.exceptions.GetTimeoutError:
+            raise fail(
+                ClusterError(
+                    f"the shards named {self.name!r} did not check the store of this "
+                    f"store_factory within {start_timeout:g} s: give a larger start_timeout"
+                )
+            ) from None
+        except Exception as exc:
+            cause = getattr(exc, "cause", None) or exc
+            raise fail(
+                ClusterError(
+                    f"the shards named {self.name!r} could not make a store with this "
+                    f"store_factory, to check that it is theirs: {short_repr(cause)}"
+                )
+            ) from None
+        if theirs != mine:
+            raise fail(
+                ClusterError(
+                    f"the shards named {self.name!r} run on the store {theirs}, and this "
+                    f"store_factory makes another store ({mine}): the sessions of this "
+                    f"RaySessions would be written to {theirs}. Pass the store_factory they "
+                    "were started with, or use another name"
+                )
+            )
 
     # -- the user's side -------------------------------------------------------------------
 
@@ -344,13 +400,17 @@ class RaySessions:
         return sorted(itertools.chain.from_iterable(found))
 
     def shard_info(self) -> list[dict[str, Any]]:
-        """Each shard's ``index``, worker ``pid``, ``node_id`` and ``started`` time (an
-        answer from each shard, so also a health check)."""
+        """Each shard's ``index``, worker ``pid``, ``node_id``, ``started`` time and
+        ``store`` (how messages name its store) (an answer from each shard, so also a
+        health check)."""
         infos = self._ask_all("ready")
         return [{k: v for k, v in info.items() if k != "error"} for info in infos]
 
     def _ask_all(self, method: str) -> list[Any]:
         """One answer from every shard, within the handles' bound."""
+        why = _disconnected()
+        if why is not None:
+            raise SessionStopped("*", why)
         try:
             return list(
                 ray.get([getattr(a, method).remote() for a in self._actors], timeout=self.timeout)
@@ -404,9 +464,17 @@ class RaySessions:
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop every session and every shard actor, detached or not, created by this object
         or reached by name: for every driver (their calls then fail with
-        `nous_actor.SessionCrashed`, saying that Ray will not restart the shard)."""
+        `nous_actor.SessionCrashed`, saying that Ray will not restart the shard).
+
+        Raises:
+            ClusterError: this process is no longer connected to Ray (``ray.shutdown()``)
+                and some shards outlive it (detached, or another driver's).
+        """
         self._closed = True
         self._unlink("the registry was shut down")
+        why = _disconnected()
+        if why is not None and (self.detached or not all(self._created)):
+            raise ClusterError(f"cannot stop the shards that outlive this process: {why}")
         self._stop_shards(timeout, self._actors)
 
     async def aclose(self, timeout: float = 10.0) -> None:
@@ -422,6 +490,8 @@ class RaySessions:
     def _stop_shards(self, timeout: float, actors: list[Any]) -> None:
         if not actors:
             return
+        if _disconnected() is not None:
+            return  # those this process created without ``detached`` ended with it
         refs = [a.close.remote(timeout) for a in actors]
         try:
             ray.wait(refs, num_returns=len(refs), timeout=timeout + self.timeout)

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from nous_actor.cluster.ray._link import _Link
-from nous_actor.cluster.ray._protocol import NOW, POLL_WAIT, _lost
+from nous_actor.cluster.ray._protocol import NOW, POLL_WAIT, _disconnected, _lost
 from nous_actor.store.subscription import Subscription
 
 
@@ -26,6 +26,10 @@ class _Feed:
 
     def poll(self) -> None:
         if self.closed:
+            return
+        why = _disconnected()
+        if why is not None:
+            self._end(None)
             return
         try:
             ref = self.link.actor.poll.remote(self.token, POLL_WAIT, self.session_id)
@@ -53,10 +57,15 @@ class _Feed:
             return
         self.poll()
 
-    def _end(self, exc: BaseException) -> None:
+    def _end(self, exc: BaseException | None) -> None:
+        """The shard cannot be polled (``exc``: why; ``None``: this process is no longer
+        connected to Ray, which ends every subscription of the registry normally)."""
         self.closed = True
         self.link.detach(self)
-        if self.link.closed is not None:
+        why = _disconnected()
+        if why is not None:
+            self.link.close(why)
+        if self.link.closed is not None or exc is None:
             self.sub._finish(None)
         else:
             self.sub._finish(_lost(self.session_id, self.link.index, exc))
@@ -74,6 +83,8 @@ class _Feed:
             return
         self.closed = True
         self.link.detach(self)
+        if _disconnected() is not None:
+            return  # the shard is out of reach (and Ray must not be started again)
         try:
             self.link.actor.unsubscribe.remote(self.token)
         except Exception:  # the shard is gone: so is its subscriber
@@ -85,7 +96,7 @@ def _drop_late(actor: Any, answer: Future[Any]) -> None:
         state, value = answer.result()
     except Exception:
         return
-    if state == NOW:
+    if state == NOW and _disconnected() is None:
         try:
             actor.unsubscribe.remote(value[0])
         except Exception:

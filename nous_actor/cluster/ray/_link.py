@@ -17,6 +17,7 @@ from nous_actor.cluster.ray._protocol import (
     NOW,
     SEQ,
     Op,
+    _disconnected,
     _lost,
     _mismatch,
     _pack_batch,
@@ -53,6 +54,7 @@ class _Link:
 
     __slots__ = (
         "_contexts",
+        "_flying",
         "_futs",
         "_in_flight",
         "_lock",
@@ -82,6 +84,9 @@ class _Link:
         # a batch's links by a few calls).
         self._contexts: list[object] = []
         self._in_flight = 0
+        # The batches in flight, by number: their calls and futures, failed by `close`
+        # should this process be disconnected from Ray (whose answers then never come).
+        self._flying: dict[int, tuple[list[Op], list[SessionFuture[Any]]]] = {}
         self._next = 0  # the number of the next batch
         self._reset = True  # the next batch starts the shard's count for this link
         self.closed: str | None = None
@@ -106,10 +111,20 @@ class _Link:
 
     def close(self, why: str) -> None:
         """The registry is closed: later calls fail with `SessionStopped` (``why``), and
-        every subscription fed from this shard ends."""
+        every subscription fed from this shard ends. If this process is no longer
+        connected to Ray, the calls queued or in flight fail so too: no answer comes."""
+        gone = _disconnected() is not None
+        dropped: list[tuple[list[Op], list[SessionFuture[Any]]]] = []
         with self._lock:
             self.closed = why
             feeds, self.feeds = list(self.feeds), set()
+            if gone:
+                dropped = [*self._flying.values(), (self._ops, self._futs)]
+                self._flying = {}
+                self._ops, self._futs, self._contexts = [], [], []
+        for ops, futs in dropped:
+            for op, fut in zip(ops, futs, strict=True):
+                fut._fail(SessionStopped(op[1], why))
         for feed in feeds:
             feed.unlinked()
 
@@ -126,6 +141,8 @@ class _Link:
             batch = self._take()
         if batch is not None:
             self._send(*batch)
+        elif (why := _disconnected()) is not None:  # what is in flight will never answer
+            self.close(why)
 
     def _take(self) -> _Batch | None:
         """The next batch to send, if one may go now (under the lock)."""
@@ -160,6 +177,15 @@ class _Link:
         reset: bool,
         contexts: list[object],
     ) -> None:
+        why = _disconnected()
+        if why is not None:  # every later call fails as this batch's do
+            self.close(why)
+            batch = self._release(reset=True)
+            for op, fut in zip(ops, futs, strict=True):
+                fut._fail(SessionStopped(op[1], why))
+            if batch is not None:
+                self._send(*batch)
+            return
         start = time.time_ns() if telemetry.sink is not None else 0
         try:
             ref = self.actor.run.remote(_pack_batch(self.id, number, reset, ops))
@@ -168,17 +194,22 @@ class _Link:
             return
         self.calls += 1
         self.sent += len(ops)
-        ref.future().add_done_callback(partial(self._done, ops, futs, start, contexts))
+        with self._lock:
+            self._flying[number] = (ops, futs)
+        ref.future().add_done_callback(partial(self._done, ops, futs, number, start, contexts))
 
     def _done(
         self,
         ops: list[Op],
         futs: list[SessionFuture[Any]],
+        number: int,
         start: int,
         contexts: list[object],
         answer: Future[Any],
     ) -> None:
         # In Ray's callback thread. The next batch goes first, then this one is answered.
+        with self._lock:
+            self._flying.pop(number, None)
         try:
             packed = answer.result()
             outcomes = _unpack(packed) if isinstance(packed, bytes) else None
@@ -212,14 +243,21 @@ class _Link:
         self, ops: list[Op], futs: list[SessionFuture[Any]], exc: BaseException, *, lost: bool
     ) -> None:
         """A batch failed as a whole: fail its calls; the next batch resets the count."""
+        why = _disconnected()
+        if why is not None:  # ray.shutdown() failed it
+            self.close(why)
         batch = self._release(reset=True)
         for op, fut in zip(ops, futs, strict=True):
-            fut._fail(_lost(op[1], self.index, exc))
+            fut._fail(_lost(op[1], self.index, exc) if why is None else SessionStopped(op[1], why))
         if batch is not None:
             self._send(*batch)
 
     def _follow(self, session_id: str, fut: SessionFuture[Any], token: int) -> None:
         """Ask for the outcome of a call the shard answers later."""
+        why = _disconnected()
+        if why is not None:
+            fut._fail(SessionStopped(session_id, why))
+            return
         try:
             ref = self.actor.result.remote(token, session_id)
         except Exception as exc:

@@ -13,6 +13,7 @@ import io
 import pickle
 from typing import Any, Final
 
+import ray
 import ray.exceptions
 from ray import cloudpickle
 
@@ -194,6 +195,18 @@ def _mismatch(index: int, protocol: object) -> ClusterError:
             f"sent calls of protocol {protocol!r}"
         )
     return ClusterError(f"{what}: run one version of nous_actor on every node")
+
+
+def _disconnected() -> str | None:
+    """Why this process cannot reach its shards any more, if it cannot: ``ray.shutdown()``
+    ended its connection to Ray (a call through Ray would then start a local Ray
+    instance, as ``ray.init()`` does, and fail there); ``None`` while it is connected."""
+    if ray.is_initialized():
+        return None
+    return (
+        "this process is no longer connected to Ray (ray.shutdown() was called): "
+        "connect again with ray.init() and make a new RaySessions"
+    )
 
 
 def _gone(exc: BaseException) -> str | None:

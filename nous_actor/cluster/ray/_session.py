@@ -12,7 +12,16 @@ from ray import cloudpickle
 
 from nous_actor.cluster.ray._feed import _drop_late, _Feed
 from nous_actor.cluster.ray._link import _Link
-from nous_actor.cluster.ray._protocol import _CALLS, ALIVE, CALL, COMPACT, FAILED, STOP, _lost
+from nous_actor.cluster.ray._protocol import (
+    _CALLS,
+    ALIVE,
+    CALL,
+    COMPACT,
+    FAILED,
+    STOP,
+    _disconnected,
+    _lost,
+)
 from nous_actor.core._frozen import short_repr
 from nous_actor.errors import CallTimeout, NousActorError, SessionStopped
 from nous_actor.sessions.actor import Handler, SessionActor, _Compaction
@@ -109,6 +118,9 @@ class RaySession(SessionHandle):
 
     def _register(self, sub: Subscription, timeout: float) -> None:
         """The shard holds the session's subscriber; ``sub`` is fed from it by long polls."""
+        why = _disconnected()
+        if why is not None:
+            self._link.close(why)
         if self._link.closed is not None:
             raise SessionStopped(self.session_id, self._link.closed)
         actor = self._link.actor

@@ -73,6 +73,36 @@ def _stopped(session_id: str, h: Session) -> bool:
     return h._ref is None or h._ref.actor_stopped.is_set()
 
 
+def _store_name(store: object) -> str:
+    """How messages name ``store``, so that two stores compare equal when they are the
+    same journal: its type and location (a PostgreSQL server's database and schema,
+    never a password; a SQLite file's absolute path), or its type alone for a store
+    with no location of its own (a `nous_actor.MemoryStore`, private to each shard)."""
+    kind = type(store).__name__
+    location = getattr(store, "location", None)
+    if isinstance(location, str):
+        return f"{kind} on {location}"
+    path = getattr(store, "path", None)
+    if isinstance(path, str):
+        return f"{kind} {path if path == ':memory:' else os.path.realpath(path)}"
+    return kind
+
+
+def _made_store(store_factory: Callable[[], Store]) -> str:
+    """`_store_name` of a store ``store_factory`` makes, closed again at once."""
+    store = store_factory()
+    try:
+        if not is_store(store):
+            raise TypeError(
+                f"store_factory must return a nous_actor Store, got {type(store).__name__}"
+            )
+        return _store_name(store)
+    finally:
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+
+
 async def _outcome(waiting: Any) -> tuple[int, Any]:
     """What a call the shard waited for came to: ``(NOW, its value)``, or ``(FAILED, what
     it raised)`` in a form that survives the trip to the driver."""
@@ -123,12 +153,14 @@ class _Shard:
         # Sessions a turn was opened on here: their writes may wait for a turn, so
         # they are answered later, never holding up the batch they came in.
         self.with_turns: set[str] = set()
+        self.store: str | None = None  # `_store_name` of the store
         try:
             store = store_factory()
             if not is_store(store):
                 raise TypeError(
                     f"store_factory must return a nous_actor Store, got {type(store).__name__}"
                 )
+            self.store = _store_name(store)
             self.sessions = Sessions(store, **options)
         except TypeError as exc:
             self.error = _portable(exc)
@@ -145,8 +177,17 @@ class _Shard:
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "started": self.started,
+            "store": self.store,
             "error": self.error,
         }
+
+    async def same_store(self, store_factory: Callable[[], Store]) -> tuple[str | None, str]:
+        """The name of this shard's store, and that of a store ``store_factory`` makes
+        (made in a thread, then closed): a driver that reaches this running shard checks
+        that its factory makes the store the shard writes to.
+
+        Raises whatever making or closing that store raises."""
+        return self.store, await asyncio.to_thread(_made_store, store_factory)
 
     def _usable(self, session_id: str) -> bool:
         h = self.handles.get(session_id)
