@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from bounds import wait_until
+from bounds import BOUND, wait_until
 from hypothesis import HealthCheck, settings
 
 from nous_actor.core.event import Event
@@ -525,9 +525,7 @@ def test_claim_many_answers_each_id_in_order_as_claim_would(pg_stores: Stores) -
         f"UPDATE \"{pg_stores.schema}\".claims SET lease_until = now() - interval '1 second' "
         "WHERE session_id = 'expired'"
     )
-    conn = doomed._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    _dies(pg_stores, doomed)
     mine = b.claim("mine")
     epochs_before = dict(
         pg_stores.server.sql(f'SELECT session_id, epoch FROM "{pg_stores.schema}".claims')
@@ -553,10 +551,8 @@ def test_claim_many_answers_each_id_in_order_as_claim_would(pg_stores: Stores) -
     assert isinstance(doomed.write({"dead": [ev(0)]})["dead"], FencedError)
     assert b.write({sid: [ev(0)] for sid in ("new", "expired", "dead", "mine")}) == {}
     assert a.write({"live": [ev(0)]}) == {}
-    # The new claims hold their locks: when b's connection dies, each is taken at once.
-    conn = b._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    # The new claims hold their locks: when b dies, each is taken at once.
+    _dies(pg_stores, b)
     c = pg_stores(lease=30)
     assert all(isinstance(t, str) for t in c.claim_many(["new", "expired", "dead"]))
     assert b.claim_many([]) == []
@@ -701,9 +697,7 @@ def test_a_dead_holders_claim_is_taken_over_at_once(pg_stores: Stores) -> None:
     a.claim("s")
     with pytest.raises(ConflictError):
         b.claim("s")
-    conn = a._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    _dies(pg_stores, a)
     b.claim("s")
     assert isinstance(a.write({"s": [ev(0)]})["s"], FencedError)
 
@@ -731,11 +725,36 @@ def test_a_writer_that_took_over_from_a_paused_holder_is_taken_over_at_once_when
     a.claim("s")
     _expire_all(pg_stores)  # A stalls past its lease; its connection and lock live on
     b.claim("s")
-    conn = b._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    _dies(pg_stores, b)
     c.claim("s")
     assert isinstance(b.write({"s": [ev(0)]})["s"], FencedError)
+
+
+def _dies(stores: Stores, store: Any) -> None:
+    """``store``'s process dies, as far as its claims go: its lease renewer stops, and its
+    lease connection closes (the server drops the claims' locks with it; returns once it
+    has). The store object stays, as a paused writer coming back would, so that a test
+    can show its late writes are fenced. (Terminating the lease backend of a live store
+    is no death: its renewer takes its locks back at once.)"""
+    leases = store._leases
+    ended = threading.Event()
+    ended.set()
+    leases.closing = ended  # the renewer's alone: the store's calls go on
+    wake, thread = leases.wake, leases.thread
+    if wake is not None:
+        wake[1].send(b"x")
+    if thread is not None:
+        thread.join(BOUND)
+        assert not thread.is_alive()
+    with leases.mutex:
+        keys = [leases._key(sid, c.token) for sid, c in leases.claims.items()]
+    with leases.link.lock:
+        leases.link.drop()
+    with stores.server.connect() as conn:  # each lock is free once the server saw it close
+        conn.execute(f"SET lock_timeout = '{BOUND:g}s'")
+        for key in keys:
+            conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
 
 def _expire_all(stores: Stores) -> None:
@@ -749,9 +768,7 @@ def test_without_dead_holder_detection_a_live_lease_is_kept(pg_stores: Stores) -
     a = pg_stores(lease=30)
     b = pg_stores(lease=30, detect_dead_holders=False)
     a.claim("s")
-    conn = a._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    _dies(pg_stores, a)
     with pytest.raises(ConflictError):
         b.claim("s")
 
@@ -828,9 +845,7 @@ def test_a_dead_holders_session_can_be_deleted_at_once(pg_stores: Stores) -> Non
     b = pg_stores(lease=30)
     a.claim("s")
     assert a.write({"s": [ev(0), ev(1)]}) == {}
-    conn = a._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    _dies(pg_stores, a)
     b.delete("s")
     assert b.load("s") == []
     assert b.holder_of("s") is None
@@ -878,9 +893,7 @@ def test_without_dead_holder_detection_delete_keeps_a_live_lease(pg_stores: Stor
     b = pg_stores(lease=30, detect_dead_holders=False)
     a.claim("s")
     a.write({"s": [ev(0)]})
-    conn = a._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    _dies(pg_stores, a)
     with pytest.raises(ConflictError, match="another writer holds"):
         b.delete("s")
     assert [e.seq for e in b.load("s")] == [0]
@@ -892,9 +905,7 @@ def test_delete_leaves_no_lock_on_the_deleting_connection(pg_stores: Stores) -> 
     would be seen)."""
     a, b, c = pg_stores(lease=30), pg_stores(lease=30), pg_stores(lease=30)
     a.claim("s")
-    conn = a._leases.link.conn
-    assert conn is not None
-    pg_stores.server.terminate(pid=conn.info.backend_pid)
+    _dies(pg_stores, a)
     b.delete("s")
     c.claim("s")
     claim = c._leases.get("s")

@@ -11,6 +11,8 @@ when it cannot be renewed.
 from __future__ import annotations
 
 import contextlib
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -156,7 +158,8 @@ class _Leases:
         self.address: str | None = None  # written with every claim (see `advertise`)
         self.link = _Link("lease", self.ctx, self.closing, self._relock)
         self.thread: threading.Thread | None = None
-        self.wake = threading.Event()
+        # Wakes the renewer's wait when the store closes (made with the renewer).
+        self.wake: tuple[socket.socket, socket.socket] | None = None
         self.renewals = 0
 
     @property
@@ -694,6 +697,9 @@ class _Leases:
         with self.mutex:
             if self.thread is not None:
                 return
+            self.wake = socket.socketpair()
+            for end in self.wake:
+                end.setblocking(False)
             self.thread = threading.Thread(
                 target=self._run, name="nous-postgres-leases", daemon=True
             )
@@ -702,8 +708,70 @@ class _Leases:
     def _run(self) -> None:
         interval = self.lease * _RENEW_FRACTION
         delay = interval
-        while not self.closing.wait(delay):
+        while not self._pause(delay):
             delay = self._renew_held(interval)
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` before the next renewal, or less; whether the store closes.
+
+        The wait ends early when the server ended the idle lease connection (a
+        terminated backend, an idle-connection reaper, a server shutting down),
+        which dropped the claims' advisory locks while their holder lives. The
+        renewal then runs at once, on a new connection that takes the locks back:
+        until it does, a claim elsewhere would take this store's sessions over as a
+        dead holder's. A lock another claimer took meanwhile is not taken back, and
+        the renewal finds that claim's new epoch: the claim here is fenced.
+        """
+        assert self.wake is not None
+        until = time.monotonic() + seconds
+        while not self.closing.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            conn = self.link.conn
+            watched: list[Any] = [self.wake[0]]
+            with contextlib.suppress(psycopg.Error, OSError, ValueError):
+                if conn is not None and not conn.closed:
+                    watched.append(conn.fileno())
+            try:
+                ready, _, _ = select.select(watched, [], [], left)
+            except (OSError, ValueError):  # the connection was closed meanwhile
+                ready = []
+                self.closing.wait(min(left, 0.05))
+            with contextlib.suppress(OSError):
+                while self.wake[0].recv(4096):
+                    pass
+            if conn is not None and len(watched) > 1 and watched[1] in ready and self._ended(conn):
+                with self.mutex:
+                    renewing = any(c.lost is None for c in self.claims.values())
+                if renewing:
+                    return self.closing.is_set()
+                with self.link.lock:  # no lock to take back: just let it go
+                    if self.link.conn is conn:
+                        self.link.drop()
+        return True
+
+    def _ended(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether the server ended the idle lease connection ``conn``, which has
+        something to read that no call asked for: read it (under the link's lock and the
+        connection's own, so no call runs on it meanwhile; a call reads its answer
+        itself) and see whether the connection is gone. Anything else the server sent
+        (a notice) stays for the next call to see."""
+        if not self.link.lock.acquire(timeout=self.timeout + self.ctx.margin):
+            return False
+        try:
+            if self.link.conn is not conn or conn.closed:
+                return False  # another call found it gone, and reconnected or will
+            with conn.lock:
+                ready, _, _ = select.select([conn.fileno()], [], [], 0)
+                if not ready:
+                    return False
+                conn.pgconn.consume_input()
+                return conn.pgconn.status != psycopg.pq.ConnStatus.OK
+        except (psycopg.Error, OSError, ValueError):
+            return True
+        finally:
+            self.link.lock.release()
 
     def _renew_held(self, interval: float) -> float:
         """Renew every claim held now; the wait before the next renewal. (A method of its
@@ -772,8 +840,16 @@ class _Leases:
 
     def stop(self) -> None:
         self.closing.set()
+        wake = self.wake
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                wake[1].send(b"x")
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.timeout)
         with self.link.lock:
             self.link.drop()
+        if wake is not None and (thread is None or not thread.is_alive()):
+            for end in wake:
+                with contextlib.suppress(OSError):
+                    end.close()

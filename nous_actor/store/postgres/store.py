@@ -732,6 +732,9 @@ class PostgresStore(ClosingStore):
     def _listener(self) -> _Listener:
         with self._listener_lock:
             self._check_open()
+            if self._listeners and self._listeners[0].ended is not None:
+                # It ended (the server refused it for good): the next watch tries anew.
+                self._listeners.pop().discard()
             if not self._listeners:
                 self._listeners.append(_Listener(self._ctx, self._sql, self._closing, self.holder))
             return self._listeners[0]

@@ -26,12 +26,18 @@ from psycopg import sql
 from nous_actor.core.codec import CodecError, event_from_row
 from nous_actor.errors import StoreError
 from nous_actor.store.feed import FollowedWatch
-from nous_actor.store.postgres.connection import _Context, _Link
-from nous_actor.store.postgres.failures import _connection_lost
+from nous_actor.store.postgres.connection import _Context, _Link, _refusal
+from nous_actor.store.postgres.failures import _PERMANENT_CONNECT_SQLSTATES, _connection_lost
 from nous_actor.store.postgres.schema import _Sql
 from nous_actor.store.subscription import Subscription
 
 _IDLE_CHECK_S: Final = 5.0  # the listener checks an idle connection this often
+
+_REFUSALS_TO_END: Final = 3
+"""How many refusals for good in a row (the database dropped, the role dropped, the
+password changed: see `_PERMANENT_CONNECT_SQLSTATES`), spread over at least the store's
+timeout, end the store's watches: a server restarting refuses nothing for good, and is
+waited for however long it takes."""
 
 
 class PostgresWatch(FollowedWatch):
@@ -115,11 +121,22 @@ class _Listener:
 
     def _run(self) -> None:
         delay = 0.05
+        refused: list[float] = []  # when the server refused for good, in a row
         while not self.closing.is_set():
             try:
                 conn = self.link.get(time.monotonic() + 5.0)
             except StoreError as exc:
                 _connection_lost(self.where, "listen", "watch sessions", exc)
+                if _refusal(exc.__cause__ or exc) not in _PERMANENT_CONNECT_SQLSTATES:
+                    refused.clear()
+                else:
+                    refused.append(time.monotonic())
+                    if (
+                        len(refused) >= _REFUSALS_TO_END
+                        and refused[-1] - refused[0] >= self.ctx.timeout
+                    ):
+                        self._give_up(exc, len(refused), refused[-1] - refused[0])
+                        return
                 self.closing.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -143,6 +160,19 @@ class _Listener:
                 self.closing.wait(delay)
                 delay = min(delay * 2, 5.0)
         self._end(StoreError(f"the store on {self.where} was closed; the watch has ended"))
+
+    def _give_up(self, exc: StoreError, times: int, seconds: float) -> None:
+        """The server refused this store's connection for good: end every watch (and
+        this listener: the store's next watch starts another)."""
+        self._end(
+            StoreError(
+                f"the watch has ended: the server refused to reconnect {times} times over "
+                f"{seconds:.3g} s ({exc}). Once the database and role are usable again, "
+                "watch again from the last seq you read"
+            )
+        )
+        with self.link.lock:
+            self.link.drop()
 
     def _serve(self, conn: psycopg.Connection[Any]) -> None:
         """Read notifications and rows until the connection fails or the store closes."""
@@ -277,6 +307,14 @@ class _Listener:
             self.changed.notify_all()
         for w in watches:
             w._finish(err)
+
+    def discard(self) -> None:
+        """Let an ended listener go (its thread returns at once after `_give_up`)."""
+        if self.thread is not threading.current_thread():
+            self.thread.join(self.ctx.timeout)
+        for s in (self.wake_r, self.wake_w):
+            with contextlib.suppress(OSError):
+                s.close()
 
     def stop(self) -> None:
         self.closing.set()
