@@ -156,8 +156,11 @@ class OpenTelemetrySink:
             "nous_actor.session.recovery.duration", "s", "Time to read a session's log at open"
         )
         # Appends are counted in a cell per thread (no lock, no instrument call on the
-        # hot path) and summed when the metrics are collected.
-        self._cells: list[list[int]] = []
+        # hot path) and summed when the metrics are collected. The cell of a thread that
+        # ended is folded into ``_retired`` (a process that runs a pinned session per
+        # conversation starts ever new threads).
+        self._cells: dict[int, list[int]] = {}
+        self._retired = 0
         self._cells_lock = threading.Lock()
         self._local = threading.local()
         meter.create_observable_counter(
@@ -234,9 +237,20 @@ class OpenTelemetrySink:
             self._local.cell[0] += events  # only this thread writes its cell
         except AttributeError:
             cell = [events]
-            self._local.cell = cell
+            # Kept by this thread's local only: freed as the thread ends, which folds
+            # the cell into the total.
+            mark = _ThreadMark()
+            weakref.finalize(mark, _retire, weakref.ref(self), cell)
             with self._cells_lock:
-                self._cells.append(cell)
+                self._cells[id(cell)] = cell
+            self._local.cell = cell
+            self._local.mark = mark
+
+    def _retire(self, cell: list[int]) -> None:
+        """A thread that counted appends in ``cell`` ended: its count joins the total."""
+        with self._cells_lock:
+            if self._cells.pop(id(cell), None) is not None:
+                self._retired += cell[0]
 
     def committed(self, events: int, start_ns: int, end_ns: int, failed: bool) -> None:
         attributes = _FAILED if failed else _OK
@@ -341,8 +355,8 @@ class OpenTelemetrySink:
 
     def _appends(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         with self._cells_lock:
-            cells = list(self._cells)
-        return [metrics.Observation(sum(cell[0] for cell in cells))]
+            total = self._retired + sum(cell[0] for cell in self._cells.values())
+        return [metrics.Observation(total)]
 
     def _live(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         return [metrics.Observation(len(pykka.ActorRegistry.get_by_class_name("SessionActor")))]
@@ -352,3 +366,16 @@ class OpenTelemetrySink:
             metrics.Observation(d.queued(), {"nous_actor.dispatcher": d.name})
             for d in list(self._dispatchers)
         ]
+
+
+class _ThreadMark:
+    """(Held by one thread's local only.) Freed as its thread ends."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _retire(sink: weakref.ref[OpenTelemetrySink], cell: list[int]) -> None:
+    """(As a thread that counted appends ends.) Fold its cell into the sink's total."""
+    alive = sink()
+    if alive is not None:
+        alive._retire(cell)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from functools import partial
 
@@ -38,7 +39,12 @@ class MemoryStore:
         self._version = 0  # counts every change (wait_changed)
         self._asked: dict[str, float] = {}  # id -> until when it is asked for
         self._address: str | None = None  # where its holders answer calls (forwarding)
-        self._watches: dict[str, list[_MemoryWatch]] = {}
+        # Each session's watches, held weakly: a watch its reader dropped without
+        # closing it is freed (a long-running process would otherwise keep, and feed,
+        # every such watch for the rest of its life). Its entry goes at the next write or
+        # watch (``_gone``: what the collector freed, appended without the lock).
+        self._watches: dict[str, list[weakref.ref[_MemoryWatch]]] = {}
+        self._gone: list[tuple[str, weakref.ref[_MemoryWatch]]] = []
         # The forwarded calls' records, oldest first: (session, call id) -> (when, seqs).
         self._calls: dict[tuple[str, str], tuple[float, int, int]] = {}
 
@@ -100,10 +106,13 @@ class MemoryStore:
                     )
                     continue
                 self._events.setdefault(sid, {}).update((ev.seq, ev) for ev in events)
-                for w in self._watches.get(sid, ()):
-                    w._offer(sorted(events, key=lambda ev: ev.seq))
+                for ref in self._watches.get(sid, ()):
+                    w = ref()
+                    if w is not None:
+                        w._offer(sorted(events, key=lambda ev: ev.seq))
             if calls:
                 self._record(calls, refused)
+            self._prune_watches()
             self._changed()
         return refused
 
@@ -233,16 +242,34 @@ class MemoryStore:
             self._check_open()
             stored = self._events.get(session_id, {})
             w._offer([stored[k] for k in sorted(stored) if k >= from_seq])
-            self._watches.setdefault(session_id, []).append(w)
+            self._prune_watches()
+            self._watches.setdefault(session_id, []).append(
+                weakref.ref(w, partial(_freed, self._gone, session_id))
+            )
         return w
 
     def _unwatch(self, sub: Subscription) -> None:
         with self._lock:
             ws = self._watches.get(sub.session_id, [])
-            if sub in ws:
-                ws.remove(sub)
+            for ref in ws:
+                if ref() is sub:
+                    ws.remove(ref)
+                    break
             if not ws:
                 self._watches.pop(sub.session_id, None)
+
+    def _prune_watches(self) -> None:
+        """Under the lock: drop the entries of the watches the collector freed."""
+        gone = self._gone
+        while gone:
+            sid, ref = gone.pop()
+            ws = self._watches.get(sid)
+            if ws is None:
+                continue
+            if ref in ws:
+                ws.remove(ref)
+            if not ws:
+                del self._watches[sid]
 
     def held_by(self, session_id: str) -> str | None:
         """``"this process"`` if `session_id` is claimed in this store, else `None`."""
@@ -322,14 +349,27 @@ class MemoryStore:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            watches = [w for ws in self._watches.values() for w in ws]
+            watches = [
+                w for ws in self._watches.values() for ref in ws if (w := ref()) is not None
+            ]
             self._watches.clear()
+            self._gone.clear()
             self._lock.notify_all()
         for w in watches:
             w._finish(StoreError("the store was closed; the watch has ended"))
 
     def __repr__(self) -> str:
         return f"<MemoryStore sessions={len(self._events)}>"
+
+
+def _freed(
+    gone: list[tuple[str, weakref.ref[_MemoryWatch]]],
+    session_id: str,
+    ref: weakref.ref[_MemoryWatch],
+) -> None:
+    """(The collector's, as it frees a watch of ``session_id``.) Note it for the store,
+    which drops its entry under its lock (this takes none: it may run in any thread)."""
+    gone.append((session_id, ref))
 
 
 class _MemoryWatch(Subscription):

@@ -9,7 +9,7 @@ a time, in its own thread; `Sessions` only asks it. It holds the registry's
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Any
 
 import pykka
@@ -37,6 +37,10 @@ logger = get_logger("nous_actor.sessions.registry")
 _PREVIOUS_SWEEP = 64
 """The least size at which a registry sweeps released claims out of its table of
 sessions' previous actors (`RegistryActor._remember_released`)."""
+
+_RESTARTS_SWEEP = 1024
+"""The least size at which a registry sweeps the restarts of sessions that no longer run,
+once out of their restart window, out of its tables (`Restarts`)."""
 
 
 Started = tuple[pykka.ActorRef[Any], "SessionFuture[Any] | None"]
@@ -143,12 +147,28 @@ def _ask_stop(ref: pykka.ActorRef[Any]) -> None:
 
 class Restarts:
     """Each session's restarts: how many there were, the restart intensity they count
-    against (a `RestartPolicy`), and the sessions given up (with the last crash)."""
+    against (a `RestartPolicy`), and the sessions given up (with the last crash).
 
-    def __init__(self, policy: RestartPolicy) -> None:
+    A process meets ever new sessions, and some crash once: the restarts of a session
+    that no longer runs (not in ``live``), not given up, and whose restarts have all left
+    its window, are forgotten (its count with them) once the table has doubled.
+    """
+
+    def __init__(self, policy: RestartPolicy, live: Container[str] = ()) -> None:
         self.policy = policy
+        self._live = live
         self._counts: dict[str, int] = {}
         self._gave_up: dict[str, str] = {}
+        self._sweep: Sweep[str, int] = Sweep(self._spent, _RESTARTS_SWEEP)
+
+    def _spent(self, session_id: str, count: int) -> bool:
+        """Whether ``session_id``'s restarts may be forgotten (its window is then dropped)."""
+        if session_id in self._live or session_id in self._gave_up:
+            return False
+        if self.policy.window(session_id).recent:
+            return False
+        self.policy.forget(session_id)
+        return True
 
     def count(self, session_id: str) -> int:
         """How many times ``session_id`` was restarted after a crash."""
@@ -171,6 +191,7 @@ class Restarts:
             self._gave_up[session_id] = reason
             return None
         self._counts[session_id] = self._counts.get(session_id, 0) + 1
+        self._sweep.after(self._counts)
         return delay
 
 
@@ -187,6 +208,7 @@ class RegistryActor(SupervisedActor):
         super().__init__()
         self.settings = settings
         self.passivation = passivation
+        self.live: dict[str, pykka.ActorRef[Any]] = {}
         self.restarts = Restarts(
             RestartPolicy(
                 settings.max_restarts,
@@ -194,9 +216,9 @@ class RegistryActor(SupervisedActor):
                 settings.backoff,
                 settings.clock,
                 settings.scheduler,
-            )
+            ),
+            self.live,
         )
-        self.live: dict[str, pykka.ActorRef[Any]] = {}
         self.expected: set[str] = set()  # urns of sessions stopped on purpose
         # The claim's ``released`` of each id's last actor, while it may not be set yet
         # (a reopen waits for it): not the actor, whose log a stopped session would keep

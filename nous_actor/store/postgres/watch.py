@@ -18,6 +18,8 @@ import select
 import socket
 import threading
 import time
+import weakref
+from functools import partial
 from typing import Any, Final
 
 import psycopg
@@ -75,7 +77,11 @@ class _Listener:
         self.events_table = q.events
         self.closing = closing
         self.mutex = threading.Lock()
-        self.watches: dict[str, list[PostgresWatch]] = {}
+        # Each session's watches, held weakly: a watch its reader dropped without closing
+        # it is freed, and its entry goes at the thread's next look (``gone``: the ids of
+        # those the collector freed, appended without the lock; the thread is woken).
+        self.watches: dict[str, list[weakref.ref[PostgresWatch]]] = {}
+        self.gone: list[str] = []
         self.ctx = ctx
         self.link = _Link("listen", ctx, closing)
         self.fresh = True
@@ -97,19 +103,37 @@ class _Listener:
         with self.mutex:
             if self.ended is not None:
                 raise self.ended
-            self.watches.setdefault(session_id, []).append(w)
+            self.watches.setdefault(session_id, []).append(
+                weakref.ref(w, partial(_freed, self.gone, self.wake_w, session_id))
+            )
         self.poke()
         return w
 
     def remove(self, sub: Subscription) -> None:
         with self.mutex:
             ws = self.watches.get(sub.session_id, [])
-            if sub in ws:
-                ws.remove(sub)
+            for ref in ws:
+                if ref() is sub:
+                    ws.remove(ref)
+                    break
             if not ws:
                 self.watches.pop(sub.session_id, None)
         if not self.watches:
             self.poke()  # stop hearing commits
+
+    def _prune(self) -> None:
+        """Under ``mutex``: drop the entries of the watches the collector freed."""
+        gone = self.gone
+        while gone:
+            sid = gone.pop()
+            ws = self.watches.get(sid)
+            if ws is None:
+                continue
+            kept = [ref for ref in ws if ref() is not None]
+            if kept:
+                self.watches[sid] = kept
+            else:
+                del self.watches[sid]
 
     def poke(self) -> None:
         with contextlib.suppress(OSError):
@@ -117,7 +141,8 @@ class _Listener:
 
     def _all(self) -> list[PostgresWatch]:
         with self.mutex:
-            return [w for ws in self.watches.values() for w in ws]
+            self._prune()
+            return [w for ws in self.watches.values() for ref in ws if (w := ref()) is not None]
 
     def _run(self) -> None:
         delay = 0.05
@@ -146,8 +171,7 @@ class _Listener:
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self.fresh = False
                     self.hearing = False
-                    for w in self._all():  # notifications may have been missed: read again
-                        w.dirty = True
+                    self._all_dirty()  # notifications may have been missed: read again
                     self._bump()
                 self._serve(conn)
                 delay = 0.05
@@ -160,6 +184,12 @@ class _Listener:
                 self.closing.wait(delay)
                 delay = min(delay * 2, 5.0)
         self._end(StoreError(f"the store on {self.where} was closed; the watch has ended"))
+
+    def _all_dirty(self) -> None:
+        """Mark every watch to be read again (in a frame of its own: the listener's loop,
+        which runs for the store's life, holds no watch a reader dropped)."""
+        for w in self._all():
+            w.dirty = True
 
     def _give_up(self, exc: StoreError, times: int, seconds: float) -> None:
         """The server refused this store's connection for good: end every watch (and
@@ -229,7 +259,9 @@ class _Listener:
         """LISTEN on the commit channel while there is a watch, UNLISTEN once there is
         none. A watch heard again is read again (commits made meanwhile said nothing
         to this store)."""
-        want = bool(self.watches)
+        with self.mutex:
+            self._prune()
+            want = bool(self.watches)
         if want is self.hearing:
             return
         verb = "LISTEN {}" if want else "UNLISTEN {}"
@@ -267,8 +299,9 @@ class _Listener:
         except ValueError:  # "released <id>": a change, nothing to read
             return
         with self.mutex:
-            for w in self.watches.get(sid, ()):
-                if top >= w.next_fetch:
+            for ref in self.watches.get(sid, ()):
+                w = ref()
+                if w is not None and top >= w.next_fetch:
                     w.dirty = True
 
     def _request(self, kind: str, body: str) -> None:
@@ -302,7 +335,7 @@ class _Listener:
     def _end(self, err: StoreError) -> None:
         with self.mutex:
             self.ended = err
-            watches = [w for ws in self.watches.values() for w in ws]
+            watches = [w for ws in self.watches.values() for ref in ws if (w := ref()) is not None]
             self.watches.clear()
             self.changed.notify_all()
         for w in watches:
@@ -327,3 +360,14 @@ class _Listener:
         for s in (self.wake_r, self.wake_w):
             with contextlib.suppress(OSError):
                 s.close()
+
+
+def _freed(
+    gone: list[str], wake: socket.socket, session_id: str, ref: weakref.ref[PostgresWatch]
+) -> None:
+    """(The collector's, as it frees a watch of ``session_id``.) Note it for the listener,
+    which drops its entry under its lock, and wake it (this takes no lock: it may run in
+    any thread)."""
+    gone.append(session_id)
+    with contextlib.suppress(OSError):
+        wake.send(b"x")

@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any, Final
 
 from nous_actor.core.codec import CodecError, events_from_rows
@@ -49,7 +50,13 @@ class SQLiteFollower:
         self._conn: sqlite3.Connection | None = None
         self.version = 0
         self._waiting = 0
-        self._watches: dict[str, list[FollowedWatch]] = {}
+        # Each session's watches, held weakly: a watch its reader dropped without closing
+        # it is freed, and its entry goes at the thread's next look (``_gone``: the ids
+        # of those the collector freed, appended without the lock). The thread would
+        # otherwise feed it, and look at the file every `FOLLOW_INTERVAL` for it, for the
+        # rest of the process.
+        self._watches: dict[str, list[weakref.ref[FollowedWatch]]] = {}
+        self._gone: list[str] = []
         self._poked = False
         self._ended: StoreError | None = None
         self._thread: threading.Thread | None = None
@@ -125,7 +132,9 @@ class SQLiteFollower:
         with self._cond:
             if self._ended is not None:
                 raise self._ended
-            self._watches.setdefault(session_id, []).append(w)
+            self._watches.setdefault(session_id, []).append(
+                weakref.ref(w, partial(_freed, self._gone, session_id))
+            )
             self._poked = True
             self._start()
             self._cond.notify_all()
@@ -134,10 +143,32 @@ class SQLiteFollower:
     def _remove(self, sub: Subscription) -> None:
         with self._cond:
             ws = self._watches.get(sub.session_id, [])
-            if sub in ws:
-                ws.remove(sub)
+            for ref in ws:
+                if ref() is sub:
+                    ws.remove(ref)
+                    break
             if not ws:
                 self._watches.pop(sub.session_id, None)
+
+    def _prune(self) -> None:
+        """Under ``_cond``: drop the entries of the watches the collector freed."""
+        gone = self._gone
+        while gone:
+            sid = gone.pop()
+            ws = self._watches.get(sid)
+            if ws is None:
+                continue
+            kept = [ref for ref in ws if ref() is not None]
+            if kept:
+                self._watches[sid] = kept
+            else:
+                del self._watches[sid]
+                self._cond.notify_all()  # (one waiting for nothing to be watched)
+
+    def _live_watches(self) -> list[FollowedWatch]:
+        """Under ``_cond``: the watches still held by someone."""
+        self._prune()
+        return [w for ws in self._watches.values() for ref in ws if (w := ref()) is not None]
 
     def poke(self) -> None:
         with self._cond:
@@ -176,6 +207,7 @@ class SQLiteFollower:
         last: int | None = None
         while True:
             with self._cond:
+                self._prune()
                 while not (self._watches or self._waiting or self._poked):
                     store = self._store()
                     if self._ended is not None or store is None or store.closed:
@@ -204,7 +236,7 @@ class SQLiteFollower:
 
     def _feed(self, everyone: bool) -> bool:
         with self._cond:
-            watches = [w for ws in self._watches.values() for w in ws]
+            watches = self._live_watches()
         more = False
         for w in watches:
             if everyone or w.starved:
@@ -222,11 +254,17 @@ class SQLiteFollower:
         with self._cond:
             if self._ended is None:
                 self._ended = err
-            watches = [w for ws in self._watches.values() for w in ws]
+            watches = self._live_watches()
             self._watches.clear()
             self._cond.notify_all()
         for w in watches:
             w._finish(err)
+
+
+def _freed(gone: list[str], session_id: str, ref: weakref.ref[FollowedWatch]) -> None:
+    """(The collector's, as it frees a watch of ``session_id``.) Note it for the follower,
+    which drops its entry under its lock (this takes none: it may run in any thread)."""
+    gone.append(session_id)
 
 
 _followers: weakref.WeakKeyDictionary[_Connection, SQLiteFollower] = weakref.WeakKeyDictionary()
