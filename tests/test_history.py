@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nous_actor import Compactor, EventType, Log, Replace
-from nous_actor.core.history import compactions, explain, replaced, shadowed_by
+from nous_actor.core.history import compactions, explain, replaced, shadowed_by, turns
 from nous_actor.testing import LogOp, log_programs, logs, reference_derive_indexed, run_program
 from nous_actor.testing.reference import reference_shadowed
 
@@ -444,3 +444,23 @@ def test_property_transitive_audit_is_the_closure_of_the_direct_one(log: Log) ->
     for ev in log.events():
         assert shadowed_by(log, ev.seq, transitive=True) == closure(ev.seq, shadowed_by)
         assert replaced(log, ev.seq, transitive=True) == closure(ev.seq, replaced)
+
+
+def test_turns_lists_a_turn_whose_start_a_snapshot_dropped() -> None:
+    """A ``turn_end`` whose ``turn_start`` is gone (a summary shadowed it and a
+    snapshot dropped it) is still a turn of the audit: from its end, with no start seq
+    (it was left out)."""
+    end = {"turn_id": "t1", "owner": "runner", "policy": "reject", "how": "closed"}
+    log = (
+        Log()
+        .append("user_message", {"content": "q"}, T0)
+        .append("turn_end", end, T0)
+        .append("turn_start", {"turn_id": "t2", "owner": "next", "policy": "enqueue"}, T0)
+    )
+    assert [
+        (r["turn_id"], r["owner"], r["policy"], r["start_seq"], r["end_seq"], r["how"])
+        for r in turns(log)
+    ] == [
+        ("t1", "runner", "reject", None, 1, "closed"),
+        ("t2", "next", "enqueue", 2, None, None),
+    ]

@@ -17,6 +17,7 @@ explained; audit before snapshotting if you need the full trail.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from nous_actor.core.event import Event, EventType
@@ -131,6 +132,11 @@ def turns(log: Log) -> list[dict[str, Any]]:
     holder was gone ``dangling`` (what was done with its half run:
     ``rollback`` or ``close_tool_calls``) and ``closed_calls`` (the ids of
     the tool calls it left without a result, answered as interrupted).
+
+    A turn whose ``turn_start`` a snapshot dropped (a summary shadowed it; a
+    session's snapshot keeps only its newest managed turn event) is listed from
+    its ``turn_end``, with ``start_seq`` ``None`` and the ``owner`` and
+    ``policy`` the ``turn_end`` names.
     """
     out: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
@@ -139,24 +145,39 @@ def turns(log: Log) -> list[dict[str, Any]]:
         if not isinstance(tid, str):
             continue
         if ev.type is EventType.TURN_START:
-            rec: dict[str, Any] = {
-                "turn_id": tid,
-                "owner": ev.data.get("owner"),
-                "policy": ev.data.get("policy"),
-                "start_seq": ev.seq,
-                "end_seq": None,
-                "how": None,
-                "by": None,
-                "reason": None,
-                "note_seq": None,
-                "dangling": None,
-                "closed_calls": None,
-            }
-            by_id[tid] = rec
-            out.append(rec)
-        elif ev.type is EventType.TURN_END and tid in by_id:
-            rec = by_id[tid]
+            _record(tid, ev.data, ev.seq, by_id, out)
+        elif ev.type is EventType.TURN_END:
+            # (A turn_end without its turn_start: a snapshot dropped the start.)
+            rec = by_id.get(tid) or _record(tid, ev.data, None, by_id, out)
             rec["end_seq"] = ev.seq
             for key in ("how", "by", "reason", "note_seq", "dangling", "closed_calls"):
                 rec[key] = ev.data.get(key)
     return out
+
+
+def _record(
+    tid: str,
+    data: Mapping[str, Any],
+    start_seq: int | None,
+    by_id: dict[str, dict[str, Any]],
+    out: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A new record of turn ``tid`` (listed in ``out``, found in ``by_id``): the owner
+    and policy its event's ``data`` names (a ``turn_start``'s, or a ``turn_end``'s
+    whose start is gone), nothing of its end yet."""
+    rec: dict[str, Any] = {
+        "turn_id": tid,
+        "owner": data.get("owner"),
+        "policy": data.get("policy"),
+        "start_seq": start_seq,
+        "end_seq": None,
+        "how": None,
+        "by": None,
+        "reason": None,
+        "note_seq": None,
+        "dangling": None,
+        "closed_calls": None,
+    }
+    by_id[tid] = rec
+    out.append(rec)
+    return rec
