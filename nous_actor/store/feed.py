@@ -8,8 +8,9 @@ reads into one what it may take now.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
 from nous_actor.core.event import Event
 from nous_actor.store.subscription import Subscription
@@ -114,3 +115,26 @@ def _fill(w: FollowedWatch, read: Callable[[str, int, int], list[Event]]) -> boo
         w.next_fetch = events[-1].seq + 1
         w.deliver(events, full)
     return full
+
+
+_W = TypeVar("_W")
+
+
+def prune_freed(gone: list[str], watches: dict[str, list[weakref.ref[_W]]]) -> bool:
+    """Drop from ``watches`` (each session's watches, held weakly) the entries of those
+    the collector freed: ``gone`` holds their sessions' ids, appended by the weak
+    references' callbacks without a lock (call this under the lock that guards
+    ``watches``). Whether a session's last watch went."""
+    emptied = False
+    while gone:
+        sid = gone.pop()
+        ws = watches.get(sid)
+        if ws is None:
+            continue
+        kept = [ref for ref in ws if ref() is not None]
+        if kept:
+            watches[sid] = kept
+        else:
+            del watches[sid]
+            emptied = True
+    return emptied

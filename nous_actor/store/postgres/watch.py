@@ -27,7 +27,7 @@ from psycopg import sql
 
 from nous_actor.core.codec import CodecError, event_from_row
 from nous_actor.errors import StoreError
-from nous_actor.store.feed import FollowedWatch
+from nous_actor.store.feed import FollowedWatch, prune_freed
 from nous_actor.store.postgres.connection import _Context, _Link, _refusal
 from nous_actor.store.postgres.failures import _PERMANENT_CONNECT_SQLSTATES, _connection_lost
 from nous_actor.store.postgres.schema import _Sql
@@ -123,17 +123,7 @@ class _Listener:
 
     def _prune(self) -> None:
         """Under ``mutex``: drop the entries of the watches the collector freed."""
-        gone = self.gone
-        while gone:
-            sid = gone.pop()
-            ws = self.watches.get(sid)
-            if ws is None:
-                continue
-            kept = [ref for ref in ws if ref() is not None]
-            if kept:
-                self.watches[sid] = kept
-            else:
-                del self.watches[sid]
+        prune_freed(self.gone, self.watches)
 
     def poke(self) -> None:
         with contextlib.suppress(OSError):

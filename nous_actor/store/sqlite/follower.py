@@ -22,7 +22,7 @@ from nous_actor.core.codec import CodecError, events_from_rows
 from nous_actor.core.event import Event
 from nous_actor.errors import StoreError
 from nous_actor.runtime import forks, scheduling
-from nous_actor.store.feed import FollowedWatch, _fill
+from nous_actor.store.feed import FollowedWatch, _fill, prune_freed
 from nous_actor.store.sqlite.bulk import query_on, session_rows
 from nous_actor.store.sqlite.connection import _Connection, malformed
 from nous_actor.store.subscription import Subscription
@@ -152,18 +152,8 @@ class SQLiteFollower:
 
     def _prune(self) -> None:
         """Under ``_cond``: drop the entries of the watches the collector freed."""
-        gone = self._gone
-        while gone:
-            sid = gone.pop()
-            ws = self._watches.get(sid)
-            if ws is None:
-                continue
-            kept = [ref for ref in ws if ref() is not None]
-            if kept:
-                self._watches[sid] = kept
-            else:
-                del self._watches[sid]
-                self._cond.notify_all()  # (one waiting for nothing to be watched)
+        if prune_freed(self._gone, self._watches):
+            self._cond.notify_all()  # (one waiting for nothing to be watched)
 
     def _live_watches(self) -> list[FollowedWatch]:
         """Under ``_cond``: the watches still held by someone."""
