@@ -15,7 +15,7 @@ from postgres_server import pg_server, pg_stores, pg_workers, schema  # noqa: F4
 # The Ray cluster and its helpers (see tests/ray_cluster.py).
 from ray_cluster import ray_cluster, ray_scope  # noqa: F401
 
-from nous_actor import MemoryStore, Session, SQLiteStore, Store
+from nous_actor import MemoryStore, Session, Sessions, SQLiteStore, Store
 from nous_actor.sessions.actor import SessionActor
 
 
@@ -50,6 +50,23 @@ def _pinned_sessions(request: pytest.FixtureRequest) -> Iterator[None]:
             del SessionActor.start
         else:
             SessionActor.start = start  # type: ignore[method-assign]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """An empty `MemoryStore`, then an `SQLiteStore` on a temporary file, closed after
+    the test (a module that needs other stores defines its own ``store``)."""
+    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "s.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sessions(store: Store) -> Iterator[Sessions]:
+    """A registry on ``store`` (calls bounded at 20 s), closed after the test."""
+    registry = Sessions(store, timeout=20)
+    yield registry
+    registry.close()
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +16,13 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor import Sessions
 from nous_actor.core.event import Event
 from nous_actor.integrations.langgraph import NousCheckpointSaver, thread_key, thread_of
 
 pytestmark = pytest.mark.timeout(120)
 
 _CALL = {"id": "c1", "name": "add", "args": {"a": 1, "b": 2}}
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "lg.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def sessions(store: Store) -> Iterator[Sessions]:
-    registry = Sessions(store, timeout=20)
-    yield registry
-    registry.close()
 
 
 @pytest.fixture

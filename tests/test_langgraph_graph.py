@@ -6,8 +6,6 @@ from an earlier checkpoint)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -22,7 +20,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, interrupt
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor import Sessions, Store
 from nous_actor.integrations.langgraph import NousCheckpointSaver, thread_key
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,20 +73,6 @@ def build(saver: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, 
 
 def texts(messages: list[BaseMessage]) -> list[str]:
     return [str(m.content) for m in messages]
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "lg.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def sessions(store: Store) -> Iterator[Sessions]:
-    registry = Sessions(store, timeout=20)
-    yield registry
-    registry.close()
 
 
 def drive(saver: BaseCheckpointSaver[Any]) -> tuple[list[str], tuple[str, ...], int]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,26 +17,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store, TurnBusy, TurnInterrupted
+from nous_actor import Sessions, TurnBusy, TurnInterrupted
 from nous_actor.core.event import EventType
 from nous_actor.integrations.langgraph import NousCheckpointSaver, thread_key
 from nous_actor.integrations.langgraph.runs import has_next
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "lg.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def sessions(store: Store) -> Iterator[Sessions]:
-    registry = Sessions(store, timeout=20)
-    yield registry
-    registry.close()
 
 
 class Gate:

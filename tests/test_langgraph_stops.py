@@ -31,7 +31,7 @@ from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store, TurnBusy
+from nous_actor import Sessions, Store, TurnBusy
 from nous_actor.integrations.langgraph import NousCheckpointSaver
 
 pytestmark = pytest.mark.timeout(120)
@@ -190,13 +190,6 @@ STOPS: dict[str, Callable[[BaseCheckpointSaver[Any]], None]] = {
     "node_error": node_error,
     "async_cancelled": async_cancelled,
 }
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "lg.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture

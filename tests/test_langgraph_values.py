@@ -26,7 +26,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor import MemoryStore, Sessions, Store
 from nous_actor.core.limits import set_max_event_bytes
 from nous_actor.integrations.langgraph import NousCheckpointSaver, thread_key
 
@@ -55,13 +55,6 @@ def chat(saver: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, A
 
 def cfg(thread: str = "t") -> Any:
     return {"configurable": {"thread_id": thread}}
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "lg.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture

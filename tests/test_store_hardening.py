@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -49,13 +49,6 @@ def jsonl(n: int = 2) -> str:
     for i in range(n):
         log = log.append("user_message", {"content": f"m{i}"}, T0)
     return to_jsonl(log)
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "s.db")
-    yield s
-    s.close()
 
 
 # -- import takes the writer claim (item 3) --------------------------------------------------
