@@ -20,7 +20,8 @@ What it guarantees, beyond the `Store` protocol:
   its lease was taken over stores nothing and gets `FencedError`.
   Leases renew in the background (one thread per store, for all its
   claims); a session whose lease could not be renewed is failed closed
-  before the lease runs out (its writes are refused with `StoreError`).
+  before the lease runs out (its writes are refused with `StoreError`
+  until a renewal finds the lease unchanged).
 * **A dead writer is taken over at once.** Each claim also holds a
   session-level advisory lock on the store's lease connection; when a
   writer's process dies, the server drops its connection and that lock,

@@ -5,7 +5,7 @@
 lock), decides whether another writer's claim may be taken over (its lease
 expired, or its holder's connection is gone), releases claims, and renews
 them all from one thread, failing a claim closed before its lease runs out
-when it cannot be renewed.
+when it cannot be renewed (until a renewal finds its lease unchanged).
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ class _Claim:
     deadline: float  # time.monotonic() from which writes are refused unless renewed
     locked: bool = False  # holds the claim's advisory lock on the lease connection
     lost: StoreError | None = None  # once set, every write under this claim gets it
+    # The deadline a write found passed (failed closed, logged once): not lost, still
+    # renewed; writes resume when a renewal finds the lease unchanged and moves it on.
+    lapsed: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +192,20 @@ class _Leases:
         with self.mutex:
             if claim.lost is None:
                 claim.lost = err
+        self._log_lost(session_id, claim, err)
+
+    def lapse(self, session_id: str, claim: _Claim, err: StoreError) -> None:
+        """A write found ``claim``'s deadline passed (its renewals failed): the claim is
+        failed closed until a renewal finds its lease unchanged (the same epoch, still
+        live) and moves the deadline on; it is not lost, and is still renewed. Logged
+        once a deadline."""
+        with self.mutex:
+            if claim.lapsed == claim.deadline or claim.lost is not None:
+                return
+            claim.lapsed = claim.deadline
+        self._log_lost(session_id, claim, err)
+
+    def _log_lost(self, session_id: str, claim: _Claim, err: StoreError) -> None:
         logger.warning(
             "store.claim_lost",
             session_id=session_id,

@@ -351,7 +351,10 @@ class PostgresStore(ClosingStore):
           the transaction, so nothing of it is stored, however long this
           writer was paused;
         * `StoreError`: the claim's lease could not be renewed in time, so
-          the session was failed closed; every later write of it is refused.
+          the session was failed closed; its writes are refused until a
+          renewal finds the lease unchanged (the same epoch, still live),
+          and then stored again (if the session was taken over meanwhile,
+          the renewal finds the new epoch: `FencedError` from then on).
 
         A lost connection before ``COMMIT`` is retried on a new one (nothing
         was stored); a lost connection during ``COMMIT`` is resolved by reading

@@ -116,8 +116,10 @@ def _judge(
     rows: Sequence[Sequence[Any]], leases: _Leases, session_ids: Sequence[str], *, lose: bool
 ) -> tuple[dict[str, StoreError], dict[str, int]]:
     """`_fence`'s verdict on the claim ``rows`` it read; with ``lose``, a claim found
-    taken over or expired is marked lost in ``leases`` (without, nothing changes: a
-    write that tried its luck checks again before it refuses anything)."""
+    taken over or expired is marked lost in ``leases``, and one whose deadline passed
+    unrenewed is marked lapsed (refused until a renewal finds its lease unchanged).
+    Without, nothing changes: a write that tried its luck checks again before it
+    refuses anything."""
     found = {str(r[0]): r for r in rows}
     now = time.monotonic()
     refused: dict[str, StoreError] = {}
@@ -142,11 +144,13 @@ def _judge(
         elif now >= mine.deadline:
             err = StoreError(
                 "its lease could not be renewed in time, so it was failed closed before "
-                "the lease ran out; restart the session (it reloads from the store)",
+                "the lease ran out; nothing of this write was stored. Write again once the "
+                "server answers (writes resume when a renewal finds the lease still this "
+                "writer's), or restart the session (it reloads from the store)",
                 session_id=sid,
             )
             if lose:
-                leases.lose(sid, mine, err)
+                leases.lapse(sid, mine, err)
             refused[sid] = err
         else:
             epochs[sid] = mine.epoch
