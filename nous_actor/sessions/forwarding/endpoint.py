@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Final
@@ -445,7 +445,7 @@ class Endpoint:
         # The turns the peer opened here, by id: its session's. When the peer goes, a
         # turn it still holds has no holder any more (its process died, or let go of
         # everything it held here): it ends at once, not when its lease runs out.
-        turns: dict[str, str] = {}
+        turns = peer.turns
         try:
             # Until the peer goes: after this endpoint closed, its calls are answered
             # as not held (and those taken before are answered as they complete).
@@ -467,6 +467,19 @@ class Endpoint:
             sender.close()
             conn.close()
             self._peer_gone(turns)
+
+    def peer_turns(self, session_ids: Container[str]) -> list[str]:
+        """The turns that the processes connected now opened here on ``session_ids``
+        and did not end through their link (some may have ended otherwise: their lease
+        ran out, another turn took over), by id."""
+        with self._lock:
+            peers = list(self._peers)
+        return [
+            turn_id
+            for peer in peers
+            for turn_id, session_id in peer.turns.copy().items()
+            if session_id in session_ids
+        ]
 
     def _peer_gone(self, turns: dict[str, str]) -> None:
         """End the turns a peer that is gone opened here and may still hold (one that
@@ -570,16 +583,18 @@ CALLS[h_unless_own_turn.__name__] = h_unless_own_turn  # (it may go on to the ne
 
 
 class _Peer:
-    """A process connected to an endpoint: the writer of its answers, and the number of
-    the last call taken from it (until the goodbye: then none is taken)."""
+    """A process connected to an endpoint: the writer of its answers, the number of the
+    last call taken from it (until the goodbye: then none is taken), and the turns it
+    opened here (`Endpoint.peer_turns`)."""
 
-    __slots__ = ("closing", "last", "lock", "sender")
+    __slots__ = ("closing", "last", "lock", "sender", "turns")
 
     def __init__(self, sender: Sender) -> None:
         self.sender = sender
         self.lock = threading.Lock()
         self.closing = False
         self.last = -1
+        self.turns: dict[str, str] = {}  # the turns it opened here, by id: their session's
 
     def goodbye(self) -> None:
         """Take no call from it any more, and tell it so (`GOODBYE`)."""
@@ -598,9 +613,50 @@ def _peers_now() -> list[_Peer]:
 def _goodbyes_at_exit() -> None:
     """At exit, first: an endpoint left open takes no call any more, and tells each
     connected process which it took (the rest go where their sessions are next); those
-    it took are committed by the exit's flush of the sessions, which comes after."""
+    it took are committed by the exit's flush of the sessions, which comes after,
+    except those that wait for a turn: they were not applied, and never will be here,
+    so they are answered "not held" and follow their sessions too (`h_hand_back`).
+    Its claims say `ENDING` meanwhile: a caller waits for them to go (this process to
+    end), rather than call this one again."""
+    endpoints = [endpoint for endpoint in list(_local.values()) if endpoint._peers]
+    for endpoint in endpoints:
+        if not forks.forked_since(endpoint.born):
+            try:
+                shared.advertise(endpoint.store, ENDING)
+            except Exception:  # the store closed first: its claims went with it
+                pass
     for peer in _peers_now():
         peer.goodbye()
+    deadline = time.monotonic() + EXIT_FLUSH
+    handing: list[SessionFuture[Any]] = []
+    for endpoint in endpoints:
+        for registry in list(endpoint.registries):
+            for route in registry._routes.values():
+                if route.here():
+                    fut: SessionFuture[Any] = SessionFuture(route.session_id, EXIT_FLUSH)
+                    route.send(h_hand_back, (), fut)
+                    handing.append(fut)
+    for fut in handing:
+        try:
+            fut.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except Exception:  # (stopped, or slow: its calls are answered as before)
+            pass
+
+
+@call(ANSWERS)
+def h_hand_back(actor: SessionActor, fut: SessionFuture[Any]) -> int:
+    """(Run by the session's actor, as its process ends without closing its registry.)
+    The calls other processes sent that wait here for a turn (plain writes, turns that
+    queued) are answered "not held" (not applied): they follow the session to its next
+    holder, as after a registry's close. How many."""
+    table = actor.turns
+    if table is None:
+        return 0
+    return table.hand_back(_forwarded, SessionStopped(actor.session_id, REGISTRY_CLOSED))
+
+
+def _forwarded(fut: SessionFuture[Any]) -> bool:
+    return isinstance(fut, ForwardedFuture)
 
 
 def _answers_sent_at_exit() -> None:

@@ -57,7 +57,13 @@ from nous_actor.sessions.registry._settings import (
     check_capacity,
 )
 from nous_actor.sessions.registry._supervisor import RegistryActor
-from nous_actor.sessions.turns import DEFAULT_DANGLING_TURNS, DanglingTurns, check_dangling_turns
+from nous_actor.sessions.turns import (
+    DEFAULT_DANGLING_TURNS,
+    DanglingTurns,
+    check_dangling_turns,
+    let_turns_end,
+    stop_draining,
+)
 from nous_actor.store import shared
 from nous_actor.store.base import Store, is_store
 from nous_actor.store.memory import MemoryStore
@@ -226,6 +232,7 @@ class Sessions:
         # between two requests would look its holder up in the store again (a handle
         # per request on a session held here needs nothing: its actor keeps its route).
         self._linked: dict[str, Route] = {}
+        self._unreached = threading.local()  # ``why``: the last holder `_reach` failed to reach
         self._home = _Home(self)
         self._endpoint: Endpoint | None = None
         # The registry's actor: set at each start (by a parent, at each of its restarts).
@@ -413,6 +420,7 @@ class Sessions:
                     last = exc
             if self.handoff_wait:
                 return self._acquire(session_id, self.handoff_wait, open_here, last)
+            self._unreached.why = ""  # (why its live holder could not be reached, if so)
             reached = self._reach(session_id, shared.holder_address(self.store, session_id))
             if isinstance(reached, str):
                 if not reached:
@@ -426,6 +434,14 @@ class Sessions:
             if reached is not None:
                 return reached
             if host.now() >= deadline:
+                why = self._unreached.why
+                if why:
+                    raise ConflictError(
+                        why,
+                        session_id=session_id,
+                        holder=last.holder,
+                        lease_until=last.lease_until,
+                    ) from last
                 raise last
             # Let go meanwhile, or its holder is ending: look again shortly.
             shared.wait_changed(self.store, shared.wait_changed(self.store, -1, 0.0), _LOOK_AGAIN)
@@ -464,9 +480,11 @@ class Sessions:
     def _reach(self, session_id: str, found: tuple[str, str | None] | None) -> Link | str | None:
         """A link to the live process that holds ``session_id`` (``found``: the store's
         holder and address of it). ``None`` if none holds it now, or its holder cannot
-        be reached yet (it is ending: try to open again). A string if its holder cannot
-        be called from here: why (empty: the claim's refusal says enough — the store
-        cannot tell holders, or the holder advertised no address, or no key)."""
+        be reached yet (it is ending: try to open again; if it did not answer at its
+        address, what to tell the caller is left in ``_unreached.why``, for this
+        thread). A string if its holder cannot be called from here: why (empty: the
+        claim's refusal says enough — the store cannot tell holders, or the holder
+        advertised no address, or no key)."""
         if found is None:
             return None if shared.tells_holders(self.store) else ""
         holder, address = found
@@ -492,8 +510,17 @@ class Sessions:
             return ""
         try:
             return link_to(address, key, min(self.timeout, _CONNECT_BOUND))
-        except (OSError, AuthenticationError, EOFError):
-            return None  # it ended (or is ending): its claim goes with it
+        except (OSError, AuthenticationError, EOFError) as exc:
+            # It ended (or is ending): its claim goes with it. Else it lives on and
+            # cannot be called: say so, if the claim is still refused at the bound.
+            self._unreached.why = (
+                f"is held by {holder}, which could not be reached at its address "
+                f"{address} ({type(exc).__name__}: {exc}); nothing was done; if that "
+                "process is ending, try again; if it lives on (its socket file was "
+                "removed: it listens again within a minute), open(id, wait=...) to "
+                "have it handed over here, or stop the session in that process"
+            )
+            return None
 
     def read(self, session_id: str) -> SessionReader:
         """A read-only view of ``session_id`` that never takes the session: what it
@@ -598,6 +625,14 @@ class Sessions:
         transaction on SQLite), before this returns: another process may open any
         of them at once.
 
+        Turns that other processes run through this one on its sessions (a web
+        worker recycled under other workers' agent runs) are let end first: the
+        close waits for them, up to half of ``timeout``, taking their calls and every
+        other call as usual meanwhile, except that no turn opens on these sessions
+        (a turn that asks waits, and opens where the session is next once it
+        stopped). A turn still open then ends as the session stops (its holder's
+        next call fails with `TurnInterrupted`, reason ``restart``).
+
         A registry running on its own stops too. One under a parent stays up,
         refusing every call (the parent stops it with the rest of its tree).
 
@@ -615,6 +650,9 @@ class Sessions:
             return
         self._passivation.stop()
         self._handover.stop()
+        began = time.monotonic()
+        held = self._let_turns_end(began + timeout / 2, began + timeout + self.timeout)
+        timeout = max(timeout - (time.monotonic() - began), timeout / 2)
         for route in self._routes.values():
             route.close(REGISTRY_CLOSED)
         with self._routes_lock:
@@ -635,7 +673,26 @@ class Sessions:
                 ref.stop(block=True, timeout=self.timeout)
         if ended:
             let_go(self.store)
+        stop_draining(held)
         self._closed = True
+
+    def _let_turns_end(self, until: float, stopped: float) -> list[str]:
+        """(Closing.) Let the turns other processes run on the sessions held here end
+        first, waiting until ``until`` at most (a web worker recycled under other
+        workers' agent runs); meanwhile every call is taken as usual, except that no
+        turn opens on these sessions until they stopped (by ``stopped`` at the latest):
+        those that ask wait, and follow the session. The ids of the sessions held back
+        (`stop_draining`). (`time.monotonic` times.)"""
+        endpoint = self._endpoint
+        if endpoint is None:
+            return []
+        with self._routes_lock:
+            held = list(self._routes)
+        mine = frozenset(held)
+        if not endpoint.peer_turns(mine):
+            return []  # (no other process opened a turn here: nothing to wait for)
+        let_turns_end(held, partial(endpoint.peer_turns, mine), until, stopped)
+        return held
 
     async def aclose(self, timeout: float = 10.0) -> None:
         """`close` for asyncio code: awaited without blocking the loop."""

@@ -33,6 +33,8 @@ blocks a caller is inside), ``_granted`` (the turns this process granted) and
 
 from __future__ import annotations
 
+from nous_actor.sessions.turns._granted import let_turns_end as let_turns_end
+from nous_actor.sessions.turns._granted import stop_draining as stop_draining
 from nous_actor.sessions.turns._rules import DANGLING_TURNS as DANGLING_TURNS
 from nous_actor.sessions.turns._rules import DEFAULT_DANGLING_TURNS as DEFAULT_DANGLING_TURNS
 from nous_actor.sessions.turns._rules import DEFAULT_LEASE as DEFAULT_LEASE
@@ -59,6 +61,8 @@ __all__ = [
     "POLICIES",
     "Policy",
     "TurnTable",
+    "let_turns_end",
+    "stop_draining",
     "TurnRequest",
     "open_turn",
 ]

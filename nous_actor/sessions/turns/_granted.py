@@ -10,8 +10,10 @@ tables and the turns' handles, read at a restart.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from nous_actor.runtime import forks, scheduling
@@ -35,6 +37,7 @@ class _Open:
 
 _GRANTED: dict[str, _Open] = {}
 _GRANTED_LOCK = forks.lock()
+_ENDED = threading.Condition(_GRANTED_LOCK)  # notified when a granted turn ends
 _prune_at = 1024
 
 
@@ -53,7 +56,56 @@ def granted(turn: _Open) -> None:
 def ended(turn_id: str) -> None:
     """Turn ``turn_id`` ended (a no-op if it was not granted here)."""
     with _GRANTED_LOCK:
-        _GRANTED.pop(turn_id, None)
+        if _GRANTED.pop(turn_id, None) is not None:
+            _ENDED.notify_all()
+
+
+_DRAINING: dict[str, float] = {}
+"""The sessions whose registry is closing and lets other processes' turns on them end
+first (`let_turns_end`), each until when at most (`time.monotonic`): a turn that asks
+to open on one of them meanwhile is not granted here; it waits, and follows the
+session where it is next."""
+
+
+def draining(session_id: str) -> bool:
+    """Whether turns asking to open on ``session_id`` wait for it to move (see above)."""
+    until = _DRAINING.get(session_id)
+    return until is not None and time.monotonic() < until
+
+
+def let_turns_end(
+    session_ids: Iterable[str],
+    turn_ids: Callable[[], Iterable[str]],
+    until: float,
+    stopped: float,
+) -> bool:
+    """(A closing registry.) Wait until none of the turns ``turn_ids()`` names is open
+    here any more (ended, or its lease ran out), or until ``until`` (`time.monotonic`),
+    no turn being granted on ``session_ids`` meanwhile nor after, until `stop_draining`
+    (or ``stopped``, at the latest); ``True`` if none is open."""
+    with _GRANTED_LOCK:
+        for session_id in session_ids:
+            _DRAINING[session_id] = stopped
+        while True:
+            now = scheduling.monotonic()
+            leases = [
+                turn.deadline
+                for turn in (_GRANTED.get(t) for t in turn_ids())
+                if turn is not None and now < turn.deadline
+            ]
+            if not leases:
+                return True
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            _ENDED.wait(min(left, max(min(leases) - now, 0.001)))
+
+
+def stop_draining(session_ids: Iterable[str]) -> None:
+    """The registry closed: ``session_ids`` no longer hold back their turns' grants."""
+    with _GRANTED_LOCK:
+        for session_id in session_ids:
+            _DRAINING.pop(session_id, None)
 
 
 _RUNNING: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()

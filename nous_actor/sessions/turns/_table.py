@@ -26,7 +26,7 @@ from nous_actor.errors import SessionStopped, TurnBusy, TurnInterrupted
 from nous_actor.runtime import scheduling, telemetry
 from nous_actor.sessions.future import SessionFuture
 from nous_actor.sessions.turns._blocks import HeldFuture
-from nous_actor.sessions.turns._granted import _Open, ended, granted, holder_alive
+from nous_actor.sessions.turns._granted import _Open, draining, ended, granted, holder_alive
 from nous_actor.sessions.turns._rules import (
     DEFAULT_ROLLBACK_NOTE,
     DEFER,
@@ -120,6 +120,12 @@ class TurnTable:
     def arrive(self, req: TurnRequest, fut: SessionFuture[Any] | None, now: float) -> Any:
         """Turn ``req`` asks to open: grant it, or apply its policy to the open one."""
         cur = self.open
+        if cur is None and draining(self.session.session_id):
+            # Its registry closes and lets other processes' turns end first: the turn
+            # waits, and opens where the session is next (the stop hands it on).
+            self.waiting.append(_Waiter(now + req.wait, fut, req))
+            self.arm(now)
+            return DEFER
         if cur is None:
             return self.grant(req, now, (), fut)
         if cur.req.turn_id == req.turn_id:
@@ -202,7 +208,7 @@ class TurnTable:
         self.expire(now)
         if self.session.turns is not self:
             return
-        if self.open is not None and self.waiting:
+        if self.waiting:  # (with none open: held back while the session is drained)
             keep: deque[_Waiter] = deque()
             for w in self.waiting:
                 if w.deadline <= now:
@@ -259,6 +265,19 @@ class TurnTable:
                 out.append((w.handler, w.args, w.fut))
         self.waiting.clear()
         return out
+
+    def hand_back(self, which: Callable[[SessionFuture[Any]], bool], err: SessionStopped) -> int:
+        """The calls waiting for a turn whose future ``which`` picks are answered with
+        ``err`` (not applied) and taken out of the table (the others keep their
+        places); how many."""
+        picked = [w for w in self.waiting if w.fut is not None and which(w.fut)]
+        for w in picked:
+            self.waiting.remove(w)
+            assert w.fut is not None
+            w.fut._fail(err)
+        if picked:
+            self.drop_if_idle()
+        return len(picked)
 
     def stop(self, err: SessionStopped) -> None:
         """The session stops: every call waiting for a turn is answered with ``err``."""
@@ -377,7 +396,10 @@ class TurnTable:
         """No turn is open: run the waiters in arrival order (held writes run, the
         first queued turn opens and the rest wait for it)."""
         waiting = self.waiting
+        held_back = draining(self.session.session_id)  # (see `arrive`)
         while self.open is None and waiting:
+            if held_back and waiting[0].req is not None:
+                break  # it, and what came after it, wait for the session to move
             w = waiting.popleft()
             if w.deadline <= now:
                 self._time_out(w, None, now)
