@@ -13,7 +13,12 @@ from nous_actor.core._frozen import thaw
 from nous_actor.core.event import Event
 from nous_actor.integrations.adk.events import _adk_payload, _decode, _record
 from nous_actor.integrations.adk.framework import AdkEvent
-from nous_actor.integrations.adk.records import SCOPED_KEY, STATE_KEY, TIME_KEY
+from nous_actor.integrations.adk.records import (
+    SCOPED_KEY,
+    STATE_CHECKPOINT_EVERY,
+    STATE_KEY,
+    TIME_KEY,
+)
 
 
 class _Readable(Protocol):
@@ -175,6 +180,14 @@ def _tail(log: _Readable, n: int) -> _Tail | None:
         window *= 4
 
 
+def _origin(rec: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The session-log event (session key, seq) a ``state`` record completes, if it names one."""
+    source = rec.get("source")
+    if isinstance(source, (list, tuple)) and len(source) == 2:
+        return (str(source[0]), int(source[1]))
+    return None
+
+
 @dataclass
 class _Listed:
     """A session as its user's directory lists it: its state as of the event at
@@ -201,6 +214,15 @@ class _StateView:
     # state key -> the session-log event (session key, seq) its last write completes (None:
     # a write of no such event)
     writers: dict[str, tuple[str, int] | None] = field(default_factory=dict)
+    read: int = 0  # events of its log read by its folds (for tests)
+    # An app's or user's state log, which its writers checkpoint (`STATE_CHECKPOINT_EVERY`):
+    # a first fold starts from its latest checkpoint record, not from its first write.
+    checkpointed: bool = False
+    checkpoint: int = -1  # seq of the latest checkpoint record folded (-1: none)
+    # The first seq from which ``sources`` holds every state record (after the checkpoint a
+    # fold started from; 0: from the log's start); `source` looks further back when asked.
+    base: int = 0
+    log: _Readable | None = None
 
     def done(self, sid: str) -> int:
         """The seq of the latest event of session ``sid`` its directory entry is written
@@ -212,18 +234,22 @@ class _StateView:
     def catch_up(self, log: _Readable) -> None:
         if log.count() <= self.seen:
             return
+        self.log = log
+        if self.seen == 0 and self.checkpointed:
+            self._start(log)
         for ev in log.since(self.seen):
+            self.read += 1
             rec = _record(ev)
             if rec is None:
                 continue
             op = rec.get("op")
-            if op == "state":
+            if op == "checkpoint":
+                self.checkpoint = max(self.checkpoint, ev.seq)
+            elif op == "state":
                 delta = rec.get("delta") or {}
                 self.state.update(thaw(delta))
-                source = rec.get("source")
-                origin: tuple[str, int] | None = None
-                if isinstance(source, (list, tuple)) and len(source) == 2:
-                    origin = (str(source[0]), int(source[1]))
+                origin = _origin(rec)
+                if origin is not None:
                     self.sources[origin] = ev.seq
                 for key in delta:
                     self.writes[key] = ev.seq
@@ -237,6 +263,52 @@ class _StateView:
                     self.directory.pop(sid, None)
                     self.deleted[sid] = max(seq, self.deleted.get(sid, -1))
         self.seen = log.count()
+
+    def _start(self, log: _Readable) -> None:
+        """Start a first fold from the latest checkpoint record of ``log`` (read from its
+        end back to it: a writer writes one every `STATE_CHECKPOINT_EVERY` writes), if it
+        has one: its state, each key's last write and the event that write completes, as
+        of the record's ``upto`` seq; the fold goes on from the seq after it."""
+        count = log.count()
+        window = 2 * STATE_CHECKPOINT_EVERY
+        while True:
+            start = max(0, count - window)
+            for ev in reversed(log.since(start)):
+                self.read += 1
+                rec = _record(ev)
+                if rec is None or rec.get("op") != "checkpoint":
+                    continue
+                upto = int(rec.get("upto", ev.seq))
+                self.state = thaw(rec.get("state") or {})
+                self.writes = {str(k): int(v) for k, v in (rec.get("writes") or {}).items()}
+                self.writers = {
+                    str(k): (str(v[0]), int(v[1])) if v is not None else None
+                    for k, v in (rec.get("writers") or {}).items()
+                }
+                self.checkpoint = ev.seq
+                self.seen = self.base = upto + 1
+                return
+            if start == 0:
+                return  # none yet: the fold starts from the log's start
+            window *= 4
+
+    def source(self, source: tuple[str, int], after: int) -> int | None:
+        """The seq of the state record that completes the session-log event ``source`` (whose
+        call read this log when it counted ``after``: any such record is at or after
+        that), or ``None`` if there is none. A fold started from a checkpoint looks back
+        in the log for one written before it (a call killed long ago)."""
+        found = self.sources.get(source)
+        if found is not None or after >= self.base or self.log is None:
+            return found
+        for ev in self.log.since(after):  # the record follows its event shortly: few read
+            if ev.seq >= self.base:
+                break
+            self.read += 1
+            rec = _record(ev)
+            if rec is not None and rec.get("op") == "state" and _origin(rec) == source:
+                self.sources[source] = ev.seq
+                return ev.seq
+        return None
 
     def _listed(self, rec: Any) -> None:
         """Fold one ``session`` record: records of one session may arrive out of order

@@ -111,17 +111,33 @@ class _Logs:
 
     async def state(self, key: str) -> _StateView:
         """The app or user state, or user's directory, in session ``key``, caught up."""
-        return await self._fold(self._states, key, _StateView)
+        return await self._fold(self._states, key, _StateView, _checkpointed(key))
 
-    async def _fold(self, cache: OrderedDict[str, F], key: str, new: type[F]) -> F:
+    def state_folded(self, key: str) -> _StateView | None:
+        """The fold of session ``key`` (app or user state, or a user's directory) kept
+        here, as last caught up (not read again), or ``None``."""
+        return self._states.get(key)
+
+    async def _fold(
+        self, cache: OrderedDict[str, F], key: str, new: type[F], checkpointed: bool = False
+    ) -> F:
         """The fold of session ``key`` kept in ``cache`` (a ``new`` one if it has none, the
-        least recently used one let go past `CACHE_SIZE`), caught up with the log."""
+        least recently used one let go past `CACHE_SIZE`; ``checkpointed``: an app's or
+        user's state, folded from its latest checkpoint), caught up with the log."""
         view = cache.get(key)
         if view is None:
             view = cache[key] = new()
+            if isinstance(view, _StateView):
+                view.checkpointed = checkpointed
             if len(cache) > CACHE_SIZE:
                 cache.popitem(last=False)
         else:
             cache.move_to_end(key)
         view.catch_up(await self.log(key))
         return view
+
+
+def _checkpointed(key: str) -> bool:
+    """Whether session ``key`` is an app's or a user's state (whose writers checkpoint it),
+    not a user's directory."""
+    return key.startswith(("adk/a/", "adk/u/"))

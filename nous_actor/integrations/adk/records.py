@@ -12,7 +12,9 @@ ADK_EVENT_KEY: Final = "adk_event"
 RECORD_KEY: Final = "adk"
 """Top-level ``data`` key of the service's own records (``request_header`` events):
 ``{"op": "create", "state": {...}}``, ``{"op": "delete"}``, ``{"op": "state",
-"delta": {...}}``, ``{"op": "checkpoint", "upto": seq, "state": {...}}`` and, in a
+"delta": {...}}``, ``{"op": "checkpoint", "upto": seq, "state": {...}}`` (in app and
+user state, also ``"writes": {key: seq}`` and ``"writers": {key: [session key, seq] or
+null}``: each key's last write and the event it completes, as of ``upto``) and, in a
 user's directory, ``{"op": "session", "id": ..., "seq": ..., "ts": ..., "state": {...}}``
 (what `list_sessions` reads: ``ts`` the session's last update time as of the event at
 ``seq``, ``state`` present when it is written whole). A ``state`` record written for an
@@ -37,3 +39,9 @@ TIME_KEY: Final = "adk_ts"
 CHECKPOINT_EVERY: Final = 256
 """A session's state is written whole (a checkpoint record) after this many events, so
 that a recent-events read folds only the deltas since the last one."""
+
+STATE_CHECKPOINT_EVERY: Final = 256
+"""An app's or a user's state is written whole (a checkpoint record, with each key's last
+write and the event that write completes) by the writer whose write is this many past the
+last one, so that a fresh service folds only the writes since the latest one (the user's
+log grows with every session of the user)."""

@@ -222,7 +222,9 @@ class NousSessionService(BaseSessionService):
             if exc.reason == "seq_behind_head":
                 raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
             raise
-        await self._state.write_scoped(app_name, user_id, app, user, (key, ev.seq))
+        await self._state.write_scoped(
+            app_name, user_id, app, user, (key, ev.seq), record.get(SCOPED_KEY, {}).get("seen")
+        )
         await self._state.write_directory(app_name, user_id, sid, ev.seq, own, now)
         self._state.completed(key, ev.seq)
         merged, seen = await self._state.merged_seen(app_name, user_id, own)
@@ -455,7 +457,12 @@ class NousSessionService(BaseSessionService):
             view.checkpoint = ev.seq  # (one checkpoint, whoever else appends meanwhile)
             await self._checkpoint(key, event.invocation_id)
         seqs = await self._state.write_scoped(
-            session.app_name, session.user_id, app, user, (key, ev.seq)
+            session.app_name,
+            session.user_id,
+            app,
+            user,
+            (key, ev.seq),
+            data[SCOPED_KEY]["seen"] if app or user else None,
         )
         state = (await self._logs.view(key)).state if own else None
         await self._state.write_directory(
@@ -547,7 +554,8 @@ class NousSessionService(BaseSessionService):
             ("user", user, user_key(session.app_name, session.user_id)),
         ):
             if part:  # the state record that completes the event (none yet: not seen)
-                done = (await self._logs.state(log_key)).sources.get((key, seq))
+                after = _seen_by(view, seq).get(scope, 0)
+                done = (await self._logs.state(log_key)).source((key, seq), after)
                 if done is not None:
                     seen += [(scope, k, done + 1) for k in part]  # type: ignore[misc]
         for scope, k, after in seen:
@@ -595,6 +603,16 @@ def _check_config(config: GetSessionConfig) -> None:
             "config.after_timestamp is NaN, which no event's timestamp is at or after; "
             "give a time in seconds since the epoch, or None for every event"
         )
+
+
+def _seen_by(view: _View, seq: int) -> dict[str, int]:
+    """The counts of the app's and user's logs the call that wrote the event at ``seq`` of
+    the session of ``view`` read before writing it (`SCOPED_KEY`); ``{}`` if it has none."""
+    for ev in view.log.since(seq) if view.log is not None else []:
+        scoped = ev.data.get(SCOPED_KEY) if ev.seq == seq else None
+        seen = scoped.get("seen") if isinstance(scoped, Mapping) else None
+        return {str(k): int(v) for k, v in seen.items()} if isinstance(seen, Mapping) else {}
+    return {}
 
 
 def _stored_already(view: _View, event: AdkEvent) -> int | None:

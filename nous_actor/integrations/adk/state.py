@@ -22,7 +22,7 @@ from nous_actor.integrations.adk.framework import State, to_jsonable_python
 from nous_actor.integrations.adk.ids import app_key, directory_key, session_key, user_key
 from nous_actor.integrations.adk.loads import Scope, _Load
 from nous_actor.integrations.adk.logs import CACHE_SIZE, _Logs
-from nous_actor.integrations.adk.records import RECORD_KEY, SCOPED_KEY
+from nous_actor.integrations.adk.records import RECORD_KEY, SCOPED_KEY, STATE_CHECKPOINT_EVERY
 from nous_actor.integrations.adk.turns import MAX_ATTEMPTS, _RunTurns
 
 SETTLED_KEPT: Final = 4 * CACHE_SIZE
@@ -163,9 +163,11 @@ class _ScopedState:
         app: dict[str, Any],
         user: dict[str, Any],
         source: tuple[str, int] | None = None,
+        seen: Mapping[str, int] | None = None,
     ) -> dict[Scope, int]:
         """Write the app and user parts of a delta, of the session-log event ``source``
-        (session key, seq); the seq of each write, by scope. A part a roll-forward wrote
+        (session key, seq), written when the app's and user's logs counted ``seen`` (by
+        scope; `seen`); the seq of each write, by scope. A part a roll-forward wrote
         already (`settle`, the same source) is not written again: its seq is given."""
         now = datetime.now(UTC)
         seqs: dict[Scope, int] = {}
@@ -176,7 +178,8 @@ class _ScopedState:
             if not delta:
                 continue
             if source is not None:
-                done = (await self._logs.state(key)).sources.get(source)
+                after = int((seen or {}).get(scope, 0))
+                done = (await self._logs.state(key)).source(source, after)
                 if done is not None:
                     seqs[scope] = done  # type: ignore[index]
                     continue
@@ -187,7 +190,32 @@ class _ScopedState:
                 key, [(EventType.REQUEST_HEADER, {RECORD_KEY: op}, now)]
             )
             seqs[scope] = ev.seq  # type: ignore[index]
+            await self._checkpoint(key, ev.seq)
         return seqs
+
+    async def _checkpoint(self, key: str, seq: int) -> None:
+        """Write the app's or user's state in session ``key`` whole (a checkpoint record) if
+        `STATE_CHECKPOINT_EVERY` writes or more followed its last one (its write at
+        ``seq`` the latest): with each key's last write and the event that write
+        completes (what `stale_keys` and a roll-forward read), as of the last event
+        folded. A fresh service folds the log from there."""
+        known = self._logs.state_folded(key)
+        if known is not None and seq - known.checkpoint < STATE_CHECKPOINT_EVERY:
+            return  # not due (nothing read: a write's hot path)
+        view = await self._logs.state(key)
+        if view.seen - 1 - view.checkpoint < STATE_CHECKPOINT_EVERY:
+            return
+        view.checkpoint = view.seen  # (one checkpoint, whoever else writes meanwhile)
+        op = {
+            "op": "checkpoint",
+            "upto": view.seen - 1,
+            "state": thaw(view.state),
+            "writes": dict(view.writes),
+            "writers": {k: list(w) if w is not None else None for k, w in view.writers.items()},
+        }
+        await self._turns.write(
+            key, [(EventType.REQUEST_HEADER, {RECORD_KEY: op}, datetime.now(UTC))]
+        )
 
     def completed(self, key: str, seq: int) -> None:
         """Note that this process completed the call that wrote session ``key``'s event at
@@ -272,8 +300,12 @@ class _ScopedState:
             if not isinstance(scoped, Mapping):
                 continue
             source = (key, ev.seq)
-            if (not scoped.get("app") or source in app.sources) and (
-                not scoped.get("user") or source in user.sources
+            seen = scoped.get("seen")
+            seen = seen if isinstance(seen, Mapping) else {}
+            if (
+                not scoped.get("app") or app.source(source, int(seen.get("app", 0))) is not None
+            ) and (
+                not scoped.get("user") or user.source(source, int(seen.get("user", 0))) is not None
             ):
                 continue
             if not await self._roll_forward(app_name, user_id, source, scoped):
@@ -328,7 +360,7 @@ class _ScopedState:
             handle = await self._logs.handle(key)
             for _ in range(MAX_ATTEMPTS):
                 view = await self._logs.state(key)
-                if source in view.sources:
+                if view.source(source, after) is not None:
                     break
                 fresh = {
                     k: thaw(v)
@@ -351,6 +383,7 @@ class _ScopedState:
                         raise
             else:
                 return False
+            await self._checkpoint(key, view.seen)
         return True
 
     async def write_directory(
