@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +36,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import Field
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store, TurnBusy
+from nous_actor import MemoryStore, Sessions, Store, TurnBusy
 from nous_actor.core.event import EventType
 from nous_actor.core.history import replaced
 from nous_actor.core.ids import check_session_id
@@ -52,20 +52,6 @@ from nous_actor.integrations.adk import (
 from nous_actor.sessions.faults import crash
 
 T = TypeVar("T")
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "adk.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def sessions(store: Store) -> Iterator[Sessions]:
-    registry = Sessions(store, timeout=20)
-    yield registry
-    registry.close()
 
 
 def text(t: str, role: str = "user") -> types.Content:

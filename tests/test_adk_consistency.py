@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,25 +27,11 @@ from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
 from google.genai import types
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor import Sessions, SQLiteStore
 from nous_actor.integrations.adk import NousSessionService
 from nous_actor.integrations.adk.ids import app_key, directory_key, session_key, user_key
 from nous_actor.integrations.adk.records import RECORD_KEY
 from nous_actor.integrations.adk.state import _ScopedState
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "adk.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def sessions(store: Store) -> Iterator[Sessions]:
-    registry = Sessions(store, timeout=20)
-    yield registry
-    registry.close()
 
 
 class Killed(Exception):

@@ -17,7 +17,6 @@ import math
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,27 +30,13 @@ from google.genai import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nous_actor import EventType, MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor import EventType, MemoryStore, Sessions, SQLiteStore
 from nous_actor.integrations.adk import NousSessionService
 from nous_actor.integrations.adk.events import event_data
 from nous_actor.integrations.adk.framework import SessionNotFoundError, StaleSessionError
 from nous_actor.integrations.adk.ids import app_key, directory_key, session_key, user_key
 from nous_actor.integrations.adk.records import RECORD_KEY, STATE_KEY
 from nous_actor.integrations.adk.state import _ScopedState
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "adk.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def sessions(store: Store) -> Iterator[Sessions]:
-    registry = Sessions(store, timeout=20)
-    yield registry
-    registry.close()
 
 
 def adk_event(t: str, delta: dict[str, Any] | None = None, ts: float = 1.0) -> Event:

@@ -7,8 +7,6 @@ reads: each key's last write and the event it completes)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +18,7 @@ from google.genai import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nous_actor import MemoryStore, Sessions, SQLiteStore, Store
+from nous_actor import MemoryStore, Sessions
 from nous_actor.integrations.adk import NousSessionService
 from nous_actor.integrations.adk import folds as adk_folds
 from nous_actor.integrations.adk import records as adk_records
@@ -30,20 +28,6 @@ from nous_actor.integrations.adk.ids import app_key, user_key
 from nous_actor.integrations.adk.records import RECORD_KEY
 
 EVERY = 8  # a checkpoint every this many writes of a state log (patched in: a short test)
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "adk.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def sessions(store: Store) -> Iterator[Sessions]:
-    registry = Sessions(store, timeout=20)
-    yield registry
-    registry.close()
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ from nous_actor import (
 )
 from nous_actor.sessions.actor import SessionActor, session_cell
 from nous_actor.sessions.registry import DEFAULT_BACKOFF, _supervisor
+from nous_actor.sessions.registry._passivation import Passivation
 from nous_actor.supervision import _timer, cell_of
 
 # A fixed, tiny backoff: every restart goes through the (injected) scheduler.
@@ -1044,3 +1045,24 @@ def test_a_call_during_the_backoff_reopens_the_session_and_the_late_restart_is_a
     assert urn(h) == reopened
     assert reg.live() == ["chat"]
     assert append(h, "more").seq == 1
+
+
+def test_a_recovery_told_late_counts_idle_from_when_it_ended() -> None:
+    """The registry hears that a session recovered after the fact (one message per
+    burst): its idle time counts from when the recovery ended, on the registry's
+    clock, not from when the news was taken (a clock that moved meanwhile made a
+    session idle for 1,000 s look just used, and passivation passed it by), and a use
+    noted since is kept."""
+    clock = FakeClock()
+    told: list[Any] = []
+    news = _supervisor._Started(type("Registry", (), {"tell": told.append})(), clock)
+    idle = Passivation(60, clock)
+    news.add("chat", "urn:1")
+    clock.now += 1_000
+    ((sid, urn, ready_at),) = news.take()
+    assert (sid, urn, told) == ("chat", "urn:1", [("started",)])
+    idle.touch(sid, ready_at)
+    assert idle.idle_for("chat") == 1_000
+    idle.touch("chat")  # a call now
+    idle.touch("chat", ready_at)  # older news: the call stays the last use
+    assert idle.idle_for("chat") == 0

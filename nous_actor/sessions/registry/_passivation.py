@@ -53,10 +53,14 @@ class Passivation:
 
     # -- use ---------------------------------------------------------------------------------
 
-    def touch(self, session_id: str) -> None:
-        """``session_id`` is used now (a call through a handle, its start, the end of its
-        recovery)."""
-        self._last_used[session_id] = self.clock()
+    def touch(self, session_id: str, at: float | None = None) -> None:
+        """``session_id`` is used now (a call through a handle, its start), or was at
+        ``at`` (the clock's time when its recovery ended, told later: a use noted since
+        is kept)."""
+        if at is None:
+            self._last_used[session_id] = self.clock()
+        elif at > self._last_used.get(session_id, at - 1):
+            self._last_used[session_id] = at
 
     def forget(self, session_id: str) -> None:
         """``session_id`` stopped here: it is not idle here any more (a registry that opens

@@ -25,6 +25,7 @@ from nous_actor.sessions.registry._passivation import Passivation
 from nous_actor.sessions.registry._settings import Settings, _not_running
 from nous_actor.supervision import (
     HANDLED_LATER,
+    Clock,
     Exit,
     RestartIntensityExceeded,
     RestartPolicy,
@@ -53,25 +54,29 @@ class _Started:
     message per burst rather than one per session (10,000 sessions opened at once
     recover in batches, and each batch's news comes in one message)."""
 
-    __slots__ = ("_done", "_lock", "_registry")
+    __slots__ = ("_clock", "_done", "_lock", "_registry")
 
-    def __init__(self, registry: pykka.ActorRef[Any]) -> None:
+    def __init__(self, registry: pykka.ActorRef[Any], clock: Clock) -> None:
         self._registry = registry
+        self._clock = clock
         self._lock = threading.Lock()
-        self._done: list[tuple[str, str]] = []
+        self._done: list[tuple[str, str, float]] = []
 
     def add(self, session_id: str, urn: str) -> None:
-        """``urn``'s ready is answered (called in the thread that answered it)."""
+        """``urn``'s ready is answered (called in the thread that answered it): noted
+        with the registry clock's time now, when the session became ready (the registry
+        takes the news later; its idle time counts from this moment, not from then)."""
+        at = self._clock()
         with self._lock:
             first = not self._done
-            self._done.append((session_id, urn))
+            self._done.append((session_id, urn, at))
         if first:
             try:
                 self._registry.tell(("started",))
             except pykka.ActorDeadError:
                 pass
 
-    def take(self) -> list[tuple[str, str]]:
+    def take(self) -> list[tuple[str, str, float]]:
         with self._lock:
             done, self._done = self._done, []
         return done
@@ -231,7 +236,7 @@ class RegistryActor(SupervisedActor):
         # The crash (its reason) each of them recovers from, by urn, where a caller
         # reopened the session before its restart ran: logged once it is ready.
         self.reopened_after: dict[str, str] = {}
-        self.recovered = _Started(self.actor_ref)  # their news, taken by `m_started`
+        self.recovered = _Started(self.actor_ref, passivation.clock)  # news for `m_started`
         self.exit_to = _ExitTo(self.actor_ref)  # every session's monitor
         self.closed = False
 
@@ -304,7 +309,7 @@ class RegistryActor(SupervisedActor):
         """Sessions' recoveries finished (their ``ready`` is answered): a session that
         recovered is used now (its idle time counts from here); one that a caller
         reopened during a restart's backoff is logged as recovered (`m_restart`)."""
-        for session_id, urn in self.recovered.take():
+        for session_id, urn, ready_at in self.recovered.take():
             entry = self.starting.pop(urn, None)
             crash = self.reopened_after.pop(urn, None)
             if entry is None or self.closed:
@@ -312,7 +317,7 @@ class RegistryActor(SupervisedActor):
             if entry.ready.failed():
                 self._failed_start(session_id, urn)
                 continue
-            self.passivation.touch(session_id)
+            self.passivation.touch(session_id, ready_at)
             if crash is not None:
                 self._recovered(session_id, crash)
 
